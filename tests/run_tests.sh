@@ -1,0 +1,28 @@
+#!/bin/sh
+# Runs cmocka test binaries with TAP output and prints one closing line "N passed, N failed".
+# usage: run_tests.sh BUILD_DIR all|NAME...
+# A binary that crashes or exits non-zero without reporting a failed test counts as one failure.
+build="$1"; shift
+if [ "$1" = all ]; then set -- $(ls "$build"/tests/ | grep '^test_' | grep -v '\.d$'); fi
+passed=0; failed=0; failed_names=""
+for t in "$@"; do
+    bin="$build/tests/$t"
+    out=$(CMOCKA_MESSAGE_OUTPUT=TAP "$bin" 2>&1); rc=$?
+    ok=$(printf '%s\n' "$out" | grep -c '^ok ')
+    nok=$(printf '%s\n' "$out" | grep -c '^not ok ')
+    if [ $rc -ne 0 ] && [ "$nok" -eq 0 ]; then nok=1; fi
+    passed=$((passed + ok)); failed=$((failed + nok))
+    if [ "$nok" -gt 0 ]; then
+        printf '%s\n' "$out"
+        failed_names="$failed_names $t"
+        printf 'FAIL %-36s %d passed, %d failed (exit %d)\n' "$t" "$ok" "$nok" "$rc"
+    else
+        # keep lines tests print on purpose (measured errors, bounds) visible in CI logs
+        printf '%s\n' "$out" | grep '^# ' | grep -v '^# \(ok\|not ok\)' | sed "s/^/  [$t] /"
+        printf 'ok   %-36s %d passed\n' "$t" "$ok"
+    fi
+done
+[ -n "$failed_names" ] && echo "failed:$failed_names"
+echo "$passed passed, $failed failed"
+[ -n "$SUMMARY_FILE" ] && echo "$passed $failed" > "$SUMMARY_FILE"
+[ "$failed" -eq 0 ]

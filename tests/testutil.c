@@ -1,0 +1,74 @@
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *tu_data(const char *rel) {
+    static char buf[8][1024];
+    static int k;
+    char *b = buf[k++ & 7];
+    snprintf(b, 1024, "tests/data/%s", rel);
+    return b;
+}
+
+const char *tu_shared_golden(const char *rel) {
+    static char buf[4][1024];
+    static int k;
+    char *b = buf[k++ & 3];
+    snprintf(b, 1024, "../shared/golden/%s", rel);
+    struct stat sb;
+    return stat(b, &sb) == 0 ? b : NULL;
+}
+
+char *tu_tmpdir(const char *tag) {
+    const char *t = getenv("TMPDIR");
+    char tmpl[1024];
+    snprintf(tmpl, sizeof tmpl, "%s/di-%s-XXXXXX", t ? t : "/tmp", tag);
+    char *d = mkdtemp(tmpl);
+    return d ? strdup(d) : NULL;
+}
+
+void tu_rmtree(const char *dir) {
+    if (!dir || !dir[0] || strcmp(dir, "/") == 0) return;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+char *tu_write_file(const char *dir, const char *name, const void *data, size_t n) {
+    size_t len = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(len);
+    snprintf(p, len, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (!f) return p;
+    fwrite(data, 1, n, f);
+    fclose(f);
+    return p;
+}
+
+int tu_copy_file(const char *src, const char *dst) {
+    FILE *a = fopen(src, "rb"), *b = fopen(dst, "wb");
+    if (!a || !b) {
+        if (a) fclose(a);
+        if (b) fclose(b);
+        return -1;
+    }
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, n, b);
+    fclose(a);
+    return fclose(b);
+}
+
+void tu_report(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("# ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+}

@@ -1,0 +1,25 @@
+/* Shared helpers for the cmocka tests (linked into every test binary). */
+#ifndef DI_TESTS_TESTUTIL_H
+#define DI_TESTS_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Repository-relative path of committed test data: tests/data/<rel>. Tests run from the repo root. */
+const char *tu_data(const char *rel);
+/* ../shared/golden/<rel> if that exists (larger cases not committed), else NULL. */
+const char *tu_shared_golden(const char *rel);
+/* A fresh empty directory under $TMPDIR (removed by tu_rmtree). */
+char *tu_tmpdir(const char *tag);
+void tu_rmtree(const char *dir);
+/* Write bytes to dir/name; returns the malloc'd path. */
+char *tu_write_file(const char *dir, const char *name, const void *data, size_t n);
+/* Copy a whole file. Returns 0 on success. */
+int tu_copy_file(const char *src, const char *dst);
+/* Print a measured number in TAP-comment form so CI logs show it: "# name: value". */
+void tu_report(const char *fmt, ...);
+
+#endif

@@ -1,0 +1,10 @@
+/* deepinfer bench grammar — body arrives with issue 6; until then it fails with a clear reason. */
+#include "cli.h"
+
+int bench_grammar(int argc, char **argv) {
+    di_args a;
+    cli_args_init(&a, argc, argv);
+    di_cli cli = {.cmd = "bench grammar", .json = cli_flag(&a, "json")};
+    cli_args_free(&a);
+    return cli_fail(&cli, "not implemented yet (tracked by issue 6)");
+}

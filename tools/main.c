@@ -1,0 +1,45 @@
+/* deepinfer: the command-line front end. One subcommand per file (tools/cmd_*.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *usage;
+} k_cmds[] = {
+    {"mkmodel", cmd_mkmodel, "--preset tiny|small --seed N --out DIR        write a random-weight checkpoint"},
+    {"inspect", cmd_inspect, "--model DIR                                    validate and summarise a checkpoint"},
+    {"generate", cmd_generate, "--model DIR --prompt-ids 1,2|--prompt TEXT ... generate tokens"},
+    {"verify", cmd_verify, "--model DIR --golden FILE [--dump FILE]       compare against golden outputs"},
+    {"encode", cmd_encode, "--tokenizer FILE|--model DIR --text S          text to token ids"},
+    {"decode", cmd_decode, "--tokenizer FILE|--model DIR --ids 1,2,3       token ids to text"},
+    {"render", cmd_render, "--api chat|responses|messages REQUEST.json     render a request to a prompt"},
+    {"run", cmd_run, "--model DIR --input F --output F               offline batch of requests"},
+    {"bench", cmd_bench, "cpu|gpu|grammar|tokenizer|engine ...           benchmarks"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "deepinfer %s — offline inference for DeepSeek-V4.1-Flash\n\nusage: deepinfer COMMAND [options] [--json]\n\n",
+            DI_VERSION_STRING);
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        fprintf(f, "  %-9s %s\n", k_cmds[i].name, k_cmds[i].usage);
+    fprintf(f, "\nEvery command takes --json (one JSON document on stdout; logs on stderr).\n"
+               "Commands that run a model take --device cpu|cuda (default cpu).\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("deepinfer %s\n", DI_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "deepinfer: error: unknown command '%s' (see `deepinfer help`)\n", argv[1]);
+    return 1;
+}
