@@ -253,10 +253,8 @@ static json_t *json_doc(const report *r) {
     for (int L = 0; L < c->n_stages; L++) {
         const di_layer_cfg *l = &c->layer[L];
         char nm[24];
-        if (l->is_dspark)
-            snprintf(nm, sizeof nm, "mtp.%d", l->dspark_stage);
-        else
-            snprintf(nm, sizeof nm, "layers.%d", L);
+        di_stage_prefix(c, L, nm, sizeof nm);
+        nm[strlen(nm) - 1] = 0; /* "layers.7" */
         json_t *o = json_object();
         json_object_set_new(o, "stage", json_integer(L));
         json_object_set_new(o, "name", json_string(nm));

@@ -827,6 +827,13 @@ int di_config_load(const char *model_dir, di_config *cfg, di_error *err) {
 
 void di_config_free(di_config *cfg) { (void)cfg; }
 
+void di_stage_prefix(const di_config *cfg, int stage, char *buf, size_t n) {
+    if (stage >= cfg->n_layers)
+        snprintf(buf, n, "mtp.%d.", stage - cfg->n_layers);
+    else
+        snprintf(buf, n, "layers.%d.", stage);
+}
+
 void di_cache_footprint_of(const di_config *cfg, int stage, di_cache_footprint *out) {
     memset(out, 0, sizeof *out);
     if (!cfg || stage < 0 || stage >= cfg->n_stages) return;

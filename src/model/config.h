@@ -198,6 +198,9 @@ int di_config_load(const char *model_dir, di_config *cfg, di_error *err);
 /* di_config holds no heap memory today; call it anyway so that may change. */
 void di_config_free(di_config *cfg);
 
+/* Checkpoint name prefix of a stage: "layers.7." for backbone blocks, "mtp.0." for DSpark stages. */
+void di_stage_prefix(const di_config *cfg, int stage, char *buf, size_t n);
+
 /* ---- per-sequence cache footprint in the compact exact form (spec §4.7, §7.2) ----
  * fixed_bytes: independent of sequence length (window ring of sliding_window slots, each head_dim
  * e4m3 codes + head_dim/32 E8M0 scales; compressor carry state R·2·head_dim f32 for ratio > 1).

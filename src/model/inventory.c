@@ -117,10 +117,7 @@ static void block(builder *b, int stage) {
     di_weight_fmt wf = c->weight_fmt;
     char name[96];
     b->layer = stage;
-    if (l->is_dspark)
-        snprintf(b->prefix, sizeof b->prefix, "mtp.%d.", l->dspark_stage);
-    else
-        snprintf(b->prefix, sizeof b->prefix, "layers.%d.", stage);
+    di_stage_prefix(c, stage, b->prefix, sizeof b->prefix);
 
     if (l->engram_index >= 0) { /* applied to the residual streams before the block (§4.3) */
         int64_t rows = c->engram_num_embeddings[l->engram_index], ehd = c->engram_head_dim;
