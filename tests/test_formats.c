@@ -440,7 +440,7 @@ static int open_vectors(void **state) {
 }
 
 static int close_vectors(void **state) {
-    di_st_close(((vecs *)*state)->st);
+    if (*state) di_st_close(((vecs *)*state)->st);
     return 0;
 }
 
