@@ -415,8 +415,9 @@ static int build_header(const char *path, const di_tensor_spec *specs, int64_t n
             rc = di_error_set(err, DI_ERR_INVALID, "%s: duplicate tensor name '%s'", path, s->name);
             goto fail;
         }
-        /* Each tensor starts at a multiple of its element size (the reader refuses misaligned
-         * tensors); the caller's order is kept, so a small dtype before a larger one gets padding. */
+        /* Each tensor starts at a multiple of its element size, so readers can use it in place
+         * (di_st_open would otherwise copy it); the caller's order is kept, so a small dtype
+         * before a larger one gets zero padding. */
         off = (off + di_dtype_size(s->dtype) - 1) / di_dtype_size(s->dtype) * di_dtype_size(s->dtype);
         range[2 * i] = off;
         range[2 * i + 1] = off + bytes;
