@@ -547,6 +547,37 @@ static void test_sizes_tiny_and_arena(void **state) {
     free(cfg);
 }
 
+/* Position bookkeeping: visible entries by the rule (n+1)·R ≤ p+1 against a brute-force count;
+ * entries completed by the appended tokens follow extends and rollbacks. */
+static void test_bookkeeping(void **state) {
+    (void)state;
+    for (int R = 1; R <= 4; R++)
+        for (int64_t p = 0; p < 50; p++) {
+            int64_t brute = 0;
+            for (int64_t e = 0; e <= p; e++) brute += (e + 1) * R <= p + 1;
+            assert_int_equal(di_cache_visible(p, R), brute);
+        }
+    di_config *cfg = load_cfg("v41-tiny-sel"); /* stage 1: R 2, stage 3: R 1, stage 0: none */
+    di_cache *c = make_cache(cfg, 100, 8);
+    assert_int_equal(c->stage[1].ratio, 2);
+    assert_int_equal(c->stage[3].ratio, 1);
+    const int64_t steps[] = {+7, -3, +1, +8, -8, +5, -1, +30, -2};
+    int64_t n = 0;
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        if (steps[i] > 0) OK(di_cache_extend(c, steps[i], E));
+        else OK(di_cache_rollback(c, -steps[i], E));
+        n += steps[i];
+        assert_int_equal(di_cache_len(c), n);
+        assert_int_equal(di_cache_n_entries(c, 1), n / 2);
+        assert_int_equal(di_cache_n_entries(c, 3), n);
+        assert_int_equal(di_cache_n_entries(c, 0), 0);
+        /* the newest query sees every completed entry */
+        assert_int_equal(di_cache_visible(n - 1, 2), n / 2);
+    }
+    di_cache_destroy(c);
+    free(cfg);
+}
+
 /* The Engram history answers lookbacks 1 … G−1 with NONE before the start. */
 static void test_engram_history(void **state) {
     (void)state;
@@ -588,6 +619,7 @@ int main(void) {
         cmocka_unit_test(test_rollback_limits),     cmocka_unit_test(test_window_order),
         cmocka_unit_test(test_window_reach),        cmocka_unit_test(test_sizes_released),
         cmocka_unit_test(test_sizes_tiny_and_arena), cmocka_unit_test(test_engram_history),
+        cmocka_unit_test(test_bookkeeping),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

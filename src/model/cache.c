@@ -26,12 +26,11 @@ typedef struct plan {
     int margin, state_blocks, engram_hist;
 } plan;
 
-/* Compressor ring blocks for ratio R and margin m: the pending rows of the group holding the
- * rollback target must survive the groups that k ≤ m appended tokens start. Those tokens reach at
- * most ⌊(R−1 + m−1)/R⌋ groups past it, so that many more blocks than one. */
-static int state_blocks_for(int ratio, int margin) {
-    return margin == 0 ? 1 : 1 + (ratio + margin - 2) / ratio;
-}
+/* Compressor ring blocks for ratio R ≥ 2 and margin m: the pending rows of the group holding the
+ * rollback target P must survive the groups that k ≤ m appended tokens start. Those tokens reach
+ * at most ⌊(P mod R + m − 1)/R⌋ ≤ ⌊(R + m − 2)/R⌋ groups past it, so that many more blocks than
+ * one (m = 0: the reference's single block). */
+static int state_blocks_for(int ratio, int margin) { return 1 + (ratio + margin - 2) / ratio; }
 
 static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, di_error *err) {
     memset(p, 0, sizeof *p);

@@ -38,8 +38,18 @@
  *   - the Engram history is a ring of (G−1) + m ids.
  * Rollback to P is exact iff P ≥ n_max − m (n_max = most tokens appended since the reset): every
  * ring then still holds what position P needs. di_cache_rollback refuses anything deeper (DI_ERR_LIMIT).
- * What is not restored is rollback depth: after appending k and rolling back, the next rollback
- * may go at most m − k below P (the k slots the dropped tokens overwrote held that reserve).
+ * "Exact" means: the canonical image (di_cache_image: every byte a later step can read) and the
+ * whole compressed arrays are byte-identical to a cache that never saw the dropped tokens. What is
+ * not restored is rollback depth: the k ring slots the dropped tokens overwrote held the oldest
+ * part of the reserve, so the next rollback may go at most m − k below P.
+ *
+ * Forward protocol for a chunk [s, s+k) (k = 1 for decode, block + 1 for a DSpark verify step):
+ * read what its queries need from before s — di_cache_window_rows(s−W+1 … s−1) or, for one
+ * query, di_cache_window_gather; di_cache_engram_history(s) — before writing the chunk's rows
+ * (a chunk longer than m overwrites those slots); di_cache_extend(k); then per position in order:
+ * window rows, compressor inputs into di_cache_cmp_state's block (pooling a block when its group
+ * completes, then di_cache_cmp_put / di_cache_ikey_put of the entry), Engram ids. Reads check that
+ * the data is still held and fail with a message otherwise.
  *
  * Bounded replay (deepinfer-features §11): keep = W + margin tokens are re-run after a prefix hit;
  * the window ring holds exactly W + m positions, so a replay of W + m tokens refills every slot and

@@ -17,18 +17,23 @@
 #define FP4_KV_GROUP 16  /* compressed KV: FP4 with E4M3 scales (§4.1) */
 #define FP4_KEY_GROUP 32 /* index keys: FP4 with E8M0 scales (§4.4) */
 
-static int bad_stage(const di_cache *c, int stage, const char *what, di_error *err) {
-    return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d (expected 0 … %d%s)", what, stage, c->n_stages - 1,
-                        strstr(what, "window") ? "" : ", a kv source");
+static int count_sources(const di_cache *c) {
+    int n = 0;
+    for (int st = 0; st < c->n_stages; st++) n += c->stage[st].ratio > 0;
+    return n;
 }
 
+/* Every stage has a window ring; only kv sources have entries and compressor state. */
 static int window_stage(const di_cache *c, int stage, const char *what, di_error *err) {
-    if (stage < 0 || stage >= c->n_stages) return bad_stage(c, stage, what, err);
+    if (stage < 0 || stage >= c->n_stages)
+        return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d (expected 0 … %d)", what, stage, c->n_stages - 1);
     return DI_OK;
 }
 
 static int source_stage(const di_cache *c, int stage, const char *what, di_error *err) {
-    if (stage < 0 || stage >= c->n_stages || !c->stage[stage].ratio) return bad_stage(c, stage, what, err);
+    if (stage < 0 || stage >= c->n_stages || !c->stage[stage].ratio)
+        return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d is not a kv source (expected one of the %d stages "
+                            "with a compressed cache)", what, stage, count_sources(c));
     return DI_OK;
 }
 
