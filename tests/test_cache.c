@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "io/formats.h"
 #include "model/cache.h"
@@ -446,7 +447,7 @@ static void test_window_reach(void **state) {
     }
     di_error err = {0};
     assert_int_equal(di_cache_window_rows(c, 2, T - c->ring_slots - 1, T, back, &err), DI_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "not in the ring"));
+    assert_non_null(strstr(err.msg, "not held"));
     assert_int_equal(di_cache_window_rows(c, 3, T - 1, T, back, &err), DI_ERR_INVALID); /* stage 3 never written */
     assert_int_equal(di_cache_window_put(c, 2, T, rows, &err), DI_ERR_INVALID);        /* not appended */
     assert_int_equal(di_cache_window_put(c, 99, 0, rows, &err), DI_ERR_INVALID);
@@ -459,6 +460,78 @@ static void test_window_reach(void **state) {
     free(rows);
     free(back);
     free(ref);
+    di_cache_destroy(c);
+    free(cfg);
+}
+
+/* After a rollback, positions appended again are not readable until the forward rewrites them:
+ * their slots still hold the dropped tokens' bytes. */
+static void test_stale_reads_refused(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-tiny-sel"); /* stage 1: R 2, stage 3: R 1 */
+    di_cache *c = make_cache(cfg, 100, 8);
+    uint16_t *rows = malloc((size_t)c->window * c->head_dim * 2);
+    int32_t idx[64], h[3];
+    di_error err = {0};
+    append(c, 1, 10, 1);
+    OK(di_cache_rollback(c, 3, E));
+    OK(di_cache_extend(c, 3, E));
+    assert_int_equal(di_cache_window_rows(c, 0, 7, 8, rows, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "written up to 7"));
+    assert_int_equal(di_cache_window_gather(c, 0, 9, rows, idx, &err), DI_ERR_INVALID);
+    assert_int_equal(di_cache_cmp_rows(c, 3, 7, 8, rows, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "only 7 written"));
+    assert_int_equal(di_cache_cmp_rows(c, 1, 3, 4, rows, &err), DI_ERR_INVALID); /* group {6,7} dropped */
+    assert_int_equal(di_cache_ikey_rows(c, 1, 3, 4, rows, &err), DI_ERR_INVALID);
+    assert_int_equal(di_cache_engram_history(c, 10, h, &err), DI_ERR_INVALID);
+    OK(di_cache_window_rows(c, 0, 0, 7, rows, E)); /* the kept positions stay readable */
+    OK(di_cache_cmp_rows(c, 1, 0, 3, rows, E));
+    OK(di_cache_engram_history(c, 7, h, E));
+    for (int64_t p = 7; p < 10; p++) write_token(c, 2, p);
+    OK(di_cache_window_gather(c, 0, 9, rows, idx, E));
+    OK(di_cache_cmp_rows(c, 3, 0, 10, rows, E));
+    OK(di_cache_cmp_rows(c, 1, 0, 5, rows, E));
+    OK(di_cache_engram_history(c, 10, h, E));
+    free(rows);
+    di_cache_destroy(c);
+    free(cfg);
+}
+
+/* Throughput of the row paths at real size (reported, not asserted: the machine is shared). */
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void test_throughput(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-flash-config");
+    const int N = 2048, hd = 512, src = 20;
+    di_cache *c = make_cache(cfg, N, 8);
+    uint16_t *rows = malloc((size_t)N * hd * 2), *out = malloc((size_t)128 * hd * 2);
+    int32_t idx[128];
+    uint64_t s = 77;
+    for (int64_t i = 0; i < (int64_t)N * hd; i++) rows[i] = rand_bf16(&s, 6, 3);
+    OK(di_cache_extend(c, N, E));
+    double t0 = now_s();
+    OK(di_cache_window_put_rows(c, src, 0, N, rows, E));
+    double t1 = now_s();
+    for (int r = 0; r < 8; r++) /* the queries whose window the ring still holds */
+        for (int p = N - 8; p < N; p++) OK(di_cache_window_gather(c, src, p, out, idx, E));
+    double t2 = now_s();
+    for (int p = 0; p < N; p++) OK(di_cache_cmp_put(c, src, p, rows + (int64_t)p * hd, E));
+    double t3 = now_s();
+    for (int p = 0; p < N; p += 128) OK(di_cache_cmp_rows(c, src, p, p + 128, out, E));
+    double t4 = now_s();
+    int64_t kept = c->ring_slots; /* put_rows keeps the chunk's tail only */
+    tu_report("window put (FP8 quantize 512): %.0f ns/row", 1e9 * (t1 - t0) / (double)kept);
+    tu_report("window gather (128 rows dequantized): %.0f ns/row", 1e9 * (t2 - t1) / (64.0 * 128));
+    tu_report("compressed put (FP4/E4M3 quantize 512): %.0f ns/row", 1e9 * (t3 - t2) / N);
+    tu_report("compressed read (dequantize 512): %.0f ns/row", 1e9 * (t4 - t3) / N);
+    assert_int_equal(idx[127], 127);
+    free(rows);
+    free(out);
     di_cache_destroy(c);
     free(cfg);
 }
@@ -619,7 +692,8 @@ int main(void) {
         cmocka_unit_test(test_rollback_limits),     cmocka_unit_test(test_window_order),
         cmocka_unit_test(test_window_reach),        cmocka_unit_test(test_sizes_released),
         cmocka_unit_test(test_sizes_tiny_and_arena), cmocka_unit_test(test_engram_history),
-        cmocka_unit_test(test_bookkeeping),
+        cmocka_unit_test(test_bookkeeping),         cmocka_unit_test(test_stale_reads_refused),
+        cmocka_unit_test(test_throughput),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,9 +114,10 @@ int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_s
 
 void di_cache_reset(di_cache *c) {
     c->n = c->n_max = 0;
-    c->engram_hi = 0;
+    c->engram_hi = c->engram_n = 0;
     for (int st = 0; st < c->n_stages; st++) {
-        c->win_hi[st] = 0;
+        c->win_hi[st] = c->win_n[st] = 0;
+        c->cmp_n[st] = c->ikey_n[st] = 0;
         c->state_hi[st] = 0;
         const di_cache_stage *s = &c->stage[st];
         if (!s->state) continue;
@@ -237,14 +238,18 @@ int di_cache_rollback(di_cache *c, int64_t k, di_error *err) {
      * of positions < p are intact (k ≤ m), and the pending compressor rows of group ⌊p/R⌋ were
      * never touched (the dropped tokens wrote rows ≥ p mod R of that block and newer blocks). */
     for (int st = 0; st < c->n_stages; st++) {
+        if (c->win_n[st] > p) c->win_n[st] = p;
         const di_cache_stage *s = &c->stage[st];
         if (!s->ratio) continue;
         int64_t e0 = p / s->ratio, e1 = c->n / s->ratio;
+        if (c->cmp_n[st] > e0) c->cmp_n[st] = e0;
+        if (c->ikey_n[st] > e0) c->ikey_n[st] = e0;
         if (e1 > e0) {
             memset(s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes));
             memset(s->ikey + e0 * c->index_key_bytes, 0, (size_t)((e1 - e0) * c->index_key_bytes));
         }
     }
+    if (c->engram_n > p) c->engram_n = p;
     c->n = p;
     return DI_OK;
 }

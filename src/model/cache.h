@@ -49,7 +49,8 @@
  * (a chunk longer than m overwrites those slots); di_cache_extend(k); then per position in order:
  * window rows, compressor inputs into di_cache_cmp_state's block (pooling a block when its group
  * completes, then di_cache_cmp_put / di_cache_ikey_put of the entry), Engram ids. Reads check that
- * the data is still held and fail with a message otherwise.
+ * the data is held — appended, written since the last rollback, not overwritten — and fail with a
+ * message otherwise, so a forward that forgets a write never reads a dropped token's bytes.
  *
  * Bounded replay (deepinfer-features §11): keep = W + margin tokens are re-run after a prefix hit;
  * the window ring holds exactly W + m positions, so a replay of W + m tokens refills every slot and
@@ -128,9 +129,14 @@ typedef struct di_cache {
     /* ---- sequence bookkeeping ---- */
     int64_t n;                    /* tokens appended */
     int64_t n_max;                /* most tokens appended since the reset: rollback floor = n_max − m */
-    int64_t win_hi[DI_MAX_STAGES];   /* 1 + newest position written into each ring (0: none) */
+    /* Two marks per ring: *_hi = 1 + newest position ever written (slots older than hi − slots
+     * are overwritten; never lowered), *_n = 1 + newest position written since the last rollback
+     * (a read beyond it would return a dropped token's bytes: refused). */
+    int64_t win_hi[DI_MAX_STAGES], win_n[DI_MAX_STAGES];
+    int64_t cmp_n[DI_MAX_STAGES];    /* 1 + newest compressed entry written (kv sources) */
+    int64_t ikey_n[DI_MAX_STAGES];   /* 1 + newest index key written */
     int64_t state_hi[DI_MAX_STAGES]; /* 1 + newest group whose compressor block was handed out */
-    int64_t engram_hi;            /* 1 + newest position written into the Engram history */
+    int64_t engram_hi, engram_n;     /* Engram history marks */
 
     /* ---- memory ---- */
     void *arena;                  /* [arena_bytes], 64-byte aligned */
@@ -180,8 +186,7 @@ int di_cache_window_put(di_cache *c, int stage, int64_t pos, const uint16_t *row
  * skipped: after a long chunk only its last W + m positions are kept. */
 int di_cache_window_put_rows(di_cache *c, int stage, int64_t pos0, int64_t count, const uint16_t *rows,
                              di_error *err);
-/* Dequantized rows of positions [p0, p1), ascending (bf16 [p1−p0, hd]); they must be intact:
- * 0 ≤ p0 ≤ p1 ≤ n, none overwritten. */
+/* Dequantized rows of positions [p0, p1), ascending (bf16 [p1−p0, hd]); every one must be held. */
 int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, uint16_t *rows, di_error *err);
 /* The window of the query at pos (pos < n) in the reference's decode order (§5.3: the W-slot ring
  * listed oldest first, slots (pos mod W)+1 … W−1, 0 … pos mod W, slots not yet written = −1, which
@@ -220,7 +225,7 @@ int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, fl
 /* ---- Engram n-gram history ----
  * put: the compressed id of the token at pos (an appended position, pos ≥ n − (G−1+m)).
  * history: ids of positions pos−1, pos−2, …, pos−(G−1) (lookback order), DI_CACHE_ENGRAM_NONE
- * for positions < 0; pos ≤ n and every looked-up position intact.  out int32 [G−1] */
+ * for positions < 0; pos ≤ n and every looked-up position held.  out int32 [G−1] */
 int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err);
 int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_error *err);
 

@@ -80,15 +80,17 @@ static uint8_t *ring_slot(const di_cache *c, int stage, int64_t pos) {
     return c->stage[stage].window + (pos % c->ring_slots) * c->window_slot_bytes;
 }
 
-/* Position pos of this ring still holds what was last written for it: appended (pos < n), written
- * (pos < win_hi) and not overwritten by a newer position in the same slot. */
+/* Position pos of this ring holds what the current sequence wrote for it: appended (pos < n),
+ * written since the last rollback (pos < win_n) and not overwritten by a newer position in the
+ * same slot (pos ≥ win_hi − slots). */
 static int window_readable(const di_cache *c, int stage, int64_t pos, const char *what, di_error *err) {
     int64_t hi = c->win_hi[stage];
-    if (pos < 0 || pos >= c->n || pos >= hi || pos < hi - c->ring_slots)
+    if (pos < 0 || pos >= c->n || pos >= c->win_n[stage] || pos < hi - c->ring_slots)
         return di_error_set(err, DI_ERR_INVALID,
-                            "cache %s: stage %d position %lld is not in the ring (appended %lld, written up to %lld, "
-                            "ring of %lld slots)",
-                            what, stage, (long long)pos, (long long)c->n, (long long)hi, (long long)c->ring_slots);
+                            "cache %s: stage %d position %lld is not held (appended %lld, written up to %lld, ring of "
+                            "%lld slots overwritten up to %lld)",
+                            what, stage, (long long)pos, (long long)c->n, (long long)c->win_n[stage],
+                            (long long)c->ring_slots, (long long)(hi - c->ring_slots));
     return DI_OK;
 }
 
@@ -103,6 +105,7 @@ int di_cache_window_put(di_cache *c, int stage, int64_t pos, const uint16_t *row
     uint8_t *slot = ring_slot(c, stage, pos);
     di_act_quant_fp8(row, c->head_dim, FP8_GROUP, slot, slot + c->head_dim);
     if (pos + 1 > c->win_hi[stage]) c->win_hi[stage] = pos + 1;
+    if (pos + 1 > c->win_n[stage]) c->win_n[stage] = pos + 1;
     return DI_OK;
 }
 
@@ -176,40 +179,48 @@ int di_cache_dspark_gather(const di_cache *c, int stage, int64_t pos, uint16_t *
 
 /* ---------------- compressed KV and index keys ---------------- */
 
-static int entry_range(const di_cache *c, int stage, int64_t e0, int64_t e1, const char *what, di_error *err) {
+/* Entries [e0, e1) exist: completed by the appended tokens (e1 ≤ ⌊n/R⌋) and, for a read (written
+ * = the entries written since the last rollback, else −1), written. */
+static int entry_range(const di_cache *c, int stage, int64_t e0, int64_t e1, int64_t written, const char *what,
+                       di_error *err) {
     int64_t ne = c->n / c->stage[stage].ratio;
     if (e0 < 0 || e1 < e0 || e1 > ne)
         return di_error_set(err, DI_ERR_INVALID,
                             "cache %s: stage %d entries [%lld, %lld) (expected within the %lld entries the %lld "
                             "appended tokens complete)",
                             what, stage, (long long)e0, (long long)e1, (long long)ne, (long long)c->n);
+    if (written >= 0 && e1 > written)
+        return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d entries [%lld, %lld) read, only %lld written",
+                            what, stage, (long long)e0, (long long)e1, (long long)written);
     return DI_OK;
 }
 
 int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_error *err) {
     int rc = source_stage(c, stage, "compressed put", err);
     if (rc) return rc;
-    rc = entry_range(c, stage, e, e + 1, "compressed put", err);
+    rc = entry_range(c, stage, e, e + 1, -1, "compressed put", err);
     if (rc) return rc;
     uint8_t *entry = c->stage[stage].cmp + e * c->cmp_entry_bytes;
     di_fp4_quant_e4m3(row, c->head_dim, FP4_KV_GROUP, entry, entry + c->head_dim / 2);
+    if (e + 1 > c->cmp_n[stage]) c->cmp_n[stage] = e + 1;
     return DI_OK;
 }
 
 int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di_error *err) {
     int rc = source_stage(c, stage, "index key put", err);
     if (rc) return rc;
-    rc = entry_range(c, stage, e, e + 1, "index key put", err);
+    rc = entry_range(c, stage, e, e + 1, -1, "index key put", err);
     if (rc) return rc;
     uint8_t *entry = c->stage[stage].ikey + e * c->index_key_bytes;
     di_fp4_quant_e8m0(key, c->index_head_dim, FP4_KEY_GROUP, entry, entry + c->index_head_dim / 2);
+    if (e + 1 > c->ikey_n[stage]) c->ikey_n[stage] = e + 1;
     return DI_OK;
 }
 
 int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *rows, di_error *err) {
     int rc = source_stage(c, stage, "compressed read", err);
     if (rc) return rc;
-    rc = entry_range(c, stage, e0, e1, "compressed read", err);
+    rc = entry_range(c, stage, e0, e1, c->cmp_n[stage], "compressed read", err);
     if (rc) return rc;
     for (int64_t e = e0; e < e1; e++)
         fp4_entry_to_bf16(c->stage[stage].cmp + e * c->cmp_entry_bytes, c->head_dim, FP4_KV_GROUP, 1,
@@ -220,7 +231,7 @@ int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint
 int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err) {
     int rc = source_stage(c, stage, "index key read", err);
     if (rc) return rc;
-    rc = entry_range(c, stage, e0, e1, "index key read", err);
+    rc = entry_range(c, stage, e0, e1, c->ikey_n[stage], "index key read", err);
     if (rc) return rc;
     for (int64_t e = e0; e < e1; e++)
         fp4_entry_to_bf16(c->stage[stage].ikey + e * c->index_key_bytes, c->index_head_dim, FP4_KEY_GROUP, 0,
@@ -238,7 +249,7 @@ int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_
             memset(rows + i * hd, 0, (size_t)hd * sizeof(uint16_t));
             continue;
         }
-        int rc = entry_range(c, stage, ent[i], (int64_t)ent[i] + 1, "compressed gather", err);
+        int rc = entry_range(c, stage, ent[i], (int64_t)ent[i] + 1, c->cmp_n[stage], "compressed gather", err);
         if (rc) return rc;
         fp4_entry_to_bf16(c->stage[stage].cmp + ent[i] * c->cmp_entry_bytes, hd, FP4_KV_GROUP, 1, rows + i * hd);
     }
@@ -279,6 +290,7 @@ int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err) {
                             (long long)pos, (long long)c->n);
     c->engram[pos % c->engram_slots] = id;
     if (pos + 1 > c->engram_hi) c->engram_hi = pos + 1;
+    if (pos + 1 > c->engram_n) c->engram_n = pos + 1;
     return DI_OK;
 }
 
@@ -294,10 +306,12 @@ int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_err
             out[i - 1] = DI_CACHE_ENGRAM_NONE;
             continue;
         }
-        if (q >= c->engram_hi || q < c->engram_hi - c->engram_slots)
+        if (q >= c->engram_n || q < c->engram_hi - c->engram_slots)
             return di_error_set(err, DI_ERR_INVALID,
-                                "cache engram history: position %lld is not held (written up to %lld, %lld slots)",
-                                (long long)q, (long long)c->engram_hi, (long long)c->engram_slots);
+                                "cache engram history: position %lld is not held (written up to %lld, %lld slots "
+                                "overwritten up to %lld)",
+                                (long long)q, (long long)c->engram_n, (long long)c->engram_slots,
+                                (long long)(c->engram_hi - c->engram_slots));
         out[i - 1] = c->engram[q % c->engram_slots];
     }
     return DI_OK;
