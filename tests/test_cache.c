@@ -1,5 +1,6 @@
 /* Per-sequence cache store (src/model/cache.h): dequantization of the three compact forms bit-exact
- * to the reference's QDQ, exact rollback of k = 1 … 8 tokens at many positions (ring wrap, ratio-2
+ * to the reference's QDQ (its own vectors in tests/data/kernels.safetensors, and io/formats.h's QDQ
+ * on stress rows), exact rollback of k = 1 … 8 tokens at many positions (ring wrap, ratio-2
  * group boundaries) against a cache that never saw them, window gathers in the reference's order
  * against a direct bf16-ring implementation, and the sizes of spec §7.2.  di-test: asan */
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 
 #include "io/formats.h"
+#include "io/safetensors.h"
 #include "model/cache.h"
 #include "model/config.h"
 #include "testutil.h"
@@ -140,6 +142,67 @@ static void test_dequant_exact(void **state) {
     free(one);
     di_cache_destroy(c);
     free(cfg);
+}
+
+/* The reference's own QDQ outputs (tests/data/kernels.safetensors, real shapes) come back from the
+ * cache bit for bit: act_quant rows [8, 5120] as 80 window rows of 512 (the 32-groups align),
+ * fp4_act_quant_e4m3 [8, 512] as compressed entries, fp4_act_quant_e8m0 [8, 32, 128] as 256 index
+ * keys. The window's stored codes and scales are the reference's q and s. */
+static const void *ref_tensor(di_safetensors *st, const char *name, int64_t numel) {
+    const di_tensor_info *t = di_st_find(st, name);
+    if (!t) fail_msg("kernels.safetensors: no tensor %s", name);
+    assert_int_equal(di_tensor_numel(t), numel);
+    return t->data;
+}
+
+static void test_reference_vectors(void **state) {
+    (void)state;
+    di_safetensors *st = NULL;
+    di_error err = {0};
+    if (di_st_open(tu_data("kernels.safetensors"), &st, &err) != DI_OK) fail_msg("%s", err.msg);
+    const uint16_t *ax = ref_tensor(st, "act_quant.x", 8 * 5120), *aqdq = ref_tensor(st, "act_quant.qdq", 8 * 5120);
+    const uint8_t *aq = ref_tensor(st, "act_quant.q", 8 * 5120), *as = ref_tensor(st, "act_quant.s", 8 * 160);
+    const uint16_t *cx = ref_tensor(st, "fp4_act_quant_e4m3.x", 8 * 512);
+    const uint16_t *cqdq = ref_tensor(st, "fp4_act_quant_e4m3.qdq", 8 * 512);
+    const uint16_t *kx = ref_tensor(st, "fp4_act_quant_e8m0.x", 8 * 32 * 128);
+    const uint16_t *kqdq = ref_tensor(st, "fp4_act_quant_e8m0.qdq", 8 * 32 * 128);
+
+    di_config *cfg = load_cfg("v41-flash-config");
+    const int src = 20; /* ratio 1: one entry per token */
+    di_cache *c = make_cache(cfg, 256, 8);
+    OK(di_cache_extend(c, 256, E));
+    uint16_t got[512];
+    int64_t same_w = 0, same_q = 0, same_c = 0, same_k = 0;
+    for (int r = 0; r < 80; r++) { /* positions 176 … 255: inside the ring */
+        int64_t pos = 176 + r;
+        OK(di_cache_window_put(c, src, pos, ax + r * 512, E));
+        OK(di_cache_window_rows(c, src, pos, pos + 1, got, E));
+        same_w += 512 - count_diff(got, aqdq + r * 512, 512);
+        const uint8_t *slot = c->stage[src].window + (pos % c->ring_slots) * c->window_slot_bytes;
+        for (int i = 0; i < 512; i++) same_q += slot[i] == aq[r * 512 + i];
+        for (int g = 0; g < 16; g++) same_q += slot[512 + g] == as[r * 16 + g];
+    }
+    for (int r = 0; r < 8; r++) {
+        OK(di_cache_cmp_put(c, src, r, cx + r * 512, E));
+        OK(di_cache_cmp_rows(c, src, r, r + 1, got, E));
+        same_c += 512 - count_diff(got, cqdq + r * 512, 512);
+    }
+    for (int r = 0; r < 256; r++) {
+        OK(di_cache_ikey_put(c, src, r, kx + r * 128, E));
+        OK(di_cache_ikey_rows(c, src, r, r + 1, got, E));
+        same_k += 128 - count_diff(got, kqdq + r * 128, 128);
+    }
+    tu_report("reference act_quant qdq via window ring: %lld/%d, codes+scales %lld/%d", (long long)same_w, 80 * 512,
+              (long long)same_q, 80 * 528);
+    tu_report("reference fp4_act_quant_e4m3 qdq via compressed KV: %lld/%d", (long long)same_c, 8 * 512);
+    tu_report("reference fp4_act_quant_e8m0 qdq via index keys: %lld/%d", (long long)same_k, 256 * 128);
+    assert_int_equal(same_w, 80 * 512);
+    assert_int_equal(same_q, 80 * 528);
+    assert_int_equal(same_c, 8 * 512);
+    assert_int_equal(same_k, 256 * 128);
+    di_cache_destroy(c);
+    free(cfg);
+    di_st_close(st);
 }
 
 /* Requantizing an already-QDQ'd row is not exact for FP4/E4M3 (the scale can move), which is why
@@ -687,7 +750,8 @@ static void test_engram_history(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dequant_exact),       cmocka_unit_test(test_requant_not_idempotent),
+        cmocka_unit_test(test_dequant_exact),       cmocka_unit_test(test_reference_vectors),
+        cmocka_unit_test(test_requant_not_idempotent),
         cmocka_unit_test(test_rollback_tiny),       cmocka_unit_test(test_rollback_released),
         cmocka_unit_test(test_rollback_limits),     cmocka_unit_test(test_window_order),
         cmocka_unit_test(test_window_reach),        cmocka_unit_test(test_sizes_released),
