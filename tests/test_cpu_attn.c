@@ -14,6 +14,15 @@
 
 /* ---------------------------------------------------------------- helpers */
 
+/* safetensors data offsets carry no alignment guarantee, so every tensor is copied into malloc'd
+ * (aligned) memory; the copies live until release_tensors() at the end of the test. */
+static void *copies[64];
+static int n_copies;
+
+static void release_tensors(void) {
+    while (n_copies) free(copies[--n_copies]);
+}
+
 static const void *tensor(const di_safetensors *st, const char *name, di_dtype dt, int64_t numel) {
     const di_tensor_info *t = di_st_find(st, name);
     if (!t) fail_msg("%s: tensor %s missing", st->path, name);
@@ -22,7 +31,11 @@ static const void *tensor(const di_safetensors *st, const char *name, di_dtype d
     if (di_tensor_numel(t) != numel)
         fail_msg("%s: %s has %lld elements, expected %lld", st->path, name, (long long)di_tensor_numel(t),
                  (long long)numel);
-    return t->data;
+    if (n_copies == (int)(sizeof copies / sizeof copies[0])) fail_msg("too many tensors held");
+    size_t n = (size_t)(t->end - t->begin);
+    void *c = malloc(n ? n : 1);
+    memcpy(c, t->data, n);
+    return copies[n_copies++] = c;
 }
 
 static float *bf16_to_f32_array(const uint16_t *x, int64_t n) {
@@ -655,19 +668,25 @@ static void test_decode_matches_prefill(void **state) {
     free(q), free(kv), free(ckv), free(ring), free(o_pre), free(o_dec);
 }
 
+static int teardown(void **state) {
+    (void)state;
+    release_tensors();
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hc_sinkhorn_vector),
-        cmocka_unit_test(test_hc_mixes_collapse_expand),
-        cmocka_unit_test(test_compress_pool),
-        cmocka_unit_test(test_indexer_scores_vector),
-        cmocka_unit_test(test_candidates_vector),
-        cmocka_unit_test(test_topk_ties),
-        cmocka_unit_test(test_topk_golden),
-        cmocka_unit_test(test_sparse_attn_vector),
-        cmocka_unit_test(test_sparse_attn_empty_row),
-        cmocka_unit_test(test_index_lists),
-        cmocka_unit_test(test_decode_matches_prefill),
+        cmocka_unit_test_teardown(test_hc_sinkhorn_vector, teardown),
+        cmocka_unit_test_teardown(test_hc_mixes_collapse_expand, teardown),
+        cmocka_unit_test_teardown(test_compress_pool, teardown),
+        cmocka_unit_test_teardown(test_indexer_scores_vector, teardown),
+        cmocka_unit_test_teardown(test_candidates_vector, teardown),
+        cmocka_unit_test_teardown(test_topk_ties, teardown),
+        cmocka_unit_test_teardown(test_topk_golden, teardown),
+        cmocka_unit_test_teardown(test_sparse_attn_vector, teardown),
+        cmocka_unit_test_teardown(test_sparse_attn_empty_row, teardown),
+        cmocka_unit_test_teardown(test_index_lists, teardown),
+        cmocka_unit_test_teardown(test_decode_matches_prefill, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
