@@ -14,6 +14,14 @@
  *    −inf for "not selectable". The golden files store them the same way.
  *  - Index lists are int32; −1 is an empty slot that attention skips.
  *  - Every function returns DI_OK or DI_ERR_INVALID (bad shape or argument, message in *err).
+ *  - Rows (tokens, queries) are computed independently: a caller may split a call into row ranges
+ *    across threads by offsetting the row pointers and get bit-identical results. Only
+ *    di_cpu_compress_pool carries state from token to token and must see its tokens in order.
+ *  - Dot products use 8 strided f32 partial sums (lane = index mod 8, ascending) combined pairwise
+ *    ((0+1)+(2+3))+((4+5)+(6+7)). The hot loops are cloned for AVX2 with a baseline fallback
+ *    (target_clones, runtime dispatch); the compiler vectorizes the explicit lanes without
+ *    reassociating, so every machine computes the same bits. This relies on FP contraction being
+ *    off (the ISO C default of gcc with -std=c11): an FMA would round differently.
  *
  * ---- The deferred pre-mix (§4.2) -------------------------------------------------------------
  * Each sub-layer computes (pre, post, comb) from ITS OWN input X, but V4.1 collapses X with the
@@ -48,8 +56,8 @@
 static inline int di_hc_n_mix(int hc) { return (2 + hc) * hc; }
 
 /* mixes[t] = (fn · xf) · rsqrt(mean(xf²) + norm_eps), xf = f32(flatten(x[t])) (stream-major, length
- * hc·dim). Plain f32 GEMM; every dot product and the mean of squares use 8 strided partial sums
- * combined pairwise, so each token's result is independent of the batch.
+ * hc·dim). Plain f32 GEMM (no TF32, like the reference); the dot products and the sum of squares
+ * use the fixed 8-lane order, so each token's result is independent of the batch.
  *   x      bf16 [n_tok, hc, dim]        the residual streams
  *   fn     f32  [n_mix, hc·dim]         hc_attn_fn / hc_ffn_fn, n_mix = di_hc_n_mix(hc)
  *   mixes  f32  [n_tok, n_mix]          out */

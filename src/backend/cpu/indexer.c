@@ -30,6 +30,30 @@ static float dot_bf16(const uint16_t *a, const uint16_t *b, int n) {
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+/* One query's score row. Cloned for AVX2 with a baseline fallback; the explicit lanes of dot_bf16 are
+ * what either version vectorizes, so both give the same bits. */
+__attribute__((target_clones("avx2", "default"))) static void score_query(
+    const uint16_t *qi /* bf16 [n_heads, head_dim] */, const uint16_t *wi_bf16 /* bf16 [n_heads] */,
+    const uint16_t *k /* bf16 [n_keys, head_dim] */, int n_heads, int head_dim, int64_t n_keys, int32_t vis,
+    const uint8_t *cand /* uint8 [n_keys] or NULL */, float *si /* f32 [n_keys] */) {
+    float wi[MAX_INDEX_HEADS]; /* f32 [n_heads] */
+    for (int h = 0; h < n_heads; h++) wi[h] = di_bf16_to_f32(wi_bf16[h]);
+    for (int64_t n = 0; n < n_keys; n++) {
+        if (n >= vis || (cand && !cand[n])) {
+            si[n] = -INFINITY;
+            continue;
+        }
+        const uint16_t *kn = k + n * head_dim;
+        float acc = 0.0f;
+        for (int h = 0; h < n_heads; h++) {
+            float d = di_round_bf16(dot_bf16(qi + h * head_dim, kn, head_dim)); /* einsum → bf16 */
+            float r = d > 0.0f ? d : 0.0f;                                       /* relu (bf16) */
+            acc += di_round_bf16(r * wi[h]);                                     /* × w → bf16 */
+        }
+        si[n] = di_round_bf16(acc); /* head sum: f32 accumulate, one bf16 rounding */
+    }
+}
+
 int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, const uint16_t *k, int64_t n_q, int n_heads,
                           int head_dim, int64_t n_keys, const int32_t *vis, const uint8_t *cand, float *scores,
                           di_error *err) {
@@ -41,25 +65,8 @@ int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, const uint16_t *
         if (vis[i] < 0 || vis[i] > n_keys)
             return di_error_set(err, DI_ERR_INVALID, "indexer_scores: query %lld sees %d entries, expected 0..%lld",
                                 (long long)i, vis[i], (long long)n_keys);
-    for (int64_t i = 0; i < n_q; i++) {
-        const uint16_t *qi = q + i * n_heads * head_dim; /* bf16 [n_heads, head_dim] */
-        float wi[MAX_INDEX_HEADS];                        /* f32 [n_heads] */
-        for (int h = 0; h < n_heads; h++) wi[h] = di_bf16_to_f32(w[i * n_heads + h]);
-        float *si = scores + i * n_keys;
-        for (int64_t n = 0; n < n_keys; n++) {
-            if (n >= vis[i] || (cand && !cand[i * n_keys + n])) {
-                si[n] = -INFINITY;
-                continue;
-            }
-            const uint16_t *kn = k + n * head_dim;
-            float acc = 0.0f;
-            for (int h = 0; h < n_heads; h++) {
-                float d = di_round_bf16(dot_bf16(qi + h * head_dim, kn, head_dim)); /* einsum → bf16 */
-                float r = d > 0.0f ? d : 0.0f;                                       /* relu (bf16) */
-                acc += di_round_bf16(r * wi[h]);                                     /* × w → bf16 */
-            }
-            si[n] = di_round_bf16(acc); /* head sum: f32 accumulate, one bf16 rounding */
-        }
-    }
+    for (int64_t i = 0; i < n_q; i++)
+        score_query(q + i * n_heads * head_dim, w + i * n_heads, k, n_heads, head_dim, n_keys, vis[i],
+                    cand ? cand + i * n_keys : NULL, scores + i * n_keys);
     return DI_OK;
 }

@@ -42,19 +42,24 @@ static int check_hc(int hc, int64_t n_tok, int64_t dim, const char *op, di_error
     return DI_OK;
 }
 
+/* One token's mixes. Cloned for AVX2 with a baseline fallback: the compiler vectorizes the explicit
+ * lanes, never reassociates, so both versions give the same bits. */
+__attribute__((target_clones("avx2", "default"))) static void mixes_token(
+    const uint16_t *xt /* bf16 [hc·dim] */, int64_t n, const float *fn /* f32 [n_mix, n] */, int n_mix,
+    float norm_eps, float *out /* f32 [n_mix] */) {
+    /* ρ = rsqrt(mean(xf²) + eps): one statistic over all hc·dim values of the token */
+    float mean = sumsq_bf16(xt, n) / (float)n;
+    float rho = 1.0f / sqrtf(mean + norm_eps);
+    for (int m = 0; m < n_mix; m++) out[m] = dot_bf16_f32(xt, fn + (int64_t)m * n, n) * rho;
+}
+
 int di_cpu_hc_mixes(const uint16_t *x, int64_t n_tok, int hc, int64_t dim, const float *fn, float norm_eps,
                     float *mixes, di_error *err) {
     int rc = check_hc(hc, n_tok, dim, "hc_mixes", err);
     if (rc) return rc;
     const int n_mix = di_hc_n_mix(hc);
     const int64_t n = (int64_t)hc * dim; /* flattened stream-major length */
-    for (int64_t t = 0; t < n_tok; t++) {
-        const uint16_t *xt = x + t * n; /* bf16 [hc·dim] */
-        /* ρ = rsqrt(mean(xf²) + eps): one statistic over all hc·dim values of the token */
-        float mean = sumsq_bf16(xt, n) / (float)n;
-        float rho = 1.0f / sqrtf(mean + norm_eps);
-        for (int m = 0; m < n_mix; m++) mixes[t * n_mix + m] = dot_bf16_f32(xt, fn + (int64_t)m * n, n) * rho;
-    }
+    for (int64_t t = 0; t < n_tok; t++) mixes_token(x + t * n, n, fn, n_mix, norm_eps, mixes + t * n_mix);
     return DI_OK;
 }
 
