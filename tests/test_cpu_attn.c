@@ -269,7 +269,7 @@ static void test_indexer_scores_vector(void **state) {
     float *scores = malloc(S * N * sizeof(float));
     int32_t vis[S] = {N, N, N, N};
     di_error err = {0};
-    assert_int_equal(di_cpu_indexer_scores(q, w, k, S, H, HD, N, vis, NULL, scores, &err), DI_OK);
+    assert_int_equal(di_cpu_indexer_scores(q, w, 1.0f, k, S, H, HD, N, vis, NULL, scores, &err), DI_OK);
     int64_t diff = 0, over = 0, max_ulp = 0;
     for (int i = 0; i < S * N; i++) {
         int64_t u = ulp_bf16(di_f32_to_bf16(scores[i]), want[i]);
@@ -288,15 +288,26 @@ static void test_indexer_scores_vector(void **state) {
     uint8_t *cand = malloc(S * N);
     int32_t vis2[S] = {0, 1, 150, 300};
     for (int i = 0; i < S * N; i++) cand[i] = (uint8_t)(i % 3 != 0);
-    assert_int_equal(di_cpu_indexer_scores(q, w, k, S, H, HD, N, vis2, cand, masked, &err), DI_OK);
+    assert_int_equal(di_cpu_indexer_scores(q, w, 1.0f, k, S, H, HD, N, vis2, cand, masked, &err), DI_OK);
     for (int i = 0; i < S; i++)
         for (int n = 0; n < N; n++) {
             float m = masked[i * N + n];
             if (n >= vis2[i] || !cand[i * N + n]) assert_true(isinf(m) && m < 0);
             else assert_true(m == scores[i * N + n]);
         }
+    /* w_scale = the reference's bf16 tensor × scalar: identical to pre-scaled, re-rounded weights */
+    const float ws = (float)(pow(128.0, -0.5) * pow(4.0, -0.5)); /* 2^-4.5: rounding matters */
+    uint16_t wsc[S * H];
+    for (int i = 0; i < S * H; i++) wsc[i] = di_f32_to_bf16(di_bf16_to_f32(w[i]) * ws);
+    float *a = malloc(S * N * sizeof(float)), *b = malloc(S * N * sizeof(float));
+    assert_int_equal(di_cpu_indexer_scores(q, w, ws, k, S, H, HD, N, vis, NULL, a, &err), DI_OK);
+    assert_int_equal(di_cpu_indexer_scores(q, wsc, 1.0f, k, S, H, HD, N, vis, NULL, b, &err), DI_OK);
+    assert_memory_equal(a, b, S * N * sizeof(float));
+    free(a);
+    free(b);
+
     vis2[0] = N + 1;
-    assert_int_equal(di_cpu_indexer_scores(q, w, k, S, H, HD, N, vis2, NULL, masked, &err), DI_ERR_INVALID);
+    assert_int_equal(di_cpu_indexer_scores(q, w, 1.0f, k, S, H, HD, N, vis2, NULL, masked, &err), DI_ERR_INVALID);
     assert_non_null(strstr(err.msg, "query 0"));
     free(masked);
     free(cand);

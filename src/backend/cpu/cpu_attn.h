@@ -124,21 +124,25 @@ int di_cpu_visible_counts(int64_t start_pos, int64_t n_q, int ratio, int64_t n_k
 
 /* Index scores, in bf16 exactly where the reference is (an einsum, relu and a weighted head sum on
  * bf16 tensors):
+ *   w_h      = bf16(f32(w_h) · w_scale) the reference scales the bf16 weights_proj(x) tensor by
+ *                                      index_head_dim^-0.5 · index_n_heads^-0.5 (a Python double
+ *                                      product, applied as f32): pass w_scale = (float)(that product),
+ *                                      or 1 when w is already scaled. Exact for V4.1's 128 and 32
+ *                                      (2^-6), NOT for e.g. 128 and 4 (2^-4.5, the mid test case).
  *   d_h      = bf16(q_h · k_n)          f32 dot product rounded to bf16
  *   r_h      = bf16(relu(d_h) · w_h)    the bf16 product, computed in f32 and rounded
  *   score_n  = bf16(Σ_h r_h)            f32 sum over heads h ascending, rounded once
  * Entries n ≥ vis[i] (not yet visible) get −inf; so do entries with cand[i][n] == 0 when cand is given
- * (re-index layers mask with the candidate-source layer's mask). The weights are weights_proj(x) already
- * multiplied by index_head_dim^-0.5 · n_heads^-0.5 (a power of two for V4.1's 128 and 32, so exact).
+ * (re-index layers mask with the candidate-source layer's mask).
  *   q      bf16 [n_q, n_heads, head_dim]   FP4-QDQ'd index queries
- *   w      bf16 [n_q, n_heads]
+ *   w      bf16 [n_q, n_heads]             weights_proj(x)
  *   k      bf16 [n_keys, head_dim]          FP4-QDQ'd index keys
  *   vis    int32 [n_q]                      visible entries per query (≤ n_keys)
  *   cand   uint8 [n_q, n_keys] or NULL      candidate mask (1 = candidate)
  *   scores f32 [n_q, n_keys]                out, bf16-exact values */
-int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, const uint16_t *k, int64_t n_q, int n_heads,
-                          int head_dim, int64_t n_keys, const int32_t *vis, const uint8_t *cand, float *scores,
-                          di_error *err);
+int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, float w_scale, const uint16_t *k, int64_t n_q,
+                          int n_heads, int head_dim, int64_t n_keys, const int32_t *vis, const uint8_t *cand,
+                          float *scores, di_error *err);
 
 /* ============================== selection (§4.4, §5.6) ============================== */
 

@@ -33,11 +33,11 @@ static float dot_bf16(const uint16_t *a, const uint16_t *b, int n) {
 /* One query's score row. Cloned for AVX2 with a baseline fallback; the explicit lanes of dot_bf16 are
  * what either version vectorizes, so both give the same bits. */
 __attribute__((target_clones("avx2", "default"))) static void score_query(
-    const uint16_t *qi /* bf16 [n_heads, head_dim] */, const uint16_t *wi_bf16 /* bf16 [n_heads] */,
+    const uint16_t *qi /* bf16 [n_heads, head_dim] */, const uint16_t *wi_bf16 /* bf16 [n_heads] */, float w_scale,
     const uint16_t *k /* bf16 [n_keys, head_dim] */, int n_heads, int head_dim, int64_t n_keys, int32_t vis,
     const uint8_t *cand /* uint8 [n_keys] or NULL */, float *si /* f32 [n_keys] */) {
     float wi[MAX_INDEX_HEADS]; /* f32 [n_heads] */
-    for (int h = 0; h < n_heads; h++) wi[h] = di_bf16_to_f32(wi_bf16[h]);
+    for (int h = 0; h < n_heads; h++) wi[h] = di_round_bf16(di_bf16_to_f32(wi_bf16[h]) * w_scale);
     for (int64_t n = 0; n < n_keys; n++) {
         if (n >= vis || (cand && !cand[n])) {
             si[n] = -INFINITY;
@@ -54,9 +54,9 @@ __attribute__((target_clones("avx2", "default"))) static void score_query(
     }
 }
 
-int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, const uint16_t *k, int64_t n_q, int n_heads,
-                          int head_dim, int64_t n_keys, const int32_t *vis, const uint8_t *cand, float *scores,
-                          di_error *err) {
+int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, float w_scale, const uint16_t *k, int64_t n_q,
+                          int n_heads, int head_dim, int64_t n_keys, const int32_t *vis, const uint8_t *cand,
+                          float *scores, di_error *err) {
     if (n_q < 0 || n_keys < 0 || n_heads < 1 || n_heads > MAX_INDEX_HEADS || head_dim < 1)
         return di_error_set(err, DI_ERR_INVALID,
                             "indexer_scores: n_q %lld, n_keys %lld, n_heads %d (max %d), head_dim %d",
@@ -66,7 +66,7 @@ int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, const uint16_t *
             return di_error_set(err, DI_ERR_INVALID, "indexer_scores: query %lld sees %d entries, expected 0..%lld",
                                 (long long)i, vis[i], (long long)n_keys);
     for (int64_t i = 0; i < n_q; i++)
-        score_query(q + i * n_heads * head_dim, w + i * n_heads, k, n_heads, head_dim, n_keys, vis[i],
+        score_query(q + i * n_heads * head_dim, w + i * n_heads, w_scale, k, n_heads, head_dim, n_keys, vis[i],
                     cand ? cand + i * n_keys : NULL, scores + i * n_keys);
     return DI_OK;
 }
