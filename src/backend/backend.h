@@ -76,11 +76,12 @@ struct di_backend {
                    uint16_t *y, di_error *err);
 
     /* Partial RoPE on the LAST `rd` channels of every head vector, interleaved pairs (2i, 2i+1) as
-     * complex numbers times cis(angle) in f32 (conjugate when inverse), rounded to bf16 in place.
-     *   x bf16 [m, nh, d];  pos int64 [m] (row positions);  cos/sin f32 [max_pos, rd/2] (the layer's
-     *   table, rows indexed by position) */
+     * complex numbers times cis(f32(pos)·freqs[i]) in f32 (conjugate when inverse), rounded to bf16
+     * in place. The angle is the f32 product, as the reference's table (spec §5.4).
+     *   x bf16 [m, nh, d];  pos int64 [m] (row positions);  freqs f32 [rd/2] (the layer's table, YaRN
+     *   applied; model/forward.h di_rope_freqs) */
     int (*rope)(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
-                const float *cos_t, const float *sin_t, int64_t max_pos, bool inverse, di_error *err);
+                const float *freqs, bool inverse, di_error *err);
 
     /* Simulated quantization in place (cache values, indexer q/k), spec §4.1, §5.2:
      *   fp8:       e4m3 with power-of-two E8M0 scales per `group`
@@ -90,11 +91,6 @@ struct di_backend {
     int (*qdq_fp8)(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
     int (*qdq_fp4_e8m0)(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
     int (*qdq_fp4_e4m3)(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
-
-    /* x = bf16(f32(x) · s) in place, s given in double and applied in f32 as torch does for a bf16
-     * tensor times a Python scalar (indexer weights × index_head_dim^-0.5 · n_heads^-0.5).
-     *   x bf16 [n] */
-    int (*scale_bf16)(const di_backend *be, uint16_t *x, int64_t n, double s, di_error *err);
 
     /* Embedding gather: y[t] = table[ids[t]].  table bf16 [vocab, d];  ids int32 [m];  y bf16 [m, d] */
     int (*embed)(const di_backend *be, const uint16_t *table, int64_t vocab, int64_t d, const int32_t *ids,
@@ -129,13 +125,15 @@ struct di_backend {
     int (*compress_pool)(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio,
                          int64_t d, uint16_t *y, di_error *err);
 
-    /* Index scores (bf16 arithmetic as the reference): score = bf16(Σ_h bf16(relu(bf16(q_h·k))·w_h)),
-     * −inf where n ≥ vis[i] or (cand && !cand[i,n]).
+    /* Index scores (bf16 arithmetic as the reference): w'_h = bf16(f32(w_h)·w_scale) (the reference
+     * scales the bf16 weights_proj output by index_head_dim^-0.5 · n_heads^-0.5, a Python double
+     * applied in f32), score = bf16(Σ_h bf16(relu(bf16(q_h·k))·w'_h)), −inf where n ≥ vis[i] or
+     * (cand && !cand[i,n]).
      *   q bf16 [m, nh, hd];  w bf16 [m, nh];  k bf16 [nk, hd];  vis int32 [m];  cand uint8 [m, nk] or NULL
      *   scores f32 [m, nk] (bf16-exact values) */
-    int (*indexer_scores)(const di_backend *be, const uint16_t *q, const uint16_t *w, const uint16_t *k,
-                          int64_t m, int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand,
-                          float *scores, di_error *err);
+    int (*indexer_scores)(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale,
+                          const uint16_t *k, int64_t m, int nh, int hd, int64_t nk, const int32_t *vis,
+                          const uint8_t *cand, float *scores, di_error *err);
 
     /* Two-level candidate mask (§4.4): blocks of `block` entries scored by their max, the block of the
      * newest visible entry pinned, the best min(topk_blocks, n_blocks) finite blocks kept.

@@ -54,16 +54,16 @@ void fwd_dump(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int n
 
 /* ---------------- RoPE tables ---------------- */
 
-int di_rope_table(const di_config *cfg, int layer, int64_t n_pos, float *cos_t, float *sin_t, di_error *err) {
+int di_rope_freqs(const di_config *cfg, int layer, float *freqs, di_error *err) {
     const di_layer_cfg *lc = &cfg->layer[layer];
     int dim = cfg->qk_rope_head_dim, half = dim / 2;
-    if (dim <= 0 || dim % 2 || half > 512) return di_error_set(err, DI_ERR_INVALID, "rope: rope_head_dim %d", dim);
-    float base = (float)lc->rope_base, freqs[512];
+    if (dim <= 0 || dim % 2) return di_error_set(err, DI_ERR_INVALID, "rope: rope_head_dim %d", dim);
+    float base = (float)lc->rope_base;
     /* f32 like torch: base ** (arange(0, dim, 2) / dim), then 1 / that */
     for (int i = 0; i < half; i++) freqs[i] = 1.0f / powf(base, (float)(2 * i) / (float)dim);
     int64_t orig = cfg->rope_original_max_position_embeddings;
     if (lc->rope_yarn && orig > 0) {
-        /* the band edges are Python floats (double); the ramp and blend are f32 tensor ops */
+        /* the band edges are Python floats (double); the ramp and the blend are f32 tensor ops */
         double lb = lc->rope_base;
         double cl = dim * log((double)orig / (cfg->rope_beta_fast * 2 * M_PI)) / (2 * log(lb));
         double ch = dim * log((double)orig / (cfg->rope_beta_slow * 2 * M_PI)) / (2 * log(lb));
@@ -77,12 +77,6 @@ int di_rope_table(const di_config *cfg, int layer, int64_t n_pos, float *cos_t, 
             freqs[i] = freqs[i] / factor * (1.0f - smooth) + freqs[i] * smooth;
         }
     }
-    for (int64_t p = 0; p < n_pos; p++)
-        for (int i = 0; i < half; i++) {
-            float ang = (float)p * freqs[i]; /* f32 product, as torch.outer */
-            cos_t[p * half + i] = cosf(ang);
-            sin_t[p * half + i] = sinf(ang);
-        }
     return DI_OK;
 }
 
@@ -185,14 +179,12 @@ static int ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const i
         int R = cfg->layer[L].compress_ratio;
         if (R > 2) return di_error_set(err, DI_ERR_UNSUPPORTED, "layer %d: compress ratio %d (V4.1 uses 0, 1, 2)", L, R);
     }
-    /* one table per rope kind, built from the first layer of that kind */
+    /* one frequency table per rope kind, from the first layer of that kind */
     for (int L = 0; L < cfg->n_layers; L++) {
         int k = cfg->layer[L].rope;
-        if (c->rope_cos[k]) continue;
-        c->rope_cos[k] = fwd_alloc(c, sizeof(float) * (size_t)(T * half), 1);
-        c->rope_sin[k] = fwd_alloc(c, sizeof(float) * (size_t)(T * half), 1);
-        if (!c->rope_cos[k] || !c->rope_sin[k]) return err->code;
-        int rc = di_rope_table(cfg, L, T, c->rope_cos[k], c->rope_sin[k], err);
+        if (c->rope_freqs[k]) continue;
+        if (!(c->rope_freqs[k] = fwd_alloc(c, sizeof(float) * (size_t)(half > 0 ? half : 1), 1))) return err->code;
+        int rc = di_rope_freqs(cfg, L, c->rope_freqs[k], err);
         if (rc) return rc;
     }
     /* window index lists of the one-shot prefill: row p sees max(0, p−W+1) + j, −1 beyond p */

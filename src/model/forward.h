@@ -74,9 +74,9 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
                               const uint16_t *const *x_in, const float *const *pre_in, const di_fwd_opts *opts,
                               di_prefill_out *out, di_error *err);
 
-/* RoPE table of one layer for positions [0, n_pos) (reference precompute_freqs_cis, f32 throughout):
- * cos/sin f32 [n_pos, rope_head_dim/2]. */
-int di_rope_table(const di_config *cfg, int layer, int64_t n_pos, float *cos_t, float *sin_t, di_error *err);
+/* RoPE frequencies of one layer (reference precompute_freqs_cis, f32 throughout; YaRN blend on
+ * compressed layers): freqs f32 [rope_head_dim/2]. The angle at position p is f32(p)·freqs[i]. */
+int di_rope_freqs(const di_config *cfg, int layer, float *freqs, di_error *err);
 
 /* Engram hash row ids of every prompt position for Engram layer slot e (spec §4.3):
  * ids int64 [T, (max_ngram−1)·n_heads], (order, head) order, offsets added. */

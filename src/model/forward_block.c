@@ -96,7 +96,7 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
             ALLOC(k, ncmp * ihd, 1);
             CK(be->linear_bf16(be, lat, ncmp, hd, w->idx_wk, ihd, k, c->err));
             CK(be->rmsnorm(be, k, ncmp, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
-            CK(be->rope(be, k, ncmp, 1, ihd, rd, cpos, c->rope_cos[kind], c->rope_sin[kind], T, false, c->err));
+            CK(be->rope(be, k, ncmp, 1, ihd, rd, cpos, c->rope_freqs[kind], false, c->err));
             CK(be->qdq_fp4_e8m0(be, k, ncmp, ihd, 32, c->err));
             DUMP("attn.index_k", DI_BF16, k, 2, ncmp, ihd, 0);
             c->index_k = k;
@@ -120,11 +120,10 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
             if (!scores || !top) return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L,
                                                      (long long)T, (long long)ncmp);
             CK(be->linear_fp8(be, qr, T, qrk, w->idx_wq_b.w, w->idx_wq_b.s, (int64_t)ih * ihd, qi, c->err));
-            CK(be->rope(be, qi, T, ih, ihd, rd, c->pos, c->rope_cos[kind], c->rope_sin[kind], T, false, c->err));
+            CK(be->rope(be, qi, T, ih, ihd, rd, c->pos, c->rope_freqs[kind], false, c->err));
             CK(be->qdq_fp4_e8m0(be, qi, T * ih, ihd, 32, c->err));
             DUMP("attn.index_q", DI_BF16, qi, 3, T, ih, ihd);
             CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
-            CK(be->scale_bf16(be, iw, T * ih, pow(ihd, -0.5) * pow(ih, -0.5), c->err));
             DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
             for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((t + 1) / R);
             const uint8_t *cand = NULL;
@@ -134,7 +133,9 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
                                         (long long)ncmp);
                 cand = c->cand;
             }
-            CK(be->indexer_scores(be, qi, iw, c->index_k, T, ih, ihd, ncmp, vis, cand, scores, c->err));
+            /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
+            float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
+            CK(be->indexer_scores(be, qi, iw, w_scale, c->index_k, T, ih, ihd, ncmp, vis, cand, scores, c->err));
             DUMP("attn.index_scores", DI_F32, scores, 2, T, ncmp, 0);
             if (lc->is_candidate_source) {
                 uint8_t *mask; /* uint8 [T, ncmp] */
@@ -158,7 +159,7 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
 
     if (lat) {
         /* shared compressed KV: RoPE at n·R, then FP4 with E4M3 scales over groups of 16 */
-        CK(be->rope(be, lat, ncmp, 1, (int)hd, rd, cpos, c->rope_cos[kind], c->rope_sin[kind], T, false, c->err));
+        CK(be->rope(be, lat, ncmp, 1, (int)hd, rd, cpos, c->rope_freqs[kind], false, c->err));
         CK(be->qdq_fp4_e4m3(be, lat, ncmp, hd, 16, c->err));
         DUMP("attn.cmp_kv", DI_BF16, lat, 2, ncmp, hd, 0);
     }
@@ -189,7 +190,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     CK(be->rmsnorm(be, qa, T, qrk, w->q_norm, eps, qa, c->err));
     DUMP("attn.qr", DI_BF16, qa, 2, T, qrk, 0);
     CK(be->linear_fp8(be, qa, T, qrk, w->wq_b.w, w->wq_b.s, H * hd, q, c->err));
-    CK(be->rope(be, q, T, H, (int)hd, rd, c->pos, c->rope_cos[kind], c->rope_sin[kind], T, false, c->err));
+    CK(be->rope(be, q, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], false, c->err));
     DUMP("attn.q", DI_BF16, q, 3, T, H, hd);
 
     /* window KV: wkv → kv_norm → RoPE → FP8 QDQ of all hd channels (groups of 32) */
@@ -197,7 +198,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     ALLOC(kv, T * hd, 0);
     CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
     CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, eps, kv, c->err));
-    CK(be->rope(be, kv, T, 1, (int)hd, rd, c->pos, c->rope_cos[kind], c->rope_sin[kind], T, false, c->err));
+    CK(be->rope(be, kv, T, 1, (int)hd, rd, c->pos, c->rope_freqs[kind], false, c->err));
     CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
 
@@ -225,7 +226,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     ALLOC(o, T * H * hd, 0);
     CK(be->sparse_attn(be, q, T, H, (int)hd, kv, T, cmp, n_cmp, sink, idx, n_idx, (float)pow((double)hd, -0.5), o,
                        c->err));
-    CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_cos[kind], c->rope_sin[kind], T, true, c->err));
+    CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);
 
     /* grouped low-rank output: wo_a per group of H/G heads (bf16), then wo_b (FP8) */

@@ -15,7 +15,7 @@ typedef struct fwd_ctx {
     int64_t T;
     int64_t *pos;            /* int64 [T] positions 0..T−1 */
     int64_t *cmp_pos[3];     /* int64 [T/R] compressed-entry positions n·R, by ratio R = 1, 2 (index R) */
-    float *rope_cos[2], *rope_sin[2]; /* f32 [T, rd/2] per di_rope_kind (plain, compress) */
+    float *rope_freqs[2];    /* f32 [rd/2] per di_rope_kind (plain, compress) */
     int32_t *win_idx;        /* int32 [T, n_win] window part of every query's index list */
     int64_t n_win;           /* min(T, window) */
     int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids */

@@ -21,11 +21,10 @@ int di_gx_linear_grouped_bf16(const di_backend *be, const uint16_t *x, int64_t m
 int di_gx_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t n, const uint16_t *w, float eps,
                   uint16_t *y, di_error *err);
 int di_gx_rope(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
-               const float *cos_t, const float *sin_t, int64_t max_pos, bool inverse, di_error *err);
+               const float *freqs, bool inverse, di_error *err);
 int di_gx_qdq_fp8(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
 int di_gx_qdq_fp4_e8m0(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
 int di_gx_qdq_fp4_e4m3(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
-int di_gx_scale_bf16(const di_backend *be, uint16_t *x, int64_t n, double s, di_error *err);
 int di_gx_embed(const di_backend *be, const uint16_t *table, int64_t vocab, int64_t d, const int32_t *ids,
                 int64_t m, uint16_t *y, di_error *err);
 int di_gx_router(const di_backend *be, const float *logits, int64_t m, int n_exp, const float *bias, float temp,
@@ -54,7 +53,7 @@ int di_gx_hc_expand(const di_backend *be, const uint16_t *z, const uint16_t *x, 
                     const float *comb, int64_t m, int hc, int64_t d, uint16_t *y, di_error *err);
 int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio, int64_t d,
                         uint16_t *y, di_error *err);
-int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, const uint16_t *k, int64_t m,
+int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, const uint16_t *k, int64_t m,
                          int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *scores,
                          di_error *err);
 int di_gx_candidate_mask(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,

@@ -130,7 +130,7 @@ int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate,
 
 /* ---------------- indexer ---------------- */
 
-int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, const uint16_t *k, int64_t m,
+int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, const uint16_t *k, int64_t m,
                          int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *scores,
                          di_error *err) {
     for (int64_t i = 0; i < m; i++)
@@ -147,7 +147,7 @@ int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t
                 for (int c = 0; c < hd; c++) dd += bf(qh[c]) * bf(kn[c]);
                 float r = di_round_bf16(dd);
                 if (r < 0) r = 0;
-                sum += di_round_bf16(r * bf(w[i * nh + h]));
+                sum += di_round_bf16(r * di_round_bf16(bf(w[i * nh + h]) * w_scale));
             }
             *o = di_round_bf16(sum);
         }

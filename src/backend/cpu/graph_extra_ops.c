@@ -190,22 +190,18 @@ int di_gx_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t n,
 }
 
 int di_gx_rope(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
-               const float *cos_t, const float *sin_t, int64_t max_pos, bool inverse, di_error *err) {
+               const float *freqs, bool inverse, di_error *err) {
     if (rd > d || rd % 2) return di_error_set(err, DI_ERR_INVALID, "rope: rd=%d with head dim %d", rd, d);
     int half = rd / 2;
     bool split = be && be->faults.rope_half_split;
     for (int64_t i = 0; i < m; i++) {
-        if (pos[i] < 0 || pos[i] >= max_pos)
-            return di_error_set(err, DI_ERR_INVALID, "rope: position %lld outside the table [0, %lld)",
-                                (long long)pos[i], (long long)max_pos);
-        const float *c = cos_t + pos[i] * half, *s = sin_t + pos[i] * half;
-        for (int h = 0; h < nh; h++) {
-            uint16_t *v = x + (i * nh + h) * (int64_t)d + (d - rd);
-            for (int p = 0; p < half; p++) {
-                /* interleaved pairs (2p, 2p+1); the half-split fault pairs (p, p + rd/2) */
+        for (int p = 0; p < half; p++) {
+            float ang = (float)pos[i] * freqs[p];
+            float cs = cosf(ang), sn = inverse ? -sinf(ang) : sinf(ang);
+            for (int h = 0; h < nh; h++) {
+                uint16_t *v = x + (i * nh + h) * (int64_t)d + (d - rd);
                 int ia = split ? p : 2 * p, ib = split ? p + half : 2 * p + 1;
                 float a = bf(v[ia]), b = bf(v[ib]);
-                float cs = c[p], sn = inverse ? -s[p] : s[p];
                 v[ia] = tobf(a * cs - b * sn);
                 v[ib] = tobf(a * sn + b * cs);
             }
@@ -229,12 +225,6 @@ int di_gx_qdq_fp4_e8m0(const di_backend *be, uint16_t *x, int64_t m, int64_t n, 
 int di_gx_qdq_fp4_e4m3(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err) {
     if (group <= 0 || n % group) return di_error_set(err, DI_ERR_INVALID, "qdq_fp4: n=%lld group %d", (long long)n, group);
     for (int64_t i = 0; i < m; i++) di_fp4_qdq_e4m3(x + i * n, n, group, x + i * n);
-    return DI_OK;
-}
-
-int di_gx_scale_bf16(const di_backend *be, uint16_t *x, int64_t n, double s, di_error *err) {
-    float sf = (float)s;
-    for (int64_t i = 0; i < n; i++) x[i] = tobf(bf(x[i]) * sf);
     return DI_OK;
 }
 
