@@ -311,8 +311,12 @@ int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err) {
     be->hc_expand = a_hc_expand;
     be->compress_pool = a_compress_pool;
     be->indexer_scores = a_indexer_scores;
-    be->candidate_mask = a_candidate_mask;
-    be->topk = a_topk;
+    /* the reference's own tie behaviour (graph_extra_topk.c); a_topk / a_candidate_mask select with
+     * the documented "higher score, then lower position" rule and are kept for DI_CPU_TOPK=lowpos */
+    be->candidate_mask = di_gx_candidate_mask_torch;
+    be->topk = di_gx_topk_torch;
+    const char *tr = getenv("DI_CPU_TOPK");
+    if (tr && !strcmp(tr, "lowpos")) be->candidate_mask = a_candidate_mask, be->topk = a_topk;
     be->sparse_attn = a_sparse_attn;
     be->router = a_router;
     be->swiglu = a_swiglu;

@@ -64,4 +64,11 @@ int di_gx_sparse_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh
                       int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx,
                       int64_t n_idx, float scale, uint16_t *out, di_error *err);
 
+/* graph_extra_topk.c: selections with the reference's CPU tie behaviour (torch.topk = libstdc++
+ * introselect / heap select on (score, position) pairs); slots topk and candidate_mask */
+int di_gx_topk_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
+                     int32_t offset, int32_t *out, di_error *err);
+int di_gx_candidate_mask_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
+                               int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err);
+
 #endif
