@@ -1,8 +1,11 @@
 /* deepinfer verify — fidelity of the block graph against golden data from the official reference.
  *
  *   deepinfer verify --model DIR --golden FILE [--json] [--dump FILE] [--device cpu] [--threads N]
- *                    [--no-free] [--no-tf]
+ *                    [--kernels FILE | --no-ops] [--no-free] [--no-tf]
  *
+ * (0) per op: the reference kernel vectors (kernels.safetensors; default: the one in the directory
+ *     above the case, as in ../shared/golden/ and tests/data/) through the backend's op slots, each
+ *     within its README bound.
  * (a) free-running prefill from position 0: per-layer output and prompt-logit relative errors
  *     (‖ours − ref‖/‖ref‖) next to the case's noise floor (case.json beside FILE); bound 3× floor.
  * (b) teacher-forced: every block on the reference's input and pre-mix, shared attention state from our
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli.h"
@@ -30,6 +34,20 @@ static json_t *report_json(const di_golden *g, const di_verify_report *r, const 
     if (!r->pass) json_object_set_new(doc, "first_failure", json_string(r->first_failure));
     json_object_set_new(doc, "tf_bound", json_real(o->tf_bound));
     json_object_set_new(doc, "floor_multiple", json_real(o->floor_mult));
+    if (r->has_ops) {
+        json_t *ops = json_array();
+        for (int i = 0; i < r->ops.n; i++) {
+            const di_verify_op *op = &r->ops.ops[i];
+            json_t *j = json_object();
+            json_object_set_new(j, "op", json_string(op->name));
+            json_object_set_new(j, "metric", json_string(op->metric));
+            json_object_set_new(j, "value", num(op->value));
+            json_object_set_new(j, "bound", num(op->bound));
+            json_object_set_new(j, "ok", json_boolean(op->ok));
+            json_array_append_new(ops, j);
+        }
+        json_object_set_new(doc, "ops", ops);
+    }
     if (o->free_running) {
         json_t *pl = json_object();
         json_object_set_new(pl, "rel_err", num(r->logits_rel));
@@ -78,6 +96,10 @@ static json_t *report_json(const di_golden *g, const di_verify_report *r, const 
 
 static void report_text(const di_golden *g, const di_verify_report *r, const di_verify_opts *o) {
     printf("case %s: T=%lld, %d layers\n", g->case_name, (long long)r->T, r->n_layers);
+    for (int i = 0; r->has_ops && i < r->ops.n; i++) {
+        const di_verify_op *op = &r->ops.ops[i];
+        printf("op %-15s %-34s %10.4g (bound %g) %s\n", op->name, op->metric, op->value, op->bound, op->ok ? "ok" : "FAIL");
+    }
     printf("%-6s %12s %12s %6s %12s %6s  %s\n", "layer", "free_rel", "3x_floor", "ok", "tf_rel", "ok", "top-k / drift");
     for (int i = 0; i < r->n_layers; i++) {
         const di_verify_layer *l = &r->layers[i];
@@ -112,6 +134,8 @@ int cmd_verify(int argc, char **argv) {
     const char *model_dir = cli_str(&a, "model", NULL);
     const char *golden = cli_str(&a, "golden", NULL);
     const char *dump = cli_str(&a, "dump", NULL);
+    const char *kernels = cli_str(&a, "kernels", NULL);
+    bool no_ops = cli_flag(&a, "no-ops");
     bool no_free = cli_flag(&a, "no-free"), no_tf = cli_flag(&a, "no-tf");
     const char *device = "cpu";
     long long threads = 1;
@@ -131,6 +155,17 @@ int cmd_verify(int argc, char **argv) {
     di_verify_opts o;
     di_verify_opts_default(&o);
     o.free_running = !no_free, o.teacher_forced = !no_tf, o.dump_path = dump;
+    char *kdef = NULL; /* <case dir>/../kernels.safetensors */
+    if (!kernels && !no_ops) {
+        const char *slash = strrchr(golden, '/');
+        size_t n = slash ? (size_t)(slash - golden) : 0;
+        kdef = malloc(n + 64);
+        if (kdef) {
+            snprintf(kdef, n + 64, "%.*s%s../kernels.safetensors", (int)n, golden, n ? "/" : "");
+            if (access(kdef, R_OK) == 0) kernels = kdef;
+        }
+    }
+    o.kernels_path = no_ops ? NULL : kernels;
     int rc = di_model_open(model_dir, &m, &err);
     if (!rc) rc = di_golden_open(golden, &m->cfg, &g, &err);
     if (!rc) rc = di_backend_cpu_create((int)threads, &be, &err);
@@ -147,6 +182,7 @@ int cmd_verify(int argc, char **argv) {
         status = rep.pass ? 0 : 1;
     }
     di_verify_report_free(&rep);
+    free(kdef);
     di_backend_destroy(be);
     di_golden_close(g);
     di_model_close(m);

@@ -30,7 +30,7 @@
  * All false in normal runs. */
 typedef struct di_graph_faults {
     bool no_sink;             /* attention without the sink term */
-    bool sinkhorn_19;         /* hc_sinkhorn_iters − 1 Sinkhorn iterations */
+    int sinkhorn_iters;       /* > 0: this many Sinkhorn iterations instead of hc_sinkhorn_iters */
     bool ignore_candidates;   /* re-index layers score without the candidate mask */
     bool premix_not_deferred; /* each sub-layer collapses with its own pre-mix (V4 style) */
 } di_graph_faults;

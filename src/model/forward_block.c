@@ -306,7 +306,7 @@ int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_ou
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size;
     int hc = cfg->hc_mult, nmix = (2 + hc) * hc;
-    int iters = cfg->hc_sinkhorn_iters - (c->opts->faults.sinkhorn_19 ? 1 : 0);
+    int iters = c->opts->faults.sinkhorn_iters > 0 ? c->opts->faults.sinkhorn_iters : cfg->hc_sinkhorn_iters;
     float eps = (float)cfg->rms_norm_eps, hc_eps = (float)cfg->hc_eps;
     bool deferred = !c->opts->faults.premix_not_deferred;
 

@@ -368,6 +368,15 @@ int di_verify_run(const di_model *m, const di_backend *be, const di_golden *g, c
         }
     }
 
+    if (o->kernels_path) {
+        rc = di_verify_ops(be, o->kernels_path, &o->fwd.faults, &r->ops, err);
+        if (rc) goto done;
+        r->has_ops = true;
+        if (!r->ops.pass) {
+            r->pass = false;
+            if (!r->first_failure[0]) snprintf(r->first_failure, sizeof r->first_failure, "%s", r->ops.first_failure);
+        }
+    }
     if (o->dump_path) rc = write_dump(o->dump_path, cfg, o->free_running ? &fr : NULL, o->teacher_forced ? &tf : NULL, err);
 done:
     free(x_in), free(p_in), free(x0), free(p0);

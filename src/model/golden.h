@@ -47,6 +47,7 @@ typedef struct di_verify_opts {
     double floor_mult;        /* free-running bound = floor_mult × noise floor (3) */
     int tie_ulps;             /* k-th vs (k+1)-th score gap counted as a tie, in bf16 ulps (2) */
     const char *dump_path;    /* safetensors with prompt_logits, prefill_layer{i}_out, tf_layer{i}_out */
+    const char *kernels_path; /* kernels.safetensors for the op-level checks, or NULL to skip them */
     di_fwd_opts fwd;          /* dumps and graph faults */
 } di_verify_opts;
 
@@ -67,6 +68,27 @@ typedef struct di_verify_layer {
     double drift_max_ulps, drift_mean_ulps;
 } di_verify_layer;
 
+/* Op-level checks on kernels.safetensors (golden README table: one bound per vector). */
+#define DI_VERIFY_MAX_OPS 32
+typedef struct di_verify_op {
+    char name[32];
+    char metric[48];
+    double value, bound;
+    bool ok;
+} di_verify_op;
+
+typedef struct di_verify_ops_report {
+    int n;
+    di_verify_op ops[DI_VERIFY_MAX_OPS];
+    bool pass;
+    char first_failure[160];
+} di_verify_ops_report;
+
+/* Runs the reference kernel vectors through the backend's op slots (with the graph faults that act
+ * on them: sink, Sinkhorn iterations) and checks each against its README bound. */
+int di_verify_ops(const di_backend *be, const char *kernels_path, const di_graph_faults *faults,
+                  di_verify_ops_report *r, di_error *err);
+
 typedef struct di_verify_report {
     int n_layers;
     int64_t T;
@@ -74,6 +96,8 @@ typedef struct di_verify_report {
     double logits_rel, logits_floor;
     bool logits_ok;
     int64_t argmax_agree;      /* prompt positions whose argmax matches the reference */
+    bool has_ops;
+    di_verify_ops_report ops;  /* when opts.kernels_path is set */
     bool pass;
     char first_failure[256];   /* "" when pass */
 } di_verify_report;
