@@ -1,7 +1,7 @@
 /* deepinfer verify — fidelity of the block graph against golden data from the official reference.
  *
  *   deepinfer verify --model DIR --golden FILE [--json] [--dump FILE] [--device cpu] [--threads N]
- *                    [--kernels FILE | --no-ops] [--no-free] [--no-tf]
+ *                    [--kernels FILE | --no-ops] [--no-free] [--no-tf] [--dump-stages FILE]
  *
  * (0) per op: the reference kernel vectors (kernels.safetensors; default: the one in the directory
  *     above the case, as in ../shared/golden/ and tests/data/) through the backend's op slots, each
@@ -12,7 +12,8 @@
  *     own teacher-forced source blocks; bound 1.5e-2 per block. On index-source layers our top-k runs
  *     on the reference's index scores (rows whose k-th and (k+1)-th scores are within 2 bf16 ulps count
  *     as ties) and our own scores' drift is reported in bf16 ulps.
- * --dump FILE writes prompt_logits, prefill_layer{i}_out and tf_layer{i}_out (golden names/shapes).
+ * --dump FILE writes prompt_logits, prefill_layer{i}_out and tf_layer{i}_out (golden names/shapes);
+ * --dump-stages FILE every named stage tensor of both runs ("free.L3.attn.q", "tf.L5.ffn.out", ...).
  * Exit status 1 when any bound fails (or on error). */
 #include <math.h>
 #include <stdio.h>
@@ -135,6 +136,7 @@ int cmd_verify(int argc, char **argv) {
     const char *golden = cli_str(&a, "golden", NULL);
     const char *dump = cli_str(&a, "dump", NULL);
     const char *kernels = cli_str(&a, "kernels", NULL);
+    const char *stages = cli_str(&a, "dump-stages", NULL);
     bool no_ops = cli_flag(&a, "no-ops");
     bool no_free = cli_flag(&a, "no-free"), no_tf = cli_flag(&a, "no-tf");
     const char *device = "cpu";
@@ -154,7 +156,7 @@ int cmd_verify(int argc, char **argv) {
     di_verify_report rep = {0};
     di_verify_opts o;
     di_verify_opts_default(&o);
-    o.free_running = !no_free, o.teacher_forced = !no_tf, o.dump_path = dump;
+    o.free_running = !no_free, o.teacher_forced = !no_tf, o.dump_path = dump, o.stages_path = stages;
     char *kdef = NULL; /* <case dir>/../kernels.safetensors */
     if (!kernels && !no_ops) {
         const char *slash = strrchr(golden, '/');

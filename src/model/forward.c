@@ -241,6 +241,8 @@ static int keep_block(fwd_ctx *c, int L, const uint16_t *x, const float *pre) {
 
 int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T, const di_fwd_opts *opts,
                di_prefill_out *out, di_error *err) {
+    di_error local_err; /* the pass reports through err->code: never NULL inside */
+    if (!err) err = &local_err;
     const di_config *cfg = &m->cfg;
     int rc = out_init(cfg, T, out, err);
     if (rc) return rc;
@@ -280,6 +282,8 @@ done:
 int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T,
                               const uint16_t *const *x_in, const float *const *pre_in, const di_fwd_opts *opts,
                               di_prefill_out *out, di_error *err) {
+    di_error local_err; /* the pass reports through err->code: never NULL inside */
+    if (!err) err = &local_err;
     const di_config *cfg = &m->cfg;
     int rc = out_init(cfg, T, out, err);
     if (rc) return rc;

@@ -45,6 +45,22 @@ typedef struct di_fwd_opts {
     di_graph_faults faults;
 } di_fwd_opts;
 
+/* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and
+ * writes them all to one safetensors file — `deepinfer verify --dump-stages FILE`. Use with
+ * opts.dump = di_stage_recorder_fn, opts.dump_ctx = the recorder. */
+typedef struct di_stage_recorder {
+    const char *prefix;      /* e.g. "free." / "tf."; may be NULL */
+    int64_t n, cap;
+    di_tensor_spec *specs;   /* [n] (names owned) */
+    void **data;             /* [n] copies */
+    int failed;              /* an allocation failed: the file would be incomplete */
+} di_stage_recorder;
+
+void di_stage_recorder_fn(void *ctx, const char *name, di_dtype dtype, int ndim, const int64_t *shape,
+                          const void *data);
+int di_stage_recorder_write(const di_stage_recorder *r, const char *path, di_error *err);
+void di_stage_recorder_free(di_stage_recorder *r);
+
 /* Per-block results of a prefill (free-running or teacher-forced). Index-source layers also report
  * their scores and top-k (golden names prefill_layer{i}_index_scores / _topk). */
 typedef struct di_prefill_out {

@@ -305,8 +305,12 @@ int di_verify_run(const di_model *m, const di_backend *be, const di_golden *g, c
     for (int i = 0; i < n; i++) r->layers[i].floor = g->floor_layer[i];
     r->logits_floor = g->floor_logits;
 
+    di_stage_recorder rec = {0};
+    di_fwd_opts fo = o->fwd;
+    if (o->stages_path) fo.dump = di_stage_recorder_fn, fo.dump_ctx = &rec;
     if (o->free_running) {
-        rc = di_prefill(m, be, g->prompt_ids, T, &o->fwd, &fr, err);
+        rec.prefix = "free.";
+        rc = di_prefill(m, be, g->prompt_ids, T, &fo, &fr, err);
         if (rc) goto done;
         for (int i = 0; i < n; i++) {
             di_verify_layer *vl = &r->layers[i];
@@ -348,7 +352,8 @@ int di_verify_run(const di_model *m, const di_backend *be, const di_golden *g, c
             }
         x_in[0] = x0, p_in[0] = p0;
         for (int i = 1; i < n; i++) x_in[i] = g->layer_out[i - 1], p_in[i] = g->premix[i - 1];
-        rc = di_prefill_teacher_forced(m, be, g->prompt_ids, T, x_in, p_in, &o->fwd, &tf, err);
+        rec.prefix = "tf.";
+        rc = di_prefill_teacher_forced(m, be, g->prompt_ids, T, x_in, p_in, &fo, &tf, err);
         if (rc) goto done;
         for (int i = 0; i < n; i++) {
             di_verify_layer *vl = &r->layers[i];
@@ -378,7 +383,9 @@ int di_verify_run(const di_model *m, const di_backend *be, const di_golden *g, c
         }
     }
     if (o->dump_path) rc = write_dump(o->dump_path, cfg, o->free_running ? &fr : NULL, o->teacher_forced ? &tf : NULL, err);
+    if (!rc && o->stages_path) rc = di_stage_recorder_write(&rec, o->stages_path, err);
 done:
+    di_stage_recorder_free(&rec);
     free(x_in), free(p_in), free(x0), free(p0);
     di_prefill_out_free(&fr);
     di_prefill_out_free(&tf);

@@ -48,6 +48,7 @@ typedef struct di_verify_opts {
     int tie_ulps;             /* k-th vs (k+1)-th score gap counted as a tie, in bf16 ulps (2) */
     const char *dump_path;    /* safetensors with prompt_logits, prefill_layer{i}_out, tf_layer{i}_out */
     const char *kernels_path; /* kernels.safetensors for the op-level checks, or NULL to skip them */
+    const char *stages_path;  /* every named stage tensor of both runs ("free.L3.attn.q", "tf.L3.out", ...) */
     di_fwd_opts fwd;          /* dumps and graph faults */
 } di_verify_opts;
 

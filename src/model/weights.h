@@ -1,6 +1,8 @@
 /* Binding a validated V4.1 checkpoint to per-layer weight structs (spec model.md §2.4).
  *
- * Every pointer is a zero-copy view into the mmapped safetensors shards, except wo_a: the reference
+ * Every pointer is a zero-copy view into the mmapped safetensors shards, except wo_a (below) and the
+ * rare multi-byte tensor whose file offset is not a multiple of its element size (safetensors does
+ * not align tensors; such a view is copied once so kernels never load misaligned f32/bf16). wo_a: the reference
  * (convert.py / Attention) dequantizes it from FP8 to bf16 once at load and runs the grouped output
  * projection as a bf16 GEMM, so it is dequantized here too and owned by di_weights.
  * Shapes below use: D = hidden_size, H = heads, hd = head_dim, qr = q_lora_rank, G = o_groups,
@@ -83,6 +85,8 @@ typedef struct di_weights {
     const uint16_t *norm;  /* bf16 [D] final norm */
     int n_layers;
     di_layer_w *layers;    /* [n_layers] backbone blocks (DSpark stages are not bound here) */
+    void **owned;          /* aligned copies of views the mapping does not align to their element size */
+    int64_t n_owned, cap_owned;
 } di_weights;
 
 /* Binds every backbone tensor, checking each one's dtype and shape against cfg (the message names the
