@@ -393,6 +393,7 @@ static void test_engram_released(void **state) {
     assert_int_equal(ec.offsets[0], 0);
     assert_int_equal(ec.offsets[1], 16000057);
     assert_int_equal(ec.offsets[24 + 23] + ec.primes[24 + 23], 384016682);
+    assert_int_equal(di_engram_multiplier_max(c), 93078876567781LL);
     free((void *)primes);
     free((void *)mult);
     di_st_close(st);
@@ -433,6 +434,15 @@ static void test_engram_sidecar(void **state) {
     assert_int_equal(di_engram_prime(&ec, 1, 2, 1), 157);
     assert_int_equal(ec.offsets[6 + 5], 707);
     assert_int_equal(ec.multipliers[0], 22948963341361471LL);
+    /* the derived layout alone (for sidecar writers) has the same primes/offsets, no multipliers */
+    di_engram_consts d;
+    assert_int_equal(di_engram_consts_derive(c, &d, &err), DI_OK);
+    assert_memory_equal(d.primes, ec.primes, 12 * 8);
+    assert_memory_equal(d.offsets, ec.offsets, 12 * 8);
+    assert_int_equal(d.multipliers[0], 0);
+    assert_null(d.token_map);
+    di_engram_consts_free(&d);
+    assert_int_equal(di_engram_multiplier_max(c), 36028797018963965LL); /* compressed vocab 256 */
     di_engram_consts_free(&ec);
 
     /* a sidecar whose primes do not match the config's layout is rejected, naming file and tensor */

@@ -275,12 +275,96 @@ static void test_config_mismatch(void **state) {
     free(dir);
 }
 
+/* Write every inventory entry (zero-filled) as one model.safetensors; `retype` (if found) is stored as
+ * F32 and `drop` is left out. */
+static void write_from_inventory(const char *dir, const di_inv_entry *v, int64_t n, const char *retype,
+                                 const char *drop) {
+    di_tensor_spec *sp = calloc((size_t)n, sizeof *sp);
+    const void **data = calloc((size_t)n, sizeof *data);
+    int64_t k = 0, biggest = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (di_inv_entry_bytes(&v[i]) * 2 > biggest) biggest = di_inv_entry_bytes(&v[i]) * 2;
+    void *zeros = calloc(1, (size_t)biggest);
+    for (int64_t i = 0; i < n; i++) {
+        if (drop && strcmp(v[i].name, drop) == 0) continue;
+        sp[k] = (di_tensor_spec){v[i].name, v[i].dtype, v[i].ndim, {0}};
+        memcpy(sp[k].shape, v[i].shape, sizeof v[i].shape);
+        if (retype && strcmp(v[i].name, retype) == 0) sp[k].dtype = DI_F32;
+        data[k++] = zeros;
+    }
+    char p[1200];
+    di_error err = {0};
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (di_st_write_file(p, sp, data, k, &err)) fail_msg("%s", err.msg);
+    free(zeros);
+    free(sp);
+    free(data);
+}
+
+static int validate_in(const char *dir, const di_config *c, di_error *err) {
+    di_checkpoint *ck;
+    if (di_ckpt_open(dir, &ck, err)) fail_msg("%s", err->msg);
+    int rc = di_inventory_validate(c, ck, err);
+    di_ckpt_close(ck);
+    return rc;
+}
+
+/* With a vision_config: bias_vl in every block and the ViT/aligner/span tensors become required. */
+static void test_vision_checkpoint(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir("invvl");
+    char p[1200];
+    json_error_t je;
+    json_t *root = json_load_file(tu_data("v41-tiny-sel/config.json"), 0, &je);
+    assert_non_null(root);
+    json_object_set_new(root, "vision_config",
+                        json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "num_hidden_layers", 1, "hidden_size", 32,
+                                  "num_attention_heads", 2, "intermediate_size", 32, "patch_size", 2,
+                                  "downsample_ratio", 2));
+    json_object_set_new(root, "image_token_id", json_integer(500));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    assert_int_equal(json_dump_file(root, p, 0), 0);
+    json_decref(root);
+    di_config *c = load_cfg(dir);
+    assert_true(c->has_vision);
+    di_inv_entry *v;
+    int64_t n;
+    di_error err = {0};
+    assert_int_equal(di_inventory_build(c, &v, &n, &err), DI_OK);
+    assert_int_equal(di_inventory_count_layer(v, n, -2), 2 + 8 + 1 + 4 + 3);
+    assert_int_equal(n, 411 + 7 + 18); /* + bias_vl in 6 layers and 1 DSpark stage */
+    expect_entry(v, n, "aligner.w1.weight", DI_BF16, 256, 32 * 2 * 2, DI_FAM_VISION);
+    expect_entry(v, n, "vision.patch_embed.proj.weight", DI_BF16, 32, 3 * 2 * 2, DI_FAM_VISION);
+    expect_entry(v, n, "mtp.0.ffn.gate.bias_vl", DI_F32, 4, 0, DI_FAM_ROUTER);
+
+    write_from_inventory(dir, v, n, NULL, NULL);
+    if (validate_in(dir, c, &err)) fail_msg("%s", err.msg);
+    /* vision dtypes are not pinned by official headers: F32 storage is accepted there ... */
+    write_from_inventory(dir, v, n, "vision.norm.weight", NULL);
+    if (validate_in(dir, c, &err)) fail_msg("%s", err.msg);
+    /* ... but not in the text model */
+    write_from_inventory(dir, v, n, "layers.0.attn_norm.weight", NULL);
+    assert_int_equal(validate_in(dir, c, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "layers.0.attn_norm.weight expected BF16 [256], found F32 [256]"));
+    write_from_inventory(dir, v, n, NULL, "layers.3.ffn.gate.bias_vl");
+    assert_int_equal(validate_in(dir, c, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "1 missing (layers.3.ffn.gate.bias_vl)"));
+    write_from_inventory(dir, v, n, NULL, "image_end");
+    assert_int_equal(validate_in(dir, c, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "1 missing (image_end)"));
+    free(v);
+    free(c);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_released_totals),
         cmocka_unit_test(test_golden_validate),
         cmocka_unit_test(test_malformed_checkpoints),
         cmocka_unit_test(test_config_mismatch),
+        cmocka_unit_test(test_vision_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -144,7 +144,7 @@ static void print_table(const report *r) {
     else
         printf("%-10s not checked (config only): %lld tensors, %s expected\n", "weights", (long long)r->tot.n_tensors,
                a);
-    printf("%-10s D=%d, %d layers + %d DSpark stages, %d heads x %d (rope %d), q_lora %d, o_lora %d x %d groups, "
+    printf("%-10s D=%d, %d layers + DSpark stages: %d; %d heads x %d (rope %d), q_lora %d, o_lora %d x %d groups, "
            "window %d, vocab %d\n",
            "shape", c->hidden_size, c->n_layers, c->n_dspark, c->num_attention_heads, c->head_dim,
            c->qk_rope_head_dim, c->q_lora_rank, c->o_lora_rank, c->o_groups, c->sliding_window, c->vocab_size);
@@ -253,10 +253,8 @@ static json_t *json_doc(const report *r) {
     for (int L = 0; L < c->n_stages; L++) {
         const di_layer_cfg *l = &c->layer[L];
         char nm[24];
-        if (l->is_dspark)
-            snprintf(nm, sizeof nm, "mtp.%d", l->dspark_stage);
-        else
-            snprintf(nm, sizeof nm, "layers.%d", L);
+        di_stage_prefix(c, L, nm, sizeof nm);
+        nm[strlen(nm) - 1] = 0; /* "layers.7" */
         json_t *o = json_object();
         json_object_set_new(o, "stage", json_integer(L));
         json_object_set_new(o, "name", json_string(nm));

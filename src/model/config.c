@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "io/checkpoint.h"
 #include "util/error.h"
@@ -209,7 +210,7 @@ static int store_field(const src *s, const field *f, const json_t *v, int from_i
         return DI_OK;
     case K_STR:
         if (!json_is_string(v) || json_string_length(v) >= DI_CFG_STR)
-            return bad_value(s, f, from_inf, v, "a short string", err);
+            return bad_value(s, f, from_inf, v, "a string of at most 63 bytes", err);
         snprintf(base + f->off, DI_CFG_STR, "%s", json_string_value(v));
         return DI_OK;
     case K_INTS:
@@ -792,28 +793,30 @@ static int slurp(const char *path, char **out, size_t *len, di_error *err) {
 
 int di_config_load(const char *model_dir, di_config *cfg, di_error *err) {
     if (!model_dir) return di_error_set(err, DI_ERR_INVALID, "no model directory given");
-    /* accept DIR or DIR/config.json */
+    /* DIR (holding config.json) or the path of a config.json-style file itself; inference/config.json
+     * is looked up next to it either way */
+    struct stat sb;
+    int is_file = stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode);
     char *dir = strdup(model_dir);
     if (!dir) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
-    size_t dl = strlen(dir);
-    if (dl >= 11 && strcmp(dir + dl - 11, "config.json") == 0 && (dl == 11 || dir[dl - 12] == '/')) {
-        dir[dl - 11] = 0;
-        if (!dir[0]) strcpy(dir, ".");
+    char *hf_path = NULL;
+    if (is_file) {
+        hf_path = strdup(model_dir);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash[1] = 0;
+        else
+            strcpy(dir, ".");
+    } else {
+        hf_path = di_path_join(dir, "config.json");
     }
-    char *hf_path = di_path_join(dir, "config.json");
     char *inf_path = di_path_join(dir, "inference/config.json");
     char *hf = NULL, *inf = NULL;
     size_t hf_len = 0, inf_len = 0;
     int rc = (hf_path && inf_path) ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "out of memory");
     if (rc == DI_OK) rc = slurp(hf_path, &hf, &hf_len, err);
-    if (rc == DI_OK) {
-        FILE *f = fopen(inf_path, "rb");
-        if (f) {
-            fclose(f);
-            rc = slurp(inf_path, &inf, &inf_len, err);
-        }
-    }
-    if (rc == DI_OK) rc = di_config_parse(hf, hf_len, inf, inf_len, dir, cfg, err);
+    if (rc == DI_OK && stat(inf_path, &sb) == 0) rc = slurp(inf_path, &inf, &inf_len, err);
+    if (rc == DI_OK) rc = di_config_parse(hf, hf_len, inf, inf_len, is_file ? model_dir : dir, cfg, err);
     free(hf);
     free(inf);
     free(hf_path);
@@ -823,6 +826,13 @@ int di_config_load(const char *model_dir, di_config *cfg, di_error *err) {
 }
 
 void di_config_free(di_config *cfg) { (void)cfg; }
+
+void di_stage_prefix(const di_config *cfg, int stage, char *buf, size_t n) {
+    if (stage >= cfg->n_layers)
+        snprintf(buf, n, "mtp.%d.", stage - cfg->n_layers);
+    else
+        snprintf(buf, n, "layers.%d.", stage);
+}
 
 void di_cache_footprint_of(const di_config *cfg, int stage, di_cache_footprint *out) {
     memset(out, 0, sizeof *out);

@@ -191,12 +191,15 @@ typedef struct di_config {
 int di_config_parse(const char *hf_json, size_t hf_len, const char *inf_json, size_t inf_len, const char *where,
                     di_config *cfg, di_error *err);
 
-/* Reads model_dir/config.json (required) and model_dir/inference/config.json (optional). A path to a
- * config.json file is accepted too (then inference/config.json is looked up next to it). */
+/* Reads model_dir/config.json (required) and model_dir/inference/config.json (optional). The path of a
+ * config file itself is accepted too (then inference/config.json is looked up next to it). */
 int di_config_load(const char *model_dir, di_config *cfg, di_error *err);
 
 /* di_config holds no heap memory today; call it anyway so that may change. */
 void di_config_free(di_config *cfg);
+
+/* Checkpoint name prefix of a stage: "layers.7." for backbone blocks, "mtp.0." for DSpark stages. */
+void di_stage_prefix(const di_config *cfg, int stage, char *buf, size_t n);
 
 /* ---- per-sequence cache footprint in the compact exact form (spec §4.7, §7.2) ----
  * fixed_bytes: independent of sequence length (window ring of sliding_window slots, each head_dim

@@ -149,17 +149,14 @@ static int read_sidecar(const di_config *cfg, const char *path, di_engram_consts
             goto done;
         }
     }
-    /* The reference draws v in [0, bound) with bound = (INT64_MAX / cv) / 2 and uses 2v + 1, so the
-     * products t·μ (t < cv) never overflow. Anything else would make the hash ill-defined. */
-    int64_t cv = cfg->engram_compressed_vocab_size;
-    int64_t bound = (INT64_MAX / cv) / 2;
-    if (bound < 1) bound = 1;
+    /* anything else could overflow the int64 products and make the hash ill-defined */
+    int64_t mmax = di_engram_multiplier_max(cfg);
     for (int64_t i = 0; i < (int64_t)nl * c->max_ngram; i++) {
         int64_t m = rd64(tm->data, i);
-        if (m < 1 || m % 2 == 0 || (m - 1) / 2 >= bound) {
+        if (m < 1 || m % 2 == 0 || m > mmax) {
             rc = di_error_set(err, DI_ERR_INVALID,
                               "%s: tensor 'multipliers' element %lld is %lld, expected an odd value in [1, %lld]", path,
-                              (long long)i, (long long)m, (long long)(2 * bound - 1));
+                              (long long)i, (long long)m, (long long)mmax);
             goto done;
         }
         c->multipliers[i] = m;
@@ -196,8 +193,16 @@ done:
     return rc;
 }
 
-int di_engram_consts_load(const di_config *cfg, const char *model_dir, di_engram_consts *out, di_error *err) {
-    if (!cfg || !out) return di_error_set(err, DI_ERR_INVALID, "di_engram_consts_load: NULL argument");
+int64_t di_engram_multiplier_max(const di_config *cfg) {
+    /* the reference draws v in [0, bound) with bound = max(1, (INT64_MAX // cv) // 2) and uses 2v + 1 */
+    int64_t cv = cfg->engram_compressed_vocab_size > 0 ? cfg->engram_compressed_vocab_size : 1;
+    int64_t bound = (INT64_MAX / cv) / 2;
+    if (bound < 1) bound = 1;
+    return 2 * (bound - 1) + 1;
+}
+
+int di_engram_consts_derive(const di_config *cfg, di_engram_consts *out, di_error *err) {
+    if (!cfg || !out) return di_error_set(err, DI_ERR_INVALID, "di_engram_consts_derive: NULL argument");
     memset(out, 0, sizeof *out);
     out->pad_compressed_id = -1;
     if (cfg->n_engram_layers == 0) return DI_OK;
@@ -231,10 +236,16 @@ int di_engram_consts_load(const di_config *cfg, const char *model_dir, di_engram
             return DI_ERR_INVALID;
         }
     }
+    c->source = "derived layout (no multipliers)";
+    return DI_OK;
+}
 
+int di_engram_consts_load(const di_config *cfg, const char *model_dir, di_engram_consts *out, di_error *err) {
+    int rc = di_engram_consts_derive(cfg, out, err);
+    if (rc || cfg->n_engram_layers == 0) return rc;
+    di_engram_consts *c = out;
     char *path = model_dir ? di_path_join(model_dir, DI_ENGRAM_SIDECAR) : NULL;
     struct stat sb;
-    int rc = DI_OK;
     if (path && stat(path, &sb) == 0) {
         rc = read_sidecar(cfg, path, c, err);
     } else if (di_engram_is_released_layout(cfg)) {

@@ -44,6 +44,15 @@ typedef struct di_engram_consts {
 int di_engram_consts_load(const di_config *cfg, const char *model_dir, di_engram_consts *out, di_error *err);
 void di_engram_consts_free(di_engram_consts *c);
 
+/* The config-derived part only: primes and offsets (checked against engram_num_embeddings), with
+ * multipliers zeroed and no token map. For writers of the sidecar (mkmodel), which choose their own
+ * odd multipliers in [1, di_engram_multiplier_max(cfg)] for non-released layouts. */
+int di_engram_consts_derive(const di_config *cfg, di_engram_consts *out, di_error *err);
+
+/* Largest multiplier the reference can draw: 2·⌊⌊INT64_MAX / compressed_vocab⌋ / 2⌋ − 1, so that
+ * compressed_id · μ never overflows int64. */
+int64_t di_engram_multiplier_max(const di_config *cfg);
+
 /* Attach a compressed-token map built elsewhere (from the tokenizer); copies it, checks every value
  * is below engram_compressed_vocab_size and sets pad_compressed_id. */
 int di_engram_consts_set_token_map(di_engram_consts *c, const di_config *cfg, const int32_t *map, int64_t len,

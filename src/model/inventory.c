@@ -117,10 +117,7 @@ static void block(builder *b, int stage) {
     di_weight_fmt wf = c->weight_fmt;
     char name[96];
     b->layer = stage;
-    if (l->is_dspark)
-        snprintf(b->prefix, sizeof b->prefix, "mtp.%d.", l->dspark_stage);
-    else
-        snprintf(b->prefix, sizeof b->prefix, "layers.%d.", stage);
+    di_stage_prefix(c, stage, b->prefix, sizeof b->prefix);
 
     if (l->engram_index >= 0) { /* applied to the residual streams before the block (§4.3) */
         int64_t rows = c->engram_num_embeddings[l->engram_index], ehd = c->engram_head_dim;
@@ -208,14 +205,14 @@ static void block(builder *b, int stage) {
     }
 }
 
-/* ViT + aligner + span embeddings (vision.py; 266 tensors for the released 32-layer tower). Dtypes are
- * BF16 throughout as published header inventories list them (the official headers were not read). */
+/* ViT + aligner + span embeddings (vision.py / model.py Transformer: 2 + 8 per block + 1 + 4 + 3 = 266
+ * tensors for the released 32-layer tower). Dtypes are BF16 throughout as third-party header listings
+ * give them (the official headers were not read), so validation accepts any float dtype here. */
 static void vision(builder *b) {
     const di_config *c = b->cfg;
     const di_vision_cfg *v = &c->vision;
     int64_t vd = v->hidden_size, p = v->patch_size, D = c->hidden_size;
     int64_t r = v->downsample_ratio;
-    char name[96];
     b->layer = -1;
     b->fam = DI_FAM_VISION;
     b->prefix[0] = 0;
@@ -233,7 +230,6 @@ static void vision(builder *b) {
         t2(b, DI_BF16, vd, v->intermediate_size, "mlp.w2.weight");
     }
     b->prefix[0] = 0;
-    (void)name;
     t1(b, DI_BF16, vd, "vision.norm.weight");
     t2(b, DI_BF16, D, vd * r * r, "aligner.w1.weight");
     t1(b, DI_BF16, D, "aligner.w1.bias");
@@ -378,7 +374,11 @@ int di_inventory_validate(const di_config *cfg, const di_checkpoint *ck, di_erro
             note(miss, "%s", e->name);
             continue;
         }
-        int same = t->dtype == e->dtype && t->ndim == e->ndim;
+        /* Vision dtypes come from third-party header listings, not the official headers: accept any
+         * float storage there (the text path never reads these tensors). */
+        int float_ok = e->family == DI_FAM_VISION &&
+                       (t->dtype == DI_BF16 || t->dtype == DI_F16 || t->dtype == DI_F32);
+        int same = (t->dtype == e->dtype || float_ok) && t->ndim == e->ndim;
         for (int d = 0; same && d < e->ndim; d++) same = t->shape[d] == e->shape[d];
         if (!same) {
             di_shape_str(e->ndim, e->shape, es, sizeof es);

@@ -48,8 +48,9 @@ typedef struct di_inv_entry {
 } di_inv_entry;
 
 /* Every expected tensor, in a stable readable order: embed, layers.0 … layers.N-1 (each block:
- * Engram, mHC, norms, attention, compressor, indexer, router, routed experts, shared expert),
- * norm, head, mtp.0 …, then vision. *out is malloc'd (free()); *n its length. */
+ * Engram, mHC, norms, attention, compressor, indexer, router, routed experts 0…E-1 (w1, w2, w3),
+ * shared expert, then the DSpark-only parts of mtp stages), norm, head, mtp.0 …, then vision.
+ * *out is malloc'd (free()); *n its length. */
 int di_inventory_build(const di_config *cfg, di_inv_entry **out, int64_t *n, di_error *err);
 
 /* Validates a checkpoint against the inventory: names every missing, extra or mis-shaped/mis-typed
