@@ -18,6 +18,8 @@
 /* ---------------------------------------------------------------- helpers */
 
 static di_safetensors *g_st;
+static void *g_copies[64];
+static size_t g_n_copies;
 
 static const void *tensor(const char *name, di_dtype dt, int64_t numel) {
     const di_tensor_info *t = di_st_find(g_st, name);
@@ -25,7 +27,13 @@ static const void *tensor(const char *name, di_dtype dt, int64_t numel) {
     if (t->dtype != dt) fail_msg("%s: dtype %s, expected %s", name, di_dtype_name(t->dtype), di_dtype_name(dt));
     if (di_tensor_numel(t) != numel) fail_msg("%s: %lld elements, expected %lld", name, (long long)di_tensor_numel(t),
                                               (long long)numel);
-    return t->data;
+    /* safetensors payloads need not be aligned for their element type: hand out an aligned copy */
+    if (g_n_copies == sizeof g_copies / sizeof *g_copies) fail_msg("too many tensor copies");
+    size_t bytes = (size_t)numel * di_dtype_size(dt);
+    void *copy = malloc(bytes ? bytes : 1);
+    memcpy(copy, t->data, bytes);
+    g_copies[g_n_copies++] = copy;
+    return copy;
 }
 
 static int setup(void **state) {
@@ -41,6 +49,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     di_st_close(g_st);
+    for (size_t i = 0; i < g_n_copies; i++) free(g_copies[i]);
     return 0;
 }
 
