@@ -33,16 +33,36 @@
 #define TC 64   /* most output columns per task; their f32 accumulators persist across K chunks */
 
 /* ---- weight decoding ----
- * e4m3 by bit assembly instead of a table so the scalar and SIMD decoders share one definition:
- * the 7 magnitude bits shifted to bit 20 form an f32 whose value is the e4m3 value · 2^−120
- * (normals and subnormals alike), so one exact multiply by 2^120 finishes it. The NaN codes
+ * e4m3 by bit assembly instead of a table so the scalar and SIMD decoders share one definition
+ * (and produce identical bits): a normal code s eeee mmm becomes the f32 with exponent eeee + 120
+ * and mantissa mmm·2^20; a subnormal (eeee = 0) is mmm·2^−9, an exact int → float conversion and
+ * power-of-two multiply (no subnormal f32 arithmetic, which is slow on some cores). The NaN codes
  * (0x7F, 0xFF) become the all-ones NaN. Values are exact in f32, so the block products are too. */
 static inline float e4m3_value(uint8_t c) {
-    uint32_t mag = c & 0x7fu, bits = ((uint32_t)(c & 0x80u) << 24) | (mag << 20);
-    if (mag == 0x7fu) bits = 0xffffffffu;
+    uint32_t mag = c & 0x7fu, sign = (uint32_t)(c & 0x80u) << 24, bits;
+    if (mag == 0x7fu) {
+        bits = 0xffffffffu;
+    } else if (mag < 8) {
+        float sub = (float)mag * 0x1p-9f;
+        memcpy(&bits, &sub, 4);
+        bits |= sign;
+    } else {
+        bits = sign | ((mag + (120u << 3)) << 20);
+    }
     float f;
     memcpy(&f, &bits, 4);
-    return mag == 0x7fu ? f : f * 0x1p120f;
+    return f;
+}
+
+/* E8M0 scale byte → 2^(e−127), inline for the per-block decode (same values as di_e8m0_to_f32:
+ * e = 0 is the subnormal 2^−127, e = 255 is NaN) */
+static inline float e8m0_value(uint8_t e) {
+    if (e == 0) return 0x1p-127f;
+    if (e == 255) return NAN;
+    uint32_t bits = (uint32_t)e << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 static float g_e2m1[16]; /* E2M1 code → value */
@@ -66,13 +86,17 @@ static void decode_e2m1_scalar(const uint8_t *b, int64_t n, float *out) {
 #ifdef DI_X86
 __attribute__((target("avx2,fma"))) static void decode_e4m3_avx2(const uint8_t *c, int64_t n, float *out) {
     int64_t i = 0;
-    const __m256i m7f = _mm256_set1_epi32(0x7f), m80 = _mm256_set1_epi32(0x80);
-    const __m256 two120 = _mm256_set1_ps(0x1p120f);
+    const __m256i m7f = _mm256_set1_epi32(0x7f), m80 = _mm256_set1_epi32(0x80), m8 = _mm256_set1_epi32(8);
+    const __m256i bias = _mm256_set1_epi32(120 << 3);
+    const __m256 two_m9 = _mm256_set1_ps(0x1p-9f);
     for (; i + 8 <= n; i += 8) {
         __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i)));
         __m256i mag = _mm256_and_si256(v, m7f);
-        __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(v, m80), 24), _mm256_slli_epi32(mag, 20));
-        __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), two120);
+        __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, m80), 24);
+        __m256 normal = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(mag, bias), 20));
+        __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), two_m9);
+        __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(m8, mag));
+        __m256 f = _mm256_or_ps(_mm256_blendv_ps(normal, sub, is_sub), _mm256_castsi256_ps(sign));
         __m256i nan = _mm256_cmpeq_epi32(mag, m7f); /* all-ones lanes: the NaN of e4m3_value */
         _mm256_storeu_ps(out + i, _mm256_or_ps(f, _mm256_castsi256_ps(nan)));
     }
@@ -133,7 +157,7 @@ static void quant_row(void *ctx, int64_t m, int thread) {
         int64_t n = j->K - k0 < CH ? j->K - k0 : CH;
         di_act_quant_fp8(x + k0, n, DI_QBLOCK, q, s);
         decode_e4m3_scalar(q, n, xq + k0);
-        for (int64_t b = 0; b < n / DI_QBLOCK; b++) sx[k0 / DI_QBLOCK + b] = di_e8m0_to_f32(s[b]);
+        for (int64_t b = 0; b < n / DI_QBLOCK; b++) sx[k0 / DI_QBLOCK + b] = e8m0_value(s[b]);
     }
 }
 
@@ -271,7 +295,7 @@ static void decode_tile(const gemm_job *j, int64_t n0, int nt, int64_t k0, int64
             j->k.e4m3(j->w + n * K + k0, kc, row);
             s = j->w_scale + (n / DI_QBLOCK) * KB + kb0;
         }
-        for (int64_t b = 0; b < nb; b++) sw[b * QT + c] = di_e8m0_to_f32(s[b]);
+        for (int64_t b = 0; b < nb; b++) sw[b * QT + c] = e8m0_value(s[b]);
     }
 }
 
