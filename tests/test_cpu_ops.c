@@ -689,6 +689,92 @@ static void test_embed(void **state) {
     assert_non_null(strstr(err.msg, "id 3"));
 }
 
+/* ---------------------------------------------------------------- tiny-model goldens */
+
+/* Embedding, final collapse + norm + f32 LM head on a shared tiny case: the reference's last
+ * residual streams and last FFN pre-mix give its prompt logits (spec §4.2, §4.6). */
+static void check_tiny_case(const char *dir) {
+    char path[256];
+    di_error err = {0};
+    di_safetensors *g, *m;
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (di_st_open(tu_data(path), &g, &err)) fail_msg("%s", err.msg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (di_st_open(tu_data(path), &m, &err)) fail_msg("%s", err.msg);
+    const di_tensor_info *ids_t = di_st_find(g, "prompt_ids"), *emb_t = di_st_find(g, "prefill_embed");
+    const di_tensor_info *table_t = di_st_find(m, "embed.weight"), *head_t = di_st_find(m, "head.weight");
+    const di_tensor_info *norm_t = di_st_find(m, "norm.weight"), *logits_t = di_st_find(g, "prompt_logits");
+    assert_non_null(ids_t), assert_non_null(emb_t), assert_non_null(table_t), assert_non_null(head_t);
+    assert_non_null(norm_t), assert_non_null(logits_t);
+    int64_t T = ids_t->shape[0], V = table_t->shape[0], D = table_t->shape[1];
+    int last = 0;
+    for (int i = 0; i < 64; i++) {
+        snprintf(path, sizeof path, "prefill_layer%d_out", i);
+        if (di_st_find(g, path)) last = i;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "prefill_layer%d_out", last);
+    const di_tensor_info *x_t = di_st_find(g, name);
+    snprintf(name, sizeof name, "prefill_layer%d_premix", last);
+    const di_tensor_info *pre_t = di_st_find(g, name);
+    assert_non_null(x_t), assert_non_null(pre_t);
+    int hc = (int)x_t->shape[1];
+
+    /* aligned copies (safetensors payloads are not aligned) */
+    int32_t *ids = malloc(T * 4);
+    memcpy(ids, ids_t->data, T * 4);
+    uint16_t *table = malloc(V * D * 2), *head = malloc(V * D * 2), *nw = malloc(D * 2), *X = malloc(T * hc * D * 2);
+    memcpy(table, table_t->data, V * D * 2);
+    memcpy(head, head_t->data, V * D * 2);
+    memcpy(nw, norm_t->data, D * 2);
+    memcpy(X, x_t->data, T * hc * D * 2);
+    float *pre = malloc(T * hc * 4), *want = malloc(T * V * 4), *logits = malloc(T * V * 4);
+    memcpy(pre, pre_t->data, T * hc * 4);
+    memcpy(want, logits_t->data, T * V * 4);
+
+    uint16_t *e = malloc(T * D * 2);
+    assert_int_equal(di_cpu_embed(T, ids, table, V, D, e, &err), DI_OK);
+    assert_memory_equal(e, emb_t->data, T * D * 2);
+
+    /* collapse = bf16(Σ_k pre_k·X_k) in stream order, then the final norm and the LM head */
+    uint16_t *h = malloc(T * D * 2);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < D; j++) {
+            float acc = 0;
+            for (int k = 0; k < hc; k++) acc = acc + pre[t * hc + k] * di_bf16_to_f32(X[(t * hc + k) * D + j]);
+            h[t * D + j] = di_f32_to_bf16(acc);
+        }
+    di_cpu_rmsnorm(T, D, h, D, nw, 1e-20f, h, D);
+    di_cpu_linear_bf16_f32(NULL, T, V, D, h, D, head, D, logits, V);
+    double num = 0, den = 0;
+    int64_t argmax_diff = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t a = 0, b = 0;
+        for (int64_t v = 0; v < V; v++) {
+            double d = (double)logits[t * V + v] - want[t * V + v];
+            num += d * d, den += (double)want[t * V + v] * want[t * V + v];
+            if (logits[t * V + v] > logits[t * V + a]) a = v;
+            if (want[t * V + v] > want[t * V + b]) b = v;
+        }
+        argmax_diff += a != b;
+    }
+    double rel = sqrt(num / den);
+    tu_report("%s: embedding exact; final norm + LM head on the reference's last streams: rel err %.3g, "
+              "%lld of %lld argmax differ",
+              dir, rel, (long long)argmax_diff, (long long)T);
+    assert_true(rel < 1e-5);
+    assert_int_equal(argmax_diff, 0);
+    free(ids), free(table), free(head), free(nw), free(X), free(pre), free(want), free(logits), free(e), free(h);
+    di_st_close(g);
+    di_st_close(m);
+}
+
+static void test_tiny_embed_and_head(void **state) {
+    (void)state;
+    check_tiny_case("v41-tiny-sel");
+    check_tiny_case("v41-tiny-nosel");
+}
+
 /* ---------------------------------------------------------------- throughput */
 
 static double cpu_seconds(void) {
@@ -753,6 +839,7 @@ int main(void) {
         cmocka_unit_test(test_engram_ngrams),
         cmocka_unit_test(test_engram_gather_and_gate),
         cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_tiny_embed_and_head),
         cmocka_unit_test(test_throughput),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
