@@ -8,7 +8,7 @@ static int g_active = -1; /* di_cpu_isa once initialised */
 di_cpu_isa di_cpu_isa_detect(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     if (avx512) return DI_ISA_AVX512;

@@ -9,7 +9,7 @@
 
 typedef enum di_cpu_isa {
     DI_ISA_SCALAR = 0,
-    DI_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    DI_ISA_AVX2 = 1,   /* AVX2 + FMA */
     DI_ISA_AVX512 = 2  /* AVX-512 F + BW + DQ + VL (plus everything in AVX2) */
 } di_cpu_isa;
 

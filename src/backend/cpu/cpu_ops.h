@@ -185,7 +185,8 @@ int di_cpu_moe_ffn(di_threadpool *tp, int64_t M, int64_t D, int64_t I, const uin
 
 /* N-gram windows: tokens[t, i] = compressed id of position p_t − i (i = 0..G−1), or pad_id for
  * that and every further lookback once a lookback reaches a blocked entry (before the sequence
- * start or an image-span token).
+ * start or an image-span token). pad_id is the COMPRESSED id of the pad token
+ * (token_map[engram_pad_id], `pad_compressed_id` in engram_token_map.safetensors).
  *   hist int64 [n + G − 1]: entry j is the compressed id of position p0 − (G−1) + j; any negative
  *        value marks a blocked position. tokens int64 [n, G]. */
 void di_cpu_engram_ngrams(int64_t n, int G, const int64_t *hist, int64_t pad_id, int64_t *tokens);

@@ -80,8 +80,9 @@ void di_cpu_engram_gate(int64_t n, int hc, int64_t D, uint16_t *X, const uint16_
             double hh = 0, kk = 0, dot = 0;
             for (int64_t j = 0; j < D; j++) {
                 float hv = di_bf16_to_f32(h[j]), kvv = di_bf16_to_f32(key[j]);
-                hh += (double)hv * hv;
-                kk += (double)kvv * kvv;
+                float h2 = hv * hv, k2 = kvv * kvv; /* f32 squares, as h.square() */
+                hh += h2;
+                kk += k2;
                 dot += (double)((hv * w[j]) * kvv); /* (h·weight)·key rounded in f32, as the reference */
             }
             float rstd = (1.0f / sqrtf((float)hh / (float)D + eps)) * (1.0f / sqrtf((float)kk / (float)D + eps));
