@@ -391,6 +391,75 @@ static void test_topk_ties(void **state) {
     free(row);
 }
 
+/* Naive references for the selections: full sort by (score desc, position asc). */
+typedef struct scored {
+    float s;
+    int64_t i;
+} scored;
+static int cmp_scored(const void *a, const void *b) {
+    const scored *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1; /* −0 == +0 here, as in the kernel */
+    return (x->i > y->i) - (x->i < y->i);
+}
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static float tie_heavy_score(void) {
+    static const float pool[8] = {-INFINITY, -1.0f, -0.0f, 0.0f, 0.5f, 0.5f, 1.0f, INFINITY};
+    uint32_t r = (uint32_t)((frand() + 1.0f) * 1000.0f);
+    return r % 3 ? pool[r % 8] : di_round_bf16(frand());
+}
+
+static void test_selection_random(void **state) {
+    (void)state;
+    enum { ROWS = 300, MAXN = 300, MAXK = 24 };
+    float *s = malloc(MAXN * sizeof(float)), ws[MAXN];
+    scored *all = malloc(MAXN * sizeof(scored));
+    int32_t got[MAXK], want[MAXK];
+    uint8_t mask[MAXN], wmask[MAXN];
+    di_error err = {0};
+    int64_t checked = 0;
+    for (int r = 0; r < ROWS; r++) {
+        int64_t n = (int64_t)((frand() + 1.0f) * 0.5f * MAXN);
+        int32_t vis = (int32_t)((frand() + 1.0f) * 0.5f * (float)n);
+        int k = (int)((frand() + 1.0f) * 0.5f * MAXK);
+        for (int64_t i = 0; i < n; i++) s[i] = tie_heavy_score();
+        /* top-k */
+        assert_int_equal(di_cpu_topk(s, 1, n, &vis, k, 3, got, &err), DI_OK);
+        int64_t m = 0;
+        for (int64_t i = 0; i < vis; i++)
+            if (s[i] > -INFINITY) all[m].s = s[i], all[m].i = i, m++;
+        qsort(all, (size_t)m, sizeof *all, cmp_scored);
+        int64_t take = m < k ? m : k;
+        for (int64_t j = 0; j < take; j++) want[j] = (int32_t)all[j].i + 3;
+        qsort(want, (size_t)take, sizeof(int32_t), cmp_i32);
+        for (int64_t j = take; j < k; j++) want[j] = -1;
+        assert_memory_equal(got, want, (size_t)k * sizeof(int32_t));
+        /* candidate mask (scores past vis are invisible, hence −inf, as the kernel's contract says) */
+        int bs = 1 + (int)((frand() + 1.0f) * 3.5f), tb = (int)((frand() + 1.0f) * 4.0f);
+        for (int64_t i = vis; i < n; i++) s[i] = -INFINITY;
+        assert_int_equal(di_cpu_candidate_mask(s, 1, n, &vis, bs, tb, mask, ws, &err), DI_OK);
+        int64_t nb = (n + bs - 1) / bs, mb = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            float mx = -INFINITY;
+            for (int64_t i = b * bs; i < (b + 1) * bs && i < n; i++) mx = s[i] > mx ? s[i] : mx;
+            if (vis > 0 && b == (vis - 1) / bs) mx = INFINITY;
+            if (mx > -INFINITY) all[mb].s = mx, all[mb].i = b, mb++;
+        }
+        qsort(all, (size_t)mb, sizeof *all, cmp_scored);
+        memset(wmask, 0, (size_t)n);
+        for (int64_t j = 0; j < mb && j < tb; j++)
+            for (int64_t i = all[j].i * bs; i < (all[j].i + 1) * bs && i < n; i++) wmask[i] = 1;
+        assert_memory_equal(mask, wmask, (size_t)n);
+        checked++;
+    }
+    tu_report("selection random rows checked against a full sort: %lld", (long long)checked);
+    free(s);
+    free(all);
+}
+
 /* Sort helper for the tie check: descending finite scores. */
 static int cmp_desc(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -693,6 +762,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_indexer_scores_vector, teardown),
         cmocka_unit_test_teardown(test_candidates_vector, teardown),
         cmocka_unit_test_teardown(test_topk_ties, teardown),
+        cmocka_unit_test_teardown(test_selection_random, teardown),
         cmocka_unit_test_teardown(test_topk_golden, teardown),
         cmocka_unit_test_teardown(test_sparse_attn_vector, teardown),
         cmocka_unit_test_teardown(test_sparse_attn_empty_row, teardown),
