@@ -697,6 +697,16 @@ static void test_index_lists(void **state) {
         assert_memory_equal(a, b, na * sizeof(int32_t));
     }
 
+    /* DSpark: filled slots in slot order, then the draft entries after the ring */
+    int32_t ds[2 * (3 + 2)];
+    assert_int_equal(di_cpu_dspark_idx(2, W, 2, ds, &err), DI_OK);
+    const int32_t want_ds[10] = {0, 1, 2, W, W + 1, 0, 1, 2, W, W + 1};
+    assert_memory_equal(ds, want_ds, sizeof want_ds);
+    int32_t ds2[W + 2];
+    assert_int_equal(di_cpu_dspark_idx(100, W, 1, ds2, &err), DI_OK);
+    for (int j = 0; j < W; j++) assert_int_equal(ds2[j], j);
+    assert_int_equal(ds2[W], W);
+
     /* concat: [window ‖ compressed] per query */
     int32_t cmp[2 * 3] = {20, 21, -1, 22, -1, -1}, cat[2 * (W + 3)];
     assert_int_equal(di_cpu_attn_idx_concat(pre, W, cmp, 3, 2, cat, &err), DI_OK);

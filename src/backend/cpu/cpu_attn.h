@@ -186,6 +186,12 @@ int di_cpu_window_idx_prefill(int64_t T, int window, int32_t *out, di_error *err
  * −1 and so come FIRST while pos < window−1.  out int32 [window] */
 int di_cpu_window_idx_decode(int64_t pos, int window, int32_t *out, di_error *err);
 
+/* DSpark draft block at main position pos (§4.9): each of the `block` draft queries attends to the
+ * filled ring slots in SLOT order 0 … min(window, pos+1)−1 (not ring order), then to all draft
+ * entries, indices window … window+block−1 of the key set [ring ‖ draft kv]. Every row is the same.
+ *   out int32 [block, min(window, pos+1) + block] */
+int di_cpu_dspark_idx(int64_t pos, int window, int block, int32_t *out, di_error *err);
+
 /* A query's full list = [window list ‖ compressed list] (the top-k output, already offset).
  *   win int32 [n_q, n_win];  cmp int32 [n_q, n_cmp] or NULL when n_cmp = 0;  out int32 [n_q, n_win+n_cmp] */
 int di_cpu_attn_idx_concat(const int32_t *win, int64_t n_win, const int32_t *cmp, int64_t n_cmp, int64_t n_q,
