@@ -489,7 +489,7 @@ static void check_golden_case(const char *dir, int64_t *rows_total, int64_t *row
         int layer = (int)json_integer_value(json_array_get(srcs, li));
         int R = (int)json_integer_value(json_array_get(ratios, (size_t)layer));
         const int64_t n_keys = T / R;
-        const int k = index_topk < n_keys ? index_topk : (int)n_keys;
+        const int k = di_topk_width(index_topk, n_keys);
         char name[128];
         snprintf(name, sizeof name, "prefill_layer%d_index_scores", layer);
         const float *scores = tensor(st, name, DI_F32, T * n_keys);

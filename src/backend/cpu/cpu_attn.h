@@ -150,11 +150,17 @@ int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, float w_scale, c
  * first, then LOWER position. −0 equals +0; −inf and NaN entries are never selected. The selection
  * is a 4-pass radix select on the ordered f32 bits, O(n_keys) per row, no sorting. */
 
+/* The reference's k = min(index_topk, n_keys), n_keys = (end position)/R: in a prefill every row gets
+ * the same width even when it sees fewer entries (those rows end in −1 padding). */
+static inline int di_topk_width(int index_topk, int64_t n_keys) {
+    return n_keys < index_topk ? (int)n_keys : index_topk;
+}
+
 /* Top-k of the index scores: per query the (up to) k best entries among n < vis[i] with finite score,
  * written in ASCENDING position order, each plus `offset`, then −1 padding to k. Offset convention
  * (golden README): the compressed indices point into the concatenated key set
  * [window KV ‖ compressed KV], so offset = T (the prompt length) in the one-shot prefill and
- * = window size (the ring) in decode. The reference's k is min(index_topk, n_keys).
+ * = window size (the ring) in decode. Row width k: see di_topk_width.
  *   scores f32 [n_q, n_keys];  vis int32 [n_q];  out int32 [n_q, k] */
 int di_cpu_topk(const float *scores, int64_t n_q, int64_t n_keys, const int32_t *vis, int k, int32_t offset,
                 int32_t *out, di_error *err);
@@ -207,6 +213,7 @@ int di_cpu_attn_idx_concat(const int32_t *win, int64_t n_win, const int32_t *cmp
  *     o = o·exp(M − M_new) + Σ bf16(exp(s − M_new))·c  (probabilities rounded to bf16 before PV)
  *   out = bf16(o / (l + exp(sink_h − M)))               (sink NOT multiplied by scale)
  * A row whose indices are all −1 yields exactly 0 (exp(sink + 1e30) = inf, 0/inf = 0), not NaN.
+ * A sink of −inf contributes nothing (the "no sink" mutation of the verify tests).
  * Index i < n_win reads kv_win[i]; n_win ≤ i < n_win+n_cmp reads kv_cmp[i − n_win] (the concatenation
  * [window ‖ compressed] the reference builds, without copying); anything else is an error.
  *   q      bf16 [n_q, n_heads, dim]          (dim ≤ DI_SPARSE_ATTN_MAX_DIM)
