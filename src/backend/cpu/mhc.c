@@ -7,6 +7,13 @@
 #include "io/formats.h"
 #include "util/error.h"
 
+/* Runtime dispatch between an AVX2 build and the baseline build of the hot loop (x86-64 gcc/clang). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
 /* Σ f32(x[i])·w[i] in 8 strided partial sums (lane = i mod 8, ascending i) combined pairwise. A fixed
  * order per output: the same token gives the same bits in any batch. */
 static float dot_bf16_f32(const uint16_t *x, const float *w, int64_t n) {
@@ -44,7 +51,7 @@ static int check_hc(int hc, int64_t n_tok, int64_t dim, const char *op, di_error
 
 /* One token's mixes. Cloned for AVX2 with a baseline fallback: the compiler vectorizes the explicit
  * lanes, never reassociates, so both versions give the same bits. */
-__attribute__((target_clones("avx2", "default"))) static void mixes_token(
+CLONES static void mixes_token(
     const uint16_t *xt /* bf16 [hc·dim] */, int64_t n, const float *fn /* f32 [n_mix, n] */, int n_mix,
     float norm_eps, float *out /* f32 [n_mix] */) {
     /* ρ = rsqrt(mean(xf²) + eps): one statistic over all hc·dim values of the token */
