@@ -134,18 +134,15 @@ static void test_hc_mixes_collapse_expand(void **state) {
         for (int i = 0; i < HC * D; i++) ss += (double)di_bf16_to_f32(x[t * HC * D + i]) * di_bf16_to_f32(x[t * HC * D + i]);
         double rho = 1.0 / sqrt(ss / (HC * D) + 1e-20);
         for (int m = 0; m < NMIX; m++) {
-            double d = 0, mag = 0;
-            for (int i = 0; i < HC * D; i++) {
-                double p = (double)di_bf16_to_f32(x[t * HC * D + i]) * fn[m * HC * D + i];
-                d += p;
-                mag += fabs(p);
-            }
-            double e = fabs(mixes[t * NMIX + m] - d * rho) / (mag * rho);
+            double d = 0;
+            for (int i = 0; i < HC * D; i++) d += (double)di_bf16_to_f32(x[t * HC * D + i]) * fn[m * HC * D + i];
+            double e = fabs(mixes[t * NMIX + m] - d * rho) / fabs(d * rho);
             worst = e > worst ? e : worst;
         }
     }
-    tu_report("hc_mixes worst error relative to sum|terms|: %.3g", worst);
-    assert_true(worst < 1e-5);
+    /* f64 accumulation: only the final f32 roundings (sum, mean, rsqrt, product) remain */
+    tu_report("hc_mixes worst relative error vs exact: %.3g (bound 5e-7, ~4 f32 ulp)", worst);
+    assert_true(worst < 5e-7);
 
     float scale[3] = {0.5f, 0.7f, 1.3f}, base[NMIX];
     for (int i = 0; i < NMIX; i++) base[i] = frand();

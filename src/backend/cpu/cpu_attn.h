@@ -56,8 +56,9 @@
 static inline int di_hc_n_mix(int hc) { return (2 + hc) * hc; }
 
 /* mixes[t] = (fn · xf) · rsqrt(mean(xf²) + norm_eps), xf = f32(flatten(x[t])) (stream-major, length
- * hc·dim). Plain f32 GEMM (no TF32, like the reference); the dot products and the sum of squares
- * use the fixed 8-lane order, so each token's result is independent of the batch.
+ * hc·dim). The reference's plain f32 GEMM (no TF32); here every dot product and the sum of squares
+ * is accumulated in f64 (8 strided lanes combined pairwise, exact products) and rounded once to f32,
+ * the closest estimate of any f32 summation order, and independent of the batch.
  *   x      bf16 [n_tok, hc, dim]        the residual streams
  *   fn     f32  [n_mix, hc·dim]         hc_attn_fn / hc_ffn_fn, n_mix = di_hc_n_mix(hc)
  *   mixes  f32  [n_tok, n_mix]          out */

@@ -14,30 +14,33 @@
 #define CLONES
 #endif
 
-/* Σ f32(x[i])·w[i] in 8 strided partial sums (lane = i mod 8, ascending i) combined pairwise. A fixed
- * order per output: the same token gives the same bits in any batch. */
+/* The reference runs this f32 GEMM (K = hc·dim = 20480) through a BLAS sgemm whose summation order
+ * is its own. Every product f32(bf16)·f32 is exact in f64, so the sum is accumulated in f64 (8
+ * strided lanes, lane = i mod 8, combined pairwise) and rounded once to f32: the estimate closest
+ * to any f32 order, and the same for every batch and machine. */
 static float dot_bf16_f32(const uint16_t *x, const float *w, int64_t n) {
-    float lane[8] = {0};
+    double lane[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] += di_bf16_to_f32(x[i + l]) * w[i + l];
-    for (; i < n; i++) lane[i & 7] += di_bf16_to_f32(x[i]) * w[i];
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        for (int l = 0; l < 8; l++) lane[l] += (double)di_bf16_to_f32(x[i + l]) * (double)w[i + l];
+    for (; i < n; i++) lane[i & 7] += (double)di_bf16_to_f32(x[i]) * (double)w[i];
+    return (float)(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
 }
 
+/* Σ x² the same way (f64 lanes, one rounding to f32); the mean is then the reference's f32 division. */
 static float sumsq_bf16(const uint16_t *x, int64_t n) {
-    float lane[8] = {0};
+    double lane[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) {
-            float v = di_bf16_to_f32(x[i + l]);
+            double v = di_bf16_to_f32(x[i + l]);
             lane[l] += v * v;
         }
     for (; i < n; i++) {
-        float v = di_bf16_to_f32(x[i]);
+        double v = di_bf16_to_f32(x[i]);
         lane[i & 7] += v * v;
     }
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    return (float)(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
 }
 
 static int check_hc(int hc, int64_t n_tok, int64_t dim, const char *op, di_error *err) {
