@@ -56,8 +56,9 @@
 static inline int di_hc_n_mix(int hc) { return (2 + hc) * hc; }
 
 /* mixes[t] = (fn · xf) · rsqrt(mean(xf²) + norm_eps), xf = f32(flatten(x[t])) (stream-major, length
- * hc·dim). Plain f32 GEMM (no TF32, like the reference); the dot products and the sum of squares
- * use the fixed 8-lane order, so each token's result is independent of the batch.
+ * hc·dim). The reference's plain f32 GEMM (no TF32); here every dot product and the sum of squares
+ * is accumulated in f64 (8 strided lanes combined pairwise, exact products) and rounded once to f32,
+ * the closest estimate of any f32 summation order, and independent of the batch.
  *   x      bf16 [n_tok, hc, dim]        the residual streams
  *   fn     f32  [n_mix, hc·dim]         hc_attn_fn / hc_ffn_fn, n_mix = di_hc_n_mix(hc)
  *   mixes  f32  [n_tok, n_mix]          out */
@@ -150,11 +151,17 @@ int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, float w_scale, c
  * first, then LOWER position. −0 equals +0; −inf and NaN entries are never selected. The selection
  * is a 4-pass radix select on the ordered f32 bits, O(n_keys) per row, no sorting. */
 
+/* The reference's k = min(index_topk, n_keys), n_keys = (end position)/R: in a prefill every row gets
+ * the same width even when it sees fewer entries (those rows end in −1 padding). */
+static inline int di_topk_width(int index_topk, int64_t n_keys) {
+    return n_keys < index_topk ? (int)n_keys : index_topk;
+}
+
 /* Top-k of the index scores: per query the (up to) k best entries among n < vis[i] with finite score,
  * written in ASCENDING position order, each plus `offset`, then −1 padding to k. Offset convention
  * (golden README): the compressed indices point into the concatenated key set
  * [window KV ‖ compressed KV], so offset = T (the prompt length) in the one-shot prefill and
- * = window size (the ring) in decode. The reference's k is min(index_topk, n_keys).
+ * = window size (the ring) in decode. Row width k: see di_topk_width.
  *   scores f32 [n_q, n_keys];  vis int32 [n_q];  out int32 [n_q, k] */
 int di_cpu_topk(const float *scores, int64_t n_q, int64_t n_keys, const int32_t *vis, int k, int32_t offset,
                 int32_t *out, di_error *err);
@@ -186,6 +193,12 @@ int di_cpu_window_idx_prefill(int64_t T, int window, int32_t *out, di_error *err
  * −1 and so come FIRST while pos < window−1.  out int32 [window] */
 int di_cpu_window_idx_decode(int64_t pos, int window, int32_t *out, di_error *err);
 
+/* DSpark draft block at main position pos (§4.9): each of the `block` draft queries attends to the
+ * filled ring slots in SLOT order 0 … min(window, pos+1)−1 (not ring order), then to all draft
+ * entries, indices window … window+block−1 of the key set [ring ‖ draft kv]. Every row is the same.
+ *   out int32 [block, min(window, pos+1) + block] */
+int di_cpu_dspark_idx(int64_t pos, int window, int block, int32_t *out, di_error *err);
+
 /* A query's full list = [window list ‖ compressed list] (the top-k output, already offset).
  *   win int32 [n_q, n_win];  cmp int32 [n_q, n_cmp] or NULL when n_cmp = 0;  out int32 [n_q, n_win+n_cmp] */
 int di_cpu_attn_idx_concat(const int32_t *win, int64_t n_win, const int32_t *cmp, int64_t n_cmp, int64_t n_q,
@@ -201,6 +214,7 @@ int di_cpu_attn_idx_concat(const int32_t *win, int64_t n_win, const int32_t *cmp
  *     o = o·exp(M − M_new) + Σ bf16(exp(s − M_new))·c  (probabilities rounded to bf16 before PV)
  *   out = bf16(o / (l + exp(sink_h − M)))               (sink NOT multiplied by scale)
  * A row whose indices are all −1 yields exactly 0 (exp(sink + 1e30) = inf, 0/inf = 0), not NaN.
+ * A sink of −inf contributes nothing (the "no sink" mutation of the verify tests).
  * Index i < n_win reads kv_win[i]; n_win ≤ i < n_win+n_cmp reads kv_cmp[i − n_win] (the concatenation
  * [window ‖ compressed] the reference builds, without copying); anything else is an error.
  *   q      bf16 [n_q, n_heads, dim]          (dim ≤ DI_SPARSE_ATTN_MAX_DIM)

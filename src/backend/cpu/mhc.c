@@ -7,30 +7,40 @@
 #include "io/formats.h"
 #include "util/error.h"
 
-/* Σ f32(x[i])·w[i] in 8 strided partial sums (lane = i mod 8, ascending i) combined pairwise. A fixed
- * order per output: the same token gives the same bits in any batch. */
+/* Runtime dispatch between an AVX2 build and the baseline build of the hot loop (x86-64 gcc/clang). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+/* The reference runs this f32 GEMM (K = hc·dim = 20480) through a BLAS sgemm whose summation order
+ * is its own. Every product f32(bf16)·f32 is exact in f64, so the sum is accumulated in f64 (8
+ * strided lanes, lane = i mod 8, combined pairwise) and rounded once to f32: the estimate closest
+ * to any f32 order, and the same for every batch and machine. */
 static float dot_bf16_f32(const uint16_t *x, const float *w, int64_t n) {
-    float lane[8] = {0};
+    double lane[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] += di_bf16_to_f32(x[i + l]) * w[i + l];
-    for (; i < n; i++) lane[i & 7] += di_bf16_to_f32(x[i]) * w[i];
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        for (int l = 0; l < 8; l++) lane[l] += (double)di_bf16_to_f32(x[i + l]) * (double)w[i + l];
+    for (; i < n; i++) lane[i & 7] += (double)di_bf16_to_f32(x[i]) * (double)w[i];
+    return (float)(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
 }
 
+/* Σ x² the same way (f64 lanes, one rounding to f32); the mean is then the reference's f32 division. */
 static float sumsq_bf16(const uint16_t *x, int64_t n) {
-    float lane[8] = {0};
+    double lane[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) {
-            float v = di_bf16_to_f32(x[i + l]);
+            double v = di_bf16_to_f32(x[i + l]);
             lane[l] += v * v;
         }
     for (; i < n; i++) {
-        float v = di_bf16_to_f32(x[i]);
+        double v = di_bf16_to_f32(x[i]);
         lane[i & 7] += v * v;
     }
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    return (float)(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
 }
 
 static int check_hc(int hc, int64_t n_tok, int64_t dim, const char *op, di_error *err) {
@@ -44,7 +54,7 @@ static int check_hc(int hc, int64_t n_tok, int64_t dim, const char *op, di_error
 
 /* One token's mixes. Cloned for AVX2 with a baseline fallback: the compiler vectorizes the explicit
  * lanes, never reassociates, so both versions give the same bits. */
-__attribute__((target_clones("avx2", "default"))) static void mixes_token(
+CLONES static void mixes_token(
     const uint16_t *xt /* bf16 [hc·dim] */, int64_t n, const float *fn /* f32 [n_mix, n] */, int n_mix,
     float norm_eps, float *out /* f32 [n_mix] */) {
     /* ρ = rsqrt(mean(xf²) + eps): one statistic over all hc·dim values of the token */

@@ -31,6 +31,19 @@ int di_cpu_window_idx_decode(int64_t pos, int window, int32_t *out, di_error *er
     return DI_OK;
 }
 
+int di_cpu_dspark_idx(int64_t pos, int window, int block, int32_t *out, di_error *err) {
+    if (pos < 0 || window < 1 || block < 1)
+        return di_error_set(err, DI_ERR_INVALID, "dspark_idx: pos %lld, window %d, block %d", (long long)pos, window,
+                            block);
+    const int64_t n_ring = pos + 1 < window ? pos + 1 : window;
+    const int64_t w = n_ring + block;
+    for (int64_t r = 0; r < block; r++) {
+        for (int64_t j = 0; j < n_ring; j++) out[r * w + j] = (int32_t)j;
+        for (int64_t j = 0; j < block; j++) out[r * w + n_ring + j] = window + (int32_t)j;
+    }
+    return DI_OK;
+}
+
 int di_cpu_attn_idx_concat(const int32_t *win, int64_t n_win, const int32_t *cmp, int64_t n_cmp, int64_t n_q,
                            int32_t *out, di_error *err) {
     if (n_win < 0 || n_cmp < 0 || n_q < 0 || (n_cmp > 0 && !cmp))
