@@ -202,6 +202,12 @@ struct di_backend {
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */
 int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err);
+
+/* CPU kernel sets: FAST = the vectorised, multithreaded kernels (cpu_ops.h, cpu_attn.h; the default);
+ * SCALAR = a second, plainly written implementation of every op (graph_extra*.c), kept switchable to
+ * localise drift: when the two disagree with each other, the culprit is a kernel, not the graph. */
+typedef enum di_cpu_variant { DI_CPU_FAST = 0, DI_CPU_SCALAR = 1 } di_cpu_variant;
+int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_backend **out, di_error *err);
 void di_backend_destroy(di_backend *be);
 
 #endif
