@@ -49,6 +49,8 @@ static json_t *report_json(const di_golden *g, const di_verify_report *r, const 
             json_array_append_new(ops, j);
         }
         json_object_set_new(doc, "ops", ops);
+    } else {
+        json_object_set_new(doc, "ops", json_null());
     }
     if (o->free_running) {
         json_t *pl = json_object();
@@ -98,6 +100,7 @@ static json_t *report_json(const di_golden *g, const di_verify_report *r, const 
 
 static void report_text(const di_golden *g, const di_verify_report *r, const di_verify_opts *o) {
     printf("case %s: T=%lld, %d layers\n", g->case_name, (long long)r->T, r->n_layers);
+    if (!r->has_ops) printf("op checks: skipped (no kernels.safetensors; --kernels FILE)\n");
     for (int i = 0; r->has_ops && i < r->ops.n; i++) {
         const di_verify_op *op = &r->ops.ops[i];
         printf("op %-15s %-34s %10.4g (bound %g) %s\n", op->name, op->metric, op->value, op->bound, op->ok ? "ok" : "FAIL");
