@@ -202,7 +202,7 @@ static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat) {
 
 /* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
  * latent feeds its index keys BEFORE it is rotated into the compressed KV, and the indexer runs in
- * between. Afterwards *cmp / *topk are what this layer attends: the compressed KV of its kv source
+ * between. Afterwards *kvp / *topp are what this layer attends: the compressed KV of its kv source
  * and the top-k list of its index source (itself, or the latest one for reuse layers).
  *   u bf16 [T, D];  qr bf16 [T, qr] */
 static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, const struct fwd_pub **kvp,
