@@ -95,5 +95,8 @@ $(BUILD)/cuda/%.o: %.cu
 cuda: $(CUDA_OBJ)
 	@echo "CUDA objects: $(CUDA_OBJ)"
 
+# CUDA test/bench binaries and device scripts live in cuda.mk (owned by the CUDA backend work).
+-include cuda.mk
+
 clean:
 	rm -rf build build-asan build-fuzz
