@@ -267,7 +267,8 @@ static void write_token(di_cache *c, uint64_t tag, int64_t pos) {
             }
         }
     }
-    if (c->engram_slots && pos >= di_cache_len(c) - c->engram_slots) OK(di_cache_engram_put(c, pos, (int32_t)(seed_of(tag, pos, 0, 2) % 99092), E));
+    if (c->engram_slots && pos >= di_cache_len(c) - c->engram_slots)
+        OK(di_cache_engram_put(c, pos, (int32_t)(seed_of(tag, pos, 0, 2) % 99092), E));
 }
 
 /* Append `k` tokens of sequence tag at the end: one extend + writes (a chunk / verify step), or k
@@ -714,8 +715,8 @@ static void test_sizes_released(void **state) {
     assert_int_equal(z.state_bytes, 3LL * 2 * 2 * 512 * 4); /* ratio-2 sources: 2 × 2 × 512 f32 */
     assert_int_equal(z.engram_bytes, 3 * 4);
     double gib = (double)z.compressed_bytes / (1 << 30);
-    tu_report("released @1M, margin 0: %.0f B/token, compressed %.4f GiB, fixed %lld B, total %lld B", z.per_token_bytes,
-              gib, (long long)z.fixed_bytes, (long long)z.total_bytes);
+    tu_report("released @1M, margin 0: %.0f B/token, compressed %.4f GiB, fixed %lld B, total %lld B",
+              z.per_token_bytes, gib, (long long)z.fixed_bytes, (long long)z.total_bytes);
     assert_true(fabs(gib - 0.87) < 0.005);
     /* the per-token growth is config.h's footprint summed over stages */
     double sum = 0;
@@ -766,7 +767,8 @@ static void test_sizes_tiny_and_arena(void **state) {
     /* every section lies inside the arena */
     for (int st = 0; st < c.n_stages; st++) {
         assert_true(c.stage[st].window + c.ring_slots * c.window_slot_bytes <= mem + z.total_bytes);
-        if (c.stage[st].cmp) assert_true(c.stage[st].ikey + c.stage[st].max_entries * c.index_key_bytes <= mem + z.total_bytes);
+        if (c.stage[st].cmp)
+            assert_true(c.stage[st].ikey + c.stage[st].max_entries * c.index_key_bytes <= mem + z.total_bytes);
     }
     /* reset starts over: the image of an empty cache */
     di_cache_reset(&c);
@@ -847,14 +849,21 @@ static void test_engram_history(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dequant_exact),       cmocka_unit_test(test_reference_vectors),
+        cmocka_unit_test(test_dequant_exact),
+        cmocka_unit_test(test_reference_vectors),
         cmocka_unit_test(test_requant_not_idempotent),
-        cmocka_unit_test(test_rollback_tiny),       cmocka_unit_test(test_rollback_released),
-        cmocka_unit_test(test_rollback_limits),     cmocka_unit_test(test_window_order),
+        cmocka_unit_test(test_rollback_tiny),
+        cmocka_unit_test(test_rollback_released),
+        cmocka_unit_test(test_rollback_limits),
+        cmocka_unit_test(test_window_order),
         cmocka_unit_test(test_window_reach),
-        cmocka_unit_test(test_gather_feeds_attention), cmocka_unit_test(test_state_feeds_pooling),        cmocka_unit_test(test_sizes_released),
-        cmocka_unit_test(test_sizes_tiny_and_arena), cmocka_unit_test(test_engram_history),
-        cmocka_unit_test(test_bookkeeping),         cmocka_unit_test(test_stale_reads_refused),
+        cmocka_unit_test(test_gather_feeds_attention),
+        cmocka_unit_test(test_state_feeds_pooling),
+        cmocka_unit_test(test_sizes_released),
+        cmocka_unit_test(test_sizes_tiny_and_arena),
+        cmocka_unit_test(test_engram_history),
+        cmocka_unit_test(test_bookkeeping),
+        cmocka_unit_test(test_stale_reads_refused),
         cmocka_unit_test(test_throughput),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,7 +39,8 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
     int64_t max_tokens = opts ? opts->max_tokens : cfg->max_position_embeddings;
     int margin = opts ? opts->spec_margin : DI_CACHE_SPEC_MARGIN_DEFAULT;
     if (max_tokens < 1 || max_tokens > INT32_MAX)
-        return di_error_set(err, DI_ERR_INVALID, "cache: max_tokens %lld (expected 1 … %d: positions index int32 lists)",
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache: max_tokens %lld (expected 1 … %d: positions index int32 lists)",
                             (long long)max_tokens, INT32_MAX);
     if (margin < 0 || margin > MAX_MARGIN)
         return di_error_set(err, DI_ERR_INVALID, "cache: spec_margin %d (expected 0 … %d)", margin, MAX_MARGIN);
@@ -71,8 +72,8 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
         int r = cfg->layer[st].compress_ratio;
         if (r < 1 || ihd < 32 || ihd % 32)
             return di_error_set(err, DI_ERR_INVALID,
-                                "cache: kv source stage %d has compress_ratio %d, index_head_dim %d (expected ratio ≥ 1 "
-                                "and index_head_dim a multiple of 32)",
+                                "cache: kv source stage %d has compress_ratio %d, index_head_dim %d "
+                                "(expected ratio ≥ 1 and index_head_dim a multiple of 32)",
                                 st, r, ihd);
         p->ratio[st] = r;
         p->max_entries[st] = max_tokens / r;

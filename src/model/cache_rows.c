@@ -287,7 +287,8 @@ int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, fl
 int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err) {
     if (!c->engram_slots) return di_error_set(err, DI_ERR_INVALID, "cache engram put: the model has no Engram layer");
     if (pos < 0 || pos >= c->n || pos < c->n - c->engram_slots)
-        return di_error_set(err, DI_ERR_INVALID, "cache engram put: position %lld (expected an appended position, n = %lld)",
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache engram put: position %lld (expected an appended position, n = %lld)",
                             (long long)pos, (long long)c->n);
     c->engram[pos % c->engram_slots] = id;
     if (pos + 1 > c->engram_hi) c->engram_hi = pos + 1;
