@@ -405,6 +405,38 @@ static void test_rollback_released(void **state) {
     assert_int_equal(checks, 8 * 16);
 }
 
+/* A prefill chunk much longer than the margin, then the rollback of its last j ≤ m tokens (a
+ * verify step appended as one chunk, or a prompt whose tail is retracted): equal to a cache that
+ * only ever saw the kept prefix, fed token by token. */
+static void test_rollback_after_long_chunk(void **state) {
+    (void)state;
+    const char *cfgs[2] = {"v41-tiny-sel", "v41-flash-config"};
+    const int64_t cases[][3] = {{0, 50, 8}, {3, 41, 1}, {17, 160, 5}, {130, 150, 7}, {1, 2, 2}}; /* s, k, j */
+    int64_t checks = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        di_config *cfg = load_cfg(cfgs[ci]);
+        for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
+            int64_t s0 = cases[t][0], k = cases[t][1], j = cases[t][2];
+            di_cache *ref = make_cache(cfg, 512, 8), *test = make_cache(cfg, 512, 8);
+            append(ref, 1, s0 + k - j, 0);
+            append(test, 1, s0, 1);
+            append(test, 1, k, 1);
+            OK(di_cache_rollback(test, j, E));
+            assert_same_state(test, ref, cfgs[ci], s0 + k - j, j);
+            /* and both continue identically */
+            append(ref, 4, 9, 1);
+            append(test, 4, 9, 0);
+            assert_same_state(test, ref, cfgs[ci], s0 + k - j + 9, 0);
+            checks++;
+            di_cache_destroy(ref);
+            di_cache_destroy(test);
+        }
+        free(cfg);
+    }
+    tu_report("long-chunk rollbacks bit-identical: %lld", (long long)checks);
+    assert_int_equal(checks, 10);
+}
+
 /* Rollback beyond the margin is refused, and so is rolling back further than the reserve left by
  * an earlier rollback; margin 0 allows none. */
 static void test_rollback_limits(void **state) {
@@ -854,6 +886,7 @@ int main(void) {
         cmocka_unit_test(test_requant_not_idempotent),
         cmocka_unit_test(test_rollback_tiny),
         cmocka_unit_test(test_rollback_released),
+        cmocka_unit_test(test_rollback_after_long_chunk),
         cmocka_unit_test(test_rollback_limits),
         cmocka_unit_test(test_window_order),
         cmocka_unit_test(test_window_reach),
