@@ -235,8 +235,8 @@ int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_err
  * n; per stage the window slots of positions [max(0, n−W), n) (compact bytes, ascending); per kv
  * source entries [0, ⌊n/R⌋) of compressed KV and index keys and the pending compressor rows of
  * positions [n − n mod R, n) (kv then score); the Engram ids of [max(0, n−(G−1)), n). Two caches
- * with equal images compute identical results from here on. Returns the bytes written (≤ cap) or
- * fails with DI_ERR_LIMIT when cap is too small; cap = 0 / out = NULL asks for the size only. */
+ * with equal images compute identical results from here on. *written (may be NULL) receives the
+ * image size; a cap below it fails with DI_ERR_LIMIT; out = NULL or cap = 0 only asks for the size. */
 int64_t di_cache_image_bytes(const di_cache *c);
 int di_cache_image(const di_cache *c, uint8_t *out, int64_t cap, int64_t *written, di_error *err);
 
