@@ -8,6 +8,8 @@ Expected values come from Hugging Face `tokenizers` (pip install tokenizers; tes
     "on"  = Tokenizer.encode(text, add_special_tokens=False) on the tokenizer file as shipped;
     "off" = the same file with its added_tokens removed: pure BPE, which is how deepseek-recipe encodes
             message content (no added-vocabulary pass at all).
+  * decode.jsonl: random id sequences (any ids, and single-byte tokens that split or break UTF-8) with
+    HF decode(ids, skip_special_tokens=False): {"ids": [...], "text": ...}.
   * engram_map.json: the Engram compressed-id table (model.md §4.3 step 1) recomputed with the
     reference algorithm and `tokenizers` normalizers: class count, FNV-1a-64 of the whole int32 table
     and a sample of (id, class) pairs.
@@ -205,6 +207,22 @@ def corpus(specials):
     return out
 
 
+def _byte_spelling():
+    """GPT-2 byte -> unicode map: BYTE_SPELLING[b] is the codepoint spelling byte b."""
+    printable = [b for b in range(256) if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF]
+    cps, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            cps.append(b)
+        else:
+            cps.append(256 + extra)
+            extra += 1
+    return cps
+
+
+BYTE_SPELLING = _byte_spelling()
+
+
 def fnv1a64(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for b in data:
@@ -257,6 +275,17 @@ def main():
                 rec["dec"] = dec
             f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
     print(f"corpus: {len(texts)} strings, {n_diff} differ with added-token recognition off")
+
+    byte_ids = [on.token_to_id(chr(c)) for c in BYTE_SPELLING]
+    with open(OUT / "decode.jsonl", "w", encoding="utf-8") as f:
+        for k in range(400):
+            if k < 200:
+                ids = [rng.randrange(on.get_vocab_size(with_added_tokens=True)) for _ in range(rng.randint(1, 12))]
+            else:  # mostly raw bytes >= 0x80: partial, stray and complete characters
+                ids = [rng.choice(byte_ids[0x80:] if rng.random() < 0.8 else byte_ids[:0x80])
+                       for _ in range(rng.randint(1, 16))]
+            rec = {"ids": ids, "text": on.decode(ids, skip_special_tokens=False)}
+            f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
 
     table, n_classes = engram_map(on)
     packed = b"".join(c.to_bytes(4, "little") for c in table)

@@ -122,6 +122,8 @@ static void test_corpus_special_off(void **state) {
     assert_true(differ >= 100);
 }
 
+static char *stream_all(const int32_t *ids, size_t n, size_t *out_len);
+
 static int32_t *json_ids(json_t *a, size_t *n) {
     *n = json_array_size(a);
     int32_t *ids = malloc((*n + 1) * sizeof *ids);
@@ -148,6 +150,41 @@ static void test_decode_roundtrip(void **state) {
         free(ids);
     }
     tu_report("tokenizer decode: %zu strings identical to HF decode (%zu where HF decode != input)", g_n, lossy);
+}
+
+/* Random id sequences (special tokens, split and broken UTF-8) decode exactly as HF decode does. */
+static void test_decode_golden(void **state) {
+    (void)state;
+    FILE *f = fopen(tu_data("tokenizer/decode.jsonl"), "rb");
+    assert_non_null(f);
+    char *line = NULL;
+    size_t lcap = 0, cases = 0, replaced = 0;
+    ssize_t nr;
+    while ((nr = getline(&line, &lcap, f)) > 0) {
+        json_error_t je;
+        json_t *o = json_loadb(line, (size_t)nr, JSON_ALLOW_NUL, &je);
+        assert_non_null(o);
+        size_t n, len, slen;
+        int32_t *ids = json_ids(json_object_get(o, "ids"), &n);
+        json_t *want = json_object_get(o, "text");
+        char *text, *streamed;
+        assert_int_equal(di_tok_decode(g_tok, ids, n, &text, &len, NULL), DI_OK);
+        if (len != json_string_length(want) || memcmp(text, json_string_value(want), len))
+            fail_msg("decode case %zu: got '%s' want '%s'", cases + 1, text, json_string_value(want));
+        streamed = stream_all(ids, n, &slen);
+        assert_int_equal(slen, len);
+        assert_memory_equal(streamed, text, len);
+        replaced += strstr(text, "\xEF\xBF\xBD") != NULL;
+        cases++;
+        free(text);
+        free(streamed);
+        free(ids);
+        json_decref(o);
+    }
+    free(line);
+    fclose(f);
+    tu_report("tokenizer decode golden: %zu id sequences identical to HF (%zu with U+FFFD)", cases, replaced);
+    assert_true(cases >= 400 && replaced >= 100);
 }
 
 /* model.md §6.1 sanity vector (V4 vocabulary). */
@@ -425,7 +462,8 @@ static void test_load_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_special_on), cmocka_unit_test(test_corpus_special_off),
-        cmocka_unit_test(test_decode_roundtrip),  cmocka_unit_test(test_sanity_vector),
+        cmocka_unit_test(test_decode_roundtrip),  cmocka_unit_test(test_decode_golden),
+        cmocka_unit_test(test_sanity_vector),
         cmocka_unit_test(test_stream_decode),     cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_empty),             cmocka_unit_test(test_long_input),
         cmocka_unit_test(test_lookups),           cmocka_unit_test(test_load_errors),
