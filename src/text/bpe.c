@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "text/tokenizer_internal.h"
+#include "util/error.h"
 
 /* GPT-2 map: printable Latin-1 bytes ('!'..'~', '¡'..'¬', '®'..'ÿ') spell themselves; the other 68 bytes
  * get codepoints 256, 257, ... in byte order. */
@@ -121,10 +122,67 @@ static void push_pair(const di_tokenizer *t, di_bpe_scratch *sc, size_t *nh, int
     if (m) heap_push(sc->heap, nh, (uint64_t)(uint32_t)m->rank << 32 | (uint32_t)pos);
 }
 
+int di_bpe_cache_new(di_tokenizer *t) {
+    t->cache = calloc(1, sizeof *t->cache);
+    if (!t->cache) return DI_ERR_NOMEM;
+    for (int i = 0; i < DI_BPE_CACHE_LOCKS; i++) pthread_mutex_init(&t->cache->lock[i], NULL);
+    return DI_OK;
+}
+
+void di_bpe_cache_free(di_tokenizer *t) {
+    if (!t->cache) return;
+    for (int i = 0; i < DI_BPE_CACHE_LOCKS; i++) pthread_mutex_destroy(&t->cache->lock[i]);
+    free(t->cache);
+    t->cache = NULL;
+}
+
+static uint32_t piece_hash(const uint8_t *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 40);
+}
+
+/* Appends the cached ids of piece s, if present. Returns 1 on a hit, 0 on a miss, -1 on allocation failure. */
+static int cache_get(di_bpe_cache *c, uint32_t h, const uint8_t *s, size_t n, di_idvec *out) {
+    di_bpe_cache_slot *e = &c->slot[h & (DI_BPE_CACHE_SLOTS - 1)];
+    int32_t ids[DI_BPE_CACHE_IDS];
+    int k = 0;
+    pthread_mutex_t *m = &c->lock[h % DI_BPE_CACHE_LOCKS];
+    pthread_mutex_lock(m);
+    if (e->key_len == n && !memcmp(e->key, s, n)) {
+        k = e->n_ids;
+        memcpy(ids, e->ids, (size_t)k * sizeof *ids);
+    }
+    pthread_mutex_unlock(m);
+    for (int i = 0; i < k; i++)
+        if (!di_idvec_push(out, ids[i])) return -1;
+    return k > 0;
+}
+
+static void cache_put(di_bpe_cache *c, uint32_t h, const uint8_t *s, size_t n, const int32_t *ids, size_t k) {
+    if (k > DI_BPE_CACHE_IDS) return;
+    di_bpe_cache_slot *e = &c->slot[h & (DI_BPE_CACHE_SLOTS - 1)];
+    pthread_mutex_t *m = &c->lock[h % DI_BPE_CACHE_LOCKS];
+    pthread_mutex_lock(m);
+    e->key_len = (uint8_t)n;
+    e->n_ids = (uint8_t)k;
+    memcpy(e->key, s, n);
+    memcpy(e->ids, ids, k * sizeof *ids);
+    pthread_mutex_unlock(m);
+}
+
 bool di_bpe_encode_piece(const di_tokenizer *t, const uint8_t *s, size_t n, di_bpe_scratch *sc,
                          di_idvec *out) {
     if (n == 0) return true;
     if (n == 1) return di_idvec_push(out, t->byte_id[s[0]]);
+    bool cacheable = t->cache && n <= DI_BPE_CACHE_KEY;
+    uint32_t h = 0;
+    if (cacheable) {
+        h = piece_hash(s, n);
+        int hit = cache_get(t->cache, h, s, n, out);
+        if (hit) return hit > 0;
+    }
+    size_t first = out->n;
     if (!scratch_reserve(sc, n)) return false;
     for (size_t i = 0; i < n; i++) {
         sc->sym[i] = t->byte_id[s[i]];
@@ -150,5 +208,6 @@ bool di_bpe_encode_piece(const di_tokenizer *t, const uint8_t *s, size_t n, di_b
     }
     for (int32_t i = 0; i >= 0; i = sc->next[i])
         if (!di_idvec_push(out, sc->sym[i])) return false;
+    if (cacheable) cache_put(t->cache, h, s, n, out->p + first, out->n - first);
     return true;
 }

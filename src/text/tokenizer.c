@@ -77,6 +77,7 @@ void di_tok_free(di_tokenizer *t) {
     free(t->by_bytes.slot);
     free(t->merges);
     free(t->trie);
+    di_bpe_cache_free(t);
     di_pretok_free(&t->pretok);
     free(t);
 }
@@ -405,6 +406,7 @@ int di_tok_load(const char *path, di_tokenizer **out, di_error *err) {
     if ((st = load_merges(t, merges, err))) goto done;
     if ((st = build_trie(t, added, err))) goto done;
     if ((st = load_pretok(t, root, err))) goto done;
+    if (di_bpe_cache_new(t)) st = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory for the word cache", file);
 done:
     json_decref(root);
     if (st) {

@@ -6,6 +6,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,6 +52,24 @@ typedef struct di_trie_node {
     uint8_t byte;
 } di_trie_node;
 
+/* Word cache: pre-tokenized pieces -> their BPE ids, like HF's BPE cache. Text repeats words heavily, and
+ * a hit replaces the whole merge loop by one hash probe. Direct-mapped; a colliding insert overwrites. The
+ * tokenizer is shared between threads, so slots are guarded by striped mutexes. */
+#define DI_BPE_CACHE_SLOTS 16384 /* power of two */
+#define DI_BPE_CACHE_KEY 24      /* longest piece cached, bytes */
+#define DI_BPE_CACHE_IDS 8       /* most tokens a cached piece may have */
+#define DI_BPE_CACHE_LOCKS 64
+typedef struct di_bpe_cache_slot {
+    uint8_t key_len; /* 0 = empty */
+    uint8_t n_ids;
+    char key[DI_BPE_CACHE_KEY];
+    int32_t ids[DI_BPE_CACHE_IDS];
+} di_bpe_cache_slot;
+typedef struct di_bpe_cache {
+    pthread_mutex_t lock[DI_BPE_CACHE_LOCKS];
+    di_bpe_cache_slot slot[DI_BPE_CACHE_SLOTS];
+} di_bpe_cache;
+
 /* The pre-tokenizer: Split(Isolated) regexes applied in sequence. */
 typedef struct di_pretok {
     int n_stages;
@@ -73,6 +92,7 @@ struct di_tokenizer {
     di_merge_slot *merges; /* [merge_cap] */
     uint32_t merge_cap;    /* power of two */
     int32_t n_merges;
+    di_bpe_cache *cache; /* NULL: no caching */
 
     di_trie_node *trie; /* [n_trie]; node 0 is the root */
     int32_t n_trie;
@@ -87,6 +107,8 @@ struct di_tokenizer {
 uint32_t di_bytelevel_cp(uint8_t b);
 /* Byte spelled by codepoint cp, or -1 if cp is not in the map. */
 int di_bytelevel_byte(uint32_t cp);
+int di_bpe_cache_new(di_tokenizer *t);
+void di_bpe_cache_free(di_tokenizer *t);
 void di_merges_put(di_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged);
 /* Scratch space for one encode call (not shared between threads). */
 typedef struct di_bpe_scratch {
