@@ -10,6 +10,8 @@ Expected values come from Hugging Face `tokenizers` (pip install tokenizers; tes
             message content (no added-vocabulary pass at all).
   * decode.jsonl: random id sequences (any ids, and single-byte tokens that split or break UTF-8) with
     HF decode(ids, skip_special_tokens=False): {"ids": [...], "text": ...}.
+  * tiny_tokenizer.json + tiny.jsonl: a synthetic byte-level BPE with overlapping added tokens (some
+    normalized, some not) and the ids HF gives for texts that make those overlaps matter.
   * engram_map.json: the Engram compressed-id table (model.md §4.3 step 1) recomputed with the
     reference algorithm and `tokenizers` normalizers: class count, FNV-1a-64 of the whole int32 table
     and a sample of (id, class) pairs.
@@ -223,6 +225,37 @@ def _byte_spelling():
 BYTE_SPELLING = _byte_spelling()
 
 
+def tiny_golden(real):
+    """A synthetic tokenizer: the real pre-tokenizer/decoder, 256 byte tokens, a few merges, and added tokens
+    that overlap: HF cuts normalized=false tokens first, then normalized=true ones in the gaps."""
+    vocab = {chr(c): i for i, c in enumerate(BYTE_SPELLING)}
+    merges = []
+    for a, b in [("a", "b"), ("ab", "c"), ("Ġ", "a"), ("Ġa", "b"), ("c", "d"), ("x", "x"), ("xx", "xx")]:
+        vocab.setdefault(a + b, len(vocab))
+        merges.append(f"{a} {b}")
+    base = len(vocab)
+    added = [("<AB>", True, True), ("B>C", False, False), ("<A", False, True), ("<AB>CD", True, False),
+             ("｜x｜", False, True), ("x｜y", True, False)]
+    tj = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": base + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": norm, "special": sp} for i, (c, norm, sp) in enumerate(added)],
+        "normalizer": real["normalizer"], "pre_tokenizer": real["pre_tokenizer"],
+        "post_processor": real["post_processor"], "decoder": real["decoder"],
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                  "merges": merges},
+    }
+    raw = json.dumps(tj, ensure_ascii=False)
+    (OUT / "tiny_tokenizer.json").write_text(raw + "\n", encoding="utf-8")
+    tok = Tokenizer.from_str(raw)
+    texts = ["<AB>C", "<AB>CD", "<AB>CDx", "x<A<AB>", "｜x｜y", "x｜x｜y", "abc abcd ab", " xxxx xxx",
+             "<AB><AB>C<A", "B>C<AB>", "<<AB>>", "abcd<A", "xx｜y ｜x｜"]
+    with open(OUT / "tiny.jsonl", "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"t": t, "on": tok.encode(t, add_special_tokens=False).ids}, ensure_ascii=False) + "\n")
+
+
 def fnv1a64(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for b in data:
@@ -286,6 +319,8 @@ def main():
                        for _ in range(rng.randint(1, 16))]
             rec = {"ids": ids, "text": on.decode(ids, skip_special_tokens=False)}
             f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+    tiny_golden(tj)
 
     table, n_classes = engram_map(on)
     packed = b"".join(c.to_bytes(4, "little") for c in table)

@@ -129,15 +129,18 @@ static int trie_insert(di_tokenizer *t, const char *s, size_t n, int32_t id, siz
     return DI_OK;
 }
 
-/* Longest added token starting at s[0..n): its id and *len, or -1. */
-static int32_t trie_longest(const di_tokenizer *t, const char *s, size_t n, size_t *len) {
+/* Longest added token starting at s[0..n) whose DI_TOKF_NORMALIZED flag equals `normalized` (-1: any):
+ * its id and *len, or -1. */
+static int32_t trie_longest(const di_tokenizer *t, const char *s, size_t n, int normalized, size_t *len) {
     int32_t node = 0, best = -1;
     for (size_t i = 0; i < n; i++) {
         int32_t c = t->trie[node].child;
         while (c >= 0 && t->trie[c].byte != (uint8_t)s[i]) c = t->trie[c].sibling;
         if (c < 0) break;
         node = c;
-        if (t->trie[node].id >= 0) best = t->trie[node].id, *len = i + 1;
+        int32_t id = t->trie[node].id;
+        if (id >= 0 && (normalized < 0 || !(t->flags[id] & DI_TOKF_NORMALIZED) == !normalized))
+            best = id, *len = i + 1;
     }
     return best;
 }
@@ -265,7 +268,8 @@ static int load_tokens(di_tokenizer *t, json_t *vocab, json_t *added, di_error *
         int32_t id = (int32_t)json_integer_value(json_object_get(a, "id"));
         const char *content = jstr(a, "content");
         content_of[id] = content;
-        t->flags[id] = DI_TOKF_ADDED | (jtrue(a, "special") ? DI_TOKF_SPECIAL : 0);
+        t->flags[id] = DI_TOKF_ADDED | (jtrue(a, "special") ? DI_TOKF_SPECIAL : 0) |
+                       (jtrue(a, "normalized") ? DI_TOKF_NORMALIZED : 0);
         if (t->spell_len[id] == DI_TOK_NO_TOKEN) {
             size_t cl = strlen(content);
             memcpy(t->spell + so, content, cl);
@@ -442,7 +446,7 @@ const char *di_tok_token_string(const di_tokenizer *t, int32_t id, size_t *len) 
 
 int32_t di_tok_find(const di_tokenizer *t, const char *literal) {
     size_t n = strlen(literal), len = 0;
-    int32_t id = trie_longest(t, literal, n, &len);
+    int32_t id = trie_longest(t, literal, n, -1, &len);
     return id >= 0 && len == n ? id : -1;
 }
 
@@ -463,13 +467,37 @@ int32_t di_tok_lookup_bytes(const di_tokenizer *t, const char *bytes, size_t len
 
 typedef struct encode_ctx {
     const di_tokenizer *t;
+    pcre2_match_data *md; /* 1 pair: the regexes need no capture groups */
     di_bpe_scratch sc;
     di_idvec out;
+    di_error *err;
 } encode_ctx;
 
 static bool emit_piece(void *p, const char *s, size_t n) {
     encode_ctx *c = p;
     return di_bpe_encode_piece(c->t, (const uint8_t *)s, n, &c->sc, &c->out);
+}
+
+/* Pass 0 cuts normalized=false added tokens out of the text, pass 1 normalized=true ones out of what is
+ * left (leftmost-longest each, as HF's AddedVocabulary), pass 2 pre-tokenizes and BPE-encodes the rest. */
+static int encode_pass(encode_ctx *c, const char *s, size_t n, int pass) {
+    if (pass == 2) return di_pretok_split(&c->t->pretok, c->md, s, n, emit_piece, c, c->err);
+    const di_tokenizer *t = c->t;
+    size_t seg = 0; /* start of the text not yet handed to the next pass */
+    for (size_t i = 0; i < n;) {
+        size_t ml = 0;
+        int32_t id = t->trie_first[(uint8_t)s[i]] ? trie_longest(t, s + i, n - i, pass, &ml) : -1;
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        int st = encode_pass(c, s + seg, i - seg, pass + 1);
+        if (st) return st;
+        if (!di_idvec_push(&c->out, id)) return di_error_set(c->err, DI_ERR_NOMEM, "tokenizer encode: out of memory");
+        i += ml;
+        seg = i;
+    }
+    return encode_pass(c, s + seg, n - seg, pass + 1);
 }
 
 int di_tok_encode(const di_tokenizer *t, const char *text, size_t len, int special, int32_t **ids, size_t *n_ids,
@@ -482,31 +510,10 @@ int di_tok_encode(const di_tokenizer *t, const char *text, size_t len, int speci
     if (bad < len)
         return di_error_set(err, DI_ERR_INVALID, "tokenizer encode: invalid UTF-8 at byte offset %zu (byte 0x%02X)",
                             bad, (uint8_t)text[bad]);
-    encode_ctx c = {.t = t};
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (!md) return di_error_set(err, DI_ERR_NOMEM, "tokenizer encode: out of memory");
-    int st = DI_OK;
-    size_t seg = 0; /* start of the text not yet handed to the pre-tokenizer */
-    if (special) {
-        for (size_t i = 0; i < len;) {
-            size_t ml = 0;
-            int32_t id = t->trie_first[(uint8_t)text[i]] ? trie_longest(t, text + i, len - i, &ml) : -1;
-            if (id < 0) {
-                i++;
-                continue;
-            }
-            if ((st = di_pretok_split(&t->pretok, md, text + seg, i - seg, emit_piece, &c, err))) goto done;
-            if (!di_idvec_push(&c.out, id)) goto nomem;
-            i += ml;
-            seg = i;
-        }
-    }
-    st = di_pretok_split(&t->pretok, md, text + seg, len - seg, emit_piece, &c, err);
-    goto done;
-nomem:
-    st = di_error_set(err, DI_ERR_NOMEM, "tokenizer encode: out of memory");
-done:
-    pcre2_match_data_free(md);
+    encode_ctx c = {.t = t, .err = err, .md = pcre2_match_data_create(1, NULL)};
+    if (!c.md) return di_error_set(err, DI_ERR_NOMEM, "tokenizer encode: out of memory");
+    int st = encode_pass(&c, text, len, special ? 0 : 2);
+    pcre2_match_data_free(c.md);
     di_bpe_scratch_free(&c.sc);
     if (st) {
         free(c.out.p);

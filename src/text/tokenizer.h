@@ -2,7 +2,8 @@
  *
  * Encoding reproduces HF `tokenizers` exactly (tests/test_tokenizer.c checks ids on a generated corpus):
  *   1. special != 0: added tokens (all 1,283, special or not) are cut out of the text as whole strings,
- *      leftmost-longest, before anything else — what HF's AddedVocabulary does.
+ *      leftmost-longest, before anything else — what HF's AddedVocabulary does: first the tokens marked
+ *      normalized=false, then the normalized=true ones in the remaining gaps.
  *      special == 0: no added-token matching at all; the text is plain BPE, which is how deepseek-recipe
  *      encodes message content (a user typing "<｜User｜>" gets ordinary tokens).
  *   2. the pre-tokenizer's Split(Isolated) regexes run in sequence, each on the pieces of the previous one;
@@ -14,8 +15,8 @@
  *
  * Decoding follows HF's ByteLevel decoder with skip_special_tokens=False: each token's bytes are concatenated
  * and invalid UTF-8 (an id sequence that splits a character) becomes U+FFFD per maximal invalid subpart, the
- * same replacement as Rust's String::from_utf8_lossy. A di_tokenizer is immutable after load and may be
- * shared by threads. */
+ * same replacement as Rust's String::from_utf8_lossy. A di_tokenizer may be shared by threads: after load
+ * only its word cache changes, under its own locks. */
 #ifndef DI_TEXT_TOKENIZER_H
 #define DI_TEXT_TOKENIZER_H
 

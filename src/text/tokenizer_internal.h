@@ -16,7 +16,10 @@
 #define DI_TOK_NO_TOKEN UINT32_MAX /* tok_len value for an id that names no token */
 #define DI_PRETOK_MAX_STAGES 8
 
-enum { DI_TOKF_ADDED = 1, DI_TOKF_SPECIAL = 2 };
+/* DI_TOKF_NORMALIZED: the added token's "normalized" flag. HF matches normalized=false tokens on the raw
+ * text first and normalized=true ones afterwards in the gaps (there is no normalizer, but the two passes
+ * still decide overlaps). */
+enum { DI_TOKF_ADDED = 1, DI_TOKF_SPECIAL = 2, DI_TOKF_NORMALIZED = 4 };
 
 /* Growable byte / id buffers used on the encode and decode paths. */
 typedef struct di_strbuf {
