@@ -2,9 +2,9 @@
  * one produced. Isolated: every match is its own piece and so is every non-empty gap between matches.
  *
  * HF runs these patterns with Oniguruma; PCRE2 in UTF + UCP mode gives the same Unicode classes for \p{..}.
- * The one known difference is `\s`: Oniguruma matches the Unicode White_Space property, PCRE2 (UCP) matches
- * category Z plus \t\n\v\f\r, which leaves out U+0085 (NEL). Patterns are therefore rewritten so that
- * \s / \S (outside character classes) become explicit White_Space classes before compiling. Each piece is
+ * The one known difference is `\s`: Oniguruma matches the Unicode White_Space property, PCRE2 10.42 (UCP)
+ * also matches U+180E MONGOLIAN VOWEL SEPARATOR (white space before Unicode 6.3). So \s / \S outside
+ * character classes are rewritten into explicit White_Space classes before compiling. Each piece is
  * matched as its own subject, so look-ahead such as `\s+(?!\S)` cannot see past the piece, as in HF. */
 #include <stdlib.h>
 #include <string.h>
