@@ -478,9 +478,19 @@ static void test_load_errors(void **state) {
     expect_load_error(p, DI_ERR_UNSUPPORTED, "WordPiece");
     free(p);
     const char *nomerge = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a c\"]},"
+                          "\"decoder\":{\"type\":\"ByteLevel\"},"
                           "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"ByteLevel\"}]}}";
     p = tu_write_file(dir, "nm.json", nomerge, strlen(nomerge));
     expect_load_error(p, DI_ERR_FORMAT, "nm.json"); /* byte tokens missing / merge names a missing token */
+    free(p);
+    const char *nodec = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"decoder\":null}";
+    p = tu_write_file(dir, "nodec.json", nodec, strlen(nodec));
+    expect_load_error(p, DI_ERR_UNSUPPORTED, "decoder");
+    free(p);
+    const char *huge = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":2000000000},\"merges\":[]},"
+                       "\"decoder\":{\"type\":\"ByteLevel\"}}";
+    p = tu_write_file(dir, "huge.json", huge, strlen(huge));
+    expect_load_error(p, DI_ERR_FORMAT, "huge.json"); /* a corrupt id must not allocate gigabytes */
     free(p);
     /* loading the directory that holds tokenizer.json works */
     di_tokenizer *t;

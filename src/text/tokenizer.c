@@ -159,6 +159,10 @@ static int check_supported(json_t *root, const char *path, di_error *err) {
         jstr(model, "end_of_word_suffix") || (json_is_number(json_object_get(model, "dropout"))))
         return di_error_set(err, DI_ERR_UNSUPPORTED,
                             "%s: model uses byte_fallback/ignore_merges/subword affixes/dropout, not supported", path);
+    const char *dec = jstr(json_object_get(root, "decoder"), "type");
+    if (!dec || strcmp(dec, "ByteLevel"))
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "%s: decoder is %s, expected \"ByteLevel\"", path,
+                            dec ? dec : "missing");
     json_t *norm = json_object_get(root, "normalizer");
     if (norm && !json_is_null(norm)) {
         const char *nt = jstr(norm, "type");
@@ -181,10 +185,14 @@ static int load_pretok(di_tokenizer *t, json_t *root, di_error *err) {
     const char *pats[DI_PRETOK_MAX_STAGES];
     int n = 0;
     size_t cnt = json_array_size(list);
+    const char *last = jstr(json_array_get(list, cnt - 1), "type");
+    if (!last || strcmp(last, "ByteLevel"))
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "%s: pre_tokenizer does not end with ByteLevel (found %s)",
+                            t->path, last ? last : "?");
     for (size_t i = 0; i < cnt; i++) {
         json_t *e = json_array_get(list, i);
         const char *et = jstr(e, "type");
-        if (et && !strcmp(et, "ByteLevel") && i + 1 == cnt) {
+        if (i + 1 == cnt) { /* the ByteLevel step: only the byte -> unicode spelling, no regex of its own */
             if (jtrue(e, "use_regex") || jtrue(e, "add_prefix_space"))
                 return di_error_set(err, DI_ERR_UNSUPPORTED,
                                     "%s: ByteLevel pre-tokenizer with use_regex/add_prefix_space is not supported",
@@ -212,7 +220,7 @@ static int load_tokens(di_tokenizer *t, json_t *vocab, json_t *added, di_error *
     json_t *val;
     json_object_foreach(vocab, key, val) {
         json_int_t id = json_integer_value(val);
-        if (!json_is_integer(val) || id < 0 || id >= INT32_MAX / 2)
+        if (!json_is_integer(val) || id < 0 || id >= DI_TOK_MAX_VOCAB)
             return di_error_set(err, DI_ERR_FORMAT, "%s: vocab entry \"%.64s\" has id %s, expected an integer >= 0",
                                 t->path, key, json_is_integer(val) ? "out of range" : "that is not an integer");
         if (id > max_id) max_id = (int32_t)id;
@@ -223,7 +231,7 @@ static int load_tokens(di_tokenizer *t, json_t *vocab, json_t *added, di_error *
         json_t *a = json_array_get(added, i);
         json_t *jid = json_object_get(a, "id");
         const char *content = jstr(a, "content");
-        if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= INT32_MAX / 2 ||
+        if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= DI_TOK_MAX_VOCAB ||
             !content || !*content)
             return di_error_set(err, DI_ERR_FORMAT, "%s: added_tokens[%zu] needs an integer id >= 0 and a content",
                                 t->path, i);
@@ -234,6 +242,9 @@ static int load_tokens(di_tokenizer *t, json_t *vocab, json_t *added, di_error *
         spell_total += strlen(content);
     }
     if (max_id < 0) return di_error_set(err, DI_ERR_FORMAT, "%s: the vocabulary is empty", t->path);
+    if (max_id >= DI_TOK_MAX_VOCAB)
+        return di_error_set(err, DI_ERR_FORMAT, "%s: token id %d is beyond the %d ids a vocabulary may have", t->path,
+                            max_id, DI_TOK_MAX_VOCAB);
     if (spell_total >= UINT32_MAX / 2) return di_error_set(err, DI_ERR_FORMAT, "%s: vocabulary too large", t->path);
 
     int32_t n = t->n_vocab = max_id + 1;

@@ -15,6 +15,7 @@
 
 #define DI_TOK_NO_TOKEN UINT32_MAX /* tok_len value for an id that names no token */
 #define DI_PRETOK_MAX_STAGES 8
+#define DI_TOK_MAX_VOCAB (1 << 24) /* ids beyond this mean a corrupt file, not a real vocabulary */
 
 /* DI_TOKF_NORMALIZED: the added token's "normalized" flag. HF matches normalized=false tokens on the raw
  * text first and normalized=true ones afterwards in the gaps (there is no normalizer, but the two passes
