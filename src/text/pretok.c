@@ -105,6 +105,7 @@ static int split_stage(const di_pretok *p, int stage, pcre2_match_data *md, cons
             return di_error_set(err, DI_ERR_INTERNAL, "tokenizer: pre-tokenizer regex %d failed: %s", stage,
                                 (const char *)msg);
         }
+        /* copy the match out: the later stages reuse md while this loop is still running */
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
         int st;
