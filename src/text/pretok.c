@@ -71,7 +71,7 @@ int di_pretok_compile(di_pretok *p, const char *const *patterns, int n, const ch
         }
         p->n_stages = i + 1;
         /* JIT is an optimisation only: without it (unsupported CPU) the interpreter gives the same matches */
-        pcre2_jit_compile(p->re[i], PCRE2_JIT_COMPLETE);
+        p->jit[i] = pcre2_jit_compile(p->re[i], PCRE2_JIT_COMPLETE) == 0;
     }
     return DI_OK;
 }
@@ -96,8 +96,9 @@ static int split_stage(const di_pretok *p, int stage, pcre2_match_data *md, cons
                        di_pretok_emit_fn emit, void *ctx, di_error *err) {
     size_t at = 0, gap = 0; /* next search start; start of the unmatched text before it */
     while (at < n) {
-        /* the whole text was validated as UTF-8 once, so skip PCRE2's per-call check */
-        int rc = pcre2_match(p->re[stage], (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, NULL);
+        /* the whole text was validated as UTF-8 once; the JIT entry point skips pcre2_match's checks */
+        int rc = p->jit[stage] ? pcre2_jit_match(p->re[stage], (PCRE2_SPTR)s, n, at, 0, md, NULL)
+                               : pcre2_match(p->re[stage], (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];

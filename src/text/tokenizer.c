@@ -2,6 +2,7 @@
  * decode. See tokenizer.h for the contract and the HF behaviour reproduced. */
 #include <errno.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -396,8 +397,20 @@ int di_tok_load(const char *path, di_tokenizer **out, di_error *err) {
         if (stat(file, &sb) != 0)
             return di_error_set(err, DI_ERR_IO, "%s: cannot open tokenizer: %s", file, strerror(errno));
     }
+    /* read the file in one go: json_load_file reads it a character at a time, 2x slower on 6 MB */
+    FILE *f = fopen(file, "rb");
+    if (!f) return di_error_set(err, DI_ERR_IO, "%s: cannot open tokenizer: %s", file, strerror(errno));
+    size_t size = (size_t)sb.st_size;
+    char *buf = malloc(size ? size : 1);
+    size_t got = buf ? fread(buf, 1, size, f) : 0;
+    fclose(f);
+    if (!buf || got != size) {
+        free(buf);
+        return di_error_set(err, buf ? DI_ERR_IO : DI_ERR_NOMEM, "%s: cannot read %zu bytes", file, size);
+    }
     json_error_t je;
-    json_t *root = json_load_file(file, 0, &je);
+    json_t *root = json_loadb(buf, size, 0, &je);
+    free(buf);
     if (!root)
         return di_error_set(err, DI_ERR_FORMAT, "%s: not valid JSON (line %d: %s)", file, je.line, je.text);
     di_tokenizer *t = calloc(1, sizeof *t);

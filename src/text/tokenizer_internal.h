@@ -78,6 +78,7 @@ typedef struct di_bpe_cache {
 typedef struct di_pretok {
     int n_stages;
     pcre2_code *re[DI_PRETOK_MAX_STAGES];
+    bool jit[DI_PRETOK_MAX_STAGES]; /* JIT-compiled: match through pcre2_jit_match */
 } di_pretok;
 
 struct di_tokenizer {
