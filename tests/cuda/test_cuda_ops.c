@@ -18,7 +18,7 @@
  *  - "≤ 4 f32 ulp" for Sinkhorn (20 normalisations carry a flipped exp along; also the golden bound)
  *    and router weights (glibc log1pf differs from correctly rounded on ~3% of inputs); router expert
  *    ids must match exactly.
- * Usage: test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails) */
+ * Usage: [DI_SEED=n] test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails) */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -63,16 +63,21 @@ static di_error g_err;
         if ((call) != DI_OK) die(#call, g_err.msg);                                     \
     } while (0)
 
+/* The backend's stream does not wait for the legacy default stream, and a pageable cudaMemcpy /
+ * cudaMemset may return before the data has landed: every upload ends with a device synchronisation
+ * (seen: without it, a kernel read a recycled buffer's previous contents). */
 static void *dup_dev(const void *h, size_t n) {
     void *d;
     CU(cudaMalloc(&d, n ? n : 1));
     if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    CU(cudaDeviceSynchronize());
     return d;
 }
 static void *dev(size_t n) {
     void *d;
     CU(cudaMalloc(&d, n ? n : 1));
     CU(cudaMemset(d, 0xA5, n ? n : 1)); /* poison: unwritten outputs show up as mismatches */
+    CU(cudaDeviceSynchronize());
     return d;
 }
 static void *down(const void *d, size_t n) {
@@ -696,6 +701,7 @@ static void test_engram(int64_t M) {
         CU(cudaHostGetDevicePointer((void **)&mt, ht, 0));
         CU(cudaHostGetDevicePointer((void **)&ms, hs, 0));
         CU(cudaMemset(dy, 0xA5, sizeof *yc * (size_t)(M * cols * hd)));
+        CU(cudaDeviceSynchronize());
         RUN(gpu->engram_lookup(gpu, mt, ms, rows, hd, di, M, cols, dy, E));
         uint16_t *ym = down(dy, sizeof *yc * (size_t)(M * cols * hd));
         TIME(gpu->engram_lookup(gpu, mt, ms, rows, hd, di, M, cols, dy, E));
@@ -884,6 +890,8 @@ static void test_kernels_file(const char *path) {
 int main(int argc, char **argv) {
     const char *kpath = argc > 1 ? argv[1] : "tests/data/kernels.safetensors";
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const char *seed = getenv("DI_SEED"); /* another draw of every random input */
+    if (seed) rng ^= strtoull(seed, NULL, 0) * 0xD1B54A32D192ED03ull;
     if (di_cuda_device_count() < 1) {
         printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
         return 1;
@@ -894,7 +902,8 @@ int main(int argc, char **argv) {
     CU(cudaEventCreate(&ev1));
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
-    printf("# device: %s, %d SMs; CPU reference: %d threads\n", prop.name, prop.multiProcessorCount, nth);
+    printf("# device: %s, %d SMs; CPU reference: %d threads; seed %s\n", prop.name, prop.multiProcessorCount, nth,
+           seed ? seed : "default");
     printf("%-20s %-34s %10s %6s %10s  %-18s %10s  %s\n", "op", "shape", "max|d|", "ulp", "mismatch", "tolerance",
            "gpu ms", "result");
 

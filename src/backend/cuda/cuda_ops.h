@@ -3,8 +3,11 @@
  *
  * Usage: di_backend_cuda_create() returns a di_backend whose slots take DEVICE pointers (cudaMalloc'd by
  * the caller) with exactly the shapes, layouts and numerics documented in backend.h. Ops are
- * asynchronous on the backend's stream (di_backend_cuda_stream); a slot returns after the launch, and
- * reports launch errors (and earlier asynchronous faults) through its di_error. Shape arguments are
+ * asynchronous on the backend's stream (di_backend_cuda_stream), a non-blocking stream: data written by
+ * other streams — including cudaMemcpy / cudaMemset on the legacy default stream, which can return before
+ * a pageable upload has landed — must be complete (synchronised or ordered by an event) before an op
+ * reads it. A slot returns after the launch and reports launch errors (and earlier asynchronous faults)
+ * through its di_error. Shape arguments are
  * validated on the host like the CPU backend; index contents live on the device and are not read back:
  * an out-of-range index (token id, row id, KV index) produces a zero row (gathers) or is skipped
  * (attention) instead of a fault.
