@@ -6,7 +6,8 @@
  * 2^-9 below 2^9 with 4 significant bits, E2M1 multiples of 2^-1), so the block sum is the exact value
  * in any order; it is rounded once to f32, multiplied by s_x then s_w, and added to an f32 accumulator
  * in ascending block order; one bf16 rounding at the end. That is the CPU's arithmetic sequence, so the
- * results agree bit for bit. This part-1 kernel is a plain shared-memory tiled loop on the FP64 units;
+ * results agree bit for bit. The part-1 kernels are a plain shared-memory tiled loop on the FP64 units
+ * and, for decode-sized M, a one-block-per-column GEMV;
  * Hopper's FP8 tensor cores accumulate with fewer bits than f32 and are left for part 2, where the
  * exactness argument must be redone.
  *
@@ -89,6 +90,61 @@ __global__ void __launch_bounds__(256) qgemm_kernel(const uint8_t *xq, const uin
         if (m0 + mg + i < M) y[(m0 + mg + i) * N + n] = d_to_bf16(acc[i]);
 }
 
+/* Small-M path (decode, M ≤ GEMV_MAX_M): one block per output column n, the K blocks spread over the
+ * threads. Eight lanes share a 32-block (4 codes each); their f64 partial sums are combined by shuffles
+ * (every partial sum is exact, so this order gives the same block sum), lane 0 of the eight scales it
+ * into pb[m][kb]; then one thread per row adds pb[m][0..KB) in ascending order in f32 — the same
+ * sequence of f32 operations as the tiled kernel and the CPU. Shared: f32 [M, KB].
+ * 128 threads; the weight row is read once, 512 contiguous bytes per step. */
+#define GEMV_MAX_M 8
+#define GEMV_THREADS 128
+__global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const uint8_t *xq, const uint8_t *xs, const uint8_t *w,
+                                                             const uint8_t *wsc, int fp4, int M, int64_t N, int64_t K,
+                                                             uint16_t *y) {
+    extern __shared__ float pb[];
+    const int64_t n = blockIdx.x, KB = K / QB;
+    const int sub = threadIdx.x & 7;
+    /* the loop bound is warp-uniform: all 32 lanes reach the shuffles, lanes past KB with zeros */
+    for (int64_t kb0 = 0; kb0 < KB; kb0 += GEMV_THREADS / 8) {
+        const int64_t kb = kb0 + (threadIdx.x >> 3);
+        const bool live = kb < KB;
+        float wv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float sw = 0.0f;
+        if (live) {
+            if (fp4) {
+                uint32_t v = *(const uint16_t *)(w + n * (K / 2) + kb * (QB / 2) + 2 * sub);
+#pragma unroll
+                for (int j = 0; j < 4; j++) wv[j] = d_e2m1_decode(v >> (4 * j));
+            } else {
+                uint32_t v = *(const uint32_t *)(w + n * K + kb * QB + 4 * sub);
+#pragma unroll
+                for (int j = 0; j < 4; j++) wv[j] = d_e4m3_decode((uint8_t)(v >> (8 * j)));
+            }
+            sw = d_e8m0(fp4 ? wsc[n * KB + kb] : wsc[(n / QB) * KB + kb]);
+        }
+        for (int m = 0; m < M; m++) {
+            double s = 0.0;
+            if (live) {
+                uint32_t xv = *(const uint32_t *)(xq + (int64_t)m * K + kb * QB + 4 * sub);
+#pragma unroll
+                for (int j = 0; j < 4; j++) s = fma((double)d_e4m3_decode((uint8_t)(xv >> (8 * j))), (double)wv[j], s);
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            if (live && sub == 0)
+                pb[(int64_t)m * KB + kb] = __fmul_rn(__fmul_rn(__double2float_rn(s), d_e8m0(xs[(int64_t)m * KB + kb])), sw);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        const float *p = pb + (int64_t)threadIdx.x * KB;
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < KB; kb++) acc = __fadd_rn(acc, p[kb]);
+        y[(int64_t)threadIdx.x * N + n] = d_to_bf16(acc);
+    }
+}
+
 static int qlinear(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
                    const uint8_t *wsc, int64_t n, uint16_t *y, di_error *err) {
     const char *op = fp4 ? "linear_fp4" : "linear_fp8";
@@ -106,6 +162,11 @@ static int qlinear(const di_backend *be, int fp4, const uint16_t *x, int64_t m, 
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
+    size_t pb_bytes = sizeof(float) * (size_t)(m * (k / QB));
+    if (m <= GEMV_MAX_M && pb_bytes <= 48 * 1024) {
+        qgemv_kernel<<<(unsigned)n, GEMV_THREADS, pb_bytes, st>>>(xq, xs, w, wsc, fp4, (int)m, n, k, y);
+        return di_cuda_launched(op, err);
+    }
     dim3 grid(di_cuda_blocks(n, QTN), di_cuda_blocks(m, QTM));
     qgemm_kernel<<<grid, 256, 0, st>>>(xq, xs, w, wsc, fp4, m, n, k, y);
     return di_cuda_launched(op, err);
