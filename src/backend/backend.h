@@ -141,8 +141,10 @@ struct di_backend {
     int (*candidate_mask)(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
                           int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err);
 
-    /* Top-k of index scores, ascending position order, + offset, −1 padded. Tie rule: higher score
-     * first, then LOWER position (the reference's torch.topk leaves ties unspecified, spec §5.6).
+    /* Top-k of index scores, ascending position order, + offset, −1 padded (positions ≥ vis[i]).
+     * Ties (common: exact-zero scores, bf16 near-ties) are implementation-defined in the reference
+     * (torch.topk, spec §5.6); each backend documents its rule. The CPU backend replays torch's CPU
+     * selection exactly (graph_extra_topk.c), so it picks the reference's set on every golden row.
      *   scores f32 [m, nk];  vis int32 [m];  out int32 [m, k] */
     int (*topk)(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
                 int32_t offset, int32_t *out, di_error *err);
@@ -202,6 +204,12 @@ struct di_backend {
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */
 int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err);
+
+/* CPU kernel sets: FAST = the vectorised, multithreaded kernels (cpu_ops.h, cpu_attn.h; the default);
+ * SCALAR = a second, plainly written implementation of every op (graph_extra*.c), kept switchable to
+ * localise drift: when the two disagree with each other, the culprit is a kernel, not the graph. */
+typedef enum di_cpu_variant { DI_CPU_FAST = 0, DI_CPU_SCALAR = 1 } di_cpu_variant;
+int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_backend **out, di_error *err);
 void di_backend_destroy(di_backend *be);
 
 #endif

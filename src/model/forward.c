@@ -187,6 +187,7 @@ static int ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const i
         int rc = di_rope_freqs(cfg, L, c->rope_freqs[k], err);
         if (rc) return rc;
     }
+    if (!(c->pub = fwd_alloc(c, sizeof *c->pub * (size_t)cfg->n_layers, 1))) return err->code;
     /* window index lists of the one-shot prefill: row p sees max(0, p−W+1) + j, −1 beyond p */
     int64_t W = cfg->sliding_window;
     c->n_win = T < W ? T : W;

@@ -56,117 +56,167 @@ int fwd_engram(fwd_ctx *c, int L, uint16_t *x) {
 
 /* ---------------- attention sub-layer (§3.4, §4.4) ---------------- */
 
-/* The compressed-KV half of attention for a layer with compress ratio R > 0: a kv source compresses
- * its own KV (latent before RoPE); an index source scores the index keys, masks by the candidate blocks
- * (re-index layers) and publishes its top-k; the kv source then rotates and FP4-quantizes its latent
- * into the shared compressed KV. Reuse layers only read what the sources published.
- *   u bf16 [T, D] normed attention input;  qr bf16 [T, qr] normed low-rank query */
-static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
+/* The publication of source layer `src` for a consumer at layer L, checked to exist (a layer that is
+ * its own source reads what it has published so far in this block). */
+static const struct fwd_pub *source(fwd_ctx *c, int L, int src, const char *what) {
+    if (src < 0 || src > L || (src < L && !c->pub[src].done)) {
+        di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: %s source layer %d has not run in this pass", L, what, src);
+        return NULL;
+    }
+    return &c->pub[src];
+}
+
+/* kv sources: the compressed latent before RoPE (ratio 1: a bf16 projection per token; ratio R > 1:
+ * per-channel softmax pooling of R tokens on f32 projections), then the compressor RMSNorm.
+ *   u bf16 [T, D];  *lat bf16 [T/R, hd] (pass lifetime) */
+static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out) {
+    const di_config *cfg = c->cfg;
+    const di_layer_w *w = &c->m->w.layers[L];
+    const di_backend *be = c->be;
+    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim;
+    int R = cfg->layer[L].compress_ratio;
+    int64_t ncmp = T / R;
+    uint16_t *lat;
+    ALLOC(lat, ncmp * hd, 1);
+    if (R == 1) {
+        CK(be->linear_bf16(be, u, T, D, w->cmp_wkv, hd, lat, c->err));
+    } else {
+        float *a, *g; /* f32 [T, hd] */
+        ALLOC(a, T * hd, 0);
+        ALLOC(g, T * hd, 0);
+        CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
+        CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
+        CK(be->compress_pool(be, a, g, T, R, hd, lat, c->err));
+    }
+    CK(be->rmsnorm(be, lat, ncmp, hd, w->cmp_norm, (float)cfg->rms_norm_eps, lat, c->err));
+    DUMP("attn.cmp.latent", DI_BF16, lat, 2, ncmp, hd, 0);
+    *lat_out = lat;
+    return DI_OK;
+}
+
+/* kv sources: index keys from the (unrotated) latent — wk, k_norm, RoPE at the group's first
+ * position n·R, FP4 QDQ with E8M0 scales per 32 (no Hadamard in V4.1).  lat bf16 [T/R, hd] */
+static int index_keys(fwd_ctx *c, int L, const uint16_t *lat) {
+    const di_config *cfg = c->cfg;
+    const di_layer_w *w = &c->m->w.layers[L];
+    const di_backend *be = c->be;
+    int R = cfg->layer[L].compress_ratio, ihd = cfg->index_head_dim;
+    int64_t ncmp = c->T / R, hd = cfg->head_dim;
+    uint16_t *k; /* bf16 [ncmp, ihd] */
+    ALLOC(k, ncmp * ihd, 1);
+    CK(be->linear_bf16(be, lat, ncmp, hd, w->idx_wk, ihd, k, c->err));
+    CK(be->rmsnorm(be, k, ncmp, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
+    CK(be->rope(be, k, ncmp, 1, ihd, cfg->qk_rope_head_dim, c->cmp_pos[R], c->rope_freqs[cfg->layer[L].rope], false,
+                c->err));
+    CK(be->qdq_fp4_e8m0(be, k, ncmp, ihd, 32, c->err));
+    DUMP("attn.index_k", DI_BF16, k, 2, ncmp, ihd, 0);
+    c->pub[L].index_k = k;
+    return DI_OK;
+}
+
+/* Index sources: score the index keys of the layer's key source with this layer's own queries and
+ * weights (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate
+ * mask (the candidate source; its own selection is not masked) and the top-k list (+T offset into
+ * [window ‖ compressed]).  u bf16 [T, D];  qr bf16 [T, qr] */
+static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
-    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, qrk = cfg->q_lora_rank;
-    int R = lc->compress_ratio, rd = cfg->qk_rope_head_dim, kind = lc->rope;
-    int ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
+    int64_t T = c->T, D = cfg->hidden_size, qrk = cfg->q_lora_rank;
+    int R = lc->compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
     int64_t ncmp = T / R;
-    const int64_t *cpos = c->cmp_pos[R];
+    int ksel = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
+    c->out->topk_k[L] = ksel;
+    c->out->n_keys[L] = ncmp;
+    c->pub[L].topk_k = ksel;
+    if (ksel == 0) return DI_OK; /* nothing visible yet: empty compressed lists */
+    const struct fwd_pub *ks = source(c, L, lc->index_key_source, "index-key");
+    if (!ks) return c->err->code;
 
-    uint16_t *lat = NULL; /* bf16 [ncmp, hd] compressed latent before RoPE */
-    if (lc->is_kv_source && ncmp > 0) {
-        ALLOC(lat, ncmp * hd, 1);
-        if (R == 1) {
-            CK(be->linear_bf16(be, u, T, D, w->cmp_wkv, hd, lat, c->err));
-        } else {
-            float *a, *g; /* f32 [T, hd] */
-            ALLOC(a, T * hd, 0);
-            ALLOC(g, T * hd, 0);
-            CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
-            CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
-            CK(be->compress_pool(be, a, g, T, R, hd, lat, c->err));
-        }
-        CK(be->rmsnorm(be, lat, ncmp, hd, w->cmp_norm, (float)cfg->rms_norm_eps, lat, c->err));
-        DUMP("attn.cmp.latent", DI_BF16, lat, 2, ncmp, hd, 0);
-    }
+    uint16_t *qi, *iw; /* bf16 [T, ih, ihd], bf16 [T, ih] */
+    int32_t *vis;      /* int32 [T] visible compressed entries per query */
+    ALLOC(qi, T * ih * ihd, 0);
+    ALLOC(iw, T * ih, 0);
+    ALLOC(vis, T, 0);
+    /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
+    float *scores = c->out->index_scores[L] = calloc((size_t)(T * ncmp), sizeof(float)); /* f32 [T, ncmp] */
+    int32_t *top = c->out->topk[L] = calloc((size_t)(T * ksel), sizeof(int32_t));        /* int32 [T, ksel] */
+    if (!scores || !top)
+        return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)T,
+                            (long long)ncmp);
+    CK(be->linear_fp8(be, qr, T, qrk, w->idx_wq_b.w, w->idx_wq_b.s, (int64_t)ih * ihd, qi, c->err));
+    CK(be->rope(be, qi, T, ih, ihd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[lc->rope], false, c->err));
+    CK(be->qdq_fp4_e8m0(be, qi, T * ih, ihd, 32, c->err));
+    DUMP("attn.index_q", DI_BF16, qi, 3, T, ih, ihd);
+    CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
+    DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
+    for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((t + 1) / R);
 
-    if (lc->is_index_source) {
-        if (lc->has_index_wk && lat) {
-            /* index keys from the latent: wk, k_norm, RoPE at the group's first position, FP4 QDQ */
-            uint16_t *k; /* bf16 [ncmp, ihd] */
-            ALLOC(k, ncmp * ihd, 1);
-            CK(be->linear_bf16(be, lat, ncmp, hd, w->idx_wk, ihd, k, c->err));
-            CK(be->rmsnorm(be, k, ncmp, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
-            CK(be->rope(be, k, ncmp, 1, ihd, rd, cpos, c->rope_freqs[kind], false, c->err));
-            CK(be->qdq_fp4_e8m0(be, k, ncmp, ihd, 32, c->err));
-            DUMP("attn.index_k", DI_BF16, k, 2, ncmp, ihd, 0);
-            c->index_k = k;
-        }
-        int ksel = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
-        int32_t *top = NULL; /* int32 [T, ksel] */
-        float *scores = NULL; /* f32 [T, ncmp] */
-        if (ksel > 0) {
-            if (!c->index_k)
-                return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: index source without published index keys", L);
-            uint16_t *qi, *iw; /* bf16 [T, ih, ihd], bf16 [T, ih] */
-            int32_t *vis;      /* int32 [T] */
-            ALLOC(qi, T * ih * ihd, 0);
-            ALLOC(iw, T * ih, 0);
-            ALLOC(vis, T, 0);
-            /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
-            scores = calloc((size_t)(T * ncmp), sizeof(float));
-            top = calloc((size_t)(T * ksel), sizeof(int32_t));
-            c->out->index_scores[L] = scores;
-            c->out->topk[L] = top;
-            if (!scores || !top) return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L,
-                                                     (long long)T, (long long)ncmp);
-            CK(be->linear_fp8(be, qr, T, qrk, w->idx_wq_b.w, w->idx_wq_b.s, (int64_t)ih * ihd, qi, c->err));
-            CK(be->rope(be, qi, T, ih, ihd, rd, c->pos, c->rope_freqs[kind], false, c->err));
-            CK(be->qdq_fp4_e8m0(be, qi, T * ih, ihd, 32, c->err));
-            DUMP("attn.index_q", DI_BF16, qi, 3, T, ih, ihd);
-            CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
-            DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
-            for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((t + 1) / R);
-            const uint8_t *cand = NULL;
-            if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
-                if (!c->cand || c->cand_nk != ncmp)
-                    return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: no candidate mask over %lld entries", L,
-                                        (long long)ncmp);
-                cand = c->cand;
-            }
-            /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
-            float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
-            CK(be->indexer_scores(be, qi, iw, w_scale, c->index_k, T, ih, ihd, ncmp, vis, cand, scores, c->err));
-            DUMP("attn.index_scores", DI_F32, scores, 2, T, ncmp, 0);
-            if (lc->is_candidate_source) {
-                uint8_t *mask; /* uint8 [T, ncmp] */
-                float *ws;     /* f32 [ceil(ncmp / block)] */
-                int blk = cfg->candidate_block_size;
-                ALLOC(mask, T * ncmp, 1);
-                ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
-                CK(be->candidate_mask(be, scores, T, ncmp, vis, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
-                DUMP("attn.candidates", DI_I8, mask, 2, T, ncmp, 0);
-                c->cand = mask;
-                c->cand_nk = ncmp;
-            }
-            CK(be->topk(be, scores, T, ncmp, vis, ksel, (int32_t)T, top, c->err));
-            DUMP("attn.topk", DI_I32, top, 2, T, ksel, 0);
-        }
-        c->topk = top;
-        c->topk_k = ksel;
-        c->out->topk_k[L] = ksel;
-        c->out->n_keys[L] = ncmp;
+    const uint8_t *cand = NULL;
+    if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
+        const struct fwd_pub *cs = source(c, L, lc->candidate_source, "candidate");
+        if (!cs) return c->err->code;
+        if (cs->n_cand != ncmp)
+            return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: candidate mask over %lld entries, scores over %lld",
+                                L, (long long)cs->n_cand, (long long)ncmp);
+        cand = cs->cand;
     }
+    /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
+    float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
+    CK(be->indexer_scores(be, qi, iw, w_scale, ks->index_k, T, ih, ihd, ncmp, vis, cand, scores, c->err));
+    DUMP("attn.index_scores", DI_F32, scores, 2, T, ncmp, 0);
 
-    if (lat) {
-        /* shared compressed KV: RoPE at n·R, then FP4 with E4M3 scales over groups of 16 */
-        CK(be->rope(be, lat, ncmp, 1, (int)hd, rd, cpos, c->rope_freqs[kind], false, c->err));
-        CK(be->qdq_fp4_e4m3(be, lat, ncmp, hd, 16, c->err));
-        DUMP("attn.cmp_kv", DI_BF16, lat, 2, ncmp, hd, 0);
+    if (lc->is_candidate_source) {
+        int blk = cfg->candidate_block_size;
+        uint8_t *mask; /* uint8 [T, ncmp] */
+        float *ws;     /* f32 [ceil(ncmp / blk)] */
+        ALLOC(mask, T * ncmp, 1);
+        ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
+        CK(be->candidate_mask(be, scores, T, ncmp, vis, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
+        DUMP("attn.candidates", DI_I8, mask, 2, T, ncmp, 0);
+        c->pub[L].cand = mask;
+        c->pub[L].n_cand = ncmp;
     }
-    if (lc->is_kv_source) {
-        c->cmp_kv = lat;
-        c->n_cmp = lat ? ncmp : 0;
-    }
+    CK(be->topk(be, scores, T, ncmp, vis, ksel, (int32_t)T, top, c->err));
+    DUMP("attn.topk", DI_I32, top, 2, T, ksel, 0);
+    c->pub[L].topk = top;
+    return DI_OK;
+}
+
+/* kv sources: the shared compressed KV — the latent rotated at n·R, then FP4 with E4M3 scales over
+ * groups of 16 (all 512 channels).  lat bf16 [T/R, hd], rotated and quantized in place */
+static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat) {
+    const di_config *cfg = c->cfg;
+    const di_backend *be = c->be;
+    int R = cfg->layer[L].compress_ratio;
+    int64_t ncmp = c->T / R, hd = cfg->head_dim;
+    CK(be->rope(be, lat, ncmp, 1, (int)hd, cfg->qk_rope_head_dim, c->cmp_pos[R], c->rope_freqs[cfg->layer[L].rope],
+                false, c->err));
+    CK(be->qdq_fp4_e4m3(be, lat, ncmp, hd, 16, c->err));
+    DUMP("attn.cmp_kv", DI_BF16, lat, 2, ncmp, hd, 0);
+    c->pub[L].cmp_kv = lat;
+    c->pub[L].n_cmp = ncmp;
+    return DI_OK;
+}
+
+/* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
+ * latent feeds its index keys BEFORE it is rotated into the compressed KV, and the indexer runs in
+ * between. Afterwards *kvp / *topp are what this layer attends: the compressed KV of its kv source
+ * and the top-k list of its index source (itself, or the latest one for reuse layers).
+ *   u bf16 [T, D];  qr bf16 [T, qr] */
+static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, const struct fwd_pub **kvp,
+                           const struct fwd_pub **topp) {
+    const di_layer_cfg *lc = &c->cfg->layer[L];
+    uint16_t *lat = NULL; /* bf16 [T/R, hd] */
+    bool have_lat = lc->is_kv_source && c->T / lc->compress_ratio > 0;
+    if (have_lat) CK(compressor(c, L, u, &lat));
+    if (have_lat && lc->has_index_wk) CK(index_keys(c, L, lat));
+    if (lc->is_index_source) CK(indexer(c, L, u, qr));
+    if (have_lat) CK(compressed_kv(c, L, lat));
+    c->pub[L].done = true;
+    if (!(*kvp = source(c, L, lc->kv_source, "kv")) || !(*topp = source(c, L, lc->index_source, "top-k")))
+        return c->err->code;
     return DI_OK;
 }
 
@@ -203,20 +253,21 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
 
     /* index lists: [window ‖ compressed top-k (+T)], the reference's order */
-    const uint16_t *cmp = NULL;
+    const uint16_t *cmp = NULL; /* bf16 [n_cmp, hd] */
+    const int32_t *topk = NULL; /* int32 [T, kc] */
     int64_t n_cmp = 0, kc = 0;
     if (lc->compress_ratio > 0) {
-        CK(attn_compressed(c, L, u, qa));
-        cmp = c->cmp_kv;
-        n_cmp = c->n_cmp;
-        kc = c->topk_k;
+        const struct fwd_pub *kvp, *topp;
+        CK(attn_compressed(c, L, u, qa, &kvp, &topp));
+        cmp = kvp->cmp_kv, n_cmp = kvp->n_cmp;
+        topk = topp->topk, kc = topp->topk ? topp->topk_k : 0;
     }
     int64_t n_idx = c->n_win + kc;
     int32_t *idx; /* int32 [T, n_idx] */
     ALLOC(idx, T * n_idx, 0);
     for (int64_t t = 0; t < T; t++) {
         memcpy(idx + t * n_idx, c->win_idx + t * c->n_win, sizeof(int32_t) * (size_t)c->n_win);
-        if (kc) memcpy(idx + t * n_idx + c->n_win, c->topk + t * kc, sizeof(int32_t) * (size_t)kc);
+        if (kc) memcpy(idx + t * n_idx + c->n_win, topk + t * kc, sizeof(int32_t) * (size_t)kc);
     }
 
     float *sink; /* f32 [H] */

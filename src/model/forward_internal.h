@@ -2,6 +2,7 @@
 #ifndef DI_MODEL_FORWARD_INTERNAL_H
 #define DI_MODEL_FORWARD_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "model/forward.h"
@@ -20,14 +21,19 @@ typedef struct fwd_ctx {
     int64_t n_win;           /* min(T, window) */
     int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids */
 
-    /* shared attention runtime: the latest publication of each kind (storage in `keep`) */
-    const uint16_t *cmp_kv;  /* bf16 [n_cmp, hd]  compressed KV of the latest kv source */
-    int64_t n_cmp;
-    const uint16_t *index_k; /* bf16 [n_cmp, ihd] index keys of the latest kv source */
-    const int32_t *topk;     /* int32 [T, topk_k] top-k list of the latest index source */
-    int topk_k;
-    const uint8_t *cand;     /* uint8 [T, cand_nk] candidate mask of the candidate source */
-    int64_t cand_nk;
+    /* Shared attention state, published per source layer (storage in `keep`) and read through the
+     * config's roles: a layer attends the compressed KV of cfg.layer[L].kv_source, scores the index
+     * keys of index_key_source, masks by candidate_source and reuses the top-k of index_source. */
+    struct fwd_pub {
+        const uint16_t *cmp_kv;  /* bf16 [n_cmp, hd]  compressed KV (kv sources) */
+        int64_t n_cmp;
+        const uint16_t *index_k; /* bf16 [n_cmp, ihd] index keys (kv sources) */
+        const int32_t *topk;     /* int32 [T, topk_k] (index sources; NULL when k = 0) */
+        int topk_k;
+        const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) */
+        int64_t n_cand;
+        bool done;               /* the layer ran in this pass */
+    } *pub;                      /* [n_layers] */
 
     di_prefill_out *out;
 

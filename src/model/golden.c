@@ -9,6 +9,7 @@
 
 #include "io/checkpoint.h"
 #include "io/formats.h"
+#include "model/inventory.h"
 #include "util/error.h"
 
 /* ---------------- metrics ---------------- */
@@ -51,10 +52,14 @@ static int take(const di_safetensors *st, const char *name, di_dtype dt, int ndi
     *out = NULL;
     if (!t) return optional ? DI_OK : di_error_set(err, DI_ERR_INVALID, "%s: tensor %s missing", st->path, name);
     bool same = t->dtype == dt && t->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = shape[i] < 0 || t->shape[i] == shape[i];
-    if (!same)
-        return di_error_set(err, DI_ERR_INVALID, "%s: tensor %s has dtype %s and %d dims, expected %s with %d dims "
-                            "matching the model", st->path, name, di_dtype_name(t->dtype), t->ndim, di_dtype_name(dt), ndim);
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (!same) {
+        char es[96], fs[96];
+        di_shape_str(ndim, shape, es, sizeof es);
+        di_shape_str(t->ndim, t->shape, fs, sizeof fs);
+        return di_error_set(err, DI_ERR_INVALID, "%s: tensor %s is %s %s, the model implies %s %s (golden file of "
+                            "another model?)", st->path, name, di_dtype_name(t->dtype), fs, di_dtype_name(dt), es);
+    }
     size_t bytes = (size_t)(t->end - t->begin);
     *out = malloc(bytes ? bytes : 1);
     if (!*out) return di_error_set(err, DI_ERR_NOMEM, "%s: %zu bytes for %s", st->path, bytes, name);

@@ -49,9 +49,20 @@ static const preset k_presets[] = {
      .max_pos = 65536, .experts = 32, .topk = 4, .moe_inter = 512, .engram_layers = {1, 3},
      .engram_vocab = 4000, .engram_heads = 4, .engram_dim = 64, .n_mtp = 2, .dspark_block = 5,
      .dspark_targets = {5, 6, 7}, .markov_rank = 64, .dspark_experts = 8, .dspark_topk = 2},
+    /* Every real V4.1 dimension and all 384 experts for four backbone layers — SWA-only (with Engram,
+     * like layer 1), ratio-2 kv+index source (with Engram, like layer 14), ratio-1 kv+index+candidate
+     * source (like layer 20), ratio-1 re-index (like 24) — one DSpark stage, Engram tables of ~1 M
+     * rows each. About 35 GB: meant for the GPU machine's layer benchmarks. */
+    {.name = "full-layer", .hidden = 5120, .layers = 4, .heads = 64, .head_dim = 512, .rope_dim = 64,
+     .q_lora = 1280, .o_lora = 1024, .o_groups = 8, .window = 128, .ratios = {0, 2, 1, 1, 0},
+     .kv_src = {1, 2}, .n_kv_src = 2, .idx_src = {1, 2, 3}, .n_idx_src = 3, .cand_src = 2, .cand_blocks = 2048,
+     .cand_block = 8, .idx_heads = 32, .idx_dim = 128, .idx_topk = 512, .yarn_orig = 65536, .yarn_factor = 16,
+     .max_pos = 1048576, .experts = 384, .topk = 6, .moe_inter = 2304, .engram_layers = {0, 1},
+     .engram_vocab = 41600, .engram_heads = 8, .engram_dim = 256, .n_mtp = 1, .dspark_block = 5,
+     .dspark_targets = {1, 2, 3}, .markov_rank = 256, .dspark_experts = 128, .dspark_topk = 3},
 };
 
-const char *const di_mkmodel_presets[] = {"tiny", "small", NULL};
+const char *const di_mkmodel_presets[] = {"tiny", "small", "full-layer", NULL};
 
 enum { VOCAB = 129280, MAX_NGRAM = 4, PAD_ID = 2, NOISE_ID = 128799 };
 
@@ -323,10 +334,18 @@ static int write_tensor(writer_ctx *c, const di_inv_entry *e, const di_inv_entry
 
 /* ---- configs ---- */
 
+/* One row per config field: its HF text_config key, its inference/config.json (ModelArgs) key or
+ * NULL when the reference has none, and its value. Writing both documents from one table keeps them
+ * consistent by construction. */
+typedef struct field {
+    const char *hf, *inf;
+    json_t *value;
+} field;
+
 int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **hf_json, char **inf_json,
                               di_error *err) {
     const preset *p = find_preset(name);
-    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny or small)", name);
+    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", name);
     int n_ratios = p->layers + p->n_mtp;
     /* Engram table sizes follow from the primes (see engram_plan). */
     int64_t prime = p->engram_vocab, rows[2] = {0, 0};
@@ -336,134 +355,84 @@ int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **h
             while (!is_prime(prime));
             rows[l] += prime;
         }
-    json_t *t = json_object();
-    json_object_set_new(t, "model_type", json_string("deepseek_v41_text"));
-    json_object_set_new(t, "hidden_size", json_integer(p->hidden));
-    json_object_set_new(t, "num_hidden_layers", json_integer(p->layers));
-    json_object_set_new(t, "num_nextn_predict_layers", json_integer(p->n_mtp));
-    json_object_set_new(t, "num_attention_heads", json_integer(p->heads));
-    json_object_set_new(t, "num_key_value_heads", json_integer(1));
-    json_object_set_new(t, "head_dim", json_integer(p->head_dim));
-    json_object_set_new(t, "qk_rope_head_dim", json_integer(p->rope_dim));
-    json_object_set_new(t, "q_lora_rank", json_integer(p->q_lora));
-    json_object_set_new(t, "o_lora_rank", json_integer(p->o_lora));
-    json_object_set_new(t, "o_groups", json_integer(p->o_groups));
-    json_object_set_new(t, "sliding_window", json_integer(p->window));
-    json_object_set_new(t, "compress_ratios", int_array(p->ratios, n_ratios));
-    json_object_set_new(t, "kv_source_layer_ids", int_array(p->kv_src, p->n_kv_src));
-    json_object_set_new(t, "index_source_layer_ids", int_array(p->idx_src, p->n_idx_src));
-    json_object_set_new(t, "candidate_source_layer_id", json_integer(p->cand_src));
-    json_object_set_new(t, "candidate_topk_blocks", json_integer(p->cand_blocks));
-    json_object_set_new(t, "candidate_block_size", json_integer(p->cand_block));
-    json_object_set_new(t, "index_n_heads", json_integer(p->idx_heads));
-    json_object_set_new(t, "index_head_dim", json_integer(p->idx_dim));
-    json_object_set_new(t, "index_topk", json_integer(p->idx_topk));
-    json_object_set_new(t, "rope_theta", json_integer(10000));
-    json_object_set_new(t, "compress_rope_theta", json_real(160000.0));
-    json_object_set_new(t, "rope_scaling",
-                        json_pack("{s:s, s:i, s:i, s:i, s:i}", "rope_type", "yarn", "factor", p->yarn_factor,
-                                  "beta_fast", 32, "beta_slow", 1, "original_max_position_embeddings", p->yarn_orig));
-    json_object_set_new(t, "max_position_embeddings", json_integer(p->max_pos));
-    json_object_set_new(t, "vocab_size", json_integer(VOCAB));
-    json_object_set_new(t, "n_routed_experts", json_integer(p->experts));
-    json_object_set_new(t, "num_experts_per_tok", json_integer(p->topk));
-    json_object_set_new(t, "n_shared_experts", json_integer(1));
-    json_object_set_new(t, "moe_intermediate_size", json_integer(p->moe_inter));
-    json_object_set_new(t, "scoring_func", json_string("sqrtsoftplus"));
-    json_object_set_new(t, "topk_method", json_string("noaux_tc"));
-    json_object_set_new(t, "norm_topk_prob", json_true());
-    json_object_set_new(t, "routed_scaling_factor", json_real(1.5));
-    json_object_set_new(t, "swiglu_limit", json_real(10.0));
-    json_object_set_new(t, "hc_mult", json_integer(4));
-    json_object_set_new(t, "hc_sinkhorn_iters", json_integer(20));
-    json_object_set_new(t, "hc_eps", json_real(1e-6));
-    json_object_set_new(t, "rms_norm_eps", json_real(1e-20));
-    json_object_set_new(t, "engram_layer_ids", int_array(p->engram_layers, 2));
-    json_object_set_new(t, "engram_num_embeddings", json_pack("[II]", (json_int_t)rows[0], (json_int_t)rows[1]));
-    json_object_set_new(t, "engram_max_ngram_size", json_integer(MAX_NGRAM));
-    json_object_set_new(t, "engram_vocab_size", json_integer(p->engram_vocab));
-    json_object_set_new(t, "engram_n_heads", json_integer(p->engram_heads));
-    json_object_set_new(t, "engram_head_dim", json_integer(p->engram_dim));
-    json_object_set_new(t, "engram_pad_token_id", json_integer(PAD_ID));
-    json_object_set_new(t, "engram_compressed_vocab_size", json_integer(engram_classes));
-    json_object_set_new(t, "dspark_block_size", json_integer(p->dspark_block));
-    json_object_set_new(t, "dspark_noise_token_id", json_integer(NOISE_ID));
-    json_object_set_new(t, "dspark_target_layer_ids", int_array(p->dspark_targets, 3));
-    json_object_set_new(t, "dspark_markov_rank", json_integer(p->markov_rank));
-    json_object_set_new(t, "dspark_n_routed_experts", json_integer(p->dspark_experts));
-    json_object_set_new(t, "dspark_num_experts_per_tok", json_integer(p->dspark_topk));
-    json_object_set_new(t, "bos_token_id", json_integer(0));
-    json_object_set_new(t, "eos_token_id", json_integer(1));
-    json_object_set_new(t, "pad_token_id", json_integer(PAD_ID));
-
-    json_t *hf = json_object();
-    json_object_set_new(hf, "architectures", json_pack("[s]", "DeepseekV41ForCausalLM"));
-    json_object_set_new(hf, "model_type", json_string("deepseek_v41"));
-    json_object_set_new(hf, "dtype", json_string("bfloat16"));
-    json_object_set_new(hf, "bos_token_id", json_integer(0));
-    json_object_set_new(hf, "eos_token_id", json_integer(1));
-    json_object_set_new(hf, "pad_token_id", json_integer(PAD_ID));
+    const field fields[] = {
+        {"model_type", NULL, json_string("deepseek_v41_text")},
+        {"hidden_size", "dim", json_integer(p->hidden)},
+        {"num_hidden_layers", "n_layers", json_integer(p->layers)},
+        {"num_nextn_predict_layers", "n_mtp_layers", json_integer(p->n_mtp)},
+        {"num_attention_heads", "n_heads", json_integer(p->heads)},
+        {"num_key_value_heads", NULL, json_integer(1)},
+        {"head_dim", "head_dim", json_integer(p->head_dim)},
+        {"qk_rope_head_dim", "rope_head_dim", json_integer(p->rope_dim)},
+        {"q_lora_rank", "q_lora_rank", json_integer(p->q_lora)},
+        {"o_lora_rank", "o_lora_rank", json_integer(p->o_lora)},
+        {"o_groups", "o_groups", json_integer(p->o_groups)},
+        {"sliding_window", "window_size", json_integer(p->window)},
+        {"compress_ratios", "compress_ratios", int_array(p->ratios, n_ratios)},
+        {"kv_source_layer_ids", "kv_source_layers", int_array(p->kv_src, p->n_kv_src)},
+        {"index_source_layer_ids", "index_source_layers", int_array(p->idx_src, p->n_idx_src)},
+        {"candidate_source_layer_id", "candidate_source_layer", json_integer(p->cand_src)},
+        {"candidate_topk_blocks", "candidate_topk_blocks", json_integer(p->cand_blocks)},
+        {"candidate_block_size", "candidate_block_size", json_integer(p->cand_block)},
+        {"index_n_heads", "index_n_heads", json_integer(p->idx_heads)},
+        {"index_head_dim", "index_head_dim", json_integer(p->idx_dim)},
+        {"index_topk", "index_topk", json_integer(p->idx_topk)},
+        {"rope_theta", "rope_theta", json_integer(10000)},
+        {"compress_rope_theta", "compress_rope_theta", json_real(160000.0)},
+        {"rope_scaling", NULL,
+         json_pack("{s:s, s:i, s:i, s:i, s:i}", "rope_type", "yarn", "factor", p->yarn_factor, "beta_fast", 32,
+                   "beta_slow", 1, "original_max_position_embeddings", p->yarn_orig)},
+        {NULL, "rope_factor", json_integer(p->yarn_factor)},
+        {NULL, "original_seq_len", json_integer(p->yarn_orig)},
+        {NULL, "beta_fast", json_integer(32)},
+        {NULL, "beta_slow", json_integer(1)},
+        {"max_position_embeddings", NULL, json_integer(p->max_pos)},
+        {"vocab_size", "vocab_size", json_integer(VOCAB)},
+        {"n_routed_experts", "n_routed_experts", json_integer(p->experts)},
+        {"num_experts_per_tok", "n_activated_experts", json_integer(p->topk)},
+        {"n_shared_experts", "n_shared_experts", json_integer(1)},
+        {"moe_intermediate_size", "moe_inter_dim", json_integer(p->moe_inter)},
+        {"scoring_func", "score_func", json_string("sqrtsoftplus")},
+        {"topk_method", NULL, json_string("noaux_tc")},
+        {"norm_topk_prob", NULL, json_true()},
+        {"routed_scaling_factor", "route_scale", json_real(1.5)},
+        {"swiglu_limit", "swiglu_limit", json_real(10.0)},
+        {"hc_mult", "hc_mult", json_integer(4)},
+        {"hc_sinkhorn_iters", "hc_sinkhorn_iters", json_integer(20)},
+        {"hc_eps", "hc_eps", json_real(1e-6)},
+        {"rms_norm_eps", "norm_eps", json_real(1e-20)},
+        {"engram_layer_ids", "engram_layer_ids", int_array(p->engram_layers, 2)},
+        {"engram_num_embeddings", "engram_num_embeddings", json_pack("[II]", (json_int_t)rows[0], (json_int_t)rows[1])},
+        {"engram_max_ngram_size", "engram_max_ngram_size", json_integer(MAX_NGRAM)},
+        {"engram_vocab_size", "engram_vocab_size", json_integer(p->engram_vocab)},
+        {"engram_n_heads", "engram_n_heads", json_integer(p->engram_heads)},
+        {"engram_head_dim", "engram_head_dim", json_integer(p->engram_dim)},
+        {"engram_pad_token_id", "engram_pad_id", json_integer(PAD_ID)},
+        {"engram_compressed_vocab_size", "engram_compressed_vocab_size", json_integer(engram_classes)},
+        {"dspark_block_size", "dspark_block_size", json_integer(p->dspark_block)},
+        {"dspark_noise_token_id", "dspark_noise_token_id", json_integer(NOISE_ID)},
+        {"dspark_target_layer_ids", "dspark_target_layer_ids", int_array(p->dspark_targets, 3)},
+        {"dspark_markov_rank", "dspark_markov_rank", json_integer(p->markov_rank)},
+        {"dspark_n_routed_experts", "dspark_n_routed_experts", json_integer(p->dspark_experts)},
+        {"dspark_num_experts_per_tok", "dspark_n_activated_experts", json_integer(p->dspark_topk)},
+        {"bos_token_id", NULL, json_integer(0)},
+        {"eos_token_id", NULL, json_integer(1)},
+        {"pad_token_id", NULL, json_integer(PAD_ID)},
+    };
+    json_t *t = json_object(), *inf = json_pack("{s:s, s:s}", "dtype", "fp8", "expert_dtype", "fp4");
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        if (fields[i].hf) json_object_set(t, fields[i].hf, fields[i].value);
+        if (fields[i].inf) json_object_set(inf, fields[i].inf, fields[i].value);
+        json_decref(fields[i].value);
+    }
+    json_t *hf = json_pack("{s:[s], s:s, s:s, s:i, s:i, s:i}", "architectures", "DeepseekV41ForCausalLM", "model_type",
+                           "deepseek_v41", "dtype", "bfloat16", "bos_token_id", 0, "eos_token_id", 1, "pad_token_id",
+                           PAD_ID);
     json_object_set_new(hf, "quantization_config",
                         json_pack("{s:s, s:s, s:[i,i], s:s, s:s}", "quant_method", "fp8", "activation_scheme",
                                   "dynamic", "weight_block_size", 32, 32, "scale_fmt", "ue8m0", "expert_dtype", "fp4"));
     json_object_set_new(hf, "text_config", t);
     json_object_set_new(hf, "deepinfer_preset", json_string(p->name));
-
-    /* inference/config.json: the reference's ModelArgs names for the same values. */
-    json_t *inf = json_object();
-    json_object_set_new(inf, "dtype", json_string("fp8"));
-    json_object_set_new(inf, "expert_dtype", json_string("fp4"));
-    json_object_set_new(inf, "vocab_size", json_integer(VOCAB));
-    json_object_set_new(inf, "dim", json_integer(p->hidden));
-    json_object_set_new(inf, "moe_inter_dim", json_integer(p->moe_inter));
-    json_object_set_new(inf, "n_layers", json_integer(p->layers));
-    json_object_set_new(inf, "n_mtp_layers", json_integer(p->n_mtp));
-    json_object_set_new(inf, "n_heads", json_integer(p->heads));
-    json_object_set_new(inf, "n_routed_experts", json_integer(p->experts));
-    json_object_set_new(inf, "n_shared_experts", json_integer(1));
-    json_object_set_new(inf, "n_activated_experts", json_integer(p->topk));
-    json_object_set_new(inf, "score_func", json_string("sqrtsoftplus"));
-    json_object_set_new(inf, "route_scale", json_real(1.5));
-    json_object_set_new(inf, "swiglu_limit", json_real(10.0));
-    json_object_set_new(inf, "q_lora_rank", json_integer(p->q_lora));
-    json_object_set_new(inf, "head_dim", json_integer(p->head_dim));
-    json_object_set_new(inf, "rope_head_dim", json_integer(p->rope_dim));
-    json_object_set_new(inf, "norm_eps", json_real(1e-20));
-    json_object_set_new(inf, "o_groups", json_integer(p->o_groups));
-    json_object_set_new(inf, "o_lora_rank", json_integer(p->o_lora));
-    json_object_set_new(inf, "window_size", json_integer(p->window));
-    json_object_set_new(inf, "compress_ratios", int_array(p->ratios, n_ratios));
-    json_object_set_new(inf, "kv_source_layers", int_array(p->kv_src, p->n_kv_src));
-    json_object_set_new(inf, "index_source_layers", int_array(p->idx_src, p->n_idx_src));
-    json_object_set_new(inf, "compress_rope_theta", json_real(160000.0));
-    json_object_set_new(inf, "original_seq_len", json_integer(p->yarn_orig));
-    json_object_set_new(inf, "rope_theta", json_integer(10000));
-    json_object_set_new(inf, "rope_factor", json_integer(p->yarn_factor));
-    json_object_set_new(inf, "beta_fast", json_integer(32));
-    json_object_set_new(inf, "beta_slow", json_integer(1));
-    json_object_set_new(inf, "index_n_heads", json_integer(p->idx_heads));
-    json_object_set_new(inf, "index_head_dim", json_integer(p->idx_dim));
-    json_object_set_new(inf, "index_topk", json_integer(p->idx_topk));
-    json_object_set_new(inf, "candidate_source_layer", json_integer(p->cand_src));
-    json_object_set_new(inf, "candidate_topk_blocks", json_integer(p->cand_blocks));
-    json_object_set_new(inf, "candidate_block_size", json_integer(p->cand_block));
-    json_object_set_new(inf, "hc_mult", json_integer(4));
-    json_object_set_new(inf, "hc_sinkhorn_iters", json_integer(20));
-    json_object_set_new(inf, "hc_eps", json_real(1e-6));
-    json_object_set_new(inf, "engram_layer_ids", int_array(p->engram_layers, 2));
-    json_object_set_new(inf, "engram_num_embeddings", json_pack("[II]", (json_int_t)rows[0], (json_int_t)rows[1]));
-    json_object_set_new(inf, "engram_max_ngram_size", json_integer(MAX_NGRAM));
-    json_object_set_new(inf, "engram_vocab_size", json_integer(p->engram_vocab));
-    json_object_set_new(inf, "engram_n_heads", json_integer(p->engram_heads));
-    json_object_set_new(inf, "engram_head_dim", json_integer(p->engram_dim));
-    json_object_set_new(inf, "engram_pad_id", json_integer(PAD_ID));
-    json_object_set_new(inf, "engram_compressed_vocab_size", json_integer(engram_classes));
-    json_object_set_new(inf, "dspark_block_size", json_integer(p->dspark_block));
-    json_object_set_new(inf, "dspark_noise_token_id", json_integer(NOISE_ID));
-    json_object_set_new(inf, "dspark_target_layer_ids", int_array(p->dspark_targets, 3));
-    json_object_set_new(inf, "dspark_markov_rank", json_integer(p->markov_rank));
-    json_object_set_new(inf, "dspark_n_routed_experts", json_integer(p->dspark_experts));
-    json_object_set_new(inf, "dspark_n_activated_experts", json_integer(p->dspark_topk));
 
     *hf_json = json_dumps(hf, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     *inf_json = json_dumps(inf, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
@@ -718,7 +687,7 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     double t0 = di_now();
     memset(st, 0, sizeof *st);
     const preset *p = find_preset(o->preset ? o->preset : "");
-    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny or small)", o->preset ? o->preset : "");
+    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", o->preset ? o->preset : "");
     char *tokdir = find_tokenizer_dir(o->tokenizer);
     if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
     int rc = mkdir_p(o->out_dir, err);

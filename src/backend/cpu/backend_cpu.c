@@ -178,16 +178,6 @@ static int a_indexer_scores(const di_backend *be, const uint16_t *q, const uint1
     return di_cpu_indexer_scores(q, w, w_scale, k, m, nh, hd, nk, vis, cand, scores, err);
 }
 
-static int a_candidate_mask(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
-                            int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err) {
-    return di_cpu_candidate_mask(scores, m, nk, vis, block, topk_blocks, mask, ws, err);
-}
-
-static int a_topk(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
-                  int32_t offset, int32_t *out, di_error *err) {
-    return di_cpu_topk(scores, m, nk, vis, k, offset, out, err);
-}
-
 static int a_sparse_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kv_win,
                          int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx,
                          int64_t n_idx, float scale, uint16_t *out, di_error *err) {
@@ -251,7 +241,7 @@ static int a_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, 
 }
 
 /* The scalar kernels of graph_extra*.c: a second, plainly written implementation of every op, kept
- * switchable (DI_CPU_KERNELS=scalar) to localise drift between two CPU implementations. */
+ * switchable (DI_CPU_SCALAR) to localise drift between two CPU implementations. */
 static void fill_scalar(di_backend *be) {
     be->linear_fp8 = di_gx_linear_fp8;
     be->linear_fp4 = di_gx_linear_fp4;
@@ -267,8 +257,6 @@ static void fill_scalar(di_backend *be) {
     be->hc_expand = di_gx_hc_expand;
     be->compress_pool = di_gx_compress_pool;
     be->indexer_scores = di_gx_indexer_scores;
-    be->candidate_mask = di_gx_candidate_mask;
-    be->topk = di_gx_topk;
     be->sparse_attn = di_gx_sparse_attn;
     be->router = di_gx_router;
     be->swiglu = di_gx_swiglu;
@@ -277,7 +265,7 @@ static void fill_scalar(di_backend *be) {
     be->engram_gate = di_gx_engram_gate;
 }
 
-int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err) {
+int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_backend **out, di_error *err) {
     if (n_threads < 1) return di_error_set(err, DI_ERR_INVALID, "cpu backend: %d threads (need ≥ 1)", n_threads);
     di_backend *be = calloc(1, sizeof *be);
     cpu_impl *c = calloc(1, sizeof *c);
@@ -311,12 +299,9 @@ int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err) {
     be->hc_expand = a_hc_expand;
     be->compress_pool = a_compress_pool;
     be->indexer_scores = a_indexer_scores;
-    /* the reference's own tie behaviour (graph_extra_topk.c); a_topk / a_candidate_mask select with
-     * the documented "higher score, then lower position" rule and are kept for DI_CPU_TOPK=lowpos */
+    /* selections with the reference's own tie behaviour (graph_extra_topk.c) */
     be->candidate_mask = di_gx_candidate_mask_torch;
     be->topk = di_gx_topk_torch;
-    const char *tr = getenv("DI_CPU_TOPK");
-    if (tr && !strcmp(tr, "lowpos")) be->candidate_mask = a_candidate_mask, be->topk = a_topk;
     be->sparse_attn = a_sparse_attn;
     be->router = a_router;
     be->swiglu = a_swiglu;
@@ -326,10 +311,13 @@ int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err) {
     be->fill_f32 = a_fill_f32;
     be->engram_lookup = a_engram_lookup;
     be->engram_gate = a_engram_gate;
-    const char *k = getenv("DI_CPU_KERNELS");
-    if (k && !strcmp(k, "scalar")) fill_scalar(be);
+    if (variant == DI_CPU_SCALAR) fill_scalar(be);
     *out = be;
     return DI_OK;
+}
+
+int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err) {
+    return di_backend_cpu_create_variant(n_threads, DI_CPU_FAST, out, err);
 }
 
 void di_backend_destroy(di_backend *be) {

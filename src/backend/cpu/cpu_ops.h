@@ -13,8 +13,9 @@
  *    reduction, and every output element is computed by one fixed sequence of f32/f64 operations:
  *    results are bit-identical for any thread count, any batch size M (row m depends only on row m
  *    of the input), and any SIMD level (util/cpu_features.h).
- *  - Reductions that are not GEMMs (norm statistics, Engram dot products) accumulate in f64 in index
- *    order and round once: closest to any f32 summation order the reference happens to use.
+ *  - Reductions that are not GEMMs (norm statistics, Engram dot products) form each term in f32 as
+ *    the reference does (x², h·w·k) and sum the terms in f64 in index order, rounding once: the
+ *    value any f32 summation order the reference happens to use approximates best.
  *
  * GEMM reduction orders (the contract every backend must keep to stay batch invariant):
  *  - FP8 / FP4 block-scaled: per 32-wide K block the inner sum Σ q_x·q_w is computed EXACTLY (each
@@ -42,8 +43,9 @@
  * GEMMs: y[M, N] = x[M, K] · Wᵀ, W stored [N, K] (output features × input features)
  * ====================================================================================== */
 
-/* Workspace bytes for di_cpu_linear_fp8 / di_cpu_linear_fp4 with this pool: the act-quantized
- * input (f32 codes [M, K] and f32 scales [M, K/32]) plus one decoded weight tile per thread. */
+/* Workspace bytes for di_cpu_linear_fp8 / di_cpu_linear_fp4 with this pool (and any M' ≤ M,
+ * K' ≤ K): the act-quantized input (f32 code values [M, K], f32 scales [M, K/32]) plus per-thread
+ * scratch (a decoded 4 × 512 weight tile and f32 accumulators [M, 64]). */
 size_t di_cpu_qlinear_workspace(int64_t M, int64_t K, const di_threadpool *tp);
 
 /* FP8 linear (spec §3.1 Linear, §5.2): x is act_quant'ed per 32 inputs (pow2 E8M0 scales) inside.

@@ -42,7 +42,7 @@ int di_gx_engram_lookup(const di_backend *be, const uint8_t *table, const uint8_
 int di_gx_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                       const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
 
-/* graph_extra_attn.c: mHC, compressor pooling, indexer, candidates, top-k, sparse attention */
+/* graph_extra_attn.c: mHC, compressor pooling, indexer scores, sparse attention */
 int di_gx_hc_mixes(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, const float *fn,
                    float eps, float *mixes, di_error *err);
 int di_gx_hc_sinkhorn(const di_backend *be, const float *mixes, int64_t m, int hc, const float *scale,
@@ -56,10 +56,6 @@ int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate,
 int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, const uint16_t *k, int64_t m,
                          int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *scores,
                          di_error *err);
-int di_gx_candidate_mask(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
-                         int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err);
-int di_gx_topk(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
-               int32_t offset, int32_t *out, di_error *err);
 int di_gx_sparse_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kv_win,
                       int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx,
                       int64_t n_idx, float scale, uint16_t *out, di_error *err);

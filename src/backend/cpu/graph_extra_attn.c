@@ -1,5 +1,5 @@
 /* Attention-side CPU kernels of the block graph: mHC mixes/Sinkhorn/collapse/expand, softmax pooling of
- * the ratio-2 compressor, indexer scores, the candidate mask, top-k and sparse attention with the sink
+ * the ratio-2 compressor, indexer scores and sparse attention with the sink (selections: graph_extra_topk.c)
  * (spec model.md §3.3–§3.6, §4.2, §4.4, §5.3, §5.6). Numerics per slot in backend.h. */
 #include <math.h>
 #include <stdlib.h>
@@ -151,67 +151,6 @@ int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t
             }
             *o = di_round_bf16(sum);
         }
-    return DI_OK;
-}
-
-/* Ordering of the selections: higher score first, then lower position. */
-static inline bool better(float a, int64_t ia, float b, int64_t ib) { return a > b || (a == b && ia < ib); }
-
-int di_gx_candidate_mask(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
-                         int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err) {
-    if (block <= 0 || nk < 0) return di_error_set(err, DI_ERR_INVALID, "candidate_mask: block size %d, %lld keys", block, (long long)nk);
-    int64_t nb = (nk + block - 1) / block;
-    int64_t keep_n = topk_blocks < nb ? topk_blocks : nb;
-    size_t nbz = nb > 0 ? (size_t)nb : 1;
-    uint8_t *kept = malloc(nbz);
-    if (!kept) return di_error_set(err, DI_ERR_NOMEM, "candidate_mask scratch");
-    for (int64_t i = 0; i < m; i++) {
-        const float *s = scores + i * nk;
-        for (int64_t b = 0; b < nb; b++) {
-            float mx = -INFINITY;
-            for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
-            ws[b] = mx;
-        }
-        int64_t last = vis[i] > 0 ? (vis[i] - 1) / block : -1;
-        if (last >= 0 && last < nb) ws[last] = INFINITY;
-        memset(kept, 0, nbz);
-        for (int64_t j = 0; j < keep_n; j++) {
-            int64_t best = -1;
-            for (int64_t b = 0; b < nb; b++)
-                if (!kept[b] && (best < 0 || better(ws[b], b, ws[best], best))) best = b;
-            if (ws[best] == -INFINITY) break; /* picks past the reachable blocks are dropped */
-            kept[best] = 1;
-        }
-        for (int64_t n = 0; n < nk; n++) mask[i * nk + n] = kept[n / block];
-    }
-    free(kept);
-    return DI_OK;
-}
-
-int di_gx_topk(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
-               int32_t offset, int32_t *out, di_error *err) {
-    if (nk < 0 || k < 0) return di_error_set(err, DI_ERR_INVALID, "topk: %lld keys, k=%d", (long long)nk, k);
-    size_t nkz = nk > 0 ? (size_t)nk : 1;
-    uint8_t *taken = malloc(nkz);
-    if (!taken) return di_error_set(err, DI_ERR_NOMEM, "topk scratch");
-    for (int64_t i = 0; i < m; i++) {
-        const float *s = scores + i * nk;
-        int64_t lim = vis[i] < nk ? vis[i] : nk;
-        memset(taken, 0, nkz);
-        int got = 0;
-        for (; got < k; got++) {
-            int64_t best = -1;
-            for (int64_t n = 0; n < lim; n++)
-                if (!taken[n] && s[n] > -INFINITY && (best < 0 || better(s[n], n, s[best], best))) best = n;
-            if (best < 0) break;
-            taken[best] = 1;
-        }
-        int j = 0;
-        for (int64_t n = 0; n < lim; n++)
-            if (taken[n]) out[i * k + j++] = (int32_t)n + offset;
-        for (; j < k; j++) out[i * k + j] = -1;
-    }
-    free(taken);
     return DI_OK;
 }
 
