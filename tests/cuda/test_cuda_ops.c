@@ -18,7 +18,8 @@
  *  - "≤ 4 f32 ulp" for Sinkhorn (20 normalisations carry a flipped exp along; also the golden bound)
  *    and router weights (glibc log1pf differs from correctly rounded on ~3% of inputs); router expert
  *    ids must match exactly.
- * Usage: [DI_SEED=n] test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails) */
+ * Usage: [DI_SEED=n] [DI_QUICK=1] test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails;
+ * DI_QUICK runs small shapes only, for the slow compute-sanitizer tools) */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -516,6 +517,48 @@ static void test_compress(int64_t M, int ratio, int64_t D) {
     free(a), free(g), free(yc), free(yg), cudaFree(da), cudaFree(dg), cudaFree(dy);
 }
 
+/* Streaming compressor: the same token stream fed in chunks (prefill, chunk, decode steps) to the CPU op
+ * and the CUDA op; every emitted entry and the final carry state must be bit-identical. */
+static void test_compress_stream(int ratio, int64_t D, const int64_t *chunks, int n_chunks) {
+    int64_t T = 0;
+    for (int c = 0; c < n_chunks; c++) T += chunks[c];
+    float *a = rand_f32(T * D, 0, 1), *g = rand_f32(T * D, 0, 2);
+    float *st = xmalloc(sizeof(float) * (size_t)(2 * ratio * D));
+    RUN(di_cpu_compress_state_reset(st, st + ratio * D, ratio, D, E));
+    float *dst = dup_dev(st, sizeof(float) * (size_t)(2 * ratio * D));
+    int64_t n_max = T / ratio + 1;
+    uint16_t *yc = xmalloc(sizeof *yc * (size_t)(n_max * D)), *dy = dev(sizeof *yc * (size_t)(n_max * D));
+    float *da = dup_dev(a, sizeof *a * (size_t)(T * D)), *dg = dup_dev(g, sizeof *g * (size_t)(T * D));
+    stats worst = {0, 0, 0, 1};
+    int64_t pos = 0, total = 0, bad_counts = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        int64_t nc = 0, ng = 0;
+        RUN(di_cpu_compress_pool(a + pos * D, g + pos * D, chunks[c], pos, ratio, D, st, st + ratio * D, yc, &nc, E));
+        RUN(di_cuda_compress_pool_stream(gpu, da + pos * D, dg + pos * D, chunks[c], pos, ratio, D, dst, dst + ratio * D,
+                                         dy, &ng, E));
+        bad_counts += nc != ng;
+        if (nc > 0) {
+            uint16_t *yg = down(dy, sizeof *yc * (size_t)(nc * D));
+            stats sc = cmp_bf16(yg, yc, nc * D);
+            if (sc.max_ulp > worst.max_ulp) worst.max_ulp = sc.max_ulp;
+            if (sc.max_abs > worst.max_abs) worst.max_abs = sc.max_abs;
+            worst.frac += sc.frac * (double)(nc * D);
+            total += nc * D;
+            free(yg);
+        }
+        pos += chunks[c];
+    }
+    worst.frac = total ? worst.frac / (double)total : 0;
+    if (bad_counts) worst.frac = 1;
+    float *sg = down(dst, sizeof(float) * (size_t)(2 * ratio * D));
+    stats ss = cmp_f32(sg, st, 2 * ratio * D);
+    char sh[64];
+    snprintf(sh, sizeof sh, "%lld tokens in %d chunks, ratio %d", (long long)T, n_chunks, ratio);
+    row("compress_stream out", sh, worst, LIBM, -1);
+    row("compress_stream state", sh, ss, EXACT, -1);
+    free(a), free(g), free(st), free(yc), free(sg), cudaFree(dst), cudaFree(dy), cudaFree(da), cudaFree(dg);
+}
+
 /* ---------------- indexer and selections ---------------- */
 static int32_t *rand_vis(int64_t M, int64_t nk) {
     int32_t *v = xmalloc(sizeof *v * (size_t)M);
@@ -907,54 +950,82 @@ int main(int argc, char **argv) {
     printf("%-20s %-34s %10s %6s %10s  %-18s %10s  %s\n", "op", "shape", "max|d|", "ulp", "mismatch", "tolerance",
            "gpu ms", "result");
 
-    test_quant();
-    test_qlinear(0, "wq_a", 1, 5120, 1280, 0);
-    test_qlinear(0, "wq_a", 64, 5120, 1280, 0);
-    test_qlinear(0, "wq_b", 8, 1280, 32768, 0);
-    test_qlinear(0, "shared w1", 32, 5120, 2304, 0);
-    test_qlinear(0, "edge", 33, 32, 100, 1);
-    test_qlinear(0, "edge", 5, 96, 37, 1);
-    test_qlinear(1, "expert w1", 1, 5120, 2304, 0);
-    test_qlinear(1, "expert w1", 64, 5120, 2304, 0);
-    test_qlinear(1, "expert w2", 16, 2304, 5120, 0);
-    test_qlinear(1, "edge", 3, 64, 7, 1);
-    test_blinear(0, "indexer wk", 64, 5120, 128);
-    test_blinear(0, "weights_proj", 64, 5120, 32);
-    test_blinear(0, "edge K%16", 3, 37, 5);
-    test_blinear(1, "router gate", 64, 5120, 384);
-    test_blinear(1, "LM head slice", 1, 5120, 16384);
-    test_blinear(1, "edge K%16", 7, 45, 33);
-    test_grouped(16, 8, 4096, 1024);
-    test_rmsnorm(1, 5120, 1e-20f, 0);
-    test_rmsnorm(64, 5120, 1e-20f, 0);
-    test_rmsnorm(64, 1280, 1e-6f, 0);
-    test_rmsnorm(64, 512, 1e-6f, 1);
-    test_rope(64, 64, 512, 64, 10000, 0);
-    test_rope(64, 64, 512, 64, 160000, 1);
-    test_rope(256, 1, 512, 64, 160000, 0);
-    test_embed_gather();
-    test_mhc(1);
-    test_mhc(32);
-    test_compress(128, 4, 512);
-    test_compress(128, 4, 128);
-    test_compress(260, 128, 512);
-    float *isc = test_indexer(16, 4096, 0);
-    float *isc2 = test_indexer(4, 1000, 1);
-    test_candidates(16, 4096, 8, 2048, isc);
-    test_candidates(16, 65536, 8, 2048, NULL);
-    test_candidates(16, 4096, 8, 16, NULL);
-    free(isc), free(isc2);
-    test_topk(16, 16384, 512, 128);
-    test_topk(8, 300, 512 > 300 ? 300 : 512, 0);
-    test_topk(4, 262144, 512, 128);
-    test_sparse_attn(1, 128, 4096, 512, 0);
-    test_sparse_attn(32, 256, 4096, 512, 1);
-    test_sparse_attn(3, 40, 100, 60, 0);
-    test_router(1);
-    test_router(256);
-    test_swiglu(64, 2304, 1, 10.0f);
-    test_swiglu(64, 2304, 0, 0.0f);
-    test_engram(64);
+    if (getenv("DI_QUICK")) { /* small shapes only: for compute-sanitizer's racecheck / synccheck */
+        test_qlinear(0, "edge", 33, 32, 100, 1);
+        test_qlinear(0, "edge", 5, 96, 37, 1);
+        test_qlinear(1, "edge", 3, 64, 7, 1);
+        test_blinear(0, "edge K%16", 3, 37, 5);
+        test_grouped(2, 2, 64, 40);
+        test_rmsnorm(3, 512, 1e-6f, 1);
+        test_rope(5, 2, 128, 64, 10000, 0);
+        test_mhc(1);
+        test_compress(16, 4, 64);
+        float *q = test_indexer(2, 300, 1);
+        test_candidates(2, 300, 8, 16, q);
+        free(q);
+        test_topk(3, 2000, 64, 7);
+        test_sparse_attn(2, 40, 100, 60, 1);
+        test_router(2);
+        test_swiglu(2, 64, 1, 10.0f);
+        {
+            const int64_t c4[] = {7, 2, 1, 5};
+            test_compress_stream(4, 64, c4, 4);
+        }
+    } else {
+        test_quant();
+        test_qlinear(0, "wq_a", 1, 5120, 1280, 0);
+        test_qlinear(0, "wq_a", 64, 5120, 1280, 0);
+        test_qlinear(0, "wq_b", 8, 1280, 32768, 0);
+        test_qlinear(0, "shared w1", 32, 5120, 2304, 0);
+        test_qlinear(0, "edge", 33, 32, 100, 1);
+        test_qlinear(0, "edge", 5, 96, 37, 1);
+        test_qlinear(1, "expert w1", 1, 5120, 2304, 0);
+        test_qlinear(1, "expert w1", 64, 5120, 2304, 0);
+        test_qlinear(1, "expert w2", 16, 2304, 5120, 0);
+        test_qlinear(1, "edge", 3, 64, 7, 1);
+        test_blinear(0, "indexer wk", 64, 5120, 128);
+        test_blinear(0, "weights_proj", 64, 5120, 32);
+        test_blinear(0, "edge K%16", 3, 37, 5);
+        test_blinear(1, "router gate", 64, 5120, 384);
+        test_blinear(1, "LM head slice", 1, 5120, 16384);
+        test_blinear(1, "edge K%16", 7, 45, 33);
+        test_grouped(16, 8, 4096, 1024);
+        test_rmsnorm(1, 5120, 1e-20f, 0);
+        test_rmsnorm(64, 5120, 1e-20f, 0);
+        test_rmsnorm(64, 1280, 1e-6f, 0);
+        test_rmsnorm(64, 512, 1e-6f, 1);
+        test_rope(64, 64, 512, 64, 10000, 0);
+        test_rope(64, 64, 512, 64, 160000, 1);
+        test_rope(256, 1, 512, 64, 160000, 0);
+        test_embed_gather();
+        test_mhc(1);
+        test_mhc(32);
+        test_compress(128, 4, 512);
+        test_compress(128, 4, 128);
+        test_compress(260, 128, 512);
+        {
+            const int64_t c4[] = {37, 9, 1, 1, 1, 64, 3}, c128[] = {300, 1, 127, 129, 2};
+            test_compress_stream(4, 512, c4, 7);
+            test_compress_stream(128, 512, c128, 5);
+        }
+        float *isc = test_indexer(16, 4096, 0);
+        float *isc2 = test_indexer(4, 1000, 1);
+        test_candidates(16, 4096, 8, 2048, isc);
+        test_candidates(16, 65536, 8, 2048, NULL);
+        test_candidates(16, 4096, 8, 16, NULL);
+        free(isc), free(isc2);
+        test_topk(16, 16384, 512, 128);
+        test_topk(8, 300, 512 > 300 ? 300 : 512, 0);
+        test_topk(4, 262144, 512, 128);
+        test_sparse_attn(1, 128, 4096, 512, 0);
+        test_sparse_attn(32, 256, 4096, 512, 1);
+        test_sparse_attn(3, 40, 100, 60, 0);
+        test_router(1);
+        test_router(256);
+        test_swiglu(64, 2304, 1, 10.0f);
+        test_swiglu(64, 2304, 0, 0.0f);
+        test_engram(64);
+    }
     test_kernels_file(kpath);
 
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -175,3 +175,64 @@ extern "C" int di_cuda_compress_pool(const di_backend *be, const float *a, const
     compress_pool_kernel<<<di_cuda_blocks(ng * d, 256), 256, 0, di_cuda_state(be)->stream>>>(a, gate, ng, ratio, d, y);
     return di_cuda_launched("compress_pool", err);
 }
+
+/* ---------------- streaming compressor (prefill, chunk or decode step) ---------------- */
+
+/* Emitted entry e (group start_pos/R + e), channel j: slot s of the group comes from the carry state when
+ * its position precedes this call, else from the call's own row; then pool_group's arithmetic. */
+__global__ void compress_stream_pool_kernel(const float *a, const float *g, int64_t start_pos, int ratio, int64_t d,
+                                            const float *kv_state, const float *score_state, int64_t n_out,
+                                            uint16_t *y) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_out * d) return;
+    int64_t ent = e / d, j = e % d;
+    int64_t p0 = (start_pos / ratio + ent) * ratio; /* first position of the group */
+#define SRC_SCORE(s) (p0 + (s) < start_pos ? score_state[(int64_t)(s) * d + j] : g[(p0 + (s) - start_pos) * d + j])
+#define SRC_KV(s) (p0 + (s) < start_pos ? kv_state[(int64_t)(s) * d + j] : a[(p0 + (s) - start_pos) * d + j])
+    float mx = SRC_SCORE(0);
+    for (int s = 1; s < ratio; s++) mx = SRC_SCORE(s) > mx ? SRC_SCORE(s) : mx;
+    float sum = 0.0f;
+    for (int s = 0; s < ratio; s++) sum = __fadd_rn(sum, d_expf(__fsub_rn(SRC_SCORE(s), mx)));
+    float acc = 0.0f;
+    for (int s = 0; s < ratio; s++)
+        acc = __fadd_rn(acc, __fmul_rn(SRC_KV(s), __fdiv_rn(d_expf(__fsub_rn(SRC_SCORE(s), mx)), sum)));
+#undef SRC_SCORE
+#undef SRC_KV
+    y[e] = d_to_bf16(acc);
+}
+
+/* Slot s keeps the call's last token at a position ≡ s (mod R), or its old contents. Runs after the
+ * pooling kernel on the same stream, which read the old state. */
+__global__ void compress_stream_state_kernel(const float *a, const float *g, int64_t m, int64_t start_pos, int ratio,
+                                             int64_t d, float *kv_state, float *score_state) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (int64_t)ratio * d) return;
+    int64_t s = e / d, j = e % d;
+    int64_t off = ((s - start_pos % ratio) % ratio + ratio) % ratio; /* first call row with that slot */
+    if (off >= m) return;
+    int64_t t = off + (m - 1 - off) / ratio * ratio; /* the last one */
+    kv_state[e] = a[t * d + j];
+    score_state[e] = g[t * d + j];
+}
+
+extern "C" int di_cuda_compress_pool_stream(const di_backend *be, const float *a, const float *gate, int64_t m,
+                                            int64_t start_pos, int ratio, int64_t d, float *kv_state,
+                                            float *score_state, uint16_t *y, int64_t *n_out, di_error *err) {
+    if (ratio < 2 || ratio > 128 || d < 1 || m < 0 || start_pos < 0)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cuda compress_pool_stream: ratio %d (2..128), width %lld, %lld tokens from %lld", ratio,
+                            (long long)d, (long long)m, (long long)start_pos);
+    int64_t emitted = (start_pos + m) / ratio - start_pos / ratio;
+    if (n_out) *n_out = emitted;
+    if (m == 0) return DI_OK;
+    cudaStream_t st = di_cuda_state(be)->stream;
+    if (emitted > 0) {
+        compress_stream_pool_kernel<<<di_cuda_blocks(emitted * d, 256), 256, 0, st>>>(a, gate, start_pos, ratio, d,
+                                                                                     kv_state, score_state, emitted, y);
+        int rc = di_cuda_launched("compress_pool_stream", err);
+        if (rc) return rc;
+    }
+    compress_stream_state_kernel<<<di_cuda_blocks((int64_t)ratio * d, 256), 256, 0, st>>>(a, gate, m, start_pos, ratio,
+                                                                                          d, kv_state, score_state);
+    return di_cuda_launched("compress_pool_stream", err);
+}

@@ -113,6 +113,14 @@ int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table, const uint
 int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                         const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
 
+/* The streaming compressor of the `infer` branch's backend.h (same contract as di_cpu_compress_pool of
+ * cpu_attn.h): tokens at positions start_pos … start_pos+m−1 update the carry state (slot = pos mod R)
+ * and every group they complete is pooled into y (in group order); *n_out (host) = entries written.
+ *   a, gate f32 [m, d];  kv_state, score_state f32 [R, d] device (in/out);  y bf16 [n_out, d] */
+int di_cuda_compress_pool_stream(const di_backend *be, const float *a, const float *gate, int64_t m,
+                                 int64_t start_pos, int ratio, int64_t d, float *kv_state, float *score_state,
+                                 uint16_t *y, int64_t *n_out, di_error *err);
+
 #ifdef __cplusplus
 }
 #endif
