@@ -192,7 +192,11 @@ extern "C" int di_cuda_linear_fp4(const di_backend *be, const uint16_t *x, int64
  * registers. */
 __global__ void __launch_bounds__(256) bgemm_kernel(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
                                                     int64_t M, int64_t N, int64_t K, uint16_t *y16, float *y32,
-                                                    int64_t ldy) {
+                                                    int64_t ldy, int64_t gx, int64_t gw, int64_t gy) {
+    /* blockIdx.z = group of a grouped GEMM: its x, w and y start gx, gw, gy elements further */
+    x += blockIdx.z * gx, w += blockIdx.z * gw;
+    if (y16) y16 += blockIdx.z * gy;
+    else y32 += blockIdx.z * gy;
     __shared__ float xs[BTM][BL];
     __shared__ float wsm[BTN][BL + 1];
     const int t = threadIdx.x, nl = t % BTN, ml = t / BTN;
@@ -230,34 +234,31 @@ __global__ void __launch_bounds__(256) bgemm_kernel(const uint16_t *x, int64_t l
 }
 
 static int bgemm(const di_backend *be, const char *op, const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
-                 int64_t m, int64_t n, int64_t k, uint16_t *y16, float *y32, int64_t ldy, di_error *err) {
-    if (m < 0 || n < 0 || k < 0)
-        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld", op, (long long)m, (long long)n,
-                            (long long)k);
+                 int64_t m, int64_t n, int64_t k, uint16_t *y16, float *y32, int64_t ldy, int groups, int64_t gx,
+                 int64_t gw, int64_t gy, di_error *err) {
+    if (m < 0 || n < 0 || k < 0 || groups < 1 || groups > 65535)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld, %d groups", op, (long long)m,
+                            (long long)n, (long long)k, groups);
     if (m == 0 || n == 0) return DI_OK;
-    dim3 grid(di_cuda_blocks(n, BTN), di_cuda_blocks(m, BTM));
-    bgemm_kernel<<<grid, 256, 0, di_cuda_state(be)->stream>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy);
+    dim3 grid(di_cuda_blocks(n, BTN), di_cuda_blocks(m, BTM), (unsigned)groups);
+    bgemm_kernel<<<grid, 256, 0, di_cuda_state(be)->stream>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy);
     return di_cuda_launched(op, err);
 }
 
 extern "C" int di_cuda_linear_bf16(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
                                    int64_t n, uint16_t *y, di_error *err) {
-    return bgemm(be, "linear_bf16", x, k, w, k, m, n, k, y, NULL, n, err);
+    return bgemm(be, "linear_bf16", x, k, w, k, m, n, k, y, NULL, n, 1, 0, 0, 0, err);
 }
 
 extern "C" int di_cuda_linear_f32(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
                                   int64_t n, float *y, di_error *err) {
-    return bgemm(be, "linear_f32", x, k, w, k, m, n, k, NULL, y, n, err);
+    return bgemm(be, "linear_f32", x, k, w, k, m, n, k, NULL, y, n, 1, 0, 0, 0, err);
 }
 
-/* einsum("bsgd,grd->bsgr"): group g reads its own slice of x and its own rows of w. */
+/* einsum("bsgd,grd->bsgr"): group g reads its own slice of x and its own rows of w (one launch, the
+ * groups on gridDim.z). */
 extern "C" int di_cuda_linear_grouped_bf16(const di_backend *be, const uint16_t *x, int64_t m, int g, int64_t k,
                                            const uint16_t *w, int64_t r, uint16_t *y, di_error *err) {
-    if (g < 1) return di_error_set(err, DI_ERR_INVALID, "cuda linear_grouped_bf16: %d groups", g);
-    for (int i = 0; i < g; i++) {
-        int rc = bgemm(be, "linear_grouped_bf16", x + (int64_t)i * k, (int64_t)g * k, w + (int64_t)i * r * k, k, m, r,
-                       k, y + (int64_t)i * r, NULL, (int64_t)g * r, err);
-        if (rc) return rc;
-    }
-    return DI_OK;
+    return bgemm(be, "linear_grouped_bf16", x, (int64_t)g * k, w, k, m, r, k, y, NULL, (int64_t)g * r, g, k, r * k, r,
+                 err);
 }

@@ -6,12 +6,14 @@
 
 #define HC_MAX 8 /* DI_HC_MAX of cpu_attn.h */
 
-/* One block per token. Σ xf² and each Σ xf·fn are sums of products that are exact in f64 (bf16 × bf16,
- * bf16 × f32); mhc.c adds them in 8 strided f64 lanes, the GPU in a block tree, and both round the f64
- * total once to f32 — equal unless the two f64 sums straddle an f32 rounding boundary. */
+/* One block per (token, mix); each block recomputes the token's Σ xf² (n values, cheap) so that the
+ * n_mix dot products run in parallel. Σ xf² and Σ xf·fn are sums of products that are exact in f64
+ * (bf16 × bf16, bf16 × f32); mhc.c adds them in 8 strided f64 lanes, the GPU in a block tree, and both
+ * round the f64 total once to f32 — equal unless the two f64 sums straddle an f32 rounding boundary. */
 __global__ void hc_mixes_kernel(const uint16_t *x, int64_t n, const float *fn, int n_mix, float eps, float *mixes) {
     __shared__ double sh[32];
     const uint16_t *xt = x + blockIdx.x * n;
+    const int j = blockIdx.y;
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         double v = d_bf16(xt[i]);
@@ -20,13 +22,11 @@ __global__ void hc_mixes_kernel(const uint16_t *x, int64_t n, const float *fn, i
     ss = d_block_sum_f64(ss, sh);
     float mean = __fdiv_rn(__double2float_rn(ss), (float)n);
     float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-    for (int j = 0; j < n_mix; j++) {
-        const float *f = fn + (int64_t)j * n;
-        double s = 0.0;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)d_bf16(xt[i]) * (double)f[i];
-        s = d_block_sum_f64(s, sh);
-        if (threadIdx.x == 0) mixes[blockIdx.x * n_mix + j] = __fmul_rn(__double2float_rn(s), rho);
-    }
+    const float *f = fn + (int64_t)j * n;
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)d_bf16(xt[i]) * (double)f[i];
+    s = d_block_sum_f64(s, sh);
+    if (threadIdx.x == 0) mixes[blockIdx.x * n_mix + j] = __fmul_rn(__double2float_rn(s), rho);
 }
 
 extern "C" int di_cuda_hc_mixes(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, const float *fn,
@@ -35,7 +35,8 @@ extern "C" int di_cuda_hc_mixes(const di_backend *be, const uint16_t *x, int64_t
         return di_error_set(err, DI_ERR_INVALID, "cuda hc_mixes: hc = %d (1..%d), %lld tokens of %lld", hc, HC_MAX,
                             (long long)m, (long long)d);
     if (m == 0) return DI_OK;
-    hc_mixes_kernel<<<(unsigned)m, 256, 0, di_cuda_state(be)->stream>>>(x, (int64_t)hc * d, fn, (2 + hc) * hc, eps, mixes);
+    dim3 grid((unsigned)m, (unsigned)((2 + hc) * hc));
+    hc_mixes_kernel<<<grid, 256, 0, di_cuda_state(be)->stream>>>(x, (int64_t)hc * d, fn, (2 + hc) * hc, eps, mixes);
     return di_cuda_launched("hc_mixes", err);
 }
 

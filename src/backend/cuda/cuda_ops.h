@@ -13,9 +13,12 @@
  * (attention) instead of a fault.
  *
  * Exactness (cuda_common.cuh; measured by tests/cuda/test_cuda_ops.c, bench/NOTES-gpu.md): quantizers,
- * the FP8/FP4/bf16 GEMMs, RMSNorm, RoPE, mHC collapse/expand, indexer scores, top-k, candidate mask,
- * gathers and the MoE accumulation reproduce the CPU ops bit for bit; ops that call exp/log1p can differ
- * from glibc by one f32 ulp on rare inputs.
+ * the FP8/FP4/bf16 GEMMs, RMSNorm, RoPE, mHC mixes/collapse/expand, indexer scores, top-k, candidate
+ * mask, gathers, Engram lookup and the MoE accumulation reproduce the CPU ops bit for bit. Ops through
+ * exp/log1p (SwiGLU, router weights, Sinkhorn, compressor, Engram gate, sparse attention) round the f64
+ * function once to f32 where the CPU calls glibc's expf/log1pf: rare 1-ulp differences, which Sinkhorn's
+ * 20 normalisations can grow to a few ulps; against CPU code with correctly rounded exp/log1p they are
+ * bit-identical too.
  *
  * Top-k and candidate mask follow the documented GPU tie rule (higher score, then lower position), the
  * rule of di_cpu_topk / di_cpu_candidate_mask (DI_CPU_TOPK=lowpos), not the CPU backend's default replay

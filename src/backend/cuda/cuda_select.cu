@@ -12,8 +12,9 @@
 /* ---------------- indexer scores ---------------- */
 #define IDX_KEYS 128 /* keys per block (one per thread) */
 
-/* f32 dot of two bf16 vectors in 8 strided lanes combined pairwise — indexer.c's dot_bf16 order. */
-/* grid (ceil(nk/128), m); dynamic shared: q f32 [nh, hd] ‖ w' f32 [nh] ‖ keys bf16-pairs u32 [128, hd/2 + 1]
+/* One thread per key. The per-head dot product is indexer.c's dot_bf16 order (8 strided f32 lanes,
+ * combined pairwise), then the bf16 roundings of einsum, relu·w' and the head sum.
+ * grid (ceil(nk/128), m); dynamic shared: q f32 [nh, hd] ‖ w' f32 [nh] ‖ keys bf16-pairs u32 [128, hd/2 + 1]
  * (the +1 word staggers rows over the banks). hd even. */
 __global__ void __launch_bounds__(IDX_KEYS) indexer_kernel(const uint16_t *q, const uint16_t *w, float w_scale,
                                                            const uint16_t *k, int nh, int hd, int64_t nk,
