@@ -24,9 +24,9 @@ __global__ void __launch_bounds__(SA_THREADS) sparse_attn_kernel(const uint16_t 
     __shared__ float qs[SA_MAX_DIM];         /* f32 [d] */
     __shared__ float sc[SA_BLOCK];           /* scaled scores, then f32 probabilities */
     __shared__ float pb[SA_BLOCK];           /* bf16-rounded probabilities */
-    __shared__ const uint16_t *rows[SA_BLOCK];
+    __shared__ const uint16_t *rows[SA_BLOCK]; /* [64] KV row of each slot, NULL = skipped */
     __shared__ float st[2];                  /* running max m, this step's alpha */
-    __shared__ float lsum;
+    __shared__ float lsum;                   /* running f32 probability sum (thread 0 writes) */
     const int64_t qi = blockIdx.x / nh;
     const int h = blockIdx.x % nh, t = threadIdx.x;
     const uint16_t *qv = q + (qi * nh + h) * (int64_t)d;

@@ -11,7 +11,7 @@
  * order; both round the total once to f32). y may alias x: the statistic is complete (block barrier)
  * before any write, and each thread writes only the elements it read. */
 __global__ void rmsnorm_kernel(const uint16_t *x, int64_t D, const uint16_t *w, float eps, uint16_t *y) {
-    __shared__ double sh[32];
+    __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     const uint16_t *xr = x + blockIdx.x * D;
     uint16_t *yr = y + blockIdx.x * D;
     double ss = 0.0;
@@ -185,7 +185,7 @@ static __device__ __forceinline__ bool router_beats(float sa, int ia, float sb, 
  * selection order. Shared: f32 [2, n_exp]. */
 __global__ void router_kernel(const float *logits, int n_exp, const float *bias, float temp, int k, float scale,
                               int32_t *ids, float *weights) {
-    extern __shared__ float rsh[];
+    extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias */
     float *sig = rsh, *sc = rsh + n_exp;
     const float *l = logits + (int64_t)blockIdx.x * n_exp;
     for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
@@ -271,7 +271,7 @@ extern "C" int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table,
  * rewrites only the elements it read, after the block-wide sums. */
 __global__ void engram_gate_kernel(uint16_t *x, const uint16_t *kv, int hc, int64_t D, const uint16_t *qw,
                                    const uint16_t *kw, float eps, float inv_sqrt_d) {
-    __shared__ double sh[32];
+    __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     int64_t t = blockIdx.x / hc;
     int s = blockIdx.x % hc;
     uint16_t *h = x + (t * hc + s) * D;

@@ -29,9 +29,9 @@ __global__ void __launch_bounds__(256) qgemm_kernel(const uint8_t *xq, const uin
                                                     const uint8_t *wsc, int fp4, int64_t M, int64_t N, int64_t K,
                                                     uint16_t *y) {
     __shared__ float xv[QTM][QB + 1]; /* e4m3 values of the x tile, unscaled */
-    __shared__ float sxv[QTM];
+    __shared__ float sxv[QTM];        /* f32 [32] x scales of this K block */
     __shared__ float wv[QTN][QB + 1]; /* weight values of the tile, unscaled */
-    __shared__ float swv[QTN];
+    __shared__ float swv[QTN];        /* f32 [64] weight scales of this K block */
     const int t = threadIdx.x;
     const int64_t m0 = (int64_t)blockIdx.y * QTM, n0 = (int64_t)blockIdx.x * QTN;
     const int64_t KB = K / QB;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(256) qgemm_kernel(const uint8_t *xq, const uin
 __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const uint8_t *xq, const uint8_t *xs, const uint8_t *w,
                                                              const uint8_t *wsc, int fp4, int M, int64_t N, int64_t K,
                                                              uint16_t *y) {
-    extern __shared__ float pb[];
+    extern __shared__ float pb[]; /* f32 [M, KB] scaled block sums */
     const int64_t n = blockIdx.x, KB = K / QB;
     const int sub = threadIdx.x & 7;
     /* the loop bound is warp-uniform: all 32 lanes reach the shuffles, lanes past KB with zeros */
@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(256) bgemm_kernel(const uint16_t *x, int64_t l
     x += blockIdx.z * gx, w += blockIdx.z * gw;
     if (y16) y16 += blockIdx.z * gy;
     else y32 += blockIdx.z * gy;
-    __shared__ float xs[BTM][BL];
-    __shared__ float wsm[BTN][BL + 1];
+    __shared__ float xs[BTM][BL];      /* f32 [8, 16] x chunk */
+    __shared__ float wsm[BTN][BL + 1]; /* f32 [32, 16 (+1 pad)] weight chunk */
     const int t = threadIdx.x, nl = t % BTN, ml = t / BTN;
     const int64_t m0 = (int64_t)blockIdx.y * BTM, n0 = (int64_t)blockIdx.x * BTN;
     const int64_t m = m0 + ml, n = n0 + nl, K16 = K - K % BL;

@@ -11,7 +11,7 @@
  * (bf16 × bf16, bf16 × f32); mhc.c adds them in 8 strided f64 lanes, the GPU in a block tree, and both
  * round the f64 total once to f32 — equal unless the two f64 sums straddle an f32 rounding boundary. */
 __global__ void hc_mixes_kernel(const uint16_t *x, int64_t n, const float *fn, int n_mix, float eps, float *mixes) {
-    __shared__ double sh[32];
+    __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     const uint16_t *xt = x + blockIdx.x * n;
     const int j = blockIdx.y;
     double ss = 0.0;

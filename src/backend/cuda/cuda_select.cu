@@ -19,7 +19,7 @@
 __global__ void __launch_bounds__(IDX_KEYS) indexer_kernel(const uint16_t *q, const uint16_t *w, float w_scale,
                                                            const uint16_t *k, int nh, int hd, int64_t nk,
                                                            const int32_t *vis, const uint8_t *cand, float *scores) {
-    extern __shared__ float ish[];
+    extern __shared__ float ish[]; /* layout above */
     const int64_t i = blockIdx.y, n0 = (int64_t)blockIdx.x * IDX_KEYS;
     const int hw = hd / 2 + 1;
     float *qs = ish, *wsc = ish + nh * hd;
@@ -130,8 +130,8 @@ static __device__ int block_scan_excl(int v, int *sh, int *total) {
 
 /* Finds the cut of a top-k over s[0, n) (s in global memory); every thread gets it. hist: 256 ints. */
 static __device__ sel_cut block_find_cut(const float *s, int64_t n, int64_t k, unsigned *hist) {
-    __shared__ sel_cut c;
-    __shared__ unsigned long long cnt;
+    __shared__ sel_cut c;               /* the cut, shared by every thread */
+    __shared__ unsigned long long cnt;  /* selectable entries */
     if (threadIdx.x == 0) cnt = 0;
     __syncthreads();
     unsigned long long local = 0;
@@ -209,8 +209,8 @@ static __device__ int block_emit(const float *s, int64_t n, sel_cut c, int *sh, 
 /* One block per query row: the top-k of its vis[i] visible scores, positions ascending + offset, −1 pad. */
 __global__ void __launch_bounds__(SEL_THREADS) topk_kernel(const float *scores, int64_t nk, const int32_t *vis, int k,
                                                            int32_t offset, int32_t *out) {
-    __shared__ unsigned hist[256];
-    __shared__ int sh[33];
+    __shared__ unsigned hist[256]; /* radix histogram of one 8-bit digit */
+    __shared__ int sh[33];         /* block-scan scratch: warp sums + total */
     const int64_t i = blockIdx.x;
     int64_t n = vis[i] < 0 ? 0 : (vis[i] > nk ? nk : vis[i]);
     const float *s = scores + i * nk;
@@ -235,8 +235,8 @@ extern "C" int di_cuda_topk(const di_backend *be, const float *scores, int64_t m
  * blk f32 [m, n_blocks] device scratch. */
 __global__ void __launch_bounds__(SEL_THREADS) candidate_kernel(const float *scores, int64_t nk, const int32_t *vis,
                                                                 int block, int64_t kb, float *blk_all, uint8_t *mask) {
-    __shared__ unsigned hist[256];
-    __shared__ int sh[33];
+    __shared__ unsigned hist[256]; /* radix histogram of one 8-bit digit */
+    __shared__ int sh[33];         /* block-scan scratch: warp sums + total */
     const int64_t i = blockIdx.x, nb = (nk + block - 1) / block;
     const float *s = scores + i * nk;
     float *blk = blk_all + i * nb;
