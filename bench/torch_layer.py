@@ -34,6 +34,7 @@ TB/s HBM read roofline; for prefill the nominal FLOPs, TFLOP/s and the ratio to 
 peak (both ceilings measured on an H200, issue 10).
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -112,9 +113,12 @@ def e8m0(s_u8):
 
 def dequant_fp8(ck, name):
     """f32 [N, K] on the GPU from an FP8 weight with 32×32 E8M0 block scales."""
-    w = ck.get(name + ".weight").to(DEV).view(torch.float8_e4m3fn).float()
-    s = e8m0(ck.get(name + ".scale"))
+    w = ck.get(name + ".weight").to(DEV).view(torch.float8_e4m3fn).float()  # [N, K]
+    s = e8m0(ck.get(name + ".scale"))  # [ceil(N/32), ceil(K/32)]
     n, k = w.shape
+    if tuple(s.shape) != (-(-n // 32), -(-k // 32)):
+        raise ValueError(f"{name}.scale: shape {tuple(s.shape)}, expected {(-(-n // 32), -(-k // 32))} "
+                         f"for a [{n}, {k}] weight with 32x32 blocks")
     s = s.repeat_interleave(32, 0)[:n].repeat_interleave(32, 1)[:, :k]
     return w * s
 
@@ -124,8 +128,11 @@ FP4_LUT = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3
 
 def dequant_fp4(ck, name, out):
     """Dequantise an FP4 expert matrix (I8 [N, K/2], low nibble = even column) into bf16 `out` [N, K]."""
-    b = ck.get(name + ".weight").to(DEV, non_blocking=True)
+    b = ck.get(name + ".weight").to(DEV, non_blocking=True)  # [N, K/2] two e2m1 codes a byte
     s = e8m0(ck.get(name + ".scale"))  # [N, K/32]
+    if tuple(b.shape) != (out.shape[0], out.shape[1] // 2) or tuple(s.shape) != (out.shape[0], out.shape[1] // 32):
+        raise ValueError(f"{name}: weight {tuple(b.shape)} / scale {tuple(s.shape)}, expected "
+                         f"{(out.shape[0], out.shape[1] // 2)} / {(out.shape[0], out.shape[1] // 32)}")
     lut = FP4_LUT.to(DEV)
     v = torch.stack((lut[(b & 0xF).long()], lut[(b >> 4).long()]), dim=-1).flatten(1)  # [N, K]
     out.copy_((v.view(v.shape[0], -1, 32) * s[:, :, None]).flatten(1))
@@ -304,31 +311,34 @@ class Layer:
         # ---- weights as stored (bytes a decode step must read, experts and Engram rows aside) ----
         self.static_bytes = sum(ck.nbytes(n) for n in ck.weight_map
                                 if n.startswith(p) and ".experts." not in n and ".engram.embed." not in n)
+        # f32 fn [24, 4D], base [24], scale [3] for each sub-layer
         self.hc = {s: (f32(f"hc_{s}_fn"), f32(f"hc_{s}_base"), f32(f"hc_{s}_scale")) for s in ("attn", "ffn")}
-        self.attn_norm, self.ffn_norm = f32("attn_norm.weight"), f32("ffn_norm.weight")
-        self.wq_a, self.wq_b = Fp8Linear.load(ck, p + "attn.wq_a"), Fp8Linear.load(ck, p + "attn.wq_b")
-        self.q_norm = f32("attn.q_norm.weight")
-        self.wkv, self.kv_norm = Fp8Linear.load(ck, p + "attn.wkv"), f32("attn.kv_norm.weight")
+        self.attn_norm, self.ffn_norm = f32("attn_norm.weight"), f32("ffn_norm.weight")  # f32 [D]
+        self.wq_a = Fp8Linear.load(ck, p + "attn.wq_a")  # [q_lora, D]
+        self.wq_b = Fp8Linear.load(ck, p + "attn.wq_b")  # [H·hd, q_lora]
+        self.q_norm = f32("attn.q_norm.weight")  # f32 [q_lora]
+        self.wkv, self.kv_norm = Fp8Linear.load(ck, p + "attn.wkv"), f32("attn.kv_norm.weight")  # [hd, D], f32 [hd]
         # wo_a is multiplied in bf16 by the reference too (§2.2): [G, o_lora, H/G·hd]
         self.wo_a = dequant_fp8(ck, p + "attn.wo_a").to(torch.bfloat16).view(self.G, self.olora, -1)
         self.wo_b = Fp8Linear.load(ck, p + "attn.wo_b")
-        self.sink = f32("attn.attn_sink")
-        self.freqs = rope_freqs(tc, self.ratio)
+        self.sink = f32("attn.attn_sink")  # f32 [H]
+        self.freqs = rope_freqs(tc, self.ratio)  # f32 [rope/2]
         if self.kv_src:
-            self.c_wkv = g("attn.compressor.wkv.weight")
+            self.c_wkv = g("attn.compressor.wkv.weight")  # bf16 [hd, D]
             if self.ratio == 2:  # the reference runs the ratio-2 compressor in f32 (§4.4)
                 self.c_wkv_f = self.c_wkv.float()
                 self.c_wgate_f = g("attn.compressor.wgate.weight").float()
-            self.c_norm = f32("attn.compressor.norm.weight")
+            self.c_norm = f32("attn.compressor.norm.weight")  # f32 [hd]
+            # bf16 [idim, hd], f32 [idim]
             self.i_wk, self.i_knorm = g("attn.indexer.wk.weight"), f32("attn.indexer.k_norm.weight")
         if self.idx_src:
-            self.i_wq_b = Fp8Linear.load(ck, p + "attn.indexer.wq_b")
-            self.i_wproj = g("attn.indexer.weights_proj.weight")
+            self.i_wq_b = Fp8Linear.load(ck, p + "attn.indexer.wq_b")  # [ih·idim, q_lora]
+            self.i_wproj = g("attn.indexer.weights_proj.weight")  # bf16 [ih, D]
         # ---- MoE ----
-        self.gate_w, self.gate_b = f32("ffn.gate.weight"), f32("ffn.gate.bias")
-        self.sh13 = Fp8Linear(torch.cat((dequant_fp8(ck, p + "ffn.shared_experts.w1"),
-                                         dequant_fp8(ck, p + "ffn.shared_experts.w3"))))
-        self.sh2 = Fp8Linear.load(ck, p + "ffn.shared_experts.w2")
+        self.gate_w, self.gate_b = f32("ffn.gate.weight"), f32("ffn.gate.bias")  # f32 [E, D], [E]
+        self.sh13 = Fp8Linear(  # [2I, D]: w1 ‖ w3 in one GEMM
+            torch.cat((dequant_fp8(ck, p + "ffn.shared_experts.w1"), dequant_fp8(ck, p + "ffn.shared_experts.w3"))))
+        self.sh2 = Fp8Linear.load(ck, p + "ffn.shared_experts.w2")  # [D, I]
         E, I = self.E, self.I
         self.w13 = torch.empty(E, 2 * I, D, device=DEV, dtype=torch.bfloat16)  # [E, 2I, D] bf16
         self.w2 = torch.empty(E, D, I, device=DEV, dtype=torch.bfloat16)  # [E, D, I] bf16
@@ -343,7 +353,7 @@ class Layer:
         if self.engram:
             self.e_tab = g("engram.embed.weight")  # [rows, hd] e4m3 bytes
             self.e_scale = g("engram.embed.scale")  # [rows, hd/32] E8M0 bytes
-            self.e_wkv = Fp8Linear.load(ck, p + "engram.wkv")
+            self.e_wkv = Fp8Linear.load(ck, p + "engram.wkv")  # [5D, rows·hd_e]: 4 keys ‖ value
             self.e_wq = f32("engram.q_weight") * f32("engram.k_weight")  # [4, D]
             self.e_rows = (tc["engram_max_ngram_size"] - 1) * tc["engram_n_heads"]
             self.e_row_bytes = self.e_tab.shape[1] + self.e_scale.shape[1]
@@ -430,28 +440,30 @@ class Layer:
         R = self.ratio
         st = {"B": B, "ctx": ctx}
         rn = lambda *s: torch.randn(*s, device=DEV, dtype=torch.bfloat16, generator=gen)  # noqa: E731
-        st["X"] = rn(B, 4, self.D)
-        st["pre"] = torch.rand(B, 4, device=DEV, generator=gen) + 0.1
-        st["pos"] = torch.full((B,), ctx - 1, device=DEV, dtype=torch.int64)
-        st["window"] = rn(B, self.win, self.hd)
+        st["X"] = rn(B, 4, self.D)  # bf16 [B, 4, D] residual streams
+        st["pre"] = torch.rand(B, 4, device=DEV, generator=gen) + 0.1  # f32 [B, 4] previous FFN pre-mix
+        st["pos"] = torch.full((B,), ctx - 1, device=DEV, dtype=torch.int64)  # i64 [B]
+        st["window"] = rn(B, self.win, self.hd)  # bf16 [B, 128, hd] ring
         if self.engram:
+            # i64 [B, 24] Engram row ids (random: see the file comment)
             st["eids"] = torch.randint(0, self.e_tab.shape[0], (B, self.e_rows), device=DEV, generator=gen)
         if R > 0:
             nc = ctx // R
             st["nc"] = nc
-            st["comp"] = rn(B, nc, self.hd)
+            st["comp"] = rn(B, nc, self.hd)  # bf16 [B, ctx/R, hd] compressed KV
             if self.kv_src:
                 st["cstate"] = torch.randn(B, self.hd, device=DEV, generator=gen)  # ratio-2 pending slot
-                st["cgate"] = torch.randn(B, self.hd, device=DEV, generator=gen)
+                st["cgate"] = torch.randn(B, self.hd, device=DEV, generator=gen)  # f32 [B, hd] its gate score
             if self.idx_src:
-                st["ikeys"] = rn(B, nc, self.idim)
+                st["ikeys"] = rn(B, nc, self.idim)  # bf16 [B, ctx/R, idim] index keys
                 if self.reindex:  # candidate entries handed down by the candidate source (synthetic)
                     nb, bs = self.tc.get("candidate_topk_blocks", 2048), self.tc.get("candidate_block_size", 8)
                     nb = min(nb, nc // bs)
                     blocks = torch.stack([torch.randperm(nc // bs, device=DEV, generator=gen)[:nb] for _ in range(B)])
+                    # i64 [B, blocks·8] entry ids
                     st["cand"] = (blocks[:, :, None] * bs + torch.arange(bs, device=DEV)).flatten(1)
             else:  # reuse layer: top-k handed down by the latest index source (synthetic)
-                st["sel"] = torch.randint(0, nc, (B, min(self.topk, nc)), device=DEV, generator=gen)
+                st["sel"] = torch.randint(0, nc, (B, min(self.topk, nc)), device=DEV, generator=gen)  # i64 [B, 512]
         return st
 
     def decode_step(self, st, grouped, attn_impl):
@@ -721,6 +733,7 @@ def main():
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--no-graph", dest="graph", action="store_false")
     ap.add_argument("--attn", choices=("sdpa", "bmm"), default="sdpa")
+    ap.add_argument("--partial", default="", help="rewrite the JSON document to this file after every layer")
     args = ap.parse_args()
     batches, ctxs = (1, 8, 64, 256), (4096, 65536)
     if args.small:
@@ -728,6 +741,14 @@ def main():
     log = lambda *a: print(*a, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
     torch.backends.cuda.matmul.allow_tf32 = True  # the f32 GEMMs (mHC mixes, router, ratio-2 compressor)
     warnings.filterwarnings("ignore", module="torch._inductor")
+    if not os.path.isfile(os.path.join(args.ckpt, "config.json")):
+        print(f"torch_layer: {args.ckpt}/config.json not found (expected a `deepinfer mkmodel` output directory)",
+              file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("torch_layer: no CUDA device visible to PyTorch (this benchmark runs on the GPU machine)",
+              file=sys.stderr)
+        return 2
     ck = Checkpoint(args.ckpt)
     tc = ck.config.get("text_config", ck.config)
     nl = tc["num_hidden_layers"]
@@ -779,7 +800,11 @@ def main():
                 log("  error: " + msg)
             torch.cuda.empty_cache()
         del layer
+        gc.collect()
         torch.cuda.empty_cache()
+        if args.partial:
+            with open(args.partial, "w") as f:
+                json.dump(doc, f, indent=1)
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()

@@ -4,7 +4,8 @@
 #   sh scripts/bench_gpu.sh [PRESET] [OUT_DIR]
 #   PRESET   full-layer (default; ~35 GB written to $CKPT) or small (the quick check)
 #   OUT_DIR  where results go (default $OUT, else ./bench-out): gpu.txt, mkmodel.log,
-#            torch_layer-PRESET.json (one JSON document) and .log, deepinfer_bench_gpu-PRESET.json and .log
+#            torch_layer-PRESET.json (one JSON document), .partial.json (rewritten after every layer) and
+#            .log, deepinfer_bench_gpu-PRESET.json and .log
 # Environment:
 #   DEEPINFER   the deepinfer binary (default: first of .carry/deepinfer-static, build/deepinfer-static,
 #               build/deepinfer — the device machine lacks jansson/PCRE2/utf8proc, so carry the static one
@@ -53,8 +54,9 @@ if [ -z "$TL" ]; then
     status=1
 else
     # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 "$TL" "$CKPT" --json ${TORCH_ARGS:-} >"$OUTD/torch_layer-$PRESET.json" \
-        2>"$OUTD/torch_layer-$PRESET.log"
+    # --partial keeps the finished layers if the run is cut short (the device's 10-minute command limit)
+    PYTHONUNBUFFERED=1 python3 "$TL" "$CKPT" --json --partial "$OUTD/torch_layer-$PRESET.partial.json" \
+        ${TORCH_ARGS:-} >"$OUTD/torch_layer-$PRESET.json" 2>"$OUTD/torch_layer-$PRESET.log"
     status=$?
     cat "$OUTD/torch_layer-$PRESET.log"
     echo "torch_layer.py: exit $status"
