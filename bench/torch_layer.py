@@ -25,6 +25,8 @@ Where it trades exactness for speed (the reference numerics are in shared/spec/m
   * The deferred mHC pre-mix of the previous sub-layer is an input (random, like the residual streams).
   * Decode steps are captured in one CUDA graph per shape; small elementwise pieces (mHC mixes and
     Sinkhorn, norms, RoPE, activation quantisation) go through torch.compile.
+  * The f32 GEMMs (mHC mixes, router, ratio-2 compressor) run in TF32.
+Times are medians over --iters CUDA-event-timed repetitions (graph replays for decode).
 
 Reported per shape: time; for decode the bytes that must be read (weights as stored in the checkpoint —
 FP8 + scales, FP4 experts of the distinct experts the step routes to + scales, bf16/f32 as stored — and
