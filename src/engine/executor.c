@@ -1,0 +1,239 @@
+/* Step executor (see executor.h). */
+#include "engine/executor.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/log.h"
+
+struct di_executor {
+    const di_model_runner *runner;
+    int32_t max_seqs;
+    int async;
+    di_sampler *sampler;
+    float *logits;          /* [max_seqs, n_vocab] f32 */
+    uint32_t *mask;         /* [ceil(n_vocab/32)] u32 grammar mask of the row being sampled */
+    di_step_seq *seqs;      /* [max_seqs] */
+    int32_t *tokens;        /* [cap_tokens] int32 resolved inputs of the step */
+    int64_t cap_tokens;
+    di_step_result res[2];  /* double-buffered: the host reads step n while step n+1 fills the other */
+    int cur;                /* res[cur] belongs to the last submitted step */
+    const di_step_plan *job;
+    int in_flight;          /* submitted, not yet waited for */
+    /* worker */
+    pthread_t thread;
+    int have_thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int job_ready, job_done, quit;
+};
+
+static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res) {
+    const di_model_runner *m = e->runner;
+    res->step = p->step;
+    res->plan = p;
+    res->status = DI_OK;
+    res->err.code = 0;
+    res->err.msg[0] = 0;
+    res->n_samples = 0;
+    for (int32_t i = 0; i < p->n_release; i++)
+        if (m->release) m->release(m->ctx, p->release[i]);
+    if (p->n_items == 0) return;
+    if (p->n_tokens > e->cap_tokens) {
+        int32_t *t = realloc(e->tokens, (size_t)p->n_tokens * sizeof *t);
+        if (!t) {
+            res->status = di_error_set(&res->err, DI_ERR_NOMEM, "step %llu: out of memory for %lld input tokens",
+                                       (unsigned long long)p->step, (long long)p->n_tokens);
+            return;
+        }
+        e->tokens = t;
+        e->cap_tokens = p->n_tokens;
+    }
+    /* inputs: prompt positions from the prompt, later ones from the worker's own sampled ids */
+    int64_t off = 0;
+    int32_t rows = 0;
+    for (int32_t i = 0; i < p->n_items; i++) {
+        const di_sched_item *it = &p->items[i];
+        const di_request *r = it->req;
+        for (int32_t j = 0; j < it->n_tokens; j++) {
+            int64_t pos = it->pos0 + j;
+            if (pos < r->n_prompt) {
+                e->tokens[off + j] = r->prompt[pos];
+            } else if (pos - r->n_prompt < r->n_dev_out) {
+                e->tokens[off + j] = r->dev_out[pos - r->n_prompt];
+            } else {
+                res->status = di_error_set(&res->err, DI_ERR_INTERNAL,
+                                           "step %llu: request %lld position %lld has no token yet (%lld sampled)",
+                                           (unsigned long long)p->step, (long long)r->id, (long long)pos,
+                                           (long long)r->n_dev_out);
+                return;
+            }
+        }
+        e->seqs[i] = (di_step_seq){.req_id = r->id,
+                                   .pos0 = it->pos0,
+                                   .n_tokens = it->n_tokens,
+                                   .tokens = e->tokens + off,
+                                   .blocks = p->blocks + it->block_off,
+                                   .n_blocks = it->n_blocks,
+                                   .logits_row = it->samples ? rows++ : -1};
+        off += it->n_tokens;
+    }
+    di_step_batch batch = {p->step, p->n_items, e->seqs, p->n_tokens, rows};
+    double t0 = di_now();
+    int rc = m->forward(m->ctx, &batch, e->logits, &res->err);
+    double t1 = di_now();
+    res->forward_s = t1 - t0;
+    if (rc) {
+        res->status = rc;
+        return;
+    }
+    for (int32_t i = 0; i < p->n_items; i++) {
+        const di_sched_item *it = &p->items[i];
+        if (!it->samples) continue;
+        di_request *r = it->req;
+        di_step_sample *out = &res->samples[res->n_samples++];
+        out->req = r;
+        out->err.code = 0;
+        out->err.msg[0] = 0;
+        di_error *err = &out->err;
+        const uint32_t *mask = NULL;
+        int src = DI_OK;
+        if (r->params.constraint) {
+            src = r->params.constraint->fill_mask(r->params.constraint->ctx, e->mask, err);
+            mask = e->mask;
+        }
+        const int64_t pos = it->pos0 + it->n_tokens;
+        if (!src && pos - r->n_prompt != r->n_dev_out)
+            src = di_error_set(err, DI_ERR_INTERNAL, "request %lld: sampling position %lld with %lld outputs",
+                               (long long)r->id, (long long)pos, (long long)r->n_dev_out);
+        di_sample_row row = {.logits = e->logits + (size_t)e->seqs[i].logits_row * (size_t)m->n_vocab,
+                             .params = &r->params.sampling,
+                             .prompt = r->prompt,
+                             .n_prompt = r->n_prompt,
+                             .output = r->dev_out,
+                             .n_output = r->n_dev_out,
+                             .mask = mask,
+                             .position = pos,
+                             .choice = r->params.choice};
+        if (!src) src = di_sampler_sample(e->sampler, &row, &out->res, err);
+        if (!src && r->params.constraint) src = r->params.constraint->accept(r->params.constraint->ctx, out->res.token, err);
+        if (!src && di_request_dev_push(r, out->res.token))
+            src = di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory for sampled ids", (long long)r->id);
+        out->status = src;
+    }
+    res->sample_s = di_now() - t1;
+}
+
+static void *worker_main(void *arg) {
+    di_executor *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->job_ready && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
+        if (e->job_ready) {
+            e->job_ready = 0;
+            const di_step_plan *p = e->job;
+            di_step_result *res = &e->res[e->cur];
+            pthread_mutex_unlock(&e->mu);
+            run_step(e, p, res);
+            pthread_mutex_lock(&e->mu);
+            e->job_done = 1;
+            pthread_cond_broadcast(&e->cv);
+            continue;
+        }
+        break; /* quit with no job pending */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, di_executor **out, di_error *err) {
+    *out = NULL;
+    di_executor *e = calloc(1, sizeof *e);
+    if (!e) return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory");
+    e->runner = runner;
+    e->max_seqs = max_seqs;
+    e->async = async;
+    int rc = di_sampler_new(runner->n_vocab, &e->sampler, err);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    e->logits = malloc((size_t)max_seqs * (size_t)runner->n_vocab * sizeof *e->logits);
+    e->mask = malloc(((size_t)runner->n_vocab + 31) / 32 * sizeof *e->mask);
+    e->seqs = calloc((size_t)max_seqs, sizeof *e->seqs);
+    e->res[0].samples = calloc((size_t)max_seqs, sizeof *e->res[0].samples);
+    e->res[1].samples = calloc((size_t)max_seqs, sizeof *e->res[1].samples);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (!e->logits || !e->mask || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
+        di_executor_free(e);
+        return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d logits rows of %d", max_seqs,
+                            runner->n_vocab);
+    }
+    if (async) {
+        if (pthread_create(&e->thread, NULL, worker_main, e)) {
+            di_executor_free(e);
+            return di_error_set(err, DI_ERR_INTERNAL, "executor: cannot start the worker thread");
+        }
+        e->have_thread = 1;
+    }
+    *out = e;
+    return DI_OK;
+}
+
+void di_executor_free(di_executor *e) {
+    if (!e) return;
+    if (e->have_thread) {
+        di_executor_wait(e);
+        pthread_mutex_lock(&e->mu);
+        e->quit = 1;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    di_sampler_free(e->sampler);
+    free(e->logits);
+    free(e->mask);
+    free(e->seqs);
+    free(e->tokens);
+    free(e->res[0].samples);
+    free(e->res[1].samples);
+    free(e);
+}
+
+void di_executor_submit(di_executor *e, const di_step_plan *plan) {
+    if (e->in_flight) di_executor_wait(e);
+    e->cur ^= 1;
+    e->in_flight = 1;
+    if (!e->async) {
+        run_step(e, plan, &e->res[e->cur]);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->job = plan;
+    e->job_done = 0;
+    e->job_ready = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+const di_step_result *di_executor_wait(di_executor *e) {
+    if (!e->in_flight) return NULL;
+    if (e->async) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->job_done) pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    }
+    e->in_flight = 0;
+    return &e->res[e->cur];
+}
+
+int di_executor_in_flight(const di_executor *e) { return e->in_flight; }
+
+void di_executor_release(di_executor *e, const int64_t *ids, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (e->runner->release) e->runner->release(e->runner->ctx, ids[i]);
+}
