@@ -111,12 +111,12 @@ static void run_jobs(const di_mock_options *mo, const di_core_options *co, job *
                 assert_false(o->reported);
                 o->tok = realloc(o->tok, (size_t)(o->n + d[j].n_tokens + 1) * sizeof *o->tok);
                 o->lp = realloc(o->lp, (size_t)(o->n + d[j].n_tokens + 1) * sizeof *o->lp);
-                memcpy(o->tok + o->n, d[j].tokens, (size_t)d[j].n_tokens * sizeof *o->tok);
-                if (d[j].logprobs) memcpy(o->lp + o->n, d[j].logprobs, (size_t)d[j].n_tokens * sizeof *o->lp);
+                if (d[j].n_tokens) memcpy(o->tok + o->n, d[j].tokens, (size_t)d[j].n_tokens * sizeof *o->tok);
+                if (d[j].logprobs && d[j].n_tokens) memcpy(o->lp + o->n, d[j].logprobs, (size_t)d[j].n_tokens * sizeof *o->lp);
                 else memset(o->lp + o->n, 0, (size_t)d[j].n_tokens * sizeof *o->lp);
                 o->n += d[j].n_tokens;
                 o->text = realloc(o->text, o->n_text + d[j].n_text + 1);
-                memcpy(o->text + o->n_text, d[j].text, d[j].n_text);
+                if (d[j].n_text) memcpy(o->text + o->n_text, d[j].text, d[j].n_text);
                 o->n_text += d[j].n_text;
                 o->text[o->n_text] = 0;
                 o->preemptions = d[j].preemptions;
@@ -190,7 +190,7 @@ static void assert_same_outcome(const outcome *a, const outcome *b, const char *
                      b->lp[t].logprob);
     }
     if (a->fin != b->fin) fail_msg("%s: job %d finish %s, alone %s", what, i, di_finish_reason_name(a->fin), di_finish_reason_name(b->fin));
-    if (a->n_text != b->n_text || memcmp(a->text, b->text, a->n_text)) fail_msg("%s: job %d text differs", what, i);
+    if (a->n_text != b->n_text || (a->n_text && memcmp(a->text, b->text, a->n_text))) fail_msg("%s: job %d text differs", what, i);
 }
 
 /* ---- a plain loop, no scheduler: the meaning of a request ---- */

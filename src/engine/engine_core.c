@@ -195,7 +195,7 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
         if (r->n_out_emitted == r->n_out && ready == r->n_text_emitted && !report_finish) continue;
         di_core_delta *d = &out[n++];
         d->id = r->id;
-        d->tokens = r->out + r->n_out_emitted;
+        d->tokens = r->out ? r->out + r->n_out_emitted : NULL;
         d->logprobs = r->out_lp ? r->out_lp + r->n_out_emitted : NULL;
         d->n_tokens = r->n_out - r->n_out_emitted;
         d->text = r->text ? r->text + r->n_text_emitted : "";

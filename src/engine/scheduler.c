@@ -167,7 +167,7 @@ static int plan_add(di_scheduler *s, di_step_plan *p, di_request *r, int32_t n, 
     it->samples = samples;
     it->block_off = p->n_blocks;
     it->n_blocks = nb;
-    memcpy(p->blocks + p->n_blocks, r->blocks, (size_t)nb * sizeof *p->blocks);
+    if (nb) memcpy(p->blocks + p->n_blocks, r->blocks, (size_t)nb * sizeof *p->blocks);
     p->n_blocks += nb;
     p->n_tokens += n;
     p->n_samples += samples;
@@ -229,7 +229,7 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
     }
     if (grow_arr((void **)&p->release, &p->cap_release, s->n_release, sizeof *p->release))
         return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for releases");
-    memcpy(p->release, s->release, (size_t)s->n_release * sizeof *p->release);
+    if (s->n_release) memcpy(p->release, s->release, (size_t)s->n_release * sizeof *p->release);
     p->n_release = s->n_release;
     s->n_release = 0;
     p->step = s->next_step++;
