@@ -291,7 +291,7 @@ static void test_batch_invariance(void **state) {
     for (int run = 0; run < 8; run++) {
         int async = run % 2;
         int32_t max_seqs = (int32_t)rnd_in(2, 33);
-        int64_t budget = rnd_in(64, 600);
+        int64_t budget = rnd_in(40, 300);
         di_core_options co = core_opts(async, max_seqs, budget, 16);
         di_mock_options m2 = mo;
         if (run >= 4) m2.n_blocks = (int32_t)rnd_in(20, 40); /* tight: preemption */
@@ -345,7 +345,7 @@ static void test_chunk_boundaries(void **state) {
         jobs[i].prompt = malloc((size_t)jobs[i].n_prompt * sizeof *jobs[i].prompt);
         for (int64_t t = 0; t < jobs[i].n_prompt; t++) jobs[i].prompt[t] = (int32_t)((t * 31 + i) % 500) + 10;
         jobs[i].p.prefill_chunk = chunks[i] == 16 ? 0 : chunks[i];
-        jobs[i].add_at = i;
+        jobs[i].add_at = 0; /* prefills compete for the budget from the first step */
     }
     di_mock_options mo = mock_opts();
     di_core_options co = core_opts(1, 4, 70, 16);
