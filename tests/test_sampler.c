@@ -80,6 +80,31 @@ static void test_uniform_stream(void **state) {
     assert_true(u0 == di_philox_uniform(42, 7, 0, 0));
 }
 
+/* The sampler's own exp: within a few ulp of e^x over the whole range it is used on. */
+static void test_sampler_exp(void **state) {
+    (void)state;
+    double worst = 0.0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f * (float)i / 2000000.0f;
+        double want = exp((double)x), got = (double)di_sampler_exp(x);
+        double ulp = ldexp(1.0, ilogb(want) - 23);
+        double err = fabs(got - want) / ulp;
+        if (err > worst) worst = err;
+    }
+    tu_report("di_sampler_exp max error on [-87, 0]: %.2f ulp", worst);
+    assert_true(worst <= 4.0);
+    assert_true(di_sampler_exp(0.0f) == 1.0f);
+    assert_true(di_sampler_exp(-INFINITY) == 0.0f);
+    assert_true(di_sampler_exp(-100.0f) == 0.0f);
+    /* monotone where the sampler relies on order (min-p prefix, top-p walk) */
+    float prev = 0.0f;
+    for (int i = -87000; i <= 0; i++) {
+        float e = di_sampler_exp((float)i / 1000.0f);
+        assert_true(e >= prev);
+        prev = e;
+    }
+}
+
 /* ---- reference: full sort, every stage spelled out over the whole row ---- */
 
 typedef struct {
@@ -107,7 +132,7 @@ static void ref_logprobs(const float *x, int32_t V, int32_t token, int32_t n_top
     float x_max = tmp[0].v;
     double z = 0.0;
     for (int32_t t = 0; t < V; t++)
-        if (x[t] > -INFINITY) z += (double)expf(x[t] - x_max);
+        if (x[t] > -INFINITY) z += (double)di_sampler_exp(x[t] - x_max);
     double log_z = log(z);
     r->logprob = x[token] > -INFINITY ? (float)((double)(x[token] - x_max) - log_z) : -INFINITY;
     r->n_top = n < n_top ? n : n_top;
@@ -158,28 +183,28 @@ static void ref_sample(const di_sample_row *row, int32_t V, di_sample_result *r)
         double z_in = 0.0;
         if (p->top_k > 0) {
             m = p->top_k < n ? p->top_k : n;
-            for (int32_t i = 0; i < m; i++) z_in += (double)expf(s[i].v - x_max);
+            for (int32_t i = 0; i < m; i++) z_in += (double)di_sampler_exp(s[i].v - x_max);
         } else {
             for (int32_t t = 0; t < V; t++)
-                if (w[t] > -INFINITY) z_in += (double)expf(w[t] - x_max);
+                if (w[t] > -INFINITY) z_in += (double)di_sampler_exp(w[t] - x_max);
         }
         if (p->top_p > 0.0f && p->top_p < 1.0f) {
             double cum = 0.0, target = (double)p->top_p * z_in;
             int32_t k = 0;
-            while (k < m && cum < target) cum += (double)expf(s[k++].v - x_max);
+            while (k < m && cum < target) cum += (double)di_sampler_exp(s[k++].v - x_max);
             m = k > 0 ? k : 1;
         }
         if (p->min_p > 0.0f) {
             int32_t k = 1;
-            while (k < m && expf(s[k].v - x_max) >= p->min_p) k++;
+            while (k < m && di_sampler_exp(s[k].v - x_max) >= p->min_p) k++;
             m = k;
         }
         z = 0.0;
-        for (int32_t i = 0; i < m; i++) z += (double)expf(s[i].v - x_max);
+        for (int32_t i = 0; i < m; i++) z += (double)di_sampler_exp(s[i].v - x_max);
         double u = di_philox_uniform(p->seed, (uint64_t)row->position, row->choice, 0), cum = 0.0;
         r->token = s[m - 1].id;
         for (int32_t i = 0; i < m; i++) {
-            cum += (double)expf(s[i].v - x_max);
+            cum += (double)di_sampler_exp(s[i].v - x_max);
             if (cum > u * z) {
                 r->token = s[i].id;
                 break;
@@ -189,14 +214,14 @@ static void ref_sample(const di_sample_row *row, int32_t V, di_sample_result *r)
         min_weight = p->min_p;
         z = 0.0;
         for (int32_t t = 0; t < V; t++)
-            if (w[t] > -INFINITY && expf(w[t] - x_max) >= min_weight) z += (double)expf(w[t] - x_max);
+            if (w[t] > -INFINITY && di_sampler_exp(w[t] - x_max) >= min_weight) z += (double)di_sampler_exp(w[t] - x_max);
         double u = di_philox_uniform(p->seed, (uint64_t)row->position, row->choice, 0), cum = 0.0;
         r->token = -1;
         int32_t last = -1;
         for (int32_t t = 0; t < V && r->token < 0; t++) {
-            if (!(w[t] > -INFINITY) || expf(w[t] - x_max) < min_weight) continue;
+            if (!(w[t] > -INFINITY) || di_sampler_exp(w[t] - x_max) < min_weight) continue;
             last = t;
-            cum += (double)expf(w[t] - x_max);
+            cum += (double)di_sampler_exp(w[t] - x_max);
             if (cum > u * z) r->token = t;
         }
         if (r->token < 0) r->token = last;
@@ -211,7 +236,7 @@ static void ref_sample(const di_sample_row *row, int32_t V, di_sample_result *r)
         r->logprob = (float)((double)(w[r->token] - x_max) - log_z);
         r->n_top = 0;
         for (int32_t i = 0; i < m && r->n_top < p->n_top_logprobs; i++) {
-            if (!list && expf(s[i].v - x_max) < min_weight) break;
+            if (!list && di_sampler_exp(s[i].v - x_max) < min_weight) break;
             r->top_ids[r->n_top] = s[i].id;
             r->top_logprobs[r->n_top++] = (float)((double)(s[i].v - x_max) - log_z);
         }
@@ -656,6 +681,7 @@ static void test_speed_real_vocab(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_uniform_stream),
+        cmocka_unit_test(test_sampler_exp),
         cmocka_unit_test(test_select_top_exact),     cmocka_unit_test(test_stages_by_hand),
         cmocka_unit_test(test_pipeline_matches_reference), cmocka_unit_test(test_mask_respected),
         cmocka_unit_test(test_draw_distribution),    cmocka_unit_test(test_row_independent),

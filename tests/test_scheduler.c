@@ -293,6 +293,7 @@ static void test_batch_invariance(void **state) {
         int32_t max_seqs = (int32_t)rnd_in(2, 33);
         int64_t budget = rnd_in(40, 300);
         di_core_options co = core_opts(async, max_seqs, budget, 16);
+        co.sample_threads = 1 + run % 3; /* rows sampled on 1–3 threads */
         di_mock_options m2 = mo;
         if (run >= 4) m2.n_blocks = (int32_t)rnd_in(20, 40); /* tight: preemption */
         for (int i = 0; i < N; i++) jobs[i].add_at = rnd_in(0, 30);
@@ -300,8 +301,8 @@ static void test_batch_invariance(void **state) {
         run_info info;
         run_jobs(&m2, &co, jobs, N, got, &info, 1);
         char what[128];
-        snprintf(what, sizeof what, "run %d (%s, max_seqs %d, budget %lld, %d blocks)", run, async ? "async" : "sync",
-                 max_seqs, (long long)budget, m2.n_blocks);
+        snprintf(what, sizeof what, "run %d (%s, max_seqs %d, budget %lld, %d blocks, %d sampling threads)", run,
+                 async ? "async" : "sync", max_seqs, (long long)budget, m2.n_blocks, co.sample_threads);
         for (int i = 0; i < N; i++) {
             assert_same_outcome(&got[i], &alone[i], what, i);
             if (got[i].preemptions) continue; /* recompute re-chunks prompt + outputs: checked separately */
@@ -647,6 +648,7 @@ static void test_async_matches_sync(void **state) {
     outcome s[N], a[N];
     run_info is, ia;
     di_core_options cs = core_opts(0, 16, 256, 32), ca = core_opts(1, 16, 256, 32);
+    ca.sample_threads = 2;
     double t0 = di_now();
     run_jobs(&mo, &cs, jobs, N, s, &is, 0);
     double t1 = di_now();

@@ -34,7 +34,7 @@ int di_core_new(const di_model_runner *runner, const di_core_options *opt, di_co
     if (!rc) rc = di_sched_init(&c->sched, &opt->sched, runner, err);
     if (!rc) rc = di_step_plan_init(&c->plans[0], opt->sched.max_seqs, err);
     if (!rc) rc = di_step_plan_init(&c->plans[1], opt->sched.max_seqs, err);
-    if (!rc) rc = di_executor_new(runner, opt->sched.max_seqs, opt->async, &c->exec, err);
+    if (!rc) rc = di_executor_new(runner, opt->sched.max_seqs, opt->async, opt->sample_threads, &c->exec, err);
     if (rc) {
         di_core_free(c);
         return rc;

@@ -27,6 +27,7 @@
 typedef struct di_core_options {
     di_sched_config sched;
     int32_t async;          /* 1: model on a worker thread, host prepares the next step meanwhile */
+    int32_t sample_threads; /* > 1: sample the step's rows in parallel (0/1: on the worker itself) */
     const int32_t *eos_ids; /* [n_eos], copied */
     int32_t n_eos;
     di_detok_fn detok;      /* NULL: no text, stop strings never match */

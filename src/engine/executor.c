@@ -6,14 +6,18 @@
 #include <string.h>
 
 #include "util/log.h"
+#include "util/threadpool.h"
 
 struct di_executor {
     const di_model_runner *runner;
     int32_t max_seqs;
     int async;
-    di_sampler *sampler;
+    di_threadpool *pool;    /* sampling threads (NULL: the executor's own thread) */
+    di_sampler **samplers;  /* [pool size] one scratch per sampling thread */
     float *logits;          /* [max_seqs, n_vocab] f32 */
-    uint32_t *mask;         /* [ceil(n_vocab/32)] u32 grammar mask of the row being sampled */
+    uint32_t *masks;        /* [pool size, mask_words] u32 grammar mask per sampling thread */
+    size_t mask_words;
+    int32_t *row_item;      /* [max_seqs] plan item of each sampled row */
     di_step_seq *seqs;      /* [max_seqs] */
     int32_t *tokens;        /* [cap_tokens] int32 resolved inputs of the step */
     int64_t cap_tokens;
@@ -28,6 +32,50 @@ struct di_executor {
     pthread_cond_t cv;
     int job_ready, job_done, quit;
 };
+
+typedef struct sample_job {
+    di_executor *e;
+    const di_step_plan *p;
+    di_step_result *res;
+} sample_job;
+
+/* Samples row k of the step (plan item e->row_item[k]) with the scratch of `thread`. */
+static void sample_task(void *ctx, int64_t k, int thread) {
+    sample_job *j = ctx;
+    di_executor *e = j->e;
+    const int32_t i = e->row_item[k];
+    const di_sched_item *it = &j->p->items[i];
+    di_request *r = it->req;
+    di_step_sample *out = &j->res->samples[k];
+    out->req = r;
+    out->err.code = 0;
+    out->err.msg[0] = 0;
+    di_error *err = &out->err;
+    uint32_t *mask = NULL;
+    int src = DI_OK;
+    if (r->params.constraint) {
+        mask = e->masks + (size_t)thread * e->mask_words;
+        src = r->params.constraint->fill_mask(r->params.constraint->ctx, mask, err);
+    }
+    const int64_t pos = it->pos0 + it->n_tokens;
+    if (!src && pos - r->n_prompt != r->n_dev_out)
+        src = di_error_set(err, DI_ERR_INTERNAL, "request %lld: sampling position %lld with %lld outputs",
+                           (long long)r->id, (long long)pos, (long long)r->n_dev_out);
+    di_sample_row row = {.logits = e->logits + (size_t)e->seqs[i].logits_row * (size_t)e->runner->n_vocab,
+                         .params = &r->params.sampling,
+                         .prompt = r->prompt,
+                         .n_prompt = r->n_prompt,
+                         .output = r->dev_out,
+                         .n_output = r->n_dev_out,
+                         .mask = mask,
+                         .position = pos,
+                         .choice = r->params.choice};
+    if (!src) src = di_sampler_sample(e->samplers[thread], &row, &out->res, err);
+    if (!src && r->params.constraint) src = r->params.constraint->accept(r->params.constraint->ctx, out->res.token, err);
+    if (!src && di_request_dev_push(r, out->res.token))
+        src = di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory for sampled ids", (long long)r->id);
+    out->status = src;
+}
 
 static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res) {
     const di_model_runner *m = e->runner;
@@ -88,40 +136,12 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         res->status = rc;
         return;
     }
-    for (int32_t i = 0; i < p->n_items; i++) {
-        const di_sched_item *it = &p->items[i];
-        if (!it->samples) continue;
-        di_request *r = it->req;
-        di_step_sample *out = &res->samples[res->n_samples++];
-        out->req = r;
-        out->err.code = 0;
-        out->err.msg[0] = 0;
-        di_error *err = &out->err;
-        const uint32_t *mask = NULL;
-        int src = DI_OK;
-        if (r->params.constraint) {
-            src = r->params.constraint->fill_mask(r->params.constraint->ctx, e->mask, err);
-            mask = e->mask;
-        }
-        const int64_t pos = it->pos0 + it->n_tokens;
-        if (!src && pos - r->n_prompt != r->n_dev_out)
-            src = di_error_set(err, DI_ERR_INTERNAL, "request %lld: sampling position %lld with %lld outputs",
-                               (long long)r->id, (long long)pos, (long long)r->n_dev_out);
-        di_sample_row row = {.logits = e->logits + (size_t)e->seqs[i].logits_row * (size_t)m->n_vocab,
-                             .params = &r->params.sampling,
-                             .prompt = r->prompt,
-                             .n_prompt = r->n_prompt,
-                             .output = r->dev_out,
-                             .n_output = r->n_dev_out,
-                             .mask = mask,
-                             .position = pos,
-                             .choice = r->params.choice};
-        if (!src) src = di_sampler_sample(e->sampler, &row, &out->res, err);
-        if (!src && r->params.constraint) src = r->params.constraint->accept(r->params.constraint->ctx, out->res.token, err);
-        if (!src && di_request_dev_push(r, out->res.token))
-            src = di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory for sampled ids", (long long)r->id);
-        out->status = src;
-    }
+    /* one task per sampled row; rows are independent, so the thread count changes nothing */
+    res->n_samples = 0;
+    for (int32_t i = 0; i < p->n_items; i++)
+        if (p->items[i].samples) e->row_item[res->n_samples++] = i;
+    sample_job job = {e, p, res};
+    di_threadpool_run(e->pool, res->n_samples, sample_task, &job);
     res->sample_s = di_now() - t1;
 }
 
@@ -147,29 +167,40 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, di_executor **out, di_error *err) {
+int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, int sample_threads, di_executor **out,
+                    di_error *err) {
     *out = NULL;
     di_executor *e = calloc(1, sizeof *e);
     if (!e) return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory");
     e->runner = runner;
     e->max_seqs = max_seqs;
     e->async = async;
-    int rc = di_sampler_new(runner->n_vocab, &e->sampler, err);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    int rc = DI_OK;
+    if (sample_threads > 1) rc = di_threadpool_create(sample_threads, &e->pool, err);
     if (rc) {
-        free(e);
+        di_executor_free(e);
         return rc;
     }
+    const int nt = di_threadpool_size(e->pool);
+    e->mask_words = ((size_t)runner->n_vocab + 31) / 32;
+    e->samplers = calloc((size_t)nt, sizeof *e->samplers);
     e->logits = malloc((size_t)max_seqs * (size_t)runner->n_vocab * sizeof *e->logits);
-    e->mask = malloc(((size_t)runner->n_vocab + 31) / 32 * sizeof *e->mask);
+    e->masks = malloc((size_t)nt * e->mask_words * sizeof *e->masks);
+    e->row_item = malloc((size_t)max_seqs * sizeof *e->row_item);
     e->seqs = calloc((size_t)max_seqs, sizeof *e->seqs);
     e->res[0].samples = calloc((size_t)max_seqs, sizeof *e->res[0].samples);
     e->res[1].samples = calloc((size_t)max_seqs, sizeof *e->res[1].samples);
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
-    if (!e->logits || !e->mask || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
+    if (!e->samplers || !e->logits || !e->masks || !e->row_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
         di_executor_free(e);
         return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d logits rows of %d", max_seqs,
                             runner->n_vocab);
+    }
+    for (int t = 0; t < nt && !rc; t++) rc = di_sampler_new(runner->n_vocab, &e->samplers[t], err);
+    if (rc) {
+        di_executor_free(e);
+        return rc;
     }
     if (async) {
         if (pthread_create(&e->thread, NULL, worker_main, e)) {
@@ -194,9 +225,12 @@ void di_executor_free(di_executor *e) {
     }
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
-    di_sampler_free(e->sampler);
+    for (int t = 0; e->samplers && t < di_threadpool_size(e->pool); t++) di_sampler_free(e->samplers[t]);
+    free(e->samplers);
+    di_threadpool_destroy(e->pool);
     free(e->logits);
-    free(e->mask);
+    free(e->masks);
+    free(e->row_item);
     free(e->seqs);
     free(e->tokens);
     free(e->res[0].samples);

@@ -34,7 +34,10 @@ typedef struct di_step_result {
 
 typedef struct di_executor di_executor;
 
-int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, di_executor **out, di_error *err);
+/* sample_threads > 1: rows are sampled in parallel on a pool of that many threads (each with its
+ * own scratch; a row's result does not depend on which thread ran it). */
+int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, int sample_threads, di_executor **out,
+                    di_error *err);
 /* Joins the worker (waits for a step in flight first). */
 void di_executor_free(di_executor *e);
 

@@ -18,6 +18,7 @@ enum { DI_RNG_SAMPLE = 0 };
 struct di_sampler {
     int32_t n_vocab;
     float *work;        /* [n_vocab] f32: the row after each processing stage */
+    float *weight;      /* [n_vocab] f32: e(t) of the full-row draw, 0 for removed tokens */
     int32_t *count;     /* [n_vocab] int32: output-token counts, all zero between calls */
     uint8_t *seen;      /* [n_vocab] u8: repetition-penalty marks, all zero between calls */
     int32_t *cand;      /* [n_vocab] int32: candidate ids, best first */
@@ -75,13 +76,14 @@ int di_sampler_new(int32_t n_vocab, di_sampler **out, di_error *err) {
     size_t n = (size_t)n_vocab;
     s->n_vocab = n_vocab;
     s->work = malloc(n * sizeof *s->work);
+    s->weight = malloc(n * sizeof *s->weight);
     s->count = calloc(n, sizeof *s->count);
     s->seen = calloc(n, sizeof *s->seen);
     s->cand = malloc(n * sizeof *s->cand);
     s->list_a = malloc(n * sizeof *s->list_a);
     s->list_b = malloc(n * sizeof *s->list_b);
     s->pairs = malloc(n * sizeof *s->pairs);
-    if (!s->work || !s->count || !s->seen || !s->cand || !s->list_a || !s->list_b || !s->pairs) {
+    if (!s->work || !s->weight || !s->count || !s->seen || !s->cand || !s->list_a || !s->list_b || !s->pairs) {
         di_sampler_free(s);
         return di_error_set(err, DI_ERR_NOMEM, "sampler: out of memory for a %d-token vocabulary", n_vocab);
     }
@@ -92,6 +94,7 @@ int di_sampler_new(int32_t n_vocab, di_sampler **out, di_error *err) {
 void di_sampler_free(di_sampler *s) {
     if (!s) return;
     free(s->work);
+    free(s->weight);
     free(s->count);
     free(s->seen);
     free(s->cand);
@@ -125,12 +128,55 @@ static void sort_best_first(di_sampler *s, const float *x, int32_t *ids, int64_t
     for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(uint32_t)s->pairs[i];
 }
 
-/* Radix select: one 8-bit digit per pass, most significant first. The first pass histograms the
- * whole row and keeps the members of the bucket holding the rank-m key; later passes only touch that
- * shrinking list. The result (threshold key T, how many entries equal to T are taken) is exact. */
-int64_t di_sampler_select_top(di_sampler *s, const float *x, int64_t m, int32_t *ids) {
+/* Small m: one pass with a bounded max-heap of sort records (root = worst kept). Records compare
+ * exactly like the best-first order, and the scan goes in id order, so an entry equal to the root
+ * (same value, higher id) is correctly rejected. Expected O(V + m log m log(V/m)) on unordered rows,
+ * O(V log m) at worst. */
+#define DI_SAMPLER_HEAP_MAX 2048
+
+static void heap_sift_down(uint64_t *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, big = i;
+        if (l < n && h[l] > h[big]) big = l;
+        if (r < n && h[r] > h[big]) big = r;
+        if (big == i) return;
+        uint64_t t = h[i];
+        h[i] = h[big];
+        h[big] = t;
+        i = big;
+    }
+}
+
+static int64_t select_heap(di_sampler *s, const float *x, int64_t m, int32_t *ids) {
+    uint64_t *h = s->pairs; /* [m] records ((~key << 32) | id) */
+    int64_t n = 0;
+    for (int32_t t = 0; t < s->n_vocab; t++) {
+        if (!(x[t] > -INFINITY)) continue;
+        uint64_t rec = ((uint64_t)~order_key(x[t]) << 32) | (uint32_t)t;
+        if (n < m) {
+            int64_t i = n++;
+            h[i] = rec;
+            while (i > 0 && h[(i - 1) / 2] < h[i]) { /* sift up */
+                uint64_t tmp = h[i];
+                h[i] = h[(i - 1) / 2];
+                h[(i - 1) / 2] = tmp;
+                i = (i - 1) / 2;
+            }
+        } else if (rec < h[0]) {
+            h[0] = rec;
+            heap_sift_down(h, n, 0);
+        }
+    }
+    qsort(h, (size_t)n, sizeof *h, cmp_u64);
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(uint32_t)h[i];
+    return n;
+}
+
+/* Large m: radix select, one 8-bit digit per pass, most significant first. The first pass histograms
+ * the whole row and keeps the members of the bucket holding the rank-m key; later passes only touch
+ * that shrinking list. The result (threshold key T, how many entries equal to T are taken) is exact. */
+static int64_t select_radix(di_sampler *s, const float *x, int64_t m, int32_t *ids) {
     const int64_t n_vocab = s->n_vocab;
-    if (m <= 0) return 0;
     int64_t n_sel = 0;
     for (int64_t i = 0; i < n_vocab; i++) n_sel += x[i] > -INFINITY;
     if (n_sel <= m) {
@@ -181,6 +227,11 @@ int64_t di_sampler_select_top(di_sampler *s, const float *x, int64_t m, int32_t 
     }
     sort_best_first(s, x, ids, n);
     return n;
+}
+
+int64_t di_sampler_select_top(di_sampler *s, const float *x, int64_t m, int32_t *ids) {
+    if (m <= 0) return 0;
+    return m <= DI_SAMPLER_HEAP_MAX ? select_heap(s, x, m, ids) : select_radix(s, x, m, ids);
 }
 
 /* ---- processing stages ---- */
@@ -238,20 +289,32 @@ static void apply_mask(const uint32_t *mask, float *w, int32_t V) {
     }
 }
 
-/* Σ expf(x[t] − x_max) over x[t] > -inf (and >= cut where cut applies), in id order. */
+/* Σ di_sampler_exp(x[t] − x_max) over x[t] > -inf (and >= cut where cut applies), in id order. */
 static double mass_id_order(const float *x, int32_t V, float x_max, float min_weight) {
     double z = 0.0;
     for (int32_t t = 0; t < V; t++) {
         if (!(x[t] > -INFINITY)) continue;
-        float e = expf(x[t] - x_max);
+        float e = di_sampler_exp(x[t] - x_max);
         if (e >= min_weight) z += (double)e;
     }
     return z;
 }
 
+/* mass_id_order that also keeps each e(t) (0 where removed) for the draw's walk. The exps are one
+ * branch-free loop (vectorizable: di_sampler_exp is 0 for -inf), the sum a separate in-order loop. */
+static double mass_id_order_keep(const float *x, int32_t V, float x_max, float min_weight, float *e_out) {
+    for (int32_t t = 0; t < V; t++) {
+        float e = di_sampler_exp(x[t] - x_max);
+        e_out[t] = e < min_weight ? 0.0f : e;
+    }
+    double z = 0.0;
+    for (int32_t t = 0; t < V; t++) z += (double)e_out[t];
+    return z;
+}
+
 static double mass_list(const float *x, const int32_t *ids, int64_t n, float x_max) {
     double z = 0.0;
-    for (int64_t i = 0; i < n; i++) z += (double)expf(x[ids[i]] - x_max);
+    for (int64_t i = 0; i < n; i++) z += (double)di_sampler_exp(x[ids[i]] - x_max);
     return z;
 }
 
@@ -334,7 +397,7 @@ int di_sampler_sample(di_sampler *s, const di_sample_row *row, di_sample_result 
             int64_t m = 0;
             double cum = 0.0;
             for (;;) {
-                for (; m < n_cand && cum < target; m++) cum += (double)expf(w[cand[m]] - x_max);
+                for (; m < n_cand && cum < target; m++) cum += (double)di_sampler_exp(w[cand[m]] - x_max);
                 if (cum >= target || p->top_k > 0) break;
                 int64_t grow = n_cand * 8;
                 int64_t got = di_sampler_select_top(s, w, grow, cand);
@@ -345,7 +408,7 @@ int di_sampler_sample(di_sampler *s, const di_sample_row *row, di_sample_result 
         }
         if (p->min_p > 0.0f) {
             int64_t m = 1;
-            while (m < n_cand && expf(w[cand[m]] - x_max) >= p->min_p) m++;
+            while (m < n_cand && di_sampler_exp(w[cand[m]] - x_max) >= p->min_p) m++;
             n_cand = m;
         }
     } else if (p->min_p > 0.0f) {
@@ -361,24 +424,23 @@ int di_sampler_sample(di_sampler *s, const di_sample_row *row, di_sample_result 
         const double target = u * z;
         double cum = 0.0;
         for (int64_t i = 0; i < n_cand && token < 0; i++) {
-            cum += (double)expf(w[cand[i]] - x_max);
+            cum += (double)di_sampler_exp(w[cand[i]] - x_max);
             if (cum > target) token = cand[i];
         }
         if (token < 0) token = cand[n_cand - 1];
     } else {
-        z = mass_id_order(w, V, x_max, min_weight);
+        /* z >= 1 (the best token has e = 1) and the walk re-adds the same terms in the same order,
+         * so it reaches z > u·z: the fallback is for safety only */
+        const float *e = s->weight;
+        z = mass_id_order_keep(w, V, x_max, min_weight, s->weight);
         const double target = u * z;
         double cum = 0.0;
-        int32_t last = best;
         for (int32_t t = 0; t < V && token < 0; t++) {
-            if (!(w[t] > -INFINITY)) continue;
-            float e = expf(w[t] - x_max);
-            if (e < min_weight) continue;
-            last = t;
-            cum += (double)e;
+            if (e[t] == 0.0f) continue;
+            cum += (double)e[t];
             if (cum > target) token = t;
         }
-        if (token < 0) token = last;
+        if (token < 0) token = best;
     }
     out->token = token;
 
@@ -398,7 +460,7 @@ int di_sampler_sample(di_sampler *s, const di_sample_row *row, di_sample_result 
         int64_t n = di_sampler_select_top(s, w, p->n_top_logprobs, out->top_ids);
         out->n_top = 0;
         for (int64_t i = 0; i < n; i++)
-            if (expf(w[out->top_ids[i]] - x_max) >= min_weight) out->top_ids[out->n_top++] = out->top_ids[i];
+            if (di_sampler_exp(w[out->top_ids[i]] - x_max) >= min_weight) out->top_ids[out->n_top++] = out->top_ids[i];
     }
     for (int32_t i = 0; i < out->n_top; i++)
         out->top_logprobs[i] = (float)((double)(w[out->top_ids[i]] - x_max) - log_z);

@@ -15,7 +15,7 @@
  * alone — never of the batch it came in, of the thread that ran it, or of the memory layout.
  *
  * Numerics (the test's reference implementation restates them, so they are part of the contract):
- *   weights     e(t) = expf(logit(t) − logit(best))        f32, after temperature
+ *   weights     e(t) = di_sampler_exp(logit(t) − logit(best))   f32, after temperature
  *   mass sums   Σ e(t) in double; over a truncated candidate list in best-first order, over the whole
  *               vocabulary (no top-k / top-p cut) in id order
  *   top-p       keep the first m candidates, m minimal with Σ_{i<m} e(i) >= top_p · Z, Z the mass of
@@ -101,6 +101,32 @@ typedef struct di_sample_result {
     int32_t top_ids[DI_SAMPLER_MAX_TOP_LOGPROBS];    /* best first */
     float top_logprobs[DI_SAMPLER_MAX_TOP_LOGPROBS];
 } di_sample_result;
+
+/* The sampler's exponential, e^x for x <= 0 (0 below −87): Cody–Waite reduction by ln 2, a degree-7
+ * polynomial, and an exponent-bit scale — only IEEE adds and multiplies, no libm. Written out so the
+ * weights (hence the sampled token) are the same bits on every platform, and a CUDA sampler can
+ * reproduce them exactly with the same operation sequence (fmaf contraction off); libm expf
+ * differs between C libraries and from CUDA's. Max error ≈ 2 ulp (test_sampler checks). Branch-free,
+ * so loops over the vocabulary vectorize. */
+static inline float di_sampler_exp(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723212e-6f;
+    const float round_magic = 12582912.0f; /* 1.5 · 2^23: adding it rounds to an integer */
+    float xc = x < -87.0f ? -87.0f : (x > 0.0f ? 0.0f : x);
+    float n = (xc * log2e + round_magic) - round_magic;
+    float r = (xc - n * ln2_hi) - n * ln2_lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { uint32_t u; float f; } scale;
+    scale.u = (uint32_t)((int32_t)n + 127) << 23;
+    float y = p * scale.f;
+    return x < -87.0f ? 0.0f : y;
+}
 
 /* Scratch for one row at a time (one per thread); O(n_vocab) memory, allocated once. */
 typedef struct di_sampler di_sampler;
