@@ -744,6 +744,80 @@ static void test_constraint_hook(void **state) {
     job_free(jobs, N);
 }
 
+/* ---- errors: a failed forward fails its requests only; a row with no allowed token fails alone ---- */
+
+static int none_after_5(void *ctx, uint32_t *mask, di_error *err) {
+    int64_t *n = ctx;
+    memset(mask, *n >= 5 ? 0x00 : 0xff, 512 / 8);
+    return DI_OK;
+}
+static int count_accept(void *ctx, int32_t t, di_error *err) {
+    (*(int64_t *)ctx)++;
+    return DI_OK;
+}
+
+static void poll_all(di_core *c, di_finish_reason *fin, int64_t *ntok, char (*msg)[128], int n) {
+    di_core_delta d[16];
+    int32_t k = di_core_poll(c, d, 16);
+    for (int32_t i = 0; i < k; i++) {
+        if (d[i].id >= n) continue;
+        ntok[d[i].id] += d[i].n_tokens;
+        if (d[i].finish) {
+            fin[d[i].id] = d[i].finish;
+            if (d[i].error) snprintf(msg[d[i].id], 128, "%s", d[i].error);
+        }
+    }
+}
+
+static void test_errors_are_per_request(void **state) {
+    (void)state;
+    for (int async = 0; async < 2; async++) {
+        di_mock_options mo = mock_opts();
+        mo.fail_forward = 6;
+        di_mock_runner *mock;
+        di_model_runner runner;
+        di_error err = {0};
+        assert_int_equal(di_mock_runner_new(&mo, &mock, &runner, &err), DI_OK);
+        di_core_options co = core_opts(async, 4, 64, 16);
+        di_core *c;
+        assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
+        int32_t prompt[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+        di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = 20, .ignore_eos = 1};
+        p.sampling.seed = 1;
+        assert_int_equal(di_core_add(c, 0, prompt, 8, &p, &err), DI_OK); /* in the failing forward */
+        int64_t accepted = 0;
+        di_constraint con = {&accepted, none_after_5, count_accept};
+        di_request_params pc = p;
+        pc.constraint = &con;
+        di_finish_reason fin[3] = {0};
+        int64_t ntok[3] = {0};
+        char msg[3][128] = {{0}};
+        for (int s = 0; s < 10; s++) {
+            if (s == 7) {
+                assert_int_equal(di_core_add(c, 1, prompt, 8, &pc, &err), DI_OK); /* its 6th row has no token */
+                assert_int_equal(di_core_add(c, 2, prompt, 4, &p, &err), DI_OK);  /* unaffected */
+            }
+            assert_int_equal(di_core_step(c, &err), DI_OK);
+            poll_all(c, fin, ntok, msg, 3);
+        }
+        while (di_core_busy(c)) {
+            assert_int_equal(di_core_step(c, &err), DI_OK);
+            poll_all(c, fin, ntok, msg, 3);
+        }
+        poll_all(c, fin, ntok, msg, 3);
+        assert_int_equal(fin[0], DI_FINISH_ERROR);
+        assert_non_null(strstr(msg[0], "injected failure"));
+        assert_int_equal(fin[1], DI_FINISH_ERROR);
+        assert_non_null(strstr(msg[1], "no token is allowed"));
+        assert_int_equal(ntok[1], 5);
+        assert_int_equal(fin[2], DI_FINISH_LENGTH);
+        assert_int_equal(ntok[2], 20);
+        assert_int_equal(di_core_scheduler(c)->pool.n_free, di_core_scheduler(c)->pool.n_blocks);
+        di_core_free(c);
+        di_mock_runner_free(mock);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_matches_plain_loop),
@@ -757,6 +831,7 @@ int main(void) {
         cmocka_unit_test(test_fifo_admission),
         cmocka_unit_test(test_async_matches_sync),
         cmocka_unit_test(test_constraint_hook),
+        cmocka_unit_test(test_errors_are_per_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

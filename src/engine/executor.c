@@ -18,6 +18,7 @@ struct di_executor {
     uint32_t *masks;        /* [pool size, mask_words] u32 grammar mask per sampling thread */
     size_t mask_words;
     int32_t *row_item;      /* [max_seqs] plan item of each sampled row */
+    int32_t *seq_of_item;   /* [max_seqs] batch index of each plan item, −1 = dropped */
     di_step_seq *seqs;      /* [max_seqs] */
     int32_t *tokens;        /* [cap_tokens] int32 resolved inputs of the step */
     int64_t cap_tokens;
@@ -43,7 +44,7 @@ typedef struct sample_job {
 static void sample_task(void *ctx, int64_t k, int thread) {
     sample_job *j = ctx;
     di_executor *e = j->e;
-    const int32_t i = e->row_item[k];
+    const int32_t i = e->row_item[k], seq = e->seq_of_item[i];
     const di_sched_item *it = &j->p->items[i];
     di_request *r = it->req;
     di_step_sample *out = &j->res->samples[k];
@@ -52,6 +53,11 @@ static void sample_task(void *ctx, int64_t k, int thread) {
     out->err.msg[0] = 0;
     di_error *err = &out->err;
     uint32_t *mask = NULL;
+    if (seq < 0) {
+        out->status = di_error_set(err, DI_ERR_INVALID, "request %lld: dropped from step %llu, its previous token "
+                                   "was not sampled", (long long)r->id, (unsigned long long)j->p->step);
+        return;
+    }
     int src = DI_OK;
     if (r->params.constraint) {
         mask = e->masks + (size_t)thread * e->mask_words;
@@ -61,7 +67,7 @@ static void sample_task(void *ctx, int64_t k, int thread) {
     if (!src && pos - r->n_prompt != r->n_dev_out)
         src = di_error_set(err, DI_ERR_INTERNAL, "request %lld: sampling position %lld with %lld outputs",
                            (long long)r->id, (long long)pos, (long long)r->n_dev_out);
-    di_sample_row row = {.logits = e->logits + (size_t)e->seqs[i].logits_row * (size_t)e->runner->n_vocab,
+    di_sample_row row = {.logits = e->logits + (size_t)e->seqs[seq].logits_row * (size_t)e->runner->n_vocab,
                          .params = &r->params.sampling,
                          .prompt = r->prompt,
                          .n_prompt = r->n_prompt,
@@ -98,38 +104,33 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         e->tokens = t;
         e->cap_tokens = p->n_tokens;
     }
-    /* inputs: prompt positions from the prompt, later ones from the worker's own sampled ids */
+    /* inputs: prompt positions from the prompt, later ones from the worker's own sampled ids. A piece
+     * whose input token was never sampled (async: its request's previous row failed, the host will
+     * learn so with this step's predecessor) is dropped from the batch, not allowed to fail it. */
     int64_t off = 0;
-    int32_t rows = 0;
+    int32_t rows = 0, n_seqs = 0;
     for (int32_t i = 0; i < p->n_items; i++) {
         const di_sched_item *it = &p->items[i];
         const di_request *r = it->req;
+        e->seq_of_item[i] = -1;
+        if (it->pos0 + it->n_tokens - r->n_prompt > r->n_dev_out) continue;
         for (int32_t j = 0; j < it->n_tokens; j++) {
             int64_t pos = it->pos0 + j;
-            if (pos < r->n_prompt) {
-                e->tokens[off + j] = r->prompt[pos];
-            } else if (pos - r->n_prompt < r->n_dev_out) {
-                e->tokens[off + j] = r->dev_out[pos - r->n_prompt];
-            } else {
-                res->status = di_error_set(&res->err, DI_ERR_INTERNAL,
-                                           "step %llu: request %lld position %lld has no token yet (%lld sampled)",
-                                           (unsigned long long)p->step, (long long)r->id, (long long)pos,
-                                           (long long)r->n_dev_out);
-                return;
-            }
+            e->tokens[off + j] = pos < r->n_prompt ? r->prompt[pos] : r->dev_out[pos - r->n_prompt];
         }
-        e->seqs[i] = (di_step_seq){.req_id = r->id,
-                                   .pos0 = it->pos0,
-                                   .n_tokens = it->n_tokens,
-                                   .tokens = e->tokens + off,
-                                   .blocks = p->blocks + it->block_off,
-                                   .n_blocks = it->n_blocks,
-                                   .logits_row = it->samples ? rows++ : -1};
+        e->seq_of_item[i] = n_seqs;
+        e->seqs[n_seqs++] = (di_step_seq){.req_id = r->id,
+                                          .pos0 = it->pos0,
+                                          .n_tokens = it->n_tokens,
+                                          .tokens = e->tokens + off,
+                                          .blocks = p->blocks + it->block_off,
+                                          .n_blocks = it->n_blocks,
+                                          .logits_row = it->samples ? rows++ : -1};
         off += it->n_tokens;
     }
-    di_step_batch batch = {p->step, p->n_items, e->seqs, p->n_tokens, rows};
+    di_step_batch batch = {p->step, n_seqs, e->seqs, off, rows};
     double t0 = di_now();
-    int rc = m->forward(m->ctx, &batch, e->logits, &res->err);
+    int rc = n_seqs ? m->forward(m->ctx, &batch, e->logits, &res->err) : DI_OK;
     double t1 = di_now();
     res->forward_s = t1 - t0;
     if (rc) {
@@ -189,10 +190,11 @@ int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, 
     e->logits = malloc((size_t)max_seqs * (size_t)runner->n_vocab * sizeof *e->logits);
     e->masks = malloc((size_t)nt * e->mask_words * sizeof *e->masks);
     e->row_item = malloc((size_t)max_seqs * sizeof *e->row_item);
+    e->seq_of_item = malloc((size_t)max_seqs * sizeof *e->seq_of_item);
     e->seqs = calloc((size_t)max_seqs, sizeof *e->seqs);
     e->res[0].samples = calloc((size_t)max_seqs, sizeof *e->res[0].samples);
     e->res[1].samples = calloc((size_t)max_seqs, sizeof *e->res[1].samples);
-    if (!e->samplers || !e->logits || !e->masks || !e->row_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
+    if (!e->samplers || !e->logits || !e->masks || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
         di_executor_free(e);
         return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d logits rows of %d", max_seqs,
                             runner->n_vocab);
@@ -231,6 +233,7 @@ void di_executor_free(di_executor *e) {
     free(e->logits);
     free(e->masks);
     free(e->row_item);
+    free(e->seq_of_item);
     free(e->seqs);
     free(e->tokens);
     free(e->res[0].samples);

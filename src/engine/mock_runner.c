@@ -33,6 +33,9 @@ static int mock_forward(void *ctx, const di_step_batch *b, float *logits, di_err
     di_mock_runner *m = ctx;
     const int64_t bt = m->opt.block_tokens, n_slots = (int64_t)m->opt.n_blocks * bt;
     m->n_forward++;
+    if (m->n_forward == m->opt.fail_forward)
+        return di_error_set(err, DI_ERR_INTERNAL, "mock: injected failure in forward %lld (step %llu)",
+                            (long long)m->n_forward, (unsigned long long)b->step);
     if (b->n_seqs > m->max_batch_seen) m->max_batch_seen = b->n_seqs;
     int64_t total = 0;
     for (int32_t i = 0; i < b->n_seqs; i++) {

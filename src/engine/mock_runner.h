@@ -22,6 +22,7 @@ typedef struct di_mock_options {
     uint64_t salt;         /* changes every logit */
     float sharpness;       /* logit = sharpness · u³ − 2, u uniform in [0,1): larger = peakier rows */
     double step_sleep_s;   /* per forward, to imitate device time */
+    int64_t fail_forward;  /* > 0: the forward call with this number (1-based) fails, for error paths */
 } di_mock_options;
 
 /* One record per piece the runner saw. */
