@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/engine_core.h"
+#include "engine/idmap.h"
 #include "engine/mock_runner.h"
 #include "testutil.h"
 #include "util/log.h"
@@ -818,6 +819,84 @@ static void test_errors_are_per_request(void **state) {
     }
 }
 
+/* ---- scale: an offline batch of 20,000 short requests (catches quadratic queue handling) ---- */
+
+static void test_many_requests(void **state) {
+    (void)state;
+    enum { N = 20000 };
+    di_mock_options mo = mock_opts();
+    mo.n_vocab = 64;
+    mo.n_blocks = 4096;
+    di_mock_runner *mock;
+    di_model_runner runner;
+    di_error err = {0};
+    assert_int_equal(di_mock_runner_new(&mo, &mock, &runner, &err), DI_OK);
+    di_core_options co = core_opts(1, 256, 1024, 16);
+    di_core *c;
+    assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
+    di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = 3};
+    double t0 = di_now();
+    for (int i = 0; i < N; i++) {
+        int32_t prompt[4] = {i % 64, (i / 64) % 64, 7, 9};
+        p.sampling.seed = (uint64_t)i;
+        assert_int_equal(di_core_add(c, 1000000 + i, prompt, 1 + i % 4, &p, &err), DI_OK);
+    }
+    int64_t finished = 0, tokens = 0;
+    di_core_delta d[512];
+    while (finished < N) {
+        assert_int_equal(di_core_step(c, &err), DI_OK);
+        int32_t k;
+        while ((k = di_core_poll(c, d, 512)) > 0) {
+            for (int32_t j = 0; j < k; j++) {
+                tokens += d[j].n_tokens;
+                if (d[j].finish) {
+                    assert_true(d[j].finish == DI_FINISH_LENGTH || d[j].finish == DI_FINISH_STOP);
+                    finished++;
+                }
+            }
+        }
+    }
+    double dt = di_now() - t0;
+    tu_report("20,000 requests through the mock: %.2f s, %.0f requests/s, %lld tokens, %lld steps", dt, N / dt,
+              (long long)tokens, (long long)di_core_get_stats(c)->steps);
+    assert_true(tokens >= N && tokens <= 3 * N);
+    di_core_free(c);
+    di_mock_runner_free(mock);
+}
+
+/* ---- id map: random puts and deletes against a plain array ---- */
+
+static void test_idmap(void **state) {
+    (void)state;
+    enum { K = 3000 };
+    static char present[K];
+    static int vals[K];
+    memset(present, 0, sizeof present);
+    di_idmap m;
+    di_idmap_init(&m);
+    assert_null(di_idmap_get(&m, 5));
+    di_idmap_del(&m, 5);
+    int64_t n = 0;
+    for (int step = 0; step < 200000; step++) {
+        int64_t k = rnd_in(0, K - 1);
+        int64_t key = k * 1024 - 77; /* clustered keys, some negative */
+        if (rnd() % 3) {
+            assert_int_equal(di_idmap_put(&m, key, &vals[k]), 0);
+            n += !present[k];
+            present[k] = 1;
+        } else {
+            di_idmap_del(&m, key);
+            n -= present[k];
+            present[k] = 0;
+        }
+        if (step % 20000 == 0 || step == 199999) {
+            assert_int_equal(m.n, n);
+            for (int64_t j = 0; j < K; j++) assert_ptr_equal(di_idmap_get(&m, j * 1024 - 77), present[j] ? &vals[j] : NULL);
+        }
+    }
+    di_idmap_destroy(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_matches_plain_loop),
@@ -832,6 +911,8 @@ int main(void) {
         cmocka_unit_test(test_async_matches_sync),
         cmocka_unit_test(test_constraint_hook),
         cmocka_unit_test(test_errors_are_per_request),
+        cmocka_unit_test(test_idmap),
+        cmocka_unit_test(test_many_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

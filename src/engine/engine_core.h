@@ -73,8 +73,8 @@ int di_core_cancel(di_core *c, int64_t id, di_error *err);
 int di_core_step(di_core *c, di_error *err);
 /* Anything queued, running or in flight. */
 int di_core_busy(const di_core *c);
-/* Up to max deltas (requests with news, arrival order); returns the count. A finished request is
- * reported once with its finish reason and then forgotten. */
+/* Up to max deltas (requests with news, in the order they got it); returns the count. A finished
+ * request is reported once with its finish reason and then forgotten (its id may be reused). */
 int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max);
 
 const di_core_stats *di_core_get_stats(const di_core *c);

@@ -1,6 +1,7 @@
 /* Mock model runner (see mock_runner.h). */
 #include "engine/mock_runner.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +28,10 @@ static void logits_from_hash(const di_mock_options *o, uint64_t h, float *logits
 
 void di_mock_logits(const di_mock_options *opt, const int32_t *tokens, int64_t n, float *logits) {
     logits_from_hash(opt, history_hash(opt->salt, tokens, n), logits);
+}
+
+static int64_t life_of(const di_mock_runner *m, int64_t id) {
+    return (int64_t)(intptr_t)di_idmap_get(&m->lives, id); /* 0 before the first release */
 }
 
 static int mock_forward(void *ctx, const di_step_batch *b, float *logits, di_error *err) {
@@ -67,6 +72,7 @@ static int mock_forward(void *ctx, const di_step_batch *b, float *logits, di_err
             m->slot_req[slot] = s->req_id;
             m->slot_pos[slot] = pos;
             m->slot_tok[slot] = s->tokens[j];
+            m->slot_life[slot] = life_of(m, s->req_id);
         }
     }
     if (total != b->n_tokens) return di_error_set(err, DI_ERR_INTERNAL, "mock: batch says %lld tokens, pieces %lld",
@@ -78,9 +84,11 @@ static int mock_forward(void *ctx, const di_step_batch *b, float *logits, di_err
         if (s->logits_row >= b->n_logits_rows)
             return di_error_set(err, DI_ERR_INTERNAL, "mock: logits row %d of %d", s->logits_row, b->n_logits_rows);
         uint64_t h = mix64(m->opt.salt);
+        const int64_t life = life_of(m, s->req_id);
         for (int64_t pos = 0; pos < s->pos0 + s->n_tokens; pos++) {
             int64_t slot = (int64_t)s->blocks[pos / bt] * bt + pos % bt;
-            if (slot < 0 || slot >= n_slots || m->slot_req[slot] != s->req_id || m->slot_pos[slot] != pos)
+            if (slot < 0 || slot >= n_slots || m->slot_req[slot] != s->req_id || m->slot_pos[slot] != pos ||
+                m->slot_life[slot] != life)
                 return di_error_set(err, DI_ERR_INTERNAL,
                                     "mock: request %lld position %lld reads a slot holding request %lld position %lld",
                                     (long long)s->req_id, (long long)pos, (long long)m->slot_req[slot],
@@ -100,9 +108,8 @@ static int mock_forward(void *ctx, const di_step_batch *b, float *logits, di_err
 static void mock_release(void *ctx, int64_t req_id) {
     di_mock_runner *m = ctx;
     m->n_release++;
-    int64_t n = (int64_t)m->opt.n_blocks * m->opt.block_tokens;
-    for (int64_t i = 0; i < n; i++)
-        if (m->slot_req[i] == req_id) m->slot_req[i] = -1;
+    /* a new life; on allocation failure the old one stays, which only weakens the check */
+    di_idmap_put(&m->lives, req_id, (void *)(intptr_t)(life_of(m, req_id) + 1));
 }
 
 int di_mock_runner_new(const di_mock_options *opt, di_mock_runner **out, di_model_runner *iface, di_error *err) {
@@ -118,7 +125,9 @@ int di_mock_runner_new(const di_mock_options *opt, di_mock_runner **out, di_mode
     m->slot_req = malloc(n * sizeof *m->slot_req);
     m->slot_pos = malloc(n * sizeof *m->slot_pos);
     m->slot_tok = malloc(n * sizeof *m->slot_tok);
-    if (!m->slot_req || !m->slot_pos || !m->slot_tok) {
+    m->slot_life = malloc(n * sizeof *m->slot_life);
+    di_idmap_init(&m->lives);
+    if (!m->slot_req || !m->slot_pos || !m->slot_tok || !m->slot_life) {
         di_mock_runner_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "mock runner: out of memory for %zu slots", n);
     }
@@ -140,6 +149,8 @@ void di_mock_runner_free(di_mock_runner *m) {
     free(m->slot_req);
     free(m->slot_pos);
     free(m->slot_tok);
+    free(m->slot_life);
+    di_idmap_destroy(&m->lives);
     free(m->log);
     free(m);
 }

@@ -6,12 +6,14 @@
  * while still owned, or a preempted request that skipped its recompute gives an error instead of
  * plausible logits. The logits are a hash of (salt, token history): deterministic, independent of
  * the batch, the block ids and the chunking, so any difference between two runs is the engine's.
- * A release invalidates the request's slots. Optional sleep per step stands in for device time. */
+ * A release invalidates the request's slots (each id has a life counter, stamped into the slots it
+ * writes; a release starts a new life, so reads of older slots fail). Optional sleep per step stands in for device time. */
 #ifndef DI_ENGINE_MOCK_RUNNER_H
 #define DI_ENGINE_MOCK_RUNNER_H
 
 #include <stdint.h>
 
+#include "engine/idmap.h"
 #include "engine/runner.h"
 
 typedef struct di_mock_options {
@@ -39,6 +41,8 @@ typedef struct di_mock_runner {
     int64_t *slot_req;     /* [n_blocks · block_tokens] owner request, −1 = invalid */
     int64_t *slot_pos;     /* [n_blocks · block_tokens] position written */
     int32_t *slot_tok;     /* [n_blocks · block_tokens] token written */
+    int64_t *slot_life;    /* [n_blocks · block_tokens] writer's life when written */
+    di_idmap lives;        /* request id → (life + 1) as an integer in a pointer */
     di_mock_piece *log;    /* [cap_log] */
     int64_t n_log, cap_log;
     int64_t n_forward, n_release;

@@ -101,6 +101,7 @@ typedef struct di_request {
     int64_t n_out_emitted;       /* streaming cursors */
     size_t n_text_emitted;
     int32_t finish_reported;
+    int32_t dirty;               /* on the engine's list of requests with news for the next poll */
     int32_t stop_token;          /* the EOS / stop id that finished it, else -1 */
     di_error error;              /* for DI_FINISH_ERROR */
 

@@ -16,6 +16,50 @@ static int grow_arr(void **p, int32_t *cap, int64_t need, size_t elem) {
     return 0;
 }
 
+/* ---- waiting queue: a ring buffer, O(1) at both ends (preempted requests rejoin at the front) ---- */
+
+static int waiting_reserve(di_scheduler *s) {
+    if (s->n_waiting < s->cap_waiting) return 0;
+    int32_t cap = s->cap_waiting ? 2 * s->cap_waiting : 64;
+    di_request **q = malloc((size_t)cap * sizeof *q);
+    if (!q) return -1;
+    for (int32_t i = 0; i < s->n_waiting; i++) q[i] = s->waiting[(s->waiting_head + i) % s->cap_waiting];
+    free(s->waiting);
+    s->waiting = q;
+    s->cap_waiting = cap;
+    s->waiting_head = 0;
+    return 0;
+}
+
+static di_request *waiting_at(const di_scheduler *s, int32_t i) {
+    return s->waiting[(s->waiting_head + i) % s->cap_waiting];
+}
+
+static void waiting_push_back(di_scheduler *s, di_request *r) {
+    s->waiting[(s->waiting_head + s->n_waiting) % s->cap_waiting] = r;
+    s->n_waiting++;
+}
+
+static void waiting_push_front(di_scheduler *s, di_request *r) {
+    s->waiting_head = (s->waiting_head + s->cap_waiting - 1) % s->cap_waiting;
+    s->waiting[s->waiting_head] = r;
+    s->n_waiting++;
+}
+
+static void waiting_pop_front(di_scheduler *s) {
+    s->waiting_head = (s->waiting_head + 1) % s->cap_waiting;
+    s->n_waiting--;
+}
+
+static void waiting_remove(di_scheduler *s, const di_request *r) {
+    int32_t i = 0;
+    while (i < s->n_waiting && waiting_at(s, i) != r) i++;
+    if (i == s->n_waiting) return;
+    for (; i + 1 < s->n_waiting; i++)
+        s->waiting[(s->waiting_head + i) % s->cap_waiting] = waiting_at(s, i + 1);
+    s->n_waiting--;
+}
+
 int di_step_plan_init(di_step_plan *p, int32_t max_seqs, di_error *err) {
     memset(p, 0, sizeof *p);
     p->items = calloc((size_t)max_seqs, sizeof *p->items);
@@ -82,11 +126,10 @@ int di_sched_add(di_scheduler *s, di_request *r, di_error *err) {
     if (r->chunk > s->cfg.max_step_tokens)
         return di_error_set(err, DI_ERR_INVALID, "request %lld: prefill chunk %d exceeds the step budget of %lld tokens",
                             (long long)r->id, r->chunk, (long long)s->cfg.max_step_tokens);
-    if (grow_arr((void **)&s->waiting, &s->cap_waiting, s->n_waiting + 1, sizeof *s->waiting))
-        return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the waiting queue");
+    if (waiting_reserve(s)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the waiting queue");
     r->arrival = s->next_arrival++;
     r->state = DI_REQ_WAITING;
-    s->waiting[s->n_waiting++] = r;
+    waiting_push_back(s, r);
     return DI_OK;
 }
 
@@ -121,13 +164,10 @@ static void running_remove(di_scheduler *s, int32_t i) {
 /* The newest running request goes back to the front of the waiting queue with no cache. */
 static int preempt_newest(di_scheduler *s) {
     di_request *v = s->running[s->n_running - 1];
-    if (grow_arr((void **)&s->waiting, &s->cap_waiting, s->n_waiting + 1, sizeof *s->waiting)) return DI_ERR_NOMEM;
-    if (push_release(s, v->id)) return DI_ERR_NOMEM;
+    if (waiting_reserve(s) || push_release(s, v->id)) return DI_ERR_NOMEM;
     free_blocks(s, v);
     s->n_running--;
-    memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
-    s->waiting[0] = v;
-    s->n_waiting++;
+    waiting_push_front(s, v);
     v->state = DI_REQ_WAITING;
     v->preemptions++;
     s->n_preemptions++;
@@ -205,15 +245,14 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
 
     /* 2. waiting, strictly FIFO */
     while (s->n_waiting > 0 && p->n_items < s->cfg.max_seqs && s->n_running < s->cfg.max_seqs) {
-        di_request *r = s->waiting[0];
+        di_request *r = waiting_at(s, 0);
         int32_t samples, n = next_piece(s, r, &samples);
         if (n == 0 || n > budget) break;
         if (reserve(s, r, n, &nomem)) {
             if (nomem) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for block tables");
             break;
         }
-        memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
-        s->n_waiting--;
+        waiting_pop_front(s);
         r->state = DI_REQ_RUNNING;
         running_insert(s, r);
         if (plan_add(s, p, r, n, samples)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the plan");
@@ -257,12 +296,7 @@ int32_t di_sched_reap(di_scheduler *s) {
 void di_sched_finish(di_scheduler *s, di_request *r, di_finish_reason why) {
     if (r->finish == DI_FINISH_NONE) r->finish = why;
     if (r->state != DI_REQ_WAITING) return;
-    for (int32_t i = 0; i < s->n_waiting; i++)
-        if (s->waiting[i] == r) {
-            memmove(s->waiting + i, s->waiting + i + 1, (size_t)(s->n_waiting - i - 1) * sizeof *s->waiting);
-            s->n_waiting--;
-            break;
-        }
+    waiting_remove(s, r);
     /* a preempted request still has a dead cache entry announced; a never-admitted one has none */
     r->state = DI_REQ_FINISHED;
 }

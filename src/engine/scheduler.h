@@ -72,8 +72,8 @@ typedef struct di_scheduler {
     di_sched_config cfg;
     const di_model_runner *runner;
     di_block_pool pool;
-    di_request **waiting;   /* [cap_waiting] FIFO, front at index 0 */
-    int32_t n_waiting, cap_waiting;
+    di_request **waiting;   /* [cap_waiting] FIFO ring buffer: front at waiting_head, n_waiting entries */
+    int32_t n_waiting, cap_waiting, waiting_head;
     di_request **running;   /* [cap_running] admission order, oldest first */
     int32_t n_running, cap_running;
     uint64_t next_arrival;
