@@ -577,6 +577,41 @@ static void test_row_independent(void **state) {
     di_sampler_free(b);
 }
 
+/* ---- the seed, position and choice all steer the draw; repeating them repeats it ---- */
+
+static void test_seed_position_choice(void **state) {
+    (void)state;
+    const int32_t V = 1000;
+    di_sampler *s;
+    assert_int_equal(di_sampler_new(V, &s, NULL), DI_OK);
+    float *x = malloc((size_t)V * sizeof *x);
+    for (int32_t t = 0; t < V; t++) x[t] = rnd_f(-1.0f, 1.0f); /* flat: every draw matters */
+    di_sampling_params a = di_sampling_params_default(), b = a;
+    a.seed = 11;
+    b.seed = 12;
+    int diff_seed = 0, diff_choice = 0, same_repeat = 0;
+    int32_t prev = -1, diff_pos = 0;
+    for (int pos = 0; pos < 200; pos++) {
+        di_sample_row ra = {x, &a, NULL, 0, NULL, 0, NULL, pos, 0}, rb = ra, rc = ra;
+        rb.params = &b;
+        rc.choice = 1;
+        di_sample_result r1, r2, r3, r4;
+        assert_int_equal(di_sampler_sample(s, &ra, &r1, NULL), DI_OK);
+        assert_int_equal(di_sampler_sample(s, &rb, &r2, NULL), DI_OK);
+        assert_int_equal(di_sampler_sample(s, &rc, &r3, NULL), DI_OK);
+        assert_int_equal(di_sampler_sample(s, &ra, &r4, NULL), DI_OK);
+        diff_seed += r1.token != r2.token;
+        diff_choice += r1.token != r3.token;
+        same_repeat += r1.token == r4.token;
+        diff_pos += r1.token != prev;
+        prev = r1.token;
+    }
+    assert_int_equal(same_repeat, 200);
+    assert_true(diff_seed > 190 && diff_choice > 190 && diff_pos > 190);
+    free(x);
+    di_sampler_free(s);
+}
+
 /* ---- bad input ---- */
 
 static void test_bad_input(void **state) {
@@ -680,12 +715,18 @@ static void test_speed_real_vocab(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_uniform_stream),
+        cmocka_unit_test(test_philox_known_answers),
+        cmocka_unit_test(test_uniform_stream),
         cmocka_unit_test(test_sampler_exp),
-        cmocka_unit_test(test_select_top_exact),     cmocka_unit_test(test_stages_by_hand),
-        cmocka_unit_test(test_pipeline_matches_reference), cmocka_unit_test(test_mask_respected),
-        cmocka_unit_test(test_draw_distribution),    cmocka_unit_test(test_row_independent),
-        cmocka_unit_test(test_bad_input),            cmocka_unit_test(test_speed_real_vocab),
+        cmocka_unit_test(test_select_top_exact),
+        cmocka_unit_test(test_stages_by_hand),
+        cmocka_unit_test(test_pipeline_matches_reference),
+        cmocka_unit_test(test_mask_respected),
+        cmocka_unit_test(test_draw_distribution),
+        cmocka_unit_test(test_row_independent),
+        cmocka_unit_test(test_seed_position_choice),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_speed_real_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,14 @@
 
 #include <stdint.h>
 
+/* Counter word 3: which use of a position's randomness. Separate streams, so adding a use (e.g.
+ * speculative acceptance) never shifts the draws of another. */
+typedef enum di_rng_purpose {
+    DI_RNG_SAMPLE = 0,      /* the sampler's inverse-CDF draw */
+    DI_RNG_SPEC_ACCEPT = 1, /* speculative decoding: acceptance uniform of the draft token at a position */
+    DI_RNG_SPEC_RESIDUAL = 2 /* speculative decoding: the draw from the residual distribution */
+} di_rng_purpose;
+
 /* out[4] = Philox4x32-10(ctr[4], key[2]). out may alias ctr. */
 void di_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 

@@ -12,9 +12,6 @@
 /* First prefix length tried by top-p without top-k; grows ×8 until the mass is covered. */
 #define DI_SAMPLER_TOP_P_FIRST 64
 
-/* RNG purpose words (counter word 3): separate streams for separate uses of one position. */
-enum { DI_RNG_SAMPLE = 0 };
-
 struct di_sampler {
     int32_t n_vocab;
     float *work;        /* [n_vocab] f32: the row after each processing stage */
