@@ -62,7 +62,7 @@ typedef struct di_logit_bias {
 /* Per-request sampling parameters. Zero-initialised = greedy with no processing; use
  * di_sampling_params_default() for the OpenAI defaults (temperature 1, everything else off). */
 typedef struct di_sampling_params {
-    float temperature;        /* >= 0; 0 = greedy */
+    float temperature;        /* >= 0; 0 (anything below 1e-5) = greedy */
     int32_t top_k;            /* <= 0: off */
     float top_p;              /* (0, 1]; 1 (or 0 = unset): off */
     float min_p;              /* [0, 1]; 0: off */

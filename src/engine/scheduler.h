@@ -18,10 +18,13 @@
  * cache is dead, and it re-enters the FRONT of the waiting queue with its prompt and the tokens it
  * has generated so far; on readmission those are prefilled again (chunked from position 0) and it
  * continues sampling at the position where it stopped. Sampling is keyed by (seed, position), so
- * the continuation is the same as without preemption whenever the recomputed logits are the same
- * (bit-exact for a runner whose logits do not depend on chunk boundaries; with a real model the
- * recompute's chunking differs from the original prefill + decodes, see the report on issue 7).
- * Swapping to host memory is not implemented.
+ * the continuation is the same as without preemption whenever the recomputed logits are the same.
+ * The recompute prefills prompt ++ outputs in chunks where the original run had a prefill and then
+ * one decode step per token, so a real model reproduces the cache bit for bit only if a position's
+ * result does not depend on whether it was computed in a chunk or in a decode step — which is what
+ * the batch-invariant kernels promise (one KV layout and one reduction order for prefill and
+ * decode); otherwise the continuation may drift after a preemption. Swapping to host memory is not
+ * implemented.
  *
  * Async mode: requests in a step still running on the worker cannot be preempted (their cache is
  * being written). When the only way to make room is such a request, di_sched_schedule returns
