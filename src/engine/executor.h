@@ -5,7 +5,11 @@
  *
  * Sampling is per row with the request's own parameters and history (request.h: dev_out), so a row's
  * token depends on nothing else in the step. A constraint (grammar) fills its mask right before its
- * row is sampled — after the previous step's token was accepted — and accepts the sampled token. */
+ * row is sampled — after the previous step's token was accepted — and accepts the sampled token.
+ * The mask is built here, not on the host while the previous step runs (as issue 7 sketches it),
+ * because in async mode the host does not know that step's token yet; it is known on this side as
+ * soon as the step starts, so a later optimisation can fill the masks on the sampling threads while
+ * the forward computes. */
 #ifndef DI_ENGINE_EXECUTOR_H
 #define DI_ENGINE_EXECUTOR_H
 
