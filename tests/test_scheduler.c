@@ -864,6 +864,87 @@ static void test_many_requests(void **state) {
     di_mock_runner_free(mock);
 }
 
+/* ---- random operations: adds, cancels, steps and polls under tiny pools; invariants every step ---- */
+
+static void check_invariants(const di_core *c, int32_t max_seqs) {
+    const di_scheduler *s = di_core_scheduler(c);
+    int64_t held = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const di_request *r = s->running[i];
+        assert_int_equal(r->state, DI_REQ_RUNNING);
+        assert_true(r->n_blocks >= di_sched_blocks_for(s, r->n_cached));
+        assert_true(r->n_cached <= di_request_len(r));
+        assert_true(r->n_pending <= 1 && r->inflight <= 1);
+        if (i) assert_true(s->running[i - 1]->arrival < r->arrival);
+        held += r->n_blocks;
+    }
+    assert_true(s->n_running <= max_seqs);
+    for (int32_t i = 0; i < s->n_waiting; i++) {
+        const di_request *r = s->waiting[(s->waiting_head + i) % s->cap_waiting];
+        assert_int_equal(r->state, DI_REQ_WAITING);
+        assert_int_equal(r->n_blocks, 0);
+        assert_int_equal(r->n_cached, 0);
+        assert_int_equal(r->n_pending, 0);
+    }
+    assert_int_equal(held + s->pool.n_free, s->pool.n_blocks);
+}
+
+static void test_random_operations(void **state) {
+    (void)state;
+    for (int iter = 0; iter < 24; iter++) {
+        di_mock_options mo = mock_opts();
+        mo.n_vocab = 64;
+        mo.max_context = 160;
+        mo.block_tokens = (int32_t)rnd_in(1, 16);
+        mo.n_blocks = (int32_t)((160 + mo.block_tokens - 1) / mo.block_tokens + rnd_in(0, 40));
+        di_mock_runner *mock;
+        di_model_runner runner;
+        di_error err = {0};
+        assert_int_equal(di_mock_runner_new(&mo, &mock, &runner, &err), DI_OK);
+        int32_t max_seqs = (int32_t)rnd_in(1, 12), chunk = (int32_t)rnd_in(1, 32);
+        di_core_options co = core_opts(iter % 2, max_seqs, rnd_in(chunk > max_seqs ? chunk : max_seqs, 80), chunk);
+        co.sample_threads = (int32_t)rnd_in(0, 2);
+        di_core *c;
+        assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
+        int64_t next_id = 0, finished = 0;
+        di_core_delta d[16];
+        for (int op = 0; op < 400 || di_core_busy(c); op++) {
+            assert_true(op < 20000);
+            uint64_t what = rnd() % 10;
+            if (op < 400 && what < 3) {
+                int32_t prompt[100];
+                int64_t n = rnd_in(1, 100);
+                for (int64_t t = 0; t < n; t++) prompt[t] = (int32_t)rnd_in(0, 63);
+                di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = rnd_in(1, 60)};
+                p.sampling.seed = rnd();
+                p.prefill_chunk = rnd() % 2 ? (int32_t)rnd_in(1, chunk) : 0;
+                assert_int_equal(di_core_add(c, next_id++, prompt, n, &p, &err), DI_OK);
+            } else if (op < 400 && what == 3 && next_id > 0) {
+                di_core_cancel(c, rnd_in(0, next_id - 1), NULL); /* may be unknown or finished: refused */
+            } else {
+                assert_int_equal(di_core_step(c, &err), DI_OK);
+            }
+            check_invariants(c, max_seqs);
+            int32_t k = di_core_poll(c, d, 16);
+            for (int32_t j = 0; j < k; j++) {
+                if (d[j].finish == DI_FINISH_ERROR) fail_msg("iter %d: %s", iter, d[j].error);
+                finished += d[j].finish != DI_FINISH_NONE;
+            }
+        }
+        while (finished < next_id) {
+            int32_t k = di_core_poll(c, d, 16);
+            if (!k) break;
+            for (int32_t j = 0; j < k; j++) finished += d[j].finish != DI_FINISH_NONE;
+        }
+        assert_int_equal(finished, next_id);
+        di_core_step(c, &err);
+        check_invariants(c, max_seqs);
+        assert_int_equal(di_core_scheduler(c)->pool.n_free, mo.n_blocks);
+        di_core_free(c);
+        di_mock_runner_free(mock);
+    }
+}
+
 /* ---- id map: random puts and deletes against a plain array ---- */
 
 static void test_idmap(void **state) {
@@ -913,6 +994,7 @@ int main(void) {
         cmocka_unit_test(test_errors_are_per_request),
         cmocka_unit_test(test_idmap),
         cmocka_unit_test(test_many_requests),
+        cmocka_unit_test(test_random_operations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
