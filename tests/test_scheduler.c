@@ -416,10 +416,13 @@ static void test_preemption_resume(void **state) {
         di_mock_options tight = mo;
         tight.n_blocks = 24; /* 10 requests of up to ~14 blocks each */
         run_jobs(&tight, &co, jobs, N, got, &info, 0);
-        tu_report("preemption (%s, 24 blocks): %lld preemptions, %lld prefill tokens incl. recompute vs %lld with room",
-                  async ? "async" : "sync", (long long)info.stats.preemptions, (long long)info.stats.prefill_tokens,
-                  (long long)roomy_prefill);
+        tu_report("preemption (%s, 24 blocks): %lld preemptions (%lld forced syncs), %lld prefill tokens incl. "
+                  "recompute vs %lld with room",
+                  async ? "async" : "sync", (long long)info.stats.preemptions, (long long)info.stats.forced_syncs,
+                  (long long)info.stats.prefill_tokens, (long long)roomy_prefill);
         assert_true(info.stats.preemptions > 0);
+        if (async) assert_true(info.stats.forced_syncs > 0); /* the wait-for-the-victim path ran */
+        else assert_int_equal(info.stats.forced_syncs, 0);
         int any = 0;
         for (int i = 0; i < N; i++) {
             assert_same_outcome(&got[i], &ref[i], "preempted vs roomy", i);

@@ -170,6 +170,7 @@ int di_core_step(di_core *c, di_error *err) {
     int rc = di_sched_schedule(&c->sched, p, err);
     if (rc == DI_SCHED_NEED_SYNC) {
         /* preemption must wait for the victim's step to finish writing its cache */
+        c->stats.forced_syncs++;
         const di_step_result *prev = di_executor_wait(c->exec);
         if (prev) process(c, prev, err);
         rc = di_sched_schedule(&c->sched, p, err);

@@ -40,6 +40,7 @@ typedef struct di_core_stats {
     int64_t sampled;         /* tokens delivered to requests */
     int64_t wasted_samples;  /* sampled after the request had finished (async lag, cancellation) */
     int64_t preemptions;
+    int64_t forced_syncs;    /* async: steps that waited for the step in flight before scheduling (preemption) */
     double forward_s, sample_s;
 } di_core_stats;
 
