@@ -87,6 +87,8 @@ static di_core_options core_opts(int async, int32_t max_seqs, int64_t budget, in
 
 typedef struct run_info {
     di_core_stats stats;
+    int64_t fed_back;     /* pieces the mock saw flagged as fed back */
+    int64_t decodes;      /* single-token pieces past position 0 */
     int64_t steps;
     di_mock_runner *mock; /* kept for log inspection when asked */
     int32_t pool_free_end, pool_size;
@@ -152,6 +154,11 @@ static void run_jobs(const di_mock_options *mo, const di_core_options *co, job *
         info->mock = NULL;
     }
     di_core_free(c);
+    if (info) {
+        info->fed_back = mock->n_fed_back;
+        info->decodes = 0;
+        for (int64_t l = 0; l < mock->n_log; l++) info->decodes += mock->log[l].n_tokens == 1 && mock->log[l].pos0 > 0;
+    }
     if (keep_mock && info) info->mock = mock;
     else di_mock_runner_free(mock);
 }
@@ -672,6 +679,10 @@ static void test_async_matches_sync(void **state) {
               (long long)ia.stats.wasted_samples);
     assert_int_equal(is.stats.wasted_samples, 0);
     assert_int_equal(ia.stats.sampled, is.stats.sampled);
+    /* every decode piece is flagged as fed back (a 1-token prompt's prefill is not) */
+    assert_true(is.fed_back > 0 && is.fed_back <= is.decodes);
+    assert_true(ia.fed_back > 0 && ia.fed_back <= ia.decodes);
+    assert_int_equal(ia.fed_back - is.fed_back, ia.stats.wasted_samples);
     outcome_free(s, N);
     outcome_free(a, N);
     /* with host work per token (100 µs) and device time per step (2 ms) the overlap shows */

@@ -125,7 +125,8 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
                                           .tokens = e->tokens + off,
                                           .blocks = p->blocks + it->block_off,
                                           .n_blocks = it->n_blocks,
-                                          .logits_row = it->samples ? rows++ : -1};
+                                          .logits_row = it->samples ? rows++ : -1,
+                                          .fed_back = it->pos0 >= r->n_prompt && it->pos0 == r->n_prompt + r->n_dev_out - 1};
         off += it->n_tokens;
     }
     di_step_batch batch = {p->step, n_seqs, e->seqs, off, rows};

@@ -63,6 +63,7 @@ static int mock_forward(void *ctx, const di_step_batch *b, float *logits, di_err
             m->cap_log = cap;
         }
         m->log[m->n_log++] = (di_mock_piece){b->step, s->req_id, s->pos0, s->n_tokens, b->n_seqs};
+        m->n_fed_back += s->fed_back;
         for (int32_t j = 0; j < s->n_tokens; j++) {
             int64_t pos = s->pos0 + j, blk = s->blocks[pos / bt];
             if (blk < 0 || blk >= m->opt.n_blocks)

@@ -46,6 +46,7 @@ typedef struct di_mock_runner {
     di_mock_piece *log;    /* [cap_log] */
     int64_t n_log, cap_log;
     int64_t n_forward, n_release;
+    int64_t n_fed_back;    /* pieces flagged as starting with the previous step's sampled token */
     int32_t max_batch_seen;
 } di_mock_runner;
 

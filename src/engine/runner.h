@@ -29,6 +29,9 @@ typedef struct di_step_seq {
     const int32_t *blocks; /* [n_blocks] int32 block table; covers positions [0, pos0 + n_tokens) */
     int32_t n_blocks;
     int32_t logits_row;    /* row of `logits` for position pos0 + n_tokens − 1, or −1: no logits */
+    int32_t fed_back;      /* tokens[0] is the token sampled for this request by the previous step.
+                            * The executor fills it in from its own copy; a runner that samples on the
+                            * device may read its device copy instead and skip the host round trip */
 } di_step_seq;
 
 typedef struct di_step_batch {
