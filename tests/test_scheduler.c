@@ -747,16 +747,25 @@ static void test_constraint_hook(void **state) {
         jobs[i].add_at = i;
     }
     di_mock_options mo = mock_opts();
-    di_core_options co = core_opts(1, 4, 64, 16);
-    outcome got[N];
-    run_jobs(&mo, &co, jobs, N, got, NULL, 0);
-    for (int i = 0; i < N; i++) {
-        assert_int_equal(mc[i].bad, 0);
-        assert_int_equal(got[i].n, 30);
-        assert_int_equal(mc[i].accepted, 30);
-        for (int64_t t = 0; t < got[i].n; t++) assert_int_equal(got[i].tok[t] % mc[i].modulus, t % mc[i].modulus);
+    outcome first[N];
+    /* sync; async; async with masks filled on a pool while the forward runs */
+    for (int mode = 0; mode < 3; mode++) {
+        di_core_options co = core_opts(mode > 0, 4, 64, 16);
+        co.sample_threads = mode == 2 ? 3 : 0;
+        for (int i = 0; i < N; i++) mc[i].accepted = 0, mc[i].last = -1, mc[i].bad = 0;
+        outcome got[N];
+        run_jobs(&mo, &co, jobs, N, got, NULL, 0);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(mc[i].bad, 0);
+            assert_int_equal(got[i].n, 30);
+            assert_int_equal(mc[i].accepted, 30); /* max_tokens is known ahead: no lagging token */
+            for (int64_t t = 0; t < got[i].n; t++) assert_int_equal(got[i].tok[t] % mc[i].modulus, t % mc[i].modulus);
+            if (mode) assert_same_outcome(&got[i], &first[i], "constrained, async vs sync", i);
+        }
+        if (mode) outcome_free(got, N);
+        else memcpy(first, got, sizeof first);
     }
-    outcome_free(got, N);
+    outcome_free(first, N);
     job_free(jobs, N);
 }
 
@@ -795,6 +804,7 @@ static void test_errors_are_per_request(void **state) {
         di_error err = {0};
         assert_int_equal(di_mock_runner_new(&mo, &mock, &runner, &err), DI_OK);
         di_core_options co = core_opts(async, 4, 64, 16);
+        co.sample_threads = async ? 2 : 0; /* async: the mask error comes from the overlapped fill */
         di_core *c;
         assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
         int32_t prompt[8] = {5, 6, 7, 8, 9, 10, 11, 12};

@@ -15,8 +15,10 @@ struct di_executor {
     di_threadpool *pool;    /* sampling threads (NULL: the executor's own thread) */
     di_sampler **samplers;  /* [pool size] one scratch per sampling thread */
     float *logits;          /* [max_seqs, n_vocab] f32 */
-    uint32_t *masks;        /* [pool size, mask_words] u32 grammar mask per sampling thread */
+    uint32_t *masks;        /* [max_seqs, mask_words] u32 grammar mask of each sampled row */
     size_t mask_words;
+    int32_t *mask_rc;       /* [max_seqs] status of a mask filled ahead (masks_ready) */
+    int masks_ready;        /* this step's masks were filled alongside the forward */
     int32_t *row_item;      /* [max_seqs] plan item of each sampled row */
     int32_t *seq_of_item;   /* [max_seqs] batch index of each plan item, −1 = dropped */
     di_step_seq *seqs;      /* [max_seqs] */
@@ -49,8 +51,10 @@ static void sample_task(void *ctx, int64_t k, int thread) {
     di_request *r = it->req;
     di_step_sample *out = &j->res->samples[k];
     out->req = r;
-    out->err.code = 0;
-    out->err.msg[0] = 0;
+    if (!e->masks_ready) { /* else overlap_task cleared it and may have left a mask error in it */
+        out->err.code = 0;
+        out->err.msg[0] = 0;
+    }
     di_error *err = &out->err;
     uint32_t *mask = NULL;
     if (seq < 0) {
@@ -60,8 +64,8 @@ static void sample_task(void *ctx, int64_t k, int thread) {
     }
     int src = DI_OK;
     if (r->params.constraint) {
-        mask = e->masks + (size_t)thread * e->mask_words;
-        src = r->params.constraint->fill_mask(r->params.constraint->ctx, mask, err);
+        mask = e->masks + (size_t)k * e->mask_words;
+        src = e->masks_ready ? e->mask_rc[k] : r->params.constraint->fill_mask(r->params.constraint->ctx, mask, err);
     }
     const int64_t pos = it->pos0 + it->n_tokens;
     if (!src && pos - r->n_prompt != r->n_dev_out)
@@ -81,6 +85,35 @@ static void sample_task(void *ctx, int64_t k, int thread) {
     if (!src && di_request_dev_push(r, out->res.token))
         src = di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory for sampled ids", (long long)r->id);
     out->status = src;
+}
+
+typedef struct overlap_job {
+    di_executor *e;
+    const di_step_plan *p;
+    di_step_result *res;
+    const di_step_batch *batch;
+    int forward_rc;
+} overlap_job;
+
+/* Task 0 runs the forward; task 1 + k fills the grammar mask of sampled row k. */
+static void overlap_task(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    overlap_job *j = ctx;
+    di_executor *e = j->e;
+    if (task == 0) {
+        j->forward_rc = e->runner->forward(e->runner->ctx, j->batch, e->logits, &j->res->err);
+        return;
+    }
+    const int64_t k = task - 1;
+    const int32_t i = e->row_item[k];
+    const di_request *r = j->p->items[i].req;
+    di_step_sample *out = &j->res->samples[k];
+    out->err.code = 0;
+    out->err.msg[0] = 0;
+    e->mask_rc[k] = DI_OK;
+    if (r->params.constraint && e->seq_of_item[i] >= 0)
+        e->mask_rc[k] = r->params.constraint->fill_mask(r->params.constraint->ctx, e->masks + (size_t)k * e->mask_words,
+                                                        &out->err);
 }
 
 static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res) {
@@ -130,8 +163,25 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         off += it->n_tokens;
     }
     di_step_batch batch = {p->step, n_seqs, e->seqs, off, rows};
+    res->n_samples = 0;
+    int n_constrained = 0;
+    for (int32_t i = 0; i < p->n_items; i++) {
+        if (!p->items[i].samples) continue;
+        n_constrained += p->items[i].req->params.constraint != NULL && e->seq_of_item[i] >= 0;
+        e->row_item[res->n_samples++] = i;
+    }
     double t0 = di_now();
-    int rc = n_seqs ? m->forward(m->ctx, &batch, e->logits, &res->err) : DI_OK;
+    int rc;
+    e->masks_ready = 0;
+    if (n_constrained && e->pool && n_seqs) {
+        /* grammar masks depend only on the tokens accepted so far: fill them while the model runs */
+        overlap_job oj = {e, p, res, &batch, DI_OK};
+        di_threadpool_run(e->pool, 1 + res->n_samples, overlap_task, &oj);
+        rc = oj.forward_rc;
+        e->masks_ready = 1;
+    } else {
+        rc = n_seqs ? m->forward(m->ctx, &batch, e->logits, &res->err) : DI_OK;
+    }
     double t1 = di_now();
     res->forward_s = t1 - t0;
     if (rc) {
@@ -139,9 +189,6 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         return;
     }
     /* one task per sampled row; rows are independent, so the thread count changes nothing */
-    res->n_samples = 0;
-    for (int32_t i = 0; i < p->n_items; i++)
-        if (p->items[i].samples) e->row_item[res->n_samples++] = i;
     sample_job job = {e, p, res};
     di_threadpool_run(e->pool, res->n_samples, sample_task, &job);
     res->sample_s = di_now() - t1;
@@ -189,13 +236,14 @@ int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, 
     e->mask_words = ((size_t)runner->n_vocab + 31) / 32;
     e->samplers = calloc((size_t)nt, sizeof *e->samplers);
     e->logits = malloc((size_t)max_seqs * (size_t)runner->n_vocab * sizeof *e->logits);
-    e->masks = malloc((size_t)nt * e->mask_words * sizeof *e->masks);
+    e->masks = malloc((size_t)max_seqs * e->mask_words * sizeof *e->masks);
+    e->mask_rc = malloc((size_t)max_seqs * sizeof *e->mask_rc);
     e->row_item = malloc((size_t)max_seqs * sizeof *e->row_item);
     e->seq_of_item = malloc((size_t)max_seqs * sizeof *e->seq_of_item);
     e->seqs = calloc((size_t)max_seqs, sizeof *e->seqs);
     e->res[0].samples = calloc((size_t)max_seqs, sizeof *e->res[0].samples);
     e->res[1].samples = calloc((size_t)max_seqs, sizeof *e->res[1].samples);
-    if (!e->samplers || !e->logits || !e->masks || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
+    if (!e->samplers || !e->logits || !e->masks || !e->mask_rc || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
         di_executor_free(e);
         return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d logits rows of %d", max_seqs,
                             runner->n_vocab);
@@ -233,6 +281,7 @@ void di_executor_free(di_executor *e) {
     di_threadpool_destroy(e->pool);
     free(e->logits);
     free(e->masks);
+    free(e->mask_rc);
     free(e->row_item);
     free(e->seq_of_item);
     free(e->seqs);

@@ -7,9 +7,9 @@
  * token depends on nothing else in the step. A constraint (grammar) fills its mask right before its
  * row is sampled — after the previous step's token was accepted — and accepts the sampled token.
  * The mask is built here, not on the host while the previous step runs (as issue 7 sketches it),
- * because in async mode the host does not know that step's token yet; it is known on this side as
- * soon as the step starts, so a later optimisation can fill the masks on the sampling threads while
- * the forward computes. */
+ * because in async mode the host does not know that step's token yet; on this side it is known as
+ * soon as the step starts, so with a sampling pool the masks are filled on the pool's other threads
+ * while one of them runs the forward. */
 #ifndef DI_ENGINE_EXECUTOR_H
 #define DI_ENGINE_EXECUTOR_H
 
