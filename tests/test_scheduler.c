@@ -608,6 +608,18 @@ static void test_limits(void **state) {
     p.prefill_chunk = 65;
     assert_int_equal(di_core_add(c, 5, prompt, 10, &p, &err), DI_ERR_INVALID);
     p.prefill_chunk = 0;
+    di_logit_bias dup[2] = {{7, 1.0f}, {7, -1.0f}};
+    p.sampling.logit_bias = dup;
+    p.sampling.n_logit_bias = 2;
+    assert_int_equal(di_core_add(c, 8, prompt, 10, &p, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "token 7 twice"));
+    p.sampling.n_logit_bias = 0;
+    const char *long_stop[1] = {""};
+    p.stop = long_stop;
+    p.n_stop = 1;
+    assert_int_equal(di_core_add(c, 9, prompt, 10, &p, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "stop string 0"));
+    p.n_stop = 0;
     /* context limit: 90-token prompt in a 100 context → exactly 10 tokens, LENGTH */
     assert_int_equal(di_core_add(c, 6, prompt, 90, &p, &err), DI_OK);
     assert_int_equal(di_core_add(c, 6, prompt, 90, &p, &err), DI_ERR_INVALID); /* duplicate id */

@@ -53,6 +53,12 @@ int di_request_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di
         if (prompt[i] < 0 || prompt[i] >= n_vocab)
             return di_error_set(err, DI_ERR_INVALID, "request %lld: prompt token %lld is id %d, expected 0..%d",
                                 (long long)id, (long long)i, prompt[i], n_vocab - 1);
+    /* a bias map has one entry per token (checked once here, not per sampled row) */
+    for (int32_t i = 0; i < params->sampling.n_logit_bias; i++)
+        for (int32_t j = 0; j < i; j++)
+            if (params->sampling.logit_bias[i].token == params->sampling.logit_bias[j].token)
+                return di_error_set(err, DI_ERR_INVALID, "request %lld: logit_bias lists token %d twice", (long long)id,
+                                    params->sampling.logit_bias[i].token);
     for (int32_t i = 0; i < params->n_stop; i++) {
         size_t n = params->stop[i] ? strlen(params->stop[i]) : 0;
         if (n < 1 || n > DI_REQUEST_MAX_STOP_LEN)
