@@ -271,5 +271,82 @@ def main():
     print(f"{len(out)} cases ({n_err} rejected) -> {args.out}", file=sys.stderr)
 
 
+# ---- stream parsing: model output text -> the reference's complete Chat Completions response ----
+
+D = "｜DSML｜"
+CALL1 = (f'<{D} calls>\n<{D} invoke name="get_weather">\n<{D} parameter name="city" string="true">Paris</{D} parameter>\n'
+         f'<{D} parameter name="n" string="false">3</{D} parameter>\n</{D} invoke>\n</{D} calls>')
+CALL2 = (f'<{D} calls>\n<{D} invoke name="get_weather">\n<{D} parameter name="city" string="true">a "q" \\ é\n'
+         f'two</{D} parameter>\n</{D} invoke>\n<{D} invoke name="now">\n</{D} invoke>\n'
+         f'<{D} invoke name="get_weather">\n<{D} parameter name="obj" string="false">{{"a": [1, 2]}}</{D} parameter>\n'
+         f'</{D} invoke>\n</{D} calls>')
+BODY_THINK = {"model": M, "messages": [U("q")]}
+BODY_PLAIN = {"model": M, "messages": [U("q")], "thinking": {"type": "disabled"}}
+BODY_TOOLS = {"model": M, "messages": [U("q")], "tools": [WEATHER, NOPARAM]}
+BODY_TOOLS_PLAIN = dict(BODY_TOOLS, thinking={"type": "disabled"})
+BODY_REQUIRED = dict(BODY_TOOLS_PLAIN, tool_choice="required")
+BODY_JSON = {"model": M, "messages": [U("json please")], "thinking": {"type": "disabled"}, "response_format": {"type": "json_object"}}
+BODY_STOP = dict(BODY_PLAIN, stop=["END", "xyz"])
+
+STREAM_CASES = [
+    ("plain", BODY_PLAIN, "Hello world!"),
+    ("plain_newlines", BODY_PLAIN, "\n\nHello\n\nworld\n\n"),
+    ("plain_special_text", BODY_PLAIN, "a </think> b <think> c"),
+    ("think", BODY_THINK, "Let me think.\n</think>\n\nSure."),
+    ("think_leading_newlines", BODY_THINK, "\n\nreason\n\n</think>answer\n"),
+    ("think_unclosed", BODY_THINK, "still thinking..."),
+    ("think_empty", BODY_THINK, "</think>direct"),
+    ("think_second_close", BODY_THINK, "r</think>a</think>b"),
+    ("think_partial_marker", BODY_THINK, "a </thin b</think>c </thi"),
+    ("tools_think", BODY_TOOLS, "Need the tool.</think>\n\nSure.\n\n" + CALL1),
+    ("tools_plain", BODY_TOOLS_PLAIN, "Checking.\n\n" + CALL1),
+    ("tools_multi", BODY_TOOLS_PLAIN, CALL2),
+    ("tools_trailing_text", BODY_TOOLS_PLAIN, CALL1 + "\n\ntrailing junk"),
+    ("tools_unfinished", BODY_TOOLS_PLAIN, "x\n\n" + CALL1[:120]),
+    ("tools_not_a_call", BODY_TOOLS_PLAIN, "text with <｜DSML｜ but not a block"),
+    ("tools_dsml_text_no_tools", BODY_PLAIN, "x\n\n" + CALL1),
+    ("required", BODY_REQUIRED, CALL1[len(f"<{D} calls>\n"):]),
+    ("json_fence", BODY_JSON, "Here:\n```json\n{\"a\": 1}\n```\nbye"),
+    ("json_bare", BODY_JSON, "noise {\"a\": [1, {\"b\": 2}]} tail"),
+    ("stop_seq", BODY_STOP, "abc END def"),
+    ("stop_seq_partial", BODY_STOP, "abc EN xy def xyz ghi"),
+    ("unicode", BODY_PLAIN, "日本語 🚀 émigré"),
+    ("empty", BODY_PLAIN, ""),
+]
+
+
+def stream_golden(tokenizer=None):
+    out = []
+    for name, body, text in STREAM_CASES:
+        conv = dr.ChatCompletionRequest(json.dumps(body)).convert(dr.ConversionOptions())
+        gen = dr.ChatCompletionRequest.chunk_generator(conv, "id", M)
+        sp = dr.StreamProcessor(gen, conv.parsing_options)
+        resp = dr.ChatCompletionResponse("id", M, 0, 10, 4)
+        evs = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=10, prompt_cache_hit_tokens=4)))
+        evs += sp.push(dr.InferenceChunk.text(text, 7))
+        if not sp.finished:  # a stop sequence ends the stream by itself
+            evs += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Stop))
+            evs += sp.finish()
+        for e in evs:
+            resp.accumulate(e)
+        full = json.loads(resp.to_json())
+        msg = full["choices"][0]["message"]
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in (msg.get("tool_calls") or [])]
+        out.append({"name": name, "request": body, "output": text,
+                    "reasoning": msg.get("reasoning_content"), "content": msg.get("content"),
+                    "tool_calls": calls, "finish_reason": full["choices"][0]["finish_reason"],
+                    "usage": full["usage"]})
+    return out
+
+
+def main_stream():
+    path = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "chat", "stream_cases.json")
+    out = stream_golden()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in out) + "\n]\n")
+    print(f"{len(out)} stream cases -> {path}", file=sys.stderr)
+
+
 if __name__ == "__main__":
     main()
+    main_stream()

@@ -1,0 +1,446 @@
+/* The output parser: a byte-level state machine over a pending buffer. Each step looks for the
+ * earliest complete marker the current state cares about; text before it is emitted, and when no
+ * marker is complete, the longest tail that could still begin one is held back. That hold-back is
+ * what makes the output independent of chunking. */
+#include "text/stream.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/chat_json.h"
+#include "util/error.h"
+
+#define THINK_END DI_TOK_THINK_END
+#define DSML_OPEN "<" DI_TOK_DSML
+#define CALLS_OPEN " calls>"
+#define CALLS_CLOSE "</" DI_TOK_DSML " calls>"
+#define INVOKE_OPEN "<" DI_TOK_DSML " invoke name=\""
+#define INVOKE_CLOSE "</" DI_TOK_DSML " invoke>"
+#define PARAM_OPEN "<" DI_TOK_DSML " parameter name=\""
+#define PARAM_CLOSE "</" DI_TOK_DSML " parameter>"
+#define FENCE_JSON "```json"
+#define FENCE "```"
+
+typedef enum st { ST_REASONING, ST_CONTENT, ST_TOOLS, ST_DONE } st;
+typedef enum tst { T_OPEN, T_BETWEEN, T_PARAMS, T_VALUE } tst;
+typedef enum jst { J_SEEK, J_FENCE, J_BARE, J_DONE } jst;
+
+struct di_stream {
+    di_parse_options opt; /* stop strings owned */
+    st state;
+    tst tstate;
+    jst jstate;
+    bool at_start;       /* drop leading newlines of the current reasoning/answer */
+    size_t nl_held;      /* trailing newlines not yet emitted */
+    bool json_skipped;   /* json mode: text was blanked before the JSON */
+    bool value_string;   /* T_VALUE: a string="true" parameter */
+    int n_params;        /* parameters of the open call */
+    bool stopped;        /* a stop string ended the answer */
+    di_finish finish;
+    di_buf pend;         /* bytes not yet decided */
+    size_t pend_off;     /* consumed prefix of pend */
+    bool thinking;
+    di_buf reasoning, content;
+    di_stream_call *calls; /* [n_calls] */
+    di_buf *call_args;     /* [n_calls] */
+    size_t n_calls;
+    int64_t completion_tokens, reasoning_tokens;
+    bool oom;
+};
+
+/* ---- events ---- */
+
+static void emit(di_stream *s, di_events *ev, di_event_kind kind, int32_t tool, const char *t, size_t n) {
+    if (!n && kind != DI_EV_TOOL_START) return;
+    if (ev->n == ev->cap) {
+        size_t cap = ev->cap ? ev->cap * 2 : 16;
+        di_event *p = realloc(ev->ev, cap * sizeof *p);
+        if (!p) {
+            s->oom = true;
+            return;
+        }
+        ev->ev = p, ev->cap = cap;
+    }
+    char *copy = malloc(n + 1);
+    if (!copy) {
+        s->oom = true;
+        return;
+    }
+    memcpy(copy, t, n);
+    copy[n] = '\0';
+    ev->ev[ev->n++] = (di_event){.kind = kind, .tool = tool, .text = copy, .len = n};
+    if (kind == DI_EV_REASONING) di_buf_append(&s->reasoning, t, n);
+    else if (kind == DI_EV_CONTENT) di_buf_append(&s->content, t, n);
+    else if (kind == DI_EV_TOOL_ARGS) di_buf_append(&s->call_args[tool], t, n);
+}
+
+void di_events_clear(di_events *e) {
+    for (size_t i = 0; i < e->n; i++) free(e->ev[i].text);
+    e->n = 0;
+}
+
+void di_events_free(di_events *e) {
+    di_events_clear(e);
+    free(e->ev);
+    memset(e, 0, sizeof *e);
+}
+
+/* Reasoning/answer text with the newline rules: leading newlines dropped at a start, trailing
+ * ones held until text follows (or dropped by the caller at a marker). */
+static void emit_text(di_stream *s, di_events *ev, const char *t, size_t n) {
+    di_event_kind kind = s->state == ST_REASONING ? DI_EV_REASONING : DI_EV_CONTENT;
+    if (s->at_start) {
+        while (n && *t == '\n') t++, n--;
+        if (!n) return;
+        s->at_start = false;
+    }
+    size_t body = n;
+    while (body && t[body - 1] == '\n') body--;
+    if (body) {
+        for (; s->nl_held; s->nl_held--) emit(s, ev, kind, -1, "\n", 1);
+        emit(s, ev, kind, -1, t, body);
+    }
+    s->nl_held += n - body;
+}
+
+static void flush_newlines(di_stream *s, di_events *ev) {
+    di_event_kind kind = s->state == ST_REASONING ? DI_EV_REASONING : DI_EV_CONTENT;
+    for (; s->nl_held; s->nl_held--) emit(s, ev, kind, -1, "\n", 1);
+}
+
+/* ---- marker search ---- */
+
+typedef struct found {
+    size_t pos;   /* start of the earliest complete marker, or the emit-safe length if none */
+    int which;    /* index into the marker list, -1 = none complete */
+} found;
+
+/* Earliest complete marker in p[0..n); without one, pos = n minus the longest tail that is a
+ * proper prefix of some marker (held back, unless final). */
+static found scan(const char *p, size_t n, const char *const *markers, size_t n_markers, bool final) {
+    found f = {.pos = n, .which = -1};
+    for (size_t m = 0; m < n_markers; m++) {
+        const char *hit = memmem(p, n, markers[m], strlen(markers[m]));
+        if (hit && (size_t)(hit - p) < f.pos) f.pos = (size_t)(hit - p), f.which = (int)m;
+    }
+    if (f.which >= 0 || final) return f;
+    size_t hold = 0;
+    for (size_t m = 0; m < n_markers; m++) {
+        size_t ml = strlen(markers[m]);
+        for (size_t k = ml - 1 < n ? ml - 1 : n; k > hold; k--)
+            if (!memcmp(p + n - k, markers[m], k)) {
+                hold = k;
+                break;
+            }
+    }
+    f.pos = n - hold;
+    return f;
+}
+
+/* Does p start with lit? 1 yes, 0 no, -1 undecided (p is a proper prefix of lit). */
+static int starts(const char *p, size_t n, const char *lit) {
+    size_t l = strlen(lit);
+    if (n >= l) return !memcmp(p, lit, l);
+    return memcmp(p, lit, n) ? 0 : -1;
+}
+
+/* ---- tool-call block ---- */
+
+static void args(di_stream *s, di_events *ev, const char *t, size_t n) {
+    emit(s, ev, DI_EV_TOOL_ARGS, (int32_t)s->n_calls - 1, t, n);
+}
+
+static void args_escaped(di_stream *s, di_events *ev, const char *t, size_t n) {
+    di_buf b = {0};
+    di_json_write_string(&b, t, n);
+    if (b.oom) s->oom = true;
+    if (b.len >= 2) args(s, ev, b.data + 1, b.len - 2); /* without the quotes */
+    di_buf_free(&b);
+}
+
+static bool start_call(di_stream *s, di_events *ev, const char *name, size_t n) {
+    di_stream_call *c = realloc(s->calls, (s->n_calls + 1) * sizeof *c);
+    di_buf *a = c ? realloc(s->call_args, (s->n_calls + 1) * sizeof *a) : NULL;
+    if (c) s->calls = c;
+    if (a) s->call_args = a;
+    char *nm = malloc(n + 1);
+    if (!c || !a || !nm) {
+        free(nm);
+        s->oom = true;
+        return false;
+    }
+    memcpy(nm, name, n);
+    nm[n] = '\0';
+    s->calls[s->n_calls] = (di_stream_call){.name = nm};
+    s->call_args[s->n_calls] = (di_buf){0};
+    s->n_calls++;
+    s->n_params = 0;
+    emit(s, ev, DI_EV_TOOL_START, (int32_t)s->n_calls - 1, name, n);
+    return true;
+}
+
+/* One step inside the block. Returns the bytes consumed, 0 when more text is needed. */
+static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, bool final) {
+    size_t ws = 0;
+    if (s->tstate != T_OPEN && s->tstate != T_VALUE) {
+        while (ws < n && (p[ws] == '\n' || p[ws] == ' ' || p[ws] == '\t' || p[ws] == '\r')) ws++;
+        if (ws) return ws;
+    }
+    int r;
+    switch (s->tstate) {
+    case T_OPEN:
+        r = starts(p, n, CALLS_OPEN);
+        if (r < 0) break;
+        if (!r) goto invalid;
+        s->tstate = T_BETWEEN;
+        return strlen(CALLS_OPEN);
+    case T_BETWEEN: {
+        if ((r = starts(p, n, CALLS_CLOSE)) > 0) {
+            s->state = ST_DONE;
+            return strlen(CALLS_CLOSE);
+        }
+        int r2 = starts(p, n, INVOKE_OPEN);
+        if (r < 0 || r2 < 0) break;
+        if (!r2) goto invalid;
+        const char *name = p + strlen(INVOKE_OPEN);
+        const char *end = memmem(name, n - strlen(INVOKE_OPEN), "\">", 2);
+        if (!end) break;
+        if (!start_call(s, ev, name, (size_t)(end - name))) return n;
+        s->tstate = T_PARAMS;
+        return (size_t)(end + 2 - p);
+    }
+    case T_PARAMS: {
+        if ((r = starts(p, n, INVOKE_CLOSE)) > 0) {
+            args(s, ev, s->n_params ? "}" : "{}", s->n_params ? 1 : 2);
+            s->tstate = T_BETWEEN;
+            return strlen(INVOKE_CLOSE);
+        }
+        int r2 = starts(p, n, PARAM_OPEN);
+        if (r < 0 || r2 < 0) break;
+        if (!r2) goto invalid;
+        const char *key = p + strlen(PARAM_OPEN);
+        size_t rest = n - strlen(PARAM_OPEN);
+        const char *kend = memmem(key, rest, "\" string=\"", 10);
+        if (!kend) {
+            if (memchr(key, '>', rest)) goto invalid;
+            break;
+        }
+        const char *flag = kend + 10;
+        size_t fl = n - (size_t)(flag - p);
+        int is_true = starts(flag, fl, "true\">"), is_false = starts(flag, fl, "false\">");
+        if (is_true < 0 || is_false < 0) break;
+        if (!is_true && !is_false) goto invalid;
+        s->value_string = is_true > 0;
+        args(s, ev, s->n_params ? ", " : "{", s->n_params ? 2 : 1);
+        args(s, ev, "\"", 1);
+        args_escaped(s, ev, key, (size_t)(kend - key));
+        args(s, ev, s->value_string ? "\": \"" : "\": ", s->value_string ? 4 : 3);
+        s->tstate = T_VALUE;
+        return (size_t)(flag - p) + (is_true > 0 ? 6 : 7);
+    }
+    case T_VALUE: {
+        static const char *const close[] = {PARAM_CLOSE};
+        found f = scan(p, n, close, 1, final);
+        if (s->value_string)
+            args_escaped(s, ev, p, f.pos);
+        else
+            args(s, ev, p, f.pos);
+        if (f.which < 0) return f.pos;
+        if (s->value_string) args(s, ev, "\"", 1);
+        s->n_params++;
+        s->tstate = T_PARAMS;
+        return f.pos + strlen(PARAM_CLOSE);
+    }
+    }
+    if (!final) return 0;
+invalid:
+    s->state = ST_DONE; /* malformed markup: the rest of the output is not shown */
+    return n;
+}
+
+/* ---- json_object answers ---- */
+
+static size_t json_step(di_stream *s, di_events *ev, const char *p, size_t n, bool final) {
+    switch (s->jstate) {
+    case J_SEEK: {
+        static const char *const open[] = {FENCE_JSON, "{", "["};
+        found f = scan(p, n, open, 3, final);
+        if (f.pos) s->json_skipped = true;
+        if (f.which < 0) return f.pos;
+        if (s->json_skipped) emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+        if (f.which == 0) {
+            s->jstate = J_FENCE;
+            s->at_start = true; /* the fence's own newline is not part of the JSON */
+            return f.pos + strlen(FENCE_JSON);
+        }
+        s->jstate = J_BARE;
+        return f.pos; /* the bracket is the JSON's first byte */
+    }
+    case J_FENCE: {
+        static const char *const close[] = {FENCE};
+        found f = scan(p, n, close, 1, final);
+        emit_text(s, ev, p, f.pos);
+        if (f.which < 0) return f.pos;
+        s->nl_held = 0;
+        emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+        s->jstate = J_DONE;
+        return n;
+    }
+    case J_BARE: emit_text(s, ev, p, n); return n;
+    case J_DONE: return n;
+    }
+    return n;
+}
+
+/* ---- the main loop ---- */
+
+static void run(di_stream *s, di_events *ev, bool final) {
+    const char *markers[3 + DI_API_MAX_STOP]; /* [THINK_END, DSML_OPEN?, stop...] */
+    while (s->pend_off < s->pend.len && s->state != ST_DONE && !s->oom) {
+        const char *p = s->pend.data + s->pend_off;
+        size_t n = s->pend.len - s->pend_off, used = 0;
+        if (s->state == ST_REASONING) {
+            markers[0] = THINK_END;
+            found f = scan(p, n, markers, 1, final);
+            emit_text(s, ev, p, f.pos);
+            used = f.pos;
+            if (f.which == 0) {
+                s->nl_held = 0;
+                s->state = ST_CONTENT;
+                s->at_start = true;
+                used += strlen(THINK_END);
+            }
+        } else if (s->state == ST_CONTENT && s->opt.parse_json_output && s->jstate != J_BARE) {
+            used = json_step(s, ev, p, n, final);
+        } else if (s->state == ST_CONTENT) {
+            size_t nm = 0;
+            markers[nm++] = THINK_END;
+            size_t first_stop = nm + (s->opt.parse_tool_calls ? 1 : 0);
+            if (s->opt.parse_tool_calls) markers[nm++] = DSML_OPEN;
+            for (size_t i = 0; i < s->opt.n_stop && i < DI_API_MAX_STOP; i++) markers[nm++] = s->opt.stop[i];
+            found f = scan(p, n, markers, nm, final);
+            emit_text(s, ev, p, f.pos);
+            used = f.pos;
+            if (f.which == 0) {
+                used += strlen(THINK_END); /* a stray </think> in the answer is dropped */
+            } else if (f.which >= (int)first_stop) {
+                flush_newlines(s, ev);
+                s->stopped = true;
+                s->state = ST_DONE;
+                used = n;
+            } else if (f.which > 0) {
+                s->nl_held = 0; /* newlines before the block belong to the markup */
+                s->state = ST_TOOLS;
+                s->tstate = T_OPEN;
+                used += strlen(DSML_OPEN);
+            }
+        } else if (s->state == ST_TOOLS) {
+            used = tools_step(s, ev, p, n, final);
+        }
+        if (!used) break;
+        s->pend_off += used;
+    }
+    /* compact the pending buffer */
+    if (s->pend_off == s->pend.len || s->state == ST_DONE) {
+        s->pend.len = 0, s->pend_off = 0;
+        if (s->pend.data) s->pend.data[0] = '\0';
+    } else if (s->pend_off > 4096) {
+        memmove(s->pend.data, s->pend.data + s->pend_off, s->pend.len - s->pend_off);
+        s->pend.len -= s->pend_off, s->pend_off = 0;
+    }
+}
+
+int di_stream_new(const di_parse_options *opts, di_stream **out, di_error *err) {
+    di_stream *s = calloc(1, sizeof *s);
+    if (!s) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
+    s->opt = *opts;
+    s->opt.stop = calloc(opts->n_stop ? opts->n_stop : 1, sizeof *s->opt.stop);
+    s->opt.n_stop = 0;
+    for (size_t i = 0; s->opt.stop && i < opts->n_stop && i < DI_API_MAX_STOP; i++) {
+        if (!opts->stop[i] || !opts->stop[i][0]) continue; /* an empty stop string would match everywhere */
+        s->opt.stop[s->opt.n_stop++] = di_strdup(opts->stop[i]);
+    }
+    s->thinking = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION ||
+                  opts->stage0 == DI_STAGE0_CONTENT_CONTINUATION;
+    if (opts->starts_in_tool_calls) {
+        s->state = ST_TOOLS, s->tstate = T_BETWEEN; /* the prompt already opened the block */
+    } else if (opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION) {
+        s->state = ST_REASONING;
+    } else {
+        s->state = ST_CONTENT;
+    }
+    s->at_start = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_CONTENT;
+    if (!s->opt.stop) {
+        free(s);
+        return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
+    }
+    *out = s;
+    return DI_OK;
+}
+
+void di_stream_free(di_stream *s) {
+    if (!s) return;
+    for (size_t i = 0; i < s->opt.n_stop; i++) free(s->opt.stop[i]);
+    free(s->opt.stop);
+    di_buf_free(&s->pend);
+    di_buf_free(&s->reasoning);
+    di_buf_free(&s->content);
+    for (size_t i = 0; i < s->n_calls; i++) {
+        free(s->calls[i].name);
+        di_buf_free(&s->call_args[i]);
+    }
+    free(s->calls);
+    free(s->call_args);
+    free(s);
+}
+
+int di_stream_push(di_stream *s, const char *text, size_t len, int64_t n_tokens, di_events *ev, di_error *err) {
+    s->completion_tokens += n_tokens;
+    if (s->state == ST_REASONING) s->reasoning_tokens += n_tokens;
+    if (s->finish != DI_FINISH_NONE || s->state == ST_DONE) return DI_OK;
+    di_buf_append(&s->pend, text, len);
+    run(s, ev, false);
+    if (s->oom || s->pend.oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
+    return DI_OK;
+}
+
+int di_stream_finish(di_stream *s, di_finish backend_reason, di_events *ev, di_error *err) {
+    if (s->finish != DI_FINISH_NONE) return DI_OK;
+    run(s, ev, true);
+    if (s->state == ST_REASONING || s->state == ST_CONTENT) flush_newlines(s, ev);
+    if (s->oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
+    s->finish = s->stopped ? DI_FINISH_STOP : s->n_calls ? DI_FINISH_TOOL_CALLS : backend_reason;
+    if (s->finish == DI_FINISH_NONE) s->finish = DI_FINISH_STOP;
+    return DI_OK;
+}
+
+bool di_stream_done(const di_stream *s) { return s->state == ST_DONE; }
+
+const char *di_stream_reasoning(const di_stream *s) {
+    return s->thinking ? (s->reasoning.data ? s->reasoning.data : "") : NULL;
+}
+const char *di_stream_content(const di_stream *s) { return s->content.data ? s->content.data : ""; }
+
+size_t di_stream_calls(const di_stream *s, const di_stream_call **calls) {
+    for (size_t i = 0; i < s->n_calls; i++) s->calls[i].arguments = s->call_args[i].data ? s->call_args[i].data : "";
+    *calls = s->calls;
+    return s->n_calls;
+}
+
+di_finish di_stream_finish_reason(const di_stream *s) { return s->finish; }
+
+void di_stream_usage(const di_stream *s, di_usage *u) {
+    u->completion_tokens = s->completion_tokens;
+    u->reasoning_tokens = s->reasoning_tokens;
+}
+
+const char *di_finish_name(di_finish f, di_api api) {
+    switch (f) {
+    case DI_FINISH_NONE: return NULL;
+    case DI_FINISH_STOP: return api == DI_API_MESSAGES ? "end_turn" : api == DI_API_RESPONSES ? "completed" : "stop";
+    case DI_FINISH_LENGTH: return api == DI_API_MESSAGES ? "max_tokens" : api == DI_API_RESPONSES ? "incomplete" : "length";
+    case DI_FINISH_CONTENT_FILTER: return api == DI_API_MESSAGES ? "refusal" : "content_filter";
+    case DI_FINISH_TOOL_CALLS: return api == DI_API_MESSAGES ? "tool_use" : api == DI_API_RESPONSES ? "completed" : "tool_calls";
+    }
+    return NULL;
+}
