@@ -315,13 +315,26 @@ STREAM_CASES = [
 ]
 
 
+PROTOCOL_CASES = [
+    ("resp_tools", "responses", {"model": M, "input": "q", "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]},
+     "Think.</think>Sure.\n\n" + CALL1),
+    ("resp_plain", "responses", {"model": M, "input": "q", "reasoning": {"effort": "none"}}, "Hello world!"),
+    ("msg_tools", "messages", {"model": M, "max_tokens": 100, "messages": [U("q")], "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]},
+     "Think.</think>Sure.\n\n" + CALL1),
+    ("msg_plain", "messages", {"model": M, "max_tokens": 100, "messages": [U("q")], "thinking": {"type": "disabled"}}, "Hello world!"),
+]
+
+RESP = {"chat": dr.ChatCompletionResponse, "responses": dr.ResponsesResponse, "messages": dr.MessagesResponse}
+
+
 def stream_golden(tokenizer=None):
     out = []
-    for name, body, text in STREAM_CASES:
-        conv = dr.ChatCompletionRequest(json.dumps(body)).convert(dr.ConversionOptions())
-        gen = dr.ChatCompletionRequest.chunk_generator(conv, "id", M)
+    cases = [(n, "chat", b, t) for n, b, t in STREAM_CASES] + PROTOCOL_CASES
+    for name, api, body, text in cases:
+        conv = REQ[api](json.dumps(body)).convert(dr.ConversionOptions())
+        gen = REQ[api].chunk_generator(conv, "id", M)
         sp = dr.StreamProcessor(gen, conv.parsing_options)
-        resp = dr.ChatCompletionResponse("id", M, 0, 10, 4)
+        resp = RESP[api]("id", M, 0, 10, 4)
         evs = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=10, prompt_cache_hit_tokens=4)))
         evs += sp.push(dr.InferenceChunk.text(text, 7))
         if not sp.finished:  # a stop sequence ends the stream by itself
@@ -330,9 +343,12 @@ def stream_golden(tokenizer=None):
         for e in evs:
             resp.accumulate(e)
         full = json.loads(resp.to_json())
+        if api != "chat":
+            out.append({"name": name, "api": api, "request": body, "output": text, "response": full})
+            continue
         msg = full["choices"][0]["message"]
         calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in (msg.get("tool_calls") or [])]
-        out.append({"name": name, "request": body, "output": text,
+        out.append({"name": name, "api": "chat", "request": body, "output": text, "response": full,
                     "reasoning": msg.get("reasoning_content"), "content": msg.get("content"),
                     "tool_calls": calls, "finish_reason": full["choices"][0]["finish_reason"],
                     "usage": full["usage"]})

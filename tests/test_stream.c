@@ -11,6 +11,7 @@
 #include "testutil.h"
 #include "text/api.h"
 #include "text/chat_json.h"
+#include "text/sse.h"
 #include "text/stream.h"
 
 typedef struct outcome {
@@ -104,6 +105,7 @@ static void test_stream_golden_every_split(void **state) {
     size_t i, runs = 0;
     json_t *cs;
     json_array_foreach(cases, i, cs) {
+        if (strcmp(json_string_value(json_object_get(cs, "api")), "chat")) continue; /* see test_protocol_renderings */
         di_request req;
         parse_options_of(cs, &req);
         const char *text = json_string_value(json_object_get(cs, "output"));
@@ -139,9 +141,269 @@ static void test_stream_golden_every_split(void **state) {
     json_decref(cases);
 }
 
+/* ---- protocol renderings ---- */
+
+static const char *kind_of(const json_t *o) { return json_string_value(json_object_get(o, "type")); }
+
+/* The parts of a complete response that carry results, in one comparable string. */
+static char *summarize(const char *api, const json_t *r) {
+    di_buf b = {0};
+    size_t i;
+    json_t *x;
+    if (!strcmp(api, "chat")) {
+        json_t *ch = json_array_get(json_object_get(r, "choices"), 0), *m = json_object_get(ch, "message");
+        json_t *rc = json_object_get(m, "reasoning_content");
+        di_buf_printf(&b, "role=%s|content=%s|reasoning=%s|finish=%s|", json_string_value(json_object_get(m, "role")),
+                      json_string_value(json_object_get(m, "content")), rc ? json_string_value(rc) : "(none)",
+                      json_string_value(json_object_get(ch, "finish_reason")));
+        json_array_foreach(json_object_get(m, "tool_calls"), i, x) {
+            json_t *f = json_object_get(x, "function");
+            di_buf_printf(&b, "call %zu %s(%s)|", (size_t)json_integer_value(json_object_get(x, "index")),
+                          json_string_value(json_object_get(f, "name")), json_string_value(json_object_get(f, "arguments")));
+        }
+    } else if (!strcmp(api, "responses")) {
+        di_buf_printf(&b, "status=%s|", json_string_value(json_object_get(r, "status")));
+        json_array_foreach(json_object_get(r, "output"), i, x) {
+            json_t *c0 = json_array_get(json_object_get(x, "content"), 0);
+            di_buf_printf(&b, "%s:%s:%s(%s)|", kind_of(x), c0 ? json_string_value(json_object_get(c0, "text")) : "",
+                          json_string_value(json_object_get(x, "name")) ? json_string_value(json_object_get(x, "name")) : "",
+                          json_string_value(json_object_get(x, "arguments")) ? json_string_value(json_object_get(x, "arguments")) : "");
+        }
+    } else {
+        di_buf_printf(&b, "stop=%s|", json_string_value(json_object_get(r, "stop_reason")));
+        json_array_foreach(json_object_get(r, "content"), i, x) {
+            char *input = json_object_get(x, "input") ? json_dumps(json_object_get(x, "input"), JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+            json_t *t = json_object_get(x, "text") ? json_object_get(x, "text") : json_object_get(x, "thinking");
+            di_buf_printf(&b, "%s:%s:%s|", kind_of(x), t ? json_string_value(t) : json_string_value(json_object_get(x, "name")),
+                          input ? input : "");
+            free(input);
+        }
+    }
+    json_t *u = json_deep_copy(json_object_get(r, "usage"));
+    json_object_del(u, "completion_tokens_details"); /* the reference counts these only for token-id input */
+    json_t *od = json_object_get(u, "output_tokens_details");
+    if (od) json_object_set_new(od, "reasoning_tokens", json_integer(0));
+    char *us = json_dumps(u, JSON_COMPACT | JSON_SORT_KEYS);
+    di_buf_printf(&b, "usage=%s", us);
+    free(us);
+    json_decref(u);
+    return di_buf_take(&b);
+}
+
+typedef struct rendered {
+    char *complete; /* di_response_json */
+    char *sse;      /* every SSE frame, text pushed byte by byte */
+} rendered;
+
+static void render_case(const json_t *cs, rendered *out) {
+    const char *api_name = json_string_value(json_object_get(cs, "api"));
+    di_api api = (di_api)di_api_from_name(api_name);
+    char *body = json_dumps(json_object_get(cs, "request"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+    di_request req;
+    di_error err = {0};
+    assert_int_equal(di_request_parse(api, body, strlen(body), NULL, &req, &err), DI_OK);
+    free(body);
+    const char *text = json_string_value(json_object_get(cs, "output"));
+    size_t len = strlen(text);
+    di_response_info info = {.api = api, .id = "id", .model = "DeepSeek-V4.1-Flash", .created = 0,
+                             .include_usage = true, .thinking = req.conv.thinking};
+    di_usage usage = {.prompt_tokens = 10, .cache_hit_tokens = 4};
+    di_stream *st;
+    di_sse *sse;
+    assert_int_equal(di_stream_new(&req.parse, &st, &err), DI_OK);
+    assert_int_equal(di_sse_new(&info, &sse, &err), DI_OK);
+    di_buf frames = {0};
+    di_events ev = {0};
+    di_sse_begin(sse, &usage, &frames);
+    for (size_t i = 0; i < len; i++) {
+        /* the reference was told 7 tokens for the whole text */
+        assert_int_equal(di_stream_push(st, text + i, 1, i == 0 ? 7 : 0, &ev, &err), DI_OK);
+        di_sse_events(sse, &ev, NULL, 0, &frames);
+        di_events_clear(&ev);
+    }
+    if (!len) di_stream_push(st, "", 0, 7, &ev, &err);
+    assert_int_equal(di_stream_finish(st, DI_FINISH_STOP, &ev, &err), DI_OK);
+    di_sse_events(sse, &ev, NULL, 0, &frames);
+    di_events_free(&ev);
+    di_usage u;
+    di_stream_usage(st, &u);
+    usage.completion_tokens = u.completion_tokens;
+    usage.reasoning_tokens = u.reasoning_tokens;
+    di_sse_end(sse, st, &usage, &frames);
+    out->complete = di_response_json(&info, st, &usage, NULL, 0);
+    out->sse = di_buf_take(&frames);
+    di_sse_free(sse);
+    di_stream_free(st);
+    di_request_free(&req);
+}
+
+/* Re-assemble a complete response from our SSE frames (the way a client does). */
+static json_t *assemble(const char *api, const char *sse, json_t *complete) {
+    json_t *r = json_deep_copy(complete);
+    di_buf content = {0}, reasoning = {0};
+    di_buf args[8] = {{0}};
+    const char *p = sse;
+    const char *last_event = NULL;
+    while ((p = strstr(p, "data: "))) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        assert_non_null(e);
+        if (!strncmp(p, "[DONE]", 6)) {
+            last_event = "[DONE]";
+            p = e;
+            continue;
+        }
+        json_error_t je;
+        json_t *d = json_loadb(p, (size_t)(e - p), 0, &je);
+        if (!d) fail_msg("bad SSE data: %s", je.text);
+        if (!strcmp(api, "chat")) {
+            json_t *delta = json_object_get(json_array_get(json_object_get(d, "choices"), 0), "delta");
+            const char *c = json_string_value(json_object_get(delta, "content"));
+            const char *rc = json_string_value(json_object_get(delta, "reasoning_content"));
+            if (c) di_buf_puts(&content, c);
+            if (rc) di_buf_puts(&reasoning, rc);
+            size_t i;
+            json_t *tc;
+            json_array_foreach(json_object_get(delta, "tool_calls"), i, tc) {
+                int k = (int)json_integer_value(json_object_get(tc, "index"));
+                const char *a = json_string_value(json_object_get(json_object_get(tc, "function"), "arguments"));
+                if (k >= 0 && k < 8 && a) di_buf_puts(&args[k], a);
+            }
+            last_event = "chunk";
+        } else {
+            const char *t = kind_of(d);
+            json_t *delta = json_object_get(d, "delta");
+            if (!strcmp(api, "responses")) {
+                if (!strcmp(t, "response.output_text.delta")) di_buf_puts(&content, json_string_value(delta));
+                if (!strcmp(t, "response.reasoning_text.delta")) di_buf_puts(&reasoning, json_string_value(delta));
+                if (!strcmp(t, "response.function_call_arguments.delta"))
+                    di_buf_puts(&args[0], json_string_value(delta));
+            } else if (!strcmp(t, "content_block_delta")) {
+                const char *dt = kind_of(delta);
+                if (!strcmp(dt, "text_delta")) di_buf_puts(&content, json_string_value(json_object_get(delta, "text")));
+                if (!strcmp(dt, "thinking_delta"))
+                    di_buf_puts(&reasoning, json_string_value(json_object_get(delta, "thinking")));
+                if (!strcmp(dt, "input_json_delta"))
+                    di_buf_puts(&args[0], json_string_value(json_object_get(delta, "partial_json")));
+            }
+            static char kind[64];
+            snprintf(kind, sizeof kind, "%s", t);
+            last_event = kind;
+        }
+        json_decref(d);
+        p = e;
+    }
+    /* what the frames carried must be what the complete response says */
+    if (!strcmp(api, "chat")) {
+        assert_string_equal(last_event, "[DONE]");
+        json_t *m = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+        assert_string_equal(content.data ? content.data : "", json_string_value(json_object_get(m, "content")));
+        json_t *rc = json_object_get(m, "reasoning_content");
+        if (rc) assert_string_equal(reasoning.data ? reasoning.data : "", json_string_value(rc));
+        size_t i;
+        json_t *tc;
+        json_array_foreach(json_object_get(m, "tool_calls"), i, tc)
+            assert_string_equal(args[i].data ? args[i].data : "",
+                                json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")));
+    } else if (!strcmp(api, "responses")) {
+        assert_string_equal(last_event, "response.completed");
+    } else {
+        assert_string_equal(last_event, "message_stop");
+    }
+    di_buf_free(&content);
+    di_buf_free(&reasoning);
+    for (int i = 0; i < 8; i++) di_buf_free(&args[i]);
+    return r;
+}
+
+static void test_protocol_renderings(void **state) {
+    (void)state;
+    json_error_t je;
+    json_t *cases = json_load_file(tu_data("chat/stream_cases.json"), 0, &je);
+    assert_non_null(cases);
+    size_t i, n_bad = 0, n_api[3] = {0};
+    json_t *cs;
+    json_array_foreach(cases, i, cs) {
+        const char *api = json_string_value(json_object_get(cs, "api"));
+        rendered rd;
+        render_case(cs, &rd);
+        json_t *ours = json_loads(rd.complete, 0, &je);
+        assert_non_null(ours);
+        char *a = summarize(api, ours), *b = summarize(api, json_object_get(cs, "response"));
+        if (strcmp(a, b)) {
+            printf("# case %s (%s):\n#   ours: %s\n#   want: %s\n", json_string_value(json_object_get(cs, "name")), api, a, b);
+            n_bad++;
+        }
+        json_t *back = assemble(api, rd.sse, ours);
+        json_decref(back);
+        n_api[di_api_from_name(api)]++;
+        free(a);
+        free(b);
+        json_decref(ours);
+        free(rd.complete);
+        free(rd.sse);
+    }
+    tu_report("protocol renderings vs reference: chat %zu, responses %zu, messages %zu; %zu differ", n_api[0], n_api[1],
+              n_api[2], n_bad);
+    assert_int_equal(n_bad, 0);
+    assert_true(n_api[1] >= 2 && n_api[2] >= 2);
+    json_decref(cases);
+}
+
+/* Split multi-byte characters are held until complete; invalid bytes become U+FFFD. */
+static void test_utf8_boundaries(void **state) {
+    (void)state;
+    di_parse_options po = {.stage0 = DI_STAGE0_CONTENT};
+    di_stream *s;
+    di_error err = {0};
+    di_events ev = {0};
+    assert_int_equal(di_stream_new(&po, &s, &err), DI_OK);
+    const char *pieces[] = {"a\xF0\x9F", "\x9A", "\x80" "b\xC3", "A\xFF", "\xE6\x97"};
+    for (size_t i = 0; i < 5; i++) {
+        assert_int_equal(di_stream_push(s, pieces[i], strlen(pieces[i]), 1, &ev, &err), DI_OK);
+        for (size_t k = 0; k < ev.n; k++) { /* every delta on its own is valid UTF-8 */
+            json_t *j = json_stringn(ev.ev[k].text, ev.ev[k].len);
+            assert_non_null(j);
+            json_decref(j);
+        }
+        di_events_clear(&ev);
+    }
+    assert_int_equal(di_stream_finish(s, DI_FINISH_LENGTH, &ev, &err), DI_OK);
+    assert_string_equal(di_stream_content(s), "a\xF0\x9F\x9A\x80" "b\xEF\xBF\xBD" "A\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+    assert_int_equal(di_stream_finish_reason(s), DI_FINISH_LENGTH);
+    di_usage u;
+    di_stream_usage(s, &u);
+    assert_int_equal(u.completion_tokens, 5);
+    di_events_free(&ev);
+    di_stream_free(s);
+}
+
+/* A stop string ends the answer at once; the parser reports it is done so generation can stop. */
+static void test_stop_string_done(void **state) {
+    (void)state;
+    char *stops[] = {"STOP"};
+    di_parse_options po = {.stage0 = DI_STAGE0_CONTENT, .stop = stops, .n_stop = 1};
+    di_stream *s;
+    di_error err = {0};
+    di_events ev = {0};
+    assert_int_equal(di_stream_new(&po, &s, &err), DI_OK);
+    assert_int_equal(di_stream_push(s, "abc ST", 6, 2, &ev, &err), DI_OK);
+    assert_false(di_stream_done(s));
+    assert_int_equal(di_stream_push(s, "OP tail", 7, 2, &ev, &err), DI_OK);
+    assert_true(di_stream_done(s));
+    assert_int_equal(di_stream_finish(s, DI_FINISH_LENGTH, &ev, &err), DI_OK);
+    assert_string_equal(di_stream_content(s), "abc ");
+    assert_int_equal(di_stream_finish_reason(s), DI_FINISH_STOP);
+    di_events_free(&ev);
+    di_stream_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_golden_every_split),
+        cmocka_unit_test(test_protocol_renderings),
+        cmocka_unit_test(test_utf8_boundaries),
+        cmocka_unit_test(test_stop_string_done),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

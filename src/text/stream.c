@@ -50,6 +50,38 @@ struct di_stream {
 
 /* ---- events ---- */
 
+/* Bytes that are not valid UTF-8 (a model can emit any byte sequence) become U+FFFD, so every
+ * event is valid text for the JSON renderings. */
+static char *utf8_clean(const char *t, size_t n, size_t *out_n) {
+    char *o = malloc(n * 3 + 1); /* worst case: every byte replaced by 3 */
+    if (!o) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)t[i];
+        size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        bool ok = need && i + need <= n && !(need == 2 && c < 0xC2);
+        for (size_t j = 1; ok && j < need; j++) ok = ((unsigned char)t[i + j] & 0xC0) == 0x80;
+        if (ok && need == 3) {
+            unsigned cp = (c & 0x0Fu) << 12 | ((unsigned char)t[i + 1] & 0x3Fu) << 6;
+            ok = cp >= 0x800 && !(cp >= 0xD800 && cp <= 0xDFFF);
+        }
+        if (ok && need == 4) {
+            unsigned cp = (c & 0x07u) << 18 | ((unsigned char)t[i + 1] & 0x3Fu) << 12;
+            ok = cp >= 0x10000 && cp <= 0x10FFFF;
+        }
+        if (ok) {
+            memcpy(o + k, t + i, need);
+            k += need, i += need;
+        } else {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3, i++;
+        }
+    }
+    o[k] = '\0';
+    *out_n = k;
+    return o;
+}
+
 static void emit(di_stream *s, di_events *ev, di_event_kind kind, int32_t tool, const char *t, size_t n) {
     if (!n && kind != DI_EV_TOOL_START) return;
     if (ev->n == ev->cap) {
@@ -61,13 +93,12 @@ static void emit(di_stream *s, di_events *ev, di_event_kind kind, int32_t tool, 
         }
         ev->ev = p, ev->cap = cap;
     }
-    char *copy = malloc(n + 1);
+    char *copy = utf8_clean(t, n, &n);
     if (!copy) {
         s->oom = true;
         return;
     }
-    memcpy(copy, t, n);
-    copy[n] = '\0';
+    t = copy;
     ev->ev[ev->n++] = (di_event){.kind = kind, .tool = tool, .text = copy, .len = n};
     if (kind == DI_EV_REASONING) di_buf_append(&s->reasoning, t, n);
     else if (kind == DI_EV_CONTENT) di_buf_append(&s->content, t, n);
@@ -134,6 +165,14 @@ static found scan(const char *p, size_t n, const char *const *markers, size_t n_
             }
     }
     f.pos = n - hold;
+    /* never end an emitted piece inside a UTF-8 sequence: the rest of it may be in the next push */
+    for (size_t back = 1; back <= 3 && back <= f.pos; back++) {
+        unsigned char c = (unsigned char)p[f.pos - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte: keep looking for the lead */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (need > back) f.pos -= back;
+        break;
+    }
     return f;
 }
 
@@ -396,10 +435,12 @@ void di_stream_free(di_stream *s) {
 
 int di_stream_push(di_stream *s, const char *text, size_t len, int64_t n_tokens, di_events *ev, di_error *err) {
     s->completion_tokens += n_tokens;
-    if (s->state == ST_REASONING) s->reasoning_tokens += n_tokens;
     if (s->finish != DI_FINISH_NONE || s->state == ST_DONE) return DI_OK;
     di_buf_append(&s->pend, text, len);
     run(s, ev, false);
+    /* tokens that leave the parser inside the reasoning are reasoning tokens (exact when the
+     * engine pushes token by token) */
+    if (s->state == ST_REASONING) s->reasoning_tokens += n_tokens;
     if (s->oom || s->pend.oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
     return DI_OK;
 }
