@@ -121,6 +121,9 @@ void di_prompt_free(di_prompt *p);
 /* The whole prompt as one string (caller frees). */
 char *di_prompt_text(const di_prompt *p, size_t *len);
 
+/* Where the official V4.1 tokenizer lives in a checkout (set up by scripts/install-deps.sh). */
+#define DI_DEFAULT_TOKENIZER "data/tokenizer/deepseek-v41/tokenizer.json"
+
 struct di_tokenizer;
 /* Token ids of the prompt: special segments are looked up as added tokens, plain runs encoded
  * without added-token recognition. *ids is malloc'd ([n_ids] int32). */
