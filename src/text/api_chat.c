@@ -124,7 +124,7 @@ int api_parse_format(const json_t *fmt, const json_t *schema_holder, di_conversa
     } else if (!strcmp(t, "json_schema")) {
         json_t *schema = json_object_get(schema_holder, "schema");
         conv->format = DI_FORMAT_JSON_SCHEMA;
-        conv->response_schema = di_json_dump(schema ? schema : json_object(), DI_JSON_COMPACT);
+        conv->response_schema = schema ? di_json_dump(schema, DI_JSON_COMPACT) : di_strdup("{}");
         if (!conv->response_schema) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
     } else if (!strcmp(t, "regex")) {
         const char *re = json_string_value(json_object_get(fmt, "regex"));

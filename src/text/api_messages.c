@@ -105,7 +105,7 @@ static int parse_assistant(const json_t *content, di_conversation *conv, di_erro
             const char *name = json_string_value(json_object_get(b, "name"));
             json_t *input = json_object_get(b, "input");
             if (!id || !name) return di_buf_free(&text), api_missing(err, id ? "name" : "id");
-            char *args = di_json_dump(input ? input : json_object(), DI_JSON_COMPACT);
+            char *args = input ? di_json_dump(input, DI_JSON_COMPACT) : di_strdup("{}");
             int rc = args ? di_msg_add_call(m, id, name, args) : DI_ERR_NOMEM;
             free(args);
             if (rc) return di_buf_free(&text), di_error_set(err, DI_ERR_NOMEM, "out of memory");

@@ -241,9 +241,13 @@ static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, b
         int r2 = starts(p, n, INVOKE_OPEN);
         if (r < 0 || r2 < 0) break;
         if (!r2) goto invalid;
+        /* the name runs to the first quote, which must close the tag */
         const char *name = p + strlen(INVOKE_OPEN);
-        const char *end = memmem(name, n - strlen(INVOKE_OPEN), "\">", 2);
+        const char *end = memchr(name, '"', n - strlen(INVOKE_OPEN));
         if (!end) break;
+        int r3 = starts(end, n - (size_t)(end - p), "\">");
+        if (r3 < 0) break;
+        if (!r3) goto invalid;
         if (!start_call(s, ev, name, (size_t)(end - name))) return n;
         s->tstate = T_PARAMS;
         return (size_t)(end + 2 - p);
@@ -259,11 +263,11 @@ static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, b
         if (!r2) goto invalid;
         const char *key = p + strlen(PARAM_OPEN);
         size_t rest = n - strlen(PARAM_OPEN);
-        const char *kend = memmem(key, rest, "\" string=\"", 10);
-        if (!kend) {
-            if (memchr(key, '>', rest)) goto invalid;
-            break;
-        }
+        const char *kend = memchr(key, '"', rest); /* the key runs to the first quote */
+        if (!kend) break;
+        int r3 = starts(kend, n - (size_t)(kend - p), "\" string=\"");
+        if (r3 < 0) break;
+        if (!r3) goto invalid;
         const char *flag = kend + 10;
         size_t fl = n - (size_t)(flag - p);
         int is_true = starts(flag, fl, "true\">"), is_false = starts(flag, fl, "false\">");
