@@ -87,7 +87,7 @@ int api_opt_string(const json_t *obj, const char *key, const char **out, di_erro
 
 /* ---- content ---- */
 
-int api_content_text(const json_t *content, const char *const *text_types, bool allow_null, char **out,
+int api_content_text(const json_t *content, const char *const *text_types, const char *variants, bool allow_null, char **out,
                      size_t *n_images, di_error *err) {
     *out = NULL;
     if (n_images) *n_images = 0;
@@ -125,7 +125,7 @@ int api_content_text(const json_t *content, const char *const *text_types, bool 
             if (n_images) (*n_images)++;
         } else {
             di_buf_free(&b);
-            return api_fail(err, "invalid request body: unsupported content part type `%.100s`", type);
+            return api_unknown_variant(err, type, variants);
         }
     }
     *out = di_buf_take(&b);

@@ -4,6 +4,7 @@
 
 #include "text/api_internal.h"
 
+static const char CHAT_VARIANTS[] = "`text`, `image_url`, `file`";
 static const char *const TEXT_PARTS[] = {"text", NULL};
 static const char ROLES[] = "`system`, `user`, `assistant`, `tool`, `latest_reminder`";
 
@@ -54,7 +55,7 @@ static int parse_message(const json_t *mj, di_conversation *conv, di_error *err)
         return api_fail(err, "Invalid assistant message: content or tool_calls must be set");
     char *text;
     size_t n_images;
-    if ((rc = api_content_text(content, TEXT_PARTS, role == DI_ROLE_ASSISTANT, &text, &n_images, err))) return rc;
+    if ((rc = api_content_text(content, TEXT_PARTS, CHAT_VARIANTS, role == DI_ROLE_ASSISTANT, &text, &n_images, err))) return rc;
     di_message *m = di_conv_add(conv, role, text);
     free(text);
     if (!m) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
@@ -69,7 +70,8 @@ static int parse_message(const json_t *mj, di_conversation *conv, di_error *err)
     } else if (role == DI_ROLE_TOOL) {
         const char *id;
         if ((rc = api_opt_string(mj, "tool_call_id", &id, err))) return rc;
-        m->tool_call_id = di_strdup(id ? id : "");
+        if (!id) return api_missing(err, "tool_call_id");
+        m->tool_call_id = di_strdup(id);
     }
     return DI_OK;
 }
@@ -165,7 +167,13 @@ int api_parse_chat(const json_t *root, const di_api_options *o, di_request *r, d
     int rc;
     size_t i;
     json_t *mj;
-    json_array_foreach(messages, i, mj) if ((rc = parse_message(mj, &r->conv, err))) return rc;
+    json_array_foreach(messages, i, mj) {
+        if ((rc = parse_message(mj, &r->conv, err))) return rc;
+        bool prefix = json_is_true(json_object_get(mj, "prefix"));
+        if (prefix && (i + 1 != json_array_size(messages) || r->conv.msgs[r->conv.n_msgs - 1].role != DI_ROLE_ASSISTANT))
+            return api_fail(err, "Invalid completion message: prefix set true with message which is not final message "
+                                 "or message role is not assistant");
+    }
     if ((rc = api_check_model(model, o, r, err))) return rc;
     if ((rc = api_check_tool_results(&r->conv, err))) return rc;
     if ((rc = parse_tools(json_object_get(root, "tools"), &r->conv, err))) return rc;

@@ -33,8 +33,9 @@ int api_opt_string(const json_t *obj, const char *key, const char **out, di_erro
 
 /* Text of a content field: a string, or an array of parts whose text parts are joined with
  * "\n\n" (images become the image placeholder and are counted). `text_types` lists the part
- * types that carry text ("text", "input_text", ...), NULL-terminated. */
-int api_content_text(const json_t *content, const char *const *text_types, bool allow_null, char **out,
+ * types that carry text ("text", "input_text", ...), NULL-terminated; `variants` is the list the
+ * error for any other part type names. */
+int api_content_text(const json_t *content, const char *const *text_types, const char *variants, bool allow_null, char **out,
                      size_t *n_images, di_error *err);
 
 int api_check_model(const json_t *model, const di_api_options *o, di_request *r, di_error *err);

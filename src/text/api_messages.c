@@ -6,6 +6,7 @@
 
 #include "text/api_internal.h"
 
+static const char MSG_VARIANTS[] = "`text`, `image`";
 static const char *const TEXT_PARTS[] = {"text", NULL};
 
 static bool previous_has_call(const di_conversation *conv, const char *id) {
@@ -23,7 +24,7 @@ static bool previous_has_call(const di_conversation *conv, const char *id) {
 static int parse_user(const json_t *content, size_t mi, di_conversation *conv, di_error *err) {
     if (!json_is_array(content)) {
         char *text;
-        int rc = api_content_text(content, TEXT_PARTS, false, &text, NULL, err);
+        int rc = api_content_text(content, TEXT_PARTS, MSG_VARIANTS, false, &text, NULL, err);
         if (rc) return rc;
         di_message *m = di_conv_add(conv, DI_ROLE_USER, text);
         free(text);
@@ -54,7 +55,7 @@ static int parse_user(const json_t *content, size_t mi, di_conversation *conv, d
         char *text;
         size_t n_images;
         json_t *tc = json_object_get(b, "content");
-        if ((rc = api_content_text(tc, TEXT_PARTS, true, &text, &n_images, err))) break;
+        if ((rc = api_content_text(tc, TEXT_PARTS, MSG_VARIANTS, true, &text, &n_images, err))) break;
         di_message *m = di_conv_add(conv, DI_ROLE_TOOL, text);
         free(text);
         if (!m || !(m->tool_call_id = di_strdup(id))) {
@@ -66,7 +67,7 @@ static int parse_user(const json_t *content, size_t mi, di_conversation *conv, d
     if (!rc && json_array_size(rest)) {
         char *text;
         size_t n_images;
-        if (!(rc = api_content_text(rest, TEXT_PARTS, false, &text, &n_images, err))) {
+        if (!(rc = api_content_text(rest, TEXT_PARTS, MSG_VARIANTS, false, &text, &n_images, err))) {
             di_message *m = di_conv_add(conv, DI_ROLE_USER, text);
             free(text);
             if (!m) rc = di_error_set(err, DI_ERR_NOMEM, "out of memory");
@@ -130,7 +131,7 @@ int api_parse_messages(const json_t *root, const di_api_options *o, di_request *
     json_t *system = json_object_get(root, "system");
     if (system && !json_is_null(system)) {
         char *text;
-        if ((rc = api_content_text(system, TEXT_PARTS, false, &text, NULL, err))) return rc;
+        if ((rc = api_content_text(system, TEXT_PARTS, MSG_VARIANTS, false, &text, NULL, err))) return rc;
         di_message *m = di_conv_add(&r->conv, DI_ROLE_SYSTEM, text);
         free(text);
         if (!m) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
@@ -143,6 +144,13 @@ int api_parse_messages(const json_t *root, const di_api_options *o, di_request *
         json_t *content = json_object_get(mj, "content");
         if (!strcmp(role, "user")) rc = parse_user(content, i, &r->conv, err);
         else if (!strcmp(role, "assistant")) rc = parse_assistant(content, &r->conv, err);
+        else if (!strcmp(role, "system")) {
+            char *text;
+            if (!(rc = api_content_text(content, TEXT_PARTS, MSG_VARIANTS, false, &text, NULL, err))) {
+                if (!di_conv_add(&r->conv, DI_ROLE_SYSTEM, text)) rc = di_error_set(err, DI_ERR_NOMEM, "out of memory");
+                free(text);
+            }
+        }
         else rc = api_unknown_variant(err, role, "`user`, `assistant`");
         if (rc) return rc;
     }

@@ -7,6 +7,7 @@
 
 #include "text/api_internal.h"
 
+static const char RESP_VARIANTS[] = "`input_text`, `output_text`, `input_image`";
 static const char *const TEXT_PARTS[] = {"input_text", "output_text", "text", NULL};
 
 static di_message *open_assistant(di_conversation *conv, char **pending_reasoning) {
@@ -37,7 +38,7 @@ static int parse_item(const json_t *it, di_conversation *conv, char **pending, d
         else return api_unknown_variant(err, rs, "`user`, `assistant`, `system`, `developer`");
         char *text;
         size_t n_images;
-        if ((rc = api_content_text(json_object_get(it, "content"), TEXT_PARTS, false, &text, &n_images, err))) return rc;
+        if ((rc = api_content_text(json_object_get(it, "content"), TEXT_PARTS, RESP_VARIANTS, false, &text, &n_images, err))) return rc;
         di_message *m = r == DI_ROLE_ASSISTANT ? open_assistant(conv, pending) : di_conv_add(conv, r, text);
         if (m && r == DI_ROLE_ASSISTANT) free(m->content), m->content = text, text = NULL;
         free(text);
@@ -66,7 +67,7 @@ static int parse_item(const json_t *it, di_conversation *conv, char **pending, d
         if (!call_known(conv, id)) return api_fail(err, "No tool call found for tool output with call_id %.200s.", id);
         char *text;
         size_t n_images;
-        if ((rc = api_content_text(json_object_get(it, "output"), TEXT_PARTS, false, &text, &n_images, err))) return rc;
+        if ((rc = api_content_text(json_object_get(it, "output"), TEXT_PARTS, RESP_VARIANTS, false, &text, &n_images, err))) return rc;
         di_message *m = di_conv_add(conv, DI_ROLE_TOOL, text);
         free(text);
         if (!m || !(m->tool_call_id = di_strdup(id))) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
@@ -103,6 +104,20 @@ static int parse_tools(const json_t *tools, di_conversation *conv, di_error *err
         if (!type) return api_missing(err, "type");
         if (!strncmp(type, "web_search", 10)) continue; /* server tool: dropped, as the reference does */
         if (strcmp(type, "function")) return api_fail(err, "Unsupported tool type: %.100s", type);
+        json_t *params = json_object_get(t, "parameters");
+        const char *ptype = json_string_value(json_object_get(params, "type"));
+        if (params && (!ptype || strcmp(ptype, "object"))) {
+            const char *name = json_string_value(json_object_get(t, "name"));
+            char got[128];
+            json_t *tv = json_object_get(params, "type");
+            char *tj = tv ? di_json_dump(tv, DI_JSON_COMPACT) : NULL;
+            snprintf(got, sizeof got, "%s", tj ? tj : "null");
+            free(tj);
+            return api_fail(err,
+                            "Invalid schema for function '%.100s': schema must be a JSON Schema of 'type: \"object\"', "
+                            "got 'type: %s'.",
+                            name ? name : "", got);
+        }
         int rc = api_add_tool(conv, json_object_get(t, "name"), json_object_get(t, "description"),
                               json_object_get(t, "parameters"), json_object_get(t, "strict"), err);
         if (rc) return rc;
