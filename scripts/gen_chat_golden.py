@@ -387,15 +387,19 @@ def stream_golden(tokenizer=None):
         if not sp.finished:  # a stop sequence ends the stream by itself
             evs += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Stop))
             evs += sp.finish()
+        names = []
         for e in evs:
+            n = RESP[api].sse_event_name(e) or "chunk"
+            if not names or names[-1] != n:  # deltas are split differently; compare the shape
+                names.append(n)
             resp.accumulate(e)
         full = json.loads(resp.to_json())
         if api != "chat":
-            out.append({"name": name, "api": api, "request": body, "output": text, "response": full})
+            out.append({"name": name, "api": api, "request": body, "output": text, "response": full, "events": names})
             continue
         msg = full["choices"][0]["message"]
         calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in (msg.get("tool_calls") or [])]
-        out.append({"name": name, "api": "chat", "request": body, "output": text, "response": full,
+        out.append({"name": name, "api": "chat", "request": body, "output": text, "response": full, "events": names,
                     "reasoning": msg.get("reasoning_content"), "content": msg.get("content"),
                     "tool_calls": calls, "finish_reason": full["choices"][0]["finish_reason"],
                     "usage": full["usage"]})

@@ -278,6 +278,7 @@ static void open_block(di_sse *s, blk kind, int32_t tool, const char *name, di_b
                                                        name, "input");
         frame(out, "content_block_start",
               json_pack("{s:s,s:I,s:o}", "type", "content_block_start", "index", (json_int_t)s->item, "content_block", cb));
+        if (s->item == 0) frame(out, "ping", json_pack("{s:s}", "type", "ping")); /* keep-alive, as the API sends */
     }
 }
 
