@@ -417,12 +417,60 @@ static void test_stop_string_done(void **state) {
     di_stream_free(s);
 }
 
+/* Chat logprobs ride on the chunk of the push that produced them and fill the complete response. */
+static void test_logprobs(void **state) {
+    (void)state;
+    di_parse_options po = {.stage0 = DI_STAGE0_CONTENT};
+    di_response_info info = {.api = DI_API_CHAT, .id = "c1", .model = "m", .logprobs = true};
+    di_stream *st;
+    di_sse *sse;
+    di_error err = {0};
+    assert_int_equal(di_stream_new(&po, &st, &err), DI_OK);
+    assert_int_equal(di_sse_new(&info, &sse, &err), DI_OK);
+    const char *top_tok[] = {"Hi", "Hello"};
+    const float top_lp[] = {-0.25f, -1.5f};
+    di_token_logprob lp[2] = {{"Hi", -0.25f, 2, top_tok, top_lp}, {"!", -0.125f, 0, NULL, NULL}};
+    di_events ev = {0};
+    di_buf frames = {0};
+    di_usage usage = {.prompt_tokens = 5};
+    di_sse_begin(sse, &usage, &frames);
+    assert_int_equal(di_stream_push(st, "Hi", 2, 1, &ev, &err), DI_OK);
+    di_sse_events(sse, &ev, &lp[0], 1, &frames);
+    di_events_clear(&ev);
+    assert_int_equal(di_stream_push(st, "!", 1, 1, &ev, &err), DI_OK);
+    di_sse_events(sse, &ev, &lp[1], 1, &frames);
+    assert_int_equal(di_stream_finish(st, DI_FINISH_STOP, &ev, &err), DI_OK);
+    di_stream_usage(st, &usage);
+    di_sse_end(sse, st, &usage, &frames);
+    /* second frame = the "Hi" chunk, with its logprob entry */
+    const char *f = strstr(frames.data, "\n\ndata: ") + 8;
+    json_t *chunk = json_loadb(f, (size_t)(strstr(f, "\n\n") - f), 0, NULL);
+    json_t *c0 = json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "logprobs"), "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "token")), "Hi");
+    assert_float_equal(json_real_value(json_object_get(c0, "logprob")), -0.25, 1e-9);
+    assert_int_equal(json_array_size(json_object_get(c0, "top_logprobs")), 2);
+    json_decref(chunk);
+    char *full = di_response_json(&info, st, &usage, lp, 2);
+    json_t *j = json_loads(full, 0, NULL);
+    json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "token")), "!");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2);
+    json_decref(j);
+    free(full);
+    di_buf_free(&frames);
+    di_events_free(&ev);
+    di_sse_free(sse);
+    di_stream_free(st);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_golden_every_split),
         cmocka_unit_test(test_protocol_renderings),
         cmocka_unit_test(test_utf8_boundaries),
         cmocka_unit_test(test_stop_string_done),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

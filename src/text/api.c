@@ -511,6 +511,9 @@ int di_request_parse(di_api api, const char *body, size_t len, const di_api_opti
     out->api = api;
     int rc = check_depth(body, len, err);
     if (rc) return rc;
+    size_t ws = 0;
+    while (ws < len && (body[ws] == ' ' || body[ws] == '\n' || body[ws] == '\r' || body[ws] == '\t')) ws++;
+    if (ws == len) return api_fail(err, "invalid JSON request: EOF while parsing a value at line 1 column %zu", len);
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
     if (!root)
