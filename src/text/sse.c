@@ -104,7 +104,7 @@ static json_t *response_obj(const di_response_info *info, const di_stream *st, c
             }
             json_object_set_new(msg, "tool_calls", tc);
         }
-        json_t *lp = logprobs ? json_pack("{s:O}", "content", logprobs) : json_null();
+        json_t *lp = logprobs ? json_pack("{s:o}", "content", logprobs) : json_null();
         return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:o,s:o,s:o}],s:o,s:n}", "id", info->id, "object",
                          "chat.completion", "created", (json_int_t)info->created, "model", info->model, "choices",
                          "index", 0, "message", msg, "logprobs", lp, "finish_reason",
