@@ -192,10 +192,52 @@ static void test_content_is_plain(void **state) {
 
 
 
+/* Tool results are reordered into call order (stable; unknown ids first, like position 0), and
+ * keep their order when no assistant turn made calls. */
+static void test_tool_result_order(void **state) {
+    (void)state;
+    di_conversation c;
+    di_conv_init(&c);
+    c.thinking = false;
+    di_conv_add(&c, DI_ROLE_USER, "q");
+    di_message *a = di_conv_add(&c, DI_ROLE_ASSISTANT, "");
+    di_msg_add_call(a, "a", "f", "{}");
+    di_msg_add_call(a, "b", "f", "{}");
+    di_msg_add_call(a, "c", "f", "{}");
+    const char *ids[] = {"c", "x", "a", "b"};
+    for (int i = 0; i < 4; i++) {
+        di_message *t = di_conv_add(&c, DI_ROLE_TOOL, ids[i]);
+        t->tool_call_id = di_strdup(ids[i]);
+    }
+    di_prompt p;
+    di_error err = {0};
+    assert_int_equal(di_chat_render(&c, &p, &err), DI_OK);
+    char *text = di_prompt_text(&p, NULL);
+    assert_non_null(strstr(text, DI_TOK_USER "<tool_result>x</tool_result>\n\n<tool_result>a</tool_result>\n\n"
+                                             "<tool_result>b</tool_result>\n\n<tool_result>c</tool_result>" DI_TOK_ASSISTANT));
+    free(text);
+    di_prompt_free(&p);
+    di_conv_free(&c);
+
+    di_conv_init(&c);
+    c.thinking = false;
+    for (int i = 0; i < 2; i++) {
+        di_message *t = di_conv_add(&c, DI_ROLE_TOOL, ids[i]);
+        t->tool_call_id = di_strdup(ids[i]);
+    }
+    assert_int_equal(di_chat_render(&c, &p, &err), DI_OK);
+    text = di_prompt_text(&p, NULL);
+    assert_non_null(strstr(text, "<tool_result>c</tool_result>\n\n<tool_result>x</tool_result>"));
+    free(text);
+    di_prompt_free(&p);
+    di_conv_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_cases),
         cmocka_unit_test(test_content_is_plain),
+        cmocka_unit_test(test_tool_result_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -206,15 +206,16 @@ int api_check_tool_results(const di_conversation *c, di_error *err) {
         /* the tool results that follow must answer these calls, every one of them */
         size_t j = i + 1;
         di_buf unknown = {0};
+        di_call_index ix;
+        if (di_call_index_build(m, &ix)) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
         for (; j < c->n_msgs && c->msgs[j].role == DI_ROLE_TOOL; j++) {
             const char *id = c->msgs[j].tool_call_id ? c->msgs[j].tool_call_id : "";
-            bool found = false;
-            for (size_t k = 0; k < m->n_calls; k++) found |= !strcmp(m->calls[k].id, id);
-            if (!found) {
+            if (di_call_index_find(&ix, id) < 0) {
                 if (unknown.len) di_buf_puts(&unknown, ", ");
                 di_buf_puts(&unknown, id);
             }
         }
+        di_call_index_free(&ix);
         if (unknown.len) {
             int rc = api_fail(err,
                               "An assistant message with 'tool_calls' must be followed by tool messages responding to "

@@ -348,36 +348,71 @@ static void put_head(seg_writer *w, const di_conversation *c, const di_message *
     }
 }
 
-/* Order of a tool result within its user turn: the position of its call in the latest assistant
- * turn that made calls (unknown ids sort first, as the reference's default of 0 does). */
-static size_t call_rank(const di_message *caller, const char *id) {
-    if (!caller || !id) return 0;
-    for (size_t k = 0; k < caller->n_calls; k++)
-        if (!strcmp(caller->calls[k].id, id)) return k;
-    return 0;
+static int cmp_call(const void *a, const void *b) {
+    const di_call_entry *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
 }
 
+int di_call_index_build(const di_message *caller, di_call_index *ix) {
+    ix->n = caller ? caller->n_calls : 0;
+    ix->e = malloc((ix->n ? ix->n : 1) * sizeof *ix->e);
+    if (!ix->e) return DI_ERR_NOMEM;
+    for (size_t k = 0; k < ix->n; k++) ix->e[k] = (di_call_entry){caller->calls[k].id, k};
+    qsort(ix->e, ix->n, sizeof *ix->e, cmp_call);
+    return DI_OK;
+}
+
+long di_call_index_find(const di_call_index *ix, const char *id) {
+    size_t lo = 0, hi = ix->n; /* first entry with e.id > id */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(ix->e[mid].id, id) <= 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo && !strcmp(ix->e[lo - 1].id, id) ? (long)ix->e[lo - 1].pos : -1;
+}
+
+void di_call_index_free(di_call_index *ix) {
+    free(ix->e);
+    ix->e = NULL, ix->n = 0;
+}
+
+/* One user turn: its user texts and tool results joined by blank lines. Tool results keep the
+ * slots they occupy but are reordered among themselves into the order of the calls they answer
+ * (a stable counting sort by call position; unknown ids count as position 0, like the reference). */
 static void put_user_turn(seg_writer *w, const di_conversation *c, const turn *t, const di_message *caller) {
     put_special(w, DI_TOK_USER);
-    size_t n = t->last - t->first + 1;
-    /* Tool results keep the slots they occupy but are reordered among themselves by call order
-     * (stable insertion sort: turns are short). */
-    size_t order[n ? n : 1]; /* [n] message indices in output order */
-    size_t n_tool = 0, tool_ix[n ? n : 1];
+    size_t n = t->last - t->first + 1, n_calls = caller ? caller->n_calls : 0;
+    size_t *order = malloc(n * sizeof *order);            /* [n] message indices in output order */
+    size_t *rank = malloc(n * sizeof *rank);              /* [n] call position of each tool result */
+    size_t *count = calloc(n_calls + 2, sizeof *count);   /* [n_calls + 2] counting-sort buckets */
+    size_t *sorted = malloc(n * sizeof *sorted);          /* [n_tool] tool results by call position */
+    di_call_index ix = {0};
+    if (!order || !rank || !count || !sorted || di_call_index_build(caller, &ix)) {
+        w->oom = true;
+        goto out;
+    }
+    size_t n_tool = 0;
     for (size_t i = 0; i < n; i++) {
+        const di_message *m = &c->msgs[t->first + i];
         order[i] = t->first + i;
-        if (c->msgs[t->first + i].role == DI_ROLE_TOOL) tool_ix[n_tool++] = t->first + i;
+        if (m->role != DI_ROLE_TOOL) continue;
+        long pos = m->tool_call_id ? di_call_index_find(&ix, m->tool_call_id) : -1;
+        rank[n_tool] = pos < 0 ? 0 : (size_t)pos;
+        count[rank[n_tool] + 1]++;
+        sorted[n_tool++] = t->first + i;
     }
-    for (size_t i = 1; i < n_tool; i++) {
-        size_t v = tool_ix[i], r = call_rank(caller, c->msgs[v].tool_call_id), j = i;
-        while (j > 0 && call_rank(caller, c->msgs[tool_ix[j - 1]].tool_call_id) > r) {
-            tool_ix[j] = tool_ix[j - 1];
-            j--;
-        }
-        tool_ix[j] = v;
+    for (size_t k = 1; k <= n_calls; k++) count[k] += count[k - 1]; /* bucket starts */
+    size_t *placed = malloc((n_tool ? n_tool : 1) * sizeof *placed);
+    if (!placed) {
+        w->oom = true;
+        goto out;
     }
+    for (size_t i = 0; i < n_tool; i++) placed[count[rank[i]]++] = sorted[i];
     for (size_t i = 0, k = 0; i < n; i++)
-        if (c->msgs[order[i]].role == DI_ROLE_TOOL) order[i] = tool_ix[k++];
+        if (c->msgs[order[i]].role == DI_ROLE_TOOL) order[i] = placed[k++];
+    free(placed);
     for (size_t i = 0; i < n; i++) {
         const di_message *m = &c->msgs[order[i]];
         if (i) put_plain_str(w, "\n\n");
@@ -389,6 +424,12 @@ static void put_user_turn(seg_writer *w, const di_conversation *c, const turn *t
             put_content(w, m->content, m->n_images);
         }
     }
+out:
+    di_call_index_free(&ix);
+    free(order);
+    free(rank);
+    free(count);
+    free(sorted);
 }
 
 int di_chat_render(const di_conversation *c, di_prompt *out, di_error *err) {

@@ -100,6 +100,23 @@ di_tool_def *di_conv_add_tool(di_conversation *c, const char *name, const char *
                               const char *parameters);
 char *di_strdup(const char *s); /* NULL-safe */
 
+/* Sorted view of one assistant turn's call ids, to match tool results to calls in O(log n). */
+typedef struct di_call_entry {
+    const char *id; /* borrowed from the message */
+    size_t pos;     /* index in the turn's call list */
+} di_call_entry;
+
+typedef struct di_call_index {
+    di_call_entry *e; /* [n] sorted by (id, pos) */
+    size_t n;
+} di_call_index;
+
+int di_call_index_build(const di_message *caller, di_call_index *ix); /* DI_OK or DI_ERR_NOMEM */
+/* Position of the call with this id (the last one when an id repeats, as the reference's
+ * id→position map keeps), or -1. */
+long di_call_index_find(const di_call_index *ix, const char *id);
+void di_call_index_free(di_call_index *ix);
+
 /* ---- rendering ---- */
 
 typedef struct di_segment {
