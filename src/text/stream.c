@@ -20,6 +20,7 @@
 #define PARAM_CLOSE "</" DI_TOK_DSML " parameter>"
 #define FENCE_JSON "```json"
 #define FENCE "```"
+#define DI_STREAM_MAX_TAG 4096 /* bytes a DSML tag header may take before it is called malformed */
 
 typedef enum st { ST_REASONING, ST_CONTENT, ST_TOOLS, ST_DONE } st;
 typedef enum tst { T_OPEN, T_BETWEEN, T_PARAMS, T_VALUE } tst;
@@ -244,6 +245,8 @@ static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, b
         /* the name runs to the first quote, which must close the tag */
         const char *name = p + strlen(INVOKE_OPEN);
         const char *end = memchr(name, '"', n - strlen(INVOKE_OPEN));
+        /* runaway markup is malformed rather than buffered (decided the same way for any split) */
+        if (end ? end - p > DI_STREAM_MAX_TAG : n > DI_STREAM_MAX_TAG) goto invalid;
         if (!end) break;
         int r3 = starts(end, n - (size_t)(end - p), "\">");
         if (r3 < 0) break;
@@ -264,6 +267,7 @@ static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, b
         const char *key = p + strlen(PARAM_OPEN);
         size_t rest = n - strlen(PARAM_OPEN);
         const char *kend = memchr(key, '"', rest); /* the key runs to the first quote */
+        if (kend ? kend - p > DI_STREAM_MAX_TAG : n > DI_STREAM_MAX_TAG) goto invalid;
         if (!kend) break;
         int r3 = starts(kend, n - (size_t)(kend - p), "\" string=\"");
         if (r3 < 0) break;
