@@ -85,10 +85,13 @@ void di_conv_free(di_conversation *c) {
 }
 
 di_message *di_conv_add(di_conversation *c, di_role role, const char *content) {
-    di_message *m = realloc(c->msgs, (c->n_msgs + 1) * sizeof *m);
-    if (!m) return NULL;
-    c->msgs = m;
-    m = &c->msgs[c->n_msgs];
+    if (c->n_msgs == c->cap_msgs) {
+        size_t cap = c->cap_msgs ? 2 * c->cap_msgs : 8;
+        di_message *m = realloc(c->msgs, cap * sizeof *m);
+        if (!m) return NULL;
+        c->msgs = m, c->cap_msgs = cap;
+    }
+    di_message *m = &c->msgs[c->n_msgs];
     memset(m, 0, sizeof *m);
     m->role = role;
     m->content = di_strdup(content ? content : "");
@@ -137,18 +140,24 @@ static const char *const SPECIALS[] = {DI_TOK_BOS,       DI_TOK_EOS,   DI_TOK_SY
                                        DI_TOK_DSML,      DI_TOK_IMAGE};
 
 static void push_seg(seg_writer *w, const char *s, size_t n, bool special) {
-    di_segment *segs = realloc(w->p->segs, (w->p->n_segs + 1) * sizeof *segs);
+    di_prompt *p = w->p;
+    if (p->n_segs == p->cap_segs) {
+        size_t cap = p->cap_segs ? 2 * p->cap_segs : 32;
+        di_segment *segs = realloc(p->segs, cap * sizeof *segs);
+        if (!segs) {
+            w->oom = true;
+            return;
+        }
+        p->segs = segs, p->cap_segs = cap;
+    }
     char *t = malloc(n + 1);
-    if (!segs || !t) {
-        if (segs) w->p->segs = segs;
-        free(t);
+    if (!t) {
         w->oom = true;
         return;
     }
-    w->p->segs = segs;
     memcpy(t, s, n);
     t[n] = '\0';
-    segs[w->p->n_segs++] = (di_segment){.text = t, .len = n, .special = special};
+    p->segs[p->n_segs++] = (di_segment){.text = t, .len = n, .special = special};
 }
 
 static void flush_plain(seg_writer *w) {

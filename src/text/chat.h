@@ -74,6 +74,7 @@ enum {
 typedef struct di_conversation {
     di_message *msgs; /* [n_msgs] */
     size_t n_msgs;
+    size_t cap_msgs;  /* allocated slots */
     bool thinking;    /* thinking mode (the prompt ends with <think>) */
     int effort;       /* 1..100, or DI_EFFORT_DEFAULT; rendered only in thinking mode */
     di_tool_def *tools; /* [n_tools] */
@@ -128,6 +129,7 @@ typedef struct di_segment {
 typedef struct di_prompt {
     di_segment *segs; /* [n_segs]; plain runs are maximal (never two plain segments in a row) */
     size_t n_segs;
+    size_t cap_segs;  /* allocated slots */
     size_t n_images;  /* image placeholders in the prompt */
 } di_prompt;
 
