@@ -4,6 +4,7 @@
  * what makes the output independent of chunking. */
 #include "text/stream.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +24,7 @@
 #define DI_STREAM_MAX_TAG 4096 /* bytes a DSML tag header may take before it is called malformed */
 
 typedef enum st { ST_REASONING, ST_CONTENT, ST_TOOLS, ST_DONE } st;
-typedef enum tst { T_OPEN, T_BETWEEN, T_PARAMS, T_VALUE } tst;
+typedef enum tst { T_OPEN, T_BETWEEN, T_PARAMS, T_FLAG, T_VALUE } tst;
 typedef enum jst { J_SEEK, J_FENCE, J_BARE, J_DONE } jst;
 
 struct di_stream {
@@ -147,13 +148,18 @@ typedef struct found {
     int which;    /* index into the marker list, -1 = none complete */
 } found;
 
-/* Earliest complete marker in p[0..n); without one, pos = n minus the longest tail that is a
- * proper prefix of some marker (held back, unless final). */
+/* The complete marker in p[0..n) that ENDS first (the reference matches markers byte by byte and
+ * acts on the first one to complete; on a tie the longer one wins); without one, pos = n minus the
+ * longest tail that is a proper prefix of some marker (held back, unless final). */
 static found scan(const char *p, size_t n, const char *const *markers, size_t n_markers, bool final) {
     found f = {.pos = n, .which = -1};
+    size_t best_end = SIZE_MAX;
     for (size_t m = 0; m < n_markers; m++) {
-        const char *hit = memmem(p, n, markers[m], strlen(markers[m]));
-        if (hit && (size_t)(hit - p) < f.pos) f.pos = (size_t)(hit - p), f.which = (int)m;
+        size_t ml = strlen(markers[m]);
+        const char *hit = memmem(p, n, markers[m], ml);
+        if (!hit) continue;
+        size_t at = (size_t)(hit - p), end = at + ml;
+        if (end < best_end || (end == best_end && at < f.pos)) best_end = end, f.pos = at, f.which = (int)m;
     }
     if (f.which >= 0 || final) return f;
     size_t hold = 0;
@@ -222,7 +228,7 @@ static bool start_call(di_stream *s, di_events *ev, const char *name, size_t n) 
 /* One step inside the block. Returns the bytes consumed, 0 when more text is needed. */
 static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, bool final) {
     size_t ws = 0;
-    if (s->tstate != T_OPEN && s->tstate != T_VALUE) {
+    if (s->tstate == T_BETWEEN || s->tstate == T_PARAMS) {
         while (ws < n && (p[ws] == '\n' || p[ws] == ' ' || p[ws] == '\t' || p[ws] == '\r')) ws++;
         if (ws) return ws;
     }
@@ -272,18 +278,22 @@ static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, b
         int r3 = starts(kend, n - (size_t)(kend - p), "\" string=\"");
         if (r3 < 0) break;
         if (!r3) goto invalid;
-        const char *flag = kend + 10;
-        size_t fl = n - (size_t)(flag - p);
-        int is_true = starts(flag, fl, "true\">"), is_false = starts(flag, fl, "false\">");
+        /* The key goes out as soon as it is known, verbatim between quotes (the reference does
+         * not escape it); the type flag is checked after. */
+        args(s, ev, s->n_params ? ", \"" : "{\"", s->n_params ? 3 : 2);
+        args(s, ev, key, (size_t)(kend - key));
+        args(s, ev, "\": ", 3);
+        s->tstate = T_FLAG;
+        return (size_t)(kend + 10 - p);
+    }
+    case T_FLAG: {
+        int is_true = starts(p, n, "true\">"), is_false = starts(p, n, "false\">");
         if (is_true < 0 || is_false < 0) break;
         if (!is_true && !is_false) goto invalid;
         s->value_string = is_true > 0;
-        args(s, ev, s->n_params ? ", " : "{", s->n_params ? 2 : 1);
-        args(s, ev, "\"", 1);
-        args_escaped(s, ev, key, (size_t)(kend - key));
-        args(s, ev, s->value_string ? "\": \"" : "\": ", s->value_string ? 4 : 3);
+        if (s->value_string) args(s, ev, "\"", 1);
         s->tstate = T_VALUE;
-        return (size_t)(flag - p) + (is_true > 0 ? 6 : 7);
+        return is_true > 0 ? 6 : 7;
     }
     case T_VALUE: {
         static const char *const close[] = {PARAM_CLOSE};
@@ -315,6 +325,7 @@ static size_t json_step(di_stream *s, di_events *ev, const char *p, size_t n, bo
         if (f.pos) s->json_skipped = true;
         if (f.which < 0) return f.pos;
         if (s->json_skipped) emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+        s->json_skipped = false; /* reused by J_DONE for the text after the fence */
         if (f.which == 0) {
             s->jstate = J_FENCE;
             s->at_start = true; /* the fence's own newline is not part of the JSON */
@@ -328,13 +339,15 @@ static size_t json_step(di_stream *s, di_events *ev, const char *p, size_t n, bo
         found f = scan(p, n, close, 1, final);
         emit_text(s, ev, p, f.pos);
         if (f.which < 0) return f.pos;
-        s->nl_held = 0;
-        emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+        s->nl_held = 0; /* the newline before the closing fence belongs to the fence */
         s->jstate = J_DONE;
-        return n;
+        return f.pos + strlen(FENCE);
     }
     case J_BARE: emit_text(s, ev, p, n); return n;
-    case J_DONE: return n;
+    case J_DONE: /* text after the closing fence is blanked to one space */
+        if (n && !s->json_skipped) emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+        s->json_skipped = true;
+        return n;
     }
     return n;
 }
@@ -347,15 +360,20 @@ static void run(di_stream *s, di_events *ev, bool final) {
         const char *p = s->pend.data + s->pend_off;
         size_t n = s->pend.len - s->pend_off, used = 0;
         if (s->state == ST_REASONING) {
-            markers[0] = THINK_END;
-            found f = scan(p, n, markers, 1, final);
+            /* a tool-call block may also start straight from the reasoning */
+            markers[0] = THINK_END, markers[1] = DSML_OPEN;
+            found f = scan(p, n, markers, s->opt.parse_tool_calls ? 2 : 1, final);
             emit_text(s, ev, p, f.pos);
             used = f.pos;
+            if (f.which >= 0) s->nl_held = 0; /* newlines before either marker belong to it */
             if (f.which == 0) {
-                s->nl_held = 0;
                 s->state = ST_CONTENT;
                 s->at_start = true;
                 used += strlen(THINK_END);
+            } else if (f.which == 1) {
+                s->state = ST_TOOLS;
+                s->tstate = T_OPEN;
+                used += strlen(DSML_OPEN);
             }
         } else if (s->state == ST_CONTENT && s->opt.parse_json_output && s->jstate != J_BARE) {
             used = json_step(s, ev, p, n, final);
@@ -407,8 +425,8 @@ int di_stream_new(const di_parse_options *opts, di_stream **out, di_error *err) 
         if (!opts->stop[i] || !opts->stop[i][0]) continue; /* an empty stop string would match everywhere */
         s->opt.stop[s->opt.n_stop++] = di_strdup(opts->stop[i]);
     }
-    s->thinking = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION ||
-                  opts->stage0 == DI_STAGE0_CONTENT_CONTINUATION;
+    /* reasoning is reported when the output starts inside it */
+    s->thinking = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION;
     if (opts->starts_in_tool_calls) {
         s->state = ST_TOOLS, s->tstate = T_BETWEEN; /* the prompt already opened the block */
     } else if (opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION) {
@@ -457,6 +475,9 @@ int di_stream_finish(di_stream *s, di_finish backend_reason, di_events *ev, di_e
     if (s->finish != DI_FINISH_NONE) return DI_OK;
     run(s, ev, true);
     if (s->state == ST_REASONING || s->state == ST_CONTENT) flush_newlines(s, ev);
+    /* json mode and no JSON at all: the blanked answer is one space */
+    if (s->state == ST_CONTENT && s->opt.parse_json_output && s->jstate == J_SEEK && s->json_skipped)
+        emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
     if (s->oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
     s->finish = s->stopped ? DI_FINISH_STOP : s->n_calls ? DI_FINISH_TOOL_CALLS : backend_reason;
     if (s->finish == DI_FINISH_NONE) s->finish = DI_FINISH_STOP;

@@ -6,14 +6,17 @@
  * which the format drops before </think> and before a tool-call block. The concatenation of each
  * kind of delta is therefore identical for any split (tests/test_stream.c splits at every byte).
  *
- * Rules (the reference's, tests/data/chat/stream_cases.json): reasoning runs until </think>;
- * leading newlines of a new reasoning or answer are dropped; a stray </think> in the answer is
- * skipped; with tools, "<｜DSML｜" (after optional newlines) opens the block
+ * Rules (the reference's, tests/data/chat/stream_cases.json): reasoning runs until </think>
+ * and is reported only when the output starts inside it; leading newlines of a new reasoning or
+ * answer are dropped (a continued turn keeps them); a stray </think> in the answer is skipped;
+ * stop strings apply to the answer, the first one to complete wins; with tools, "<｜DSML｜"
+ * (after optional newlines, in the answer or straight from the reasoning) opens the block
  *   <｜DSML｜ calls> <｜DSML｜ invoke name="f"> <｜DSML｜ parameter name="k" string="true|false">v</｜DSML｜ parameter>
  *   </｜DSML｜ invoke> </｜DSML｜ calls>
  * whose parameters stream out as the JSON object {"k": "v", "n": 3} (string="false" values are
- * JSON already); text after the block, or after malformed markup, is dropped. In json_object mode
- * only the JSON survives: the text before it (and after a ```json fence) becomes one space. */
+ * JSON already; keys are copied verbatim); text after the block, or after malformed markup, is
+ * dropped. In json_object mode only the JSON survives: a ```json fence or the first { or [ starts
+ * it, and any text before it, or after the closing fence, becomes one space. */
 #ifndef DI_TEXT_STREAM_H
 #define DI_TEXT_STREAM_H
 
