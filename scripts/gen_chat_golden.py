@@ -422,12 +422,53 @@ def stream_golden(tokenizer=None):
     return out
 
 
+# ---- random outputs assembled from the fragments the parser cares about ----
+
+FRAGMENTS = ["</think>", "<think>", "\n", "\n\n", " ", "x", "text", "é", "🚀", "{", "}", "[1]", "```json\n", "```",
+             "\n```", f"<{D}", f"<{D} calls>", f"</{D} calls>", f"<{D} invoke name=\"f\">", f"</{D} invoke>",
+             f"<{D} parameter name=\"k\" string=\"true\">", f"<{D} parameter name=\"n\" string=\"false\">",
+             f"</{D} parameter>", "STOP", "ST", "\"", "\\"]
+RANDOM_BODIES = [("think", BODY_THINK), ("plain", BODY_PLAIN), ("tools_think", BODY_TOOLS), ("tools_plain", BODY_TOOLS_PLAIN),
+                 ("required", BODY_REQUIRED), ("json", BODY_JSON), ("stop", dict(BODY_PLAIN, stop=["STOP"]))]
+
+
+def random_golden(n_per_body=40, seed=1234):
+    import random
+    rng = random.Random(seed)
+    out = []
+    for tag, body in RANDOM_BODIES:
+        for i in range(n_per_body):
+            text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 14)))
+            conv = dr.ChatCompletionRequest(json.dumps(body)).convert(dr.ConversionOptions())
+            sp = dr.StreamProcessor(dr.ChatCompletionRequest.chunk_generator(conv, "id", M), conv.parsing_options)
+            resp = dr.ChatCompletionResponse("id", M, 0, 10, 4)
+            evs = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=10, prompt_cache_hit_tokens=4)))
+            evs += sp.push(dr.InferenceChunk.text(text, 1))
+            if not sp.finished:
+                evs += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Stop))
+                evs += sp.finish()
+            for e in evs:
+                resp.accumulate(e)
+            full = json.loads(resp.to_json())
+            msg = full["choices"][0]["message"]
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in (msg.get("tool_calls") or [])]
+            out.append({"name": f"random_{tag}_{i}", "api": "chat", "request": body, "output": text,
+                        "reasoning": msg.get("reasoning_content"), "content": msg.get("content"),
+                        "tool_calls": calls, "finish_reason": full["choices"][0]["finish_reason"]})
+    return out
+
+
 def main_stream():
     path = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "chat", "stream_cases.json")
     out = stream_golden()
     with open(path, "w", encoding="utf-8") as f:
         f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in out) + "\n]\n")
     print(f"{len(out)} stream cases -> {path}", file=sys.stderr)
+    path = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "chat", "stream_random.json")
+    out = random_golden()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in out) + "\n]\n")
+    print(f"{len(out)} random stream outputs -> {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-/* The output parser: a byte-level state machine over a pending buffer. Each step looks for the
- * earliest complete marker the current state cares about; text before it is emitted, and when no
- * marker is complete, the longest tail that could still begin one is held back. That hold-back is
- * what makes the output independent of chunking. */
+/* The output parser: a byte-at-a-time recognizer. Each stage watches an ordered set of patterns
+ * (a marker, a marker preceded by any newlines, or a newline at the very start of the stage); the
+ * first pattern to complete on a byte wins, the bytes before it take the stage's default action,
+ * and the matched bytes take the pattern's action. Bytes that may still begin a pattern, or end
+ * inside a UTF-8 character, are held back until decided — so what comes out never depends on how
+ * the text was chunked. Stage and pattern semantics are the reference's (deepseek-recipe's stream
+ * state machine), checked against it in tests/test_stream.c. */
 #include "text/stream.h"
 
 #include <stdint.h>
@@ -11,38 +14,105 @@
 #include "text/chat_json.h"
 #include "util/error.h"
 
-#define THINK_END DI_TOK_THINK_END
-#define DSML_OPEN "<" DI_TOK_DSML
-#define CALLS_OPEN " calls>"
-#define CALLS_CLOSE "</" DI_TOK_DSML " calls>"
-#define INVOKE_OPEN "<" DI_TOK_DSML " invoke name=\""
-#define INVOKE_CLOSE "</" DI_TOK_DSML " invoke>"
-#define PARAM_OPEN "<" DI_TOK_DSML " parameter name=\""
-#define PARAM_CLOSE "</" DI_TOK_DSML " parameter>"
-#define FENCE_JSON "```json"
-#define FENCE "```"
-#define DI_STREAM_MAX_TAG 4096 /* bytes a DSML tag header may take before it is called malformed */
+#define DSML_BEGIN "<" DI_TOK_DSML
+#define DSML_END "</" DI_TOK_DSML
 
-typedef enum st { ST_REASONING, ST_CONTENT, ST_TOOLS, ST_DONE } st;
-typedef enum tst { T_OPEN, T_BETWEEN, T_PARAMS, T_FLAG, T_VALUE } tst;
-typedef enum jst { J_SEEK, J_FENCE, J_BARE, J_DONE } jst;
+/* ---- patterns ---- */
+
+enum {
+    P_THINK_END,
+    P_DSML_BEGIN,
+    P_DSML_END,
+    P_CALLS_END_V4,   /* "</｜DSML｜tool_calls>", the V4 spelling, also accepted */
+    P_CALLS_END,      /* "</｜DSML｜ calls>" */
+    P_INVOKE,         /* "invoke name=\"" */
+    P_PARAM,          /* "parameter name=\"" */
+    P_QUOTE,
+    P_TRUE,           /* "true\">" */
+    P_FALSE,          /* "false\">" */
+    P_FENCE_JSON,     /* "```json\n" */
+    P_FENCE,          /* "```\n" */
+    P_FENCE_END,      /* "\n```" */
+    P_BRACE,
+    P_BRACKET,
+    P_STOP0,          /* stop strings follow */
+    P_MAX = P_STOP0 + DI_API_MAX_STOP
+};
+
+static const char *const PATTERN_TEXT[P_STOP0] = {
+    DI_TOK_THINK_END, DSML_BEGIN, DSML_END, DSML_END "tool_calls>", DSML_END " calls>", "invoke name=\"",
+    "parameter name=\"", "\"", "true\">", "false\">", "```json\n", "```\n", "\n```", "{", "["};
+
+typedef struct pattern {
+    const char *s;
+    size_t len;
+    size_t *fail; /* [len] KMP failure function: longest proper border of s[0..i] */
+} pattern;
+
+typedef enum match_kind {
+    M_STRING,          /* the pattern itself */
+    M_NEWLINES_STRING, /* the pattern after any run of newlines, which belong to the match */
+    M_LEADING_NEWLINE  /* one newline as the stage's first byte */
+} match_kind;
+
+/* What happens to a run of bytes. */
+typedef enum act {
+    A_CONTENT,     /* answer text */
+    A_REASONING,   /* reasoning text */
+    A_SPACE,       /* json mode: text around the JSON, one space per run */
+    A_SKIP,        /* dropped (markup, stray </think>, text after the end) */
+    A_STOP,        /* a stop string: the answer ends */
+    A_CALL_BEGIN,  /* a tool call opens; its name follows */
+    A_NAME,        /* tool name bytes */
+    A_NAME_END,    /* the name is complete: the call is announced */
+    A_ARGS,        /* fixed argument text (`label`) */
+    A_ARGS_RAW,    /* argument bytes as they are (a key, a non-string value) */
+    A_ARGS_STRING, /* argument bytes inside a JSON string (escaped) */
+    A_LABEL        /* fixed answer text (`label`): the bracket that starts a bare JSON answer */
+} act;
+
+typedef enum stage {
+    S_ANSWER,         /* ordinary answer text */
+    S_JSON,           /* json mode: inside the JSON */
+    S_AFTER_JSON,     /* json mode: after the closing fence */
+    S_CALLS,          /* inside a tool-call block, between calls */
+    S_NAME,           /* the tool name */
+    S_ARGS,           /* between parameters */
+    S_PARAM_NAME,
+    S_PARAM_TYPE,
+    S_PARAM_VALUE,
+    S_REASONING,
+    S_FINISHED        /* a stop string or the end of the block: the rest is dropped */
+} stage;
+
+typedef struct branch {
+    int pat;            /* pattern index (unused for M_LEADING_NEWLINE) */
+    match_kind kind;
+    size_t len;         /* matched prefix of the pattern */
+    size_t newlines;    /* M_NEWLINES_STRING: newlines seen before the pattern began */
+    bool fresh, hit;    /* M_LEADING_NEWLINE: no byte seen yet / the first byte was a newline */
+    stage next;
+    act action;
+    const char *label;  /* A_ARGS / A_LABEL text */
+} branch;
 
 struct di_stream {
     di_parse_options opt; /* stop strings owned */
-    st state;
-    tst tstate;
-    jst jstate;
-    bool at_start;       /* drop leading newlines of the current reasoning/answer */
-    size_t nl_held;      /* trailing newlines not yet emitted */
-    bool json_skipped;   /* json mode: text was blanked before the JSON */
-    bool value_string;   /* T_VALUE: a string="true" parameter */
-    int n_params;        /* parameters of the open call */
-    bool stopped;        /* a stop string ended the answer */
+    pattern pat[P_MAX];
+    size_t n_pat;
+    stage st;
+    bool leading;         /* the stage drops leading newlines */
+    bool first_args;      /* S_ARGS / S_PARAM_*: no parameter written yet */
+    bool string_value;    /* S_PARAM_VALUE: a string="true" value */
+    branch br[P_MAX + 4]; /* [n_br] the stage's patterns, in priority order */
+    size_t n_br;
+    act unmatched;        /* action for bytes no pattern claims */
+    di_buf stash;         /* bytes of the current stage not yet acted on */
+    bool in_space;        /* A_SPACE already wrote the space of the current run */
+    bool stopped;
+    bool thinking;        /* reasoning is reported */
     di_finish finish;
-    di_buf pend;         /* bytes not yet decided */
-    size_t pend_off;     /* consumed prefix of pend */
-    bool thinking;
-    di_buf reasoning, content;
+    di_buf reasoning, content, name;
     di_stream_call *calls; /* [n_calls] */
     di_buf *call_args;     /* [n_calls] */
     size_t n_calls;
@@ -50,7 +120,132 @@ struct di_stream {
     bool oom;
 };
 
-/* ---- events ---- */
+static bool pattern_init(pattern *p, const char *s) {
+    p->s = s;
+    p->len = strlen(s);
+    p->fail = malloc((p->len ? p->len : 1) * sizeof *p->fail);
+    if (!p->fail) return false;
+    if (p->len) p->fail[0] = 0;
+    for (size_t i = 1, k = 0; i < p->len; i++) {
+        while (k && s[i] != s[k]) k = p->fail[k - 1];
+        if (s[i] == s[k]) k++;
+        p->fail[i] = k;
+    }
+    return true;
+}
+
+/* Matched prefix after one more byte (standard KMP step). */
+static size_t pattern_step(const pattern *p, size_t len, char c) {
+    if (len == p->len) len = p->fail[len - 1];
+    while (len && p->s[len] != c) len = p->fail[len - 1];
+    return p->s[len] == c ? len + 1 : 0;
+}
+
+/* ---- stages ---- */
+
+static void add(di_stream *s, int pat, match_kind kind, stage next, act action, const char *label) {
+    s->br[s->n_br++] = (branch){.pat = pat, .kind = kind, .fresh = true, .next = next, .action = action, .label = label};
+}
+
+static void add_stops(di_stream *s) {
+    for (size_t i = 0; i < s->opt.n_stop; i++) add(s, P_STOP0 + (int)i, M_STRING, S_FINISHED, A_STOP, NULL);
+}
+
+/* Enter a stage: its patterns in priority order and its default action. */
+static void enter(di_stream *s, stage st, bool leading) {
+    s->st = st;
+    s->leading = leading;
+    s->n_br = 0;
+    s->stash.len = 0;
+    s->in_space = false;
+    bool tools = s->opt.parse_tool_calls;
+    switch (st) {
+    case S_ANSWER:
+        if (s->opt.parse_json_output) {
+            add(s, P_FENCE_JSON, M_STRING, S_JSON, A_SKIP, NULL);
+            add(s, P_FENCE, M_STRING, S_JSON, A_SKIP, NULL);
+            add(s, P_BRACE, M_STRING, S_JSON, A_LABEL, "{");
+            add(s, P_BRACKET, M_STRING, S_JSON, A_LABEL, "[");
+        } else {
+            add_stops(s);
+        }
+        if (tools) add(s, P_DSML_BEGIN, M_NEWLINES_STRING, S_CALLS, A_SKIP, NULL);
+        if (leading) add(s, -1, M_LEADING_NEWLINE, S_ANSWER, A_SKIP, NULL);
+        add(s, P_THINK_END, M_STRING, S_ANSWER, A_SKIP, NULL); /* a stray </think> is dropped */
+        s->unmatched = s->opt.parse_json_output ? A_SPACE : A_CONTENT;
+        break;
+    case S_JSON:
+        add_stops(s);
+        add(s, P_FENCE_END, M_STRING, S_AFTER_JSON, A_SKIP, NULL);
+        s->unmatched = A_CONTENT;
+        break;
+    case S_AFTER_JSON:
+        if (tools) add(s, P_DSML_BEGIN, M_NEWLINES_STRING, S_CALLS, A_SKIP, NULL);
+        s->unmatched = A_SPACE;
+        break;
+    case S_CALLS:
+        add(s, P_INVOKE, M_STRING, S_NAME, A_CALL_BEGIN, NULL);
+        add(s, P_CALLS_END_V4, M_STRING, S_FINISHED, A_SKIP, NULL);
+        add(s, P_CALLS_END, M_STRING, S_FINISHED, A_SKIP, NULL);
+        s->unmatched = A_SKIP;
+        break;
+    case S_NAME:
+        add(s, P_QUOTE, M_STRING, S_ARGS, A_NAME_END, NULL);
+        s->unmatched = A_NAME;
+        break;
+    case S_ARGS:
+        add(s, P_PARAM, M_STRING, S_PARAM_NAME, A_ARGS, s->first_args ? "{\"" : ", \"");
+        add(s, P_DSML_END, M_STRING, S_CALLS, A_ARGS, s->first_args ? "{}" : "}");
+        s->unmatched = A_SKIP;
+        break;
+    case S_PARAM_NAME: /* the key is copied verbatim */
+        add(s, P_QUOTE, M_STRING, S_PARAM_TYPE, A_ARGS, "\": ");
+        s->unmatched = A_ARGS_RAW;
+        break;
+    case S_PARAM_TYPE:
+        add(s, P_TRUE, M_STRING, S_PARAM_VALUE, A_ARGS, "\"");
+        add(s, P_FALSE, M_STRING, S_PARAM_VALUE, A_SKIP, NULL);
+        s->unmatched = A_SKIP;
+        break;
+    case S_PARAM_VALUE:
+        add(s, P_DSML_END, M_STRING, S_ARGS, s->string_value ? A_ARGS : A_SKIP, s->string_value ? "\"" : NULL);
+        s->unmatched = s->string_value ? A_ARGS_STRING : A_ARGS_RAW;
+        break;
+    case S_REASONING:
+        if (tools) add(s, P_DSML_BEGIN, M_NEWLINES_STRING, S_CALLS, A_SKIP, NULL);
+        if (leading) add(s, -1, M_LEADING_NEWLINE, S_REASONING, A_SKIP, NULL);
+        add(s, P_THINK_END, M_NEWLINES_STRING, S_ANSWER, A_SKIP, NULL);
+        s->unmatched = A_REASONING;
+        break;
+    case S_FINISHED: s->unmatched = A_SKIP; break;
+    }
+}
+
+/* Feed one byte to a branch; true when its pattern completes. */
+static bool branch_feed(const di_stream *s, branch *b, char c) {
+    if (b->kind == M_LEADING_NEWLINE) {
+        if (b->fresh) b->hit = c == '\n';
+        b->fresh = false;
+        return b->hit;
+    }
+    const pattern *p = &s->pat[b->pat];
+    if (b->kind == M_NEWLINES_STRING && b->len == 0 && c == '\n') {
+        b->newlines++;
+    } else {
+        size_t next = pattern_step(p, b->len, c);
+        if (b->kind == M_NEWLINES_STRING && next <= b->len) b->newlines = 0; /* the run broke */
+        b->len = next;
+    }
+    return b->len == p->len;
+}
+
+/* Bytes at the end of the stash that may still belong to a match. */
+static size_t branch_pending(const branch *b) {
+    if (b->kind == M_LEADING_NEWLINE) return b->hit;
+    return b->len + b->newlines;
+}
+
+/* ---- output ---- */
 
 /* Bytes that are not valid UTF-8 (a model can emit any byte sequence) become U+FFFD, so every
  * event is valid text for the JSON renderings. */
@@ -100,11 +295,10 @@ static void emit(di_stream *s, di_events *ev, di_event_kind kind, int32_t tool, 
         s->oom = true;
         return;
     }
-    t = copy;
     ev->ev[ev->n++] = (di_event){.kind = kind, .tool = tool, .text = copy, .len = n};
-    if (kind == DI_EV_REASONING) di_buf_append(&s->reasoning, t, n);
-    else if (kind == DI_EV_CONTENT) di_buf_append(&s->content, t, n);
-    else if (kind == DI_EV_TOOL_ARGS) di_buf_append(&s->call_args[tool], t, n);
+    if (kind == DI_EV_REASONING) di_buf_append(&s->reasoning, copy, n);
+    else if (kind == DI_EV_CONTENT) di_buf_append(&s->content, copy, n);
+    else if (kind == DI_EV_TOOL_ARGS) di_buf_append(&s->call_args[tool], copy, n);
 }
 
 void di_events_clear(di_events *e) {
@@ -118,338 +312,151 @@ void di_events_free(di_events *e) {
     memset(e, 0, sizeof *e);
 }
 
-/* Reasoning/answer text with the newline rules: leading newlines dropped at a start, trailing
- * ones held until text follows (or dropped by the caller at a marker). */
-static void emit_text(di_stream *s, di_events *ev, const char *t, size_t n) {
-    di_event_kind kind = s->state == ST_REASONING ? DI_EV_REASONING : DI_EV_CONTENT;
-    if (s->at_start) {
-        while (n && *t == '\n') t++, n--;
-        if (!n) return;
-        s->at_start = false;
+static void start_call(di_stream *s, di_events *ev) {
+    di_stream_call *c = realloc(s->calls, (s->n_calls + 1) * sizeof *c);
+    if (c) s->calls = c;
+    di_buf *a = c ? realloc(s->call_args, (s->n_calls + 1) * sizeof *a) : NULL;
+    if (a) s->call_args = a;
+    size_t n;
+    char *name = c && a ? utf8_clean(s->name.data ? s->name.data : "", s->name.len, &n) : NULL;
+    if (!name) {
+        s->oom = true;
+        return;
     }
-    size_t body = n;
-    while (body && t[body - 1] == '\n') body--;
-    if (body) {
-        for (; s->nl_held; s->nl_held--) emit(s, ev, kind, -1, "\n", 1);
-        emit(s, ev, kind, -1, t, body);
-    }
-    s->nl_held += n - body;
+    s->calls[s->n_calls] = (di_stream_call){.name = name};
+    s->call_args[s->n_calls] = (di_buf){0};
+    s->n_calls++;
+    emit(s, ev, DI_EV_TOOL_START, (int32_t)s->n_calls - 1, name, n);
 }
 
-static void flush_newlines(di_stream *s, di_events *ev) {
-    di_event_kind kind = s->state == ST_REASONING ? DI_EV_REASONING : DI_EV_CONTENT;
-    for (; s->nl_held; s->nl_held--) emit(s, ev, kind, -1, "\n", 1);
-}
-
-/* ---- marker search ---- */
-
-typedef struct found {
-    size_t pos;   /* start of the earliest complete marker, or the emit-safe length if none */
-    int which;    /* index into the marker list, -1 = none complete */
-} found;
-
-/* The complete marker in p[0..n) that ENDS first (the reference matches markers byte by byte and
- * acts on the first one to complete; on a tie the longer one wins); without one, pos = n minus the
- * longest tail that is a proper prefix of some marker (held back, unless final). */
-static found scan(const char *p, size_t n, const char *const *markers, size_t n_markers, bool final) {
-    found f = {.pos = n, .which = -1};
-    size_t best_end = SIZE_MAX;
-    for (size_t m = 0; m < n_markers; m++) {
-        size_t ml = strlen(markers[m]);
-        const char *hit = memmem(p, n, markers[m], ml);
-        if (!hit) continue;
-        size_t at = (size_t)(hit - p), end = at + ml;
-        if (end < best_end || (end == best_end && at < f.pos)) best_end = end, f.pos = at, f.which = (int)m;
+static void args_text(di_stream *s, di_events *ev, const char *t, size_t n, bool escape) {
+    if (!s->n_calls) return; /* arguments can only follow an announced call */
+    if (!escape) {
+        emit(s, ev, DI_EV_TOOL_ARGS, (int32_t)s->n_calls - 1, t, n);
+        return;
     }
-    if (f.which >= 0 || final) return f;
-    size_t hold = 0;
-    for (size_t m = 0; m < n_markers; m++) {
-        size_t ml = strlen(markers[m]);
-        for (size_t k = ml - 1 < n ? ml - 1 : n; k > hold; k--)
-            if (!memcmp(p + n - k, markers[m], k)) {
-                hold = k;
-                break;
-            }
-    }
-    f.pos = n - hold;
-    /* never end an emitted piece inside a UTF-8 sequence: the rest of it may be in the next push */
-    for (size_t back = 1; back <= 3 && back <= f.pos; back++) {
-        unsigned char c = (unsigned char)p[f.pos - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation byte: keep looking for the lead */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (need > back) f.pos -= back;
-        break;
-    }
-    return f;
-}
-
-/* Does p start with lit? 1 yes, 0 no, -1 undecided (p is a proper prefix of lit). */
-static int starts(const char *p, size_t n, const char *lit) {
-    size_t l = strlen(lit);
-    if (n >= l) return !memcmp(p, lit, l);
-    return memcmp(p, lit, n) ? 0 : -1;
-}
-
-/* ---- tool-call block ---- */
-
-static void args(di_stream *s, di_events *ev, const char *t, size_t n) {
-    emit(s, ev, DI_EV_TOOL_ARGS, (int32_t)s->n_calls - 1, t, n);
-}
-
-static void args_escaped(di_stream *s, di_events *ev, const char *t, size_t n) {
     di_buf b = {0};
     di_json_write_string(&b, t, n);
     if (b.oom) s->oom = true;
-    if (b.len >= 2) args(s, ev, b.data + 1, b.len - 2); /* without the quotes */
+    if (b.len >= 2) emit(s, ev, DI_EV_TOOL_ARGS, (int32_t)s->n_calls - 1, b.data + 1, b.len - 2); /* no quotes */
     di_buf_free(&b);
 }
 
-static bool start_call(di_stream *s, di_events *ev, const char *name, size_t n) {
-    di_stream_call *c = realloc(s->calls, (s->n_calls + 1) * sizeof *c);
-    di_buf *a = c ? realloc(s->call_args, (s->n_calls + 1) * sizeof *a) : NULL;
-    if (c) s->calls = c;
-    if (a) s->call_args = a;
-    char *nm = malloc(n + 1);
-    if (!c || !a || !nm) {
-        free(nm);
-        s->oom = true;
-        return false;
+/* Apply an action to bytes t[0..n) (n may be 0 for markers whose action has no text). */
+static void act_on(di_stream *s, di_events *ev, act a, const char *label, const char *t, size_t n) {
+    switch (a) {
+    case A_CONTENT: emit(s, ev, DI_EV_CONTENT, -1, t, n); break;
+    case A_REASONING: emit(s, ev, DI_EV_REASONING, -1, t, n); break;
+    case A_SPACE:
+        if (n && !s->in_space) emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+        s->in_space |= n > 0;
+        break;
+    case A_SKIP: break;
+    case A_STOP: s->stopped = true; break;
+    case A_CALL_BEGIN: s->name.len = 0; break;
+    case A_NAME: di_buf_append(&s->name, t, n); break;
+    case A_NAME_END: start_call(s, ev); break;
+    case A_ARGS: args_text(s, ev, label, strlen(label), false); break;
+    case A_ARGS_RAW: args_text(s, ev, t, n, false); break;
+    case A_ARGS_STRING: args_text(s, ev, t, n, true); break;
+    case A_LABEL: emit(s, ev, DI_EV_CONTENT, -1, label, strlen(label)); break;
     }
-    memcpy(nm, name, n);
-    nm[n] = '\0';
-    s->calls[s->n_calls] = (di_stream_call){.name = nm};
-    s->call_args[s->n_calls] = (di_buf){0};
-    s->n_calls++;
-    s->n_params = 0;
-    emit(s, ev, DI_EV_TOOL_START, (int32_t)s->n_calls - 1, name, n);
-    return true;
 }
 
-/* One step inside the block. Returns the bytes consumed, 0 when more text is needed. */
-static size_t tools_step(di_stream *s, di_events *ev, const char *p, size_t n, bool final) {
-    size_t ws = 0;
-    if (s->tstate == T_BETWEEN || s->tstate == T_PARAMS) {
-        while (ws < n && (p[ws] == '\n' || p[ws] == ' ' || p[ws] == '\t' || p[ws] == '\r')) ws++;
-        if (ws) return ws;
-    }
-    int r;
-    switch (s->tstate) {
-    case T_OPEN:
-        r = starts(p, n, CALLS_OPEN);
-        if (r < 0) break;
-        if (!r) goto invalid;
-        s->tstate = T_BETWEEN;
-        return strlen(CALLS_OPEN);
-    case T_BETWEEN: {
-        if ((r = starts(p, n, CALLS_CLOSE)) > 0) {
-            s->state = ST_DONE;
-            return strlen(CALLS_CLOSE);
-        }
-        int r2 = starts(p, n, INVOKE_OPEN);
-        if (r < 0 || r2 < 0) break;
-        if (!r2) goto invalid;
-        /* the name runs to the first quote, which must close the tag */
-        const char *name = p + strlen(INVOKE_OPEN);
-        const char *end = memchr(name, '"', n - strlen(INVOKE_OPEN));
-        /* runaway markup is malformed rather than buffered (decided the same way for any split) */
-        if (end ? end - p > DI_STREAM_MAX_TAG : n > DI_STREAM_MAX_TAG) goto invalid;
-        if (!end) break;
-        int r3 = starts(end, n - (size_t)(end - p), "\">");
-        if (r3 < 0) break;
-        if (!r3) goto invalid;
-        if (!start_call(s, ev, name, (size_t)(end - name))) return n;
-        s->tstate = T_PARAMS;
-        return (size_t)(end + 2 - p);
-    }
-    case T_PARAMS: {
-        if ((r = starts(p, n, INVOKE_CLOSE)) > 0) {
-            args(s, ev, s->n_params ? "}" : "{}", s->n_params ? 1 : 2);
-            s->tstate = T_BETWEEN;
-            return strlen(INVOKE_CLOSE);
-        }
-        int r2 = starts(p, n, PARAM_OPEN);
-        if (r < 0 || r2 < 0) break;
-        if (!r2) goto invalid;
-        const char *key = p + strlen(PARAM_OPEN);
-        size_t rest = n - strlen(PARAM_OPEN);
-        const char *kend = memchr(key, '"', rest); /* the key runs to the first quote */
-        if (kend ? kend - p > DI_STREAM_MAX_TAG : n > DI_STREAM_MAX_TAG) goto invalid;
-        if (!kend) break;
-        int r3 = starts(kend, n - (size_t)(kend - p), "\" string=\"");
-        if (r3 < 0) break;
-        if (!r3) goto invalid;
-        /* The key goes out as soon as it is known, verbatim between quotes (the reference does
-         * not escape it); the type flag is checked after. */
-        args(s, ev, s->n_params ? ", \"" : "{\"", s->n_params ? 3 : 2);
-        args(s, ev, key, (size_t)(kend - key));
-        args(s, ev, "\": ", 3);
-        s->tstate = T_FLAG;
-        return (size_t)(kend + 10 - p);
-    }
-    case T_FLAG: {
-        int is_true = starts(p, n, "true\">"), is_false = starts(p, n, "false\">");
-        if (is_true < 0 || is_false < 0) break;
-        if (!is_true && !is_false) goto invalid;
-        s->value_string = is_true > 0;
-        if (s->value_string) args(s, ev, "\"", 1);
-        s->tstate = T_VALUE;
-        return is_true > 0 ? 6 : 7;
-    }
-    case T_VALUE: {
-        static const char *const close[] = {PARAM_CLOSE};
-        found f = scan(p, n, close, 1, final);
-        if (s->value_string)
-            args_escaped(s, ev, p, f.pos);
-        else
-            args(s, ev, p, f.pos);
-        if (f.which < 0) return f.pos;
-        if (s->value_string) args(s, ev, "\"", 1);
-        s->n_params++;
-        s->tstate = T_PARAMS;
-        return f.pos + strlen(PARAM_CLOSE);
-    }
-    }
-    if (!final) return 0;
-invalid:
-    s->state = ST_DONE; /* malformed markup: the rest of the output is not shown */
-    return n;
+/* Stage transitions that carry state beyond the stage itself. */
+static void transition(di_stream *s, const branch *b) {
+    stage next = b->next;
+    if (s->st == S_NAME) s->first_args = true; /* a new call's argument object */
+    if (s->st == S_PARAM_TYPE) s->string_value = b->pat == P_TRUE;
+    if (s->st == S_PARAM_VALUE) s->first_args = false;
+    /* leading newlines are dropped at the start of the answer after </think>, and keep being
+     * dropped while they last; a stray </think> inside the answer does not restart that */
+    bool leading = next == S_ANSWER ? s->st == S_REASONING || b->kind == M_LEADING_NEWLINE : next == S_REASONING;
+    enter(s, next, leading);
 }
 
-/* ---- json_object answers ---- */
-
-static size_t json_step(di_stream *s, di_events *ev, const char *p, size_t n, bool final) {
-    switch (s->jstate) {
-    case J_SEEK: {
-        static const char *const open[] = {FENCE_JSON, "{", "["};
-        found f = scan(p, n, open, 3, final);
-        if (f.pos) s->json_skipped = true;
-        if (f.which < 0) return f.pos;
-        if (s->json_skipped) emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
-        s->json_skipped = false; /* reused by J_DONE for the text after the fence */
-        if (f.which == 0) {
-            s->jstate = J_FENCE;
-            s->at_start = true; /* the fence's own newline is not part of the JSON */
-            return f.pos + strlen(FENCE_JSON);
-        }
-        s->jstate = J_BARE;
-        return f.pos; /* the bracket is the JSON's first byte */
+/* Length of an incomplete UTF-8 sequence at the end of t[0..n) (held until its rest arrives). */
+static size_t utf8_tail(const char *t, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)t[n - back];
+        if ((c & 0xC0) == 0x80) continue;
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > back ? back : 0;
     }
-    case J_FENCE: {
-        static const char *const close[] = {FENCE};
-        found f = scan(p, n, close, 1, final);
-        emit_text(s, ev, p, f.pos);
-        if (f.which < 0) return f.pos;
-        s->nl_held = 0; /* the newline before the closing fence belongs to the fence */
-        s->jstate = J_DONE;
-        return f.pos + strlen(FENCE);
-    }
-    case J_BARE: emit_text(s, ev, p, n); return n;
-    case J_DONE: /* text after the closing fence is blanked to one space */
-        if (n && !s->json_skipped) emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
-        s->json_skipped = true;
-        return n;
-    }
-    return n;
+    return 0;
 }
 
-/* ---- the main loop ---- */
-
-static void run(di_stream *s, di_events *ev, bool final) {
-    const char *markers[3 + DI_API_MAX_STOP]; /* [THINK_END, DSML_OPEN?, stop...] */
-    while (s->pend_off < s->pend.len && s->state != ST_DONE && !s->oom) {
-        const char *p = s->pend.data + s->pend_off;
-        size_t n = s->pend.len - s->pend_off, used = 0;
-        if (s->state == ST_REASONING) {
-            /* a tool-call block may also start straight from the reasoning */
-            markers[0] = THINK_END, markers[1] = DSML_OPEN;
-            found f = scan(p, n, markers, s->opt.parse_tool_calls ? 2 : 1, final);
-            emit_text(s, ev, p, f.pos);
-            used = f.pos;
-            if (f.which >= 0) s->nl_held = 0; /* newlines before either marker belong to it */
-            if (f.which == 0) {
-                s->state = ST_CONTENT;
-                s->at_start = true;
-                used += strlen(THINK_END);
-            } else if (f.which == 1) {
-                s->state = ST_TOOLS;
-                s->tstate = T_OPEN;
-                used += strlen(DSML_OPEN);
-            }
-        } else if (s->state == ST_CONTENT && s->opt.parse_json_output && s->jstate != J_BARE) {
-            used = json_step(s, ev, p, n, final);
-        } else if (s->state == ST_CONTENT) {
-            size_t nm = 0;
-            markers[nm++] = THINK_END;
-            size_t first_stop = nm + (s->opt.parse_tool_calls ? 1 : 0);
-            if (s->opt.parse_tool_calls) markers[nm++] = DSML_OPEN;
-            for (size_t i = 0; i < s->opt.n_stop && i < DI_API_MAX_STOP; i++) markers[nm++] = s->opt.stop[i];
-            found f = scan(p, n, markers, nm, final);
-            emit_text(s, ev, p, f.pos);
-            used = f.pos;
-            if (f.which == 0) {
-                used += strlen(THINK_END); /* a stray </think> in the answer is dropped */
-            } else if (f.which >= (int)first_stop) {
-                flush_newlines(s, ev);
-                s->stopped = true;
-                s->state = ST_DONE;
-                used = n;
-            } else if (f.which > 0) {
-                s->nl_held = 0; /* newlines before the block belong to the markup */
-                s->state = ST_TOOLS;
-                s->tstate = T_OPEN;
-                used += strlen(DSML_OPEN);
-            }
-        } else if (s->state == ST_TOOLS) {
-            used = tools_step(s, ev, p, n, final);
+static void feed(di_stream *s, di_events *ev, const char *text, size_t len) {
+    for (size_t i = 0; i < len && !s->oom; i++) {
+        di_buf_append(&s->stash, &text[i], 1);
+        if (s->stash.oom) {
+            s->oom = true;
+            return;
         }
-        if (!used) break;
-        s->pend_off += used;
+        branch *hit = NULL;
+        for (size_t k = 0; k < s->n_br && !hit; k++)
+            if (branch_feed(s, &s->br[k], text[i])) hit = &s->br[k];
+        if (!hit) continue;
+        size_t m = branch_pending(hit);
+        act_on(s, ev, s->unmatched, NULL, s->stash.data, s->stash.len - m);
+        branch done = *hit; /* enter() rebuilds the branch table */
+        act_on(s, ev, done.action, done.label, s->stash.data + s->stash.len - m, m);
+        transition(s, &done);
     }
-    /* compact the pending buffer */
-    if (s->pend_off == s->pend.len || s->state == ST_DONE) {
-        s->pend.len = 0, s->pend_off = 0;
-        if (s->pend.data) s->pend.data[0] = '\0';
-    } else if (s->pend_off > 4096) {
-        memmove(s->pend.data, s->pend.data + s->pend_off, s->pend.len - s->pend_off);
-        s->pend.len -= s->pend_off, s->pend_off = 0;
+    /* act on what can no longer be part of a match; keep the rest */
+    size_t keep = 0;
+    for (size_t k = 0; k < s->n_br; k++) {
+        size_t p = branch_pending(&s->br[k]);
+        if (p > keep) keep = p;
     }
+    size_t out = s->stash.len - keep;
+    out -= utf8_tail(s->stash.data, out);
+    if (!out) return;
+    act_on(s, ev, s->unmatched, NULL, s->stash.data, out);
+    memmove(s->stash.data, s->stash.data + out, s->stash.len - out);
+    s->stash.len -= out;
 }
 
 int di_stream_new(const di_parse_options *opts, di_stream **out, di_error *err) {
     di_stream *s = calloc(1, sizeof *s);
     if (!s) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
     s->opt = *opts;
-    s->opt.stop = calloc(opts->n_stop ? opts->n_stop : 1, sizeof *s->opt.stop);
     s->opt.n_stop = 0;
-    for (size_t i = 0; s->opt.stop && i < opts->n_stop && i < DI_API_MAX_STOP; i++) {
+    s->opt.stop = calloc(DI_API_MAX_STOP, sizeof *s->opt.stop);
+    bool ok = s->opt.stop != NULL;
+    for (int p = 0; ok && p < P_STOP0; p++) ok = pattern_init(&s->pat[p], PATTERN_TEXT[p]);
+    s->n_pat = P_STOP0;
+    for (size_t i = 0; ok && i < opts->n_stop && s->opt.n_stop < DI_API_MAX_STOP; i++) {
         if (!opts->stop[i] || !opts->stop[i][0]) continue; /* an empty stop string would match everywhere */
-        s->opt.stop[s->opt.n_stop++] = di_strdup(opts->stop[i]);
+        char *copy = di_strdup(opts->stop[i]);
+        ok = copy && pattern_init(&s->pat[s->n_pat], copy);
+        if (copy) s->opt.stop[s->opt.n_stop++] = copy;
+        s->n_pat += ok;
     }
-    /* reasoning is reported when the output starts inside it */
-    s->thinking = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION;
-    if (opts->starts_in_tool_calls) {
-        s->state = ST_TOOLS, s->tstate = T_BETWEEN; /* the prompt already opened the block */
-    } else if (opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION) {
-        s->state = ST_REASONING;
-    } else {
-        s->state = ST_CONTENT;
-    }
-    s->at_start = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_CONTENT;
-    if (!s->opt.stop) {
-        free(s);
+    if (!ok) {
+        di_stream_free(s);
         return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
     }
+    s->thinking = opts->stage0 == DI_STAGE0_REASONING || opts->stage0 == DI_STAGE0_REASONING_CONTINUATION;
+    if (opts->starts_in_tool_calls)
+        enter(s, S_CALLS, false); /* the prompt already opened the block */
+    else if (s->thinking)
+        enter(s, S_REASONING, opts->stage0 == DI_STAGE0_REASONING);
+    else
+        enter(s, S_ANSWER, opts->stage0 == DI_STAGE0_CONTENT);
     *out = s;
     return DI_OK;
 }
 
 void di_stream_free(di_stream *s) {
     if (!s) return;
-    for (size_t i = 0; i < s->opt.n_stop; i++) free(s->opt.stop[i]);
+    for (size_t i = 0; i < s->n_pat; i++) free(s->pat[i].fail);
+    for (size_t i = 0; s->opt.stop && i < s->opt.n_stop; i++) free(s->opt.stop[i]);
     free(s->opt.stop);
-    di_buf_free(&s->pend);
+    di_buf_free(&s->stash);
     di_buf_free(&s->reasoning);
     di_buf_free(&s->content);
+    di_buf_free(&s->name);
     for (size_t i = 0; i < s->n_calls; i++) {
         free(s->calls[i].name);
         di_buf_free(&s->call_args[i]);
@@ -461,30 +468,26 @@ void di_stream_free(di_stream *s) {
 
 int di_stream_push(di_stream *s, const char *text, size_t len, int64_t n_tokens, di_events *ev, di_error *err) {
     s->completion_tokens += n_tokens;
-    if (s->finish != DI_FINISH_NONE || s->state == ST_DONE) return DI_OK;
-    di_buf_append(&s->pend, text, len);
-    run(s, ev, false);
+    if (s->finish != DI_FINISH_NONE) return DI_OK;
+    feed(s, ev, text, len);
+    if (s->oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
     /* tokens that leave the parser inside the reasoning are reasoning tokens (exact when the
      * engine pushes token by token) */
-    if (s->state == ST_REASONING) s->reasoning_tokens += n_tokens;
-    if (s->oom || s->pend.oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
+    if (s->st == S_REASONING) s->reasoning_tokens += n_tokens;
     return DI_OK;
 }
 
 int di_stream_finish(di_stream *s, di_finish backend_reason, di_events *ev, di_error *err) {
     if (s->finish != DI_FINISH_NONE) return DI_OK;
-    run(s, ev, true);
-    if (s->state == ST_REASONING || s->state == ST_CONTENT) flush_newlines(s, ev);
-    /* json mode and no JSON at all: the blanked answer is one space */
-    if (s->state == ST_CONTENT && s->opt.parse_json_output && s->jstate == J_SEEK && s->json_skipped)
-        emit(s, ev, DI_EV_CONTENT, -1, " ", 1);
+    act_on(s, ev, s->unmatched, NULL, s->stash.data, s->stash.len); /* what was held back */
+    s->stash.len = 0;
     if (s->oom) return di_error_set(err, DI_ERR_NOMEM, "stream: out of memory");
     s->finish = s->stopped ? DI_FINISH_STOP : s->n_calls ? DI_FINISH_TOOL_CALLS : backend_reason;
     if (s->finish == DI_FINISH_NONE) s->finish = DI_FINISH_STOP;
     return DI_OK;
 }
 
-bool di_stream_done(const di_stream *s) { return s->state == ST_DONE; }
+bool di_stream_done(const di_stream *s) { return s->st == S_FINISHED; }
 
 const char *di_stream_reasoning(const di_stream *s) {
     return s->thinking ? (s->reasoning.data ? s->reasoning.data : "") : NULL;

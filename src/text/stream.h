@@ -2,9 +2,12 @@
  * with streamed JSON-argument deltas, plus the finish reason and usage.
  *
  * Results never depend on how the text is chunked: a marker split across pushes (</think>,
- * "<｜DSML｜", a stop string) is held back until it is decided, and so are trailing newlines,
- * which the format drops before </think> and before a tool-call block. The concatenation of each
- * kind of delta is therefore identical for any split (tests/test_stream.c splits at every byte).
+ * "<｜DSML｜", a stop string), the newlines that run into </think> or a tool-call block (they
+ * belong to the marker), and a UTF-8 character cut in two are held back until decided. The
+ * concatenation of each kind of delta is therefore identical for any split (tests/test_stream.c
+ * splits at every byte). One deliberate difference from the reference: in json_object mode it
+ * writes one space per chunk of blanked text, we write one per blanked run between markers, which
+ * is what the reference gives for unsplit text.
  *
  * Rules (the reference's, tests/data/chat/stream_cases.json): reasoning runs until </think>
  * and is reported only when the output starts inside it; leading newlines of a new reasoning or
@@ -14,9 +17,10 @@
  *   <｜DSML｜ calls> <｜DSML｜ invoke name="f"> <｜DSML｜ parameter name="k" string="true|false">v</｜DSML｜ parameter>
  *   </｜DSML｜ invoke> </｜DSML｜ calls>
  * whose parameters stream out as the JSON object {"k": "v", "n": 3} (string="false" values are
- * JSON already; keys are copied verbatim); text after the block, or after malformed markup, is
- * dropped. In json_object mode only the JSON survives: a ```json fence or the first { or [ starts
- * it, and any text before it, or after the closing fence, becomes one space. */
+ * JSON already; keys are copied verbatim). The block is read leniently, as the reference does:
+ * text between the markers is skipped, and text after the block is dropped. In json_object mode
+ * only the JSON survives: a ```json or ``` fence line or the first { or [ starts it, "\n```"
+ * ends it, and text before it or after the closing fence becomes one space. */
 #ifndef DI_TEXT_STREAM_H
 #define DI_TEXT_STREAM_H
 
