@@ -8,11 +8,14 @@ it (or rejects it) and renders the V4.1 prompt. We record, per case:
   error {status, type, message}  when the reference rejects the request
   prompt                         the rendered prompt (UTF-8)
   special                        [[start, end], ...] UTF-8 byte ranges of template special tokens
-  ids                            prompt token ids (only with --tokenizer: the official V4.1 file)
+  ids / ids_error                prompt token ids with --tokenizer, or the reference's encoding error
   options                        what conversion extracted (sampling, parsing, constraint)
 
 usage: pip install deepseek-recipe==0.2.0
        python3 scripts/gen_chat_golden.py [--tokenizer data/tokenizer/deepseek-v41/tokenizer.json]
+The committed ids were made with data/tokenizer/deepseek-v4/tokenizer.json (the official V4 file; the
+V4.1 file was not obtainable): same BPE, but no <｜System｜> token, so prompts that need it have
+"ids_error" (the reference's own failure) instead of "ids".
 """
 import argparse
 import json
@@ -310,8 +313,19 @@ def main():
         rec["special"] = char_to_byte_ranges(rp.prompt, rp.special_ranges)
         rec["options"] = options_of(conv)
         if args.tokenizer:
-            rec["ids"] = enc_ids.encode(conv.conversation)
+            # V4.1 prompts need <｜System｜>, which the V4 vocabulary lacks: the reference then fails too
+            try:
+                rec["ids"] = enc_ids.encode(conv.conversation)
+            except RuntimeError as ex:
+                rec["ids_error"] = str(ex)
         out.append(rec)
+    if args.tokenizer:  # which vocabulary the ids are in, for the test to find the same file
+        import hashlib
+        with open(args.tokenizer, "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        for r in out:
+            if "prompt" in r:
+                r["ids_tokenizer_sha256"] = sha
     with open(args.out, "w", encoding="utf-8") as f:
         f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in out) + "\n]\n")
     n_err = sum(1 for r in out if "error" in r)
