@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "testutil.h"
 #include "text/api.h"
@@ -481,6 +482,41 @@ static void test_logprobs(void **state) {
     di_stream_free(st);
 }
 
+/* Throughput of the parser when fed a few bytes at a time, as an engine does per token. */
+static void test_parser_throughput(void **state) {
+    (void)state;
+    di_buf text = {0};
+    for (int i = 0; text.len < (1u << 20); i++)
+        di_buf_printf(&text, "step %d: the answer is %d.\n\n", i, i * 7);
+    di_buf_puts(&text, "</think>done\n\n<" DI_TOK_DSML " calls>\n<" DI_TOK_DSML " invoke name=\"f\">\n<" DI_TOK_DSML
+                       " parameter name=\"k\" string=\"true\">v</" DI_TOK_DSML " parameter>\n</" DI_TOK_DSML
+                       " invoke>\n</" DI_TOK_DSML " calls>");
+    di_parse_options po = {.stage0 = DI_STAGE0_REASONING, .parse_tool_calls = true};
+    di_stream *s;
+    di_error err = {0};
+    di_events ev = {0};
+    assert_int_equal(di_stream_new(&po, &s, &err), DI_OK);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (size_t i = 0; i < text.len; i += 4) {
+        size_t n = text.len - i < 4 ? text.len - i : 4; /* ~one token */
+        assert_int_equal(di_stream_push(s, text.data + i, n, 1, &ev, &err), DI_OK);
+        di_events_clear(&ev);
+    }
+    assert_int_equal(di_stream_finish(s, DI_FINISH_STOP, &ev, &err), DI_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    const di_stream_call *calls;
+    assert_int_equal(di_stream_calls(s, &calls), 1);
+    assert_string_equal(calls[0].arguments, "{\"k\": \"v\"}");
+    assert_string_equal(di_stream_content(s), "done");
+    tu_report("stream parser: %.1f MB/s, %.2f us per 4-byte push", (double)text.len / secs / 1e6,
+              secs * 1e6 / (double)(text.len / 4));
+    di_events_free(&ev);
+    di_stream_free(s);
+    di_buf_free(&text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_golden_every_split),
@@ -489,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_boundaries),
         cmocka_unit_test(test_stop_string_done),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_parser_throughput),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
