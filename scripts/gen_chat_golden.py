@@ -254,6 +254,21 @@ CASES = [
     ("msg_top_k_top_p", ("messages", {"model": M, "max_tokens": 10, "top_p": 0.5, "top_k": 3, "temperature": 1.5, "thinking": {"type": "disabled"}, "messages": [U("x")]})),
     ("msg_consecutive_users", ("messages", {"model": M, "max_tokens": 10, "thinking": {"type": "disabled"}, "messages": [U("a"), U("b")]})),
     ("msg_bad_role", ("messages", {"model": M, "max_tokens": 10, "messages": [{"role": "system", "content": "x"}]})),
+    # --- V4-vocabulary id coverage: thinking off, no system text, no declared tools -----------
+    ("ids_code", chat([U("```python\ndef f(x):\n    return x ** 2  # square\n```\nExplain   this.\t\t")], **OFF)),
+    ("ids_cjk_emoji", chat([U("你好，世界！こんにちは 🚀🔥 Привет мир ñandú 1234567890")], **OFF)),
+    ("ids_whitespace", chat([U("  leading\n\n\n   trailing   \r\n\u3000 ideographic space")], **OFF)),
+    ("ids_history_calls", chat([U("Weather in Paris and Rome?"),
+        A("Let me check.", tool_calls=[tc("a", "get_weather", "{\"city\": \"Paris\", \"days\": [1, 2], \"metric\": true}"),
+                                       tc("b", "get_weather", "{\"city\": \"Rome\"}")]),
+        T("b", "{\"temp\": 22}"), T("a", "{\"temp\": 15}"), A("Paris 15C, Rome 22C."), U("Thanks! 谢谢")], **OFF)),
+    ("ids_special_literals", chat([U("<｜begin▁of▁sentence｜><｜Assistant｜></think><｜DSML｜ calls><｜end▁of▁sentence｜><|EOT|>"),
+        A("<think>not special</think>"), U("<｜place▁holder▁no▁1｜><｜fim▁hole｜>")], **OFF)),
+    ("ids_reminder", chat([U("q"), {"role": "latest_reminder", "content": "Be concise. 简洁"}, A("ok"), U("again")], **OFF)),
+    ("ids_prefix", chat([U("Write a haiku"), A("Autumn moonlight—\n", prefix=True)], **OFF)),
+    ("ids_msg_tools_history", ("messages", {"model": M, "max_tokens": 50, "thinking": {"type": "disabled"}, "messages": [
+        U("list files"), {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {"path": "/tmp", "all": False}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.txt\nb.txt"}]}]})),
     ("msg_assistant_prefill", ("messages", {"model": M, "max_tokens": 5, "thinking": {"type": "disabled"}, "messages": [U("x"), {"role": "assistant", "content": "Sure,"}]})),
 ]
 
