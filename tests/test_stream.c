@@ -258,7 +258,7 @@ static void render_case(const json_t *cs, rendered *out) {
 /* Re-assemble a complete response from our SSE frames (the way a client does). */
 static json_t *assemble(const char *api, const char *sse, json_t *complete) {
     json_t *r = json_deep_copy(complete);
-    di_buf content = {0}, reasoning = {0};
+    di_buf content = {0}, reasoning = {0}, items = {0};
     di_buf args[8] = {{0}};
     const char *p = sse;
     const char *last_event = NULL;
@@ -292,6 +292,14 @@ static json_t *assemble(const char *api, const char *sse, json_t *complete) {
             const char *t = kind_of(d);
             json_t *delta = json_object_get(d, "delta");
             if (!strcmp(api, "responses")) {
+                if (!strcmp(t, "response.output_item.done")) { /* the finished items, in output order */
+                    json_t *it = json_object_get(d, "item");
+                    json_t *c0 = json_array_get(json_object_get(it, "content"), 0);
+                    di_buf_printf(&items, "%s:%s:%s(%s)|", kind_of(it),
+                                  c0 ? json_string_value(json_object_get(c0, "text")) : "",
+                                  json_string_value(json_object_get(it, "name")) ? json_string_value(json_object_get(it, "name")) : "",
+                                  json_string_value(json_object_get(it, "arguments")) ? json_string_value(json_object_get(it, "arguments")) : "");
+                }
                 if (!strcmp(t, "response.output_text.delta")) di_buf_puts(&content, json_string_value(delta));
                 if (!strcmp(t, "response.reasoning_text.delta")) di_buf_puts(&reasoning, json_string_value(delta));
                 if (!strcmp(t, "response.function_call_arguments.delta"))
@@ -325,11 +333,23 @@ static json_t *assemble(const char *api, const char *sse, json_t *complete) {
                                 json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")));
     } else if (!strcmp(api, "responses")) {
         assert_string_equal(last_event, "response.completed");
+        di_buf want = {0};
+        size_t i;
+        json_t *x;
+        json_array_foreach(json_object_get(r, "output"), i, x) {
+            json_t *c0 = json_array_get(json_object_get(x, "content"), 0);
+            di_buf_printf(&want, "%s:%s:%s(%s)|", kind_of(x), c0 ? json_string_value(json_object_get(c0, "text")) : "",
+                          json_string_value(json_object_get(x, "name")) ? json_string_value(json_object_get(x, "name")) : "",
+                          json_string_value(json_object_get(x, "arguments")) ? json_string_value(json_object_get(x, "arguments")) : "");
+        }
+        assert_string_equal(items.data ? items.data : "", want.data ? want.data : "");
+        di_buf_free(&want);
     } else {
         assert_string_equal(last_event, "message_stop");
     }
     di_buf_free(&content);
     di_buf_free(&reasoning);
+    di_buf_free(&items);
     for (int i = 0; i < 8; i++) di_buf_free(&args[i]);
     return r;
 }

@@ -15,6 +15,7 @@ struct di_sse {
     int64_t seq;           /* responses: sequence_number */
     blk cur;               /* the open output item / content block */
     int32_t cur_tool;
+    di_buf tool_name;      /* name of the open tool call */
     int64_t item;          /* responses output_index / messages block index of the open item */
     int64_t next_item;
     di_buf item_text;      /* text of the open item, for the *.done events */
@@ -115,7 +116,7 @@ static json_t *response_obj(const di_response_info *info, const di_stream *st, c
         json_t *out = json_array();
         size_t k = 0;
         char iid[160];
-        if (reasoning) {
+        if (reasoning && reasoning[0]) { /* as streamed: an item only for reasoning that was written */
             snprintf(iid, sizeof iid, "rs_%s_%zu", info->id, k++);
             json_array_append_new(out, json_pack("{s:s,s:s,s:s,s:[{s:s,s:s}],s:[]}", "type", "reasoning", "id", iid,
                                                  "status", "completed", "content", "type", "reasoning_text", "text",
@@ -146,7 +147,7 @@ static json_t *response_obj(const di_response_info *info, const di_stream *st, c
         return r;
     }
     json_t *blocks = json_array();
-    if (reasoning)
+    if (reasoning && reasoning[0])
         json_array_append_new(blocks, json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking", reasoning, "signature",
                                                 info->id));
     if (content[0]) json_array_append_new(blocks, json_pack("{s:s,s:s}", "type", "text", "text", content));
@@ -193,6 +194,7 @@ void di_sse_free(di_sse *s) {
     free((char *)s->info.id);
     free((char *)s->info.model);
     di_buf_free(&s->item_text);
+    di_buf_free(&s->tool_name);
     free(s);
 }
 
@@ -216,6 +218,28 @@ static void item_id(const di_sse *s, char *buf, size_t n) {
     snprintf(buf, n, "%s_%s_%" PRId64, pre, s->info.id, s->item);
 }
 
+/* Responses: the open output item, in progress (as announced) or completed with its text. */
+static json_t *resp_item(const di_sse *s, bool done, const char *text) {
+    char iid[160], cid[40];
+    item_id(s, iid, sizeof iid);
+    const char *status = done ? "completed" : "in_progress";
+    if (s->cur == BLK_TOOL) {
+        di_tool_call_id(s->info.id, (size_t)s->cur_tool, cid);
+        return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "type", "function_call", "id", iid, "status", status, "call_id",
+                         cid, "name", s->tool_name.data ? s->tool_name.data : "", "arguments", done ? text : "");
+    }
+    json_t *content = json_array();
+    if (done && s->cur == BLK_REASONING)
+        json_array_append_new(content, json_pack("{s:s,s:s}", "type", "reasoning_text", "text", text));
+    if (done && s->cur == BLK_CONTENT)
+        json_array_append_new(content, json_pack("{s:s,s:[],s:s}", "type", "output_text", "annotations", "text", text));
+    if (s->cur == BLK_REASONING)
+        return json_pack("{s:s,s:s,s:s,s:o,s:[]}", "type", "reasoning", "id", iid, "status", status, "content", content,
+                         "summary");
+    return json_pack("{s:s,s:s,s:s,s:s,s:o}", "type", "message", "id", iid, "status", status, "role", "assistant",
+                     "content", content);
+}
+
 static void close_block(di_sse *s, di_buf *out) {
     if (s->cur == BLK_NONE) return;
     const char *text = s->item_text.data ? s->item_text.data : "";
@@ -236,7 +260,8 @@ static void close_block(di_sse *s, di_buf *out) {
                        json_pack("{s:i,s:s,s:I,s:{s:s,s:s}}", "content_index", 0, "item_id", iid, "output_index",
                                  (json_int_t)s->item, "part", "type", r ? "reasoning_text" : "output_text", "text", text));
         }
-        resp_event(s, out, "response.output_item.done", json_pack("{s:I}", "output_index", (json_int_t)s->item));
+        resp_event(s, out, "response.output_item.done",
+                   json_pack("{s:o,s:I}", "item", resp_item(s, true, text), "output_index", (json_int_t)s->item));
     } else if (s->info.api == DI_API_MESSAGES) {
         if (s->cur == BLK_REASONING)
             frame(out, "content_block_delta",
@@ -255,17 +280,11 @@ static void open_block(di_sse *s, blk kind, int32_t tool, const char *name, di_b
     char iid[160], cid[40];
     item_id(s, iid, sizeof iid);
     if (kind == BLK_TOOL) di_tool_call_id(s->info.id, (size_t)tool, cid);
+    s->tool_name.len = 0;
+    if (kind == BLK_TOOL) di_buf_puts(&s->tool_name, name);
     if (s->info.api == DI_API_RESPONSES) {
-        json_t *item = kind == BLK_REASONING
-                           ? json_pack("{s:s,s:s,s:s,s:[],s:[]}", "type", "reasoning", "id", iid, "status",
-                                       "in_progress", "content", "summary")
-                       : kind == BLK_CONTENT
-                           ? json_pack("{s:s,s:s,s:s,s:s,s:[]}", "type", "message", "id", iid, "status", "in_progress",
-                                       "role", "assistant", "content")
-                           : json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "type", "function_call", "id", iid, "status",
-                                       "in_progress", "call_id", cid, "name", name, "arguments", "");
         resp_event(s, out, "response.output_item.added",
-                   json_pack("{s:o,s:I}", "item", item, "output_index", (json_int_t)s->item));
+                   json_pack("{s:o,s:I}", "item", resp_item(s, false, ""), "output_index", (json_int_t)s->item));
         if (kind != BLK_TOOL)
             resp_event(s, out, "response.content_part.added",
                        json_pack("{s:i,s:s,s:I,s:{s:s,s:s}}", "content_index", 0, "item_id", iid, "output_index",
