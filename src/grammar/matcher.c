@@ -1,0 +1,329 @@
+/* Per-request matcher: token acceptance, rollback, thinking/stop handling and the token mask. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/earley.h"
+#include "grammar/grammar_impl.h"
+
+#define THINK_MAX 64
+
+/* Everything that changes when a token is accepted, so that one snapshot per token restores it. */
+typedef struct mstate {
+    size_t depth;      /* Earley sets in use */
+    uint16_t think_p;  /* bytes of the think-end marker matched so far (KMP state) */
+    uint8_t in_think;  /* still in the unconstrained reasoning part */
+    uint8_t finished;  /* EOS accepted or a stop string seen */
+    uint8_t tail_len;  /* bytes in tail */
+    uint8_t tail[DI_GRAMMAR_MAX_STOP_LEN]; /* last constrained bytes, for stop strings spanning tokens */
+} mstate;
+
+struct di_grammar_matcher {
+    const di_grammar *g;
+    const di_grammar_vocab *v;
+    di_earley e;
+    mstate cur;
+    mstate *hist; /* [n_hist] state before each accepted token */
+    size_t n_hist, cap_hist;
+    uint8_t think_end[THINK_MAX];
+    uint32_t think_len;
+    uint16_t think_fail[THINK_MAX]; /* KMP failure function of think_end */
+    int32_t *think_toks;            /* tokens that may complete the marker with text after it */
+    size_t n_think_toks;
+    uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
+    uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
+    size_t n_stop;
+};
+
+void di_grammar_free(di_grammar *g) {
+    if (!g) return;
+    di_cfg_free(g->cfg);
+    free(g);
+}
+
+int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const di_grammar_matcher_opts *opts,
+                           di_grammar_matcher **out, di_error *err) {
+    *out = NULL;
+    di_grammar_matcher_opts o = opts ? *opts : (di_grammar_matcher_opts){0};
+    if (o.n_stop > DI_GRAMMAR_MAX_STOP)
+        return di_error_set(err, DI_ERR_INVALID, "grammar matcher: %zu stop strings (limit %d)", o.n_stop,
+                            DI_GRAMMAR_MAX_STOP);
+    di_grammar_matcher *m = calloc(1, sizeof *m);
+    if (!m) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
+    m->g = g;
+    m->v = v;
+    for (size_t i = 0; i < o.n_stop; i++) {
+        size_t l = strlen(o.stop[i]);
+        if (l == 0 || l > DI_GRAMMAR_MAX_STOP_LEN) {
+            free(m);
+            return di_error_set(err, DI_ERR_INVALID, "grammar matcher: stop string %zu is %zu bytes (expected 1..%d)",
+                                i, l, DI_GRAMMAR_MAX_STOP_LEN);
+        }
+        memcpy(m->stop[i], o.stop[i], l);
+        m->stop_len[i] = (uint32_t)l;
+    }
+    m->n_stop = o.n_stop;
+    int rc = di_earley_init(&m->e, g->cfg, err);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    if (o.thinking) {
+        const char *te = o.think_end ? o.think_end : "</think>";
+        size_t l = strlen(te);
+        if (l == 0 || l >= THINK_MAX) {
+            di_grammar_matcher_free(m);
+            return di_error_set(err, DI_ERR_INVALID, "grammar matcher: think-end marker is %zu bytes (expected 1..%d)",
+                                l, THINK_MAX - 1);
+        }
+        memcpy(m->think_end, te, l);
+        m->think_len = (uint32_t)l;
+        m->think_fail[0] = 0;
+        for (uint32_t i = 1, k = 0; i < l; i++) {
+            while (k && m->think_end[i] != m->think_end[k]) k = m->think_fail[k - 1];
+            if (m->think_end[i] == m->think_end[k]) k++;
+            m->think_fail[i] = (uint16_t)k;
+        }
+        m->cur.in_think = 1;
+        /* Only a token holding the marker's last byte before its own end can both finish the
+         * reasoning and start the constrained text; every other token is free while thinking. */
+        uint8_t last = m->think_end[l - 1];
+        m->think_toks = malloc(v->n_vocab * sizeof *m->think_toks);
+        if (!m->think_toks) {
+            di_grammar_matcher_free(m);
+            return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
+        }
+        for (uint32_t t = 0; t < v->n_vocab; t++)
+            if (v->lens[t] > 1 && memchr(v->bytes[t], last, v->lens[t] - 1)) m->think_toks[m->n_think_toks++] = (int32_t)t;
+    }
+    m->cur.depth = m->e.n_sets;
+    *out = m;
+    return DI_OK;
+}
+
+void di_grammar_matcher_free(di_grammar_matcher *m) {
+    if (!m) return;
+    di_earley_free(&m->e);
+    free(m->hist);
+    free(m->think_toks);
+    free(m);
+}
+
+/* Append one constrained byte to the stop-string tail; returns true if a stop string now ends. */
+static bool stop_feed(di_grammar_matcher *m, mstate *s, uint8_t c) {
+    if (!m->n_stop) return false;
+    if (s->tail_len == DI_GRAMMAR_MAX_STOP_LEN) {
+        memmove(s->tail, s->tail + 1, DI_GRAMMAR_MAX_STOP_LEN - 1);
+        s->tail_len--;
+    }
+    s->tail[s->tail_len++] = c;
+    for (size_t i = 0; i < m->n_stop; i++) {
+        uint32_t l = m->stop_len[i];
+        if (l <= s->tail_len && !memcmp(s->tail + s->tail_len - l, m->stop[i], l)) return true;
+    }
+    return false;
+}
+
+/* Feed token bytes through think-end detection, the grammar and stop strings, updating m->cur.
+ * Returns 1 if accepted, 0 if rejected (caller restores), <0 on error. */
+static int feed(di_grammar_matcher *m, const uint8_t *b, size_t n, di_error *err) {
+    mstate *s = &m->cur;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = b[i];
+        if (s->finished) return 0;
+        if (s->in_think) {
+            uint32_t k = s->think_p;
+            while (k && m->think_end[k] != c) k = m->think_fail[k - 1];
+            if (m->think_end[k] == c) k++;
+            if (k == m->think_len) s->in_think = 0, k = 0;
+            s->think_p = (uint16_t)k;
+            continue;
+        }
+        int rc = di_earley_push(&m->e, c, err);
+        if (rc <= 0) return rc;
+        s->depth = m->e.n_sets;
+        /* The grammar still checks every byte of a token that contains a stop string, so the
+         * mask and acceptance agree exactly; the request simply ends after this token. */
+        if (stop_feed(m, s, c)) s->finished = 1;
+    }
+    return 1;
+}
+
+static void restore(di_grammar_matcher *m, const mstate *s) {
+    m->cur = *s;
+    di_earley_pop_to(&m->e, s->depth);
+}
+
+static bool is_eos(const di_grammar_vocab *v, int32_t t) {
+    for (size_t i = 0; i < v->n_eos; i++)
+        if (v->eos[i] == t) return true;
+    return false;
+}
+
+bool di_grammar_matcher_can_end(const di_grammar_matcher *m) {
+    if (m->cur.finished) return true;
+    if (m->cur.in_think) return false;
+    return di_earley_accepting(&m->e);
+}
+
+bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
+size_t di_grammar_matcher_n_accepted(const di_grammar_matcher *m) { return m->n_hist; }
+
+bool di_grammar_matcher_try_bytes(di_grammar_matcher *m, const uint8_t *b, size_t n) {
+    mstate save = m->cur;
+    int rc = feed(m, b, n, NULL);
+    restore(m, &save);
+    return rc == 1;
+}
+
+int di_grammar_matcher_accept_token(di_grammar_matcher *m, int32_t tok, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    if (tok < 0 || (uint32_t)tok >= v->n_vocab)
+        return di_error_set(err, DI_ERR_INVALID, "grammar matcher: token id %d outside [0, %u)", tok, v->n_vocab);
+    if (m->n_hist == m->cap_hist) {
+        size_t cap = m->cap_hist ? m->cap_hist * 2 : 64;
+        mstate *h = realloc(m->hist, cap * sizeof *h);
+        if (!h) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for token history");
+        m->hist = h;
+        m->cap_hist = cap;
+    }
+    mstate save = m->cur;
+    if (is_eos(v, tok)) {
+        if (!di_grammar_matcher_can_end(m))
+            return di_error_set(err, DI_ERR_INVALID, "grammar matcher: EOS token %d before the output is complete",
+                                tok);
+        m->hist[m->n_hist++] = save;
+        m->cur.finished = 1;
+        return DI_OK;
+    }
+    if (v->special[tok] && !m->cur.in_think)
+        return di_error_set(err, DI_ERR_INVALID, "grammar matcher: control token %d inside constrained output", tok);
+    int rc = m->cur.finished ? 0 : feed(m, v->bytes[tok], v->lens[tok], err);
+    if (rc <= 0) {
+        restore(m, &save);
+        if (rc < 0) return rc;
+        return di_error_set(err, DI_ERR_INVALID, "grammar matcher: token %d is not allowed after %zu tokens", tok,
+                            m->n_hist);
+    }
+    m->hist[m->n_hist++] = save;
+    return DI_OK;
+}
+
+int di_grammar_matcher_rollback(di_grammar_matcher *m, size_t k, di_error *err) {
+    if (k > m->n_hist)
+        return di_error_set(err, DI_ERR_INVALID, "grammar matcher: rollback of %zu tokens but only %zu accepted", k,
+                            m->n_hist);
+    if (k == 0) return DI_OK;
+    m->n_hist -= k;
+    restore(m, &m->hist[m->n_hist]);
+    return DI_OK;
+}
+
+static inline void set_bit(uint32_t *mask, int32_t t) { mask[t >> 5] |= 1u << (t & 31); }
+static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u << (t & 31)); }
+
+/* Walk the trie with the Earley state: one push per edge, pop on the way back up; a rejected
+ * edge skips its subtree. This visits exactly the nodes whose byte prefix is viable plus their
+ * rejected children, so the cost follows the number of allowed tokens, not V. */
+static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    const di_trie_node *nodes = v->nodes;
+    di_earley *e = &m->e;
+    size_t base = e->n_sets;
+    uint32_t i = 1, n = v->n_nodes;
+    while (i < n) {
+        const di_trie_node *nd = &nodes[i];
+        di_earley_pop_to(e, base + nd->depth - 1);
+        int rc = di_earley_push(e, nd->byte, err);
+        if (rc < 0) {
+            di_earley_pop_to(e, base);
+            return rc;
+        }
+        if (rc == 0) {
+            i = nd->end;
+            continue;
+        }
+        for (int32_t t = nd->tok; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
+        i++;
+    }
+    di_earley_pop_to(e, base);
+    return DI_OK;
+}
+
+int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    if (m->cur.finished) {
+        memset(mask, 0, words * sizeof *mask);
+        for (size_t i = 0; i < v->n_eos; i++) set_bit(mask, v->eos[i]);
+        return DI_OK;
+    }
+    if (m->cur.in_think) {
+        memset(mask, 0xff, words * sizeof *mask);
+        if (v->n_vocab & 31) mask[words - 1] = (1u << (v->n_vocab & 31)) - 1;
+        for (size_t i = 0; i < v->n_eos; i++) clear_bit(mask, v->eos[i]);
+        for (size_t i = 0; i < m->n_think_toks; i++) {
+            int32_t t = m->think_toks[i];
+            if (!v->special[t] && !di_grammar_matcher_try_bytes(m, v->bytes[t], v->lens[t])) clear_bit(mask, t);
+        }
+        return DI_OK;
+    }
+    memset(mask, 0, words * sizeof *mask);
+    int rc = walk_trie(m, mask, err);
+    if (rc) return rc;
+    if (di_earley_accepting(&m->e))
+        for (size_t i = 0; i < v->n_eos; i++) set_bit(mask, v->eos[i]);
+    return DI_OK;
+}
+
+void di_grammar_mask_apply(const uint32_t *mask, float *logits, uint32_t n_vocab) {
+    for (uint32_t t = 0; t < n_vocab; t++)
+        if (!((mask[t >> 5] >> (t & 31)) & 1u)) logits[t] = -INFINITY;
+}
+
+/* ---- compile entry points ---- */
+
+static int compile(di_grammar **out, di_error *err, int rc, di_cfg *cfg, int32_t start) {
+    if (!rc) rc = di_cfg_finalize(cfg, start, err);
+    if (rc) {
+        di_cfg_free(cfg);
+        return rc;
+    }
+    di_grammar *g = calloc(1, sizeof *g);
+    if (!g) {
+        di_cfg_free(cfg);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
+    }
+    g->cfg = cfg;
+    *out = g;
+    return DI_OK;
+}
+
+int di_grammar_from_regex(const char *re, size_t len, di_grammar **out, di_error *err) {
+    *out = NULL;
+    di_cfg *cfg = di_cfg_new();
+    if (!cfg) return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
+    int32_t start = 0;
+    int rc = di_regex_to_cfg(cfg, re, len, &start, err);
+    return compile(out, err, rc, cfg, start);
+}
+
+int di_grammar_from_ebnf(const char *src, size_t len, const char *root, di_grammar **out, di_error *err) {
+    *out = NULL;
+    di_cfg *cfg = di_cfg_new();
+    if (!cfg) return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
+    int32_t start = 0;
+    int rc = di_ebnf_to_cfg(cfg, src, len, root ? root : "root", &start, err);
+    return compile(out, err, rc, cfg, start);
+}
+
+int di_grammar_from_json_schema(const char *json, size_t len, const di_json_schema_opts *opts, di_grammar **out,
+                                di_error *err) {
+    *out = NULL;
+    di_cfg *cfg = di_cfg_new();
+    if (!cfg) return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
+    int32_t start = 0;
+    di_json_schema_opts o = opts ? *opts : (di_json_schema_opts){0};
+    int rc = di_json_schema_to_cfg(cfg, json, len, &o, &start, err);
+    return compile(out, err, rc, cfg, start);
+}
