@@ -42,8 +42,10 @@ static bool gram_match(const di_grammar *g, const di_grammar_vocab *v, const cha
 static int feed_all(const di_grammar *g, const di_grammar_vocab *v, const char *s, size_t n) {
     di_grammar_matcher *m = NULL;
     di_error err = {0};
-    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
-    int r = 1;
+    int r = di_grammar_matcher_new(g, v, NULL, &m, &err);
+    if (r == DI_ERR_LIMIT && strstr(err.msg, "ambiguous")) return r;
+    if (r) fail_msg("matcher: %s", err.msg);
+    r = 1;
     for (size_t i = 0; i < n && r == 1; i++) {
         int rc = di_grammar_matcher_accept_token(m, (uint8_t)s[i] + 1, &err);
         if (rc == DI_ERR_INVALID) r = 0;
@@ -299,8 +301,16 @@ static void test_hostile_regex(void **state) {
     di_grammar *g = regex_or_fail("((a{100}){100}){100}");
     assert_false(gram_match(g, v, s, 100));
     di_grammar_free(g);
-    /* a genuinely huge expansion is refused by the size bound */
-    expect_regex_error("(a{0,100000}){0,100000}", "too large");
+    /* nested bounded counts stay additive in size (the inner symbol is shared), so compiling is
+     * fast; matching is bounded by the ambiguity limit */
+    double t0 = now_s();
+    di_grammar *h = regex_or_fail("(a{0,100000}){0,100000}");
+    int r = feed_all(h, v, s, 300);
+    tu_report("(a{0,100000}){0,100000}: compile+300 bytes %.1f ms (%s)", (now_s() - t0) * 1e3,
+              r == 1 ? "matched" : "limit error");
+    assert_true(r == 1 || r == DI_ERR_LIMIT);
+    assert_true(now_s() - t0 < 5.0);
+    di_grammar_free(h);
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
