@@ -51,7 +51,7 @@ static void cpset_normalize(di_cpset *s) {
 }
 
 /* Complement over all Unicode scalar values (surrogates are never members). */
-static void cpset_negate(di_cpset *s) {
+void di_cpset_negate(di_cpset *s) {
     cpset_normalize(s);
     di_cpset o = {0};
     uint32_t next = 0;
@@ -295,7 +295,7 @@ static bool parse_escape(rx *p, di_cpset *set, uint32_t *cp, bool in_class) {
         *cp = next_cp(p);
         return false;
     }
-    if (c == 'D' || c == 'W' || c == 'S') cpset_negate(&t);
+    if (c == 'D' || c == 'W' || c == 'S') di_cpset_negate(&t);
     cpset_add_set(set, &t);
     di_cpset_free(&t);
     return true;
@@ -352,7 +352,7 @@ static int32_t parse_class(rx *p) {
     }
     if (!p->rc && peek(p) != ']') fail(p, "unterminated character class");
     p->i++;
-    if (neg) cpset_negate(&s);
+    if (neg) di_cpset_negate(&s);
     int32_t r = p->rc ? 0 : di_cpset_sym(p->g, &s, p->flags);
     di_cpset_free(&s);
     return r;

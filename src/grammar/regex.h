@@ -42,6 +42,7 @@ typedef struct di_cpset {
 } di_cpset;
 void di_cpset_add(di_cpset *s, uint32_t lo, uint32_t hi);
 void di_cpset_free(di_cpset *s);
+void di_cpset_negate(di_cpset *s); /* complement over all Unicode scalar values */
 /* One code point from the set as a grammar symbol (UTF-8; JSON-escaped with DI_REGEX_JSON_STRING). */
 int32_t di_cpset_sym(di_cfg *g, di_cpset *s, unsigned flags);
 
