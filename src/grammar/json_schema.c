@@ -619,11 +619,11 @@ int di_json_schema_to_cfg(di_cfg *g, const char *json, size_t len, const di_json
     json_t *root = json_loadb(json, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!root)
         return di_error_set(err, DI_ERR_FORMAT, "json schema: not JSON (line %d col %d: %s)", je.line, je.column, je.text);
-    js c = {.g = g, .err = err, .root = root, .keep = json_array(), .opts = *opts};
     if (!json_is_object(root) && !json_is_boolean(root)) {
         json_decref(root);
         return di_error_set(err, DI_ERR_INVALID, "json schema: top level is not an object or boolean");
     }
+    js c = {.g = g, .err = err, .root = root, .keep = json_array(), .opts = *opts};
     for (size_t i = 0; i < 3; i++) c.num_cache[i] = -1;
     for (size_t i = 0; i < 16; i++) c.fmt_cache[i] = -1;
     init_shared(&c);
