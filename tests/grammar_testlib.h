@@ -23,7 +23,7 @@ static bool gt_bit(const uint32_t *m, uint32_t t) { return (m[t >> 5] >> (t & 31
 
 /* The reference: a token is allowed iff its bytes are accepted by a copy of the state
  * (try_bytes leaves the matcher unchanged); EOS iff can_end. Compare every token. */
-static void gt_check_mask(di_grammar_matcher *m, const di_grammar_vocab *v, const uint32_t *mask,
+static inline void gt_check_mask(di_grammar_matcher *m, const di_grammar_vocab *v, const uint32_t *mask,
                           const uint8_t *const *bytes, const uint32_t *lens, const char *what) {
     uint32_t n = di_grammar_vocab_size(v);
     for (uint32_t t = 0; t < n; t++) {
@@ -44,7 +44,7 @@ typedef struct gt_bytes {
 
 /* 1 EOS + 256 single bytes + `extra` multi-byte tokens drawn from JSON/regex-relevant pieces,
  * including UTF-8 and tokens that straddle structure (`":`, `},{"`, `</think>{`). */
-static gt_bytes gt_vocab_bytes(int extra) {
+static inline gt_bytes gt_vocab_bytes(int extra) {
     gt_bytes r;
     static const char *pieces[] = {"{",  "}",  "[",  "]", "\"", ":",  ",", " ",  "\n", "a", "b", "c",  "x",
                                    "0",  "1",  "9",  "-", ".",  "e",  "E", "+",  "\\", "n", "u", "t",  "r",
@@ -74,14 +74,14 @@ static gt_bytes gt_vocab_bytes(int extra) {
     return r;
 }
 
-static void gt_bytes_free(gt_bytes *r) {
+static inline void gt_bytes_free(gt_bytes *r) {
     for (uint32_t i = 0; i < r->n; i++) free(r->b[i]);
     free(r->b);
     free(r->l);
 }
 
 /* The vocabulary built from gt_vocab_bytes (EOS = token 0). */
-static di_grammar_vocab *gt_vocab(const gt_bytes *tb) {
+static inline di_grammar_vocab *gt_vocab(const gt_bytes *tb) {
     int32_t eos = GT_EOS;
     di_grammar_vocab *v = NULL;
     di_error err = {0};
@@ -94,7 +94,7 @@ static di_grammar_vocab *gt_vocab(const gt_bytes *tb) {
  * token (EOS only when nothing else is allowed, or with small probability). Every few steps roll
  * back a random number of tokens and check the mask equals the one recorded at that point.
  * Returns the number of masks checked. */
-static int gt_walk(const di_grammar *g, const di_grammar_vocab *v, const gt_bytes *tb,
+static inline int gt_walk(const di_grammar *g, const di_grammar_vocab *v, const gt_bytes *tb,
                    const di_grammar_matcher_opts *opts, uint64_t seed, int steps, const char *what) {
     di_error err = {0};
     di_grammar_matcher *m = NULL;

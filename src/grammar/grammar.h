@@ -46,7 +46,8 @@ typedef enum di_json_ws {
 } di_json_ws;
 typedef struct di_json_schema_opts {
     di_json_ws whitespace;
-    int max_ws_run; /* longest whitespace run allowed in FLEXIBLE mode (0 = default 16) */
+    int max_ws_run;     /* longest whitespace run allowed in FLEXIBLE mode (0 = default 16) */
+    bool lenient_oneof; /* compile oneOf as anyOf even when a value could match two branches */
 } di_json_schema_opts;
 int di_grammar_from_json_schema(const char *json, size_t len, const di_json_schema_opts *opts, di_grammar **out,
                                 di_error *err);

@@ -324,6 +324,8 @@ static int32_t number_sym(js *c, json_t *s, bool integer) {
         json_t *b = json_object_get(s, bounds[i]);
         if (b && !json_is_boolean(b)) return fail(c, DI_ERR_UNSUPPORTED, "numeric bound '%s' is not supported", bounds[i]);
     }
+    if (json_is_true(json_object_get(s, "exclusiveMinimum")) || json_is_true(json_object_get(s, "exclusiveMaximum")))
+        return fail(c, DI_ERR_UNSUPPORTED, "%s", "exclusive numeric bounds are not supported");
     json_t *mn = json_object_get(s, "minimum");
     if (!mn) return integer ? c->integer : c->number;
     if (!json_is_number(mn)) return fail(c, DI_ERR_INVALID, "%s", "minimum is not a number");
@@ -334,6 +336,109 @@ static int32_t number_sym(js *c, json_t *s, bool integer) {
     static const char *re[3] = {"0|[1-9][0-9]*", "[1-9][0-9]*", "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?"};
     if (c->num_cache[k] < 0) c->num_cache[k] = rx(c, re[k], 0);
     return c->num_cache[k];
+}
+
+/* Code points a free-form key may use: no controls, no '"', and no '\\' (escapes would let
+ * "\u0061" spell a declared name "a"; leaving them out keeps the exclusion below exact). */
+static void key_chars(di_cpset *s) {
+    di_cpset_add(s, 0x20, 0x21);
+    di_cpset_add(s, 0x23, 0x5B);
+    di_cpset_add(s, 0x5D, 0x10FFFF);
+}
+
+/* Code points whose UTF-8 encoding starts with byte b. */
+static void remove_lead(di_cpset *s, uint8_t b) {
+    uint32_t lo, hi;
+    if (b < 0x80) lo = hi = b;
+    else if (b >= 0xC2 && b <= 0xDF) lo = (uint32_t)(b & 0x1F) << 6, hi = lo + 0x3F;
+    else if (b >= 0xE0 && b <= 0xEF) lo = (uint32_t)(b & 0x0F) << 12, hi = lo + 0xFFF;
+    else if (b >= 0xF0 && b <= 0xF4) lo = (uint32_t)(b & 0x07) << 18, hi = lo + 0x3FFFF;
+    else return;
+    di_cpset c = {0};
+    di_cpset_add(&c, lo, hi);
+    di_cpset_negate(&c); /* s minus [lo,hi] = s intersected with the complement */
+    di_cpset r = {0};
+    for (size_t i = 0; i < s->n; i++)
+        for (size_t k = 0; k < c.n; k++) {
+            uint32_t a = s->r[i][0] > c.r[k][0] ? s->r[i][0] : c.r[k][0];
+            uint32_t e = s->r[i][1] < c.r[k][1] ? s->r[i][1] : c.r[k][1];
+            if (a <= e) di_cpset_add(&r, a, e);
+        }
+    di_cpset_free(&c);
+    di_cpset_free(s);
+    *s = r;
+}
+
+/* Trie node over the declared names' bytes: K -> '"' (unless the prefix is a declared name)
+ * | b K_child for each child byte | c FREE for a key character c that leaves the trie.
+ * Leaving is only offered at character boundaries, so FREE always starts a whole character. */
+static int32_t key_node(js *c, const char **names, const size_t *lens, size_t n, size_t at, int32_t free_tail) {
+    di_cfg *g = c->g;
+    int32_t nt = di_cfg_nt(g, NULL);
+    bool exact = false, boundary = true;
+    uint8_t kids[256] = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (lens[i] == at) exact = true;
+        else kids[(uint8_t)names[i][at]] = 1;
+        if (at > 0 && at < lens[i] && ((uint8_t)names[i][at] & 0xC0) == 0x80) boundary = false;
+    }
+    if (!exact) {
+        int32_t q = di_cfg_byte(g, '"');
+        di_cfg_rule(g, nt, &q, 1);
+    }
+    for (unsigned b = 0; b < 256 && !c->rc; b++) {
+        if (!kids[b]) continue;
+        const char **sub_names = malloc(n * sizeof *sub_names);
+        size_t *sub_lens = malloc(n * sizeof *sub_lens), m = 0;
+        if (!sub_names || !sub_lens) {
+            free(sub_names), free(sub_lens);
+            return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+        }
+        for (size_t i = 0; i < n; i++)
+            if (lens[i] > at && (uint8_t)names[i][at] == b) sub_names[m] = names[i], sub_lens[m++] = lens[i];
+        int32_t r[2] = {di_cfg_byte(g, (uint8_t)b), key_node(c, sub_names, sub_lens, m, at + 1, free_tail)};
+        di_cfg_rule(g, nt, r, 2);
+        free(sub_names), free(sub_lens);
+    }
+    if (boundary) {
+        di_cpset s = {0};
+        key_chars(&s);
+        for (unsigned b = 0; b < 256; b++)
+            if (kids[b]) remove_lead(&s, (uint8_t)b);
+        int32_t r[2] = {di_cpset_sym(g, &s, 0), free_tail};
+        di_cpset_free(&s);
+        di_cfg_rule(g, nt, r, 2);
+    }
+    return nt;
+}
+
+/* A JSON string key that is not one of the declared property names. */
+static int32_t other_key(js *c, json_t *props) {
+    size_t n = json_object_size(props), k = 0;
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    size_t *lens = malloc((n ? n : 1) * sizeof *lens);
+    if (!names || !lens) {
+        free(names), free(lens);
+        return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(props, key, v) {
+        names[k] = key;
+        lens[k++] = strlen(key);
+        if (lens[k - 1] > 1024) {
+            free(names), free(lens);
+            return fail(c, DI_ERR_LIMIT, "%s", "property name longer than 1024 bytes");
+        }
+    }
+    di_cpset s = {0};
+    key_chars(&s);
+    int32_t kc = di_cpset_sym(c->g, &s, 0);
+    di_cpset_free(&s);
+    int32_t free_tail = seq(c, (int32_t[]){di_cfg_star(c->g, kc), di_cfg_byte(c->g, '"')}, 2);
+    int32_t body = key_node(c, names, lens, n, 0, free_tail);
+    free(names), free(lens);
+    return seq(c, (int32_t[]){di_cfg_byte(c->g, '"'), body}, 2);
 }
 
 static int32_t object_sym(js *c, json_t *s) {
@@ -351,7 +456,8 @@ static int32_t object_sym(js *c, json_t *s) {
     bool extra = !(json_is_false(addl));
     if (extra) {
         int32_t av = addl && json_is_object(addl) ? sub(c, addl, "additionalProperties", NULL) : c->value;
-        int32_t member = seq(c, (int32_t[]){c->string, c->colon, av}, 3);
+        int32_t key = n ? other_key(c, props) : c->string;
+        int32_t member = seq(c, (int32_t[]){key, c->colon, av}, 3);
         int32_t more = di_cfg_star(g, seq(c, (int32_t[]){c->comma, member}, 2));
         di_cfg_rule(g, P[n][1], &more, 1);
         int32_t first = di_cfg_opt(g, seq(c, (int32_t[]){member, more}, 2));
@@ -507,6 +613,23 @@ static json_t *merge_allof(js *c, json_t *s) {
     return m;
 }
 
+/* oneOf is compiled as anyOf only when no value can match two branches: every branch states a
+ * single type and the types are pairwise different ("integer" and "number" overlap). */
+static bool disjoint_types(json_t *arr) {
+    unsigned seen = 0;
+    static const char *names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        const char *t = json_string_value(json_object_get(json_array_get(arr, i), "type"));
+        if (!t) return false;
+        unsigned bit = 0;
+        for (unsigned k = 0; k < 7; k++)
+            if (!strcmp(t, names[k])) bit = 1u << (k == 2 ? 1 : k); /* integer shares number's bit */
+        if (!bit || (seen & bit)) return false;
+        seen |= bit;
+    }
+    return true;
+}
+
 static int32_t typed(js *c, json_t *s, const char *t) {
     if (!strcmp(t, "string")) return string_sym(c, s);
     if (!strcmp(t, "number")) return number_sym(c, s, false);
@@ -562,6 +685,9 @@ static int32_t schema_body(js *c, json_t *s) {
         /* sibling type/properties would intersect with every branch: unsupported unless absent */
         if (json_object_get(s, "type") || json_object_get(s, "properties") || json_object_get(s, "items"))
             return fail(c, DI_ERR_UNSUPPORTED, "%s", "anyOf/oneOf beside type/properties/items");
+        if (one && !c->opts.lenient_oneof && !disjoint_types(arr))
+            return fail(c, DI_ERR_UNSUPPORTED, "%s",
+                        "oneOf whose branches are not distinguishable by type (set lenient_oneof to compile it as anyOf)");
         int32_t nt = di_cfg_nt(c->g, NULL);
         for (size_t i = 0; i < json_array_size(arr) && !c->rc; i++) {
             char idx[24];
@@ -589,12 +715,14 @@ static int32_t schema_body(js *c, json_t *s) {
     if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties"))
         return object_sym(c, s);
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
-        json_object_get(s, "maxItems"))
+        json_object_get(s, "maxItems") || json_object_get(s, "additionalItems") || json_object_get(s, "uniqueItems"))
         return array_sym(c, s);
     if (json_object_get(s, "pattern") || json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
         json_object_get(s, "format"))
         return string_sym(c, s);
-    if (json_object_get(s, "minimum") || json_object_get(s, "maximum")) return number_sym(c, s, false);
+    if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
+        json_object_get(s, "exclusiveMaximum"))
+        return number_sym(c, s, false);
     return c->value;
 }
 

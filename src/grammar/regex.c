@@ -397,8 +397,11 @@ static int32_t parse_atom(rx *p) {
         p->i++;
         if (!p->dot_sym) {
             di_cpset s = {0};
+            /* ECMAScript: any code point except the line terminators \n \r U+2028 U+2029 */
             di_cpset_add(&s, 0, '\n' - 1);
-            di_cpset_add(&s, '\n' + 1, 0x10FFFF);
+            di_cpset_add(&s, '\n' + 1, '\r' - 1);
+            di_cpset_add(&s, '\r' + 1, 0x2027);
+            di_cpset_add(&s, 0x202A, 0x10FFFF);
             p->dot_sym = di_cpset_sym(p->g, &s, p->flags);
             di_cpset_free(&s);
         }

@@ -2,7 +2,7 @@
  *
  * Supported syntax (ECMAScript/PCRE subset; the pattern is a string of UTF-8 code points):
  *   literals        any code point; escapes \n \r \t \f \v \0 \xHH \uHHHH \u{H...} and \<punct>
- *   .               any code point except \n
+ *   .               any code point except the line terminators \n \r U+2028 U+2029 (ECMAScript)
  *   classes         [abc] [a-z] [^...] with escapes and \d \w \s \D \W \S inside
  *   shorthands      \d = [0-9], \w = [A-Za-z0-9_], \s = ECMAScript white space (incl. Unicode Zs,
  *                   \u2028 \u2029 \ufeff); \D \W \S are their complements over all code points
