@@ -10,7 +10,8 @@
 #include "grammar/grammar.h"
 #include "testutil.h"
 
-#define GT_EOS 0 /* token 0 is EOS; tokens 1..256 are the single bytes 0..255 */
+#define GT_EOS 0
+static uint64_t gt_cache_hits; /* masks served from the matcher's cache during gt_walk (all brute-force checked) */ /* token 0 is EOS; tokens 1..256 are the single bytes 0..255 */
 
 static uint64_t gt_rng(uint64_t *s) {
     *s ^= *s << 13;
@@ -130,6 +131,9 @@ static inline int gt_walk(const di_grammar *g, const di_grammar_vocab *v, const 
             }
         }
     }
+    uint64_t hits, misses;
+    di_grammar_matcher_cache_stats(m, &hits, &misses);
+    gt_cache_hits += hits;
     free(mask);
     free(hist);
     free(allowed);

@@ -7,6 +7,12 @@
 #include "grammar/grammar_impl.h"
 
 #define THINK_MAX 64
+#define MASK_CACHE 32 /* masks remembered per matcher, keyed by parse-state signature */
+
+/* 128-bit signature of an Earley state (see state_sig). */
+typedef struct sig128 {
+    uint64_t a, b;
+} sig128;
 
 /* Everything that changes when a token is accepted, so that one snapshot per token restores it. */
 typedef struct mstate {
@@ -30,6 +36,18 @@ struct di_grammar_matcher {
     uint16_t think_fail[THINK_MAX]; /* KMP failure function of think_end */
     int32_t *think_toks;            /* tokens that may complete the marker with text after it */
     size_t n_think_toks;
+    /* Mask cache. The future of an Earley parse depends only on the current set and, through
+     * item origins, the sets it refers back to; hashing that structure (positions, with origins
+     * replaced by the referenced set's own signature) gives a key under which two states accept
+     * exactly the same continuations. Inside a JSON string every character leads to the same
+     * key, so only the first token of a string pays for the trie walk. */
+    sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
+    size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
+    sig128 cache_key[MASK_CACHE];
+    uint32_t *cache_mask;           /* [MASK_CACHE][mask words] */
+    uint8_t cache_used[MASK_CACHE];
+    uint32_t cache_next;            /* round-robin replacement */
+    uint64_t cache_hits, cache_misses;
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -104,6 +122,8 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
 void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
+    free(m->set_sig);
+    free(m->cache_mask);
     free(m->hist);
     free(m->think_toks);
     free(m);
@@ -152,6 +172,64 @@ static int feed(di_grammar_matcher *m, const uint8_t *b, size_t n, di_error *err
 static void restore(di_grammar_matcher *m, const mstate *s) {
     m->cur = *s;
     di_earley_pop_to(&m->e, s->depth);
+    if (m->n_sig > m->e.n_sets) m->n_sig = m->e.n_sets;
+}
+
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Signatures, in index order (each depends only on earlier sets). Only items that can still
+ * matter are hashed: once a set is behind the current one, completion reads just its items that
+ * wait on a nonterminal, so set_sig[j] covers those; the current set adds its items that scan a
+ * byte. Finished items (dot at the end) have already been completed and are ignored, which is what
+ * makes consecutive characters of a string share one key. Items are combined by addition so the
+ * order in which a set was built does not matter. */
+static void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
+    h->a += mix64(((uint64_t)pos << 1 | 1) ^ mix64(o.a));
+    h->b += mix64(((uint64_t)pos * 0x9E3779B97F4A7C15ull) ^ mix64(o.b + 0x5851F42D4C957F2Dull));
+}
+
+static int update_sigs(di_grammar_matcher *m, di_error *err) {
+    const di_earley *e = &m->e;
+    if (e->n_sets > m->cap_sig) {
+        size_t cap = m->cap_sig ? m->cap_sig : 256;
+        while (cap < e->n_sets) cap *= 2;
+        sig128 *p = realloc(m->set_sig, cap * sizeof *p);
+        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
+        m->set_sig = p;
+        m->cap_sig = cap;
+    }
+    for (size_t i = m->n_sig; i < e->n_sets; i++) {
+        sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
+        for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+            di_earley_item it = e->items[x];
+            if (m->g->cfg->psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
+            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+        }
+        m->set_sig[i] = h;
+    }
+    m->n_sig = e->n_sets;
+    return DI_OK;
+}
+
+/* Key of the current state: the waiting items (set_sig) plus the items that scan a byte. */
+static sig128 state_key(const di_grammar_matcher *m) {
+    const di_earley *e = &m->e;
+    size_t i = e->n_sets - 1;
+    sig128 h = m->set_sig[i];
+    h.a ^= 0xA5A5A5A5A5A5A5A5ull;
+    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+        di_earley_item it = e->items[x];
+        int32_t sym = m->g->cfg->psym[it.pos];
+        if (sym >= 0 || sym == DI_CFG_END) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+    }
+    return h;
 }
 
 static bool is_eos(const di_grammar_vocab *v, int32_t t) {
@@ -164,6 +242,11 @@ bool di_grammar_matcher_can_end(const di_grammar_matcher *m) {
     if (m->cur.finished) return true;
     if (m->cur.in_think) return false;
     return di_earley_accepting(&m->e);
+}
+
+void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits, uint64_t *misses) {
+    *hits = m->cache_hits;
+    *misses = m->cache_misses;
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -268,9 +351,28 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
         }
         return DI_OK;
     }
-    memset(mask, 0, words * sizeof *mask);
-    int rc = walk_trie(m, mask, err);
+    int rc = update_sigs(m, err);
     if (rc) return rc;
+    sig128 key = state_key(m);
+    if (!m->cache_mask) m->cache_mask = malloc(MASK_CACHE * words * sizeof *mask); /* NULL: run uncached */
+    int hit = -1;
+    for (int k = 0; m->cache_mask && k < MASK_CACHE && hit < 0; k++)
+        if (m->cache_used[k] && m->cache_key[k].a == key.a && m->cache_key[k].b == key.b) hit = k;
+    if (hit >= 0) {
+        m->cache_hits++;
+        memcpy(mask, m->cache_mask + (size_t)hit * words, words * sizeof *mask);
+    } else {
+        m->cache_misses++;
+        memset(mask, 0, words * sizeof *mask);
+        rc = walk_trie(m, mask, err);
+        if (rc) return rc;
+        if (m->cache_mask) {
+            uint32_t k = m->cache_next++ % MASK_CACHE;
+            m->cache_key[k] = key;
+            m->cache_used[k] = 1;
+            memcpy(m->cache_mask + (size_t)k * words, mask, words * sizeof *mask);
+        }
+    }
     if (di_earley_accepting(&m->e))
         for (size_t i = 0; i < v->n_eos; i++) set_bit(mask, v->eos[i]);
     return DI_OK;
