@@ -40,6 +40,31 @@ static int grow_hash(di_earley *m, size_t need, di_error *err) {
 }
 
 /* Add an item to the set under construction unless present. Returns <0 on error. */
+/* Sets below this size are deduplicated by a linear scan: most sets the trie walk builds are
+ * that small, and a scan over a few cache lines beats hashing. Larger sets switch to the table. */
+#define SMALL_SET 24
+
+static void hash_insert(di_earley *m, uint64_t key) {
+    size_t mask = m->hcap - 1, h = hash_of(key, mask);
+    while (m->hstamp[h] == m->stamp) h = (h + 1) & mask;
+    m->hstamp[h] = m->stamp;
+    m->hkey[h] = key;
+}
+
+static int append_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
+    if (m->n_items == m->cap_items) {
+        size_t cap = m->cap_items ? m->cap_items * 2 : 1024;
+        di_earley_item *p = realloc(m->items, cap * sizeof *p);
+        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
+        m->items = p;
+        m->cap_items = cap;
+    }
+    m->items[m->n_items++] = (di_earley_item){pos, origin};
+    return 1;
+}
+
+/* Add an item to the set under construction unless present. Returns 1 if added, 0 if present,
+ * <0 on error. */
 static int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
     size_t first = m->set_off[m->n_sets];
     size_t count = m->n_items - first;
@@ -47,8 +72,22 @@ static int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) 
         return di_error_set(err, DI_ERR_LIMIT, "grammar matcher: Earley set exceeds %u items (grammar too ambiguous)",
                             DI_EARLEY_MAX_SET_ITEMS);
     if (++m->work > DI_EARLEY_MAX_WORK)
-        return di_error_set(err, DI_ERR_LIMIT, "grammar matcher: more than %u item operations for one byte (grammar too ambiguous)",
+        return di_error_set(err, DI_ERR_LIMIT,
+                            "grammar matcher: more than %u item operations for one byte (grammar too ambiguous)",
                             DI_EARLEY_MAX_WORK);
+    if (count < SMALL_SET) {
+        for (size_t x = first; x < m->n_items; x++)
+            if (m->items[x].pos == pos && m->items[x].origin == origin) return 0;
+        int rc = append_item(m, pos, origin, err);
+        if (rc < 0 || count + 1 < SMALL_SET) return rc;
+        /* the set just reached SMALL_SET items: index them all */
+        size_t before = m->hcap;
+        rc = grow_hash(m, SMALL_SET * 2, err); /* re-inserts the set when it reallocates */
+        if (rc) return rc;
+        if (m->hcap == before)
+            for (size_t x = first; x < m->n_items; x++) hash_insert(m, key_of(m->items[x].pos, m->items[x].origin));
+        return 1;
+    }
     int rc = grow_hash(m, count + 1, err);
     if (rc) return rc;
     uint64_t key = key_of(pos, origin);
@@ -57,16 +96,10 @@ static int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) 
         if (m->hkey[h] == key) return 0;
         h = (h + 1) & mask;
     }
-    if (m->n_items == m->cap_items) {
-        size_t cap = m->cap_items ? m->cap_items * 2 : 1024;
-        di_earley_item *p = realloc(m->items, cap * sizeof *p);
-        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
-        m->items = p;
-        m->cap_items = cap;
-    }
+    rc = append_item(m, pos, origin, err);
+    if (rc < 0) return rc;
     m->hstamp[h] = m->stamp;
     m->hkey[h] = key;
-    m->items[m->n_items++] = (di_earley_item){pos, origin};
     return 1;
 }
 
@@ -94,6 +127,7 @@ static int begin_set(di_earley *m, di_error *err) {
     return DI_OK;
 }
 
+#define SMALL_WAIT 12
 static _Thread_local const di_earley *g_sort_m; /* qsort context for cmp_wait */
 
 static int cmp_wait(const void *a, const void *b) {
@@ -120,7 +154,7 @@ static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
     size_t n = 0;
     for (size_t k = first; k < m->n_items; k++)
         if (m->g->psym[m->items[k].pos] >= 0) w[n++] = (uint32_t)k;
-    if (n > 1) {
+    if (n > SMALL_WAIT) { /* small lists are scanned linearly by close_set */
         g_sort_m = m;
         qsort(w, n, sizeof *w, cmp_wait);
         g_sort_m = NULL;
@@ -144,16 +178,24 @@ static int close_set(di_earley *m, di_error *err) {
              * already advanced everything that waits on a nullable symbol (Aycock-Horspool). */
             if (it.origin == cur) continue;
             const uint32_t *w = m->wait + m->wait_off[it.origin];
-            size_t lo = 0, hi = m->wait_off[it.origin + 1] - m->wait_off[it.origin];
-            while (lo < hi) { /* first waiting item with symbol >= lhs */
-                size_t mid = (lo + hi) / 2;
-                if (g->psym[m->items[w[mid]].pos] < lhs) lo = mid + 1;
-                else hi = mid;
-            }
-            for (size_t x = lo; x < m->wait_off[it.origin + 1] - m->wait_off[it.origin] && rc >= 0; x++) {
-                di_earley_item y = m->items[w[x]];
-                if (g->psym[y.pos] != lhs) break;
-                rc = add_item(m, y.pos + 1, y.origin, err);
+            size_t nw = m->wait_off[it.origin + 1] - m->wait_off[it.origin];
+            if (nw <= SMALL_WAIT) {
+                for (size_t x = 0; x < nw && rc >= 0; x++) {
+                    di_earley_item y = m->items[w[x]];
+                    if (g->psym[y.pos] == lhs) rc = add_item(m, y.pos + 1, y.origin, err);
+                }
+            } else {
+                size_t lo = 0, hi = nw;
+                while (lo < hi) { /* first waiting item with symbol >= lhs */
+                    size_t mid = (lo + hi) / 2;
+                    if (g->psym[m->items[w[mid]].pos] < lhs) lo = mid + 1;
+                    else hi = mid;
+                }
+                for (size_t x = lo; x < nw && rc >= 0; x++) {
+                    di_earley_item y = m->items[w[x]];
+                    if (g->psym[y.pos] != lhs) break;
+                    rc = add_item(m, y.pos + 1, y.origin, err);
+                }
             }
         } else if (s >= 0) {
             for (uint32_t r = g->nt_rule_off[s]; r < g->nt_rule_off[s + 1] && rc >= 0; r++)

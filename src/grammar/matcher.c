@@ -48,6 +48,10 @@ struct di_grammar_matcher {
     uint8_t cache_used[MASK_CACHE];
     uint32_t cache_next;            /* round-robin replacement */
     uint64_t cache_hits, cache_misses;
+    struct memo_ent *memo;          /* [1 << MEMO_BITS] byte transitions between state keys */
+    size_t memo_n;
+    sig128 *vkey;                   /* [max token length + 1] state key per walk depth */
+    uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -124,6 +128,9 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     di_earley_free(&m->e);
     free(m->set_sig);
     free(m->cache_mask);
+    free(m->memo);
+    free(m->vkey);
+    free(m->path);
     free(m->hist);
     free(m->think_toks);
     free(m);
@@ -305,32 +312,97 @@ int di_grammar_matcher_rollback(di_grammar_matcher *m, size_t k, di_error *err) 
 static inline void set_bit(uint32_t *mask, int32_t t) { mask[t >> 5] |= 1u << (t & 31); }
 static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u << (t & 31)); }
 
-/* Walk the trie with the Earley state: one push per edge, pop on the way back up; a rejected
- * edge skips its subtree. This visits exactly the nodes whose byte prefix is viable plus their
- * rejected children, so the cost follows the number of allowed tokens, not V. */
-static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
+/* Byte transition memo over state keys: (key, byte) -> key of the successor state, or dead.
+ * Keys are structural (state_key), so an entry learned at one position holds at every other
+ * position and in later masks: inside a JSON string the walk soon runs on memo lookups alone
+ * and only materializes Earley sets where the memo has no answer yet. */
+#define MEMO_BITS 15
+
+typedef struct memo_ent {
+    sig128 key, next;
+    uint16_t byte;
+    uint8_t used, dead;
+} memo_ent;
+
+static memo_ent *memo_find(di_grammar_matcher *m, sig128 k, uint8_t b, bool *found) {
+    size_t mask = ((size_t)1 << MEMO_BITS) - 1;
+    size_t h = (size_t)(mix64(k.a ^ (uint64_t)b * 0x9E3779B97F4A7C15ull) & mask);
+    for (;;) {
+        memo_ent *e = &m->memo[h];
+        if (!e->used) return *found = false, e;
+        if (e->byte == b && e->key.a == k.a && e->key.b == k.b) return *found = true, e;
+        h = (h + 1) & mask;
+    }
+}
+
+static void memo_put(di_grammar_matcher *m, sig128 k, uint8_t b, sig128 next, bool dead) {
+    if (m->memo_n * 2 >= ((size_t)1 << MEMO_BITS)) { /* half full: start over rather than probe long chains */
+        memset(m->memo, 0, ((size_t)1 << MEMO_BITS) * sizeof *m->memo);
+        m->memo_n = 0;
+    }
+    bool found;
+    memo_ent *e = memo_find(m, k, b, &found);
+    if (!found) m->memo_n++;
+    *e = (memo_ent){.key = k, .next = next, .byte = b, .used = 1, .dead = dead};
+}
+
+/* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: look the
+ * transition up in the memo; on a miss, materialize the Earley sets along the current path (only
+ * as deep as needed), push the byte and record the outcome. A dead edge skips its subtree, so
+ * the work follows the number of viable prefixes, not V. */
+static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_error *err) {
     const di_grammar_vocab *v = m->v;
     const di_trie_node *nodes = v->nodes;
     di_earley *e = &m->e;
-    size_t base = e->n_sets;
-    uint32_t i = 1, n = v->n_nodes;
-    while (i < n) {
+    size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
+    size_t md = 0;           /* sets materialized for depths 0..md of the current path */
+    int rc = DI_OK;
+    m->vkey[0] = root_key;
+    for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
-        di_earley_pop_to(e, base + nd->depth - 1);
-        int rc = di_earley_push(e, nd->byte, err);
-        if (rc < 0) {
-            di_earley_pop_to(e, base);
-            return rc;
+        uint32_t d = nd->depth;
+        if (md > d - 1) { /* sets deeper than the parent belong to a finished subtree */
+            md = d - 1;
+            di_earley_pop_to(e, base + md);
+            m->n_sig = e->n_sets;
         }
-        if (rc == 0) {
-            i = nd->end;
-            continue;
+        m->path[d] = nd->byte;
+        bool found;
+        memo_ent *me = memo_find(m, m->vkey[d - 1], nd->byte, &found);
+        if (found) {
+            if (me->dead) {
+                i = nd->end;
+                continue;
+            }
+            m->vkey[d] = me->next;
+        } else {
+            while (md < d - 1) { /* replay the path: each prefix was viable, so each push succeeds */
+                rc = di_earley_push(e, m->path[md + 1], err);
+                if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
+                if (rc < 0) goto out;
+                md++;
+                if ((rc = update_sigs(m, err))) goto out;
+            }
+            rc = di_earley_push(e, nd->byte, err);
+            if (rc < 0) goto out;
+            if (rc == 0) {
+                memo_put(m, m->vkey[d - 1], nd->byte, (sig128){0, 0}, true);
+                i = nd->end;
+                continue;
+            }
+            md = d;
+            if ((rc = update_sigs(m, err))) goto out;
+            m->vkey[d] = state_key(m);
+            memo_put(m, m->vkey[d - 1], nd->byte, m->vkey[d], false);
         }
         for (int32_t t = nd->tok; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
         i++;
     }
+    rc = DI_OK;
+out:
     di_earley_pop_to(e, base);
-    return DI_OK;
+    m->n_sig = e->n_sets;
+    return rc < 0 ? rc : DI_OK;
 }
 
 int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
@@ -364,7 +436,13 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
     } else {
         m->cache_misses++;
         memset(mask, 0, words * sizeof *mask);
-        rc = walk_trie(m, mask, err);
+        if (!m->memo) {
+            m->memo = calloc((size_t)1 << MEMO_BITS, sizeof *m->memo);
+            m->vkey = malloc(((size_t)v->max_len + 1) * sizeof *m->vkey);
+            m->path = malloc((size_t)v->max_len + 1);
+            if (!m->memo || !m->vkey || !m->path) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
+        }
+        rc = walk_trie(m, mask, key, err);
         if (rc) return rc;
         if (m->cache_mask) {
             uint32_t k = m->cache_next++ % MASK_CACHE;
