@@ -48,9 +48,13 @@ struct di_grammar_matcher {
     uint8_t cache_used[MASK_CACHE];
     uint32_t cache_next;            /* round-robin replacement */
     uint64_t cache_hits, cache_misses;
-    struct memo_ent *memo;          /* [1 << MEMO_BITS] byte transitions between state keys */
-    size_t memo_n;
-    sig128 *vkey;                   /* [max token length + 1] state key per walk depth */
+    /* lazily built automaton over parse states (see walk_trie) */
+    sig128 *st_key;                 /* [st_cap] structural key of each interned state */
+    int32_t (*st_trans)[256];       /* [st_cap][256] successor id, ST_DEAD or ST_UNKNOWN */
+    size_t st_n, st_cap;
+    int32_t *st_hash;               /* [st_hcap] key -> id, open addressing, -1 = empty */
+    size_t st_hcap;
+    int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
@@ -128,8 +132,10 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     di_earley_free(&m->e);
     free(m->set_sig);
     free(m->cache_mask);
-    free(m->memo);
-    free(m->vkey);
+    free(m->st_key);
+    free(m->st_trans);
+    free(m->st_hash);
+    free(m->vid);
     free(m->path);
     free(m->hist);
     free(m->think_toks);
@@ -312,52 +318,68 @@ int di_grammar_matcher_rollback(di_grammar_matcher *m, size_t k, di_error *err) 
 static inline void set_bit(uint32_t *mask, int32_t t) { mask[t >> 5] |= 1u << (t & 31); }
 static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u << (t & 31)); }
 
-/* Byte transition memo over state keys: (key, byte) -> key of the successor state, or dead.
- * Keys are structural (state_key), so an entry learned at one position holds at every other
- * position and in later masks: inside a JSON string the walk soon runs on memo lookups alone
- * and only materializes Earley sets where the memo has no answer yet. */
-#define MEMO_BITS 15
+/* Lazily built automaton over parse states. A state is a structural key (state_key) interned
+ * to a small id; trans[id][byte] is the successor id, DEAD, or UNKNOWN until first needed.
+ * Because keys are structural, a transition learned at one position holds at every other one
+ * and in later masks: inside a JSON string the trie walk soon runs on table lookups alone and
+ * materializes Earley sets only where a transition is still unknown. */
+#define ST_UNKNOWN (-2)
+#define ST_DEAD (-1)
+#define ST_NONE (-3)         /* table full: this state is not interned, walk it with Earley */
+#define ST_MAX_STATES 16384  /* 1 KiB of transitions each; the table restarts when half full */
 
-typedef struct memo_ent {
-    sig128 key, next;
-    uint16_t byte;
-    uint8_t used, dead;
-} memo_ent;
-
-static memo_ent *memo_find(di_grammar_matcher *m, sig128 k, uint8_t b, bool *found) {
-    size_t mask = ((size_t)1 << MEMO_BITS) - 1;
-    size_t h = (size_t)(mix64(k.a ^ (uint64_t)b * 0x9E3779B97F4A7C15ull) & mask);
-    for (;;) {
-        memo_ent *e = &m->memo[h];
-        if (!e->used) return *found = false, e;
-        if (e->byte == b && e->key.a == k.a && e->key.b == k.b) return *found = true, e;
+static int32_t state_intern(di_grammar_matcher *m, sig128 k) {
+    size_t mask = m->st_hcap - 1, h = (size_t)(mix64(k.a) & mask);
+    while (m->st_hash[h] >= 0) {
+        int32_t id = m->st_hash[h];
+        if (m->st_key[id].a == k.a && m->st_key[id].b == k.b) return id;
         h = (h + 1) & mask;
     }
-}
-
-static void memo_put(di_grammar_matcher *m, sig128 k, uint8_t b, sig128 next, bool dead) {
-    if (m->memo_n * 2 >= ((size_t)1 << MEMO_BITS)) { /* half full: start over rather than probe long chains */
-        memset(m->memo, 0, ((size_t)1 << MEMO_BITS) * sizeof *m->memo);
-        m->memo_n = 0;
+    if (m->st_n >= ST_MAX_STATES) return ST_NONE;
+    if (m->st_n == m->st_cap) {
+        size_t cap = m->st_cap ? m->st_cap * 2 : 256;
+        sig128 *kk = realloc(m->st_key, cap * sizeof *kk);
+        if (kk) m->st_key = kk;
+        int32_t(*tt)[256] = kk ? realloc(m->st_trans, cap * sizeof *tt) : NULL;
+        if (!tt) return ST_NONE; /* out of memory only disables memoization */
+        m->st_trans = tt;
+        m->st_cap = cap;
     }
-    bool found;
-    memo_ent *e = memo_find(m, k, b, &found);
-    if (!found) m->memo_n++;
-    *e = (memo_ent){.key = k, .next = next, .byte = b, .used = 1, .dead = dead};
+    int32_t id = (int32_t)m->st_n++;
+    m->st_key[id] = k;
+    for (int b = 0; b < 256; b++) m->st_trans[id][b] = ST_UNKNOWN;
+    m->st_hash[h] = id;
+    return id;
 }
 
-/* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: look the
- * transition up in the memo; on a miss, materialize the Earley sets along the current path (only
- * as deep as needed), push the byte and record the outcome. A dead edge skips its subtree, so
- * the work follows the number of viable prefixes, not V. */
+static int states_reset(di_grammar_matcher *m, di_error *err) {
+    if (!m->st_hash) {
+        m->st_hcap = (size_t)ST_MAX_STATES * 2;
+        m->st_hash = malloc(m->st_hcap * sizeof *m->st_hash);
+        m->vid = malloc(((size_t)m->v->max_len + 1) * sizeof *m->vid);
+        m->path = malloc((size_t)m->v->max_len + 1);
+        if (!m->st_hash || !m->vid || !m->path) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
+    }
+    memset(m->st_hash, 0xff, m->st_hcap * sizeof *m->st_hash); /* -1 = empty slot */
+    m->st_n = 0;
+    return DI_OK;
+}
+
+/* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: follow the
+ * transition table; where it is unknown, materialize the Earley sets along the current path
+ * (only as deep as needed), push the byte and record the outcome. A dead edge skips its subtree,
+ * so the work follows the number of viable prefixes, not V. */
 static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_error *err) {
     const di_grammar_vocab *v = m->v;
     const di_trie_node *nodes = v->nodes;
     di_earley *e = &m->e;
+    int rc = DI_OK;
+    if (!m->st_hash || m->st_n * 2 >= ST_MAX_STATES) {
+        if ((rc = states_reset(m, err))) return rc;
+    }
     size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
-    int rc = DI_OK;
-    m->vkey[0] = root_key;
+    m->vid[0] = state_intern(m, root_key);
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
         uint32_t d = nd->depth;
@@ -367,15 +389,13 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
             m->n_sig = e->n_sets;
         }
         m->path[d] = nd->byte;
-        bool found;
-        memo_ent *me = memo_find(m, m->vkey[d - 1], nd->byte, &found);
-        if (found) {
-            if (me->dead) {
-                i = nd->end;
-                continue;
-            }
-            m->vkey[d] = me->next;
-        } else {
+        int32_t parent = m->vid[d - 1];
+        int32_t next = parent >= 0 ? m->st_trans[parent][nd->byte] : ST_UNKNOWN;
+        if (next == ST_DEAD) {
+            i = nd->end;
+            continue;
+        }
+        if (next == ST_UNKNOWN) {
             while (md < d - 1) { /* replay the path: each prefix was viable, so each push succeeds */
                 rc = di_earley_push(e, m->path[md + 1], err);
                 if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
@@ -386,15 +406,16 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
             rc = di_earley_push(e, nd->byte, err);
             if (rc < 0) goto out;
             if (rc == 0) {
-                memo_put(m, m->vkey[d - 1], nd->byte, (sig128){0, 0}, true);
+                if (parent >= 0) m->st_trans[parent][nd->byte] = ST_DEAD;
                 i = nd->end;
                 continue;
             }
             md = d;
             if ((rc = update_sigs(m, err))) goto out;
-            m->vkey[d] = state_key(m);
-            memo_put(m, m->vkey[d - 1], nd->byte, m->vkey[d], false);
+            next = state_intern(m, state_key(m));
+            if (parent >= 0 && next != ST_NONE) m->st_trans[parent][nd->byte] = next;
         }
+        m->vid[d] = next;
         for (int32_t t = nd->tok; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
         i++;
     }
@@ -402,7 +423,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
 out:
     di_earley_pop_to(e, base);
     m->n_sig = e->n_sets;
-    return rc < 0 ? rc : DI_OK;
+    return rc;
 }
 
 int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
@@ -436,12 +457,6 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
     } else {
         m->cache_misses++;
         memset(mask, 0, words * sizeof *mask);
-        if (!m->memo) {
-            m->memo = calloc((size_t)1 << MEMO_BITS, sizeof *m->memo);
-            m->vkey = malloc(((size_t)v->max_len + 1) * sizeof *m->vkey);
-            m->path = malloc((size_t)v->max_len + 1);
-            if (!m->memo || !m->vkey || !m->path) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
-        }
         rc = walk_trie(m, mask, key, err);
         if (rc) return rc;
         if (m->cache_mask) {
