@@ -2,6 +2,7 @@
  * synthetic vocabulary, rollback, thinking, stop strings, hostile patterns.  di-test: asan */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 #include <time.h>
 
 #include "grammar/cfg.h"
@@ -315,11 +316,82 @@ static void test_hostile_regex(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Matchers share only immutable data (grammar, vocab), so masks computed on several threads at
+ * once must equal the masks computed on one thread. */
+typedef struct thr_job {
+    const di_grammar *g;
+    const di_grammar_vocab *v;
+    const int32_t *toks; /* [n] token sequence to replay */
+    size_t n, words;
+    const uint32_t *want; /* [n][words] masks from the single-threaded run */
+    int mismatches;
+} thr_job;
+
+static void *thr_run(void *arg) {
+    thr_job *j = arg;
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(j->g, j->v, NULL, &m, NULL)) {
+        j->mismatches = -1;
+        return NULL;
+    }
+    uint32_t *mask = malloc(j->words * 4);
+    for (int rep = 0; rep < 3; rep++) {
+        for (size_t i = 0; i < j->n; i++) {
+            if (di_grammar_matcher_fill_mask(m, mask, NULL) || memcmp(mask, j->want + i * j->words, j->words * 4))
+                j->mismatches++;
+            if (di_grammar_matcher_accept_token(m, j->toks[i], NULL)) j->mismatches++;
+        }
+        di_grammar_matcher_rollback(m, j->n, NULL);
+    }
+    free(mask);
+    di_grammar_matcher_free(m);
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail("\\{(\"[a-c]+\":(true|null|-?\\d+),)*\"x\":\"[^\"]*\"\\}");
+    const char *text = "{\"ab\":12,\"c\":null,\"x\":\"hello world\"}";
+    size_t n = strlen(text), words = di_grammar_mask_words(tb.n);
+    int32_t *toks = malloc(n * sizeof *toks);
+    uint32_t *want = malloc(n * words * 4);
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    assert_int_equal(di_grammar_matcher_new(g, v, NULL, &m, &err), DI_OK);
+    for (size_t i = 0; i < n; i++) {
+        toks[i] = (uint8_t)text[i] + 1;
+        assert_int_equal(di_grammar_matcher_fill_mask(m, want + i * words, &err), DI_OK);
+        assert_int_equal(di_grammar_matcher_accept_token(m, toks[i], &err), DI_OK);
+    }
+    assert_true(di_grammar_matcher_can_end(m));
+    di_grammar_matcher_free(m);
+    enum { NT = 4 };
+    pthread_t th[NT];
+    thr_job jobs[NT];
+    for (int t = 0; t < NT; t++) {
+        jobs[t] = (thr_job){.g = g, .v = v, .toks = toks, .n = n, .words = words, .want = want};
+        assert_int_equal(pthread_create(&th[t], NULL, thr_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NT; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(jobs[t].mismatches, 0);
+    }
+    tu_report("threads: %d matchers x 3 replays of %zu masks agree with the single-threaded masks", NT, n);
+    free(toks);
+    free(want);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
