@@ -220,6 +220,43 @@ static void test_schema_accept(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Integer bounds compile to digit grammars: every integer in a window is accepted iff in range. */
+static void test_schema_int_ranges(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const struct {
+        const char *schema;
+        long long lo, hi; /* inclusive; +-1e18 = unbounded */
+    } cases[] = {
+        {"{\"type\":\"integer\",\"minimum\":-15,\"maximum\":123}", -15, 123},
+        {"{\"type\":\"integer\",\"minimum\":7}", 7, (long long)1e18},
+        {"{\"type\":\"integer\",\"maximum\":-3}", (long long)-1e18, -3},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1000}", 1, 999},
+        {"{\"type\":\"integer\",\"minimum\":0.5,\"maximum\":99.5}", 1, 99},
+        {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":true}", 6, (long long)1e18},
+        {"{\"type\":\"integer\",\"minimum\":-250,\"maximum\":-40}", -250, -40},
+        {"{\"type\":\"integer\",\"minimum\":10,\"maximum\":10}", 10, 10},
+    };
+    int checked = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        di_grammar *g = schema_or_fail(cases[k].schema, DI_JSON_WS_COMPACT);
+        for (long long x = -1100; x <= 1100; x++) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "%lld", x);
+            int want = x >= cases[k].lo && x <= cases[k].hi;
+            if (full_match(g, v, buf) != want) fail_msg("%s: %lld expected %s", cases[k].schema, x, want ? "accepted" : "rejected");
+            checked++;
+        }
+        assert_int_equal(full_match(g, v, "-0"), 0); /* never generated: only canonical spellings */
+        assert_int_equal(full_match(g, v, "007"), 0);
+        di_grammar_free(g);
+    }
+    tu_report("integer-range strings checked: %d", checked);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void expect_schema_error(const char *src, const char *needle) {
     di_grammar *g = NULL;
     di_error err = {0};
@@ -237,7 +274,7 @@ static void test_schema_errors(void **state) {
     expect_schema_error("{\"type\":\"strin\"}", "unknown type");
     expect_schema_error("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "look-ahead");
     expect_schema_error("{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems");
-    expect_schema_error("{\"type\":\"integer\",\"maximum\":5}", "maximum");
+    expect_schema_error("{\"type\":\"number\",\"maximum\":5}", "bounds on non-integer numbers");
     expect_schema_error("false", "matches no string");
     expect_schema_error("{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}", "matches no string");
     expect_schema_error("{\"$ref\":\"#\"}", "matches no string"); /* only infinite recursion */
@@ -325,7 +362,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks),
         cmocka_unit_test(test_schema_accept), cmocka_unit_test(test_schema_errors), cmocka_unit_test(test_schema_masks),
-        cmocka_unit_test(test_schema_hostile),
+        cmocka_unit_test(test_schema_hostile), cmocka_unit_test(test_schema_int_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
 #include "grammar/json_schema.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,24 +319,124 @@ static int32_t string_sym(js *c, json_t *s) {
     return seq(c, (int32_t[]){q, di_cfg_repeat(c->g, ch, lo, hi), q}, 3);
 }
 
-static int32_t number_sym(js *c, json_t *s, bool integer) {
-    static const char *bounds[] = {"maximum", "exclusiveMaximum", "exclusiveMinimum"};
-    for (size_t i = 0; i < 3; i++) {
-        json_t *b = json_object_get(s, bounds[i]);
-        if (b && !json_is_boolean(b)) return fail(c, DI_ERR_UNSUPPORTED, "numeric bound '%s' is not supported", bounds[i]);
+/* ---- integer ranges as digit grammars ---- */
+
+static int32_t digit_class(js *c, int lo, int hi) { return di_cfg_range(c->g, (uint8_t)('0' + lo), (uint8_t)('0' + hi)); }
+
+/* Decimal strings of exactly n digits (leading zeros allowed here) with value in [lo, hi], given
+ * as digit arrays. Classic split: common leading digit, else lo's branch, a free middle, hi's branch. */
+static int32_t same_len_range(js *c, const char *lo, const char *hi, size_t n) {
+    if (n == 0) return empty(c);
+    if (n == 1) return digit_class(c, lo[0] - '0', hi[0] - '0');
+    int32_t nt = di_cfg_nt(c->g, NULL);
+    if (lo[0] == hi[0]) {
+        int32_t r[2] = {digit_class(c, lo[0] - '0', lo[0] - '0'), same_len_range(c, lo + 1, hi + 1, n - 1)};
+        di_cfg_rule(c->g, nt, r, 2);
+        return nt;
     }
-    if (json_is_true(json_object_get(s, "exclusiveMinimum")) || json_is_true(json_object_get(s, "exclusiveMaximum")))
-        return fail(c, DI_ERR_UNSUPPORTED, "%s", "exclusive numeric bounds are not supported");
+    char nines[24], zeros[24];
+    memset(nines, '9', n - 1);
+    memset(zeros, '0', n - 1);
+    int32_t r1[2] = {digit_class(c, lo[0] - '0', lo[0] - '0'), same_len_range(c, lo + 1, nines, n - 1)};
+    di_cfg_rule(c->g, nt, r1, 2);
+    if (hi[0] - lo[0] > 1) {
+        int32_t r2[2] = {digit_class(c, lo[0] - '0' + 1, hi[0] - '0' - 1), di_cfg_repeat(c->g, digit_class(c, 0, 9), (int64_t)n - 1, (int64_t)n - 1)};
+        di_cfg_rule(c->g, nt, r2, 2);
+    }
+    int32_t r3[2] = {digit_class(c, hi[0] - '0', hi[0] - '0'), same_len_range(c, zeros, hi + 1, n - 1)};
+    di_cfg_rule(c->g, nt, r3, 2);
+    return nt;
+}
+
+/* Canonical decimals (no leading zeros) of the non-negative integers in [lo, hi]; hi < 0 means
+ * unbounded. lo <= hi when bounded. */
+static int32_t nonneg_range(js *c, int64_t lo, int64_t hi) {
+    int32_t nt = di_cfg_nt(c->g, NULL);
+    char a[24], b[24];
+    int la = snprintf(a, sizeof a, "%lld", (long long)lo);
+    int lb = hi >= 0 ? snprintf(b, sizeof b, "%lld", (long long)hi) : la;
+    for (int len = la; len <= lb && !c->rc; len++) {
+        /* the slice of [lo, hi] with exactly len digits */
+        char x[24], y[24];
+        if (len == la) memcpy(x, a, (size_t)la + 1);
+        else x[0] = '1', memset(x + 1, '0', (size_t)len - 1), x[len] = 0;
+        if (hi >= 0 && len == lb) memcpy(y, b, (size_t)lb + 1);
+        else memset(y, '9', (size_t)len), y[len] = 0;
+        int32_t r = same_len_range(c, x, y, (size_t)len);
+        di_cfg_rule(c->g, nt, &r, 1);
+    }
+    if (hi < 0) { /* every longer number: [1-9][0-9]{la,} */
+        int32_t r[2] = {digit_class(c, 1, 9), di_cfg_repeat(c->g, digit_class(c, 0, 9), la, -1)};
+        di_cfg_rule(c->g, nt, r, 2);
+    }
+    return nt;
+}
+
+/* Integers in [lo, hi] (has_lo/has_hi false = unbounded on that side). */
+static int32_t int_range(js *c, bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
+    if (has_lo && has_hi && lo > hi) return nothing(c);
+    int32_t nt = di_cfg_nt(c->g, NULL);
+    /* zero and positives */
+    if (!has_hi || hi >= 0) {
+        int32_t r = nonneg_range(c, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+        di_cfg_rule(c->g, nt, &r, 1);
+    }
+    /* negatives: "-" then the magnitude in [max(1, -hi), -lo] */
+    if (!has_lo || lo < 0) {
+        int64_t mlo = has_hi && hi < 0 ? -hi : 1, mhi = has_lo ? -lo : -1;
+        int32_t r[2] = {di_cfg_byte(c->g, '-'), nonneg_range(c, mlo, mhi)};
+        di_cfg_rule(c->g, nt, r, 2);
+    }
+    return nt;
+}
+
+/* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
+ * (and the mirror for maxima). Both draft-4 (boolean exclusive flags) and draft-6+ forms. */
+static bool int_bound(js *c, json_t *s, bool upper, int64_t *out) {
+    const char *inc = upper ? "maximum" : "minimum", *exc = upper ? "exclusiveMaximum" : "exclusiveMinimum";
+    json_t *vi = json_object_get(s, inc), *ve = json_object_get(s, exc);
+    bool have = false;
+    double best = 0;
+    bool best_excl = false;
+    if (json_is_number(vi)) have = true, best = json_number_value(vi), best_excl = json_is_true(ve);
+    if (json_is_number(ve)) {
+        double e = json_number_value(ve);
+        if (!have || (upper ? e <= best : e >= best)) best = e, best_excl = true;
+        have = true;
+    }
+    if (!have) return false;
+    if (best > 9e15 || best < -9e15) return fail(c, DI_ERR_UNSUPPORTED, "%s", "integer bound beyond +-9e15"), false;
+    double f = upper ? floor(best) : ceil(best);
+    if (best_excl && f == best) f += upper ? -1 : 1;
+    *out = (int64_t)f;
+    return true;
+}
+
+static int32_t number_sym(js *c, json_t *s, bool integer) {
+    static const char *bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    bool any = false;
+    for (size_t i = 0; i < 4; i++) {
+        json_t *b = json_object_get(s, bounds[i]);
+        if (b && !json_is_number(b) && !json_is_boolean(b))
+            return fail(c, DI_ERR_INVALID, "numeric bound '%s' is not a number", bounds[i]);
+        if (json_is_number(b)) any = true;
+    }
+    if (!any) return integer ? c->integer : c->number;
+    if (integer) {
+        int64_t lo = 0, hi = 0;
+        bool has_lo = int_bound(c, s, false, &lo), has_hi = !c->rc && int_bound(c, s, true, &hi);
+        if (c->rc) return 0;
+        return int_range(c, has_lo, lo, has_hi, hi);
+    }
+    /* numbers: only a lower bound of 0 (inclusive) is supported so far */
     json_t *mn = json_object_get(s, "minimum");
-    if (!mn) return integer ? c->integer : c->number;
-    if (!json_is_number(mn)) return fail(c, DI_ERR_INVALID, "%s", "minimum is not a number");
-    double m = json_number_value(mn);
-    int k = integer && m == 1 ? 1 : integer && m == 0 ? 0 : !integer && m == 0 ? 2 : -1;
-    if (k < 0) return fail(c, DI_ERR_UNSUPPORTED, "%s", "minimum other than 0 (or 1 for integers)");
+    if (!json_is_number(mn) || json_number_value(mn) != 0 || json_object_get(s, "maximum") ||
+        json_is_number(json_object_get(s, "exclusiveMinimum")) || json_is_number(json_object_get(s, "exclusiveMaximum")) ||
+        json_is_true(json_object_get(s, "exclusiveMinimum")))
+        return fail(c, DI_ERR_UNSUPPORTED, "%s", "bounds on non-integer numbers other than minimum 0");
     /* non-negative numbers; "-0" equals 0 but is excluded here (a narrower, still valid set) */
-    static const char *re[3] = {"0|[1-9][0-9]*", "[1-9][0-9]*", "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?"};
-    if (c->num_cache[k] < 0) c->num_cache[k] = rx(c, re[k], 0);
-    return c->num_cache[k];
+    if (c->num_cache[2] < 0) c->num_cache[2] = rx(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", 0);
+    return c->num_cache[2];
 }
 
 /* Code points a free-form key may use: no controls, no '"', and no '\\' (escapes would let
