@@ -127,15 +127,6 @@ static void init_shared(js *c) {
     c->value = v;
 }
 
-/* A JSON value as a literal, serialized compactly (member order as in the schema). */
-static int32_t json_literal(js *c, const json_t *v) {
-    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
-    if (!s) return fail(c, DI_ERR_NOMEM, "%s", "out of memory serializing a const/enum value");
-    int32_t r = lit(c, s);
-    free(s);
-    return r;
-}
-
 /* Alternatives over literal byte strings as a trie, so a 10,000-value enum costs one Earley item
  * per byte instead of predicting 10,000 rules at every step. */
 typedef struct lit_ent {
@@ -206,6 +197,56 @@ static int32_t enum_sym(js *c, const json_t *arr) {
     return r;
 }
 
+/* JSON type name of a value as "type" spells it (integers are also numbers). */
+static bool value_has_type(const json_t *v, const char *t) {
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "integer")) return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v));
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    return false;
+}
+
+/* Keywords that may sit beside const/enum without constraining the listed values further. */
+static bool harmless_beside_enum(const char *k) {
+    static const char *ok[] = {"const", "enum", "type", "title", "description", "default", "examples", "$comment",
+                               "readonly", "readOnly", "writeOnly", "deprecated", "format", "nullable", "$schema",
+                               "$id", "id", "definitions", "$defs", "enumNames", "markdownDescription"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (!strcmp(k, ok[i])) return true;
+    return !strncmp(k, "x-", 2);
+}
+
+static int32_t enum_sym(js *c, const json_t *arr);
+
+/* const/enum: the listed values that also satisfy "type" (a value must match every keyword).
+ * Other constraining keywords beside them are rejected rather than ignored. */
+static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) if (!harmless_beside_enum(k))
+        return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
+    json_t *type = json_object_get(s, "type");
+    json_t *vals = json_array();
+    if (!vals) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    if (cst) json_array_append(vals, cst);
+    for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
+    for (size_t i = json_array_size(vals); type && i-- > 0;) {
+        json_t *x = json_array_get(vals, i);
+        bool ok = false;
+        if (json_is_string(type)) ok = value_has_type(x, json_string_value(type));
+        for (size_t t = 0; json_is_array(type) && t < json_array_size(type); t++)
+            ok = ok || (json_is_string(json_array_get(type, t)) && value_has_type(x, json_string_value(json_array_get(type, t))));
+        if (!ok) json_array_remove(vals, i);
+    }
+    /* an integral real such as 1.0 serializes as "1.0", which is still a valid spelling */
+    int32_t r = enum_sym(c, vals);
+    json_decref(vals);
+    return r;
+}
+
 /* ---- keyword handling ---- */
 
 static const char *const k_unsupported[] = {"not",           "if",           "then",          "else",
@@ -264,8 +305,9 @@ static json_t *resolve_ref(js *c, const char *ref) {
 static const struct {
     const char *name, *re;
 } k_formats[] = {
-    {"date-time", "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
-    {"date", "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"},
+    {"date-time", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+    /* day ranges per month; February stops at 28 (29 needs the leap-year rule: left out, not wrong) */
+    {"date", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"},
     {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
     {"email", "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"},
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
@@ -285,7 +327,13 @@ static int32_t string_sym(js *c, json_t *s) {
     if (json_is_string(fmt)) {
         for (size_t i = 0; i < sizeof k_formats / sizeof k_formats[0]; i++)
             if (!strcmp(json_string_value(fmt), k_formats[i].name)) re = k_formats[i].re, fmt_i = (int)i;
-        /* unknown formats are annotations per the spec */
+        /* standard formats that validators assert but that are not implemented here are refused;
+         * non-standard names (e.g. "int32", "textarea") are annotations and ignored */
+        static const char *std[] = {"idn-email", "idn-hostname", "ipv6", "uri-reference", "iri", "iri-reference",
+                                    "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration"};
+        for (size_t i = 0; !re && i < sizeof std / sizeof std[0]; i++)
+            if (!strcmp(json_string_value(fmt), std[i]))
+                return fail(c, DI_ERR_UNSUPPORTED, "format '%s' is not supported", std[i]);
     }
     if (json_is_string(pat)) {
         if (re) return fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern together with format");
@@ -711,6 +759,29 @@ static json_t *merge_allof(js *c, json_t *s) {
             }
         }
     }
+    /* Each part validates on its own: a part that closes its object (additionalProperties not
+     * true) forbids every property it does not declare, even ones another part adds. Merging is
+     * only sound when every closed part declares all merged properties. */
+    json_t *mprops = json_object_get(m, "properties");
+    for (size_t i = 0; i <= json_array_size(parts) && !c->rc; i++) {
+        json_t *p = i < json_array_size(parts) ? json_array_get(parts, i) : s;
+        json_t *ref = json_object_get(p, "$ref");
+        if (ref && json_is_string(ref)) p = resolve_ref(c, json_string_value(ref));
+        json_t *ap = json_object_get(p, "additionalProperties");
+        if (!json_is_object(p) || !ap || json_is_true(ap)) continue;
+        json_t *pp = json_object_get(p, "properties");
+        const char *pk;
+        json_t *pv;
+        json_object_foreach(mprops, pk, pv) if (!json_object_get(pp, pk)) {
+            json_decref(m);
+            return fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' is added where another part closes the object", pk),
+                   NULL;
+        }
+    }
+    if (c->rc) {
+        json_decref(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -771,12 +842,10 @@ static int32_t schema_body(js *c, json_t *s) {
         json_array_append_new(c->keep, m);
         return schema_sym(c, m);
     }
-    json_t *cst = json_object_get(s, "const");
-    if (cst) return json_literal(c, cst);
-    json_t *en = json_object_get(s, "enum");
-    if (en) {
-        if (!json_is_array(en)) return fail(c, DI_ERR_INVALID, "%s", "enum is not an array");
-        return enum_sym(c, en);
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst || en) {
+        if (en && !json_is_array(en)) return fail(c, DI_ERR_INVALID, "%s", "enum is not an array");
+        return const_enum_sym(c, s, cst, en);
     }
     json_t *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
     if (any || one) {
