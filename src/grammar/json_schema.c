@@ -209,14 +209,20 @@ static bool value_has_type(const json_t *v, const char *t) {
     return false;
 }
 
-/* Keywords that may sit beside const/enum without constraining the listed values further. */
-static bool harmless_beside_enum(const char *k) {
-    static const char *ok[] = {"const", "enum", "type", "title", "description", "default", "examples", "$comment",
-                               "readonly", "readOnly", "writeOnly", "deprecated", "format", "nullable", "$schema",
-                               "$id", "id", "definitions", "$defs", "enumNames", "markdownDescription"};
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        if (!strcmp(k, ok[i])) return true;
-    return !strncmp(k, "x-", 2);
+/* Does keyword k constrain instances? Unknown keywords and annotations (title, description,
+ * examples, vendor extensions, ...) do not: validators ignore them, and so does this compiler. */
+static bool constrains(const char *k) {
+    static const char *kw[] = {"type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+                               "exclusiveMinimum", "maxLength", "minLength", "pattern", "items", "additionalItems",
+                               "prefixItems", "maxItems", "minItems", "uniqueItems", "contains", "minContains",
+                               "maxContains", "maxProperties", "minProperties", "required", "properties",
+                               "patternProperties", "additionalProperties", "dependencies", "dependentRequired",
+                               "dependentSchemas", "propertyNames", "if", "then", "else", "allOf", "anyOf", "oneOf",
+                               "not", "$ref", "format", "unevaluatedItems", "unevaluatedProperties", "$dynamicRef",
+                               "$recursiveRef"};
+    for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
+        if (!strcmp(k, kw[i])) return true;
+    return false;
 }
 
 static int32_t enum_sym(js *c, const json_t *arr);
@@ -226,7 +232,7 @@ static int32_t enum_sym(js *c, const json_t *arr);
 static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     const char *k;
     json_t *v;
-    json_object_foreach(s, k, v) if (!harmless_beside_enum(k))
+    json_object_foreach(s, k, v) if (constrains(k) && strcmp(k, "const") && strcmp(k, "enum") && strcmp(k, "type"))
         return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
     json_t *type = json_object_get(s, "type");
     json_t *vals = json_array();
@@ -596,6 +602,21 @@ static int32_t object_sym(js *c, json_t *s) {
     json_t *req = json_object_get(s, "required");
     json_t *addl = json_object_get(s, "additionalProperties");
     if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
+    /* a required name without a declared schema is governed by additionalProperties: declare it
+     * with that schema (after the declared ones) so it is generated and excluded from extra keys */
+    json_t *all = NULL;
+    for (size_t r = 0; r < json_array_size(req); r++) {
+        const char *name = json_string_value(json_array_get(req, r));
+        if (!name || json_object_get(props, name) || (all && json_object_get(all, name))) continue;
+        if (!all) {
+            all = json_object();
+            if (!all) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+            json_array_append_new(c->keep, all);
+            if (props) json_object_update(all, props);
+        }
+        json_object_set(all, name, addl ? addl : json_true());
+    }
+    if (all) props = all;
     size_t n = props ? json_object_size(props) : 0;
     /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first) */
     int32_t(*P)[2] = calloc(n + 1, sizeof *P);
@@ -639,14 +660,6 @@ static int32_t object_sym(js *c, json_t *s) {
             if (!required) di_cfg_rule(g, P[k][e], &P[k + 1][e], 1);
         }
         k++;
-    }
-    /* required names that are not declared properties must still appear */
-    for (size_t r = 0; r < json_array_size(req); r++) {
-        const char *name = json_string_value(json_array_get(req, r));
-        if (name && !json_object_get(props, name)) {
-            free(P);
-            return fail(c, DI_ERR_UNSUPPORTED, "required property '%s' is not listed in properties", name);
-        }
     }
     int32_t body = P[0][0];
     free(P);
@@ -852,17 +865,41 @@ static int32_t schema_body(js *c, json_t *s) {
         if (any && one) return fail(c, DI_ERR_UNSUPPORTED, "%s", "anyOf together with oneOf");
         json_t *arr = any ? any : one;
         if (!json_is_array(arr) || !json_array_size(arr)) return fail(c, DI_ERR_INVALID, "%s", "anyOf/oneOf is not a non-empty array");
-        /* sibling type/properties would intersect with every branch: unsupported unless absent */
-        if (json_object_get(s, "type") || json_object_get(s, "properties") || json_object_get(s, "items"))
-            return fail(c, DI_ERR_UNSUPPORTED, "%s", "anyOf/oneOf beside type/properties/items");
-        if (one && !c->opts.lenient_oneof && !disjoint_types(arr))
+        /* Constraining siblings apply to every branch: distribute them, compiling each branch as
+         * allOf(siblings, branch) through the same merge as allOf. */
+        bool siblings = false;
+        const char *k;
+        json_t *kv;
+        json_object_foreach(s, k, kv) if (constrains(k) && strcmp(k, "anyOf") && strcmp(k, "oneOf")) siblings = true;
+        json_t *branches = json_array();
+        if (!branches) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+        json_array_append_new(c->keep, branches); /* merged branches must outlive compilation */
+        for (size_t i = 0; i < json_array_size(arr) && !c->rc; i++) {
+            json_t *br = json_array_get(arr, i);
+            if (siblings) {
+                json_t *tmp = json_deep_copy(s);
+                json_object_del(tmp, "anyOf");
+                json_object_del(tmp, "oneOf");
+                json_t *one_part = json_array();
+                json_array_append(one_part, br);
+                json_object_set_new(tmp, "allOf", one_part);
+                json_t *merged = tmp ? merge_allof(c, tmp) : NULL;
+                json_decref(tmp);
+                if (!merged) return c->rc ? 0 : fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+                json_array_append_new(branches, merged);
+            } else {
+                json_array_append(branches, br);
+            }
+        }
+        if (c->rc) return 0;
+        if (one && !c->opts.lenient_oneof && !disjoint_types(branches))
             return fail(c, DI_ERR_UNSUPPORTED, "%s",
                         "oneOf whose branches are not distinguishable by type (set lenient_oneof to compile it as anyOf)");
         int32_t nt = di_cfg_nt(c->g, NULL);
-        for (size_t i = 0; i < json_array_size(arr) && !c->rc; i++) {
+        for (size_t i = 0; i < json_array_size(branches) && !c->rc; i++) {
             char idx[24];
             snprintf(idx, sizeof idx, "%zu", i);
-            int32_t b = sub(c, json_array_get(arr, i), any ? "anyOf" : "oneOf", idx);
+            int32_t b = sub(c, json_array_get(branches, i), any ? "anyOf" : "oneOf", idx);
             di_cfg_rule(c->g, nt, &b, 1);
         }
         return nt;
