@@ -13,7 +13,7 @@ BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
 PKGS    := jansson libpcre2-8 libutf8proc
-CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -fPIC -pthread \
+CFLAGS  := -std=c11 $(OPT) -g -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -fPIC -pthread \
            -Iinclude -Isrc $(SAN) $(EXTRA_CFLAGS)
 LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lm -pthread
 TESTLIBS:= -lcmocka
@@ -94,6 +94,9 @@ $(BUILD)/cuda/%.o: %.cu
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 cuda: $(CUDA_OBJ)
 	@echo "CUDA objects: $(CUDA_OBJ)"
+
+# CUDA test/bench binaries and device scripts live in cuda.mk (owned by the CUDA backend work).
+-include cuda.mk
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -18,7 +18,9 @@ const char *tu_shared_golden(const char *rel) {
     static char buf[4][1024];
     static int k;
     char *b = buf[k++ & 3];
-    snprintf(b, 1024, "../shared/golden/%s", rel);
+    /* DI_SHARED_GOLDEN overrides the location (e.g. when working from a git worktree) */
+    const char *root = getenv("DI_SHARED_GOLDEN");
+    snprintf(b, 1024, "%s/%s", root && root[0] ? root : "../shared/golden", rel);
     struct stat sb;
     return stat(b, &sb) == 0 ? b : NULL;
 }

@@ -10,7 +10,8 @@
 
 /* Repository-relative path of committed test data: tests/data/<rel>. Tests run from the repo root. */
 const char *tu_data(const char *rel);
-/* ../shared/golden/<rel> if that exists (larger cases not committed), else NULL. */
+/* ../shared/golden/<rel> (or $DI_SHARED_GOLDEN/<rel>) if that exists (larger cases not committed),
+ * else NULL. */
 const char *tu_shared_golden(const char *rel);
 /* A fresh empty directory under $TMPDIR (removed by tu_rmtree). */
 char *tu_tmpdir(const char *tag);

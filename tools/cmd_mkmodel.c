@@ -1,12 +1,46 @@
-/* deepinfer mkmodel — body arrives with issue 2; until then it fails with a clear reason. */
+/* deepinfer mkmodel — write a random-weight checkpoint in the official V4.1 layout. */
+#include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "model/mkmodel.h"
 
 int cmd_mkmodel(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "mkmodel", .json = cli_flag(&a, "json")};
+    const char *preset = cli_str(&a, "preset", "tiny");
+    const char *out = cli_str(&a, "out", NULL);
+    const char *tok = cli_str(&a, "tokenizer", NULL);
+    long long seed;
+    int rc = 1;
+    if (!cli_int(&cli, &a, "seed", 1, 0, (long long)9e18, &seed)) goto done;
+    if (!cli_check_unused(&cli, &a)) goto done;
+    if (!preset || !out) {
+        rc = cli_fail(&cli, "usage: deepinfer mkmodel --preset tiny|small --seed N --out DIR [--tokenizer FILE]");
+        goto done;
+    }
+    di_mkmodel_opts o = {.preset = preset, .seed = (uint64_t)seed, .out_dir = out, .tokenizer = tok};
+    di_mkmodel_stats st;
+    di_error err = {0};
+    fprintf(stderr, "mkmodel: writing preset '%s' (seed %lld) to %s\n", preset, seed, out);
+    if (di_mkmodel_write(&o, &st, &err) != DI_OK) {
+        rc = cli_fail_err(&cli, &err);
+        goto done;
+    }
+    if (cli.json) {
+        rc = cli_emit(&cli, json_pack("{s:s, s:s, s:I, s:I, s:i, s:I, s:I, s:b, s:f}", "preset", preset, "out", out,
+                                      "seed", (json_int_t)seed, "tensors", (json_int_t)st.n_tensors, "shards",
+                                      st.n_shards, "tensor_bytes", (json_int_t)st.tensor_bytes, "engram_classes",
+                                      (json_int_t)st.engram_classes, "tokenizer_copied", st.tokenizer_copied,
+                                      "seconds", st.seconds));
+    } else {
+        printf("wrote %s: preset %s, %lld tensors in %d shard(s), %.1f MB, engram classes %lld, tokenizer %s, %.2f s\n",
+               out, preset, (long long)st.n_tensors, st.n_shards, (double)st.tensor_bytes / 1e6,
+               (long long)st.engram_classes, st.tokenizer_copied ? "copied" : "absent", st.seconds);
+        rc = 0;
+    }
+done:
     cli_args_free(&a);
-    return cli_fail(&cli, "not implemented yet (tracked by issue 2)");
+    return rc;
 }

@@ -12,7 +12,8 @@ static const struct {
     {"mkmodel", cmd_mkmodel, "--preset tiny|small --seed N --out DIR        write a random-weight checkpoint"},
     {"inspect", cmd_inspect, "--model DIR                                    validate and summarise a checkpoint"},
     {"generate", cmd_generate, "--model DIR --prompt-ids 1,2|--prompt TEXT ... generate tokens"},
-    {"verify", cmd_verify, "--model DIR --golden FILE [--dump FILE]       compare against golden outputs"},
+    {"verify", cmd_verify, "--model DIR --golden FILE [--dump FILE] [--dump-stages FILE] [--kernels FILE|--no-ops]\n"
+     "                    [--threads N] [--cpu-impl fast|scalar]  fidelity against golden reference outputs"},
     {"encode", cmd_encode, "--tokenizer FILE|--model DIR --text S          text to token ids"},
     {"decode", cmd_decode, "--tokenizer FILE|--model DIR --ids 1,2,3       token ids to text"},
     {"render", cmd_render, "--api chat|responses|messages REQUEST.json     render a request to a prompt"},

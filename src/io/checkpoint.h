@@ -20,9 +20,12 @@ typedef struct di_checkpoint {
     uint64_t total_bytes;   /* sum of tensor byte sizes */
 } di_checkpoint;
 
-/* Opens every shard and validates: each index entry names an existing shard that holds the tensor;
- * no tensor appears in two shards; no shard holds a tensor the index does not list; the index's
- * metadata.total_size (when present) equals the sum of tensor sizes. */
+/* Opens every shard (each validated by di_st_open) and cross-checks them with the index: the index
+ * is JSON with a non-empty object 'weight_map' of tensor → shard file name; each shard name is a
+ * plain file name inside `dir` (no '/', '.' or '..') of an existing file that holds the tensor; no
+ * shard holds a tensor the index does not list for it; metadata.total_size (when present) equals
+ * the sum of tensor byte sizes. Without an index, `dir`/model.safetensors is the whole checkpoint.
+ * Errors name the index or shard file and the tensor. */
 int di_ckpt_open(const char *dir, di_checkpoint **out, di_error *err);
 void di_ckpt_close(di_checkpoint *ck);
 const di_tensor_info *di_ckpt_find(const di_checkpoint *ck, const char *name);

@@ -36,8 +36,8 @@ static inline float di_round_bf16(float f) { return di_bf16_to_f32(di_f32_to_bf1
 
 /* ---- float8_e4m3fn: bias 7, no infinities, 0x7F/0xFF = NaN, max finite ±448 ---- */
 float di_e4m3_to_f32(uint8_t code);
-/* Round to nearest even; |x| beyond 448 saturates to ±448 (the reference clamps before casting);
- * NaN → 0x7F. */
+/* Round to nearest even; |x| beyond 448 (and ±inf) saturates to ±448 (the reference clamps before
+ * casting); NaN → 0x7F with the input's sign bit (0xFF for a negative NaN), as torch's cast does. */
 uint8_t di_f32_to_e4m3(float x);
 
 /* ---- E8M0 (unsigned power-of-two scale) ---- */
@@ -48,7 +48,9 @@ static inline uint8_t di_e8m0_from_exp(int k) { return (uint8_t)(k + 127); }
 
 /* ---- E2M1 (FP4): code bit 3 = sign; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 ---- */
 float di_e2m1_to_f32(uint8_t code); /* uses the low 4 bits */
-/* Round to nearest even on the E2M1 grid, saturating at ±6. */
+/* Round to nearest even on the E2M1 grid (ties 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4,
+ * 5→4), saturating at ±6; the sign of zero is kept. NaN → ±0, like the reference's midpoint
+ * comparisons. */
 uint8_t di_f32_to_e2m1(float x);
 static inline uint8_t di_fp4_pack(uint8_t even, uint8_t odd) { return (uint8_t)((even & 15) | (odd << 4)); }
 static inline uint8_t di_fp4_even(uint8_t b) { return b & 15; }
@@ -59,26 +61,33 @@ static inline uint8_t di_fp4_odd(uint8_t b) { return b >> 4; }
  * (scales [ceil(rows/block), ceil(cols/block)]) into out[nrows, cols] f32. */
 void di_dequant_fp8_rows(const uint8_t *w, const uint8_t *scale, int64_t rows, int64_t cols, int block,
                          int64_t row0, int64_t nrows, float *out);
-/* Rows of a packed FP4 weight with logical shape [rows, cols] (bytes [rows, cols/2], E8M0 scales
- * [rows, cols/32]) into out[nrows, cols] f32. */
+/* Rows of a packed FP4 weight with logical shape [rows, cols], cols % 32 == 0 (bytes [rows, cols/2],
+ * E8M0 scales [rows, cols/32]) into out[nrows, cols] f32. */
 void di_dequant_fp4_rows(const uint8_t *w, const uint8_t *scale, int64_t rows, int64_t cols, int64_t row0,
                          int64_t nrows, float *out);
 
 /* ---- activation quantization (reference act_quant / fp4_act_quant) ----
- * All operate on one contiguous vector of n bf16 values split into groups of `group` (n % group == 0). */
+ * All operate on one contiguous vector of n bf16 values split into groups of `group` (n % group == 0;
+ * group even for the FP4 variants). amax = max|x| of the group in f32. Power-of-two scales follow
+ * the kernels' fast_round_scale: s = 2^ceil(log2(f32(amax · f32(1/MAX)))), the ceil read from the
+ * product's bits. Dividing by a power of two is exact, so only the e4m3/e2m1 rounding loses
+ * information. A group holding inf or NaN has no finite power-of-two scale: it gets scale byte 0xFF
+ * (E8M0 NaN), NaN codes (e4m3) or zero codes (e2m1), and dequantizes to NaN. */
 
-/* FP8 e4m3 with power-of-two E8M0 scales: s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
- * q[n], scale[n/group]. */
+/* FP8 e4m3 with power-of-two E8M0 scales: amax floored at f32(1e-4), MAX = 448,
+ * q = e4m3_rne(clamp(x / s, ±448)). q[n], scale[n/group]. */
 void di_act_quant_fp8(const uint16_t *x, int64_t n, int group, uint8_t *q, uint8_t *scale);
 /* The same, returning bf16(e4m3(x/s)·s). out may alias x. */
 void di_act_qdq_fp8(const uint16_t *x, int64_t n, int group, uint16_t *out);
 
-/* FP4 e2m1 with power-of-two E8M0 scales (index keys/queries; group 32). packed[n/2], scale[n/group]. */
+/* FP4 e2m1 with power-of-two E8M0 scales (index keys/queries; group 32): amax floored at 6·2^−126,
+ * MAX = 6, q = e2m1_rne(clamp(x / s, ±6)). packed[n/2], scale[n/group]. */
 void di_fp4_quant_e8m0(const uint16_t *x, int64_t n, int group, uint8_t *packed, uint8_t *scale);
 void di_fp4_qdq_e8m0(const uint16_t *x, int64_t n, int group, uint16_t *out);
 
 /* FP4 e2m1 with E4M3 (not power-of-two) scales (compressed KV; group 16, §4.1):
- * amax = max(max|x|, 6·2^−9); s = e4m3_rne(amax / 6); q = e2m1_rne(clamp(x / s, −6, 6)).
+ * amax = max(max|x|, 6·2^−9); s = e4m3_rne_satfinite(f32(amax / 6)); q = e2m1_rne(clamp(f32(x / s), ±6));
+ * dequantized value bf16(f32(e2m1(q) · s)). inf/NaN follow the reference (no special case).
  * packed[n/2], scale[n/group] as e4m3 codes. */
 void di_fp4_quant_e4m3(const uint16_t *x, int64_t n, int group, uint8_t *packed, uint8_t *scale);
 void di_fp4_qdq_e4m3(const uint16_t *x, int64_t n, int group, uint16_t *out);

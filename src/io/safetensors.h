@@ -50,6 +50,8 @@ static inline int64_t di_tensor_numel(const di_tensor_info *t) {
 typedef struct di_safetensors {
     char *path;
     void *map;            /* whole file, read-only */
+    void *data_copy;      /* NULL, or aligned copies of the tensors whose bytes in the file are not
+                             aligned to their element size (their data point here) */
     uint64_t file_size;
     uint64_t header_len;
     int64_t n_tensors;
@@ -59,20 +61,26 @@ typedef struct di_safetensors {
 } di_safetensors;
 
 /* Parse and validate a header. `path` only names the file in messages. `data_size` is the size of
- * the data section. Checks: JSON object; known dtypes; shapes of non-negative dims (≤ DI_MAX_DIMS);
- * begin ≤ end ≤ data_size; end−begin = numel·dtype size (no overflow); no two tensors overlap;
- * no duplicate names. On success *out is sorted by name (free with di_st_free_infos). */
+ * the data section. Checks: JSON object without duplicate keys; every entry an object with a known
+ * dtype, a shape of ≤ DI_MAX_DIMS non-negative dims whose non-zero product is ≤ 2^53 (so no product
+ * of dims can overflow int64), begin ≤ end ≤ data_size, end−begin = numel·dtype size; no two non-empty tensors overlap; __metadata__, when present, an object
+ * of strings. On success *out is sorted by name (free with di_st_free_infos). */
 int di_st_parse_header(const char *json, size_t len, uint64_t data_size, const char *path,
                        di_tensor_info **out, int64_t *n_out, di_error *err);
 void di_st_free_infos(di_tensor_info *infos, int64_t n);
 
+/* Maps a regular file read-only and validates it (header length ≥ 2, ≤ DI_ST_MAX_HEADER and inside
+ * the file, then di_st_parse_header). Tensor data pointers are aligned to their element size:
+ * tensors stored misaligned in the file are copied (see data_copy). */
 int di_st_open(const char *path, di_safetensors **out, di_error *err);
 void di_st_close(di_safetensors *st);
 const di_tensor_info *di_st_find(const di_safetensors *st, const char *name);
 const char *di_st_meta(const di_safetensors *st, const char *key);
 
-/* Streaming writer: the header is written first from the specs (offsets in spec order), then the
- * caller streams each tensor's bytes in the same order. Memory use is independent of data size. */
+/* Streaming writer: the header is written first from the specs (offsets in spec order, each tensor
+ * aligned to its element size with zero padding), then the caller streams each tensor's bytes in the
+ * same order. Memory use is independent of data size. Specs are validated (names non-empty, UTF-8,
+ * unique, not "__metadata__"; known dtype; 0..DI_MAX_DIMS non-negative dims). */
 typedef struct di_tensor_spec {
     const char *name;
     di_dtype dtype;
@@ -87,7 +95,8 @@ int di_st_writer_open(const char *path, const di_tensor_spec *specs, int64_t n,
                       const char *const *meta_kv, int64_t n_meta, di_st_writer **out, di_error *err);
 /* Append raw bytes of the current tensor(s); may be called many times per tensor. */
 int di_st_writer_write(di_st_writer *w, const void *data, size_t nbytes, di_error *err);
-/* Checks that exactly the declared number of bytes was written, then closes. Always frees w. */
+/* Checks that exactly the declared number of bytes was written, then closes. Always frees w; on
+ * error the incomplete file is removed. */
 int di_st_writer_close(di_st_writer *w, di_error *err);
 /* Bytes of the data section still expected. */
 uint64_t di_st_writer_remaining(const di_st_writer *w);

@@ -1,0 +1,215 @@
+/* The backend-neutral op interface: every op the V4.1 block graph (src/model/forward*.c) calls, as one
+ * table of function pointers. The CPU backend (src/backend/cpu/backend_cpu.c) is the reference; a
+ * CUDA backend fills the same table with device kernels and is tested op by op against it.
+ *
+ * Rules every op follows:
+ *  - All buffers are owned by the caller and live where the backend computes (host memory for the
+ *    CPU backend, device memory for CUDA). No op allocates; ops that need scratch take `ws` and
+ *    document its size.
+ *  - Shapes are explicit arguments; layouts are dense row-major, innermost dimension last.
+ *    bf16 values travel as uint16_t bit patterns, FP8/E8M0/FP4 codes as uint8_t.
+ *  - Numerics are the reference's (spec model.md §4–§5): the comment of each op names the rounding
+ *    points. A row's result never depends on how many rows are in the call (batch invariance):
+ *    reductions run in a fixed order per output element.
+ *  - Every op returns DI_OK or a di_status with a message in *err (bad shape or argument).
+ *
+ * Weight formats (spec §2.2): FP8 = e4m3 codes [n, k] + E8M0 scales [ceil(n/32), ceil(k/32)];
+ * FP4 = packed E2M1 bytes [n, k/2] (low nibble = even column) + E8M0 scales [n, k/32]. */
+#ifndef DI_BACKEND_BACKEND_H
+#define DI_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deepinfer.h"
+
+typedef struct di_backend di_backend;
+
+/* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
+ * a backend honours the switches that live inside its ops, the graph honours the others
+ * (forward.h: di_graph_faults). Each reproduces one plausible porting bug so the tests can prove
+ * that `deepinfer verify` catches it. */
+typedef struct di_op_faults {
+    bool rope_half_split;  /* rotate pairs (i, i + r/2) instead of interleaved (2i, 2i+1) */
+    bool fp4_nibble_swap;  /* read the FP4 expert bytes with high/low nibbles exchanged */
+} di_op_faults;
+
+struct di_backend {
+    const char *name;   /* "cpu" */
+    di_op_faults faults; /* test-only; zero-initialised */
+    void *impl;          /* backend private state (thread pool, streams) */
+
+    /* ---------------- GEMMs: y = x · Wᵀ ---------------- */
+
+    /* FP8 block-scaled linear (§5.2): per row, x is act-quantized in groups of 32 (power-of-two E8M0
+     * scale, e4m3 codes); each 32-wide K block's code products are summed in f32, scaled by
+     * s_x·s_w and accumulated in ascending K order; the result is rounded to bf16.
+     *   x bf16 [m, k] (k % 32 == 0);  w e4m3 [n, k];  ws E8M0 [ceil(n/32), k/32];  y bf16 [m, n] */
+    int (*linear_fp8)(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                      const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+
+    /* MXFP4 expert linear: the same activation quantization; weights E2M1 with one E8M0 scale per 32
+     * along K.  x bf16 [m, k];  w packed [n, k/2];  ws E8M0 [n, k/32];  y bf16 [m, n] */
+    int (*linear_fp4)(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                      const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+
+    /* bf16 linear (indexer wk / weights_proj, ratio-1 compressor): f32 accumulation, bf16 out.
+     *   x bf16 [m, k];  w bf16 [n, k];  y bf16 [m, n] */
+    int (*linear_bf16)(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
+                       int64_t n, uint16_t *y, di_error *err);
+
+    /* f32 linear on upcast operands (ratio-2 compressor wkv/wgate, router, LM head): f32(x)·f32(W)ᵀ.
+     *   x bf16 [m, k];  w bf16 [n, k];  y f32 [m, n] */
+    int (*linear_f32)(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
+                      int64_t n, float *y, di_error *err);
+
+    /* Grouped low-rank output projection wo_a (§3.4 step 9): y[t,g] = bf16(x[t,g] · W[g]ᵀ), f32 acc.
+     *   x bf16 [m, g, k];  w bf16 [g, r, k] (wo_a dequantized at load);  y bf16 [m, g, r] */
+    int (*linear_grouped_bf16)(const di_backend *be, const uint16_t *x, int64_t m, int g, int64_t k,
+                               const uint16_t *w, int64_t r, uint16_t *y, di_error *err);
+
+    /* ---------------- elementwise / normalization ---------------- */
+
+    /* RMSNorm: y = bf16(f32(w) · (f32(x) · rsqrt(mean(f32(x)²) + eps))).
+     *   x bf16 [m, n];  w bf16 [n];  y bf16 [m, n] (may alias x) */
+    int (*rmsnorm)(const di_backend *be, const uint16_t *x, int64_t m, int64_t n, const uint16_t *w, float eps,
+                   uint16_t *y, di_error *err);
+
+    /* Partial RoPE on the LAST `rd` channels of every head vector, interleaved pairs (2i, 2i+1) as
+     * complex numbers times cis(f32(pos)·freqs[i]) in f32 (conjugate when inverse), rounded to bf16
+     * in place. The angle is the f32 product, as the reference's table (spec §5.4).
+     *   x bf16 [m, nh, d];  pos int64 [m] (row positions);  freqs f32 [rd/2] (the layer's table, YaRN
+     *   applied; model/forward.h di_rope_freqs) */
+    int (*rope)(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
+                const float *freqs, bool inverse, di_error *err);
+
+    /* Simulated quantization in place (cache values, indexer q/k), spec §4.1, §5.2:
+     *   fp8:       e4m3 with power-of-two E8M0 scales per `group`
+     *   fp4_e8m0:  E2M1 with power-of-two scales per `group` (index q/k; 32)
+     *   fp4_e4m3:  E2M1 with E4M3 scales per `group` (compressed KV; 16)
+     *   x bf16 [m, n], n % group == 0 */
+    int (*qdq_fp8)(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
+    int (*qdq_fp4_e8m0)(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
+    int (*qdq_fp4_e4m3)(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int group, di_error *err);
+
+    /* Embedding gather: y[t] = table[ids[t]].  table bf16 [vocab, d];  ids int32 [m];  y bf16 [m, d] */
+    int (*embed)(const di_backend *be, const uint16_t *table, int64_t vocab, int64_t d, const int32_t *ids,
+                 int64_t m, uint16_t *y, di_error *err);
+
+    /* ---------------- mHC (§3.3, §4.2) ---------------- */
+
+    /* mixes[t] = (fn · xf)·rsqrt(mean(xf²) + eps), xf = f32(flatten(x[t])) (plain f32 GEMM).
+     *   x bf16 [m, hc, d];  fn f32 [(2+hc)·hc, hc·d];  mixes f32 [m, (2+hc)·hc] */
+    int (*hc_mixes)(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, const float *fn,
+                    float eps, float *mixes, di_error *err);
+    /* Split + Sinkhorn (reference hc_split_sinkhorn, `iters` total iterations, 20 in V4.1).
+     *   mixes f32 [m, (2+hc)·hc];  scale f32 [3];  base f32 [(2+hc)·hc]
+     *   pre f32 [m, hc];  post f32 [m, hc];  comb f32 [m, hc, hc] (row = source stream) */
+    int (*hc_sinkhorn)(const di_backend *be, const float *mixes, int64_t m, int hc, const float *scale,
+                       const float *base, int iters, float eps, float *pre, float *post, float *comb,
+                       di_error *err);
+    /* Collapse: y[t] = bf16(Σ_k pre[t,k]·f32(x[t,k])).  x bf16 [m, hc, d];  pre f32 [m, hc];  y bf16 [m, d] */
+    int (*hc_collapse)(const di_backend *be, const uint16_t *x, const float *pre, int64_t m, int hc, int64_t d,
+                       uint16_t *y, di_error *err);
+    /* Expand: y[t,k] = bf16(post[t,k]·f32(z[t]) + Σ_j comb[t,j,k]·f32(x[t,j])).
+     *   z bf16 [m, d];  x bf16 [m, hc, d];  post f32 [m, hc];  comb f32 [m, hc, hc];  y bf16 [m, hc, d]
+     *   (y may alias x) */
+    int (*hc_expand)(const di_backend *be, const uint16_t *z, const uint16_t *x, const float *post,
+                     const float *comb, int64_t m, int hc, int64_t d, uint16_t *y, di_error *err);
+
+    /* ---------------- compressed KV and indexer (§4.4) ---------------- */
+
+    /* Softmax pooling of a one-shot prefill from position 0 (ratio R ≥ 2): entry g, channel j:
+     * κ[g,j] = bf16(Σ_{t in group g} softmax_t(gate[t,j])·a[t,j]) in f32; the trailing m mod R tokens
+     * form no entry.  a, gate f32 [m, d];  y bf16 [m / R, d] */
+    int (*compress_pool)(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio,
+                         int64_t d, uint16_t *y, di_error *err);
+
+    /* Index scores (bf16 arithmetic as the reference): w'_h = bf16(f32(w_h)·w_scale) (the reference
+     * scales the bf16 weights_proj output by index_head_dim^-0.5 · n_heads^-0.5, a Python double
+     * applied in f32), score = bf16(Σ_h bf16(relu(bf16(q_h·k))·w'_h)), −inf where n ≥ vis[i] or
+     * (cand && !cand[i,n]).
+     *   q bf16 [m, nh, hd];  w bf16 [m, nh];  k bf16 [nk, hd];  vis int32 [m];  cand uint8 [m, nk] or NULL
+     *   scores f32 [m, nk] (bf16-exact values) */
+    int (*indexer_scores)(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale,
+                          const uint16_t *k, int64_t m, int nh, int hd, int64_t nk, const int32_t *vis,
+                          const uint8_t *cand, float *scores, di_error *err);
+
+    /* Two-level candidate mask (§4.4): blocks of `block` entries scored by their max, the block of the
+     * newest visible entry pinned, the best min(topk_blocks, n_blocks) finite blocks kept.
+     *   scores f32 [m, nk];  vis int32 [m];  mask uint8 [m, nk] out;  ws f32 [ceil(nk/block)] */
+    int (*candidate_mask)(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
+                          int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err);
+
+    /* Top-k of index scores, ascending position order, + offset, −1 padded (positions ≥ vis[i]).
+     * Ties (common: exact-zero scores, bf16 near-ties) are implementation-defined in the reference
+     * (torch.topk, spec §5.6); each backend documents its rule. The CPU backend replays torch's CPU
+     * selection exactly (graph_extra_topk.c), so it picks the reference's set on every golden row.
+     *   scores f32 [m, nk];  vis int32 [m];  out int32 [m, k] */
+    int (*topk)(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
+                int32_t offset, int32_t *out, di_error *err);
+
+    /* ---------------- attention (§3.4, §4.1) ---------------- */
+
+    /* Sparse single-KV-head attention with sink over [kv_win ‖ kv_cmp] at the listed indices, in
+     * blocks of 64 with the probabilities rounded to bf16 before PV (reference kernel).
+     *   q bf16 [m, nh, d];  kv_win bf16 [n_win, d];  kv_cmp bf16 [n_cmp, d] or NULL;  sink f32 [nh]
+     *   idx int32 [m, n_idx] (−1 = skip);  out bf16 [m, nh, d] */
+    int (*sparse_attn)(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kv_win,
+                       int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink,
+                       const int32_t *idx, int64_t n_idx, float scale, uint16_t *out, di_error *err);
+
+    /* ---------------- MoE (§3.7, §4.5) ---------------- */
+
+    /* Router: σ = sqrt(softplus(logits/temp)) (f32, logits = f32 GEMM), experts = top-k of σ + bias
+     * (first index on ties), weights = σ[experts] / (Σ + 1e-20) (when k > 1 and normalize) × scale.
+     *   logits f32 [m, n_exp] (from linear_f32);  bias f32 [n_exp]
+     *   ids int32 [m, k];  weights f32 [m, k] */
+    int (*router)(const di_backend *be, const float *logits, int64_t m, int n_exp, const float *bias, float temp,
+                  int k, bool normalize, float scale, int32_t *ids, float *weights, di_error *err);
+
+    /* SwiGLU with clamp: a = bf16(w_row · silu(min(g, lim)) · clamp(u, −lim, lim)) in f32 (no clamp when
+     * lim ≤ 0; w_row = 1 when row_w is NULL).
+     *   g, u bf16 [m, n];  row_w f32 [m] or NULL;  a bf16 [m, n] */
+    int (*swiglu)(const di_backend *be, const uint16_t *g, const uint16_t *u, int64_t m, int64_t n,
+                  const float *row_w, float lim, uint16_t *a, di_error *err);
+
+    /* Row gather / scatter-accumulate for expert dispatch:
+     *   gather:      y[i] = x[rows[i]]                 x bf16 [*, d];  rows int32 [m];  y bf16 [m, d]
+     *   scatter_add: acc[rows[i]] += f32(y[i])         y bf16 [m, d];  acc f32 [*, d]
+     *   (experts are applied in ascending id order by the caller, so each row's f32 sum has the
+     *   reference's order: routed experts ascending, shared expert last) */
+    int (*gather_rows)(const di_backend *be, const uint16_t *x, int64_t d, const int32_t *rows, int64_t m,
+                       uint16_t *y, di_error *err);
+    int (*scatter_add_rows)(const di_backend *be, const uint16_t *y, int64_t d, const int32_t *rows, int64_t m,
+                            float *acc, di_error *err);
+    /* y = bf16(x).  x f32 [n];  y bf16 [n];  and memset-style f32 zero fill. */
+    int (*f32_to_bf16)(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *err);
+    int (*fill_f32)(const di_backend *be, float *x, int64_t n, float v, di_error *err);
+
+    /* ---------------- Engram (§4.3) ---------------- */
+
+    /* Row lookup of the FP8 table: y[t, c] = bf16(e4m3(table[ids[t,c]]) · 2^(scale−127) per 32).
+     *   table e4m3 [rows, hd];  scale E8M0 [rows, hd/32];  ids int64 [m, n_cols];  y bf16 [m, n_cols·hd] */
+    int (*engram_lookup)(const di_backend *be, const uint8_t *table, const uint8_t *scale, int64_t rows, int hd,
+                         const int64_t *ids, int64_t m, int n_cols, uint16_t *y, di_error *err);
+    /* Gate and add: per stream s, dot = Σ_j x_s[j]·(qw[s,j]·kw[s,j])·key_s[j] · rsqrt(mean x_s² + eps) ·
+     * rsqrt(mean key_s² + eps) · d^-0.5; gate = sigmoid(sign(dot)·sqrt(max(|dot|, 1e-6)));
+     * x_s ← bf16(f32(x_s) + gate·f32(value)).
+     *   x bf16 [m, hc, d] in place;  kv bf16 [m, (hc+1)·d] (keys of the hc streams ‖ value)
+     *   qw, kw bf16 [hc, d] */
+    int (*engram_gate)(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
+                       const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
+};
+
+/* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */
+int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err);
+
+/* CPU kernel sets: FAST = the vectorised, multithreaded kernels (cpu_ops.h, cpu_attn.h; the default);
+ * SCALAR = a second, plainly written implementation of every op (graph_extra*.c), kept switchable to
+ * localise drift: when the two disagree with each other, the culprit is a kernel, not the graph. */
+typedef enum di_cpu_variant { DI_CPU_FAST = 0, DI_CPU_SCALAR = 1 } di_cpu_variant;
+int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_backend **out, di_error *err);
+void di_backend_destroy(di_backend *be);
+
+#endif

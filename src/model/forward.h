@@ -1,0 +1,101 @@
+/* The V4.1 block graph (spec model.md §4.2–§4.6): a one-shot prefill from position 0 and its
+ * teacher-forced variant, written as a chain of calls on the backend op interface (backend.h).
+ *
+ *   X = repeat_hc(embed(ids));  pre = onehot(stream 0)
+ *   for each layer L:  [Engram_L(X)]  X, pre = block_L(X, pre)        (forward_block.c)
+ *   logits = head(norm(collapse(X; pre)))                            (every prompt position)
+ *
+ * Shared attention state (the reference's SharedAttentionRuntime): kv sources publish the compressed
+ * KV and index keys, index sources publish their top-k list, the candidate source its candidate mask;
+ * consumers read the latest publication in layer order.
+ *
+ * Teacher forcing (golden README): block i runs on a given input X and pre-mix (the reference's
+ * layer i−1 output and pre-mix); the shared state it reads comes from the teacher-forced runs of the
+ * earlier source blocks, so errors do not compound across blocks.
+ *
+ * Debug dumps: with opts->dump set, every stage hands its tensor to the callback under a stable name
+ * ("L3.attn.q", "L3.ffn.out", "logits", ...; list in forward_block.c) — the hook used to find where an
+ * implementation starts to drift from the reference. */
+#ifndef DI_MODEL_FORWARD_H
+#define DI_MODEL_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/safetensors.h"
+#include "model/weights.h"
+
+/* Graph-level fault injection for the mutation tests (op-level ones: di_op_faults in backend.h).
+ * All false in normal runs. */
+typedef struct di_graph_faults {
+    bool no_sink;             /* attention without the sink term */
+    int sinkhorn_iters;       /* > 0: this many Sinkhorn iterations instead of hc_sinkhorn_iters */
+    bool ignore_candidates;   /* re-index layers score without the candidate mask */
+    bool premix_not_deferred; /* each sub-layer collapses with its own pre-mix (V4 style) */
+} di_graph_faults;
+
+/* Named stage dump: data lives in backend memory (host for the CPU backend). */
+typedef void (*di_dump_fn)(void *ctx, const char *name, di_dtype dtype, int ndim, const int64_t *shape,
+                           const void *data);
+
+typedef struct di_fwd_opts {
+    di_dump_fn dump; /* NULL = no dumps */
+    void *dump_ctx;
+    di_graph_faults faults;
+} di_fwd_opts;
+
+/* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and
+ * writes them all to one safetensors file — `deepinfer verify --dump-stages FILE`. Use with
+ * opts.dump = di_stage_recorder_fn, opts.dump_ctx = the recorder. */
+typedef struct di_stage_recorder {
+    const char *prefix;      /* e.g. "free." / "tf."; may be NULL */
+    int64_t n, cap;
+    di_tensor_spec *specs;   /* [n] (names owned) */
+    void **data;             /* [n] copies */
+    int failed;              /* an allocation failed: the file would be incomplete */
+} di_stage_recorder;
+
+void di_stage_recorder_fn(void *ctx, const char *name, di_dtype dtype, int ndim, const int64_t *shape,
+                          const void *data);
+int di_stage_recorder_write(const di_stage_recorder *r, const char *path, di_error *err);
+void di_stage_recorder_free(di_stage_recorder *r);
+
+/* Per-block results of a prefill (free-running or teacher-forced). Index-source layers also report
+ * their scores and top-k (golden names prefill_layer{i}_index_scores / _topk). */
+typedef struct di_prefill_out {
+    int64_t T;
+    int n_layers;
+    int64_t vocab;
+    float *logits;         /* f32 [T, V]; NULL for teacher-forced runs */
+    uint16_t **layer_out;  /* [n_layers] bf16 [T, hc, D] block outputs (before the next block's Engram) */
+    float **premix;        /* [n_layers] f32 [T, hc] the pre-mix each block hands to the next */
+    float **index_scores;  /* [n_layers] f32 [T, T/R] (bf16 values, −inf masked) or NULL */
+    int32_t **topk;        /* [n_layers] int32 [T, k] (+T offset, −1 padded) or NULL */
+    int *topk_k;           /* [n_layers] k, 0 where none */
+    int64_t *n_keys;       /* [n_layers] T/R, 0 where none */
+} di_prefill_out;
+
+void di_prefill_out_free(di_prefill_out *o);
+
+/* Free-running one-shot prefill of ids[0..T) from position 0: prompt logits for every position and
+ * every block's output and pre-mix. */
+int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T, const di_fwd_opts *opts,
+               di_prefill_out *out, di_error *err);
+
+/* Teacher-forced prefill: block i runs on x_in[i] (bf16 [T, hc, D], before block i's Engram) with
+ * pre-mix pre_in[i] (f32 [T, hc]). x_in[0] / pre_in[0] may be NULL: the block then gets this engine's
+ * embedding repeated ×hc and the one-hot pre-mix (what the reference gives block 0). */
+int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T,
+                              const uint16_t *const *x_in, const float *const *pre_in, const di_fwd_opts *opts,
+                              di_prefill_out *out, di_error *err);
+
+/* RoPE frequencies of one layer (reference precompute_freqs_cis, f32 throughout; YaRN blend on
+ * compressed layers): freqs f32 [rope_head_dim/2]. The angle at position p is f32(p)·freqs[i]. */
+int di_rope_freqs(const di_config *cfg, int layer, float *freqs, di_error *err);
+
+/* Engram hash row ids of every prompt position for Engram layer slot e (spec §4.3):
+ * ids int64 [T, (max_ngram−1)·n_heads], (order, head) order, offsets added. */
+int di_engram_hash(const di_model *m, int e, const int32_t *tokens, int64_t T, int64_t *ids, di_error *err);
+
+#endif

@@ -1,0 +1,247 @@
+/* Op-level fidelity through the backend interface: the reference kernel vectors of
+ * kernels.safetensors (real V4.1 shapes, golden README table) with the README's bound per vector.
+ * Runs the same op slots, fault switches included, that the block graph calls. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/formats.h"
+#include "model/golden.h"
+#include "util/error.h"
+
+typedef struct kfile {
+    di_safetensors *st;
+    void **owned;
+    int n_owned;
+} kfile;
+
+/* Copy of a tensor (aligned), converted to f32 when `as_f32` and the stored dtype is BF16/F32. */
+static void *kget(kfile *k, const char *name, di_dtype want, int64_t numel, di_error *err, int *rc) {
+    if (*rc) return NULL;
+    const di_tensor_info *t = di_st_find(k->st, name);
+    if (!t || di_tensor_numel(t) != numel) {
+        *rc = di_error_set(err, DI_ERR_INVALID, "%s: tensor %s missing or not of %lld elements", k->st->path, name,
+                           (long long)numel);
+        return NULL;
+    }
+    size_t esz = di_dtype_size(want);
+    void *p = malloc(esz * (size_t)(numel ? numel : 1));
+    if (!p || k->n_owned == 64) {
+        free(p);
+        *rc = di_error_set(err, DI_ERR_NOMEM, "kernel vector %s", name);
+        return NULL;
+    }
+    k->owned[k->n_owned++] = p;
+    if (t->dtype == want) {
+        memcpy(p, t->data, esz * (size_t)numel);
+    } else if (want == DI_F32 && t->dtype == DI_BF16) {
+        const uint8_t *s = t->data;
+        for (int64_t i = 0; i < numel; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            ((float *)p)[i] = di_bf16_to_f32(h);
+        }
+    } else {
+        *rc = di_error_set(err, DI_ERR_INVALID, "%s: tensor %s is %s, expected %s", k->st->path, name,
+                           di_dtype_name(t->dtype), di_dtype_name(want));
+        return NULL;
+    }
+    return p;
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* f32 ulp distance (same-sign ordered integers). */
+static int64_t f32_ulps(float a, float b) {
+    int64_t x = f32_bits(a), y = f32_bits(b);
+    x = x & 0x80000000 ? -(x & 0x7fffffff) : x;
+    y = y & 0x80000000 ? -(y & 0x7fffffff) : y;
+    return x > y ? x - y : y - x;
+}
+
+/* bf16 outputs: the fraction of elements differing and the largest distance in bf16 ulps. */
+static void bf16_cmp(const uint16_t *a, const uint16_t *b, int64_t n, double *frac, double *max_ulps) {
+    int64_t diff = 0;
+    double mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (a[i] == b[i]) continue;
+        diff++;
+        double u = (double)di_bf16_ulps(di_bf16_to_f32(a[i]), di_bf16_to_f32(b[i]));
+        if (u > mx) mx = u;
+    }
+    *frac = n ? (double)diff / (double)n : 0;
+    *max_ulps = mx;
+}
+
+static void add(di_verify_ops_report *r, const char *name, const char *metric, double value, double bound, bool ok) {
+    if (r->n == DI_VERIFY_MAX_OPS) return;
+    di_verify_op *o = &r->ops[r->n++];
+    snprintf(o->name, sizeof o->name, "%s", name);
+    snprintf(o->metric, sizeof o->metric, "%s", metric);
+    o->value = value, o->bound = bound, o->ok = ok;
+    if (!ok && r->pass) {
+        r->pass = false;
+        snprintf(r->first_failure, sizeof r->first_failure, "op %s: %s = %.4g, bound %.4g", name, metric, value, bound);
+    }
+}
+
+/* "≤ 1 bf16 ulp on ≤ frac_bound of the elements" */
+static void add_bf16(di_verify_ops_report *r, const char *name, const uint16_t *mine, const uint16_t *ref, int64_t n,
+                     double frac_bound) {
+    double frac, mx;
+    bf16_cmp(mine, ref, n, &frac, &mx);
+    add(r, name, "fraction of elements differing", frac, frac_bound, frac <= frac_bound && mx <= 1);
+    add(r, name, "max bf16 ulps", mx, 1, mx <= 1);
+}
+
+int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults *faults, di_verify_ops_report *r,
+                  di_error *err) {
+    memset(r, 0, sizeof *r);
+    r->pass = true;
+    kfile k = {0};
+    void *owned[64];
+    k.owned = owned;
+    int rc = di_st_open(path, &k.st, err);
+    if (rc) return rc;
+    uint16_t *out = NULL; /* bf16 scratch, sized for the largest output (sparse_attn [4, 64, 512]) */
+    float *f = NULL;      /* f32 scratch */
+    out = malloc(sizeof(uint16_t) * 4 * 64 * 512);
+    f = malloc(sizeof(float) * 4096);
+    if (!out || !f) {
+        rc = di_error_set(err, DI_ERR_NOMEM, "op check scratch");
+        goto done;
+    }
+
+    { /* hc_sinkhorn: ≤ 4 f32 ulps (20 iterations, eps 1e-6) */
+        int iters = faults && faults->sinkhorn_iters > 0 ? faults->sinkhorn_iters : 20;
+        float *mixes = kget(&k, "hc_sinkhorn.mixes", DI_F32, 8 * 24, err, &rc);
+        float *scale = kget(&k, "hc_sinkhorn.scale", DI_F32, 3, err, &rc);
+        float *base = kget(&k, "hc_sinkhorn.base", DI_F32, 24, err, &rc);
+        float *pre = kget(&k, "hc_sinkhorn.pre", DI_F32, 32, err, &rc);
+        float *post = kget(&k, "hc_sinkhorn.post", DI_F32, 32, err, &rc);
+        float *comb = kget(&k, "hc_sinkhorn.comb", DI_F32, 128, err, &rc);
+        if (rc) goto done;
+        rc = be->hc_sinkhorn(be, mixes, 8, 4, scale, base, iters, 1e-6f, f, f + 32, f + 64, err);
+        if (rc) goto done;
+        int64_t mx = 0;
+        for (int i = 0; i < 32; i++) {
+            int64_t a = f32_ulps(f[i], pre[i]), b = f32_ulps(f[32 + i], post[i]);
+            mx = a > mx ? a : mx, mx = b > mx ? b : mx;
+        }
+        for (int i = 0; i < 128; i++) {
+            int64_t c = f32_ulps(f[64 + i], comb[i]);
+            mx = c > mx ? c : mx;
+        }
+        add(r, "hc_sinkhorn", "max f32 ulps (pre, post, comb)", (double)mx, 4, mx <= 4);
+    }
+    { /* sparse attention with sink: ≤ 1 bf16 ulp on ≤ 1 % */
+        uint16_t *q = kget(&k, "sparse_attn.q", DI_BF16, 4 * 64 * 512, err, &rc);
+        uint16_t *kv = kget(&k, "sparse_attn.kv", DI_BF16, 192 * 512, err, &rc);
+        float *sink = kget(&k, "sparse_attn.sink", DI_F32, 64, err, &rc);
+        int32_t *idx = kget(&k, "sparse_attn.idx", DI_I32, 4 * 160, err, &rc);
+        uint16_t *ref = kget(&k, "sparse_attn.out", DI_BF16, 4 * 64 * 512, err, &rc);
+        if (rc) goto done;
+        if (faults && faults->no_sink)
+            for (int h = 0; h < 64; h++) sink[h] = -INFINITY;
+        rc = be->sparse_attn(be, q, 4, 64, 512, kv, 192, NULL, 0, sink, idx, 160, (float)pow(512, -0.5), out, err);
+        if (rc) goto done;
+        add_bf16(r, "sparse_attn", out, ref, 4 * 64 * 512, 0.01);
+    }
+    { /* RoPE, YaRN table, interleaved pairs, positions 3000..3007: ≤ 1 bf16 ulp on ≤ 0.1 % */
+        uint16_t *x = kget(&k, "rope_apply.x", DI_BF16, 8 * 64 * 64, err, &rc);
+        uint16_t *ref = kget(&k, "rope_apply.out_pos3000", DI_BF16, 8 * 64 * 64, err, &rc);
+        if (rc) goto done;
+        di_config *cfg = calloc(1, sizeof *cfg); /* only the RoPE fields of the released config */
+        if (!cfg) {
+            rc = di_error_set(err, DI_ERR_NOMEM, "rope config");
+            goto done;
+        }
+        cfg->qk_rope_head_dim = 64, cfg->rope_factor = 16, cfg->rope_beta_fast = 32, cfg->rope_beta_slow = 1;
+        cfg->rope_original_max_position_embeddings = 65536;
+        cfg->layer[0].rope_base = 160000, cfg->layer[0].rope_yarn = true;
+        float freqs[32];
+        int64_t pos[8];
+        for (int i = 0; i < 8; i++) pos[i] = 3000 + i;
+        rc = di_rope_freqs(cfg, 0, freqs, err);
+        free(cfg);
+        if (!rc) rc = be->rope(be, x, 8, 64, 64, 64, pos, freqs, false, err);
+        if (rc) goto done;
+        add_bf16(r, "rope_apply", x, ref, 8 * 64 * 64, 0.001);
+    }
+    { /* FP8 and FP4 linears: ≤ 1 bf16 ulp on ≤ 0.1 % */
+        uint16_t *x = kget(&k, "fp8_linear.x", DI_BF16, 8 * 5120, err, &rc);
+        uint8_t *w = kget(&k, "fp8_linear.weight", DI_F8_E4M3, 256 * 5120, err, &rc);
+        uint8_t *s = kget(&k, "fp8_linear.scale", DI_F8_E8M0, 8 * 160, err, &rc);
+        uint16_t *ref = kget(&k, "fp8_linear.out", DI_BF16, 8 * 256, err, &rc);
+        if (rc) goto done;
+        rc = be->linear_fp8(be, x, 8, 5120, w, s, 256, out, err);
+        if (rc) goto done;
+        add_bf16(r, "fp8_linear", out, ref, 8 * 256, 0.001);
+        uint16_t *x4 = kget(&k, "fp4_linear.x", DI_BF16, 8 * 5120, err, &rc);
+        uint8_t *w4 = kget(&k, "fp4_linear.weight", DI_I8, 256 * 2560, err, &rc);
+        uint8_t *s4 = kget(&k, "fp4_linear.scale", DI_F8_E8M0, 256 * 160, err, &rc);
+        uint16_t *ref4 = kget(&k, "fp4_linear.out", DI_BF16, 8 * 256, err, &rc);
+        if (rc) goto done;
+        rc = be->linear_fp4(be, x4, 8, 5120, w4, s4, 256, out, err);
+        if (rc) goto done;
+        add_bf16(r, "fp4_linear", out, ref4, 8 * 256, 0.001);
+    }
+    { /* RMSNorm, eps 1e-20: ≤ 1 bf16 ulp on ≤ 0.1 % */
+        uint16_t *x = kget(&k, "rmsnorm.x", DI_BF16, 8 * 5120, err, &rc);
+        uint16_t *w = kget(&k, "rmsnorm.weight", DI_BF16, 5120, err, &rc);
+        uint16_t *ref = kget(&k, "rmsnorm.out", DI_BF16, 8 * 5120, err, &rc);
+        if (rc) goto done;
+        rc = be->rmsnorm(be, x, 8, 5120, w, 1e-20f, out, err);
+        if (rc) goto done;
+        add_bf16(r, "rmsnorm", out, ref, 8 * 5120, 0.001);
+    }
+    { /* indexer scores (weights already scaled): ≤ 1 bf16 ulp on ≤ 1 % */
+        uint16_t *q = kget(&k, "indexer_scores.q", DI_BF16, 4 * 32 * 128, err, &rc);
+        uint16_t *kk = kget(&k, "indexer_scores.k", DI_BF16, 300 * 128, err, &rc);
+        uint16_t *w = kget(&k, "indexer_scores.weights", DI_BF16, 4 * 32, err, &rc);
+        uint16_t *ref = kget(&k, "indexer_scores.scores", DI_BF16, 4 * 300, err, &rc);
+        if (rc) goto done;
+        int32_t vis[4] = {300, 300, 300, 300};
+        rc = be->indexer_scores(be, q, w, 1.0f, kk, 4, 32, 128, 300, vis, NULL, f, err);
+        if (rc) goto done;
+        for (int i = 0; i < 1200; i++) out[i] = di_f32_to_bf16(f[i]);
+        add_bf16(r, "indexer_scores", out, ref, 1200, 0.01);
+    }
+    { /* candidate blocks (16 of 8, newest pinned): exact */
+        float *sc = kget(&k, "candidates.scores", DI_F32, 6 * 300, err, &rc);
+        int32_t *lens = kget(&k, "candidates.compress_lens", DI_I32, 6, err, &rc);
+        int32_t *ref = kget(&k, "candidates.mask", DI_I32, 6 * 300, err, &rc);
+        if (rc) goto done;
+        uint8_t *mask = (uint8_t *)out;
+        rc = be->candidate_mask(be, sc, 6, 300, lens, 8, 16, mask, f, err);
+        if (rc) goto done;
+        int64_t bad = 0;
+        for (int i = 0; i < 1800; i++) bad += (mask[i] != 0) != (ref[i] != 0);
+        add(r, "candidate_mask", "entries differing", (double)bad, 0, bad == 0);
+    }
+    { /* router: expert ids exact */
+        uint16_t *x = kget(&k, "router.x", DI_BF16, 8 * 5120, err, &rc);
+        uint16_t *w = kget(&k, "router.weight", DI_BF16, 384 * 5120, err, &rc);
+        float *bias = kget(&k, "router.bias", DI_F32, 384, err, &rc);
+        int32_t *ids_ref = kget(&k, "router.topk_ids", DI_I32, 48, err, &rc);
+        if (rc) goto done;
+        int32_t ids[48];
+        float wts[48];
+        rc = be->linear_f32(be, x, 8, 5120, w, 384, f, err);
+        if (!rc) rc = be->router(be, f, 8, 384, bias, 1.0f, 6, true, 1.5f, ids, wts, err);
+        if (rc) goto done;
+        int64_t bad = 0;
+        for (int i = 0; i < 48; i++) bad += ids[i] != ids_ref[i];
+        add(r, "router", "expert ids differing", (double)bad, 0, bad == 0);
+    }
+done:
+    for (int i = 0; i < k.n_owned; i++) free(k.owned[i]);
+    free(out), free(f);
+    di_st_close(k.st);
+    return rc;
+}

@@ -1,0 +1,742 @@
+#include "model/mkmodel.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "io/checkpoint.h"
+#include "io/formats.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/inventory.h"
+#include "util/error.h"
+#include "util/log.h"
+
+/* ---- presets ----
+ * Both presets cover every V4.1 block role (SWA-only, ratio-2 kv+index source, ratio-2 reuse,
+ * ratio-1 kv+index+candidate source, ratio-1 reuse, re-index), Engram on two layers, and two DSpark
+ * stages, with the real 129,280-token vocabulary. `tiny` keeps the golden tiny cases' widths (fast
+ * on a laptop CPU); `small` uses the real per-head shapes (head_dim 512, rope 64, index dim 128,
+ * window 128). */
+typedef struct preset {
+    const char *name;
+    int hidden, layers, heads, head_dim, rope_dim, q_lora, o_lora, o_groups, window;
+    int ratios[16];  /* n_layers + n_mtp entries */
+    int kv_src[4], n_kv_src, idx_src[8], n_idx_src, cand_src, cand_blocks, cand_block;
+    int idx_heads, idx_dim, idx_topk;
+    int yarn_orig, yarn_factor, max_pos;
+    int experts, topk, moe_inter;
+    int engram_layers[2], engram_vocab, engram_heads, engram_dim;
+    int n_mtp, dspark_block, dspark_targets[3], markov_rank, dspark_experts, dspark_topk;
+} preset;
+
+static const preset k_presets[] = {
+    {.name = "tiny", .hidden = 256, .layers = 6, .heads = 4, .head_dim = 64, .rope_dim = 16, .q_lora = 64,
+     .o_lora = 64, .o_groups = 2, .window = 16, .ratios = {0, 2, 2, 1, 1, 1, 0, 0},
+     .kv_src = {1, 3}, .n_kv_src = 2, .idx_src = {1, 3, 5}, .n_idx_src = 3, .cand_src = 3, .cand_blocks = 3,
+     .cand_block = 4, .idx_heads = 4, .idx_dim = 64, .idx_topk = 8, .yarn_orig = 4096, .yarn_factor = 4,
+     .max_pos = 16384, .experts = 8, .topk = 2, .moe_inter = 128, .engram_layers = {1, 3},
+     .engram_vocab = 1000, .engram_heads = 2, .engram_dim = 32, .n_mtp = 2, .dspark_block = 3,
+     .dspark_targets = {3, 4, 5}, .markov_rank = 32, .dspark_experts = 4, .dspark_topk = 2},
+    {.name = "small", .hidden = 1024, .layers = 8, .heads = 8, .head_dim = 512, .rope_dim = 64, .q_lora = 256,
+     .o_lora = 256, .o_groups = 2, .window = 128, .ratios = {0, 0, 2, 2, 1, 1, 1, 1, 0, 0},
+     .kv_src = {2, 4}, .n_kv_src = 2, .idx_src = {2, 4, 6}, .n_idx_src = 3, .cand_src = 4, .cand_blocks = 64,
+     .cand_block = 8, .idx_heads = 8, .idx_dim = 128, .idx_topk = 64, .yarn_orig = 4096, .yarn_factor = 16,
+     .max_pos = 65536, .experts = 32, .topk = 4, .moe_inter = 512, .engram_layers = {1, 3},
+     .engram_vocab = 4000, .engram_heads = 4, .engram_dim = 64, .n_mtp = 2, .dspark_block = 5,
+     .dspark_targets = {5, 6, 7}, .markov_rank = 64, .dspark_experts = 8, .dspark_topk = 2},
+    /* Every real V4.1 dimension and all 384 experts for four backbone layers — SWA-only (with Engram,
+     * like layer 1), ratio-2 kv+index source (with Engram, like layer 14), ratio-1 kv+index+candidate
+     * source (like layer 20), ratio-1 re-index (like 24) — one DSpark stage, Engram tables of ~1 M
+     * rows each. About 35 GB: meant for the GPU machine's layer benchmarks. */
+    {.name = "full-layer", .hidden = 5120, .layers = 4, .heads = 64, .head_dim = 512, .rope_dim = 64,
+     .q_lora = 1280, .o_lora = 1024, .o_groups = 8, .window = 128, .ratios = {0, 2, 1, 1, 0},
+     .kv_src = {1, 2}, .n_kv_src = 2, .idx_src = {1, 2, 3}, .n_idx_src = 3, .cand_src = 2, .cand_blocks = 2048,
+     .cand_block = 8, .idx_heads = 32, .idx_dim = 128, .idx_topk = 512, .yarn_orig = 65536, .yarn_factor = 16,
+     .max_pos = 1048576, .experts = 384, .topk = 6, .moe_inter = 2304, .engram_layers = {0, 1},
+     .engram_vocab = 41600, .engram_heads = 8, .engram_dim = 256, .n_mtp = 1, .dspark_block = 5,
+     .dspark_targets = {1, 2, 3}, .markov_rank = 256, .dspark_experts = 128, .dspark_topk = 3},
+};
+
+const char *const di_mkmodel_presets[] = {"tiny", "small", "full-layer", NULL};
+
+enum { VOCAB = 129280, MAX_NGRAM = 4, PAD_ID = 2, NOISE_ID = 128799 };
+
+static const preset *find_preset(const char *name) {
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(k_presets[i].name, name)) return &k_presets[i];
+    return NULL;
+}
+
+static json_t *int_array(const int *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+/* Engram hash constants of a generated model: consecutive primes above engram_vocab_size handed
+ * out layer by layer, n-gram order 2..4, then head (the released model's scheme, model.md §4.3);
+ * offsets are exclusive prefix sums within a layer. Multipliers are odd and bounded so that the
+ * XOR of products of compressed ids cannot overflow int64 (same bound as the reference). */
+typedef struct engram_plan {
+    int64_t primes[2][MAX_NGRAM - 1][8];   /* [layer][order-2][head] */
+    int64_t offsets[2][(MAX_NGRAM - 1) * 8];
+    int64_t multipliers[2][MAX_NGRAM];
+    int64_t rows[2];                        /* table rows = Σ primes of the layer */
+} engram_plan;
+
+static int is_prime(int64_t n) {
+    if (n < 2) return 0;
+    for (int64_t d = 2; d * d <= n; d++)
+        if (n % d == 0) return 0;
+    return 1;
+}
+
+/* ---- deterministic random streams: xoshiro256** seeded from (seed, tensor name) ---- */
+typedef struct rng {
+    uint64_t s[4];
+} rng;
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(rng *r, uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull ^ seed; /* FNV-1a over the name, keyed by the seed */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&h);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline uint64_t rng_next(rng *r) {
+    uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+/* Approximately standard normal: Irwin–Hall sum of four 16-bit uniforms, rescaled to unit
+ * variance. Cheap enough to fill 10^8 weights per second; the tails stop at ±3.46σ, which is
+ * what a realistic random init looks like anyway. */
+static inline float rng_normal(rng *r) {
+    uint64_t v = rng_next(r);
+    float s = (float)(v & 0xffff) + (float)((v >> 16) & 0xffff) + (float)((v >> 32) & 0xffff) + (float)(v >> 48);
+    return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+}
+
+static inline float rng_uniform(rng *r) { return (float)(rng_next(r) >> 40) * (1.0f / 16777216.0f); }
+
+/* ---- what each tensor holds ---- */
+typedef enum gen_kind {
+    G_BF16,        /* normal(mean, std) → bf16 */
+    G_F32,         /* normal(mean, std) → f32 */
+    G_F32_UNIFORM, /* uniform(mean − std, mean + std) → f32 */
+    G_FP8,         /* normal(0, std) quantized to e4m3 with pow2 block scales */
+    G_FP8_SCALE,   /* the E8M0 scales of the sibling .weight */
+    G_FP4,         /* uniform random e2m1 codes */
+    G_FP4_SCALE,   /* E8M0 exponents around log2(std / rms(e2m1)) */
+    G_I64_ZERO
+} gen_kind;
+
+typedef struct gen_rule {
+    gen_kind kind;
+    float mean, std;
+    int block_rows; /* FP8 scale block height: 32, or 1 for Engram table rows */
+} gen_rule;
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* Norm weights keep the magnitudes seen in the reference's own random test models, which keep
+ * every block's activations in a realistic range (small attn_norm gain, larger ffn_norm, ~1 at the
+ * output norms). */
+static float norm_gain(const char *name) {
+    if (strstr(name, "attn_norm")) return 0.025f;
+    if (strstr(name, "ffn_norm")) return 0.2f;
+    if (strstr(name, "kv_norm")) return 0.4f;
+    if (strstr(name, "compressor.norm")) return 0.6f;
+    if (strstr(name, "k_norm")) return 0.5f;
+    return 1.0f; /* q_norm, norm, main_norm */
+}
+
+static gen_rule rule_for(const di_inv_entry *e, const di_inv_entry *weight_sibling) {
+    const char *n = e->name;
+    int64_t k = e->ndim >= 2 ? e->shape[e->ndim - 1] : e->shape[0];
+    gen_rule r = {G_BF16, 0.0f, 1.0f / sqrtf((float)(k > 0 ? k : 1)), 32};
+    if (ends_with(n, ".scale") && e->dtype == DI_F8_E8M0) {
+        if (weight_sibling && weight_sibling->dtype == DI_I8) {
+            r.kind = G_FP4_SCALE;
+            r.std = 1.0f / sqrtf((float)(weight_sibling->shape[1] * 2));
+        } else {
+            r = rule_for(weight_sibling, NULL);
+            r.kind = G_FP8_SCALE;
+        }
+        return r;
+    }
+    if (e->dtype == DI_I8) return (gen_rule){G_FP4, 0, 0, 32};
+    if (e->dtype == DI_F8_E4M3) {
+        if (strstr(n, "engram.embed")) return (gen_rule){G_FP8, 0.0f, 1.0f, 1};
+        r.kind = G_FP8;
+        r.std = 1.5f / sqrtf((float)k);
+        return r;
+    }
+    if (e->dtype == DI_I64) return (gen_rule){G_I64_ZERO, 0, 0, 0};
+    if (ends_with(n, "norm.weight")) return (gen_rule){G_BF16, norm_gain(n), 0.1f * norm_gain(n), 0};
+    if (strstr(n, "hc_") && ends_with(n, "_base")) return (gen_rule){G_F32_UNIFORM, 0.0f, 1.0f, 0};
+    if (strstr(n, "hc_") && ends_with(n, "_scale")) return (gen_rule){G_F32, 0.0f, 0.2f, 0};
+    if (strstr(n, "hc_") && ends_with(n, "_fn")) return (gen_rule){G_F32, 0.0f, 1.0f / sqrtf((float)k), 0};
+    if (ends_with(n, "attn_sink")) return (gen_rule){G_F32, 0.0f, 0.4f, 0};
+    if (ends_with(n, "gate.bias") || ends_with(n, "gate.bias_vl")) return (gen_rule){G_F32, 0.0f, 0.3f, 0};
+    if (e->dtype == DI_F32) return (gen_rule){G_F32, 0.0f, 1.0f / sqrtf((float)k), 0};
+    if (!strcmp(n, "embed.weight") || strstr(n, "markov_head.embed")) return (gen_rule){G_BF16, 0.0f, 0.12f, 0};
+    if (ends_with(n, "gate.weight")) r.std = 2.9f / sqrtf((float)k);
+    if (ends_with(n, "compressor.wkv.weight")) r.std = 1.8f / sqrtf((float)k);
+    return r;
+}
+
+/* Values of rows [r0, r0+nr) of a normal FP8 weight, before quantization. Every row draws from its
+ * own position in the tensor's stream, so regenerating a row range reproduces it exactly. */
+static void fp8_values(uint64_t seed, const char *wname, float std, int64_t cols, int64_t r0, int64_t nr,
+                       float *out /* [nr, cols] */) {
+    rng r;
+    char key[160];
+    for (int64_t i = 0; i < nr; i++) {
+        snprintf(key, sizeof key, "%s#%lld", wname, (long long)(r0 + i));
+        rng_seed(&r, seed, key);
+        for (int64_t c = 0; c < cols; c++) out[i * cols + c] = std * rng_normal(&r);
+    }
+}
+
+/* E8M0 exponent making the block's amax fit e4m3's ±448: 2^ceil(log2(amax / 448)). */
+static int block_exp(const float *v, int64_t ld, int64_t nr, int64_t c0, int64_t nc) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < nr; i++)
+        for (int64_t c = c0; c < c0 + nc; c++) amax = fmaxf(amax, fabsf(v[i * ld + c]));
+    if (amax == 0.0f) return -127 + 1;
+    int e = (int)ceilf(log2f(amax / 448.0f));
+    while (ldexpf(448.0f, e) < amax) e++; /* guard log2f rounding */
+    return e < -126 ? -126 : (e > 127 ? 127 : e);
+}
+
+typedef struct writer_ctx {
+    di_st_writer *w;
+    uint64_t seed;
+    uint8_t *buf; /* scratch, BUF bytes */
+    float *vals;  /* scratch, [block_rows, cols] f32 */
+    size_t vals_cap;
+} writer_ctx;
+
+enum { BUF = 1 << 20 };
+
+static int put(writer_ctx *c, const void *p, size_t n, di_error *err) { return di_st_writer_write(c->w, p, n, err); }
+
+/* Stream one FP8 weight (codes) or its scale tensor. */
+static int write_fp8(writer_ctx *c, const di_inv_entry *w, gen_rule r, int scales_only, di_error *err) {
+    int64_t rows = w->shape[0], cols = w->shape[1], br = r.block_rows;
+    size_t need = (size_t)br * (size_t)cols;
+    if (need > c->vals_cap) {
+        float *nv = realloc(c->vals, need * sizeof(float));
+        if (!nv) return di_error_set(err, DI_ERR_NOMEM, "out of memory generating %s", w->name);
+        c->vals = nv;
+        c->vals_cap = need;
+    }
+    int64_t sc_cols = (cols + 31) / 32;
+    for (int64_t r0 = 0; r0 < rows; r0 += br) {
+        int64_t nr = rows - r0 < br ? rows - r0 : br;
+        fp8_values(c->seed, w->name, r.std, cols, r0, nr, c->vals);
+        uint8_t exps[4096];
+        if (sc_cols > (int64_t)sizeof exps) return di_error_set(err, DI_ERR_INTERNAL, "%s: too many columns", w->name);
+        for (int64_t cb = 0; cb < sc_cols; cb++) {
+            int64_t nc = cols - cb * 32 < 32 ? cols - cb * 32 : 32;
+            exps[cb] = di_e8m0_from_exp(block_exp(c->vals, cols, nr, cb * 32, nc));
+        }
+        int rc;
+        if (scales_only) {
+            /* one scale row per block of rows (32×32 blocks) or per row (Engram tables) */
+            rc = put(c, exps, (size_t)sc_cols, err);
+        } else {
+            for (int64_t i = 0; i < nr; i++) {
+                uint8_t *row = c->buf;
+                for (int64_t col = 0; col < cols; col++) {
+                    float s = di_e8m0_to_f32(exps[col / 32]);
+                    row[col] = di_f32_to_e4m3(c->vals[i * cols + col] / s);
+                }
+                if ((rc = put(c, row, (size_t)cols, err)) != DI_OK) return rc;
+            }
+            rc = DI_OK;
+        }
+        if (rc != DI_OK) return rc;
+    }
+    return DI_OK;
+}
+
+static int write_tensor(writer_ctx *c, const di_inv_entry *e, const di_inv_entry *sibling, di_error *err) {
+    gen_rule r = rule_for(e, sibling);
+    uint64_t total = di_dtype_size(e->dtype);
+    for (int d = 0; d < e->ndim; d++) total *= (uint64_t)e->shape[d];
+    if (r.kind == G_FP8) return write_fp8(c, e, r, 0, err);
+    if (r.kind == G_FP8_SCALE) {
+        if (!sibling) return di_error_set(err, DI_ERR_INTERNAL, "%s has no weight sibling", e->name);
+        return write_fp8(c, sibling, r, 1, err);
+    }
+    rng g;
+    rng_seed(&g, c->seed, e->name);
+    /* FP4 scale exponent centred so the dequantized weights have std ≈ 1/sqrt(K); e2m1 codes drawn
+     * uniformly have rms ≈ 2.93. */
+    int fp4_exp = (int)lrintf(log2f(r.std / 2.93f));
+    for (uint64_t done = 0; done < total;) {
+        size_t n = total - done < BUF ? (size_t)(total - done) : BUF;
+        uint8_t *b = c->buf;
+        switch (r.kind) {
+        case G_BF16:
+            for (size_t i = 0; i < n / 2; i++) {
+                uint16_t h = di_f32_to_bf16(r.mean + r.std * rng_normal(&g));
+                memcpy(b + 2 * i, &h, 2);
+            }
+            break;
+        case G_F32:
+        case G_F32_UNIFORM:
+            for (size_t i = 0; i < n / 4; i++) {
+                float v = r.kind == G_F32 ? r.mean + r.std * rng_normal(&g)
+                                          : r.mean + r.std * (2.0f * rng_uniform(&g) - 1.0f);
+                memcpy(b + 4 * i, &v, 4);
+            }
+            break;
+        case G_FP4:
+            for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(rng_next(&g) >> 56);
+            break;
+        case G_FP4_SCALE:
+            for (size_t i = 0; i < n; i++) b[i] = di_e8m0_from_exp(fp4_exp + (int)(rng_next(&g) % 3) - 1);
+            break;
+        default:
+            memset(b, 0, n);
+        }
+        int rc = put(c, b, n, err);
+        if (rc != DI_OK) return rc;
+        done += n;
+    }
+    return DI_OK;
+}
+
+/* ---- configs ---- */
+
+/* One row per config field: its HF text_config key, its inference/config.json (ModelArgs) key or
+ * NULL when the reference has none, and its value. Writing both documents from one table keeps them
+ * consistent by construction. */
+typedef struct field {
+    const char *hf, *inf;
+    json_t *value;
+} field;
+
+int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **hf_json, char **inf_json,
+                              di_error *err) {
+    const preset *p = find_preset(name);
+    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", name);
+    int n_ratios = p->layers + p->n_mtp;
+    /* Engram table sizes follow from the primes (see engram_plan). */
+    int64_t prime = p->engram_vocab, rows[2] = {0, 0};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < (MAX_NGRAM - 1) * p->engram_heads; i++) {
+            do prime++;
+            while (!is_prime(prime));
+            rows[l] += prime;
+        }
+    const field fields[] = {
+        {"model_type", NULL, json_string("deepseek_v41_text")},
+        {"hidden_size", "dim", json_integer(p->hidden)},
+        {"num_hidden_layers", "n_layers", json_integer(p->layers)},
+        {"num_nextn_predict_layers", "n_mtp_layers", json_integer(p->n_mtp)},
+        {"num_attention_heads", "n_heads", json_integer(p->heads)},
+        {"num_key_value_heads", NULL, json_integer(1)},
+        {"head_dim", "head_dim", json_integer(p->head_dim)},
+        {"qk_rope_head_dim", "rope_head_dim", json_integer(p->rope_dim)},
+        {"q_lora_rank", "q_lora_rank", json_integer(p->q_lora)},
+        {"o_lora_rank", "o_lora_rank", json_integer(p->o_lora)},
+        {"o_groups", "o_groups", json_integer(p->o_groups)},
+        {"sliding_window", "window_size", json_integer(p->window)},
+        {"compress_ratios", "compress_ratios", int_array(p->ratios, n_ratios)},
+        {"kv_source_layer_ids", "kv_source_layers", int_array(p->kv_src, p->n_kv_src)},
+        {"index_source_layer_ids", "index_source_layers", int_array(p->idx_src, p->n_idx_src)},
+        {"candidate_source_layer_id", "candidate_source_layer", json_integer(p->cand_src)},
+        {"candidate_topk_blocks", "candidate_topk_blocks", json_integer(p->cand_blocks)},
+        {"candidate_block_size", "candidate_block_size", json_integer(p->cand_block)},
+        {"index_n_heads", "index_n_heads", json_integer(p->idx_heads)},
+        {"index_head_dim", "index_head_dim", json_integer(p->idx_dim)},
+        {"index_topk", "index_topk", json_integer(p->idx_topk)},
+        {"rope_theta", "rope_theta", json_integer(10000)},
+        {"compress_rope_theta", "compress_rope_theta", json_real(160000.0)},
+        {"rope_scaling", NULL,
+         json_pack("{s:s, s:i, s:i, s:i, s:i}", "rope_type", "yarn", "factor", p->yarn_factor, "beta_fast", 32,
+                   "beta_slow", 1, "original_max_position_embeddings", p->yarn_orig)},
+        {NULL, "rope_factor", json_integer(p->yarn_factor)},
+        {NULL, "original_seq_len", json_integer(p->yarn_orig)},
+        {NULL, "beta_fast", json_integer(32)},
+        {NULL, "beta_slow", json_integer(1)},
+        {"max_position_embeddings", NULL, json_integer(p->max_pos)},
+        {"vocab_size", "vocab_size", json_integer(VOCAB)},
+        {"n_routed_experts", "n_routed_experts", json_integer(p->experts)},
+        {"num_experts_per_tok", "n_activated_experts", json_integer(p->topk)},
+        {"n_shared_experts", "n_shared_experts", json_integer(1)},
+        {"moe_intermediate_size", "moe_inter_dim", json_integer(p->moe_inter)},
+        {"scoring_func", "score_func", json_string("sqrtsoftplus")},
+        {"topk_method", NULL, json_string("noaux_tc")},
+        {"norm_topk_prob", NULL, json_true()},
+        {"routed_scaling_factor", "route_scale", json_real(1.5)},
+        {"swiglu_limit", "swiglu_limit", json_real(10.0)},
+        {"hc_mult", "hc_mult", json_integer(4)},
+        {"hc_sinkhorn_iters", "hc_sinkhorn_iters", json_integer(20)},
+        {"hc_eps", "hc_eps", json_real(1e-6)},
+        {"rms_norm_eps", "norm_eps", json_real(1e-20)},
+        {"engram_layer_ids", "engram_layer_ids", int_array(p->engram_layers, 2)},
+        {"engram_num_embeddings", "engram_num_embeddings", json_pack("[II]", (json_int_t)rows[0], (json_int_t)rows[1])},
+        {"engram_max_ngram_size", "engram_max_ngram_size", json_integer(MAX_NGRAM)},
+        {"engram_vocab_size", "engram_vocab_size", json_integer(p->engram_vocab)},
+        {"engram_n_heads", "engram_n_heads", json_integer(p->engram_heads)},
+        {"engram_head_dim", "engram_head_dim", json_integer(p->engram_dim)},
+        {"engram_pad_token_id", "engram_pad_id", json_integer(PAD_ID)},
+        {"engram_compressed_vocab_size", "engram_compressed_vocab_size", json_integer(engram_classes)},
+        {"dspark_block_size", "dspark_block_size", json_integer(p->dspark_block)},
+        {"dspark_noise_token_id", "dspark_noise_token_id", json_integer(NOISE_ID)},
+        {"dspark_target_layer_ids", "dspark_target_layer_ids", int_array(p->dspark_targets, 3)},
+        {"dspark_markov_rank", "dspark_markov_rank", json_integer(p->markov_rank)},
+        {"dspark_n_routed_experts", "dspark_n_routed_experts", json_integer(p->dspark_experts)},
+        {"dspark_num_experts_per_tok", "dspark_n_activated_experts", json_integer(p->dspark_topk)},
+        {"bos_token_id", NULL, json_integer(0)},
+        {"eos_token_id", NULL, json_integer(1)},
+        {"pad_token_id", NULL, json_integer(PAD_ID)},
+    };
+    json_t *t = json_object(), *inf = json_pack("{s:s, s:s}", "dtype", "fp8", "expert_dtype", "fp4");
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        if (fields[i].hf) json_object_set(t, fields[i].hf, fields[i].value);
+        if (fields[i].inf) json_object_set(inf, fields[i].inf, fields[i].value);
+        json_decref(fields[i].value);
+    }
+    json_t *hf = json_pack("{s:[s], s:s, s:s, s:i, s:i, s:i}", "architectures", "DeepseekV41ForCausalLM", "model_type",
+                           "deepseek_v41", "dtype", "bfloat16", "bos_token_id", 0, "eos_token_id", 1, "pad_token_id",
+                           PAD_ID);
+    json_object_set_new(hf, "quantization_config",
+                        json_pack("{s:s, s:s, s:[i,i], s:s, s:s}", "quant_method", "fp8", "activation_scheme",
+                                  "dynamic", "weight_block_size", 32, 32, "scale_fmt", "ue8m0", "expert_dtype", "fp4"));
+    json_object_set_new(hf, "text_config", t);
+    json_object_set_new(hf, "deepinfer_preset", json_string(p->name));
+
+    *hf_json = json_dumps(hf, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    *inf_json = json_dumps(inf, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(hf);
+    json_decref(inf);
+    if (!*hf_json || !*inf_json) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    return DI_OK;
+}
+
+static void engram_make_plan(const preset *p, uint64_t seed, int64_t classes, engram_plan *ep) {
+    memset(ep, 0, sizeof *ep);
+    int64_t prime = p->engram_vocab;
+    for (int l = 0; l < 2; l++) {
+        int k = 0;
+        for (int o = 0; o < MAX_NGRAM - 1; o++)
+            for (int h = 0; h < p->engram_heads; h++) {
+                do prime++;
+                while (!is_prime(prime));
+                ep->primes[l][o][h] = prime;
+                ep->offsets[l][k++] = ep->rows[l];
+                ep->rows[l] += prime;
+            }
+        rng g;
+        char key[64];
+        snprintf(key, sizeof key, "engram.multipliers.%d", l);
+        rng_seed(&g, seed, key);
+        int64_t bound = INT64_MAX / classes / 2;
+        for (int i = 0; i < MAX_NGRAM; i++) ep->multipliers[l][i] = (int64_t)(rng_next(&g) % (uint64_t)bound) * 2 + 1;
+    }
+}
+
+static int write_engram_sidecar(const char *dir, const preset *p, const engram_plan *ep, const int32_t *token_map,
+                                di_error *err) {
+    int h = p->engram_heads;
+    int64_t mult[2 * MAX_NGRAM], offs[2 * (MAX_NGRAM - 1) * 8], primes[2 * (MAX_NGRAM - 1) * 8];
+    for (int l = 0; l < 2; l++) {
+        for (int i = 0; i < MAX_NGRAM; i++) mult[l * MAX_NGRAM + i] = ep->multipliers[l][i];
+        for (int o = 0; o < MAX_NGRAM - 1; o++)
+            for (int j = 0; j < h; j++) {
+                primes[(l * (MAX_NGRAM - 1) + o) * h + j] = ep->primes[l][o][j];
+                offs[l * (MAX_NGRAM - 1) * h + o * h + j] = ep->offsets[l][o * h + j];
+            }
+    }
+    int64_t pad = token_map[PAD_ID];
+    di_tensor_spec specs[5] = {
+        {"multipliers", DI_I64, 2, {2, MAX_NGRAM}},
+        {"offsets", DI_I64, 2, {2, (MAX_NGRAM - 1) * h}},
+        {"pad_compressed_id", DI_I64, 1, {1}},
+        {"primes", DI_I64, 3, {2, MAX_NGRAM - 1, h}},
+        {"token_map", DI_I32, 1, {VOCAB}},
+    };
+    const void *data[5] = {mult, offs, &pad, primes, token_map};
+    char *path = di_path_join(dir, "engram_token_map.safetensors");
+    int rc = di_st_write_file(path, specs, data, 5, err);
+    free(path);
+    return rc;
+}
+
+static int write_text(const char *dir, const char *name, const char *text, di_error *err) {
+    char *path = di_path_join(dir, name);
+    FILE *f = fopen(path, "w");
+    int rc = DI_OK;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF)
+        rc = di_error_set(err, DI_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (f && fclose(f) != 0 && rc == DI_OK) rc = di_error_set(err, DI_ERR_IO, "%s: write failed", path);
+    free(path);
+    return rc;
+}
+
+static int mkdir_p(const char *dir, di_error *err) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return di_error_set(err, DI_ERR_IO, "%s: %s", tmp, strerror(errno));
+            *p = '/';
+        }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return di_error_set(err, DI_ERR_IO, "%s: %s", tmp, strerror(errno));
+    return DI_OK;
+}
+
+/* Order inside a shard: by name, with X.weight immediately before X.scale. */
+static int cmp_entries(const void *a, const void *b) {
+    const di_inv_entry *x = *(const di_inv_entry *const *)a, *y = *(const di_inv_entry *const *)b;
+    char kx[128], ky[128];
+    snprintf(kx, sizeof kx, "%s", x->name);
+    snprintf(ky, sizeof ky, "%s", y->name);
+    if (ends_with(kx, ".scale")) strcpy(kx + strlen(kx) - 6, ".weight\x01");
+    if (ends_with(ky, ".scale")) strcpy(ky + strlen(ky) - 6, ".weight\x01");
+    return strcmp(kx, ky);
+}
+
+static const di_inv_entry *find_entry(const di_inv_entry *inv, int64_t n, const char *name) {
+    for (int64_t i = 0; i < n; i++)
+        if (!strcmp(inv[i].name, name)) return &inv[i];
+    return NULL;
+}
+
+static uint64_t entry_bytes(const di_inv_entry *e) {
+    uint64_t b = di_dtype_size(e->dtype);
+    for (int d = 0; d < e->ndim; d++) b *= (uint64_t)e->shape[d];
+    return b;
+}
+
+/* Shards follow the released checkpoint's arrangement: the backbone and draft stages first, split
+ * at ~4 GB, then one shard per Engram table. */
+enum { MAX_SHARDS = 64 };
+#define SHARD_BYTES (UINT64_C(4) << 30)
+
+static int write_shards(const char *dir, uint64_t seed, const di_inv_entry *inv, int64_t n, di_mkmodel_stats *st,
+                        di_error *err) {
+    const di_inv_entry **order = malloc((size_t)n * sizeof *order);
+    int *shard_of = malloc((size_t)n * sizeof *shard_of);
+    if (!order || !shard_of) {
+        free(order);
+        free(shard_of);
+        return di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) order[m++] = &inv[i];
+    qsort(order, (size_t)m, sizeof *order, cmp_entries);
+    /* assign shards */
+    int n_shards = 1;
+    uint64_t cur = 0;
+    for (int64_t i = 0; i < m; i++) {
+        if (strstr(order[i]->name, ".engram.embed.")) continue;
+        uint64_t b = entry_bytes(order[i]);
+        if (cur > 0 && cur + b > SHARD_BYTES && !ends_with(order[i]->name, ".scale")) {
+            n_shards++;
+            cur = 0;
+        }
+        shard_of[i] = n_shards - 1;
+        cur += b;
+    }
+    int first_engram = n_shards;
+    char engram_layer[2][32] = {"", ""};
+    for (int64_t i = 0; i < m; i++) {
+        if (!strstr(order[i]->name, ".engram.embed.")) continue;
+        int slot = -1;
+        char pref[32];
+        snprintf(pref, sizeof pref, "%.*s", (int)(strstr(order[i]->name, ".engram.") - order[i]->name), order[i]->name);
+        for (int s = 0; s < 2; s++)
+            if (!strcmp(engram_layer[s], pref)) slot = s;
+        if (slot < 0) {
+            slot = !engram_layer[0][0] ? 0 : 1;
+            snprintf(engram_layer[slot], sizeof engram_layer[slot], "%s", pref);
+        }
+        shard_of[i] = first_engram + slot;
+        if (first_engram + slot + 1 > n_shards) n_shards = first_engram + slot + 1;
+    }
+    writer_ctx c = {.seed = seed, .buf = malloc(BUF)};
+    json_t *wm = json_object();
+    int rc = c.buf ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    uint64_t total = 0;
+    for (int s = 0; s < n_shards && rc == DI_OK; s++) {
+        char fname[64];
+        snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+        di_tensor_spec *specs = calloc((size_t)m, sizeof *specs);
+        const di_inv_entry **members = calloc((size_t)m, sizeof *members);
+        int64_t k = 0;
+        for (int64_t i = 0; i < m; i++)
+            if (shard_of[i] == s) {
+                members[k] = order[i];
+                specs[k].name = order[i]->name;
+                specs[k].dtype = order[i]->dtype;
+                specs[k].ndim = order[i]->ndim;
+                memcpy(specs[k].shape, order[i]->shape, sizeof specs[k].shape);
+                json_object_set_new(wm, order[i]->name, json_string(fname));
+                total += entry_bytes(order[i]);
+                k++;
+            }
+        char *path = di_path_join(dir, fname);
+        static const char *const meta[] = {"format", "pt"};
+        rc = di_st_writer_open(path, specs, k, meta, 1, &c.w, err);
+        free(path);
+        for (int64_t i = 0; i < k && rc == DI_OK; i++) {
+            const di_inv_entry *sib = NULL;
+            if (ends_with(members[i]->name, ".scale")) {
+                char wname[128];
+                snprintf(wname, sizeof wname, "%.*s.weight", (int)strlen(members[i]->name) - 6, members[i]->name);
+                sib = find_entry(inv, n, wname);
+            }
+            rc = write_tensor(&c, members[i], sib, err);
+        }
+        if (c.w) {
+            int rc2 = di_st_writer_close(c.w, rc == DI_OK ? err : NULL);
+            if (rc == DI_OK) rc = rc2;
+            c.w = NULL;
+        }
+        free(specs);
+        free(members);
+    }
+    if (rc == DI_OK) {
+        json_t *idx = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
+        char *text = json_dumps(idx, JSON_INDENT(1) | JSON_SORT_KEYS);
+        json_decref(idx);
+        rc = write_text(dir, "model.safetensors.index.json", text, err);
+        free(text);
+    } else {
+        json_decref(wm);
+    }
+    st->n_shards = n_shards;
+    st->tensor_bytes = total;
+    free(c.buf);
+    free(c.vals);
+    free(order);
+    free(shard_of);
+    return rc;
+}
+
+static int copy_file(const char *src, const char *dst, di_error *err) {
+    FILE *a = fopen(src, "rb");
+    if (!a) return di_error_set(err, DI_ERR_IO, "%s: %s", src, strerror(errno));
+    FILE *b = fopen(dst, "wb");
+    if (!b) {
+        fclose(a);
+        return di_error_set(err, DI_ERR_IO, "%s: %s", dst, strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t k;
+    int rc = DI_OK;
+    while ((k = fread(buf, 1, sizeof buf, a)) > 0)
+        if (fwrite(buf, 1, k, b) != k) rc = di_error_set(err, DI_ERR_IO, "%s: write failed", dst);
+    fclose(a);
+    if (fclose(b) != 0 && rc == DI_OK) rc = di_error_set(err, DI_ERR_IO, "%s: write failed", dst);
+    return rc;
+}
+
+/* Locate the tokenizer directory to ship with the model: the option, else data/tokenizer/deepseek-v41
+ * relative to the working directory. Returns a malloc'd directory or NULL. */
+static char *find_tokenizer_dir(const char *opt) {
+    struct stat sb;
+    if (opt) {
+        if (stat(opt, &sb) == 0 && S_ISDIR(sb.st_mode)) return strdup(opt);
+        if (stat(opt, &sb) == 0) {
+            char *d = strdup(opt), *slash = strrchr(d, '/');
+            if (slash) *slash = 0;
+            else strcpy(d, ".");
+            return d;
+        }
+        return NULL;
+    }
+    const char *def = "data/tokenizer/deepseek-v41";
+    char *probe = di_path_join(def, "tokenizer.json");
+    int ok = stat(probe, &sb) == 0;
+    free(probe);
+    return ok ? strdup(def) : NULL;
+}
+
+int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *err) {
+    double t0 = di_now();
+    memset(st, 0, sizeof *st);
+    const preset *p = find_preset(o->preset ? o->preset : "");
+    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", o->preset ? o->preset : "");
+    char *tokdir = find_tokenizer_dir(o->tokenizer);
+    if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
+    int rc = mkdir_p(o->out_dir, err);
+    char *infdir = di_path_join(o->out_dir, "inference");
+    if (rc == DI_OK) rc = mkdir_p(infdir, err);
+
+    /* Engram token map: a stub that pairs tokens (2k, 2k+1 → k), like the reference's own random
+     * test models, until a tokenizer-derived map is supplied. */
+    int32_t *token_map = malloc(VOCAB * sizeof *token_map); /* int32 [VOCAB] */
+    int64_t classes = (VOCAB + 1) / 2;
+    for (int i = 0; i < VOCAB; i++) token_map[i] = i / 2;
+
+    char *hf = NULL, *inf = NULL;
+    if (rc == DI_OK) rc = di_mkmodel_preset_configs(p->name, classes, &hf, &inf, err);
+    if (rc == DI_OK) rc = write_text(o->out_dir, "config.json", hf, err);
+    if (rc == DI_OK) rc = write_text(infdir, "config.json", inf, err);
+    di_config cfg;
+    int have_cfg = 0;
+    if (rc == DI_OK) {
+        rc = di_config_parse(hf, strlen(hf), inf, strlen(inf), o->out_dir, &cfg, err);
+        have_cfg = rc == DI_OK;
+    }
+    di_inv_entry *inv = NULL;
+    int64_t n = 0;
+    if (rc == DI_OK) rc = di_inventory_build(&cfg, &inv, &n, err);
+    if (rc == DI_OK) rc = write_shards(o->out_dir, o->seed, inv, n, st, err);
+    engram_plan ep;
+    engram_make_plan(p, o->seed, classes, &ep);
+    if (rc == DI_OK) rc = write_engram_sidecar(o->out_dir, p, &ep, token_map, err);
+    if (rc == DI_OK && tokdir) {
+        static const char *const files[] = {"tokenizer.json", "tokenizer_config.json"};
+        for (int i = 0; i < 2 && rc == DI_OK; i++) {
+            char *src = di_path_join(tokdir, files[i]), *dst = di_path_join(o->out_dir, files[i]);
+            struct stat sb;
+            if (stat(src, &sb) == 0) rc = copy_file(src, dst, err);
+            free(src);
+            free(dst);
+        }
+        st->tokenizer_copied = rc == DI_OK;
+    }
+    st->n_tensors = n;
+    st->engram_classes = classes;
+    st->seconds = di_now() - t0;
+    free(inv);
+    if (have_cfg) di_config_free(&cfg);
+    free(hf);
+    free(inf);
+    free(token_map);
+    free(infdir);
+    free(tokdir);
+    return rc;
+}

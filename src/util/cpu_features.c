@@ -1,0 +1,51 @@
+#include "util/cpu_features.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int g_active = -1; /* di_cpu_isa once initialised */
+
+di_cpu_isa di_cpu_isa_detect(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    if (avx512) return DI_ISA_AVX512;
+    if (avx2) return DI_ISA_AVX2;
+#endif
+    return DI_ISA_SCALAR;
+}
+
+static di_cpu_isa clamp_isa(di_cpu_isa want) {
+    di_cpu_isa hw = di_cpu_isa_detect();
+    return want > hw ? hw : want;
+}
+
+di_cpu_isa di_cpu_isa_active(void) {
+    if (g_active < 0) {
+        /* AVX-512 is opt-in (DI_CPU_ISA=avx512) until its bit-identity with the scalar path has been
+         * checked on AVX-512 hardware (test_cpu_ops/test_invariance does that wherever it runs). */
+        di_cpu_isa want = DI_ISA_AVX2;
+        const char *env = getenv("DI_CPU_ISA");
+        if (env && !strcmp(env, "avx512")) want = DI_ISA_AVX512;
+        else if (env && !strcmp(env, "scalar")) want = DI_ISA_SCALAR;
+        else if (env && !strcmp(env, "avx2")) want = DI_ISA_AVX2;
+        g_active = (int)clamp_isa(want);
+    }
+    return (di_cpu_isa)g_active;
+}
+
+di_cpu_isa di_cpu_isa_set(di_cpu_isa isa) {
+    g_active = (int)clamp_isa(isa);
+    return (di_cpu_isa)g_active;
+}
+
+const char *di_cpu_isa_name(di_cpu_isa isa) {
+    switch (isa) {
+    case DI_ISA_SCALAR: return "scalar";
+    case DI_ISA_AVX2: return "avx2";
+    case DI_ISA_AVX512: return "avx512";
+    }
+    return "?";
+}
