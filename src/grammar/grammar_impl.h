@@ -16,6 +16,8 @@ typedef struct di_trie_node {
     int32_t tok;    /* a token whose bytes end exactly here, or -1 (more in vocab->dup_next) */
     uint16_t depth; /* number of bytes from the root */
     uint8_t byte;   /* edge byte from the parent */
+    uint8_t dup;    /* 1 if more tokens share these bytes (vocab->dup_next); keeps the walk off
+                       that array, whose random reads dominated the walk before */
 } di_trie_node;
 
 struct di_grammar_vocab {

@@ -416,7 +416,11 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
             if (parent >= 0 && next != ST_NONE) m->st_trans[parent][nd->byte] = next;
         }
         m->vid[d] = next;
-        for (int32_t t = nd->tok; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
+        if (nd->tok >= 0) {
+            set_bit(mask, nd->tok);
+            if (nd->dup)
+                for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
+        }
         i++;
     }
     rc = DI_OK;

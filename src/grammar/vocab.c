@@ -98,7 +98,7 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
         }
         while (depth > l) v->nodes[path[depth--]].end = nn;
         for (uint32_t k = l; k < v->lens[t]; k++) {
-            v->nodes[nn] = (di_trie_node){.end = 0, .tok = -1, .depth = (uint16_t)(k + 1), .byte = v->bytes[t][k]};
+            v->nodes[nn] = (di_trie_node){.end = 0, .tok = -1, .depth = (uint16_t)(k + 1), .byte = v->bytes[t][k], .dup = 0};
             path[++depth] = nn++;
         }
         di_trie_node *leaf = &v->nodes[path[depth]];
@@ -108,6 +108,7 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
             int32_t x = leaf->tok;
             while (v->dup_next[x] >= 0) x = v->dup_next[x];
             v->dup_next[x] = t;
+            leaf->dup = 1;
         }
         prev = t;
     }
