@@ -7,6 +7,7 @@
  * then it is accepted. Inputs: NAME.json (JSON Schema), NAME.regex, NAME.gbnf (EBNF).
  * scripts/bench_grammar_peers.py replays the same instances through llguidance and xgrammar.
  *
+ * --verify N: every Nth mask is also compared with brute force over the whole vocabulary.
  * --schemas DIR: compliance mode over MaskBench/JSONSchemaBench files (see run_compliance). */
 #include <dirent.h>
 #include <stdio.h>
@@ -80,6 +81,7 @@ typedef struct result {
     size_t n_tokens;
     double p50_us, p99_us, max_us;
     size_t allowed_p50; /* allowed tokens at the median step: how much of the vocabulary is open */
+    size_t verified;    /* masks compared with brute force over the whole vocabulary (--verify) */
     bool ok;
     char err[256];
 } result;
@@ -91,8 +93,25 @@ static int compile_file(const char *path, const char *src, size_t n, di_grammar 
     return *kind = "ebnf", di_grammar_from_ebnf(src, n, NULL, g, err);
 }
 
+/* Brute-force reference for one mask: every token's bytes tried on the matcher (no state change);
+ * added tokens are never text, EOS only when complete. Returns the number of disagreeing tokens. */
+static size_t verify_mask(di_grammar_matcher *mt, const di_tokenizer *tok, const uint32_t *mask, uint32_t V) {
+    size_t bad = 0;
+    int32_t eos = di_tok_find(tok, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    for (uint32_t t = 0; t < V; t++) {
+        size_t len = 0;
+        const char *b = di_tok_token_bytes(tok, (int32_t)t, &len);
+        bool want;
+        if ((int32_t)t == eos) want = di_grammar_matcher_can_end(mt);
+        else if (!b || !len || di_tok_is_added(tok, (int32_t)t)) want = false;
+        else want = di_grammar_matcher_try_bytes(mt, (const uint8_t *)b, len);
+        if (want != (bool)((mask[t >> 5] >> (t & 31)) & 1u)) bad++;
+    }
+    return bad;
+}
+
 static void run_one(const char *dir, const char *file, const di_tokenizer *tok, const di_grammar_vocab *v, int repeat,
-                    int max_steps, result *r) {
+                    int max_steps, int verify, result *r) {
     char path[1024], inst[1024];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     snprintf(r->name, sizeof r->name, "%.*s", (int)(strrchr(file, '.') - file), file);
@@ -148,6 +167,15 @@ static void run_one(const char *dir, const char *file, const di_tokenizer *tok, 
         size_t cnt = 0;
         for (size_t w = 0; w < di_grammar_mask_words(V); w++) cnt += (size_t)__builtin_popcount(mask[w]);
         allowed[i] = cnt;
+        if (verify && i % (size_t)verify == 0) {
+            size_t bad = verify_mask(mt, tok, mask, V);
+            r->verified++;
+            if (bad) {
+                snprintf(r->err, sizeof r->err, "wrong mask at token %zu: %zu tokens disagree with brute force", i, bad);
+                free(allowed);
+                goto done;
+            }
+        }
         int32_t t = ids[i];
         if (!((mask[t >> 5] >> (t & 31)) & 1u)) {
             snprintf(r->err, sizeof r->err, "wrong mask: instance token %zu (id %d) is masked out", i, t);
@@ -336,9 +364,10 @@ int bench_grammar(int argc, char **argv) {
     const char *dir = cli_str(&a, "inputs", DEFAULT_INPUTS);
     const char *only = cli_str(&a, "only", NULL);
     const char *schemas = cli_str(&a, "schemas", NULL);
-    long long repeat = 0, steps = 0, limit = 0;
+    long long repeat = 0, steps = 0, limit = 0, verify = 0;
     if (!cli_int(&cli, &a, "repeat", 5, 1, 16, &repeat) || !cli_int(&cli, &a, "steps", 256, 1, 1 << 20, &steps) ||
-        !cli_int(&cli, &a, "limit", 0, 0, 1 << 30, &limit) || !cli_check_unused(&cli, &a)) {
+        !cli_int(&cli, &a, "limit", 0, 0, 1 << 30, &limit) || !cli_int(&cli, &a, "verify", 0, 0, 1 << 20, &verify) ||
+        !cli_check_unused(&cli, &a)) {
         cli_args_free(&a);
         return 1;
     }
@@ -387,7 +416,7 @@ int bench_grammar(int argc, char **argv) {
     int failures = 0;
     for (size_t i = 0; i < nf; i++) {
         result r = {0};
-        run_one(dir, files[i], tok, v, (int)repeat, (int)steps, &r);
+        run_one(dir, files[i], tok, v, (int)repeat, (int)steps, (int)verify, &r);
         json_t *o = json_object();
         json_object_set_new(o, "name", json_string(r.name));
         json_object_set_new(o, "kind", json_string(r.kind ? r.kind : "?"));
@@ -399,6 +428,7 @@ int bench_grammar(int argc, char **argv) {
             json_object_set_new(o, "mask_p99_us", json_real(r.p99_us));
             json_object_set_new(o, "mask_max_us", json_real(r.max_us));
             json_object_set_new(o, "allowed_p50", json_integer((json_int_t)r.allowed_p50));
+            json_object_set_new(o, "masks_verified", json_integer((json_int_t)r.verified));
             if (!cli.json)
                 printf("%-20s %-11s %10.3f %7zu %10.1f %10.1f %10.1f %8zu\n", r.name, r.kind, r.compile_ms, r.n_tokens,
                        r.p50_us, r.p99_us, r.max_us, r.allowed_p50);
