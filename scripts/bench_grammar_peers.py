@@ -10,6 +10,7 @@ numbers come from `deepinfer bench grammar --json` run on the same inputs in the
 
 usage: scripts/bench_grammar_peers.py [--deepinfer build/deepinfer] [--tokenizer PATH] [--inputs DIR]
                                       [--steps N] [--repeat N] [--json]
+       scripts/bench_grammar_peers.py --schemas DIR [--limit N]   (decisions on MaskBench data)
 """
 import argparse
 import json
@@ -114,6 +115,94 @@ def time_xgrammar(tok_path, V, inputs, ids_of, steps, repeat):
     return res
 
 
+def compliance(a, tok_path, V, eos):
+    """Decisions on MaskBench/JSONSchemaBench files: schemas compiled, valid instances accepted,
+    invalid ones rejected, for deepinfer (via `bench grammar --schemas`), llguidance and xgrammar."""
+    import glob
+    import llguidance as llg
+    import transformers
+    import xgrammar as xgr
+    from tokenizers import Tokenizer
+
+    files = sorted(glob.glob(os.path.join(a.schemas, "*.json")))
+    if a.limit and a.limit < len(files):  # an even sample, the same one `bench grammar --limit` takes
+        step = len(files) / a.limit
+        files = [files[int(i * step)] for i in range(a.limit)]
+    tk = Tokenizer.from_file(tok_path)
+    with open(tok_path, encoding="utf-8") as fh:
+        lt = llg.LLTokenizer(fh.read(), n_vocab=V, eos_token=eos)
+    info = xgr.TokenizerInfo.from_huggingface(transformers.PreTrainedTokenizerFast(tokenizer_file=tok_path), vocab_size=V)
+    xc = xgr.GrammarCompiler(info, cache_enabled=False)
+    stats = {e: dict(schemas=0, compiled=0, valid=0, valid_ok=0, invalid=0, invalid_ok=0, compile_s=0.0)
+             for e in ("llguidance", "xgrammar")}
+    for f in files:
+        try:
+            with open(f, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except Exception:
+            continue
+        if "schema" not in doc:
+            continue
+        schema = json.dumps(doc["schema"])
+        tests = [(json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False), bool(t.get("valid")))
+                 for t in doc.get("tests") or []]
+        # llguidance
+        st = stats["llguidance"]
+        st["schemas"] += 1
+        t0 = time.perf_counter()
+        try:
+            g = llg.grammar_from("json_schema", schema)
+            ok = llg.LLMatcher.validate_grammar(g, lt) == ""
+        except Exception:
+            ok = False
+        st["compile_s"] += time.perf_counter() - t0
+        if ok:
+            st["compiled"] += 1
+            for data, valid in tests:
+                m = llg.LLMatcher(lt, g, log_level=0)
+                acc = m.consume_tokens(tk.encode(data, add_special_tokens=False).ids) and m.is_accepting() and not m.is_error()
+                st["valid" if valid else "invalid"] += 1
+                st["valid_ok" if valid else "invalid_ok"] += int(acc if valid else not acc)
+        # xgrammar
+        st = stats["xgrammar"]
+        st["schemas"] += 1
+        t0 = time.perf_counter()
+        try:
+            cg = xc.compile_json_schema(schema, any_whitespace=True)
+            ok = True
+        except Exception:
+            ok = False
+        st["compile_s"] += time.perf_counter() - t0
+        if ok:
+            st["compiled"] += 1
+            for data, valid in tests:
+                try:
+                    m = xgr.GrammarMatcher(cg)
+                    acc = m.accept_string(data) and m.is_completed()
+                except Exception:
+                    acc = False
+                st["valid" if valid else "invalid"] += 1
+                st["valid_ok" if valid else "invalid_ok"] += int(acc if valid else not acc)
+    cmd = [a.deepinfer, "bench", "grammar", "--json", "--schemas", a.schemas] + (["--limit", str(a.limit)] if a.limit else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        d = json.loads(p.stdout)
+        stats["deepinfer"] = dict(schemas=d["schemas"], compiled=d["compiled"], valid=d["valid_total"],
+                                  valid_ok=d["valid_accepted"], invalid=d["invalid_total"], invalid_ok=d["invalid_rejected"])
+    except Exception:
+        stats["deepinfer"] = {"error": (p.stdout + p.stderr)[-300:]}
+    if a.json:
+        print(json.dumps(stats, indent=1))
+        return
+    for e in ("deepinfer", "llguidance", "xgrammar"):
+        s = stats[e]
+        if "error" in s:
+            print(f"{e:11} error: {s['error']}")
+            continue
+        print(f"{e:11} compiled {s['compiled']}/{s['schemas']}  valid accepted {s['valid_ok']}/{s['valid']}  "
+              f"invalid rejected {s['invalid_ok']}/{s['invalid']}  (invalid accepted {s['invalid'] - s['invalid_ok']})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--deepinfer", default="build/deepinfer")
@@ -122,6 +211,8 @@ def main():
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--schemas", help="MaskBench/JSONSchemaBench data directory: compare decisions instead of timing")
+    ap.add_argument("--limit", type=int, default=0, help="with --schemas: an evenly spaced sample of N files")
     a = ap.parse_args()
     tok_path = a.tokenizer or next((p for p in DEFAULT_TOKENIZERS if os.path.exists(p)), None)
     if not tok_path:
@@ -131,6 +222,9 @@ def main():
     tk = Tokenizer.from_file(tok_path)
     V = 129280
     eos = tk.token_to_id(EOS)
+    if a.schemas:
+        compliance(a, tok_path, V, eos)
+        return
     inputs = load_inputs(a.inputs)
     ids_of = {n: tk.encode(inst, add_special_tokens=False).ids for n, _, _, inst in inputs}
     with open(tok_path, encoding="utf-8") as fh:
