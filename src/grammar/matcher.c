@@ -326,7 +326,7 @@ static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u <
 #define ST_UNKNOWN (-2)
 #define ST_DEAD (-1)
 #define ST_NONE (-3)         /* table full: this state is not interned, walk it with Earley */
-#define ST_MAX_STATES 16384  /* 1 KiB of transitions each; the table restarts when half full */
+#define ST_MAX_STATES 4096   /* 1 KiB of transitions each (<= 4 MiB per matcher); restarts when half full */
 
 static int32_t state_intern(di_grammar_matcher *m, sig128 k) {
     size_t mask = m->st_hcap - 1, h = (size_t)(mix64(k.a) & mask);
