@@ -106,7 +106,7 @@ static void plan_weights(const di_config *cfg, const di_inv_entry *inv, int64_t 
         /* the reference keeps wo_a as bf16 (dequantized once at load) and drops its scale */
         if (e->family == DI_FAM_ATTN && e->dtype == DI_F8_E4M3 && ends_with(e->name, "attn.wo_a.weight"))
             dev = numel(e) * 2;
-        else if (e->family == DI_FAM_ATTN && cfg->weight_fmt == DI_WFMT_FP8 && ends_with(e->name, "attn.wo_a.scale"))
+        else if (e->family == DI_FAM_ATTN && ends_with(e->name, "attn.wo_a.scale"))
             dev = 0;
         p->wo_a_extra += dev - stored;
         bool host = cuda && ((table && o->engram_on_host) || (e->family == DI_FAM_EXPERTS && o->experts_on_host));
@@ -128,6 +128,20 @@ static void plan_weights(const di_config *cfg, const di_inv_entry *inv, int64_t 
 /* ------------------------------------------------------------------------------------------------
  * Caches, workspace, staging for (s sequences, t tokens) */
 
+static int64_t max_active(const di_config *c) {
+    int64_t K = 0;
+    for (int st = 0; st < c->n_stages; st++)
+        if (c->layer[st].n_active_experts > K) K = c->layer[st].n_active_experts;
+    return K;
+}
+
+static int64_t max_experts(const di_config *c) {
+    int64_t E = 0;
+    for (int st = 0; st < c->n_stages; st++)
+        if (c->layer[st].n_experts > E) E = c->layer[st].n_experts;
+    return E;
+}
+
 static void plan_workspace(const di_config *c, const di_memplan_opts *o, int64_t s, int64_t t, di_plan_workspace *w) {
     memset(w, 0, sizeof *w);
     int64_t verify = c->n_dspark > 0 ? (int64_t)c->dspark_block_size + 1 : 1;
@@ -138,12 +152,10 @@ static void plan_workspace(const di_config *c, const di_memplan_opts *o, int64_t
     int64_t D = c->hidden_size, hc = c->hc_mult, H = c->num_attention_heads, hd = c->head_dim;
     int64_t qr = c->q_lora_rank, gor = (int64_t)c->o_groups * c->o_lora_rank, I = c->moe_intermediate_size;
     int64_t ih = c->index_n_heads, ihd = c->index_head_dim, V = c->vocab_size;
-    int64_t E = 0, K = 0, rmin = 0;
+    int64_t E = max_experts(c), K = max_active(c), rmin = 0;
     bool indexer = false;
     for (int st = 0; st < c->n_stages; st++) {
         const di_layer_cfg *l = &c->layer[st];
-        if (l->n_experts > E) E = l->n_experts;
-        if (l->n_active_experts > K) K = l->n_active_experts;
         if (l->has_indexer && l->compress_ratio > 0) {
             indexer = true;
             if (rmin == 0 || l->compress_ratio < rmin) rmin = l->compress_ratio;
@@ -173,20 +185,6 @@ static void plan_workspace(const di_config *c, const di_memplan_opts *o, int64_t
     int64_t peak = w->attention > w->moe ? w->attention : w->moe;
     if (w->engram > peak) peak = w->engram;
     w->total = w->residual + w->mhc + peak + w->logits;
-}
-
-static int64_t max_active(const di_config *c) {
-    int64_t K = 0;
-    for (int st = 0; st < c->n_stages; st++)
-        if (c->layer[st].n_active_experts > K) K = c->layer[st].n_active_experts;
-    return K;
-}
-
-static int64_t max_experts(const di_config *c) {
-    int64_t E = 0;
-    for (int st = 0; st < c->n_stages; st++)
-        if (c->layer[st].n_experts > E) E = c->layer[st].n_experts;
-    return E;
 }
 
 /* Fills caches, workspace, staging, reserve and device_total of p for (s, t). */
@@ -234,7 +232,7 @@ static int search(const di_config *c, const di_memplan *base, bool by_seqs, int6
 
 static void gb(int64_t b, char *buf) { di_memplan_fmt_bytes(b, buf, 32); }
 
-static void explain(const di_config *c, di_memplan *p) {
+static void explain(di_memplan *p) {
     const di_memplan_opts *o = &p->opts;
     char cap[32], need[32], over[32], a[32], b[32], d[32];
     gb(p->device_capacity, cap);
@@ -311,7 +309,6 @@ static void explain(const di_config *c, di_memplan *p) {
              "host-resident weights do not fit in host memory (%s): %s (Engram tables %s, routed experts %s), over "
              "by %s",
              cap, need, a, b, over);
-    (void)c;
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -361,11 +358,10 @@ int di_memplan_compute(const di_config *cfg, const di_memplan_opts *opts, di_mem
     p->host_total = p->weights_host;
 
     /* the fit searches first (the reason quotes them), then the requested run */
-    int64_t per_seq_hi = DI_MEMPLAN_MAX_SEQS;
-    if ((rc = search(cfg, p, true, per_seq_hi, &p->max_seqs_fit, err))) return rc;
+    if ((rc = search(cfg, p, true, DI_MEMPLAN_MAX_SEQS, &p->max_seqs_fit, err))) return rc;
     if ((rc = search(cfg, p, false, cfg->max_position_embeddings, &p->max_tokens_fit, err))) return rc;
     if ((rc = plan_run(cfg, p, o->max_seqs, o->max_tokens, err))) return rc;
-    explain(cfg, p);
+    explain(p);
     return DI_OK;
 }
 

@@ -117,7 +117,8 @@ typedef struct di_memplan {
     int64_t device_capacity, host_capacity; /* host_capacity 0 on cpu (one memory) */
     bool fits;
     char reason[640];                     /* why not (one line); "" when it fits */
-    int64_t max_seqs_fit;                 /* most sequences of opts.max_tokens that fit (0: none) */
+    int64_t max_seqs_fit;                 /* most sequences of opts.max_tokens that fit (0: none;
+                                             at most DI_MEMPLAN_MAX_SEQS) */
     int64_t max_tokens_fit;               /* longest context for opts.max_seqs sequences (0: none) */
 } di_memplan;
 
