@@ -166,7 +166,7 @@ static void plan_workspace(const di_config *c, const di_memplan_opts *o, int64_t
 
     int64_t residual = 2 * hc * D * 2;
     int64_t mhc = ((2 + hc) * hc + 2 * hc + hc * hc) * 4 + 2 * D * 2;
-    int64_t attn = (qr + 2 * H * hd + hd + gor) * 2 + (H * hd + H * hd / 32);
+    int64_t attn = (qr + 2 * H * hd + hd + gor) * 2 + (gor + gor / 32); /* wo_a runs in bf16: no FP8 copy of o */
     if (indexer) attn += ih * ihd * 2 + ih * 4 + ncmp * 4 + ((int64_t)c->index_topk + c->sliding_window) * 4;
     int64_t moe = E * 4 + K * (4 + 4) + K * (D * 2 + (D + D / 32) + 2 * I * 4 + I * 2 + (I + I / 32) + D * 4) +
                   (2 * I * 4 + I * 2 + D * 4);

@@ -25,7 +25,8 @@
  * stage, I moe width, V vocab):
  *   residual   2 · hc·D bf16                       the block's input and output streams
  *   mhc        ((2+hc)·hc + 2·hc + hc²) f32 + 2·D bf16   mixes, pre/post, comb; collapsed and norm'd input
- *   attention  qr + 2·H·hd + hd + G·or + ih·ihd bf16 + (H·hd + H·hd/32) FP8 copy + ih f32
+ *   attention  qr + 2·H·hd + hd + G·or + ih·ihd bf16 + (G·or + G·or/32) FP8 copy (wo_b's input; the
+ *              widest quantized GEMM input, wo_a runs in bf16) + ih f32
  *              + min(ncmp, DI_MEMPLAN_INDEX_TILE) f32 index scores + (index_topk + W) int32 ids,
  *              ncmp = max_tokens / (smallest ratio an indexer scores): the indexer keeps a running
  *              top-k over key tiles, so a tile of scores per query is live, not the whole row
