@@ -126,6 +126,9 @@ static void test_released_refused(void **state) {
     snprintf(over, sizeof over, "over by %s", fmt(p->weights_dev - ((int64_t)139 << 30)));
     expect_substr(err.msg, over);
     expect_substr(err.msg, "over by 158.75 GB");
+    snprintf(over, sizeof over, "the whole run needs %s, %s over", fmt(p->device_total),
+             fmt(p->device_total - ((int64_t)139 << 30)));
+    expect_substr(err.msg, over);
     expect_substr(err.msg, "--experts-on-host");
     tu_report("released cuda: %s on the device, %s on the host: %s", fmt(p->weights_dev), fmt(p->weights_host), err.msg);
 

@@ -240,6 +240,10 @@ static void explain(di_memplan *p) {
     p->reason[0] = 0;
     if (p->fits) return;
     const char *dev = di_plan_device_name(o->device);
+    char whole[96]; /* the whole run, for the categories after the first one that overflows */
+    gb(p->device_total, a);
+    gb(p->device_total - p->device_capacity, b);
+    snprintf(whole, sizeof whole, "the whole run needs %s, %s over", a, b);
     double gib = (double)p->device_capacity / (double)((int64_t)1 << 30);
     if (p->weights_dev > p->device_capacity) {
         gb(p->weights_dev, need);
@@ -266,8 +270,8 @@ static void explain(di_memplan *p) {
         if (p->weights_host) snprintf(on_host, sizeof on_host, "; %s kept on the host", d);
         snprintf(p->reason, sizeof p->reason,
                  "weights do not fit on %s (%s = %.1f GiB): %s of weights on the device, over by %s (stored %s in "
-                 "total, %s without the Engram tables%s)%s",
-                 dev, cap, gib, need, over, a, b, on_host, hint);
+                 "total, %s without the Engram tables%s; %s)%s",
+                 dev, cap, gib, need, over, a, b, on_host, whole, hint);
         return;
     }
     int64_t left = p->device_capacity - p->weights_dev;
@@ -278,8 +282,9 @@ static void explain(di_memplan *p) {
         gb(p->cache.total_bytes, b);
         snprintf(p->reason, sizeof p->reason,
                  "caches do not fit on %s (%s): %lld sequences × %lld tokens need %s (%s each), %s is left after "
-                 "the weights, over by %s; at most %lld sequences of %lld tokens or %lld tokens for %lld sequences fit",
-                 dev, cap, (long long)o->max_seqs, (long long)o->max_tokens, need, b, a, over,
+                 "the weights, over by %s (%s); at most %lld sequences of %lld tokens or %lld tokens for %lld "
+                 "sequences fit",
+                 dev, cap, (long long)o->max_seqs, (long long)o->max_tokens, need, b, a, over, whole,
                  (long long)p->max_seqs_fit, (long long)o->max_tokens, (long long)p->max_tokens_fit,
                  (long long)o->max_seqs);
         return;
