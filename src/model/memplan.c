@@ -378,11 +378,14 @@ int di_memplan_check(const di_memplan *p, di_error *err) {
 /* ------------------------------------------------------------------------------------------------
  * Table */
 
+/* One table line; host < 0 leaves the host column out (cpu: one memory). */
 static void row(FILE *f, const char *name, int64_t dev, int64_t host, const char *note) {
     char a[32] = "-", b[32] = "-";
     if (dev) gb(dev, a);
-    if (host) gb(host, b);
-    fprintf(f, "  %-22s %14s %14s%s%s\n", name, a, b, note && *note ? "   " : "", note ? note : "");
+    if (host > 0) gb(host, b);
+    fprintf(f, "  %-22s %14s", name, a);
+    if (host >= 0) fprintf(f, " %14s", b);
+    fprintf(f, "%s%s\n", note && *note ? "   " : "", note ? note : "");
 }
 
 void di_memplan_print(const di_memplan *p, FILE *f) {
@@ -402,7 +405,7 @@ void di_memplan_print(const di_memplan *p, FILE *f) {
                "(prefill chunk %lld)\n\n",
             (long long)o->max_seqs, o->max_seqs == 1 ? "" : "s", (long long)o->max_tokens, o->spec_margin,
             (long long)p->ws.tokens, (long long)o->prefill_chunk);
-    fprintf(f, "  %-22s %14s %14s\n", "", "device", cuda ? "host" : "");
+    fprintf(f, "  %-22s %14s%s\n", "", "device", cuda ? "           host" : "");
     fprintf(f, "weights\n");
     for (int g = 0; g < DI_PLAN_WGROUPS; g++) {
         if (!p->weight_dev[g] && !p->weight_host[g]) continue;
@@ -411,15 +414,15 @@ void di_memplan_print(const di_memplan *p, FILE *f) {
             gb(p->wo_a_extra, c);
             snprintf(note, sizeof note, "wo_a as bf16: +%s", c);
         }
-        row(f, di_plan_wgroup_name(g), p->weight_dev[g], p->weight_host[g], note);
+        row(f, di_plan_wgroup_name(g), p->weight_dev[g], cuda ? p->weight_host[g] : -1, note);
     }
     gb(p->weights_stored, a);
     gb(p->weights_stored_no_engram, b);
     snprintf(note, sizeof note, "stored %s (%s without Engram tables)%s", a, b, o->vision ? "" : ", vision not loaded");
-    row(f, "weights total", p->weights_dev, p->weights_host, note);
+    row(f, "weights total", p->weights_dev, cuda ? p->weights_host : -1, note);
     gb(p->cache.total_bytes, a);
     snprintf(note, sizeof note, "%s per sequence (%.0f B/token + fixed)", a, p->cache.per_token_bytes);
-    row(f, "caches", p->caches_dev, 0, note);
+    row(f, "caches", p->caches_dev, cuda ? 0 : -1, note);
     gb(p->ws.logits, a);
     gb(p->ws.attention > p->ws.moe ? p->ws.attention : p->ws.moe, b);
     snprintf(note, sizeof note, "%lld tokens/step: logits %s, widest phase (%s) %s", (long long)p->ws.tokens, a,
@@ -427,15 +430,15 @@ void di_memplan_print(const di_memplan *p, FILE *f) {
              : p->ws.moe >= p->ws.engram                                     ? "moe"
                                                                              : "engram",
              b);
-    row(f, "workspace", p->ws.total, 0, note);
+    row(f, "workspace", p->ws.total, cuda ? 0 : -1, note);
     if (p->staging_dev) {
         gb(p->expert_bytes, a);
         snprintf(note, sizeof note, "host experts, 2 × %lld × %s per layer", (long long)(p->staging_dev / 2 / p->expert_bytes), a);
         row(f, "expert staging", p->staging_dev, 0, note);
     }
     if (p->reserve_dev) row(f, "runtime reserve", p->reserve_dev, 0, "CUDA context, BLAS workspaces");
-    row(f, "total", p->device_total, p->host_total, "");
-    row(f, "capacity", p->device_capacity, p->host_capacity, "");
+    row(f, "total", p->device_total, cuda ? p->host_total : -1, "");
+    row(f, "capacity", p->device_capacity, cuda ? p->host_capacity : -1, "");
     fprintf(f, "\n%s\n", p->fits ? "fits" : "DOES NOT FIT");
     if (!p->fits) fprintf(f, "  %s\n", p->reason);
     fprintf(f, "largest fit: %lld sequences of %lld tokens; %lld tokens for %lld sequence%s\n",
