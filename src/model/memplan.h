@@ -16,6 +16,10 @@
  *               2 × min(E, N·K) × (one expert's stored bytes): the next layer's upload overlaps this
  *               layer's GEMMs (double buffer).
  *   reserve     cuda only: 1 GiB for the CUDA context, cuBLAS/cuBLASLt workspaces and allocator slack.
+ *               Measured on an H200 (2026-11-30, nvidia-smi 143,771 MiB): cudaMemGetInfo total 139.80
+ *               GiB, free after context creation 139.29 GiB, after cublasCreate 139.22 GiB, largest
+ *               single cudaMalloc 139.19 GiB. The default capacity (139 GiB) minus the reserve plans
+ *               138 GiB, 1.2 GiB under what is allocatable.
  *
  * Workspace formula. N = min(max(prefill_chunk, max_seqs · v), max_seqs · max_tokens), v = tokens a
  * sequence verifies per decode step (dspark_block_size + 1 with draft stages, else 1): the largest
