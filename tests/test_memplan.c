@@ -130,7 +130,8 @@ static void test_released_refused(void **state) {
              fmt(p->device_total - ((int64_t)139 << 30)));
     expect_substr(err.msg, over);
     expect_substr(err.msg, "--experts-on-host");
-    tu_report("released cuda: %s on the device, %s on the host: %s", fmt(p->weights_dev), fmt(p->weights_host), err.msg);
+    tu_report("released cuda: %s on the device, %s on the host: %s", fmt(p->weights_dev), fmt(p->weights_host),
+              err.msg);
 
     /* everything on the device: the whole 509 GB (+ wo_a) must be named */
     o.engram_on_host = false;

@@ -59,7 +59,8 @@ int di_memplan_parse_bytes(const char *s, int64_t *out, di_error *err) {
         return DI_OK;
     }
     return di_error_set(err, DI_ERR_INVALID,
-                        "memory size '%s': unknown unit '%s' (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)", s, end);
+                        "memory size '%s': unknown unit '%s' (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)",
+                        s, end);
 }
 
 int di_memplan_host_available(int64_t *bytes, di_error *err) {
@@ -70,7 +71,9 @@ int di_memplan_host_available(int64_t *bytes, di_error *err) {
     while (fgets(line, sizeof line, f))
         if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
     fclose(f);
-    if (kb < 0) return di_error_set(err, DI_ERR_FORMAT, "/proc/meminfo: no MemAvailable line (give the memory size explicitly)");
+    if (kb < 0)
+        return di_error_set(err, DI_ERR_FORMAT,
+                            "/proc/meminfo: no MemAvailable line (give the memory size explicitly)");
     *bytes = (int64_t)kb * 1024;
     return DI_OK;
 }
@@ -258,7 +261,8 @@ static void explain(di_memplan *p) {
             gb(ex, e1);
             gb(tb, t1);
             if (tb > 0 && ex > 0)
-                snprintf(hint, sizeof hint, "; Engram tables (%s) and routed experts (%s) can stay on the host", t1, e1);
+                snprintf(hint, sizeof hint, "; Engram tables (%s) and routed experts (%s) can stay on the host", t1,
+                         e1);
             else if (tb > 0)
                 snprintf(hint, sizeof hint, "; the Engram tables (%s) can stay on the host", t1);
             else if (ex > 0)
@@ -433,7 +437,8 @@ void di_memplan_print(const di_memplan *p, FILE *f) {
     row(f, "workspace", p->ws.total, cuda ? 0 : -1, note);
     if (p->staging_dev) {
         gb(p->expert_bytes, a);
-        snprintf(note, sizeof note, "host experts, 2 × %lld × %s per layer", (long long)(p->staging_dev / 2 / p->expert_bytes), a);
+        snprintf(note, sizeof note, "host experts, 2 × %lld × %s per layer",
+                 (long long)(p->staging_dev / 2 / p->expert_bytes), a);
         row(f, "expert staging", p->staging_dev, 0, note);
     }
     if (p->reserve_dev) row(f, "runtime reserve", p->reserve_dev, 0, "CUDA context, BLAS workspaces");
