@@ -1,0 +1,242 @@
+/* Per-sequence attention caches of DeepSeek-V4.1-Flash in the compact exact form (spec model.md
+ * §4.7, §5.5, §7.2), with O(k) exact rollback of the newest k ≤ spec_margin tokens for speculative
+ * and constrained decoding.
+ *
+ * What a sequence keeps, per stage (backbone layer or DSpark draft stage), and in which form:
+ *
+ *   every stage            window ring: (W + m) slots of one latent row each (W = sliding_window,
+ *                          m = spec_margin). A slot is [head_dim e4m3 codes | head_dim/32 E8M0
+ *                          scales] = 528 B at real size: the reference's FP8 QDQ over all 512
+ *                          channels in 32-groups (§4.4), stored as codes + scales.
+ *   kv sources (2,8,14,20) compressed KV: one entry per R tokens, [head_dim/2 packed E2M1 |
+ *                          head_dim/16 E4M3 scales] = 288 B (FP4 QDQ, 16-groups, §4.1);
+ *                          index keys: one per R tokens, [index_head_dim/2 packed E2M1 |
+ *                          index_head_dim/32 E8M0] = 68 B (FP4 QDQ, 32-groups, §4.4);
+ *                          ratio R ≥ 2: compressor carry state, f32 projections (§3.5, §4.4).
+ *   per sequence           Engram n-gram history: compressed token ids of the last
+ *                          engram_max_ngram_size − 1 positions (+ m for rollback).
+ *
+ * Every read dequantizes to exactly the bf16 value the reference keeps in its fake-quantized bf16
+ * buffers (§5.5): a put takes the row the reference's QDQ takes (the pre-quantization bf16 row)
+ * and quantizes it with the io/formats.h quantizers, a read returns bf16(code · scale), which is
+ * di_act_qdq_fp8 / di_fp4_qdq_e4m3 / di_fp4_qdq_e8m0 of that row bit for bit (tests/test_cache.c).
+ * Passing an already-QDQ'd row is NOT equivalent for the FP4/E4M3 form (requantizing can change
+ * the scale), so the forward hands over the row before its QDQ.
+ *
+ * ---- Positions and rollback ----------------------------------------------------------------
+ * n = tokens appended. di_cache_extend(k) appends positions [n, n+k); the forward then writes
+ * every cache for them (window rows, compressor inputs, the entries the new tokens complete,
+ * Engram ids). di_cache_rollback(k) drops the newest k positions. Exactness without any copy:
+ *   - window rings hold W + m slots (token p in slot p mod (W+m)), so appending k ≤ m tokens
+ *     overwrites only slots older than the window of the position rolled back to; rollback just
+ *     lowers n (O(1));
+ *   - compressed KV and index keys are append-only arrays; rollback zeroes the ≤ ⌈k/R⌉ entries
+ *     the dropped tokens completed (O(k));
+ *   - the compressor state is a ring of nb = 1 + ⌊(R+m−2)/R⌋ group blocks ([2][R][head_dim] f32
+ *     each: kv rows, then score rows; slot p mod R of block ⌊p/R⌋ mod nb), so the pending rows
+ *     of the incomplete group survive k ≤ m appended tokens (the "undo log" is the older blocks);
+ *   - the Engram history is a ring of (G−1) + m ids.
+ * Rollback to P is exact iff P ≥ n_max − m (n_max = most tokens appended since the reset): every
+ * ring then still holds what position P needs. di_cache_rollback refuses anything deeper (DI_ERR_LIMIT).
+ * "Exact" means: the canonical image (di_cache_image: every byte a later step can read) and the
+ * whole compressed arrays are byte-identical to a cache that never saw the dropped tokens. What is
+ * not restored is rollback depth: the k ring slots the dropped tokens overwrote held the oldest
+ * part of the reserve, so the next rollback may go at most m − k below P.
+ *
+ * Forward protocol for a chunk [s, s+k) (k = 1 for decode, block + 1 for a DSpark verify step):
+ * read what its queries need from before s — di_cache_window_rows(s−W+1 … s−1) or, for one
+ * query, di_cache_window_gather; di_cache_engram_history(s) — before writing the chunk's rows
+ * (a chunk longer than m overwrites those slots); di_cache_extend(k); then per position in order:
+ * window rows, compressor inputs into di_cache_cmp_state's block (pooling a block when its group
+ * completes, then di_cache_cmp_put / di_cache_ikey_put of the entry), Engram ids. Reads check that
+ * the data is held — appended, written since the last rollback, not overwritten — and fail with a
+ * message otherwise, so a forward that forgets a write never reads a dropped token's bytes.
+ *
+ * Bounded replay (deepinfer-features §11): keep = W + margin tokens are re-run after a prefix hit;
+ * the window ring holds exactly W + m positions, so a replay of W + m tokens refills every slot and
+ * leaves the full rollback reserve.
+ *
+ * ---- Memory per sequence (di_cache_size_of), T = max_tokens ---------------------------------
+ *   window     (W + m) · (hd + hd/32)                                  every stage (incl. DSpark)
+ *   kv source  ⌊T/R⌋ · ((hd/2 + hd/16) + (ihd/2 + ihd/32))             compressed KV + index keys
+ *              + [R ≥ 2] nb · 2 · R · hd · 4                             compressor ring
+ *   Engram     (G − 1 + m) · 4                                          once per sequence
+ * With m = 0 these are the §7.2 compact numbers (config.h di_cache_footprint_of gives the unit
+ * sizes): 66 KiB per window, 178 B/token per ratio-2 source, 356 B/token for the ratio-1 source,
+ * 890 B/token and 0.87 GiB at 1M tokens in total for the released config.
+ *
+ * Thread safety: none; one sequence is written by one forward at a time. Distinct caches are
+ * independent. The cache keeps no pointer to the di_config it was built from. */
+#ifndef DI_MODEL_CACHE_H
+#define DI_MODEL_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deepinfer.h"
+#include "model/config.h"
+
+#define DI_CACHE_SPEC_MARGIN_DEFAULT 8 /* DSpark verifies block + 1 = 6 tokens; 8 leaves slack */
+#define DI_CACHE_ENGRAM_NONE (-1)      /* history id of a position before the sequence start */
+#define DI_CACHE_ENGRAM_DEAD (-2)      /* suggested id for image-span tokens (§4.3 "DEAD") */
+
+typedef struct di_cache_opts {
+    int64_t max_tokens; /* context capacity: positions 0 … max_tokens−1 (≥ 1) */
+    int spec_margin;    /* m: deepest exact rollback, 0 … 1024; 0 = the reference's sizes */
+} di_cache_opts;
+
+/* Unit and total sizes (bytes) of one sequence's caches; see the formula above. */
+typedef struct di_cache_size {
+    int64_t window_slot_bytes;  /* hd + hd/32 (528) */
+    int64_t cmp_entry_bytes;    /* hd/2 + hd/16 (288); 0 if no kv source */
+    int64_t index_key_bytes;    /* ihd/2 + ihd/32 (68); 0 if no kv source */
+    int64_t window_bytes;       /* all window rings (backbone + DSpark) */
+    int64_t compressed_bytes;   /* compressed KV + index keys of all kv sources at max_tokens */
+    int64_t state_bytes;        /* compressor rings */
+    int64_t engram_bytes;       /* Engram history ring */
+    int64_t fixed_bytes;        /* window + state + engram: independent of max_tokens */
+    double per_token_bytes;     /* Σ_sources (cmp + index key)/R: growth per token (890 released) */
+    int64_t total_bytes;        /* the arena di_cache_init needs (sections 64-byte aligned) */
+} di_cache_size;
+
+/* One stage's storage. Pointers are into the cache's arena; NULL where the stage has none. */
+typedef struct di_cache_stage {
+    uint8_t *window;      /* [ring_slots, window_slot_bytes]: [hd e4m3 | hd/32 E8M0] per slot */
+    int ratio;            /* compress ratio of a kv source; 0 for every other stage */
+    uint8_t *cmp;         /* [max_entries, cmp_entry_bytes]: [hd/2 packed E2M1 | hd/16 E4M3] */
+    uint8_t *ikey;        /* [max_entries, index_key_bytes]: [ihd/2 packed E2M1 | ihd/32 E8M0] */
+    int64_t max_entries;  /* ⌊max_tokens / ratio⌋ */
+    float *state;         /* [state_blocks, 2, ratio, hd] f32 (ratio ≥ 2 sources) */
+} di_cache_stage;
+
+typedef struct di_cache {
+    /* ---- shape (copied from the config) ---- */
+    int n_stages;                 /* backbone layers + DSpark stages */
+    int n_layers;                 /* backbone layers: stages ≥ n_layers are DSpark stages */
+    int window;                   /* W */
+    int head_dim;                 /* hd (512) */
+    int index_head_dim;           /* ihd (128) */
+    int engram_hist;              /* G − 1 ids of history the n-gram hash needs (0: no Engram) */
+    int spec_margin;              /* m */
+    int64_t max_tokens;
+    int64_t ring_slots;           /* W + m */
+    int state_blocks;             /* nb (compressor ring blocks) */
+    int64_t engram_slots;         /* G − 1 + m (0 without Engram) */
+    int64_t window_slot_bytes, cmp_entry_bytes, index_key_bytes;
+    di_cache_stage stage[DI_MAX_STAGES];
+    int32_t *engram;              /* [engram_slots] compressed ids, position p at p mod engram_slots */
+
+    /* ---- sequence bookkeeping ---- */
+    int64_t n;                    /* tokens appended */
+    int64_t n_max;                /* most tokens appended since the reset: rollback floor = n_max − m */
+    /* Two marks per ring: *_hi = 1 + newest position ever written (slots older than hi − slots
+     * are overwritten; never lowered), *_n = 1 + newest position written since the last rollback
+     * (a read beyond it would return a dropped token's bytes: refused). */
+    int64_t win_hi[DI_MAX_STAGES], win_n[DI_MAX_STAGES];
+    int64_t cmp_n[DI_MAX_STAGES];    /* 1 + newest compressed entry written (kv sources) */
+    int64_t ikey_n[DI_MAX_STAGES];   /* 1 + newest index key written */
+    int64_t state_hi[DI_MAX_STAGES]; /* 1 + newest group whose compressor block was handed out */
+    int64_t engram_hi, engram_n;     /* Engram history marks */
+
+    /* ---- memory ---- */
+    void *arena;                  /* [arena_bytes], 64-byte aligned */
+    size_t arena_bytes;
+    int owns_arena;               /* di_cache_create'd: arena_raw is freed by di_cache_destroy */
+    void *arena_raw;
+} di_cache;
+
+/* Sizes for a config and options (opts NULL = max_position_embeddings tokens, default margin). */
+int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_size *out, di_error *err);
+
+/* Build a cache in caller memory (≥ di_cache_size_of().total_bytes, 64-byte aligned). The memory
+ * is taken as is: only the fixed parts are initialised (compressor score rows = −inf, kv rows 0,
+ * history = NONE); the compressed arrays are never read beyond the appended entries, and a
+ * zero-filled arena (calloc, fresh mmap) keeps their byte image canonical. */
+int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
+                  di_error *err);
+/* The same with its own zero-filled arena (released by di_cache_destroy). */
+int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **out, di_error *err);
+void di_cache_destroy(di_cache *c); /* frees a di_cache_create'd cache; NULL is fine */
+
+/* Start a new sequence in the same memory: n = 0, compressor state and history reset. O(fixed). */
+void di_cache_reset(di_cache *c);
+
+/* ---- positions ---- */
+int di_cache_extend(di_cache *c, int64_t k, di_error *err);   /* append positions [n, n+k) */
+int di_cache_rollback(di_cache *c, int64_t k, di_error *err); /* drop the newest k (exact, O(k)) */
+static inline int64_t di_cache_len(const di_cache *c) { return c->n; }
+/* How many of the newest tokens can be rolled back exactly now. */
+static inline int64_t di_cache_rollback_limit(const di_cache *c) {
+    int64_t floor = c->n_max - c->spec_margin;
+    return floor > 0 ? c->n - floor : c->n;
+}
+/* Compressed entries of a ratio-R stream visible to the query at pos: (n+1)·R ≤ pos+1. */
+static inline int64_t di_cache_visible(int64_t pos, int ratio) { return (pos + 1) / ratio; }
+/* Entries the appended tokens complete (written or to be written by the forward): ⌊n/R⌋. */
+int64_t di_cache_n_entries(const di_cache *c, int stage);
+
+/* ---- window rings (every stage) ----
+ * row: bf16 [hd], the latent after kv_norm and RoPE, BEFORE its FP8 QDQ. pos must be an appended
+ * position still in the ring's reach: max(0, n − (W+m)) ≤ pos < n. A ring records the newest
+ * position written into it; a read of p needs p to be older than n and not yet overwritten (p
+ * greater than that newest position − (W+m)), so a chunk's forward reads the previous window
+ * before it writes the chunk's rows. */
+int di_cache_window_put(di_cache *c, int stage, int64_t pos, const uint16_t *row, di_error *err);
+/* Rows of positions [pos0, pos0+count) (bf16 [count, hd]); rows older than the ring's reach are
+ * skipped: after a long chunk only its last W + m positions are kept. */
+int di_cache_window_put_rows(di_cache *c, int stage, int64_t pos0, int64_t count, const uint16_t *rows,
+                             di_error *err);
+/* Dequantized rows of positions [p0, p1), ascending (bf16 [p1−p0, hd]); every one must be held. */
+int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, uint16_t *rows, di_error *err);
+/* The window of the query at pos (pos < n) in the reference's decode order (§5.3: the W-slot ring
+ * listed oldest first, slots (pos mod W)+1 … W−1, 0 … pos mod W, slots not yet written = −1, which
+ * then come first). Entry j holds position pos − W + 1 + j: rows[j] = its dequantized row and
+ * idx[j] = j, or idx[j] = −1 and rows[j] = 0 when that position is < 0. Feed rows as the window
+ * key set and idx as the window part of the index list.  rows bf16 [W, hd];  idx int32 [W] */
+int di_cache_window_gather(const di_cache *c, int stage, int64_t pos, uint16_t *rows, int32_t *idx,
+                           di_error *err);
+/* DSpark stage window at main position pos (§4.9): the valid slots of the W-slot ring in SLOT
+ * order 0 … min(W, pos+1)−1 (slot s holds the position q ≤ pos with q ≡ s mod W, q > pos − W).
+ *   rows bf16 [min(W, pos+1), hd]; *n_rows = min(W, pos+1) */
+int di_cache_dspark_gather(const di_cache *c, int stage, int64_t pos, uint16_t *rows, int64_t *n_rows,
+                           di_error *err);
+
+/* ---- kv sources: compressed KV and index keys ----
+ * e < ⌊n/R⌋ (an entry the appended tokens complete). row: bf16 [hd] after RoPE, before the FP4
+ * QDQ; key: bf16 [ihd] after RoPE, before the FP4 QDQ. */
+int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_error *err);
+int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di_error *err);
+/* Entries [e0, e1), dequantized: rows bf16 [e1−e0, hd] / keys bf16 [e1−e0, ihd]. */
+int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *rows, di_error *err);
+int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err);
+/* Selected entries (a top-k list; −1 gives a zero row): rows bf16 [count, hd]. */
+int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_t count, uint16_t *rows,
+                        di_error *err);
+
+/* Compressor carry state of a ratio-R ≥ 2 source: the block of the group ⌊pos/R⌋ in the reference's
+ * layout (kv_state f32 [R, hd], score_state f32 [R, hd], token p in row p mod R; di_cpu_compress_pool
+ * takes it as is for the tokens of that group). pos < n, and the group must be one of the nb newest
+ * (a newer group reuses the block): the forward feeds its positions in order, writes each token's
+ * f32 projections into row pos mod R and pools the block when the group completes. A new sequence
+ * starts with kv rows 0 and score rows −inf (the reference's reset). */
+int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, float **score_state,
+                       di_error *err);
+
+/* ---- Engram n-gram history ----
+ * put: the compressed id of the token at pos (an appended position, pos ≥ n − (G−1+m)).
+ * history: ids of positions pos−1, pos−2, …, pos−(G−1) (lookback order), DI_CACHE_ENGRAM_NONE
+ * for positions < 0; pos ≤ n and every looked-up position held.  out int32 [G−1] */
+int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err);
+int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_error *err);
+
+/* ---- canonical state image ----
+ * Everything a later forward or rollback-free continuation can read, serialized in a fixed order:
+ * n; per stage the window slots of positions [max(0, n−W), n) (compact bytes, ascending); per kv
+ * source entries [0, ⌊n/R⌋) of compressed KV and index keys and the pending compressor rows of
+ * positions [n − n mod R, n) (kv then score); the Engram ids of [max(0, n−(G−1)), n). Two caches
+ * with equal images compute identical results from here on. Returns the bytes written (≤ cap) or
+ * fails with DI_ERR_LIMIT when cap is too small; cap = 0 / out = NULL asks for the size only. */
+int64_t di_cache_image_bytes(const di_cache *c);
+int di_cache_image(const di_cache *c, uint8_t *out, int64_t cap, int64_t *written, di_error *err);
+
+#endif

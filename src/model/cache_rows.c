@@ -1,0 +1,318 @@
+/* Per-sequence cache store: writing rows in the compact form and reading them back (spec model.md
+ * §4.4, §4.7, §5.3, §5.5). Quantization is io/formats.h's, with the reference's group sizes:
+ *   window row      FP8 e4m3, E8M0 power-of-two scale per 32 values     di_act_quant_fp8 (…, 32)
+ *   compressed KV   E2M1, E4M3 scale per 16 values                      di_fp4_quant_e4m3 (…, 16)
+ *   index key       E2M1, E8M0 power-of-two scale per 32 values         di_fp4_quant_e8m0 (…, 32)
+ * A read computes bf16(f32(code) · f32(scale)). The product is exact in f32 (≤ 4 + 4 significant
+ * bits, exponents far inside the f32 range), so its one bf16 rounding is the very rounding the
+ * reference's QDQ performs: the value equals the reference's cached bf16 bit for bit. */
+#include <pthread.h>
+#include <string.h>
+
+#include "io/formats.h"
+#include "model/cache.h"
+#include "util/error.h"
+
+#define FP8_GROUP 32     /* window: act_quant block of V4.1 (§4.1, §4.4) */
+#define FP4_KV_GROUP 16  /* compressed KV: FP4 with E4M3 scales (§4.1) */
+#define FP4_KEY_GROUP 32 /* index keys: FP4 with E8M0 scales (§4.4) */
+
+static int count_sources(const di_cache *c) {
+    int n = 0;
+    for (int st = 0; st < c->n_stages; st++) n += c->stage[st].ratio > 0;
+    return n;
+}
+
+/* Every stage has a window ring; only kv sources have entries and compressor state. */
+static int window_stage(const di_cache *c, int stage, const char *what, di_error *err) {
+    if (stage < 0 || stage >= c->n_stages)
+        return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d (expected 0 … %d)", what, stage, c->n_stages - 1);
+    return DI_OK;
+}
+
+static int source_stage(const di_cache *c, int stage, const char *what, di_error *err) {
+    if (stage < 0 || stage >= c->n_stages || !c->stage[stage].ratio)
+        return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d is not a kv source (expected one of the %d stages "
+                            "with a compressed cache)", what, stage, count_sources(c));
+    return DI_OK;
+}
+
+/* ---------------- decoders ---------------- */
+
+/* One f32 per code, filled once from io/formats.h's decoders (one definition of each format): a
+ * read of a full window (W × hd values per layer and token) is a table load and a multiply. */
+static float e4m3_lut[256]; /* e4m3fn code → f32 (0x7F/0xFF NaN) */
+static float e2m1_lut[16];  /* E2M1 code → f32 */
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+static void lut_fill(void) {
+    for (int i = 0; i < 256; i++) e4m3_lut[i] = di_e4m3_to_f32((uint8_t)i);
+    for (int i = 0; i < 16; i++) e2m1_lut[i] = di_e2m1_to_f32((uint8_t)i);
+}
+
+/* slot [hd e4m3 | hd/32 E8M0] → bf16 [hd] */
+static void fp8_slot_to_bf16(const uint8_t *slot, int hd, uint16_t *out) {
+    pthread_once(&lut_once, lut_fill);
+    const uint8_t *scale = slot + hd;
+    for (int g = 0; g < hd / FP8_GROUP; g++) {
+        float s = di_e8m0_to_f32(scale[g]);
+        for (int i = g * FP8_GROUP; i < (g + 1) * FP8_GROUP; i++) out[i] = di_f32_to_bf16(e4m3_lut[slot[i]] * s);
+    }
+}
+
+/* entry [n/2 packed E2M1 | n/group scales] → bf16 [n]; scales E4M3 (e4m3 = 1) or E8M0 (0) */
+static void fp4_entry_to_bf16(const uint8_t *entry, int n, int group, int e4m3_scales, uint16_t *out) {
+    pthread_once(&lut_once, lut_fill);
+    const uint8_t *scale = entry + n / 2;
+    for (int g = 0; g < n / group; g++) {
+        float s = e4m3_scales ? e4m3_lut[scale[g]] : di_e8m0_to_f32(scale[g]);
+        for (int i = g * group; i < (g + 1) * group; i += 2) {
+            uint8_t b = entry[i / 2];
+            out[i] = di_f32_to_bf16(e2m1_lut[di_fp4_even(b)] * s);
+            out[i + 1] = di_f32_to_bf16(e2m1_lut[di_fp4_odd(b)] * s);
+        }
+    }
+}
+
+/* ---------------- window rings ---------------- */
+
+static uint8_t *ring_slot(const di_cache *c, int stage, int64_t pos) {
+    return c->stage[stage].window + (pos % c->ring_slots) * c->window_slot_bytes;
+}
+
+/* Position pos of this ring holds what the current sequence wrote for it: appended (pos < n),
+ * written since the last rollback (pos < win_n) and not overwritten by a newer position in the
+ * same slot (pos ≥ win_hi − slots). */
+static int window_readable(const di_cache *c, int stage, int64_t pos, const char *what, di_error *err) {
+    int64_t hi = c->win_hi[stage];
+    if (pos < 0 || pos >= c->n || pos >= c->win_n[stage] || pos < hi - c->ring_slots)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache %s: stage %d position %lld is not held (appended %lld, written up to %lld, ring of "
+                            "%lld slots overwritten up to %lld)",
+                            what, stage, (long long)pos, (long long)c->n, (long long)c->win_n[stage],
+                            (long long)c->ring_slots, (long long)(hi - c->ring_slots));
+    return DI_OK;
+}
+
+int di_cache_window_put(di_cache *c, int stage, int64_t pos, const uint16_t *row, di_error *err) {
+    int rc = window_stage(c, stage, "window put", err);
+    if (rc) return rc;
+    if (pos < 0 || pos >= c->n || pos < c->n - c->ring_slots)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache window put: stage %d position %lld (expected an appended position in [%lld, %lld))",
+                            stage, (long long)pos, (long long)(c->n > c->ring_slots ? c->n - c->ring_slots : 0),
+                            (long long)c->n);
+    uint8_t *slot = ring_slot(c, stage, pos);
+    di_act_quant_fp8(row, c->head_dim, FP8_GROUP, slot, slot + c->head_dim);
+    if (pos + 1 > c->win_hi[stage]) c->win_hi[stage] = pos + 1;
+    if (pos + 1 > c->win_n[stage]) c->win_n[stage] = pos + 1;
+    return DI_OK;
+}
+
+int di_cache_window_put_rows(di_cache *c, int stage, int64_t pos0, int64_t count, const uint16_t *rows,
+                             di_error *err) {
+    if (count < 0 || pos0 < 0 || pos0 > c->n - count)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache window put: positions [%lld, %lld) (expected appended positions, n = %lld)",
+                            (long long)pos0, (long long)(pos0 + count), (long long)c->n);
+    /* rows older than the ring's reach would be overwritten by the chunk's own newer rows */
+    int64_t first = c->n - c->ring_slots > pos0 ? c->n - c->ring_slots : pos0;
+    for (int64_t p = first; p < pos0 + count; p++) {
+        int rc = di_cache_window_put(c, stage, p, rows + (p - pos0) * c->head_dim, err);
+        if (rc) return rc;
+    }
+    return DI_OK;
+}
+
+int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, uint16_t *rows, di_error *err) {
+    int rc = window_stage(c, stage, "window read", err);
+    if (rc) return rc;
+    if (p0 < 0 || p1 < p0)
+        return di_error_set(err, DI_ERR_INVALID, "cache window read: positions [%lld, %lld)", (long long)p0,
+                            (long long)p1);
+    for (int64_t p = p0; p < p1; p++) {
+        int rc = window_readable(c, stage, p, "window read", err);
+        if (rc) return rc;
+        fp8_slot_to_bf16(ring_slot(c, stage, p), c->head_dim, rows + (p - p0) * c->head_dim);
+    }
+    return DI_OK;
+}
+
+int di_cache_window_gather(const di_cache *c, int stage, int64_t pos, uint16_t *rows, int32_t *idx,
+                           di_error *err) {
+    int rc = window_stage(c, stage, "window gather", err);
+    if (rc) return rc;
+    int W = c->window, hd = c->head_dim;
+    /* The reference's ring of W slots listed from slot (pos mod W)+1 onwards is, position-wise,
+     * pos−W+1 … pos ascending; slots not yet written (positions < 0) stay in the list as −1. */
+    for (int j = 0; j < W; j++) {
+        int64_t q = pos - W + 1 + j;
+        if (q < 0) {
+            idx[j] = -1;
+            memset(rows + (int64_t)j * hd, 0, (size_t)hd * sizeof(uint16_t));
+            continue;
+        }
+        int rc = window_readable(c, stage, q, "window gather", err);
+        if (rc) return rc;
+        idx[j] = j;
+        fp8_slot_to_bf16(ring_slot(c, stage, q), hd, rows + (int64_t)j * hd);
+    }
+    return DI_OK;
+}
+
+int di_cache_dspark_gather(const di_cache *c, int stage, int64_t pos, uint16_t *rows, int64_t *n_rows,
+                           di_error *err) {
+    int rc = window_stage(c, stage, "dspark gather", err);
+    if (rc) return rc;
+    if (pos < 0) return di_error_set(err, DI_ERR_INVALID, "cache dspark gather: position %lld", (long long)pos);
+    int64_t W = c->window, n = pos + 1 < W ? pos + 1 : W;
+    /* slot order of the W-slot ring: slot s holds the newest position ≤ pos congruent to s */
+    for (int64_t s = 0; s < n; s++) {
+        int64_t q = pos - (pos - s) % W;
+        int rc = window_readable(c, stage, q, "dspark gather", err);
+        if (rc) return rc;
+        fp8_slot_to_bf16(ring_slot(c, stage, q), c->head_dim, rows + s * c->head_dim);
+    }
+    *n_rows = n;
+    return DI_OK;
+}
+
+/* ---------------- compressed KV and index keys ---------------- */
+
+/* Entries [e0, e1) exist: completed by the appended tokens (e1 ≤ ⌊n/R⌋) and, for a read (written
+ * = the entries written since the last rollback, else −1), written. */
+static int entry_range(const di_cache *c, int stage, int64_t e0, int64_t e1, int64_t written, const char *what,
+                       di_error *err) {
+    int64_t ne = c->n / c->stage[stage].ratio;
+    if (e0 < 0 || e1 < e0 || e1 > ne)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache %s: stage %d entries [%lld, %lld) (expected within the %lld entries the %lld "
+                            "appended tokens complete)",
+                            what, stage, (long long)e0, (long long)e1, (long long)ne, (long long)c->n);
+    if (written >= 0 && e1 > written)
+        return di_error_set(err, DI_ERR_INVALID, "cache %s: stage %d entries [%lld, %lld) read, only %lld written",
+                            what, stage, (long long)e0, (long long)e1, (long long)written);
+    return DI_OK;
+}
+
+int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_error *err) {
+    int rc = source_stage(c, stage, "compressed put", err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e, e + 1, -1, "compressed put", err);
+    if (rc) return rc;
+    uint8_t *entry = c->stage[stage].cmp + e * c->cmp_entry_bytes;
+    di_fp4_quant_e4m3(row, c->head_dim, FP4_KV_GROUP, entry, entry + c->head_dim / 2);
+    if (e + 1 > c->cmp_n[stage]) c->cmp_n[stage] = e + 1;
+    return DI_OK;
+}
+
+int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di_error *err) {
+    int rc = source_stage(c, stage, "index key put", err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e, e + 1, -1, "index key put", err);
+    if (rc) return rc;
+    uint8_t *entry = c->stage[stage].ikey + e * c->index_key_bytes;
+    di_fp4_quant_e8m0(key, c->index_head_dim, FP4_KEY_GROUP, entry, entry + c->index_head_dim / 2);
+    if (e + 1 > c->ikey_n[stage]) c->ikey_n[stage] = e + 1;
+    return DI_OK;
+}
+
+int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *rows, di_error *err) {
+    int rc = source_stage(c, stage, "compressed read", err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e0, e1, c->cmp_n[stage], "compressed read", err);
+    if (rc) return rc;
+    for (int64_t e = e0; e < e1; e++)
+        fp4_entry_to_bf16(c->stage[stage].cmp + e * c->cmp_entry_bytes, c->head_dim, FP4_KV_GROUP, 1,
+                          rows + (e - e0) * c->head_dim);
+    return DI_OK;
+}
+
+int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err) {
+    int rc = source_stage(c, stage, "index key read", err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e0, e1, c->ikey_n[stage], "index key read", err);
+    if (rc) return rc;
+    for (int64_t e = e0; e < e1; e++)
+        fp4_entry_to_bf16(c->stage[stage].ikey + e * c->index_key_bytes, c->index_head_dim, FP4_KEY_GROUP, 0,
+                          keys + (e - e0) * c->index_head_dim);
+    return DI_OK;
+}
+
+int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_t count, uint16_t *rows,
+                        di_error *err) {
+    int rc = source_stage(c, stage, "compressed gather", err);
+    if (rc) return rc;
+    int hd = c->head_dim;
+    for (int64_t i = 0; i < count; i++) {
+        if (ent[i] == -1) {
+            memset(rows + i * hd, 0, (size_t)hd * sizeof(uint16_t));
+            continue;
+        }
+        int rc = entry_range(c, stage, ent[i], (int64_t)ent[i] + 1, c->cmp_n[stage], "compressed gather", err);
+        if (rc) return rc;
+        fp4_entry_to_bf16(c->stage[stage].cmp + ent[i] * c->cmp_entry_bytes, hd, FP4_KV_GROUP, 1, rows + i * hd);
+    }
+    return DI_OK;
+}
+
+/* ---------------- compressor state ---------------- */
+
+int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, float **score_state,
+                       di_error *err) {
+    int rc = source_stage(c, stage, "compressor state", err);
+    if (rc) return rc;
+    di_cache_stage *s = &c->stage[stage];
+    if (!s->state)
+        return di_error_set(err, DI_ERR_INVALID, "cache compressor state: stage %d has ratio %d (no pooling state)",
+                            stage, s->ratio);
+    int64_t g = pos / s->ratio;
+    if (pos < 0 || pos >= c->n || g < c->state_hi[stage] - c->state_blocks)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache compressor state: stage %d position %lld (expected < %lld appended, in one of the "
+                            "%d newest groups; newest handed out: %lld)",
+                            stage, (long long)pos, (long long)c->n, c->state_blocks,
+                            (long long)(c->state_hi[stage] - 1));
+    if (g + 1 > c->state_hi[stage]) c->state_hi[stage] = g + 1;
+    int64_t half = (int64_t)s->ratio * c->head_dim;
+    float *kv = s->state + (g % c->state_blocks) * 2 * half;
+    *kv_state = kv;
+    *score_state = kv + half;
+    return DI_OK;
+}
+
+/* ---------------- Engram history ---------------- */
+
+int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err) {
+    if (!c->engram_slots) return di_error_set(err, DI_ERR_INVALID, "cache engram put: the model has no Engram layer");
+    if (pos < 0 || pos >= c->n || pos < c->n - c->engram_slots)
+        return di_error_set(err, DI_ERR_INVALID, "cache engram put: position %lld (expected an appended position, n = %lld)",
+                            (long long)pos, (long long)c->n);
+    c->engram[pos % c->engram_slots] = id;
+    if (pos + 1 > c->engram_hi) c->engram_hi = pos + 1;
+    if (pos + 1 > c->engram_n) c->engram_n = pos + 1;
+    return DI_OK;
+}
+
+int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_error *err) {
+    if (!c->engram_slots)
+        return di_error_set(err, DI_ERR_INVALID, "cache engram history: the model has no Engram layer");
+    if (pos < 0 || pos > c->n)
+        return di_error_set(err, DI_ERR_INVALID, "cache engram history: position %lld (n = %lld)", (long long)pos,
+                            (long long)c->n);
+    for (int i = 1; i <= c->engram_hist; i++) {
+        int64_t q = pos - i;
+        if (q < 0) {
+            out[i - 1] = DI_CACHE_ENGRAM_NONE;
+            continue;
+        }
+        if (q >= c->engram_n || q < c->engram_hi - c->engram_slots)
+            return di_error_set(err, DI_ERR_INVALID,
+                                "cache engram history: position %lld is not held (written up to %lld, %lld slots "
+                                "overwritten up to %lld)",
+                                (long long)q, (long long)c->engram_n, (long long)c->engram_slots,
+                                (long long)(c->engram_hi - c->engram_slots));
+        out[i - 1] = c->engram[q % c->engram_slots];
+    }
+    return DI_OK;
+}
