@@ -1,5 +1,7 @@
-/* The V4.1 block graph (spec model.md §4.2–§4.6): a one-shot prefill from position 0 and its
- * teacher-forced variant, written as a chain of calls on the backend op interface (backend.h).
+/* The V4.1 block graph (spec model.md §4.2–§4.6), written as a chain of calls on the backend op
+ * interface (backend.h). The pass runs over any chunk [s0, s0+T) of a sequence through its cache
+ * (model/cache.h; the per-sequence API is model/session.h); this header also offers the one-shot
+ * prefill from position 0 and its teacher-forced variant used by `deepinfer verify`.
  *
  *   X = repeat_hc(embed(ids));  pre = onehot(stream 0)
  *   for each layer L:  [Engram_L(X)]  X, pre = block_L(X, pre)        (forward_block.c)
@@ -60,6 +62,10 @@ void di_stage_recorder_fn(void *ctx, const char *name, di_dtype dtype, int ndim,
                           const void *data);
 int di_stage_recorder_write(const di_stage_recorder *r, const char *path, di_error *err);
 void di_stage_recorder_free(di_stage_recorder *r);
+
+/* Token choice from one row of logits (greedy, sampled): used for the DSpark drafts.
+ *   logits f32 [vocab] */
+typedef int32_t (*di_sample_fn)(void *ctx, const float *logits, int64_t vocab);
 
 /* Per-block results of a prefill (free-running or teacher-forced). Index-source layers also report
  * their scores and top-k (golden names prefill_layer{i}_index_scores / _topk). */

@@ -90,7 +90,13 @@ int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_ou
  * all_logits. Requires di_cache_extend(T) done. */
 int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits);
 
-/* DSpark (dspark.c): the stage windows of the chunk's positions from main_hidden (all stages). */
+/* DSpark (dspark.c): the stage windows of the chunk's positions from c->main_hidden (all stages). */
 int fwd_dspark_fill(fwd_ctx *c);
+
+/* DSpark draft block after main position i = s0 − 1 (c set up for the chunk [i+1, i+1+block) with no
+ * ids): token = the main model's output at i. ids int32 [block+1] (ids[0] = token), conf f32 [block],
+ * logits f32 [block, V] (may be NULL). sample NULL = greedy (first maximum). */
+int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
+                     float *logits);
 
 #endif
