@@ -10,7 +10,7 @@
  * measured this way). --temperature 0 (the default) is greedy (first maximum); T > 0 samples with the
  * reference's Gumbel-max rule argmax(softmax(logits/T) / Exp(1)), the Exp(1) draws from a seeded
  * SplitMix64 stream (deterministic per --seed). --chunk N prefills the prompt in chunks of N tokens
- * (0 = one chunk). With --dspark every decode step also drafts dspark_block_size tokens.
+ * (0 = one chunk); --threads defaults to the online CPUs. With --dspark every decode step also drafts dspark_block_size tokens.
  * --dump-logits FILE writes prompt_logits [T, V], decode_logits [N−1, V] and, with --dspark,
  * dspark_draft_ids [N−1, block+1], dspark_confidence [N−1, block], dspark_draft_logits
  * [N−1, block, V] (the golden layout). Prefill and decode tokens/s go to stderr. */
@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli.h"
@@ -139,6 +140,7 @@ int cmd_generate(int argc, char **argv) {
     sampler smp = {0};
     int64_t T = 0, n_force = 0;
     long long max_tokens, seed, threads, chunk;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double temperature;
     const char *device = NULL;
 
@@ -150,7 +152,7 @@ int cmd_generate(int argc, char **argv) {
     bool dspark = cli_flag(&a, "dspark");
     if (!cli_int(&cli, &a, "max-tokens", 16, 1, 1 << 24, &max_tokens) ||
         !cli_double(&cli, &a, "temperature", 0.0, &temperature) ||
-        !cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) || !cli_int(&cli, &a, "threads", 1, 1, 1024, &threads) ||
+        !cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) || !cli_int(&cli, &a, "threads", ncpu > 0 ? ncpu : 1, 1, 1024, &threads) ||
         !cli_int(&cli, &a, "chunk", 0, 0, 1 << 30, &chunk) || !cli_device(&cli, &a, &device) ||
         !cli_check_unused(&cli, &a))
         goto done;

@@ -192,7 +192,8 @@ static int window_lists(fwd_ctx *c) {
         int64_t p = s0 + t, first = decode ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
         for (int64_t j = 0; j < c->n_win; j++) {
             int64_t q = first + j;
-            c->win_idx[t * c->n_win + j] = (q < 0 || q > p) ? -1 : (int32_t)(q - c->win_base);
+            bool hide = q < 0 || q > p || (c->opts->faults.window_no_history && q < s0);
+            c->win_idx[t * c->n_win + j] = hide ? -1 : (int32_t)(q - c->win_base);
         }
     }
     return DI_OK;
@@ -213,7 +214,8 @@ static int engram_hashes(fwd_ctx *c, const int32_t *ids) {
         int rc = di_cache_engram_history(c->cache, c->s0, h, c->err);
         if (rc) return rc;
     }
-    for (int64_t i = 0; i < hist; i++) cid[hist - 1 - i] = h[i] < 0 ? -1 : h[i]; /* NONE: before the start */
+    bool forget = c->opts->faults.engram_no_history;
+    for (int64_t i = 0; i < hist; i++) cid[hist - 1 - i] = h[i] < 0 || forget ? -1 : h[i]; /* NONE: before the start */
     for (int64_t t = 0; t < T; t++) {
         int rc = engram_cid(eg, ids[t], c->s0 + t, &cid[hist + t], c->err);
         if (rc) return rc;
