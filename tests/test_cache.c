@@ -2,13 +2,15 @@
  * to the reference's QDQ (its own vectors in tests/data/kernels.safetensors, and io/formats.h's QDQ
  * on stress rows), exact rollback of k = 1 … 8 tokens at many positions (ring wrap, ratio-2
  * group boundaries) against a cache that never saw them, window gathers in the reference's order
- * against a direct bf16-ring implementation, and the sizes of spec §7.2.  di-test: asan */
+ * against a direct bf16-ring implementation and as inputs of the CPU backend's sparse attention and
+ * compressor pooling, and the sizes of spec §7.2.  di-test: asan */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/cpu_attn.h"
 #include "io/formats.h"
 #include "io/safetensors.h"
 #include "model/cache.h"
@@ -265,7 +267,8 @@ static void write_token(di_cache *c, uint64_t tag, int64_t pos) {
             }
         }
     }
-    if (c->engram_slots && pos >= di_cache_len(c) - c->engram_slots) OK(di_cache_engram_put(c, pos, (int32_t)(seed_of(tag, pos, 0, 2) % 99092), E));
+    if (c->engram_slots && pos >= di_cache_len(c) - c->engram_slots)
+        OK(di_cache_engram_put(c, pos, (int32_t)(seed_of(tag, pos, 0, 2) % 99092), E));
 }
 
 /* Append `k` tokens of sequence tag at the end: one extend + writes (a chunk / verify step), or k
@@ -402,6 +405,38 @@ static void test_rollback_released(void **state) {
     assert_int_equal(checks, 8 * 16);
 }
 
+/* A prefill chunk much longer than the margin, then the rollback of its last j ≤ m tokens (a
+ * verify step appended as one chunk, or a prompt whose tail is retracted): equal to a cache that
+ * only ever saw the kept prefix, fed token by token. */
+static void test_rollback_after_long_chunk(void **state) {
+    (void)state;
+    const char *cfgs[2] = {"v41-tiny-sel", "v41-flash-config"};
+    const int64_t cases[][3] = {{0, 50, 8}, {3, 41, 1}, {17, 160, 5}, {130, 150, 7}, {1, 2, 2}}; /* s, k, j */
+    int64_t checks = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        di_config *cfg = load_cfg(cfgs[ci]);
+        for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
+            int64_t s0 = cases[t][0], k = cases[t][1], j = cases[t][2];
+            di_cache *ref = make_cache(cfg, 512, 8), *test = make_cache(cfg, 512, 8);
+            append(ref, 1, s0 + k - j, 0);
+            append(test, 1, s0, 1);
+            append(test, 1, k, 1);
+            OK(di_cache_rollback(test, j, E));
+            assert_same_state(test, ref, cfgs[ci], s0 + k - j, j);
+            /* and both continue identically */
+            append(ref, 4, 9, 1);
+            append(test, 4, 9, 0);
+            assert_same_state(test, ref, cfgs[ci], s0 + k - j + 9, 0);
+            checks++;
+            di_cache_destroy(ref);
+            di_cache_destroy(test);
+        }
+        free(cfg);
+    }
+    tu_report("long-chunk rollbacks bit-identical: %lld", (long long)checks);
+    assert_int_equal(checks, 10);
+}
+
 /* Rollback beyond the margin is refused, and so is rolling back further than the reserve left by
  * an earlier rollback; margin 0 allows none. */
 static void test_rollback_limits(void **state) {
@@ -488,6 +523,101 @@ static void test_window_order(void **state) {
     (void)state;
     gather_vs_ring("v41-tiny-sel", 70);      /* W = 16: four wraps */
     gather_vs_ring("v41-flash-config", 300); /* W = 128, ring 136: two wraps */
+}
+
+/* The gathers are drop-ins for the reference buffers the CPU backend's kernels take: sparse
+ * attention over [gathered rows, gather idx] equals it over [the bf16 ring, di_cpu_window_idx_decode]
+ * bit for bit, and the DSpark gather is the ring in di_cpu_dspark_idx's order. */
+static void test_gather_feeds_attention(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-flash-config");
+    const int W = 128, hd = 512, nh = 4, st = 5, ds = cfg->n_stages - 1, block = 5;
+    const int64_t T = 300;
+    di_cache *c = make_cache(cfg, T, 8);
+    uint16_t *ring = calloc((size_t)W * hd, 2), *rows = malloc((size_t)W * hd * 2), *row = malloc((size_t)hd * 2);
+    uint16_t q[4 * 512], o_ref[4 * 512], o_got[4 * 512];
+    int32_t idx_ref[128], idx_got[128], didx[5 * (128 + 5)];
+    float sink[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    const float scale = 1.0f / sqrtf((float)hd);
+    int64_t compared = 0;
+    for (int64_t pos = 0; pos < T; pos++) {
+        OK(di_cache_extend(c, 1, E));
+        uint64_t s = seed_of(21, pos, st, 1);
+        for (int i = 0; i < hd; i++) row[i] = rand_bf16(&s, 3, 2);
+        OK(di_cache_window_put(c, st, pos, row, E));
+        OK(di_cache_window_put(c, ds, pos, row, E));
+        di_act_qdq_fp8(row, hd, 32, ring + (pos % W) * hd);
+        if (pos % 7 != 0 && pos != W - 2 && pos != W - 1) continue;
+        for (int i = 0; i < nh * hd; i++) q[i] = rand_bf16(&s, 3, 1);
+        OK(di_cpu_window_idx_decode(pos, W, idx_ref, E));
+        OK(di_cache_window_gather(c, st, pos, rows, idx_got, E));
+        for (int j = 0; j < W; j++) assert_int_equal(idx_ref[j] < 0, idx_got[j] < 0);
+        OK(di_cpu_sparse_attn(q, 1, nh, hd, ring, W, NULL, 0, sink, idx_ref, W, scale, o_ref, E));
+        OK(di_cpu_sparse_attn(q, 1, nh, hd, rows, W, NULL, 0, sink, idx_got, W, scale, o_got, E));
+        assert_memory_equal(o_ref, o_got, sizeof o_ref);
+        /* DSpark: the first min(W, pos+1) indices of every draft row are ring slots 0, 1, … */
+        int64_t n_rows, nv = pos + 1 < W ? pos + 1 : W;
+        OK(di_cpu_dspark_idx(pos, W, block, didx, E));
+        OK(di_cache_dspark_gather(c, ds, pos, rows, &n_rows, E));
+        assert_int_equal(n_rows, nv);
+        for (int64_t j = 0; j < nv; j++)
+            assert_memory_equal(rows + j * hd, ring + (int64_t)didx[j] * hd, (size_t)hd * 2);
+        compared++;
+    }
+    tu_report("attention outputs via the gather == via the bf16 ring: %lld positions", (long long)compared);
+    assert_true(compared > 40);
+    free(ring);
+    free(rows);
+    free(row);
+    di_cache_destroy(c);
+    free(cfg);
+}
+
+/* The compressor blocks are the state di_cpu_compress_pool takes: fed one token at a time through
+ * the cache, with a junk draft of 1 … 8 tokens pooled into the blocks and rolled back before every
+ * token, it emits exactly the entries of one-shot pooling over the whole sequence. */
+static void test_state_feeds_pooling(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-flash-config");
+    const int st = 2, hd = 512, T = 301; /* ratio-2 kv source */
+    assert_int_equal(cfg->layer[st].compress_ratio, 2);
+    di_cache *c = make_cache(cfg, 512, 8);
+    float *a = malloc(sizeof(float) * T * hd), *g = malloc(sizeof(float) * T * hd);
+    float ja[512], jg[512], kv0[2 * 512], sc0[2 * 512];
+    for (int i = 0; i < T * hd; i++) {
+        a[i] = sinf((float)i * 0.37f) * 3.0f;
+        g[i] = cosf((float)i * 0.11f) * 5.0f;
+    }
+    for (int i = 0; i < hd; i++) ja[i] = 99.0f, jg[i] = 50.0f;
+    uint16_t *ref = malloc((size_t)(T / 2) * hd * 2), *got = malloc((size_t)(T / 2) * hd * 2), junk[512];
+    int64_t n_ref, emitted = 0, n1;
+    OK(di_cpu_compress_state_reset(kv0, sc0, 2, hd, E));
+    OK(di_cpu_compress_pool(a, g, T, 0, 2, hd, kv0, sc0, ref, &n_ref, E));
+    for (int64_t p = 0; p < T; p++) {
+        int64_t k = 1 + p % 8;
+        float *kv, *sc;
+        OK(di_cache_extend(c, k, E));
+        for (int64_t d = p; d < p + k; d++) {
+            OK(di_cache_cmp_state(c, st, d, &kv, &sc, E));
+            OK(di_cpu_compress_pool(ja, jg, 1, d, 2, hd, kv, sc, junk, &n1, E));
+        }
+        OK(di_cache_rollback(c, k, E));
+        OK(di_cache_extend(c, 1, E));
+        OK(di_cache_cmp_state(c, st, p, &kv, &sc, E));
+        OK(di_cpu_compress_pool(a + p * hd, g + p * hd, 1, p, 2, hd, kv, sc, got + emitted * hd, &n1, E));
+        emitted += n1;
+    }
+    tu_report("pooled entries through the cache state with rolled-back drafts: %lld of %lld identical",
+              (long long)(emitted == n_ref && !memcmp(ref, got, (size_t)n_ref * hd * 2) ? n_ref : 0), (long long)n_ref);
+    assert_int_equal(emitted, T / 2);
+    assert_int_equal(n_ref, T / 2);
+    assert_memory_equal(ref, got, (size_t)n_ref * hd * 2);
+    free(a);
+    free(g);
+    free(ref);
+    free(got);
+    di_cache_destroy(c);
+    free(cfg);
 }
 
 /* A long chunk keeps only its tail; reading an overwritten position or an unappended one fails. */
@@ -617,8 +747,8 @@ static void test_sizes_released(void **state) {
     assert_int_equal(z.state_bytes, 3LL * 2 * 2 * 512 * 4); /* ratio-2 sources: 2 × 2 × 512 f32 */
     assert_int_equal(z.engram_bytes, 3 * 4);
     double gib = (double)z.compressed_bytes / (1 << 30);
-    tu_report("released @1M, margin 0: %.0f B/token, compressed %.4f GiB, fixed %lld B, total %lld B", z.per_token_bytes,
-              gib, (long long)z.fixed_bytes, (long long)z.total_bytes);
+    tu_report("released @1M, margin 0: %.0f B/token, compressed %.4f GiB, fixed %lld B, total %lld B",
+              z.per_token_bytes, gib, (long long)z.fixed_bytes, (long long)z.total_bytes);
     assert_true(fabs(gib - 0.87) < 0.005);
     /* the per-token growth is config.h's footprint summed over stages */
     double sum = 0;
@@ -669,7 +799,8 @@ static void test_sizes_tiny_and_arena(void **state) {
     /* every section lies inside the arena */
     for (int st = 0; st < c.n_stages; st++) {
         assert_true(c.stage[st].window + c.ring_slots * c.window_slot_bytes <= mem + z.total_bytes);
-        if (c.stage[st].cmp) assert_true(c.stage[st].ikey + c.stage[st].max_entries * c.index_key_bytes <= mem + z.total_bytes);
+        if (c.stage[st].cmp)
+            assert_true(c.stage[st].ikey + c.stage[st].max_entries * c.index_key_bytes <= mem + z.total_bytes);
     }
     /* reset starts over: the image of an empty cache */
     di_cache_reset(&c);
@@ -750,13 +881,22 @@ static void test_engram_history(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dequant_exact),       cmocka_unit_test(test_reference_vectors),
+        cmocka_unit_test(test_dequant_exact),
+        cmocka_unit_test(test_reference_vectors),
         cmocka_unit_test(test_requant_not_idempotent),
-        cmocka_unit_test(test_rollback_tiny),       cmocka_unit_test(test_rollback_released),
-        cmocka_unit_test(test_rollback_limits),     cmocka_unit_test(test_window_order),
-        cmocka_unit_test(test_window_reach),        cmocka_unit_test(test_sizes_released),
-        cmocka_unit_test(test_sizes_tiny_and_arena), cmocka_unit_test(test_engram_history),
-        cmocka_unit_test(test_bookkeeping),         cmocka_unit_test(test_stale_reads_refused),
+        cmocka_unit_test(test_rollback_tiny),
+        cmocka_unit_test(test_rollback_released),
+        cmocka_unit_test(test_rollback_after_long_chunk),
+        cmocka_unit_test(test_rollback_limits),
+        cmocka_unit_test(test_window_order),
+        cmocka_unit_test(test_window_reach),
+        cmocka_unit_test(test_gather_feeds_attention),
+        cmocka_unit_test(test_state_feeds_pooling),
+        cmocka_unit_test(test_sizes_released),
+        cmocka_unit_test(test_sizes_tiny_and_arena),
+        cmocka_unit_test(test_engram_history),
+        cmocka_unit_test(test_bookkeeping),
+        cmocka_unit_test(test_stale_reads_refused),
         cmocka_unit_test(test_throughput),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

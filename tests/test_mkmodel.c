@@ -142,6 +142,35 @@ static void test_deterministic(void **state) {
     free(dir3);
 }
 
+/* Every preset's config parses and implies the inventory it should; full-layer (written only on the
+ * GPU machine) stays under the 40 GB the layer benchmarks allow and keeps the real dimensions. */
+static void test_preset_configs(void **state) {
+    (void)state;
+    for (int i = 0; di_mkmodel_presets[i]; i++) {
+        char *hf, *inf;
+        di_error err = {0};
+        assert_int_equal(di_mkmodel_preset_configs(di_mkmodel_presets[i], 64640, &hf, &inf, &err), DI_OK);
+        di_config cfg;
+        if (di_config_parse(hf, strlen(hf), inf, strlen(inf), di_mkmodel_presets[i], &cfg, &err) != DI_OK)
+            fail_msg("%s: %s", di_mkmodel_presets[i], err.msg);
+        di_inv_entry *inv;
+        int64_t n;
+        assert_int_equal(di_inventory_build(&cfg, &inv, &n, &err), DI_OK);
+        uint64_t bytes = 0;
+        for (int64_t j = 0; j < n; j++) bytes += di_inv_entry_bytes(&inv[j]);
+        tu_report("preset %s: %lld tensors, %.2f GB", di_mkmodel_presets[i], (long long)n, (double)bytes / 1e9);
+        if (!strcmp(di_mkmodel_presets[i], "full-layer")) {
+            assert_true(bytes < UINT64_C(40000000000));
+            assert_int_equal(cfg.hidden_size, 5120);
+            assert_int_equal(cfg.n_routed_experts, 384);
+        }
+        free(inv);
+        di_config_free(&cfg);
+        free(hf);
+        free(inf);
+    }
+}
+
 static void test_bad_preset(void **state) {
     (void)state;
     di_mkmodel_opts o = {.preset = "huge", .seed = 1, .out_dir = "/nonexistent/x"};
@@ -156,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_loads_and_validates),
         cmocka_unit_test(test_fp8_blocks),
         cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_preset_configs),
         cmocka_unit_test(test_bad_preset),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

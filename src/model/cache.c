@@ -15,7 +15,7 @@ static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 /* Byte offsets of every section in the arena, and the shape the cache copies from the config. */
 typedef struct plan {
     di_cache_size size;
-    int64_t win_off[DI_MAX_STAGES];   /* −1: no window */
+    int64_t win_off[DI_MAX_STAGES];   /* every stage has a window ring */
     int64_t cmp_off[DI_MAX_STAGES];   /* −1: not a kv source */
     int64_t ikey_off[DI_MAX_STAGES];
     int64_t state_off[DI_MAX_STAGES]; /* −1: no compressor state (ratio < 2) */
@@ -23,7 +23,8 @@ typedef struct plan {
     int64_t max_entries[DI_MAX_STAGES];
     int64_t engram_off;               /* −1: no Engram */
     int64_t max_tokens, ring_slots, engram_slots;
-    int margin, state_blocks, engram_hist;
+    int state_blocks[DI_MAX_STAGES];  /* compressor ring blocks (ratio ≥ 2), 0 otherwise */
+    int margin, engram_hist;
 } plan;
 
 /* Compressor ring blocks for ratio R ≥ 2 and margin m: the pending rows of the group holding the
@@ -38,7 +39,8 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
     int64_t max_tokens = opts ? opts->max_tokens : cfg->max_position_embeddings;
     int margin = opts ? opts->spec_margin : DI_CACHE_SPEC_MARGIN_DEFAULT;
     if (max_tokens < 1 || max_tokens > INT32_MAX)
-        return di_error_set(err, DI_ERR_INVALID, "cache: max_tokens %lld (expected 1 … %d: positions index int32 lists)",
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache: max_tokens %lld (expected 1 … %d: positions index int32 lists)",
                             (long long)max_tokens, INT32_MAX);
     if (margin < 0 || margin > MAX_MARGIN)
         return di_error_set(err, DI_ERR_INVALID, "cache: spec_margin %d (expected 0 … %d)", margin, MAX_MARGIN);
@@ -54,7 +56,6 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
     p->ring_slots = (int64_t)W + margin;
     p->engram_hist = cfg->n_engram_layers > 0 ? cfg->engram_max_ngram_size - 1 : 0;
     p->engram_slots = p->engram_hist > 0 ? p->engram_hist + margin : 0;
-    p->state_blocks = 1;
 
     di_cache_size *s = &p->size;
     int64_t off = 0;
@@ -71,8 +72,8 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
         int r = cfg->layer[st].compress_ratio;
         if (r < 1 || ihd < 32 || ihd % 32)
             return di_error_set(err, DI_ERR_INVALID,
-                                "cache: kv source stage %d has compress_ratio %d, index_head_dim %d (expected ratio ≥ 1 "
-                                "and index_head_dim a multiple of 32)",
+                                "cache: kv source stage %d has compress_ratio %d, index_head_dim %d "
+                                "(expected ratio ≥ 1 and index_head_dim a multiple of 32)",
                                 st, r, ihd);
         p->ratio[st] = r;
         p->max_entries[st] = max_tokens / r;
@@ -87,7 +88,7 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
         if (r >= 2) {
             /* footprint: one block = the reference's kv_state + score_state, R rows of hd f32 each */
             int nb = state_blocks_for(r, margin);
-            if (nb > p->state_blocks) p->state_blocks = nb;
+            p->state_blocks[st] = nb;
             p->state_off[st] = off;
             off = align_up(off + nb * fp.compressor_state_bytes);
             s->state_bytes += nb * fp.compressor_state_bytes;
@@ -123,7 +124,7 @@ void di_cache_reset(di_cache *c) {
         if (!s->state) continue;
         /* the reference resets kv_state = 0, score_state = −inf at sequence start */
         int64_t rows = (int64_t)s->ratio * c->head_dim; /* one half of a block */
-        for (int b = 0; b < c->state_blocks; b++) {
+        for (int b = 0; b < s->state_blocks; b++) {
             float *kv = s->state + (int64_t)b * 2 * rows;
             for (int64_t i = 0; i < rows; i++) {
                 kv[i] = 0.0f;
@@ -153,7 +154,6 @@ int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, 
     c->spec_margin = p.margin;
     c->max_tokens = p.max_tokens;
     c->ring_slots = p.ring_slots;
-    c->state_blocks = p.state_blocks;
     c->engram_slots = p.engram_slots;
     c->window_slot_bytes = p.size.window_slot_bytes;
     c->cmp_entry_bytes = p.size.cmp_entry_bytes;
@@ -167,16 +167,11 @@ int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, 
         s->cmp = p.cmp_off[st] >= 0 ? base + p.cmp_off[st] : NULL;
         s->ikey = p.ikey_off[st] >= 0 ? base + p.ikey_off[st] : NULL;
         s->state = p.state_off[st] >= 0 ? (float *)(base + p.state_off[st]) : NULL;
+        s->state_blocks = p.state_blocks[st];
     }
     c->engram = p.engram_off >= 0 ? (int32_t *)(base + p.engram_off) : NULL;
     c->arena = arena;
     c->arena_bytes = arena_bytes;
-    /* Per-stage state blocks are sized for this source's ratio; the shared count is the largest.
-     * Every kv source of V4.1 ratio ≥ 2 has the same ratio, so they agree; refuse a mix. */
-    for (int st = 0; st < c->n_stages; st++)
-        if (c->stage[st].state && state_blocks_for(c->stage[st].ratio, p.margin) != p.state_blocks)
-            return di_error_set(err, DI_ERR_UNSUPPORTED, "cache: kv sources with different pooling ratios (stage %d: %d)",
-                                st, c->stage[st].ratio);
     di_cache_reset(c);
     return DI_OK;
 }
@@ -280,7 +275,7 @@ static void image_walk(const di_cache *c, uint8_t *out, int64_t cap, int64_t *po
         put_bytes(out, cap, pos, s->ikey, ne * c->index_key_bytes);
         if (!s->state) continue;
         int64_t g = c->n / s->ratio, pending = c->n % s->ratio, rows = (int64_t)s->ratio * c->head_dim;
-        const float *kv = s->state + (g % c->state_blocks) * 2 * rows;
+        const float *kv = s->state + (g % s->state_blocks) * 2 * rows;
         put_bytes(out, cap, pos, kv, pending * c->head_dim * (int64_t)sizeof(float));
         put_bytes(out, cap, pos, kv + rows, pending * c->head_dim * (int64_t)sizeof(float));
     }

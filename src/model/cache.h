@@ -106,7 +106,8 @@ typedef struct di_cache_stage {
     uint8_t *cmp;         /* [max_entries, cmp_entry_bytes]: [hd/2 packed E2M1 | hd/16 E4M3] */
     uint8_t *ikey;        /* [max_entries, index_key_bytes]: [ihd/2 packed E2M1 | ihd/32 E8M0] */
     int64_t max_entries;  /* ⌊max_tokens / ratio⌋ */
-    float *state;         /* [state_blocks, 2, ratio, hd] f32 (ratio ≥ 2 sources) */
+    float *state;         /* [state_blocks, 2, ratio, hd] f32 (ratio ≥ 2 sources): kv rows, score rows */
+    int state_blocks;     /* nb = 1 + ⌊(ratio + m − 2)/ratio⌋; 0 without state */
 } di_cache_stage;
 
 typedef struct di_cache {
@@ -120,7 +121,6 @@ typedef struct di_cache {
     int spec_margin;              /* m */
     int64_t max_tokens;
     int64_t ring_slots;           /* W + m */
-    int state_blocks;             /* nb (compressor ring blocks) */
     int64_t engram_slots;         /* G − 1 + m (0 without Engram) */
     int64_t window_slot_bytes, cmp_entry_bytes, index_key_bytes;
     di_cache_stage stage[DI_MAX_STAGES];
@@ -158,7 +158,9 @@ int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, 
 int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **out, di_error *err);
 void di_cache_destroy(di_cache *c); /* frees a di_cache_create'd cache; NULL is fine */
 
-/* Start a new sequence in the same memory: n = 0, compressor state and history reset. O(fixed). */
+/* Start a new sequence in the same memory: n = 0, compressor state and history reset, O(fixed).
+ * The compressed arrays keep the old sequence's bytes beyond what the new one writes; no read and
+ * no image reaches them (only a fresh zero-filled arena gives zeros there). */
 void di_cache_reset(di_cache *c);
 
 /* ---- positions ---- */
@@ -177,10 +179,8 @@ int64_t di_cache_n_entries(const di_cache *c, int stage);
 
 /* ---- window rings (every stage) ----
  * row: bf16 [hd], the latent after kv_norm and RoPE, BEFORE its FP8 QDQ. pos must be an appended
- * position still in the ring's reach: max(0, n − (W+m)) ≤ pos < n. A ring records the newest
- * position written into it; a read of p needs p to be older than n and not yet overwritten (p
- * greater than that newest position − (W+m)), so a chunk's forward reads the previous window
- * before it writes the chunk's rows. */
+ * position within the ring's reach: max(0, n − (W+m)) ≤ pos < n. Reads need the position held
+ * (appended, written since the last rollback, not overwritten by a position W+m later). */
 int di_cache_window_put(di_cache *c, int stage, int64_t pos, const uint16_t *row, di_error *err);
 /* Rows of positions [pos0, pos0+count) (bf16 [count, hd]); rows older than the ring's reach are
  * skipped: after a long chunk only its last W + m positions are kept. */
@@ -206,7 +206,8 @@ int di_cache_dspark_gather(const di_cache *c, int stage, int64_t pos, uint16_t *
  * QDQ; key: bf16 [ihd] after RoPE, before the FP4 QDQ. */
 int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_error *err);
 int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di_error *err);
-/* Entries [e0, e1), dequantized: rows bf16 [e1−e0, hd] / keys bf16 [e1−e0, ihd]. */
+/* Entries [e0, e1), dequantized: rows bf16 [e1−e0, hd] / keys bf16 [e1−e0, ihd]. Every entry must
+ * have been written since the last rollback. */
 int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *rows, di_error *err);
 int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err);
 /* Selected entries (a top-k list; −1 gives a zero row): rows bf16 [count, hd]. */
@@ -234,8 +235,8 @@ int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_err
  * n; per stage the window slots of positions [max(0, n−W), n) (compact bytes, ascending); per kv
  * source entries [0, ⌊n/R⌋) of compressed KV and index keys and the pending compressor rows of
  * positions [n − n mod R, n) (kv then score); the Engram ids of [max(0, n−(G−1)), n). Two caches
- * with equal images compute identical results from here on. Returns the bytes written (≤ cap) or
- * fails with DI_ERR_LIMIT when cap is too small; cap = 0 / out = NULL asks for the size only. */
+ * with equal images compute identical results from here on. *written (may be NULL) receives the
+ * image size; a cap below it fails with DI_ERR_LIMIT; out = NULL or cap = 0 only asks for the size. */
 int64_t di_cache_image_bytes(const di_cache *c);
 int di_cache_image(const di_cache *c, uint8_t *out, int64_t cap, int64_t *written, di_error *err);
 

@@ -3,9 +3,10 @@
  *   window row      FP8 e4m3, E8M0 power-of-two scale per 32 values     di_act_quant_fp8 (…, 32)
  *   compressed KV   E2M1, E4M3 scale per 16 values                      di_fp4_quant_e4m3 (…, 16)
  *   index key       E2M1, E8M0 power-of-two scale per 32 values         di_fp4_quant_e8m0 (…, 32)
- * A read computes bf16(f32(code) · f32(scale)). The product is exact in f32 (≤ 4 + 4 significant
- * bits, exponents far inside the f32 range), so its one bf16 rounding is the very rounding the
- * reference's QDQ performs: the value equals the reference's cached bf16 bit for bit. */
+ * A read computes bf16(f32(code) · f32(scale)). The product — an e4m3 or E2M1 value times a power
+ * of two or an e4m3 scale: at most 6 significant bits, at least 2^-136 when nonzero — is exact in
+ * f32, so its one bf16 rounding is the rounding the reference's QDQ performs: the value equals the
+ * reference's cached bf16 bit for bit (tests/test_cache.c checks it on the reference's vectors). */
 #include <pthread.h>
 #include <string.h>
 
@@ -267,15 +268,15 @@ int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, fl
         return di_error_set(err, DI_ERR_INVALID, "cache compressor state: stage %d has ratio %d (no pooling state)",
                             stage, s->ratio);
     int64_t g = pos / s->ratio;
-    if (pos < 0 || pos >= c->n || g < c->state_hi[stage] - c->state_blocks)
+    if (pos < 0 || pos >= c->n || g < c->state_hi[stage] - s->state_blocks)
         return di_error_set(err, DI_ERR_INVALID,
                             "cache compressor state: stage %d position %lld (expected < %lld appended, in one of the "
                             "%d newest groups; newest handed out: %lld)",
-                            stage, (long long)pos, (long long)c->n, c->state_blocks,
+                            stage, (long long)pos, (long long)c->n, s->state_blocks,
                             (long long)(c->state_hi[stage] - 1));
     if (g + 1 > c->state_hi[stage]) c->state_hi[stage] = g + 1;
     int64_t half = (int64_t)s->ratio * c->head_dim;
-    float *kv = s->state + (g % c->state_blocks) * 2 * half;
+    float *kv = s->state + (g % s->state_blocks) * 2 * half;
     *kv_state = kv;
     *score_state = kv + half;
     return DI_OK;
@@ -286,7 +287,8 @@ int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, fl
 int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err) {
     if (!c->engram_slots) return di_error_set(err, DI_ERR_INVALID, "cache engram put: the model has no Engram layer");
     if (pos < 0 || pos >= c->n || pos < c->n - c->engram_slots)
-        return di_error_set(err, DI_ERR_INVALID, "cache engram put: position %lld (expected an appended position, n = %lld)",
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache engram put: position %lld (expected an appended position, n = %lld)",
                             (long long)pos, (long long)c->n);
     c->engram[pos % c->engram_slots] = id;
     if (pos + 1 > c->engram_hi) c->engram_hi = pos + 1;

@@ -49,9 +49,20 @@ static const preset k_presets[] = {
      .max_pos = 65536, .experts = 32, .topk = 4, .moe_inter = 512, .engram_layers = {1, 3},
      .engram_vocab = 4000, .engram_heads = 4, .engram_dim = 64, .n_mtp = 2, .dspark_block = 5,
      .dspark_targets = {5, 6, 7}, .markov_rank = 64, .dspark_experts = 8, .dspark_topk = 2},
+    /* Every real V4.1 dimension and all 384 experts for four backbone layers — SWA-only (with Engram,
+     * like layer 1), ratio-2 kv+index source (with Engram, like layer 14), ratio-1 kv+index+candidate
+     * source (like layer 20), ratio-1 re-index (like 24) — one DSpark stage, Engram tables of ~1 M
+     * rows each. About 35 GB: meant for the GPU machine's layer benchmarks. */
+    {.name = "full-layer", .hidden = 5120, .layers = 4, .heads = 64, .head_dim = 512, .rope_dim = 64,
+     .q_lora = 1280, .o_lora = 1024, .o_groups = 8, .window = 128, .ratios = {0, 2, 1, 1, 0},
+     .kv_src = {1, 2}, .n_kv_src = 2, .idx_src = {1, 2, 3}, .n_idx_src = 3, .cand_src = 2, .cand_blocks = 2048,
+     .cand_block = 8, .idx_heads = 32, .idx_dim = 128, .idx_topk = 512, .yarn_orig = 65536, .yarn_factor = 16,
+     .max_pos = 1048576, .experts = 384, .topk = 6, .moe_inter = 2304, .engram_layers = {0, 1},
+     .engram_vocab = 41600, .engram_heads = 8, .engram_dim = 256, .n_mtp = 1, .dspark_block = 5,
+     .dspark_targets = {1, 2, 3}, .markov_rank = 256, .dspark_experts = 128, .dspark_topk = 3},
 };
 
-const char *const di_mkmodel_presets[] = {"tiny", "small", NULL};
+const char *const di_mkmodel_presets[] = {"tiny", "small", "full-layer", NULL};
 
 enum { VOCAB = 129280, MAX_NGRAM = 4, PAD_ID = 2, NOISE_ID = 128799 };
 
@@ -334,7 +345,7 @@ typedef struct field {
 int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **hf_json, char **inf_json,
                               di_error *err) {
     const preset *p = find_preset(name);
-    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny or small)", name);
+    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", name);
     int n_ratios = p->layers + p->n_mtp;
     /* Engram table sizes follow from the primes (see engram_plan). */
     int64_t prime = p->engram_vocab, rows[2] = {0, 0};
@@ -676,7 +687,7 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     double t0 = di_now();
     memset(st, 0, sizeof *st);
     const preset *p = find_preset(o->preset ? o->preset : "");
-    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny or small)", o->preset ? o->preset : "");
+    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", o->preset ? o->preset : "");
     char *tokdir = find_tokenizer_dir(o->tokenizer);
     if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
     int rc = mkdir_p(o->out_dir, err);
