@@ -1,8 +1,8 @@
 /* `deepinfer generate` end to end on the golden tiny cases: the --json document (prompt_ids,
  * output_ids; greedy output = the reference's decode_ids), --dump-logits in the golden layout and
  * within 3× the noise floors (teacher-forced with --force-output-ids, DSpark on), chunked prefill,
- * sampling determinism per seed, and the failure documents (--device cuda, --prompt without a
- * tokenizer, out-of-vocabulary ids). Runs the built CLI (build/deepinfer, or $DI_CLI). */
+ * sampling determinism per seed, --prompt TEXT through the tokenizer, and the failure documents
+ * (--device cuda, --prompt without a tokenizer, out-of-vocabulary ids). Runs the built CLI (build/deepinfer, or $DI_CLI). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -156,6 +156,29 @@ static void test_sampling_seeded(void **s) {
     for (int i = 0; i < 3; i++) json_decref(d[i]);
 }
 
+/* --prompt TEXT goes through the tokenizer: the same run as --prompt-ids with its encoding. */
+static void test_prompt_text(void **s) {
+    const char *dir = tu_data("v41-tiny-nosel"), *tk = tu_data("tokenizer/tiny_tokenizer.json");
+    char args[2400];
+    int st;
+    snprintf(args, sizeof args, "--model %s --tokenizer %s --prompt 'hello world' --max-tokens 6", dir, tk);
+    json_t *a = run_generate(args, &st);
+    assert_int_equal(st, 0);
+    json_t *pa = json_object_get(a, "prompt_ids");
+    assert_true(json_array_size(pa) >= 2);
+    char ids[512];
+    size_t o = 0;
+    for (size_t i = 0; i < json_array_size(pa); i++)
+        o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(pa, i)));
+    snprintf(args, sizeof args, "--model %s --prompt-ids %s --max-tokens 6", dir, ids);
+    json_t *b = run_generate(args, &st);
+    assert_int_equal(st, 0);
+    assert_true(json_equal(json_object_get(a, "output_ids"), json_object_get(b, "output_ids")));
+    tu_report("generate --prompt 'hello world' (tiny test tokenizer) = --prompt-ids %s", ids);
+    json_decref(a);
+    json_decref(b);
+}
+
 static void expect_failure(const char *args, const char *needle) {
     int st;
     json_t *doc = run_generate(args, &st);
@@ -188,6 +211,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dump_vs_golden),
         cmocka_unit_test(test_sampling_seeded),
+        cmocka_unit_test(test_prompt_text),
         cmocka_unit_test(test_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

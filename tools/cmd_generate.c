@@ -2,8 +2,12 @@
  *
  *   deepinfer generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--force-output-ids 4,5,6] [--dspark]
- *                      [--chunk N] [--threads N] [--device cpu] [--dump-logits FILE] [--json]
+ *                      [--chunk N] [--threads N] [--device cpu] [--dump-logits FILE]
+ *                      [--tokenizer PATH] [--json]
  *
+ * --prompt TEXT is encoded with the model's tokenizer (tokenizer.json in DIR, or --tokenizer PATH;
+ * added-token literals such as "<｜User｜>" become their ids) and the output is decoded back to text
+ * (printed, and "output_text" in --json) whenever a tokenizer is loaded.
  * output_ids[0] comes from the last prompt position; decode step i feeds output_ids[i] at position
  * T+i and yields output_ids[i+1], so N output tokens take N−1 decode steps. --force-output-ids feeds
  * the given ids instead of the sampled ones (teacher-forced decode; the golden decode logits were
@@ -26,6 +30,7 @@
 #include "cli.h"
 #include "io/safetensors.h"
 #include "model/session.h"
+#include "text/tokenizer.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -135,6 +140,8 @@ int cmd_generate(int argc, char **argv) {
     di_model *m = NULL;
     di_backend *be = NULL;
     di_session *s = NULL;
+    di_tokenizer *tok = NULL;
+    char *out_text = NULL;
     int32_t *prompt = NULL, *force = NULL, *out_ids = NULL, *d_ids = NULL;
     float *prompt_logits = NULL, *decode_logits = NULL, *logits = NULL, *d_conf = NULL, *d_logits = NULL;
     sampler smp = {0};
@@ -149,6 +156,7 @@ int cmd_generate(int argc, char **argv) {
     const char *text = cli_str(&a, "prompt", NULL);
     const char *force_s = cli_str(&a, "force-output-ids", NULL);
     const char *dump = cli_str(&a, "dump-logits", NULL);
+    const char *tok_path = cli_str(&a, "tokenizer", NULL);
     bool dspark = cli_flag(&a, "dspark");
     if (!cli_int(&cli, &a, "max-tokens", 16, 1, 1 << 24, &max_tokens) ||
         !cli_double(&cli, &a, "temperature", 0.0, &temperature) ||
@@ -164,11 +172,6 @@ int cmd_generate(int argc, char **argv) {
         cli_fail(&cli, "need exactly one of --prompt-ids 1,2,3 and --prompt TEXT");
         goto done;
     }
-    if (text) {
-        cli_fail(&cli, "--prompt TEXT needs the tokenizer (src/text/tokenizer.h), which is not in this build yet; "
-                       "pass token ids with --prompt-ids");
-        goto done;
-    }
     if (!(temperature >= 0) || !isfinite(temperature)) {
         cli_fail(&cli, "--temperature %g: expected a finite value ≥ 0", temperature);
         goto done;
@@ -177,7 +180,22 @@ int cmd_generate(int argc, char **argv) {
         cli_fail(&cli, "CUDA backend not available in this build (use --device cpu)");
         goto done;
     }
-    if (!parse_ids(ids_s, &prompt, &T)) {
+    if ((text || tok_path) && di_tok_load(tok_path ? tok_path : model, &tok, &err)) {
+        cli_fail(&cli, "%s%s", err.msg, tok_path ? "" : " (the model has no tokenizer: pass --tokenizer PATH or --prompt-ids)");
+        goto done;
+    }
+    if (text) {
+        size_t n_ids = 0;
+        if (di_tok_encode(tok, text, strlen(text), 1, &prompt, &n_ids, &err)) {
+            cli_fail_err(&cli, &err);
+            goto done;
+        }
+        T = (int64_t)n_ids;
+        if (T == 0) {
+            cli_fail(&cli, "--prompt: the text encodes to no tokens");
+            goto done;
+        }
+    } else if (!parse_ids(ids_s, &prompt, &T)) {
         cli_fail(&cli, "--prompt-ids \"%s\": expected comma-separated non-negative token ids", ids_s);
         goto done;
     }
@@ -278,6 +296,9 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld steps in %.3f s (%.1f tok/s)\n",
             (long long)T, t_prefill, T / (t_prefill > 0 ? t_prefill : 1e-9), (long long)steps, t_decode,
             steps / (t_decode > 0 ? t_decode : 1e-9));
+    size_t out_len = 0;
+    if (tok && di_tok_decode(tok, out_ids, (size_t)N, &out_text, &out_len, &err)) /* ids the model has and the tokenizer lacks */
+        fprintf(stderr, "deepinfer generate: warning: no output text: %s\n", err.msg);
     if (dump && write_dump(dump, T, V, prompt_logits, steps, decode_logits, dspark, B, d_ids, d_conf, d_logits, &err)) {
         cli_fail_err(&cli, &err);
         goto done;
@@ -291,14 +312,18 @@ int cmd_generate(int argc, char **argv) {
         json_object_set_new(doc, "prefill_tokens_per_s", json_real(T / (t_prefill > 0 ? t_prefill : 1e-9)));
         json_object_set_new(doc, "decode_tokens_per_s", json_real(steps / (t_decode > 0 ? t_decode : 1e-9)));
         if (dump) json_object_set_new(doc, "dump_logits", json_string(dump));
+        if (out_text) json_object_set_new(doc, "output_text", json_stringn(out_text, out_len));
         cli_emit(&cli, doc);
     } else {
         for (int64_t i = 0; i < N; i++) printf("%s%d", i ? "," : "", out_ids[i]);
         printf("\n");
+        if (out_text) printf("%s\n", out_text);
     }
     rc = 0;
 done:
     di_session_destroy(s);
+    di_tok_free(tok);
+    free(out_text);
     di_backend_destroy(be);
     di_model_close(m);
     cli_args_free(&a);
