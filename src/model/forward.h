@@ -5,11 +5,20 @@
  *
  *   X = repeat_hc(embed(ids));  pre = onehot(stream 0)
  *   for each layer L:  [Engram_L(X)]  X, pre = block_L(X, pre)        (forward_block.c)
- *   logits = head(norm(collapse(X; pre)))                            (every prompt position)
+ *   logits = head(norm(collapse(X; pre)))                            (last or every position)
  *
- * Shared attention state (the reference's SharedAttentionRuntime): kv sources publish the compressed
- * KV and index keys, index sources publish their top-k list, the candidate source its candidate mask;
- * consumers read the latest publication in layer order.
+ * Chunk semantics (spec §3.0b, §3.11; the reference only has s0 = 0 with any T and s0 > 0 with T = 1):
+ * query p attends the window positions max(0, p−W+1) … p — the ones before s0 read from the cache's
+ * ring, the rest from the chunk — and the compressed entries n < ⌊(p+1)/R⌋, including those the
+ * chunk's own earlier tokens complete; the ratio-2 compressor continues its carry state across the
+ * chunk boundary; the Engram n-gram hash continues the cached history. The window index order is the
+ * reference's: its decode order for a one-token step after position 0, its prefill order otherwise.
+ * So a one-chunk prefill, any chunking and token-by-token decode are the same causal function
+ * (tests/test_decode*.c measure them against the golden data and against each other).
+ *
+ * Shared attention state (the reference's SharedAttentionRuntime): kv sources write the compressed
+ * KV and index keys into the cache under their own stage, index sources publish their top-k list for
+ * the pass, the candidate source its candidate mask; consumers read them in layer order.
  *
  * Teacher forcing (golden README): block i runs on a given input X and pre-mix (the reference's
  * layer i−1 output and pre-mix); the shared state it reads comes from the teacher-forced runs of the
