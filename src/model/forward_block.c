@@ -148,7 +148,10 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new) {
 /* Index sources: score every index key visible to the chunk (read back from the key source's cache)
  * with this layer's own queries and weights (bf16 arithmetic), mask by the candidate blocks (re-index
  * layers), publish the candidate mask (the candidate source; its own selection is not masked) and the
- * top-k list of compressed entry ids, ascending, −1 padded.  u bf16 [T, D];  qr bf16 [T, qr] */
+ * top-k list of compressed entry ids, ascending, −1 padded. Score rows are (s0+T)/R wide, as the
+ * reference's (T/R in its prefill, end/R in decode); the CPU top-k replays torch's selection, whose
+ * choice among EXACTLY tied scores depends on that width, so two chunkings of one prompt may pick
+ * different entries among ties (never otherwise).  u bf16 [T, D];  qr bf16 [T, qr] */
 static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
