@@ -109,7 +109,7 @@ static void run_case(gcase *g, const int64_t *chunks, const char *label) {
         /* slot 0 of the drafts: the token this step produced — the reference's next id (not in
          * decode_ids for the last step) */
         int32_t next = g->d_ids[i * (B + 1)];
-        assert_int_equal(di_session_draft(s, next, NULL, NULL, di + i * (B + 1), dc + i * B, dlg + i * B * V, &err), DI_OK);
+        assert_int_equal(di_session_draft(s, next, NULL, NULL, di + i * (B + 1), dc + i * B, dlg + i * B * V, NULL, &err), DI_OK);
         assert_int_equal(di[i * (B + 1)], next);
     }
     double rp = di_rel_err_f32(pl, g->prompt_logits, T * V), rd = di_rel_err_f32(dl, g->dec_logits, N * V);
@@ -198,7 +198,7 @@ static void test_rollback_exact(void **st) {
         /* continue: the same as a session that never saw them (a twin fed the same kept tokens) */
         int32_t tok = g.dec_ids[(k + 5) % g.N];
         assert_int_equal(di_session_forward(s, &tok, 1, false, l0, NULL, &err), DI_OK);
-        assert_int_equal(di_session_draft(s, tok, NULL, NULL, d0, c0, dl0, &err), DI_OK);
+        assert_int_equal(di_session_draft(s, tok, NULL, NULL, d0, c0, dl0, NULL, &err), DI_OK);
         di_session *twin;
         assert_int_equal(di_session_create(g.m, g.be, &so, &twin, &err), DI_OK);
         int32_t *kept = malloc(sizeof(int32_t) * (size_t)(pos + 1));
@@ -209,7 +209,7 @@ static void test_rollback_exact(void **st) {
         assert_int_equal(di_session_forward(twin, kept, T, false, NULL, NULL, &err), DI_OK);
         for (int64_t p = T; p <= pos; p++)
             assert_int_equal(di_session_forward(twin, kept + p, 1, false, l1, NULL, &err), DI_OK);
-        assert_int_equal(di_session_draft(twin, tok, NULL, NULL, d1, c1, dl1, &err), DI_OK);
+        assert_int_equal(di_session_draft(twin, tok, NULL, NULL, d1, c1, dl1, NULL, &err), DI_OK);
         assert_memory_equal(l0, l1, sizeof(float) * (size_t)V);
         assert_memory_equal(d0, d1, sizeof(int32_t) * (size_t)(B + 1));
         assert_memory_equal(c0, c1, sizeof(float) * (size_t)B);
@@ -260,6 +260,39 @@ static void test_decode_mutations(void **st) {
     close_gcase(&g);
 }
 
+/* The DSpark checks can fail: drafts that ignore the main model's window (the stage ring) land far
+ * above 3× both floors. (Weaker bugs can hide under these loose floors on this random model: drafts
+ * without the Markov bias measured draft-logit rel 1.2e-1 against a 3.2e-1 bound, a confidence head
+ * fed the normed collapse 4.35e-1 against 4.25e-1.) */
+static void test_dspark_mutation(void **st) {
+    gcase g;
+    assert_int_equal(open_gcase(tu_data("v41-tiny-nosel"), &g), 0);
+    int64_t T = g.T, N = g.N, V = g.V, B = g.B;
+    di_error err = {0};
+    di_fwd_opts fo = {.faults.window_no_history = true};
+    di_session *s;
+    di_session_opts so = {.max_tokens = T + N, .spec_margin = -1, .dspark = true};
+    assert_int_equal(di_session_create(g.m, g.be, &so, &s, &err), DI_OK);
+    float *dc = malloc(sizeof(float) * (size_t)(N * B)), *dl = malloc(sizeof(float) * (size_t)(N * B * V));
+    int32_t ids[16];
+    assert_true(dc && dl && B + 1 <= 16);
+    assert_int_equal(di_session_forward(s, g.prompt, T, false, NULL, NULL, &err), DI_OK);
+    for (int64_t i = 0; i < N; i++) {
+        assert_int_equal(di_session_forward(s, &g.dec_ids[i], 1, false, NULL, NULL, &err), DI_OK);
+        assert_int_equal(di_session_draft(s, g.d_ids[i * (B + 1)], NULL, NULL, ids, dc + i * B, dl + i * B * V, &fo, &err),
+                         DI_OK);
+    }
+    double rc = di_rel_err_f32(dc, g.d_conf, N * B), rl = di_rel_err_f32(dl, g.d_logits, N * B * V);
+    tu_report("%s drafts without the main window: confidence rel %.3e (3x floor %.3e), draft logits rel %.3e (3x floor "
+              "%.3e) — detected",
+              g.name, rc, 3 * g.floor_conf, rl, 3 * g.floor_dlogits);
+    assert_true(rc > 3 * g.floor_conf);
+    assert_true(rl > 3 * g.floor_dlogits);
+    free(dc), free(dl);
+    di_session_destroy(s);
+    close_gcase(&g);
+}
+
 /* Bad input fails with a message and leaves the sequence as it was. */
 static void test_bad_input(void **st) {
     gcase g;
@@ -279,7 +312,7 @@ static void test_bad_input(void **st) {
     assert_int_equal(di_session_forward(s, ok, 3, false, NULL, NULL, &err), DI_OK);
     int32_t ids[8];
     float conf[8];
-    assert_int_equal(di_session_draft(s, 1, NULL, NULL, ids, conf, NULL, &err), DI_ERR_INVALID);
+    assert_int_equal(di_session_draft(s, 1, NULL, NULL, ids, conf, NULL, NULL, &err), DI_ERR_INVALID);
     assert_non_null(strstr(err.msg, "DSpark is off"));
     di_session_destroy(s);
     so.dspark = true, so.max_tokens = 0;
@@ -291,6 +324,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_nosel),    cmocka_unit_test(test_tiny_sel),  cmocka_unit_test(test_mid_nosel),
         cmocka_unit_test(test_rollback_exact), cmocka_unit_test(test_decode_mutations),
+        cmocka_unit_test(test_dspark_mutation),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -285,7 +285,7 @@ int cmd_generate(int argc, char **argv) {
             }
             /* draft slot 0 is the token this step produced (the forced one when teacher-forced) */
             if (di_session_draft(s, next, temperature > 0 ? sample_token : NULL, &smp, di, dc,
-                                 d_logits ? d_logits + i * B * V : NULL, &err)) {
+                                 d_logits ? d_logits + i * B * V : NULL, NULL, &err)) {
                 cli_fail_err(&cli, &err);
                 goto done;
             }

@@ -44,7 +44,7 @@ typedef struct di_graph_faults {
     int sinkhorn_iters;       /* > 0: this many Sinkhorn iterations instead of hc_sinkhorn_iters */
     bool ignore_candidates;   /* re-index layers score without the candidate mask */
     bool premix_not_deferred; /* each sub-layer collapses with its own pre-mix (V4 style) */
-    bool window_no_history;   /* a chunk's queries ignore the cached window of earlier positions */
+    bool window_no_history;   /* a chunk's queries (and DSpark drafts) ignore the cached window */
     bool engram_no_history;   /* the n-gram hash treats every chunk start as the sequence start */
 } di_graph_faults;
 

@@ -334,8 +334,9 @@ static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t **kv_out, in
                 c->err));
     CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
+    bool blind = c->opts->faults.window_no_history; /* mutation: the drafts ignore the main model's window */
     for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < nw + T; j++) idx[t * (nw + T) + j] = (int32_t)j;
+        for (int64_t j = 0; j < nw + T; j++) idx[t * (nw + T) + j] = blind && j < nw ? -1 : (int32_t)j;
     *kv_out = kv, *idx_out = idx, *n_idx = nw + T;
     return DI_OK;
 }

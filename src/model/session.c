@@ -64,14 +64,14 @@ int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_lo
 int di_session_rollback(di_session *s, int64_t k, di_error *err) { return di_cache_rollback(s->cache, k, err); }
 
 int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
-                     float *logits, di_error *err) {
+                     float *logits, const di_fwd_opts *opts, di_error *err) {
     di_error local_err;
     if (!err) err = &local_err;
     if (!s->dspark) return di_error_set(err, DI_ERR_INVALID, "session: DSpark is off for this sequence");
     int64_t len = di_cache_len(s->cache);
     if (len < 1) return di_error_set(err, DI_ERR_INVALID, "session: draft before any token");
     fwd_ctx c;
-    int rc = fwd_ctx_init(&c, s->m, s->be, s->cache, len, NULL, s->m->cfg.dspark_block_size, NULL, err);
+    int rc = fwd_ctx_init(&c, s->m, s->be, s->cache, len, NULL, s->m->cfg.dspark_block_size, opts, err);
     if (!rc) rc = fwd_dspark_draft(&c, token, sample, sample_ctx, ids, conf, logits);
     fwd_ctx_free(&c);
     return rc;

@@ -55,8 +55,8 @@ int di_session_rollback(di_session *s, int64_t k, di_error *err);
 /* DSpark draft after the newest position i = len−1 (len ≥ 1, DSpark on): token = the main model's
  * output at i (it feeds draft slot 0). ids int32 [block+1] (ids[0] = token, then the drafts for
  * positions i+2 …), conf f32 [block] raw confidence logits, logits f32 [block, V] with the Markov bias
- * (may be NULL). sample NULL = greedy. */
+ * (may be NULL). sample NULL = greedy. opts: dumps / faults (NULL = none). */
 int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
-                     float *logits, di_error *err);
+                     float *logits, const di_fwd_opts *opts, di_error *err);
 
 #endif
