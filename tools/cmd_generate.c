@@ -1,7 +1,8 @@
 /* deepinfer generate — prompt prefill then token-by-token decode on one sequence (model/session.h).
  *
  *   deepinfer generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]
- *                      [--temperature T] [--seed S] [--force-output-ids 4,5,6] [--dspark]
+ *                      [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
+ *                      [--force-output-ids 4,5,6] [--dspark]
  *                      [--chunk N] [--threads N] [--device cpu] [--dump-logits FILE]
  *                      [--tokenizer PATH] [--json]
  *
@@ -11,9 +12,10 @@
  * output_ids[0] comes from the last prompt position; decode step i feeds output_ids[i] at position
  * T+i and yields output_ids[i+1], so N output tokens take N−1 decode steps. --force-output-ids feeds
  * the given ids instead of the sampled ones (teacher-forced decode; the golden decode logits were
- * measured this way). --temperature 0 (the default) is greedy (first maximum); T > 0 samples with the
- * reference's Gumbel-max rule argmax(softmax(logits/T) / Exp(1)), the Exp(1) draws from a seeded
- * SplitMix64 stream (deterministic per --seed). --chunk N prefills the prompt in chunks of N tokens
+ * measured this way). Tokens are chosen by the engine's sampler (engine/sampler.h): --temperature 0
+ * (the default) is greedy (first maximum); T > 0 samples with top-k / top-p / min-p, one Philox draw
+ * keyed by (--seed, position), so a seed reproduces its tokens; DSpark drafts draw with choice =
+ * 1 + draft slot. --chunk N prefills the prompt in chunks of N tokens
  * (0 = one chunk); --threads defaults to the online CPUs. With --dspark every decode step also drafts dspark_block_size tokens.
  * --dump-logits FILE writes prompt_logits [T, V], decode_logits [N−1, V] and, with --dspark,
  * dspark_draft_ids [N−1, block+1], dspark_confidence [N−1, block], dspark_draft_logits
@@ -28,6 +30,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "engine/sampler.h"
 #include "io/safetensors.h"
 #include "model/session.h"
 #include "text/tokenizer.h"
@@ -73,40 +76,33 @@ static bool parse_ids(const char *s, int32_t **out, int64_t *n) {
 
 /* ---------------- sampling ---------------- */
 
-typedef struct sampler {
-    double temperature;
-    uint64_t state; /* SplitMix64 */
-    float *probs;   /* f32 [V] scratch */
-} sampler;
+/* The engine's sampler for one sequence. Main tokens draw with choice 0 at their position; DSpark
+ * draft slot j (a di_sample_fn callback) with choice 1 + j at the position it predicts. */
+typedef struct gen_sampler {
+    di_sampler *s;
+    di_sampling_params p;
+    const int32_t *prompt, *out; /* for penalties (none enabled by this command) */
+    int64_t n_prompt, n_out;
+    int64_t draft_pos;           /* position drafted by the next callback */
+    uint32_t draft_slot;
+    int failed;                  /* a draw failed (message in err) */
+    di_error err;
+} gen_sampler;
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static int32_t argmax_first(const float *x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return (int32_t)best;
-}
-
-/* Greedy at T = 0; else Gumbel-max as the reference's sample(): softmax(logits/T) / Exp(1), argmax. */
-static int32_t sample_token(void *ctx, const float *logits, int64_t V) {
-    sampler *s = ctx;
-    if (s->temperature <= 0) return argmax_first(logits, V);
-    float t = (float)(s->temperature > 1e-5 ? s->temperature : 1e-5);
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < V; i++) mx = fmaxf(mx, logits[i] / t);
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++) sum += (s->probs[i] = expf(logits[i] / t - mx));
-    for (int64_t i = 0; i < V; i++) {
-        double u = ((double)(splitmix64(&s->state) >> 11) + 0.5) * 0x1.0p-53; /* (0, 1) */
-        s->probs[i] = (float)(s->probs[i] / sum / -log(u));
+static int32_t sample_at(gen_sampler *g, const float *logits, int64_t pos, uint32_t choice) {
+    di_sample_row row = {.logits = logits, .params = &g->p, .prompt = g->prompt, .n_prompt = g->n_prompt,
+                         .output = g->out, .n_output = g->n_out, .position = pos, .choice = choice};
+    di_sample_result r;
+    if (di_sampler_sample(g->s, &row, &r, &g->err)) {
+        g->failed = 1;
+        return 0;
     }
-    return argmax_first(s->probs, V);
+    return r.token;
+}
+
+static int32_t sample_draft(void *ctx, const float *logits, int64_t V) {
+    gen_sampler *g = ctx;
+    return sample_at(g, logits, g->draft_pos++, 1 + g->draft_slot++);
 }
 
 /* ---------------- logits dump ---------------- */
@@ -144,11 +140,12 @@ int cmd_generate(int argc, char **argv) {
     char *out_text = NULL;
     int32_t *prompt = NULL, *force = NULL, *out_ids = NULL, *d_ids = NULL;
     float *prompt_logits = NULL, *decode_logits = NULL, *logits = NULL, *d_conf = NULL, *d_logits = NULL;
-    sampler smp = {0};
+    gen_sampler smp = {0};
     int64_t T = 0, n_force = 0;
     long long max_tokens, seed, threads, chunk;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double temperature;
+    double temperature, top_p, min_p;
+    long long top_k;
     const char *device = NULL;
 
     const char *model = cli_str(&a, "model", NULL);
@@ -159,7 +156,8 @@ int cmd_generate(int argc, char **argv) {
     const char *tok_path = cli_str(&a, "tokenizer", NULL);
     bool dspark = cli_flag(&a, "dspark");
     if (!cli_int(&cli, &a, "max-tokens", 16, 1, 1 << 24, &max_tokens) ||
-        !cli_double(&cli, &a, "temperature", 0.0, &temperature) ||
+        !cli_double(&cli, &a, "temperature", 0.0, &temperature) || !cli_int(&cli, &a, "top-k", 0, 0, 1 << 30, &top_k) ||
+        !cli_double(&cli, &a, "top-p", 1.0, &top_p) || !cli_double(&cli, &a, "min-p", 0.0, &min_p) ||
         !cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) || !cli_int(&cli, &a, "threads", ncpu > 0 ? ncpu : 1, 1, 1024, &threads) ||
         !cli_int(&cli, &a, "chunk", 0, 0, 1 << 30, &chunk) || !cli_device(&cli, &a, &device) ||
         !cli_check_unused(&cli, &a))
@@ -232,7 +230,6 @@ int cmd_generate(int argc, char **argv) {
     }
     out_ids = calloc((size_t)N, sizeof(int32_t));
     logits = malloc(sizeof(float) * (size_t)V);
-    smp.probs = malloc(sizeof(float) * (size_t)V);
     if (dump) {
         prompt_logits = malloc(sizeof(float) * (size_t)(T * V));
         decode_logits = malloc(sizeof(float) * (size_t)((steps > 0 ? steps : 1) * V));
@@ -242,13 +239,19 @@ int cmd_generate(int argc, char **argv) {
             d_logits = calloc((size_t)((steps > 0 ? steps : 1) * B * V), sizeof(float));
         }
     }
-    if (!out_ids || !logits || !smp.probs || (dump && (!prompt_logits || !decode_logits)) ||
+    if (!out_ids || !logits || (dump && (!prompt_logits || !decode_logits)) ||
         (dump && dspark && (!d_ids || !d_conf || !d_logits))) {
         cli_fail(&cli, "out of memory (vocabulary %lld, %lld tokens)", (long long)V, (long long)N);
         goto done;
     }
-    smp.temperature = temperature;
-    smp.state = (uint64_t)seed;
+    smp.p = di_sampling_params_default();
+    smp.p.temperature = (float)temperature, smp.p.top_k = (int32_t)top_k, smp.p.top_p = (float)top_p;
+    smp.p.min_p = (float)min_p, smp.p.seed = (uint64_t)seed;
+    smp.prompt = prompt, smp.n_prompt = T, smp.out = out_ids;
+    if (di_sampling_params_check(&smp.p, (int32_t)V, &err) || di_sampler_new((int32_t)V, &smp.s, &err)) {
+        cli_fail_err(&cli, &err);
+        goto done;
+    }
 
     /* prefill: one chunk, or chunks of --chunk tokens; all positions' logits only when dumping */
     double t0 = now_s();
@@ -263,7 +266,12 @@ int cmd_generate(int argc, char **argv) {
     }
     double t_prefill = now_s() - t0;
     const float *last = dump ? prompt_logits + (T - 1) * V : logits;
-    out_ids[0] = n_force > 0 ? force[0] : sample_token(&smp, last, V);
+    out_ids[0] = n_force > 0 ? force[0] : sample_at(&smp, last, T, 0);
+    smp.n_out = 1;
+    if (smp.failed) {
+        cli_fail_err(&cli, &smp.err);
+        goto done;
+    }
 
     /* decode: step i feeds out_ids[i] at position T+i */
     t0 = now_s();
@@ -273,7 +281,7 @@ int cmd_generate(int argc, char **argv) {
             cli_fail_err(&cli, &err);
             goto done;
         }
-        int32_t next = i + 1 < n_force ? force[i + 1] : sample_token(&smp, dst, V);
+        int32_t next = i + 1 < n_force ? force[i + 1] : sample_at(&smp, dst, T + i + 1, 0);
         if (dspark) {
             int32_t ids_local[64];
             float conf_local[64];
@@ -284,13 +292,19 @@ int cmd_generate(int argc, char **argv) {
                 goto done;
             }
             /* draft slot 0 is the token this step produced (the forced one when teacher-forced) */
-            if (di_session_draft(s, next, temperature > 0 ? sample_token : NULL, &smp, di, dc,
+            smp.draft_pos = T + i + 2, smp.draft_slot = 0;
+            if (di_session_draft(s, next, temperature > 0 ? sample_draft : NULL, &smp, di, dc,
                                  d_logits ? d_logits + i * B * V : NULL, NULL, &err)) {
                 cli_fail_err(&cli, &err);
                 goto done;
             }
         }
+        if (smp.failed) {
+            cli_fail_err(&cli, &smp.err);
+            goto done;
+        }
         out_ids[i + 1] = next;
+        smp.n_out = i + 2;
     }
     double t_decode = now_s() - t0;
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld steps in %.3f s (%.1f tok/s)\n",
@@ -328,6 +342,7 @@ done:
     di_model_close(m);
     cli_args_free(&a);
     free(prompt), free(force), free(out_ids), free(d_ids);
-    free(prompt_logits), free(decode_logits), free(logits), free(d_conf), free(d_logits), free(smp.probs);
+    free(prompt_logits), free(decode_logits), free(logits), free(d_conf), free(d_logits);
+    di_sampler_free(smp.s);
     return rc;
 }
