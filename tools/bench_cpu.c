@@ -152,8 +152,8 @@ static int bench_model(const char *dir, const char *name, int64_t P, int64_t N, 
     di_model *m = NULL;
     di_backend *be = NULL;
     di_session *s = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
+    int32_t *ids = NULL;   /* int32 [P + N] prompt, then the greedy outputs */
+    float *logits = NULL;  /* f32 [V] */
     int rc = di_model_open(dir, &m, err);
     if (!rc) rc = di_backend_cpu_create(threads, &be, err);
     if (rc) goto done;

@@ -138,8 +138,16 @@ int cmd_generate(int argc, char **argv) {
     di_session *s = NULL;
     di_tokenizer *tok = NULL;
     char *out_text = NULL;
-    int32_t *prompt = NULL, *force = NULL, *out_ids = NULL, *d_ids = NULL;
-    float *prompt_logits = NULL, *decode_logits = NULL, *logits = NULL, *d_conf = NULL, *d_logits = NULL;
+    /* T prompt ids, N output ids (N − 1 decode steps), V vocabulary, B DSpark block */
+    int32_t *prompt = NULL;        /* int32 [T] */
+    int32_t *force = NULL;         /* int32 [n_force] --force-output-ids */
+    int32_t *out_ids = NULL;       /* int32 [N] */
+    int32_t *d_ids = NULL;         /* int32 [N−1, B+1] drafts per decode step (--dump-logits) */
+    float *prompt_logits = NULL;   /* f32 [T, V] (--dump-logits) */
+    float *decode_logits = NULL;   /* f32 [N−1, V] (--dump-logits) */
+    float *logits = NULL;          /* f32 [V] the newest step's row */
+    float *d_conf = NULL;          /* f32 [N−1, B] */
+    float *d_logits = NULL;        /* f32 [N−1, B, V] */
     gen_sampler smp = {0};
     int64_t T = 0, n_force = 0;
     long long max_tokens, seed, threads, chunk;
