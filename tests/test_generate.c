@@ -95,10 +95,23 @@ static void test_dump_vs_golden(void **s) {
     assert_int_equal(json_array_size(po), T);
     assert_int_equal(json_array_size(oo), N + 1);
     for (int64_t i = 0; i < N; i++) assert_int_equal(json_integer_value(json_array_get(oo, i)), ((const int32_t *)dec->data)[i]);
-    json_decref(doc);
+    double acc_json = json_real_value(json_object_get(doc, "dspark_mean_accepted"));
 
     di_safetensors *o;
     assert_int_equal(di_st_open(dump, &o, &err), DI_OK);
+    {
+        /* the reported acceptance: per step, the leading drafts that equal the tokens that followed */
+        const int32_t *od = di_st_find(o, "dspark_draft_ids")->data;
+        int64_t acc = 0, steps = 0;
+        for (int64_t i = 0; i + 2 < N + 1; i++, steps++)
+            for (int64_t j = 1; j <= B && i + 1 + j < N + 1 &&
+                                od[i * (B + 1) + j] == json_integer_value(json_array_get(oo, (size_t)(i + 1 + j)));
+                 j++)
+                acc++;
+        tu_report("dspark_mean_accepted %.4f (recomputed from the dump %.4f)", acc_json, (double)acc / (double)steps);
+        assert_true(fabs(acc_json - (double)acc / (double)steps) < 1e-12);
+    }
+    json_decref(doc);
     double rp = di_rel_err_f32(f32(o, "prompt_logits", T, V, 0), f32(g, "prompt_logits", T, V, 0), T * V);
     double rd = di_rel_err_f32(f32(o, "decode_logits", N, V, 0), f32(g, "decode_logits", N, V, 0), N * V);
     double rc = di_rel_err_f32(f32(o, "dspark_confidence", N, B, 0), f32(g, "dspark_confidence", N, B, 0), N * B);

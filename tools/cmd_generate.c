@@ -19,7 +19,9 @@
  * (0 = one chunk); --threads defaults to the online CPUs. With --dspark every decode step also drafts dspark_block_size tokens.
  * --dump-logits FILE writes prompt_logits [T, V], decode_logits [N−1, V] and, with --dspark,
  * dspark_draft_ids [N−1, block+1], dspark_confidence [N−1, block], dspark_draft_logits
- * [N−1, block, V] (the golden layout). Prefill and decode tokens/s go to stderr. */
+ * [N−1, block, V] (the golden layout). Prefill and decode tokens/s go to stderr; with --dspark also
+ * the mean number of leading drafts per step that the output then actually continued with
+ * ("dspark_mean_accepted": what lossless verification would accept). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -241,14 +243,14 @@ int cmd_generate(int argc, char **argv) {
     if (dump) {
         prompt_logits = malloc(sizeof(float) * (size_t)(T * V));
         decode_logits = malloc(sizeof(float) * (size_t)((steps > 0 ? steps : 1) * V));
-        if (dspark) {
-            d_ids = calloc((size_t)((steps > 0 ? steps : 1) * (B + 1)), sizeof(int32_t));
-            d_conf = calloc((size_t)((steps > 0 ? steps : 1) * B), sizeof(float));
-            d_logits = calloc((size_t)((steps > 0 ? steps : 1) * B * V), sizeof(float));
-        }
+        if (dspark) d_logits = calloc((size_t)((steps > 0 ? steps : 1) * B * V), sizeof(float));
     }
-    if (!out_ids || !logits || (dump && (!prompt_logits || !decode_logits)) ||
-        (dump && dspark && (!d_ids || !d_conf || !d_logits))) {
+    if (dspark) {
+        d_ids = calloc((size_t)((steps > 0 ? steps : 1) * (B + 1)), sizeof(int32_t));
+        d_conf = calloc((size_t)((steps > 0 ? steps : 1) * B), sizeof(float));
+    }
+    if (!out_ids || !logits || (dump && (!prompt_logits || !decode_logits)) || (dspark && (!d_ids || !d_conf)) ||
+        (dump && dspark && !d_logits)) {
         cli_fail(&cli, "out of memory (vocabulary %lld, %lld tokens)", (long long)V, (long long)N);
         goto done;
     }
@@ -291,14 +293,8 @@ int cmd_generate(int argc, char **argv) {
         }
         int32_t next = i + 1 < n_force ? force[i + 1] : sample_at(&smp, dst, T + i + 1, 0);
         if (dspark) {
-            int32_t ids_local[64];
-            float conf_local[64];
-            int32_t *di = d_ids ? d_ids + i * (B + 1) : ids_local;
-            float *dc = d_conf ? d_conf + i * B : conf_local;
-            if (B + 1 > 64 && !d_ids) {
-                cli_fail(&cli, "dspark block %d too large", B);
-                goto done;
-            }
+            int32_t *di = d_ids + i * (B + 1);
+            float *dc = d_conf + i * B;
             /* draft slot 0 is the token this step produced (the forced one when teacher-forced) */
             smp.draft_pos = T + i + 2, smp.draft_slot = 0;
             if (di_session_draft(s, next, temperature > 0 ? sample_draft : NULL, &smp, di, dc,
@@ -318,6 +314,16 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld steps in %.3f s (%.1f tok/s)\n",
             (long long)T, t_prefill, T / (t_prefill > 0 ? t_prefill : 1e-9), (long long)steps, t_decode,
             steps / (t_decode > 0 ? t_decode : 1e-9));
+    /* DSpark: drafts of step i that the sequence then actually continued with (a prefix of
+     * out_ids[i+2 …]) — what a lossless verification would have accepted */
+    int64_t accepted = 0, checked = 0;
+    for (int64_t i = 0; dspark && i < steps; i++) {
+        if (i + 2 >= N) break;
+        checked++;
+        for (int64_t j = 1; j <= B && i + 1 + j < N && d_ids[i * (B + 1) + j] == out_ids[i + 1 + j]; j++) accepted++;
+    }
+    double mean_acc = checked ? (double)accepted / (double)checked : 0.0;
+    if (dspark) fprintf(stderr, "dspark: %.2f of %d drafts per step continue the output (%lld steps)\n", mean_acc, B, (long long)checked);
     size_t out_len = 0;
     if (tok && di_tok_decode(tok, out_ids, (size_t)N, &out_text, &out_len, &err)) /* ids the model has and the tokenizer lacks */
         fprintf(stderr, "deepinfer generate: warning: no output text: %s\n", err.msg);
@@ -331,6 +337,7 @@ int cmd_generate(int argc, char **argv) {
         json_object_set_new(doc, "output_ids", ids_json(out_ids, N));
         json_object_set_new(doc, "temperature", json_real(temperature));
         json_object_set_new(doc, "dspark", json_boolean(dspark));
+        if (dspark) json_object_set_new(doc, "dspark_mean_accepted", json_real(mean_acc));
         json_object_set_new(doc, "prefill_tokens_per_s", json_real(T / (t_prefill > 0 ? t_prefill : 1e-9)));
         json_object_set_new(doc, "decode_tokens_per_s", json_real(steps / (t_decode > 0 ? t_decode : 1e-9)));
         if (dump) json_object_set_new(doc, "dump_logits", json_string(dump));
