@@ -15,7 +15,7 @@ enum { N_REQ = 3, N_OUT = 5 };
 typedef struct {
     int32_t prompt[12];
     int64_t n_prompt;
-    di_request_params p;
+    di_seq_params p;
     int32_t tok[N_OUT];
     float lp[N_OUT];
     int64_t n;

@@ -46,7 +46,7 @@ static int detok_busy(void *ctx, int32_t t, char *buf, size_t cap) {
 typedef struct job {
     int32_t *prompt;
     int64_t n_prompt;
-    di_request_params p;
+    di_seq_params p;
     di_logit_bias bias;
     const char *stop[2];
     int32_t stop_id;
@@ -175,7 +175,7 @@ static void make_jobs(job *j, int n, int64_t max_prompt, int64_t max_out) {
         j[i].n_prompt = rnd_in(1, max_prompt);
         j[i].prompt = malloc((size_t)j[i].n_prompt * sizeof *j[i].prompt);
         for (int64_t t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = (int32_t)rnd_in(0, 511);
-        di_request_params *p = &j[i].p;
+        di_seq_params *p = &j[i].p;
         p->sampling = di_sampling_params_default();
         p->sampling.seed = rnd();
         p->sampling.temperature = (i % 4 == 0) ? 0.0f : 0.5f + (float)(rnd() % 100) / 100.0f;
@@ -560,13 +560,13 @@ static void test_stop_conditions(void **state) {
 /* Streaming never shows part of a stop string, and never splits a UTF-8 character. */
 static void test_text_ready(void **state) {
     (void)state;
-    di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = 100};
+    di_seq_params p = {.sampling = di_sampling_params_default(), .max_tokens = 100};
     const char *stops[] = {"STOP", "xy"};
     p.stop = stops;
     p.n_stop = 2;
     const int32_t prompt[] = {1};
-    di_request *r;
-    assert_int_equal(di_request_new(1, prompt, 1, &p, 100, &r, NULL), DI_OK);
+    di_seq *r;
+    assert_int_equal(di_seq_new(1, prompt, 1, &p, 100, &r, NULL), DI_OK);
     const char *pieces[] = {"ab", "ST", "O", "\xC3", "\xA9", "x", "Q"};
     size_t expect_ready[] = {2, 2, 2, 5, 7, 7, 9};
     for (int i = 0; i < 7; i++) {
@@ -574,9 +574,9 @@ static void test_text_ready(void **state) {
         memcpy(r->text + r->n_text, pieces[i], strlen(pieces[i]));
         r->n_text += strlen(pieces[i]);
         r->text[r->n_text] = 0;
-        assert_int_equal(di_request_text_ready(r), expect_ready[i]);
+        assert_int_equal(di_seq_text_ready(r), expect_ready[i]);
     }
-    di_request_free(r);
+    di_seq_free(r);
 }
 
 /* ---- limits and bad input ---- */
@@ -594,7 +594,7 @@ static void test_limits(void **state) {
     di_core *c;
     assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
     int32_t prompt[120] = {0};
-    di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = 1000, .ignore_eos = 1};
+    di_seq_params p = {.sampling = di_sampling_params_default(), .max_tokens = 1000, .ignore_eos = 1};
     assert_int_equal(di_core_add(c, 1, prompt, 100, &p, &err), DI_ERR_LIMIT);
     assert_non_null(strstr(err.msg, "request 1"));
     assert_int_equal(di_core_add(c, 2, prompt, 0, &p, &err), DI_ERR_INVALID);
@@ -820,12 +820,12 @@ static void test_errors_are_per_request(void **state) {
         di_core *c;
         assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
         int32_t prompt[8] = {5, 6, 7, 8, 9, 10, 11, 12};
-        di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = 20, .ignore_eos = 1};
+        di_seq_params p = {.sampling = di_sampling_params_default(), .max_tokens = 20, .ignore_eos = 1};
         p.sampling.seed = 1;
         assert_int_equal(di_core_add(c, 0, prompt, 8, &p, &err), DI_OK); /* in the failing forward */
         int64_t accepted = 0;
         di_constraint con = {&accepted, none_after_5, count_accept};
-        di_request_params pc = p;
+        di_seq_params pc = p;
         pc.constraint = &con;
         di_finish_reason fin[3] = {0};
         int64_t ntok[3] = {0};
@@ -871,7 +871,7 @@ static void test_many_requests(void **state) {
     di_core_options co = core_opts(1, 256, 1024, 16);
     di_core *c;
     assert_int_equal(di_core_new(&runner, &co, &c, &err), DI_OK);
-    di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = 3};
+    di_seq_params p = {.sampling = di_sampling_params_default(), .max_tokens = 3};
     double t0 = di_now();
     for (int i = 0; i < N; i++) {
         int32_t prompt[4] = {i % 64, (i / 64) % 64, 7, 9};
@@ -907,17 +907,17 @@ static void check_invariants(const di_core *c, int32_t max_seqs) {
     const di_scheduler *s = di_core_scheduler(c);
     int64_t held = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
-        const di_request *r = s->running[i];
+        const di_seq *r = s->running[i];
         assert_int_equal(r->state, DI_REQ_RUNNING);
         assert_true(r->n_blocks >= di_sched_blocks_for(s, r->n_cached));
-        assert_true(r->n_cached <= di_request_len(r));
+        assert_true(r->n_cached <= di_seq_len(r));
         assert_true(r->n_pending <= 1 && r->inflight <= 1);
         if (i) assert_true(s->running[i - 1]->arrival < r->arrival);
         held += r->n_blocks;
     }
     assert_true(s->n_running <= max_seqs);
     for (int32_t i = 0; i < s->n_waiting; i++) {
-        const di_request *r = s->waiting[(s->waiting_head + i) % s->cap_waiting];
+        const di_seq *r = s->waiting[(s->waiting_head + i) % s->cap_waiting];
         assert_int_equal(r->state, DI_REQ_WAITING);
         assert_int_equal(r->n_blocks, 0);
         assert_int_equal(r->n_cached, 0);
@@ -952,7 +952,7 @@ static void test_random_operations(void **state) {
                 int32_t prompt[100];
                 int64_t n = rnd_in(1, 100);
                 for (int64_t t = 0; t < n; t++) prompt[t] = (int32_t)rnd_in(0, 63);
-                di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = rnd_in(1, 60)};
+                di_seq_params p = {.sampling = di_sampling_params_default(), .max_tokens = rnd_in(1, 60)};
                 p.sampling.seed = rnd();
                 p.prefill_chunk = rnd() % 2 ? (int32_t)rnd_in(1, chunk) : 0;
                 assert_int_equal(di_core_add(c, next_id++, prompt, n, &p, &err), DI_OK);

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "deepinfer.h"
-#include "engine/request.h" /* di_finish_reason, di_token_logprobs (to move) */
+#include "engine/sequence.h" /* di_finish_reason, di_token_logprobs (to move) */
 #include "engine/sampler.h" /* di_sampling_params, di_logit_bias, di_logprobs_mode (to move) */
 
 typedef struct di_engine di_engine;

@@ -50,7 +50,7 @@ int di_engine_bench_run(const di_model_runner *runner, const di_engine_bench_opt
             h ^= h << 13, h ^= h >> 7, h ^= h << 17;
             prompt[t] = (int32_t)(h % (uint64_t)runner->n_vocab);
         }
-        di_request_params p = {.sampling = di_sampling_params_default(), .max_tokens = o->output_tokens, .ignore_eos = 1};
+        di_seq_params p = {.sampling = di_sampling_params_default(), .max_tokens = o->output_tokens, .ignore_eos = 1};
         p.sampling.temperature = o->temperature;
         p.sampling.seed = h;
         rc = di_core_add(c, i, prompt, o->prompt_tokens, &p, err);

@@ -16,10 +16,10 @@ struct di_core {
     di_executor *exec;
     di_step_plan plans[2];      /* the plan in flight and the one being prepared */
     int next_plan;
-    di_idmap ids;               /* id → di_request, every request not yet forgotten */
-    di_request **dirty;         /* [cap_dirty] requests with news for the next poll, in the order they got it */
+    di_idmap ids;               /* id → di_seq, every request not yet forgotten */
+    di_seq **dirty;         /* [cap_dirty] requests with news for the next poll, in the order they got it */
     int32_t n_dirty, cap_dirty;
-    di_request **done;          /* [cap_done] reported finished, freed once no step holds them */
+    di_seq **done;          /* [cap_done] reported finished, freed once no step holds them */
     int32_t n_done, cap_done;
     di_core_stats stats;
 };
@@ -56,13 +56,13 @@ void di_core_free(di_core *c) {
     if (c->exec) {
         di_executor_wait(c->exec);
         for (int64_t i = 0; i < c->ids.cap; i++) {
-            di_request *r = c->ids.vals[i];
+            di_seq *r = c->ids.vals[i];
             if (r && r->state == DI_REQ_RUNNING && c->runner->release) c->runner->release(c->runner->ctx, r->id);
         }
         di_executor_release(c->exec, c->sched.release, c->sched.n_release);
         di_executor_free(c->exec);
     }
-    for (int64_t i = 0; i < c->ids.cap; i++) di_request_free(c->ids.vals[i]);
+    for (int64_t i = 0; i < c->ids.cap; i++) di_seq_free(c->ids.vals[i]);
     di_idmap_destroy(&c->ids);
     free(c->dirty);
     free(c->done);
@@ -73,10 +73,10 @@ void di_core_free(di_core *c) {
     free(c);
 }
 
-static int push_list(di_request ***list, int32_t *n, int32_t *cap, di_request *r) {
+static int push_list(di_seq ***list, int32_t *n, int32_t *cap, di_seq *r) {
     if (*n == *cap) {
         int32_t nc = *cap ? 2 * *cap : 64;
-        di_request **l = realloc(*list, (size_t)nc * sizeof *l);
+        di_seq **l = realloc(*list, (size_t)nc * sizeof *l);
         if (!l) return -1;
         *list = l;
         *cap = nc;
@@ -86,32 +86,32 @@ static int push_list(di_request ***list, int32_t *n, int32_t *cap, di_request *r
 }
 
 /* A request gained tokens or finished. Out of memory here only delays its delta to a later mark. */
-static void mark_dirty(di_core *c, di_request *r) {
+static void mark_dirty(di_core *c, di_seq *r) {
     if (r->dirty) return;
     if (!push_list(&c->dirty, &c->n_dirty, &c->cap_dirty, r)) r->dirty = 1;
 }
 
-int di_core_add(di_core *c, int64_t id, const int32_t *prompt, int64_t n_prompt, const di_request_params *params,
+int di_core_add(di_core *c, int64_t id, const int32_t *prompt, int64_t n_prompt, const di_seq_params *params,
                 di_error *err) {
     if (di_idmap_get(&c->ids, id)) return di_error_set(err, DI_ERR_INVALID, "request %lld: id already in use", (long long)id);
-    di_request *r;
-    int rc = di_request_new(id, prompt, n_prompt, params, c->runner->n_vocab, &r, err);
+    di_seq *r;
+    int rc = di_seq_new(id, prompt, n_prompt, params, c->runner->n_vocab, &r, err);
     if (rc) return rc;
     if (di_idmap_put(&c->ids, id, r)) {
-        di_request_free(r);
+        di_seq_free(r);
         return di_error_set(err, DI_ERR_NOMEM, "engine: out of memory for request ids");
     }
     rc = di_sched_add(&c->sched, r, err);
     if (rc) {
         di_idmap_del(&c->ids, id);
-        di_request_free(r);
+        di_seq_free(r);
         return rc;
     }
     return DI_OK;
 }
 
 int di_core_cancel(di_core *c, int64_t id, di_error *err) {
-    di_request *r = di_idmap_get(&c->ids, id);
+    di_seq *r = di_idmap_get(&c->ids, id);
     if (!r || r->finish != DI_FINISH_NONE)
         return di_error_set(err, DI_ERR_INVALID, "request %lld: %s", (long long)id, r ? "already finished" : "unknown id");
     di_sched_finish(&c->sched, r, DI_FINISH_CANCELLED);
@@ -119,7 +119,7 @@ int di_core_cancel(di_core *c, int64_t id, di_error *err) {
     return DI_OK;
 }
 
-static void fail_request(di_core *c, di_request *r, const di_error *e) {
+static void fail_request(di_core *c, di_seq *r, const di_error *e) {
     if (r->finish != DI_FINISH_NONE) return;
     mark_dirty(c, r);
     r->finish = DI_FINISH_ERROR;
@@ -134,7 +134,7 @@ static int process(di_core *c, const di_step_result *res, di_error *err) {
     c->stats.forward_s += res->forward_s;
     c->stats.sample_s += res->sample_s;
     for (int32_t i = 0; i < p->n_items; i++) {
-        di_request *r = p->items[i].req;
+        di_seq *r = p->items[i].req;
         r->inflight--;
         if (!p->items[i].samples) c->stats.prefill_tokens += p->items[i].n_tokens;
         else c->stats.prefill_tokens += p->items[i].n_tokens - 1;
@@ -146,7 +146,7 @@ static int process(di_core *c, const di_step_result *res, di_error *err) {
     if (res->status != DI_OK) return DI_OK; /* the requests carry the error; the engine goes on */
     for (int32_t i = 0; i < res->n_samples; i++) {
         const di_step_sample *s = &res->samples[i];
-        di_request *r = s->req;
+        di_seq *r = s->req;
         r->n_pending--;
         if (r->finish != DI_FINISH_NONE) {
             c->stats.wasted_samples++;
@@ -158,7 +158,7 @@ static int process(di_core *c, const di_step_result *res, di_error *err) {
         }
         c->stats.sampled++;
         mark_dirty(c, r);
-        int rc = di_request_on_token(r, s->res.token, &s->res, c->eos, c->opt.n_eos, c->runner->max_context,
+        int rc = di_seq_on_token(r, s->res.token, &s->res, c->eos, c->opt.n_eos, c->runner->max_context,
                                      c->opt.detok, c->opt.detok_ctx, err);
         if (rc) fail_request(c, r, err);
     }
@@ -206,10 +206,10 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
     di_sched_reap(&c->sched);
     int32_t keep = 0;
     for (int32_t i = 0; i < c->n_done; i++) {
-        di_request *r = c->done[i];
+        di_seq *r = c->done[i];
         if (r->state == DI_REQ_FINISHED && !r->inflight) {
             di_idmap_del(&c->ids, r->id);
-            di_request_free(r);
+            di_seq_free(r);
         } else {
             c->done[keep++] = r;
         }
@@ -217,9 +217,9 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
     c->n_done = keep;
     int32_t n = 0, used = 0;
     for (; used < c->n_dirty && n < max; used++) {
-        di_request *r = c->dirty[used];
+        di_seq *r = c->dirty[used];
         r->dirty = 0;
-        size_t ready = di_request_text_ready(r);
+        size_t ready = di_seq_text_ready(r);
         int report_finish = r->finish != DI_FINISH_NONE && !r->finish_reported;
         if (r->n_out_emitted == r->n_out && ready == r->n_text_emitted && !report_finish) continue;
         if (report_finish && push_list(&c->done, &c->n_done, &c->cap_done, r)) {

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "engine/executor.h"
-#include "engine/request.h"
+#include "engine/sequence.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 
@@ -64,7 +64,7 @@ int di_core_new(const di_model_runner *runner, const di_core_options *opt, di_co
 void di_core_free(di_core *c);
 
 /* id: caller-chosen, unique among requests not yet fully polled. */
-int di_core_add(di_core *c, int64_t id, const int32_t *prompt, int64_t n_prompt, const di_request_params *params,
+int di_core_add(di_core *c, int64_t id, const int32_t *prompt, int64_t n_prompt, const di_seq_params *params,
                 di_error *err);
 /* Finishes a request as CANCELLED; its cache is freed once no step in flight uses it. DI_ERR_INVALID
  * for an unknown or already finished id. */

@@ -48,7 +48,7 @@ static void sample_task(void *ctx, int64_t k, int thread) {
     di_executor *e = j->e;
     const int32_t i = e->row_item[k], seq = e->seq_of_item[i];
     const di_sched_item *it = &j->p->items[i];
-    di_request *r = it->req;
+    di_seq *r = it->req;
     di_step_sample *out = &j->res->samples[k];
     out->req = r;
     if (!e->masks_ready) { /* else overlap_task cleared it and may have left a mask error in it */
@@ -82,7 +82,7 @@ static void sample_task(void *ctx, int64_t k, int thread) {
                          .choice = r->params.choice};
     if (!src) src = di_sampler_sample(e->samplers[thread], &row, &out->res, err);
     if (!src && r->params.constraint) src = r->params.constraint->accept(r->params.constraint->ctx, out->res.token, err);
-    if (!src && di_request_dev_push(r, out->res.token))
+    if (!src && di_seq_dev_push(r, out->res.token))
         src = di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory for sampled ids", (long long)r->id);
     out->status = src;
 }
@@ -106,7 +106,7 @@ static void overlap_task(void *ctx, int64_t task, int thread) {
     }
     const int64_t k = task - 1;
     const int32_t i = e->row_item[k];
-    const di_request *r = j->p->items[i].req;
+    const di_seq *r = j->p->items[i].req;
     di_step_sample *out = &j->res->samples[k];
     out->err.code = 0;
     out->err.msg[0] = 0;
@@ -144,7 +144,7 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
     int32_t rows = 0, n_seqs = 0;
     for (int32_t i = 0; i < p->n_items; i++) {
         const di_sched_item *it = &p->items[i];
-        const di_request *r = it->req;
+        const di_seq *r = it->req;
         e->seq_of_item[i] = -1;
         if (it->pos0 + it->n_tokens - r->n_prompt > r->n_dev_out) continue;
         for (int32_t j = 0; j < it->n_tokens; j++) {

@@ -19,7 +19,7 @@
 #include "engine/scheduler.h"
 
 typedef struct di_step_sample {
-    di_request *req;
+    di_seq *req;
     int32_t status;          /* DI_OK or the sampling error for this row only */
     di_sample_result res;
     di_error err;            /* message when status != DI_OK */

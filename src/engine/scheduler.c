@@ -21,7 +21,7 @@ static int grow_arr(void **p, int32_t *cap, int64_t need, size_t elem) {
 static int waiting_reserve(di_scheduler *s) {
     if (s->n_waiting < s->cap_waiting) return 0;
     int32_t cap = s->cap_waiting ? 2 * s->cap_waiting : 64;
-    di_request **q = malloc((size_t)cap * sizeof *q);
+    di_seq **q = malloc((size_t)cap * sizeof *q);
     if (!q) return -1;
     for (int32_t i = 0; i < s->n_waiting; i++) q[i] = s->waiting[(s->waiting_head + i) % s->cap_waiting];
     free(s->waiting);
@@ -31,16 +31,16 @@ static int waiting_reserve(di_scheduler *s) {
     return 0;
 }
 
-static di_request *waiting_at(const di_scheduler *s, int32_t i) {
+static di_seq *waiting_at(const di_scheduler *s, int32_t i) {
     return s->waiting[(s->waiting_head + i) % s->cap_waiting];
 }
 
-static void waiting_push_back(di_scheduler *s, di_request *r) {
+static void waiting_push_back(di_scheduler *s, di_seq *r) {
     s->waiting[(s->waiting_head + s->n_waiting) % s->cap_waiting] = r;
     s->n_waiting++;
 }
 
-static void waiting_push_front(di_scheduler *s, di_request *r) {
+static void waiting_push_front(di_scheduler *s, di_seq *r) {
     s->waiting_head = (s->waiting_head + s->cap_waiting - 1) % s->cap_waiting;
     s->waiting[s->waiting_head] = r;
     s->n_waiting++;
@@ -51,7 +51,7 @@ static void waiting_pop_front(di_scheduler *s) {
     s->n_waiting--;
 }
 
-static void waiting_remove(di_scheduler *s, const di_request *r) {
+static void waiting_remove(di_scheduler *s, const di_seq *r) {
     int32_t i = 0;
     while (i < s->n_waiting && waiting_at(s, i) != r) i++;
     if (i == s->n_waiting) return;
@@ -111,7 +111,7 @@ int32_t di_sched_blocks_for(const di_scheduler *s, int64_t n_tokens) {
     return (int32_t)((n_tokens + s->pool.block_tokens - 1) / s->pool.block_tokens);
 }
 
-int di_sched_add(di_scheduler *s, di_request *r, di_error *err) {
+int di_sched_add(di_scheduler *s, di_seq *r, di_error *err) {
     const int64_t ctx = s->runner->max_context;
     if (r->n_prompt >= ctx)
         return di_error_set(err, DI_ERR_LIMIT, "request %lld: prompt of %lld tokens leaves no room in the context of %lld",
@@ -139,14 +139,14 @@ static int push_release(di_scheduler *s, int64_t id) {
     return DI_OK;
 }
 
-static void free_blocks(di_scheduler *s, di_request *r) {
+static void free_blocks(di_scheduler *s, di_seq *r) {
     di_block_pool_release(&s->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->n_cached = 0;
 }
 
 /* Inserts into `running` keeping arrival order (a readmitted request keeps its old seniority). */
-static void running_insert(di_scheduler *s, di_request *r) {
+static void running_insert(di_scheduler *s, di_seq *r) {
     int32_t i = s->n_running;
     while (i > 0 && s->running[i - 1]->arrival > r->arrival) {
         s->running[i] = s->running[i - 1];
@@ -163,7 +163,7 @@ static void running_remove(di_scheduler *s, int32_t i) {
 
 /* The newest running request goes back to the front of the waiting queue with no cache. */
 static int preempt_newest(di_scheduler *s) {
-    di_request *v = s->running[s->n_running - 1];
+    di_seq *v = s->running[s->n_running - 1];
     if (waiting_reserve(s) || push_release(s, v->id)) return DI_ERR_NOMEM;
     free_blocks(s, v);
     s->n_running--;
@@ -175,8 +175,8 @@ static int preempt_newest(di_scheduler *s) {
 }
 
 /* The next piece of r: *n positions from n_cached; 0 when r must wait for a result first. */
-static int32_t next_piece(const di_scheduler *s, const di_request *r, int32_t *samples) {
-    int64_t len = di_request_len(r), rest = len - r->n_cached;
+static int32_t next_piece(const di_scheduler *s, const di_seq *r, int32_t *samples) {
+    int64_t len = di_seq_len(r), rest = len - r->n_cached;
     int32_t n = rest < r->chunk ? (int32_t)rest : r->chunk;
     *samples = n == rest;
     if (*samples && (r->n_out + r->n_pending >= r->params.max_tokens || len >= s->runner->max_context)) return 0;
@@ -184,11 +184,11 @@ static int32_t next_piece(const di_scheduler *s, const di_request *r, int32_t *s
 }
 
 /* Grows r's block table to cover `upto` positions. 0, or -1 when the pool is short. */
-static int reserve(di_scheduler *s, di_request *r, int64_t upto, int *nomem) {
+static int reserve(di_scheduler *s, di_seq *r, int64_t upto, int *nomem) {
     int32_t want = di_sched_blocks_for(s, upto);
     if (want <= r->n_blocks) return 0;
     if (want - r->n_blocks > s->pool.n_free) return -1;
-    if (di_request_reserve_blocks(r, want)) {
+    if (di_seq_reserve_blocks(r, want)) {
         *nomem = 1;
         return -1;
     }
@@ -197,7 +197,7 @@ static int reserve(di_scheduler *s, di_request *r, int64_t upto, int *nomem) {
     return 0;
 }
 
-static int plan_add(di_scheduler *s, di_step_plan *p, di_request *r, int32_t n, int32_t samples) {
+static int plan_add(di_scheduler *s, di_step_plan *p, di_seq *r, int32_t n, int32_t samples) {
     int32_t nb = di_sched_blocks_for(s, r->n_cached + n);
     if (grow_arr((void **)&p->blocks, &p->cap_blocks, (int64_t)p->n_blocks + nb, sizeof *p->blocks)) return DI_ERR_NOMEM;
     di_sched_item *it = &p->items[p->n_items++];
@@ -226,7 +226,7 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
 
     /* 1. running, oldest first; preempt from the newest end when the pool runs dry */
     for (int32_t i = 0; i < s->n_running && p->n_items < s->cfg.max_seqs; i++) {
-        di_request *r = s->running[i];
+        di_seq *r = s->running[i];
         if (r->finish != DI_FINISH_NONE) continue; /* reaped once its last step is back */
         int32_t samples, n = next_piece(s, r, &samples);
         if (n == 0 || n > budget) continue;
@@ -245,7 +245,7 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
 
     /* 2. waiting, strictly FIFO */
     while (s->n_waiting > 0 && p->n_items < s->cfg.max_seqs && s->n_running < s->cfg.max_seqs) {
-        di_request *r = waiting_at(s, 0);
+        di_seq *r = waiting_at(s, 0);
         int32_t samples, n = next_piece(s, r, &samples);
         if (n == 0 || n > budget) break;
         if (reserve(s, r, n, &nomem)) {
@@ -279,7 +279,7 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
 int32_t di_sched_reap(di_scheduler *s) {
     int32_t n = 0;
     for (int32_t i = 0; i < s->n_running;) {
-        di_request *r = s->running[i];
+        di_seq *r = s->running[i];
         if (r->finish == DI_FINISH_NONE || r->inflight > 0) {
             i++;
             continue;
@@ -293,7 +293,7 @@ int32_t di_sched_reap(di_scheduler *s) {
     return n;
 }
 
-void di_sched_finish(di_scheduler *s, di_request *r, di_finish_reason why) {
+void di_sched_finish(di_scheduler *s, di_seq *r, di_finish_reason why) {
     if (r->finish == DI_FINISH_NONE) r->finish = why;
     if (r->state != DI_REQ_WAITING) return;
     waiting_remove(s, r);

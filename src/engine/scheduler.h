@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #include "engine/block_pool.h"
-#include "engine/request.h"
+#include "engine/sequence.h"
 #include "engine/runner.h"
 
 #define DI_SCHED_NEED_SYNC 1
@@ -49,7 +49,7 @@ typedef struct di_sched_config {
 
 /* One piece of a step. */
 typedef struct di_sched_item {
-    di_request *req;
+    di_seq *req;
     int64_t pos0;       /* first position */
     int32_t n_tokens;
     int32_t samples;    /* the piece reaches the end of the known sequence: a token is sampled */
@@ -75,9 +75,9 @@ typedef struct di_scheduler {
     di_sched_config cfg;
     const di_model_runner *runner;
     di_block_pool pool;
-    di_request **waiting;   /* [cap_waiting] FIFO ring buffer: front at waiting_head, n_waiting entries */
+    di_seq **waiting;   /* [cap_waiting] FIFO ring buffer: front at waiting_head, n_waiting entries */
     int32_t n_waiting, cap_waiting, waiting_head;
-    di_request **running;   /* [cap_running] admission order, oldest first */
+    di_seq **running;   /* [cap_running] admission order, oldest first */
     int32_t n_running, cap_running;
     uint64_t next_arrival;
     uint64_t next_step;
@@ -96,18 +96,18 @@ int32_t di_sched_blocks_for(const di_scheduler *s, int64_t n_tokens);
 
 /* Queues a request (state WAITING). Refuses (DI_ERR_LIMIT) one that could never fit: its prompt
  * fills the context, or its longest possible sequence needs more blocks than the whole pool. */
-int di_sched_add(di_scheduler *s, di_request *r, di_error *err);
+int di_sched_add(di_scheduler *s, di_seq *r, di_error *err);
 
 /* Builds the next step. Returns DI_OK (plan may be empty), DI_SCHED_NEED_SYNC, or an error. */
 int di_sched_schedule(di_scheduler *s, di_step_plan *plan, di_error *err);
 
 /* Removes finished requests that no step in flight still uses: their blocks return to the pool and
  * the runner hears of it with the next plan. Requests leave the queues here; the caller keeps
- * ownership of the di_request (for polling) and frees it. Returns how many left. */
+ * ownership of the di_seq (for polling) and frees it. Returns how many left. */
 int32_t di_sched_reap(di_scheduler *s);
 
 /* Marks a request finished with `why` wherever it is (a waiting one leaves the queue at once). */
-void di_sched_finish(di_scheduler *s, di_request *r, di_finish_reason why);
+void di_sched_finish(di_scheduler *s, di_seq *r, di_finish_reason why);
 
 int di_step_plan_init(di_step_plan *p, int32_t max_seqs, di_error *err);
 void di_step_plan_destroy(di_step_plan *p);

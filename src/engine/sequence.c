@@ -1,5 +1,5 @@
 /* Request state and stop conditions (see request.h). */
-#include "engine/request.h"
+#include "engine/sequence.h"
 
 #include <stdlib.h>
 #include <string.h> /* memmem: _GNU_SOURCE comes from the Makefile */
@@ -15,7 +15,7 @@ const char *di_finish_reason_name(di_finish_reason r) {
     return "?";
 }
 
-void di_request_free(di_request *r) {
+void di_seq_free(di_seq *r) {
     if (!r) return;
     for (int32_t i = 0; r->stop_copy && i < r->params.n_stop; i++) free(r->stop_copy[i]);
     free(r->stop_copy);
@@ -30,8 +30,8 @@ void di_request_free(di_request *r) {
     free(r);
 }
 
-int di_request_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di_request_params *params,
-                   int32_t n_vocab, di_request **out, di_error *err) {
+int di_seq_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di_seq_params *params,
+                   int32_t n_vocab, di_seq **out, di_error *err) {
     *out = NULL;
     if (n_prompt < 1 || !prompt)
         return di_error_set(err, DI_ERR_INVALID, "request %lld: empty prompt, expected at least one token", (long long)id);
@@ -66,7 +66,7 @@ int di_request_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di
                                 (long long)id, i, n, DI_REQUEST_MAX_STOP_LEN);
     }
 
-    di_request *r = calloc(1, sizeof *r);
+    di_seq *r = calloc(1, sizeof *r);
     if (!r) return di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory", (long long)id);
     r->id = id;
     r->params = *params;
@@ -103,7 +103,7 @@ int di_request_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di
         r->params.stop = (const char *const *)r->stop_copy;
     }
     if (bad) {
-        di_request_free(r);
+        di_seq_free(r);
         return di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory", (long long)id);
     }
     *out = r;
@@ -121,20 +121,20 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t elem) {
     return 0;
 }
 
-int di_request_dev_push(di_request *r, int32_t token) {
+int di_seq_dev_push(di_seq *r, int32_t token) {
     if (grow((void **)&r->dev_out, &r->cap_dev_out, r->n_dev_out + 1, sizeof *r->dev_out)) return DI_ERR_NOMEM;
     r->dev_out[r->n_dev_out++] = token;
     return DI_OK;
 }
 
-int di_request_reserve_blocks(di_request *r, int32_t n) {
+int di_seq_reserve_blocks(di_seq *r, int32_t n) {
     int64_t cap = r->cap_blocks;
     if (grow((void **)&r->blocks, &cap, n, sizeof *r->blocks)) return DI_ERR_NOMEM;
     r->cap_blocks = (int32_t)cap;
     return DI_OK;
 }
 
-static int text_append(di_request *r, const char *b, size_t n) {
+static int text_append(di_seq *r, const char *b, size_t n) {
     int64_t cap = (int64_t)r->cap_text;
     if (grow((void **)&r->text, &cap, (int64_t)(r->n_text + n + 1), 1)) return DI_ERR_NOMEM;
     r->cap_text = (size_t)cap;
@@ -144,7 +144,7 @@ static int text_append(di_request *r, const char *b, size_t n) {
     return DI_OK;
 }
 
-int di_request_on_token(di_request *r, int32_t token, const di_sample_result *res, const int32_t *eos_ids,
+int di_seq_on_token(di_seq *r, int32_t token, const di_sample_result *res, const int32_t *eos_ids,
                         int32_t n_eos, int64_t max_context, di_detok_fn detok, void *detok_ctx, di_error *err) {
     int64_t cap = r->cap_out;
     if (grow((void **)&r->out, &cap, r->n_out + 1, sizeof *r->out))
@@ -207,7 +207,7 @@ int di_request_on_token(di_request *r, int32_t token, const di_sample_result *re
 }
 
 /* Length of the longest proper tail of text that is a prefix of some stop string. */
-static size_t stop_prefix_tail(const di_request *r) {
+static size_t stop_prefix_tail(const di_seq *r) {
     size_t best = 0;
     for (int32_t i = 0; i < r->params.n_stop; i++) {
         const char *s = r->params.stop[i];
@@ -222,7 +222,7 @@ static size_t stop_prefix_tail(const di_request *r) {
     return best;
 }
 
-size_t di_request_text_ready(const di_request *r) {
+size_t di_seq_text_ready(const di_seq *r) {
     if (r->state == DI_REQ_FINISHED || r->finish != DI_FINISH_NONE) return r->n_text;
     size_t safe = r->n_text - stop_prefix_tail(r);
     /* back off an unfinished UTF-8 sequence ending at `safe` */

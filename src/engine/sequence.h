@@ -1,10 +1,11 @@
-/* One generation request: its tokens, its place in the cache, and its stop conditions.
+/* One sequence: a generation request as the engine sees it — its tokens, its place in the cache,
+ * and its stop conditions.
  *
  * Lifecycle: WAITING (queued, holds no cache) → RUNNING (admitted: prefill chunks, then one decode
  * token per step) → FINISHED. Preemption sends a RUNNING request back to WAITING with its cache
  * freed (recompute policy, scheduler.h). Cancellation finishes it from any state.
  *
- * Token accounting. The sequence is prompt ++ out ++ pending, of length L (di_request_len):
+ * Token accounting. The sequence is prompt ++ out ++ pending, of length L (di_seq_len):
  *   out      sampled tokens the host has seen (stop checks done on them)
  *   pending  sampled tokens still with the worker (async mode: at most one, seen a step later)
  *   n_cached positions already sent through the model (their cache entries exist or are being
@@ -16,8 +17,8 @@
  *   dev_out      worker side: appended at sampling time; the next step's input token and the
  *                penalty history come from here (sampled ids stay with the runner)
  * dev_out[0..n_out) always equals out[0..n_out). */
-#ifndef DI_ENGINE_REQUEST_H
-#define DI_ENGINE_REQUEST_H
+#ifndef DI_ENGINE_SEQUENCE_H
+#define DI_ENGINE_SEQUENCE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -52,7 +53,7 @@ typedef int (*di_detok_fn)(void *ctx, int32_t token, char *buf, size_t cap);
 #define DI_REQUEST_MAX_STOP 16
 #define DI_REQUEST_MAX_STOP_LEN 256
 
-typedef struct di_request_params {
+typedef struct di_seq_params {
     di_sampling_params sampling; /* logit_bias is copied */
     int64_t max_tokens;          /* >= 1 */
     const int32_t *stop_ids;     /* [n_stop_ids], copied */
@@ -63,7 +64,7 @@ typedef struct di_request_params {
     int32_t prefill_chunk;       /* tokens per prefill chunk; 0 = the engine's default */
     uint32_t choice;             /* index among parallel samples (RNG counter word) */
     di_constraint *constraint;   /* NULL: unconstrained; borrowed, must outlive the request */
-} di_request_params;
+} di_seq_params;
 
 typedef struct di_token_logprobs {
     float logprob;
@@ -72,12 +73,12 @@ typedef struct di_token_logprobs {
     float top_logprobs[DI_SAMPLER_MAX_TOP_LOGPROBS];
 } di_token_logprobs;
 
-typedef struct di_request {
+typedef struct di_seq {
     int64_t id;
     uint64_t arrival;            /* admission order, for FIFO fairness */
     di_req_state state;
     di_finish_reason finish;
-    di_request_params params;    /* owned copies of the arrays */
+    di_seq_params params;    /* owned copies of the arrays */
     char **stop_copy;            /* [n_stop] owned stop strings */
     size_t max_stop_len;
     int32_t chunk;               /* resolved prefill chunk */
@@ -108,30 +109,30 @@ typedef struct di_request {
     /* worker view */
     int32_t *dev_out;            /* [cap_dev_out] int32 */
     int64_t n_dev_out, cap_dev_out;
-} di_request;
+} di_seq;
 
 /* Validates and copies. n_prompt >= 1. */
-int di_request_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di_request_params *params,
-                   int32_t n_vocab, di_request **out, di_error *err);
-void di_request_free(di_request *r);
+int di_seq_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di_seq_params *params,
+                   int32_t n_vocab, di_seq **out, di_error *err);
+void di_seq_free(di_seq *r);
 
-static inline int64_t di_request_len(const di_request *r) { return r->n_prompt + r->n_out + r->n_pending; }
+static inline int64_t di_seq_len(const di_seq *r) { return r->n_prompt + r->n_out + r->n_pending; }
 
 /* Host side: one sampled token arrives. Appends it (and its logprobs), detokenizes, and applies the
  * stop conditions in this order: EOS (unless ignore_eos) or a stop id → STOP (the token is kept in
  * `out`, adds no text); a stop string in the text → STOP, text cut where the match begins; max_tokens
  * or the context limit → LENGTH. Sets r->finish; returns a status (detokenizer / memory errors). */
-int di_request_on_token(di_request *r, int32_t token, const di_sample_result *res, const int32_t *eos_ids,
+int di_seq_on_token(di_seq *r, int32_t token, const di_sample_result *res, const int32_t *eos_ids,
                         int32_t n_eos, int64_t max_context, di_detok_fn detok, void *detok_ctx, di_error *err);
 
 /* Bytes of text that may be streamed now: while unfinished, hold back any tail that could still grow
  * into a stop string and an incomplete UTF-8 sequence at the end. */
-size_t di_request_text_ready(const di_request *r);
+size_t di_seq_text_ready(const di_seq *r);
 
 /* Worker side: append a sampled id to dev_out. */
-int di_request_dev_push(di_request *r, int32_t token);
+int di_seq_dev_push(di_seq *r, int32_t token);
 
 /* Grows the block table to hold n ids. */
-int di_request_reserve_blocks(di_request *r, int32_t n);
+int di_seq_reserve_blocks(di_seq *r, int32_t n);
 
 #endif
