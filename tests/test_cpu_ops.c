@@ -404,6 +404,11 @@ static void test_moe_ffn(void **state) {
     assert_int_equal(di_cpu_moe_ffn(NULL, M, D, I, x, ids, wts, TK, NE, ex, &sh, 10.0f, out, ws, wsb, &err),
                      DI_ERR_INVALID);
     assert_non_null(strstr(err.msg, "expert 4"));
+    /* a token routed twice to one expert would overflow the per-expert row buffers: refused */
+    ids[3] = ids[2];
+    assert_int_equal(di_cpu_moe_ffn(NULL, M, D, I, x, ids, wts, TK, NE, ex, &sh, 10.0f, out, ws, wsb, &err),
+                     DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "token 1 routed to expert 1 twice"));
     free(q);
     free(ws);
     free(x);

@@ -174,8 +174,8 @@ size_t di_cpu_moe_workspace(int64_t M, int64_t D, int64_t I, const di_threadpool
  * acc += y_e; then acc += shared(x); out = bf16(acc).
  *   x bf16 [M, D]; ids int32 [M, top_k], weights f32 [M, top_k] from di_cpu_router;
  *   experts [n_exp] (entries of experts nobody routes to may be all-NULL); out bf16 [M, D].
- * Errors: an id outside [0, n_exp), a NULL weight of a used expert, D or I not a multiple of 32,
- * a short workspace. */
+ * Errors: an id outside [0, n_exp) or repeated within a token, a NULL weight of a used expert, D or
+ * I not a multiple of 32, a short workspace. */
 int di_cpu_moe_ffn(di_threadpool *tp, int64_t M, int64_t D, int64_t I, const uint16_t *x, const int32_t *ids,
                    const float *weights, int top_k, int n_exp, const di_cpu_expert_fp4 *experts,
                    const di_cpu_expert_fp8 *shared, float swiglu_limit, uint16_t *out, void *ws, size_t ws_bytes,
