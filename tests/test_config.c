@@ -394,6 +394,11 @@ static void test_engram_released(void **state) {
     assert_int_equal(ec.offsets[1], 16000057);
     assert_int_equal(ec.offsets[24 + 23] + ec.primes[24 + 23], 384016682);
     assert_int_equal(di_engram_multiplier_max(c), 93078876567781LL);
+    /* "≥": a prime argument is its own answer (16000057 is the first modulus, 16000079 the second) */
+    assert_int_equal(di_engram_next_prime(16000000), 16000057);
+    assert_int_equal(di_engram_next_prime(16000057), 16000057);
+    assert_int_equal(di_engram_next_prime(16000058), 16000079);
+    assert_int_equal(di_engram_next_prime(0), 2);
     free((void *)primes);
     free((void *)mult);
     di_st_close(st);

@@ -12,6 +12,7 @@
 #include "io/formats.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/engram_consts.h"
 #include "model/inventory.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -89,12 +90,10 @@ typedef struct engram_plan {
     int64_t rows[2];                        /* table rows = Σ primes of the layer */
 } engram_plan;
 
-static int is_prime(int64_t n) {
-    if (n < 2) return 0;
-    for (int64_t d = 2; d * d <= n; d++)
-        if (n % d == 0) return 0;
-    return 1;
-}
+/* The bucket moduli are di_engram_next_prime's consecutive primes ≥ engram_vocab_size (the rule
+ * model/engram_consts.c checks the sidecar against); multipliers are drawn like the reference's,
+ * from [0, ⌊⌊INT64_MAX / classes⌋ / 2⌋), times 2 plus 1. classes ≥ 1. */
+static void engram_make_plan(const preset *p, uint64_t seed, int64_t classes, engram_plan *ep);
 
 /* ---- deterministic random streams: xoshiro256** seeded from (seed, tensor name) ---- */
 typedef struct rng {
@@ -346,15 +345,14 @@ int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **h
                               di_error *err) {
     const preset *p = find_preset(name);
     if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", name);
+    if (engram_classes < 1 || engram_classes > VOCAB)
+        return di_error_set(err, DI_ERR_INVALID, "preset '%s': engram_classes %lld (expected 1 … %d)", name,
+                            (long long)engram_classes, VOCAB);
     int n_ratios = p->layers + p->n_mtp;
     /* Engram table sizes follow from the primes (see engram_plan). */
-    int64_t prime = p->engram_vocab, rows[2] = {0, 0};
-    for (int l = 0; l < 2; l++)
-        for (int i = 0; i < (MAX_NGRAM - 1) * p->engram_heads; i++) {
-            do prime++;
-            while (!is_prime(prime));
-            rows[l] += prime;
-        }
+    engram_plan ep;
+    engram_make_plan(p, 0, engram_classes, &ep);
+    const int64_t *rows = ep.rows;
     const field fields[] = {
         {"model_type", NULL, json_string("deepseek_v41_text")},
         {"hidden_size", "dim", json_integer(p->hidden)},
@@ -444,13 +442,13 @@ int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **h
 
 static void engram_make_plan(const preset *p, uint64_t seed, int64_t classes, engram_plan *ep) {
     memset(ep, 0, sizeof *ep);
-    int64_t prime = p->engram_vocab;
+    int64_t next = p->engram_vocab; /* primes are handed out once, in (layer, order, head) order */
     for (int l = 0; l < 2; l++) {
         int k = 0;
         for (int o = 0; o < MAX_NGRAM - 1; o++)
             for (int h = 0; h < p->engram_heads; h++) {
-                do prime++;
-                while (!is_prime(prime));
+                int64_t prime = di_engram_next_prime(next);
+                next = prime + 1;
                 ep->primes[l][o][h] = prime;
                 ep->offsets[l][k++] = ep->rows[l];
                 ep->rows[l] += prime;
