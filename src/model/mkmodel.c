@@ -1,3 +1,7 @@
+/* Random-weight checkpoints in the official V4.1 layout (see mkmodel.h): preset shapes, the
+ * config documents, deterministic per-tensor random streams, and the streaming shard writer.
+ * Values are drawn so every block's activations stay in a realistic range (norm gains and init
+ * scales below), which keeps the FP8/FP4 quantizers and the router exercised as on real weights. */
 #include "model/mkmodel.h"
 
 #include <errno.h>
@@ -483,7 +487,8 @@ static int write_engram_sidecar(const char *dir, const preset *p, const engram_p
         {"token_map", DI_I32, 1, {VOCAB}},
     };
     const void *data[5] = {mult, offs, &pad, primes, token_map};
-    char *path = di_path_join(dir, "engram_token_map.safetensors");
+    char *path = di_path_join(dir, DI_ENGRAM_SIDECAR);
+    if (!path) return di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
     int rc = di_st_write_file(path, specs, data, 5, err);
     free(path);
     return rc;
@@ -491,6 +496,7 @@ static int write_engram_sidecar(const char *dir, const preset *p, const engram_p
 
 static int write_text(const char *dir, const char *name, const char *text, di_error *err) {
     char *path = di_path_join(dir, name);
+    if (!path) return di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
     FILE *f = fopen(path, "w");
     int rc = DI_OK;
     if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF)
@@ -584,13 +590,19 @@ static int write_shards(const char *dir, uint64_t seed, const di_inv_entry *inv,
     }
     writer_ctx c = {.seed = seed, .buf = malloc(BUF)};
     json_t *wm = json_object();
-    int rc = c.buf ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    int rc = c.buf && wm ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
     uint64_t total = 0;
     for (int s = 0; s < n_shards && rc == DI_OK; s++) {
         char fname[64];
         snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
         di_tensor_spec *specs = calloc((size_t)m, sizeof *specs);
         const di_inv_entry **members = calloc((size_t)m, sizeof *members);
+        if (!specs || !members) {
+            free(specs);
+            free(members);
+            rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory for the tensor list of shard %d", dir, s + 1);
+            break;
+        }
         int64_t k = 0;
         for (int64_t i = 0; i < m; i++)
             if (shard_of[i] == s) {
@@ -605,7 +617,8 @@ static int write_shards(const char *dir, uint64_t seed, const di_inv_entry *inv,
             }
         char *path = di_path_join(dir, fname);
         static const char *const meta[] = {"format", "pt"};
-        rc = di_st_writer_open(path, specs, k, meta, 1, &c.w, err);
+        rc = path ? di_st_writer_open(path, specs, k, meta, 1, &c.w, err)
+                  : di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
         free(path);
         for (int64_t i = 0; i < k && rc == DI_OK; i++) {
             const di_inv_entry *sib = NULL;
@@ -690,13 +703,15 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
     int rc = mkdir_p(o->out_dir, err);
     char *infdir = di_path_join(o->out_dir, "inference");
+    if (rc == DI_OK && !infdir) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
     if (rc == DI_OK) rc = mkdir_p(infdir, err);
 
     /* Engram token map: a stub that pairs tokens (2k, 2k+1 → k), like the reference's own random
      * test models, until a tokenizer-derived map is supplied. */
     int32_t *token_map = malloc(VOCAB * sizeof *token_map); /* int32 [VOCAB] */
     int64_t classes = (VOCAB + 1) / 2;
-    for (int i = 0; i < VOCAB; i++) token_map[i] = i / 2;
+    if (!token_map && rc == DI_OK) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
+    for (int i = 0; token_map && i < VOCAB; i++) token_map[i] = i / 2;
 
     char *hf = NULL, *inf = NULL;
     if (rc == DI_OK) rc = di_mkmodel_preset_configs(p->name, classes, &hf, &inf, err);
