@@ -249,6 +249,23 @@ static void test_golden_rope_apply(void **state) {
     assert_true(bf16_compare(y, want, 8 * 64 * 64).mismatches > 10000);
     free(perm);
     free(y);
+
+    /* more pairs than one cos/sin chunk (DI_ROPE_MAX_PAIRS): every pair is rotated, the same as two
+     * calls over the halves (each pair depends only on its own frequency) */
+    enum { NP = DI_ROPE_MAX_PAIRS + 6, HD = 2 * NP };
+    float fw[NP];
+    for (int i = 0; i < NP; i++) fw[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)HD);
+    uint16_t *whole = rand_bf16(2 * 3 * HD, 1.0f), *halves = malloc(2 * 3 * HD * sizeof *halves);
+    memcpy(halves, whole, 2 * 3 * HD * sizeof *halves);
+    int64_t p2[2] = {7, 70000};
+    di_cpu_rope_apply(2, 3, whole, 3 * HD, HD, 0, NP, p2, fw, 0);
+    /* the last pair of the last head moved (it lies past the first chunk) */
+    assert_memory_not_equal(whole + 2 * 3 * HD - 2, halves + 2 * 3 * HD - 2, 2 * sizeof *halves);
+    di_cpu_rope_apply(2, 3, halves, 3 * HD, HD, 0, NP / 2, p2, fw, 0);
+    di_cpu_rope_apply(2, 3, halves, 3 * HD, HD, NP, NP - NP / 2, p2, fw + NP / 2, 0);
+    assert_memory_equal(whole, halves, 2 * 3 * HD * sizeof *halves);
+    free(whole);
+    free(halves);
 }
 
 static void test_golden_router(void **state) {

@@ -121,7 +121,7 @@ void di_cpu_rope_cos_sin(const float *freqs, int n_pairs, int64_t pos, float *co
  *   x      bf16, token t head h at x + t·tok_stride + h·head_stride; the rope channels are
  *          [rope_off, rope_off + 2·n_pairs) of each head (the LAST rope_dim channels in V4.1)
  *   pos    int64 [n_tok] absolute position per token
- *   freqs  f32 [n_pairs]; n_pairs ≤ DI_ROPE_MAX_PAIRS */
+ *   freqs  f32 [n_pairs] (any n_pairs; the cos/sin table is built DI_ROPE_MAX_PAIRS pairs at a time) */
 #define DI_ROPE_MAX_PAIRS 128
 void di_cpu_rope_apply(int64_t n_tok, int n_heads, uint16_t *x, int64_t tok_stride, int64_t head_stride,
                        int rope_off, int n_pairs, const int64_t *pos, const float *freqs, int inverse);
