@@ -309,6 +309,8 @@ static void test_malformed(void **state) {
     expect_bad("\"engram_layer_ids\": [\n   1,", "\"engram_layer_ids\": [\n   7,\n   9,", DI_ERR_INVALID,
                "engram_num_embeddings has 2 entries but engram_layer_ids has 3");
     expect_bad("\"num_experts_per_tok\": 6", "\"num_experts_per_tok\": 500", DI_ERR_INVALID, "exceeds");
+    expect_bad("\"num_experts_per_tok\": 6", "\"num_experts_per_tok\": 65", DI_ERR_INVALID,
+               "at most 64 active experts");
     expect_bad("\"weight_block_size\": [\n   32,", "\"weight_block_size\": [\n   128,", DI_ERR_INVALID,
                "weight_block_size");
     expect_bad("\"text_config\": {", "\"text_config\": 7, \"x\": {", DI_ERR_INVALID, "'text_config' must be an object");

@@ -11,10 +11,14 @@
 #include "backend/cpu/cpu_ops.h"
 #include "io/formats.h"
 #include "io/safetensors.h"
+#include "model/config.h"
 #include "testutil.h"
 #include "util/cpu_features.h"
 #include "util/log.h"
 #include "util/threadpool.h"
+
+/* the config refuses more active experts than the router's fixed-size selection holds */
+_Static_assert(DI_MAX_ACTIVE_EXPERTS == DI_ROUTER_MAX_TOPK, "config limit and router capacity differ");
 
 /* ---------------------------------------------------------------- helpers */
 
