@@ -48,6 +48,15 @@
 
 #include "deepinfer.h"
 
+/* Marks a hot loop for runtime dispatch between an AVX2 build and the baseline build (x86-64
+ * gcc/clang, target_clones). Both builds vectorize the same explicit lanes without reassociating, so
+ * they give the same bits (see the dot-product convention above). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DI_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DI_CPU_CLONES
+#endif
+
 /* ============================== mHC (§3.3, §4.2) ============================== */
 
 #define DI_HC_MAX 8 /* streams supported by the kernels; V4.1 uses hc = 4 */
