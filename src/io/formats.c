@@ -281,7 +281,7 @@ void di_act_quant_fp8(const uint16_t *x, int64_t n, int group, uint8_t *q, uint8
         float inv_s = POW2_INV(e);
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) qg[i + j] = fp8_code(xl[j], inv_s);
         }
@@ -301,7 +301,7 @@ void di_act_qdq_fp8(const uint16_t *x, int64_t n, int group, uint16_t *out) {
         float s = POW2(e), inv_s = POW2_INV(e);
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) og[i + j] = fp8_qdq(xl[j], inv_s, s);
         }
@@ -313,16 +313,16 @@ void di_act_qdq_fp8(const uint16_t *x, int64_t n, int group, uint16_t *out) {
  * scale: the reference's f32 division), packed two per byte with the even element in the low
  * nibble. Codes first into a local array, then the packing, so that each loop vectorizes. */
 static inline void fp4_chunk_pow2(const uint16_t *x, float inv_s, uint8_t *packed) {
-    uint16_t xl[LANES];
-    uint8_t c[LANES];
+    uint16_t xl[LANES]; /* bf16 chunk */
+    uint8_t c[LANES];   /* E2M1 codes of the chunk */
     memcpy(xl, x, sizeof xl);
     for (int j = 0; j < LANES; j++) c[j] = e2m1_encode(di_bf16_to_f32(xl[j]) * inv_s);
     for (int j = 0; j < LANES / 2; j++) packed[j] = di_fp4_pack(c[2 * j], c[2 * j + 1]);
 }
 
 static inline void fp4_chunk_div(const uint16_t *x, float s, uint8_t *packed) {
-    uint16_t xl[LANES];
-    uint8_t c[LANES];
+    uint16_t xl[LANES]; /* bf16 chunk */
+    uint8_t c[LANES];   /* E2M1 codes of the chunk */
     memcpy(xl, x, sizeof xl);
     for (int j = 0; j < LANES; j++) c[j] = e2m1_encode(di_bf16_to_f32(xl[j]) / s);
     for (int j = 0; j < LANES / 2; j++) packed[j] = di_fp4_pack(c[2 * j], c[2 * j + 1]);
@@ -366,7 +366,7 @@ void di_fp4_qdq_e8m0(const uint16_t *x, int64_t n, int group, uint16_t *out) {
         float s = POW2(e), inv_s = POW2_INV(e);
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) og[i + j] = di_f32_to_bf16(e2m1_round(di_bf16_to_f32(xl[j]) * inv_s) * s);
         }
@@ -407,7 +407,7 @@ void di_fp4_qdq_e4m3(const uint16_t *x, int64_t n, int group, uint16_t *out) {
         float s = di_e4m3_values[fp4_e4m3_scale(xg, group)];
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) og[i + j] = fp4_qdq_div(xl[j], s);
         }

@@ -261,7 +261,7 @@ static int write_fp8(writer_ctx *c, const di_inv_entry *w, gen_rule r, int scale
     for (int64_t r0 = 0; r0 < rows; r0 += br) {
         int64_t nr = rows - r0 < br ? rows - r0 : br;
         fp8_values(c->seed, w->name, r.std, cols, r0, nr, c->vals);
-        uint8_t exps[4096];
+        uint8_t exps[4096]; /* E8M0 [sc_cols] scales of this block of rows */
         if (sc_cols > (int64_t)sizeof exps) return di_error_set(err, DI_ERR_INTERNAL, "%s: too many columns", w->name);
         for (int64_t cb = 0; cb < sc_cols; cb++) {
             int64_t nc = cols - cb * 32 < 32 ? cols - cb * 32 : 32;

@@ -142,7 +142,7 @@ int di_cpu_hc_expand(const uint16_t *z, const uint16_t *x, const float *post, co
         const float *po = post + t * hc, *c = comb + t * hc * hc; /* c[j·hc + k] */
         for (int64_t i = 0; i < dim; i++) {
             /* all hc inputs of column i are read before any output of it is written: out may alias x */
-            float xi[DI_HC_MAX];
+            float xi[DI_HC_MAX]; /* f32 [hc] column i of every stream */
             for (int j = 0; j < hc; j++) xi[j] = di_bf16_to_f32(xt[j * dim + i]);
             float zi = di_bf16_to_f32(z[t * dim + i]);
             for (int k = 0; k < hc; k++) {

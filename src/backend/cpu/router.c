@@ -32,8 +32,8 @@ void di_cpu_router(int64_t M, int n_exp, const float *logits, const float *bias,
         const float *b = (bias_vl && image_mask && image_mask[m]) ? bias_vl : bias;
         int32_t *id = ids + m * top_k;
         float *w = weights + m * top_k;
-        int chosen[DI_ROUTER_MAX_TOPK];
-        float chosen_score[DI_ROUTER_MAX_TOPK];
+        int chosen[DI_ROUTER_MAX_TOPK];          /* expert ids [top_k], best first */
+        float chosen_score[DI_ROUTER_MAX_TOPK];  /* f32 [top_k] their biased scores */
         /* insertion into a sorted list of the best top_k (n_exp·top_k compares, tiny) */
         int n = 0;
         for (int e = 0; e < n_exp; e++) {

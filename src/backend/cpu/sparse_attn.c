@@ -41,7 +41,7 @@ DI_CPU_CLONES static void attend_one(
     float o[DI_SPARSE_ATTN_MAX_DIM];   /* f32 [dim] running Σ p·c */
     float pv[DI_SPARSE_ATTN_MAX_DIM];  /* f32 [dim] this block's Σ bf16(p)·c */
     float s[DI_SPARSE_ATTN_BLOCK];     /* f32 scaled scores, then probabilities */
-    const uint16_t *row[DI_SPARSE_ATTN_BLOCK];
+    const uint16_t *row[DI_SPARSE_ATTN_BLOCK]; /* bf16 [dim] KV row per block index, NULL for −1 */
     for (int d = 0; d < dim; d++) {
         q[d] = di_bf16_to_f32(q_bf16[d]);
         o[d] = 0.0f;
