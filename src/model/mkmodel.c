@@ -698,7 +698,9 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     double t0 = di_now();
     memset(st, 0, sizeof *st);
     const preset *p = find_preset(o->preset ? o->preset : "");
-    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", o->preset ? o->preset : "");
+    if (!p)
+        return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)",
+                            o->preset ? o->preset : "");
     char *tokdir = find_tokenizer_dir(o->tokenizer);
     if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
     int rc = mkdir_p(o->out_dir, err);

@@ -59,7 +59,8 @@ int di_cpu_engram_gather(int64_t n, int n_cols, const int64_t *ids, const uint8_
         uint16_t *o = out + i * dim;               /* [dim] bf16 */
         for (int b = 0; b < sb; b++) {
             float sc = di_e8m0_to_f32(s[b]);
-            for (int j = b * DI_QBLOCK; j < (b + 1) * DI_QBLOCK; j++) o[j] = di_f32_to_bf16(di_e4m3_to_f32(row[j]) * sc);
+            for (int j = b * DI_QBLOCK; j < (b + 1) * DI_QBLOCK; j++)
+                o[j] = di_f32_to_bf16(di_e4m3_to_f32(row[j]) * sc);
         }
     }
     return DI_OK;

@@ -14,7 +14,6 @@
  * row over it, keeping per-(m, n) f32 accumulators in its scratch. The weight decode is amortised
  * over the batch and each (m, n) sees the same arithmetic sequence whatever M, the thread count or
  * the task split. */
-#include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
