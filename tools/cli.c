@@ -18,6 +18,11 @@ int cli_fail(const di_cli *cli, const char *fmt, ...) {
     fprintf(stderr, "deepinfer %s: error: %s\n", cli->cmd, msg);
     if (cli->json) {
         json_t *doc = json_pack("{s:b, s:s, s:s}", "ok", 0, "command", cli->cmd, "error", msg);
+        if (!doc) { /* the message is not valid UTF-8 (a path, a tensor name): still emit a document */
+            for (unsigned char *p = (unsigned char *)msg; *p; p++)
+                if (*p >= 0x80) *p = '?';
+            doc = json_pack("{s:b, s:s, s:s}", "ok", 0, "command", cli->cmd, "error", msg);
+        }
         json_dumpf(doc, stdout, JSON_INDENT(2));
         fputc('\n', stdout);
         json_decref(doc);

@@ -18,9 +18,11 @@ void di_log(di_log_level level, const char *fmt, ...) {
     if ((unsigned)level > DI_LOG_DEBUG) level = DI_LOG_DEBUG; /* tag[] bound */
     va_list ap;
     va_start(ap, fmt);
+    flockfile(stderr); /* one line per call even when worker threads log at once */
     fprintf(stderr, "[%s] ", tag[level]);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+    funlockfile(stderr);
     va_end(ap);
 }
 
