@@ -680,7 +680,8 @@ static char *find_tokenizer_dir(const char *opt) {
     if (opt) {
         if (stat(opt, &sb) == 0 && S_ISDIR(sb.st_mode)) return strdup(opt);
         if (stat(opt, &sb) == 0) {
-            char *d = strdup(opt), *slash = strrchr(d, '/');
+            char *d = strdup(opt), *slash = d ? strrchr(d, '/') : NULL;
+            if (!d) return NULL;
             if (slash) *slash = 0;
             else strcpy(d, ".");
             return d;
