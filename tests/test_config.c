@@ -311,6 +311,9 @@ static void test_malformed(void **state) {
     expect_bad("\"num_experts_per_tok\": 6", "\"num_experts_per_tok\": 500", DI_ERR_INVALID, "exceeds");
     expect_bad("\"num_experts_per_tok\": 6", "\"num_experts_per_tok\": 65", DI_ERR_INVALID,
                "at most 64 active experts");
+    /* a ratio the compressor kernels cannot pool is refused at load, not mid-forward */
+    expect_bad("\"compress_ratios\": [\n   0,\n   0,\n   2,", "\"compress_ratios\": [\n   0,\n   0,\n   129,", DI_ERR_INVALID,
+               "integers in [0, 128]");
     expect_bad("\"weight_block_size\": [\n   32,", "\"weight_block_size\": [\n   128,", DI_ERR_INVALID,
                "weight_block_size");
     expect_bad("\"text_config\": {", "\"text_config\": 7, \"x\": {", DI_ERR_INVALID, "'text_config' must be an object");

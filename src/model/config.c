@@ -61,7 +61,7 @@ static const field FIELDS[] = {
     REQ_INT("o_lora_rank", "o_lora_rank", o_lora_rank, 1, 1 << 16),
     REQ_INT("o_groups", "o_groups", o_groups, 1, 4096),
     REQ_INT("sliding_window", "window_size", sliding_window, 1, 1 << 20),
-    INTS("compress_ratios", "compress_ratios", compress_ratios, n_compress_ratios, 0, 1 << 16, 1),
+    INTS("compress_ratios", "compress_ratios", compress_ratios, n_compress_ratios, 0, DI_MAX_COMPRESS_RATIO, 1),
     INTS("kv_source_layer_ids", "kv_source_layers", kv_source_layer_ids, n_kv_source_layer_ids, 0, DI_MAX_STAGES, 0),
     INTS("index_source_layer_ids", "index_source_layers", index_source_layer_ids, n_index_source_layer_ids, 0,
          DI_MAX_STAGES, 0),
