@@ -1,9 +1,12 @@
 /* deepinfer mkmodel — write a random-weight checkpoint in the official V4.1 layout. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "model/mkmodel.h"
+#include "text/engram_map.h"
+#include "text/tokenizer.h"
 
 int cmd_mkmodel(int argc, char **argv) {
     di_args a;
@@ -24,8 +27,31 @@ int cmd_mkmodel(int argc, char **argv) {
     di_mkmodel_opts o = {.preset = preset, .seed = (uint64_t)seed, .out_dir = out, .tokenizer = tok};
     di_mkmodel_stats st;
     di_error err = {0};
+    /* The Engram token map comes from the tokenizer shipped with the model (the official one in
+     * data/tokenizer unless --tokenizer names another); without one the generator uses a stub map. */
+    const char *tok_path = tok ? tok : "data/tokenizer/deepseek-v4/tokenizer.json";
+    di_tokenizer *tk = NULL;
+    int32_t *map = NULL, classes = 0;
+    if (di_tok_load(tok_path, &tk, &err) == DI_OK) {
+        if (di_engram_map_build(tk, &map, &classes, &err) != DI_OK) {
+            di_tok_free(tk);
+            rc = cli_fail_err(&cli, &err);
+            goto done;
+        }
+        o.token_map = map;
+        o.token_map_classes = classes;
+        if (!tok) o.tokenizer = tok_path;
+    } else if (tok) {
+        rc = cli_fail_err(&cli, &err);
+        goto done;
+    } else {
+        fprintf(stderr, "mkmodel: no tokenizer at %s: using a stub Engram token map\n", tok_path);
+    }
+    di_tok_free(tk);
     fprintf(stderr, "mkmodel: writing preset '%s' (seed %lld) to %s\n", preset, seed, out);
-    if (di_mkmodel_write(&o, &st, &err) != DI_OK) {
+    int wrc = di_mkmodel_write(&o, &st, &err);
+    free(map);
+    if (wrc != DI_OK) {
         rc = cli_fail_err(&cli, &err);
         goto done;
     }

@@ -688,7 +688,7 @@ static char *find_tokenizer_dir(const char *opt) {
         }
         return NULL;
     }
-    const char *def = "data/tokenizer/deepseek-v41";
+    const char *def = "data/tokenizer/deepseek-v4";
     char *probe = di_path_join(def, "tokenizer.json");
     int ok = stat(probe, &sb) == 0;
     free(probe);
@@ -709,12 +709,16 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     if (rc == DI_OK && !infdir) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
     if (rc == DI_OK) rc = mkdir_p(infdir, err);
 
-    /* Engram token map: a stub that pairs tokens (2k, 2k+1 → k), like the reference's own random
-     * test models, until a tokenizer-derived map is supplied. */
     int32_t *token_map = malloc(VOCAB * sizeof *token_map); /* int32 [VOCAB] */
     int64_t classes = (VOCAB + 1) / 2;
     if (!token_map && rc == DI_OK) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
-    for (int i = 0; token_map && i < VOCAB; i++) token_map[i] = i / 2;
+    if (token_map && o->token_map) {
+        memcpy(token_map, o->token_map, VOCAB * sizeof *token_map);
+        classes = o->token_map_classes;
+    } else {
+        /* a stub that pairs tokens (2k, 2k+1 → k), like the reference's own random test models */
+        for (int i = 0; token_map && i < VOCAB; i++) token_map[i] = i / 2;
+    }
 
     char *hf = NULL, *inf = NULL;
     if (rc == DI_OK) rc = di_mkmodel_preset_configs(p->name, classes, &hf, &inf, err);

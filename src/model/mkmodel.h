@@ -18,6 +18,11 @@ typedef struct di_mkmodel_opts {
     uint64_t seed;         /* every tensor's stream is derived from (seed, tensor name) */
     const char *out_dir;   /* created if missing; existing files are overwritten */
     const char *tokenizer; /* tokenizer.json (or its directory) to copy in; NULL = look in data/tokenizer */
+    /* Engram compressed-token map built from that tokenizer (text/engram_map.h), int32 [129280], and
+     * its class count; NULL = a stub pairing tokens (2k, 2k+1 → k), as the reference's own random test
+     * models do. The model layer does not depend on the text layer: the caller builds it. */
+    const int32_t *token_map;
+    int64_t token_map_classes;
 } di_mkmodel_opts;
 
 typedef struct di_mkmodel_stats {

@@ -1,0 +1,33 @@
+# CUDA backend (Hopper, sm_90a): test binary and device-run helpers. Included by the Makefile.
+#   make cuda        the CUDA objects (defined in the Makefile; compiles on a GPU-less machine)
+#   make cuda-tests  build/cuda/test_cuda_ops: every CUDA op against the CPU op (tests/cuda/)
+# Run on an H200 with scripts/gpu_tests.sh.
+
+# Exactness first (src/backend/cuda/cuda_common.cuh): the CPU reference is built without FP
+# contraction, so the kernels must not fuse a multiply and an add the CPU rounds separately. The
+# kernels already spell those with __fmul_rn/__fadd_rn; -fmad=false guards the rest.
+NVFLAGS += -fmad=false
+
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+CUDA_INC   := $(if $(CUDA_HOME),-I$(CUDA_HOME)/include)
+CUDA_TEST_SRC := $(sort $(wildcard tests/cuda/test_*.c))
+CUDA_TEST_BIN := $(CUDA_TEST_SRC:tests/cuda/%.c=$(BUILD)/cuda/%)
+# The device machine lacks jansson / PCRE2 / utf8proc: link them (and the CUDA runtime) statically.
+CUDA_TEST_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -Wl,-Bdynamic \
+                  -lstdc++ -lm -lpthread -ldl -lrt
+
+.PHONY: cuda-tests
+cuda-tests: $(CUDA_TEST_BIN)
+
+$(BUILD)/cuda/tests/cuda/%.o: tests/cuda/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_INC) -MMD -MP -c $< -o $@
+
+$(BUILD)/cuda/test_%: $(BUILD)/cuda/tests/cuda/test_%.o $(CUDA_OBJ) $(BUILD)/libdeepinfer.a
+	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(BUILD)/libdeepinfer.a $(CUDA_TEST_LIBS)
+
+-include $(wildcard $(BUILD)/cuda/tests/cuda/*.d)
+
+# The Makefile's .cu rule records no header dependencies: rebuild every CUDA object when a CUDA header
+# changes.
+$(CUDA_OBJ): $(wildcard src/backend/cuda/*.cuh src/backend/cuda/*.h) src/backend/backend.h src/io/formats.h

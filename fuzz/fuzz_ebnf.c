@@ -1,0 +1,12 @@
+/* libFuzzer harness: EBNF front-end (input = grammar text, start rule "root"), then a short masked walk. */
+#include "fuzz_grammar_common.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size > 16384) return 0;
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf((const char *)data, size, NULL, &g, NULL) == DI_OK) {
+        fuzz_drive(g, data, size);
+        di_grammar_free(g);
+    }
+    return 0;
+}

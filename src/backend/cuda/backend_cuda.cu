@@ -1,0 +1,100 @@
+/* The CUDA backend object: device selection, the stream, the grown device workspace, and the di_backend
+ * table filled with the kernels of cuda_quant.cu, cuda_gemm.cu, cuda_elem.cu, cuda_mhc.cu,
+ * cuda_select.cu and cuda_attn.cu. */
+#include <stdlib.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+extern "C" int di_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+    return n;
+}
+
+int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *err) {
+    di_cuda_impl *c = di_cuda_state(be);
+    if (c->ws_bytes < bytes) {
+        /* ops already queued may still read the old buffer */
+        cudaError_t e = cudaStreamSynchronize(c->stream);
+        if (e == cudaSuccess && c->ws) e = cudaFree(c->ws);
+        c->ws = NULL, c->ws_bytes = 0;
+        if (e == cudaSuccess) e = cudaMalloc(&c->ws, bytes);
+        if (e != cudaSuccess)
+            return di_error_set(err, DI_ERR_NOMEM, "cuda backend: %zu bytes of workspace: %s", bytes, cudaGetErrorString(e));
+        c->ws_bytes = bytes;
+    }
+    *out = c->ws;
+    return DI_OK;
+}
+
+extern "C" void *di_backend_cuda_stream(const di_backend *be) { return (void *)di_cuda_state(be)->stream; }
+
+extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
+    cudaError_t e = cudaStreamSynchronize(di_cuda_state(be)->stream);
+    if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: %s", cudaGetErrorString(e));
+    return DI_OK;
+}
+
+extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *err) {
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess)
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda backend: device %d: %s", device, cudaGetErrorString(e));
+    if (prop.major != 9)
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda backend: device %d (%s) is sm_%d%d, the kernels are built for sm_90a",
+                            device, prop.name, prop.major, prop.minor);
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: set device %d: %s", device, cudaGetErrorString(e));
+    di_backend *be = (di_backend *)calloc(1, sizeof *be);
+    di_cuda_impl *c = (di_cuda_impl *)calloc(1, sizeof *c);
+    if (!be || !c || cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        free(be), free(c);
+        return di_error_set(err, DI_ERR_NOMEM, "cuda backend: state or stream");
+    }
+    c->device = device;
+    be->impl = c;
+    be->name = "cuda";
+    be->linear_fp8 = di_cuda_linear_fp8;
+    be->linear_fp4 = di_cuda_linear_fp4;
+    be->linear_bf16 = di_cuda_linear_bf16;
+    be->linear_f32 = di_cuda_linear_f32;
+    be->linear_grouped_bf16 = di_cuda_linear_grouped_bf16;
+    be->rmsnorm = di_cuda_rmsnorm;
+    be->rope = di_cuda_rope;
+    be->qdq_fp8 = di_cuda_qdq_fp8;
+    be->qdq_fp4_e8m0 = di_cuda_qdq_fp4_e8m0;
+    be->qdq_fp4_e4m3 = di_cuda_qdq_fp4_e4m3;
+    be->embed = di_cuda_embed;
+    be->hc_mixes = di_cuda_hc_mixes;
+    be->hc_sinkhorn = di_cuda_hc_sinkhorn;
+    be->hc_collapse = di_cuda_hc_collapse;
+    be->hc_expand = di_cuda_hc_expand;
+    be->compress_pool = di_cuda_compress_pool;
+    be->indexer_scores = di_cuda_indexer_scores;
+    be->candidate_mask = di_cuda_candidate_mask;
+    be->topk = di_cuda_topk;
+    be->sparse_attn = di_cuda_sparse_attn;
+    be->router = di_cuda_router;
+    be->swiglu = di_cuda_swiglu;
+    be->gather_rows = di_cuda_gather_rows;
+    be->scatter_add_rows = di_cuda_scatter_add_rows;
+    be->f32_to_bf16 = di_cuda_f32_to_bf16;
+    be->fill_f32 = di_cuda_fill_f32;
+    be->engram_lookup = di_cuda_engram_lookup;
+    be->engram_gate = di_cuda_engram_gate;
+    *out = be;
+    return DI_OK;
+}
+
+extern "C" void di_backend_cuda_destroy(di_backend *be) {
+    if (!be) return;
+    di_cuda_impl *c = di_cuda_state(be);
+    if (c) {
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->ws);
+        cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}

@@ -1,0 +1,180 @@
+/* Device-side helpers shared by the CUDA op files (sm_90a): the exact numeric formats of io/formats.c
+ * rewritten as __device__ functions, launch/error plumbing, and the libm-matching transcendentals.
+ *
+ * Exactness contract (what lets tests/cuda/test_cuda_ops.c demand bit equality with the CPU backend):
+ *  - Every rounding point of the CPU op is reproduced: products and sums that the CPU rounds
+ *    separately are written with __fmul_rn / __fadd_rn (never contracted into an FMA), and the build
+ *    passes -fmad=false as a second guard (cuda.mk).
+ *  - Reductions follow the CPU op's order where it is fixed (the 16-lane bf16 GEMM, the 8-lane dot
+ *    products of the indexer and of sparse attention); where the CPU sums exact terms in f64 (FP8/FP4
+ *    block sums) the GPU sums the same exact terms in f64, so the order does not matter.
+ *  - expf / log1pf / cos / sin: the CPU calls glibc's expf (≤ 0.502 ulp) and log1pf (~1 ulp), or
+ *    rounds the f64 function to f32 (RoPE). The GPU evaluates the f64 function and rounds once to
+ *    f32: the correctly rounded result, hence bit-equal to RoPE's, and equal to glibc's expf except on
+ *    ~6e-4 of inputs (log1pf: ~3%, measured on glibc 2.36). The tests bound that disagreement; making
+ *    it zero needs the CPU ops to round f64 exp/log1p the same way (bench/NOTES-gpu.md). */
+#ifndef DI_BACKEND_CUDA_CUDA_COMMON_CUH
+#define DI_BACKEND_CUDA_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/error.h"
+}
+
+/* ---- host plumbing ---- */
+
+/* Check the launch that just happened (and any earlier asynchronous fault) and turn a CUDA error into
+ * a di_error naming the op. */
+static inline int di_cuda_launched(const char *op, di_error *err) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: %s", op, cudaGetErrorString(e));
+    return DI_OK;
+}
+
+static inline unsigned di_cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* The backend's private state (backend_cuda.cu). Ops run on `stream`; `ws` is device scratch grown on
+ * demand (the activation codes of the quantized GEMMs, block maxima of the candidate mask). */
+typedef struct di_cuda_impl {
+    int device;
+    cudaStream_t stream;
+    void *ws;
+    size_t ws_bytes;
+} di_cuda_impl;
+
+static inline di_cuda_impl *di_cuda_state(const di_backend *be) { return (di_cuda_impl *)be->impl; }
+
+/* Device scratch of at least `bytes` (contents undefined). Grows by reallocation after a stream sync. */
+int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *err);
+
+/* ---- bf16 ---- */
+static __device__ __forceinline__ float d_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* Round to nearest even; NaN stays NaN (quiet) — di_f32_to_bf16 bit for bit. */
+static __device__ __forceinline__ uint16_t d_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static __device__ __forceinline__ float d_round_bf16(float f) { return d_bf16(d_to_bf16(f)); }
+
+/* ---- float8_e4m3fn / E2M1 / E8M0 (same bit-level algorithms as io/formats.c) ---- */
+#define D_F32_448 0x43e00000u
+#define D_F32_2M6 0x3c800000u
+#define D_F32_2P14 0x46800000u
+#define D_F32_INF 0x7f800000u
+#define D_F32_6 0x40c00000u
+#define D_F32_1 0x3f800000u
+#define D_F32_2P22 0x4a800000u
+
+/* |x| (as f32 bits) rounded to nearest even on the e4m3 grid, saturating at 448; NaN stays NaN.
+ * Subnormals round through 2^14 + |x| (ulp = 2^-9, one e4m3 subnormal step). */
+static __device__ __forceinline__ uint32_t d_e4m3_abs_round_bits(uint32_t u) {
+    uint32_t sub = __float_as_uint(__fsub_rn(__fadd_rn(__uint_as_float(u), __uint_as_float(D_F32_2P14)),
+                                             __uint_as_float(D_F32_2P14)));
+    uint32_t nrm = (u + 0x7ffffu + ((u >> 20) & 1u)) & ~0xfffffu;
+    uint32_t r = u < D_F32_2M6 ? sub : nrm;
+    r = u >= D_F32_448 ? D_F32_448 : r;
+    return u > D_F32_INF ? u : r;
+}
+
+static __device__ __forceinline__ uint32_t d_e4m3_abs_code(uint32_t u) {
+    uint32_t sub = __float_as_uint(__fadd_rn(__uint_as_float(u), __uint_as_float(D_F32_2P14))) - D_F32_2P14;
+    uint32_t nrm = (u + 0x7ffffu + ((u >> 20) & 1u) - (120u << 23)) >> 20;
+    uint32_t c = u < D_F32_2M6 ? sub : nrm;
+    c = u >= D_F32_448 ? 0x7eu : c;
+    return u > D_F32_INF ? 0x7fu : c;
+}
+
+static __device__ __forceinline__ uint8_t d_e4m3_encode(float x) {
+    uint32_t u = __float_as_uint(x);
+    return (uint8_t)(((u >> 24) & 0x80u) | d_e4m3_abs_code(u & 0x7fffffffu));
+}
+
+/* The e4m3 value nearest to x (saturating), as f32. */
+static __device__ __forceinline__ float d_e4m3_round(float x) {
+    uint32_t u = __float_as_uint(x);
+    return __uint_as_float((u & 0x80000000u) | d_e4m3_abs_round_bits(u & 0x7fffffffu));
+}
+
+/* Exact e4m3 decode by bit assembly; 0x7F/0xFF decode to NaN. */
+static __device__ __forceinline__ float d_e4m3_decode(uint8_t code) {
+    uint32_t em = code & 0x7fu;
+    uint32_t r = em < 8 ? __float_as_uint(__fmul_rn((float)(int)em, 0x1p-9f)) : (em << 20) + (120u << 23);
+    r = em == 0x7f ? 0x7fc00000u : r;
+    return __uint_as_float(r | ((uint32_t)(code & 0x80u) << 24));
+}
+
+static __device__ __forceinline__ uint32_t d_e2m1_abs_round_bits(uint32_t u) {
+    uint32_t sub = __float_as_uint(__fsub_rn(__fadd_rn(__uint_as_float(u), __uint_as_float(D_F32_2P22)),
+                                             __uint_as_float(D_F32_2P22)));
+    uint32_t nrm = (u + 0x1fffffu + ((u >> 22) & 1u)) & ~0x3fffffu;
+    uint32_t r = u < D_F32_1 ? sub : nrm;
+    r = u >= D_F32_6 ? D_F32_6 : r;
+    return u > D_F32_INF ? 0u : r;
+}
+
+static __device__ __forceinline__ uint32_t d_e2m1_abs_code(uint32_t u) {
+    uint32_t sub = __float_as_uint(__fadd_rn(__uint_as_float(u), __uint_as_float(D_F32_2P22))) - D_F32_2P22;
+    uint32_t nrm = (u + 0x1fffffu + ((u >> 22) & 1u) - (126u << 23)) >> 22;
+    uint32_t c = u < D_F32_1 ? sub : nrm;
+    c = u >= D_F32_6 ? 7u : c;
+    return u > D_F32_INF ? 0u : c;
+}
+
+static __device__ __forceinline__ uint8_t d_e2m1_encode(float x) {
+    uint32_t u = __float_as_uint(x);
+    return (uint8_t)(((u >> 28) & 8u) | d_e2m1_abs_code(u & 0x7fffffffu));
+}
+
+static __device__ __forceinline__ float d_e2m1_round(float x) {
+    uint32_t u = __float_as_uint(x);
+    return __uint_as_float((u & 0x80000000u) | d_e2m1_abs_round_bits(u & 0x7fffffffu));
+}
+
+/* E2M1 code (low 4 bits) → value (0, .5, 1, 1.5, 2, 3, 4, 6) by bit assembly: exponent e = c>>1 and
+ * mantissa bit m = c&1 give (1 + m/2)·2^(e−1), e = 0 the subnormal m/2 (no table: a per-thread array
+ * indexed at run time would live in local memory). */
+static __device__ __forceinline__ float d_e2m1_decode(uint32_t code) {
+    uint32_t e = (code >> 1) & 3u, m = code & 1u;
+    uint32_t mag = e ? ((126u + e) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(mag | ((code & 8u) << 28));
+}
+
+/* 2^(e−127); e = 0 is the f32 subnormal 2^−127, e = 255 NaN (di_e8m0_to_f32). */
+static __device__ __forceinline__ float d_e8m0(uint8_t e) {
+    if (e == 0) return __uint_as_float(0x00400000u);
+    if (e == 255) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float((uint32_t)e << 23);
+}
+
+/* ---- libm-matching transcendentals (see the file comment) ---- */
+static __device__ __forceinline__ float d_expf(float x) { return __double2float_rn(exp((double)x)); }
+static __device__ __forceinline__ float d_log1pf(float x) { return __double2float_rn(log1p((double)x)); }
+
+/* ---- warp reductions ---- */
+static __device__ __forceinline__ double d_warp_sum_f64(double v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block-wide f64 sum (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result. `sh` holds
+ * 32 doubles. The order differs from the CPU's sequential f64 sum, but the callers round the f64 total
+ * to f32 once, so the two agree unless the f64 sums straddle an f32 rounding boundary (~2^-29). */
+static __device__ double d_block_sum_f64(double v, double *sh) {
+    v = d_warp_sum_f64(v);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = lane < nw ? sh[lane] : 0.0;
+    return d_warp_sum_f64(t);
+}
+
+#endif

@@ -1,0 +1,309 @@
+/* Row-wise and elementwise ops on the GPU: RMSNorm, RoPE, embedding / row gathers, the MoE scatter-add,
+ * SwiGLU, the router, and the Engram lookup and gate (spec §3.1, §3.7, §4.3, §4.5). Each kernel keeps
+ * the CPU op's rounding points (norm.c, rope.c, moe.c, router.c, engram_ops.c); see cuda_common.cuh for
+ * the exactness contract. */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+/* ---------------- RMSNorm ---------------- */
+
+/* One block per row. Σ x² of f32 squares in f64 (the CPU sums the same f32 squares in f64 in index
+ * order; both round the total once to f32). y may alias x: the statistic is complete (block barrier)
+ * before any write, and each thread writes only the elements it read. */
+__global__ void rmsnorm_kernel(const uint16_t *x, int64_t D, const uint16_t *w, float eps, uint16_t *y) {
+    __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
+    const uint16_t *xr = x + blockIdx.x * D;
+    uint16_t *yr = y + blockIdx.x * D;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = d_bf16(xr[i]);
+        ss += (double)__fmul_rn(v, v);
+    }
+    ss = d_block_sum_f64(ss, sh);
+    float var = __fdiv_rn(__double2float_rn(ss), (float)D);
+    float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        yr[i] = d_to_bf16(__fmul_rn(d_bf16(w[i]), __fmul_rn(d_bf16(xr[i]), r)));
+}
+
+extern "C" int di_cuda_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t n, const uint16_t *w,
+                               float eps, uint16_t *y, di_error *err) {
+    if (m < 0 || n < 1) return di_error_set(err, DI_ERR_INVALID, "cuda rmsnorm: %lld rows of %lld", (long long)m, (long long)n);
+    if (m == 0) return DI_OK;
+    rmsnorm_kernel<<<(unsigned)m, 256, 0, di_cuda_state(be)->stream>>>(x, n, w, eps, y);
+    return di_cuda_launched("rmsnorm", err);
+}
+
+/* ---------------- RoPE ---------------- */
+
+/* One thread per (row, head, pair). Angle = f32(pos)·ω_i in f32; cos/sin of it through f64 rounded to
+ * f32 (what rope.c computes); complex product with separately rounded f32 products. */
+__global__ void rope_kernel(uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos, const float *freqs,
+                            int inverse) {
+    int half = rd / 2;
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= m * nh * half) return;
+    int i = (int)(e % half);
+    int64_t row = e / half, t = row / nh; /* row = t·nh + h */
+    float ang = __fmul_rn(__ll2float_rn(pos[t]), freqs[i]);
+    float cs = __double2float_rn(cos((double)ang)), sn = __double2float_rn(sin((double)ang));
+    if (inverse) sn = -sn;
+    uint16_t *v = x + row * d + (d - rd) + 2 * i;
+    float a = d_bf16(v[0]), b = d_bf16(v[1]);
+    float ac = __fmul_rn(a, cs), bd = __fmul_rn(b, sn), ad = __fmul_rn(a, sn), bc = __fmul_rn(b, cs);
+    v[0] = d_to_bf16(__fsub_rn(ac, bd));
+    v[1] = d_to_bf16(__fadd_rn(ad, bc));
+}
+
+extern "C" int di_cuda_rope(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
+                            const float *freqs, bool inverse, di_error *err) {
+    if (rd <= 0 || rd % 2 || rd > d || nh < 1 || m < 0)
+        return di_error_set(err, DI_ERR_INVALID, "cuda rope: %d rotated channels of a %d-wide head, %d heads", rd, d, nh);
+    if (be->faults.rope_half_split)
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda rope: the half-split fault is a CPU-only test switch");
+    int64_t n = m * nh * (rd / 2);
+    if (n == 0) return DI_OK;
+    rope_kernel<<<di_cuda_blocks(n, 256), 256, 0, di_cuda_state(be)->stream>>>(x, m, nh, d, rd, pos, freqs, inverse);
+    return di_cuda_launched("rope", err);
+}
+
+/* ---------------- gathers, scatter-add, conversions ---------------- */
+
+/* y[i] = src[ids[i]] for bf16 rows of width d; an id outside [0, rows) gives a zero row. */
+__global__ void gather_kernel(const uint16_t *src, int64_t rows, int64_t d, const int32_t *ids, int64_t m, uint16_t *y) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= m * d) return;
+    int64_t i = e / d, j = e % d;
+    int32_t id = ids[i];
+    y[e] = (id >= 0 && id < rows) ? src[(int64_t)id * d + j] : 0;
+}
+
+extern "C" int di_cuda_embed(const di_backend *be, const uint16_t *table, int64_t vocab, int64_t d, const int32_t *ids,
+                             int64_t m, uint16_t *y, di_error *err) {
+    if (vocab < 1 || d < 1 || m < 0)
+        return di_error_set(err, DI_ERR_INVALID, "cuda embed: vocab %lld, width %lld, %lld tokens", (long long)vocab,
+                            (long long)d, (long long)m);
+    if (m == 0) return DI_OK;
+    gather_kernel<<<di_cuda_blocks(m * d, 256), 256, 0, di_cuda_state(be)->stream>>>(table, vocab, d, ids, m, y);
+    return di_cuda_launched("embed", err);
+}
+
+extern "C" int di_cuda_gather_rows(const di_backend *be, const uint16_t *x, int64_t d, const int32_t *rows, int64_t m,
+                                   uint16_t *y, di_error *err) {
+    if (d < 1 || m < 0) return di_error_set(err, DI_ERR_INVALID, "cuda gather_rows: width %lld, %lld rows", (long long)d, (long long)m);
+    if (m == 0) return DI_OK;
+    gather_kernel<<<di_cuda_blocks(m * d, 256), 256, 0, di_cuda_state(be)->stream>>>(x, INT32_MAX, d, rows, m, y);
+    return di_cuda_launched("gather_rows", err);
+}
+
+/* One thread per column: rows are added in ascending i, so a token listed twice gets its two adds in
+ * the CPU's order. Negative rows are skipped. */
+__global__ void scatter_add_kernel(const uint16_t *y, int64_t d, const int32_t *rows, int64_t m, float *acc) {
+    int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    for (int64_t i = 0; i < m; i++) {
+        int32_t r = rows[i];
+        if (r < 0) continue;
+        float *a = acc + (int64_t)r * d + j;
+        *a = __fadd_rn(*a, d_bf16(y[i * d + j]));
+    }
+}
+
+extern "C" int di_cuda_scatter_add_rows(const di_backend *be, const uint16_t *y, int64_t d, const int32_t *rows,
+                                        int64_t m, float *acc, di_error *err) {
+    if (d < 1 || m < 0) return di_error_set(err, DI_ERR_INVALID, "cuda scatter_add_rows: width %lld, %lld rows", (long long)d, (long long)m);
+    if (m == 0) return DI_OK;
+    scatter_add_kernel<<<di_cuda_blocks(d, 128), 128, 0, di_cuda_state(be)->stream>>>(y, d, rows, m, acc);
+    return di_cuda_launched("scatter_add_rows", err);
+}
+
+__global__ void f32_to_bf16_kernel(const float *x, int64_t n, uint16_t *y) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = d_to_bf16(x[i]);
+}
+
+__global__ void fill_f32_kernel(float *x, int64_t n, float v) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
+extern "C" int di_cuda_f32_to_bf16(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *err) {
+    if (n <= 0) return n < 0 ? di_error_set(err, DI_ERR_INVALID, "cuda f32_to_bf16: %lld values", (long long)n) : DI_OK;
+    f32_to_bf16_kernel<<<di_cuda_blocks(n, 256), 256, 0, di_cuda_state(be)->stream>>>(x, n, y);
+    return di_cuda_launched("f32_to_bf16", err);
+}
+
+extern "C" int di_cuda_fill_f32(const di_backend *be, float *x, int64_t n, float v, di_error *err) {
+    if (n <= 0) return n < 0 ? di_error_set(err, DI_ERR_INVALID, "cuda fill_f32: %lld values", (long long)n) : DI_OK;
+    fill_f32_kernel<<<di_cuda_blocks(n, 256), 256, 0, di_cuda_state(be)->stream>>>(x, n, v);
+    return di_cuda_launched("fill_f32", err);
+}
+
+/* ---------------- SwiGLU ---------------- */
+
+/* a = bf16(w_row · silu(min(g, lim)) · clamp(u, ±lim)); silu(g) = g / (1 + exp(−g)) in f32 (torch). */
+__global__ void swiglu_kernel(const uint16_t *g, const uint16_t *u, int64_t m, int64_t n, const float *row_w, float lim,
+                              uint16_t *a) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= m * n) return;
+    float gv = d_bf16(g[e]), uv = d_bf16(u[e]);
+    if (lim > 0) {
+        uv = uv < -lim ? -lim : (uv > lim ? lim : uv);
+        gv = gv > lim ? lim : gv;
+    }
+    float v = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, d_expf(-gv))), uv);
+    if (row_w) v = __fmul_rn(row_w[e / n], v);
+    a[e] = d_to_bf16(v);
+}
+
+extern "C" int di_cuda_swiglu(const di_backend *be, const uint16_t *g, const uint16_t *u, int64_t m, int64_t n,
+                              const float *row_w, float lim, uint16_t *a, di_error *err) {
+    if (m < 0 || n < 1) return di_error_set(err, DI_ERR_INVALID, "cuda swiglu: %lld rows of %lld", (long long)m, (long long)n);
+    if (m == 0) return DI_OK;
+    swiglu_kernel<<<di_cuda_blocks(m * n, 256), 256, 0, di_cuda_state(be)->stream>>>(g, u, m, n, row_w, lim, a);
+    return di_cuda_launched("swiglu", err);
+}
+
+/* ---------------- router ---------------- */
+#define ROUTER_MAX_TOPK 64 /* DI_ROUTER_MAX_TOPK of cpu_ops.h */
+
+static __device__ __forceinline__ float router_sigma(float l, float temp) {
+    float x = __fdiv_rn(l, temp);
+    float sp = x > 20.0f ? x : d_log1pf(d_expf(x)); /* torch softplus, threshold 20 */
+    return __fsqrt_rn(sp);
+}
+
+/* a beats b: larger score, ties to the lower id; NaN never wins (router.c) */
+static __device__ __forceinline__ bool router_beats(float sa, int ia, float sb, int ib) {
+    if (isnan(sb)) return !isnan(sa) || ia < ib;
+    if (isnan(sa)) return false;
+    return sa > sb || (sa == sb && ia < ib);
+}
+
+/* One block per token: σ and σ + bias of every expert in parallel into shared memory, then thread 0
+ * runs the CPU's insertion into the sorted best-k list (n_exp·k compares) and the weight sum in
+ * selection order. Shared: f32 [2, n_exp]. */
+__global__ void router_kernel(const float *logits, int n_exp, const float *bias, float temp, int k, float scale,
+                              int32_t *ids, float *weights) {
+    extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias */
+    float *sig = rsh, *sc = rsh + n_exp;
+    const float *l = logits + (int64_t)blockIdx.x * n_exp;
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
+        sig[e] = router_sigma(l[e], temp);
+        sc[e] = __fadd_rn(sig[e], bias ? bias[e] : 0.0f);
+    }
+    __syncthreads();
+    if (threadIdx.x) return;
+    int chosen[ROUTER_MAX_TOPK];
+    float cs[ROUTER_MAX_TOPK];
+    int n = 0;
+    for (int e = 0; e < n_exp; e++) {
+        float s = sc[e];
+        if (n == k && !router_beats(s, e, cs[n - 1], chosen[n - 1])) continue;
+        int p = n < k ? n++ : k - 1;
+        while (p > 0 && router_beats(s, e, cs[p - 1], chosen[p - 1])) {
+            chosen[p] = chosen[p - 1];
+            cs[p] = cs[p - 1];
+            p--;
+        }
+        chosen[p] = e;
+        cs[p] = s;
+    }
+    int32_t *id = ids + (int64_t)blockIdx.x * k;
+    float *w = weights + (int64_t)blockIdx.x * k;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        id[j] = chosen[j];
+        w[j] = sig[chosen[j]];
+        sum = __fadd_rn(sum, w[j]);
+    }
+    for (int j = 0; j < k; j++) {
+        float v = w[j];
+        if (k > 1) v = __fdiv_rn(v, __fadd_rn(sum, 1e-20f));
+        w[j] = __fmul_rn(v, scale);
+    }
+}
+
+extern "C" int di_cuda_router(const di_backend *be, const float *logits, int64_t m, int n_exp, const float *bias,
+                              float temp, int k, bool normalize, float scale, int32_t *ids, float *weights,
+                              di_error *err) {
+    if (k <= 0 || k > n_exp || k > ROUTER_MAX_TOPK || n_exp > 8192 || m < 0)
+        return di_error_set(err, DI_ERR_INVALID, "cuda router: top-%d of %d experts", k, n_exp);
+    if (!normalize) return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda router: norm_topk_prob = false");
+    if (m == 0) return DI_OK;
+    router_kernel<<<(unsigned)m, 128, 2 * n_exp * sizeof(float), di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp,
+                                                                                               k, scale, ids, weights);
+    return di_cuda_launched("router", err);
+}
+
+/* ---------------- Engram ---------------- */
+
+/* y[i, j] = bf16(e4m3(table[id, j]) · 2^(scale[id, j/32] − 127)); an id outside [0, rows) gives zeros.
+ * The table may be host-mapped memory (cudaHostRegister / cudaHostAlloc mapped): each row is read once. */
+__global__ void engram_lookup_kernel(const uint8_t *table, const uint8_t *scale, int64_t rows, int hd,
+                                     const int64_t *ids, int64_t n_rows_out, uint16_t *y) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_rows_out * hd) return;
+    int64_t i = e / hd;
+    int j = (int)(e % hd);
+    int64_t id = ids[i];
+    if (id < 0 || id >= rows) {
+        y[e] = 0;
+        return;
+    }
+    y[e] = d_to_bf16(__fmul_rn(d_e4m3_decode(table[id * hd + j]), d_e8m0(scale[id * (hd / 32) + j / 32])));
+}
+
+extern "C" int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table, const uint8_t *scale, int64_t rows,
+                                     int hd, const int64_t *ids, int64_t m, int n_cols, uint16_t *y, di_error *err) {
+    if (hd <= 0 || hd % 32 || m < 0 || n_cols < 1)
+        return di_error_set(err, DI_ERR_INVALID, "cuda engram_lookup: row width %d (multiple of 32), %lld tokens × %d", hd,
+                            (long long)m, n_cols);
+    int64_t n = m * n_cols * hd;
+    if (n == 0) return DI_OK;
+    engram_lookup_kernel<<<di_cuda_blocks(n, 256), 256, 0, di_cuda_state(be)->stream>>>(table, scale, rows, hd, ids,
+                                                                                        m * n_cols, y);
+    return di_cuda_launched("engram_lookup", err);
+}
+
+/* One block per (token, stream): the three statistics Σx², Σkey², Σ(x·wq)·key of f32 terms in f64,
+ * then the gate in f32 as engram_ops.c, then x ← bf16(x + gate·value). In-place safe: each thread
+ * rewrites only the elements it read, after the block-wide sums. */
+__global__ void engram_gate_kernel(uint16_t *x, const uint16_t *kv, int hc, int64_t D, const uint16_t *qw,
+                                   const uint16_t *kw, float eps, float inv_sqrt_d) {
+    __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
+    int64_t t = blockIdx.x / hc;
+    int s = blockIdx.x % hc;
+    uint16_t *h = x + (t * hc + s) * D;
+    const uint16_t *key = kv + t * (hc + 1) * D + s * D, *value = kv + t * (hc + 1) * D + hc * D;
+    double hh = 0, kk = 0, dot = 0;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+        float hv = d_bf16(h[j]), kvv = d_bf16(key[j]);
+        float w = __fmul_rn(d_bf16(qw[s * D + j]), d_bf16(kw[s * D + j]));
+        hh += (double)__fmul_rn(hv, hv);
+        kk += (double)__fmul_rn(kvv, kvv);
+        dot += (double)__fmul_rn(__fmul_rn(hv, w), kvv);
+    }
+    hh = d_block_sum_f64(hh, sh);
+    kk = d_block_sum_f64(kk, sh);
+    dot = d_block_sum_f64(dot, sh);
+    float rh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(hh), (float)D), eps)));
+    float rk = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(__double2float_rn(kk), (float)D), eps)));
+    float dd = __fmul_rn(__fmul_rn(__double2float_rn(dot), __fmul_rn(rh, rk)), inv_sqrt_d);
+    float mag = fabsf(dd) > 1e-6f ? fabsf(dd) : 1e-6f;
+    float z = copysignf(__fsqrt_rn(mag), dd);
+    float gate = __fdiv_rn(1.0f, __fadd_rn(1.0f, d_expf(-z)));
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
+        h[j] = d_to_bf16(__fadd_rn(d_bf16(h[j]), __fmul_rn(gate, d_bf16(value[j]))));
+}
+
+extern "C" int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
+                                   const uint16_t *qw, const uint16_t *kw, float eps, di_error *err) {
+    if (m < 0 || hc < 1 || d < 1)
+        return di_error_set(err, DI_ERR_INVALID, "cuda engram_gate: %lld tokens, %d streams of %lld", (long long)m, hc,
+                            (long long)d);
+    if (m == 0) return DI_OK;
+    float inv_sqrt_d = (float)(1.0 / sqrt((double)d)); /* torch casts the Python float dim**-0.5 to f32 */
+    engram_gate_kernel<<<(unsigned)(m * hc), 256, 0, di_cuda_state(be)->stream>>>(x, kv, hc, d, qw, kw, eps, inv_sqrt_d);
+    return di_cuda_launched("engram_gate", err);
+}

@@ -1,0 +1,264 @@
+/* GEMMs y = x · Wᵀ on the GPU (spec §3.1, §5.1, §5.2), bit-identical to the CPU reference kernels.
+ *
+ * Block-scaled FP8 / MXFP4 (linear_q.c's contract): x is act-quantized per 32 inputs into the backend
+ * workspace (cuda_quant.cu, the exact formats.c quantizer); per 32-wide K block, Σ q_x·q_w is formed in
+ * f64, where every product and every partial sum of the 32 terms is exact (e4m3 values are multiples of
+ * 2^-9 below 2^9 with 4 significant bits, E2M1 multiples of 2^-1), so the block sum is the exact value
+ * in any order; it is rounded once to f32, multiplied by s_x then s_w, and added to an f32 accumulator
+ * in ascending block order; one bf16 rounding at the end. That is the CPU's arithmetic sequence, so the
+ * results agree bit for bit. The part-1 kernels are a plain shared-memory tiled loop on the FP64 units
+ * and, for decode-sized M, a one-block-per-column GEMV;
+ * Hopper's FP8 tensor cores accumulate with fewer bits than f32 and are left for part 2, where the
+ * exactness argument must be redone.
+ *
+ * bf16 (linear_bf16.c's contract): 16 interleaved f32 partial sums (lane l takes k ≡ l mod 16 in
+ * ascending k), combined (l, l+8), (l, l+4), (l, l+2), (l, l+1), then the K % 16 tail in order; products
+ * bf16×bf16 are exact in f32 and are rounded separately from the adds, as on the CPU. cuBLAS would
+ * compute the same function but not this summation order, so it would not be bit-identical. */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+#define QB 32  /* quantization block along K */
+#define QTM 32 /* rows (tokens) per tile */
+#define QTN 64 /* output columns per tile */
+
+/* xq e4m3 [M, K], xs E8M0 [M, K/32] (the act-quantized input); w e4m3 [N, K] + E8M0 [ceil(N/32), K/32]
+ * (fp4 = 0) or packed E2M1 [N, K/2] + E8M0 [N, K/32] (fp4 = 1); y bf16 [M, N]. 256 threads: thread t
+ * owns column t % 64 and rows 8·(t/64) .. +7 of the tile. */
+__global__ void __launch_bounds__(256) qgemm_kernel(const uint8_t *xq, const uint8_t *xs, const uint8_t *w,
+                                                    const uint8_t *wsc, int fp4, int64_t M, int64_t N, int64_t K,
+                                                    uint16_t *y) {
+    __shared__ float xv[QTM][QB + 1]; /* e4m3 values of the x tile, unscaled */
+    __shared__ float sxv[QTM];        /* f32 [32] x scales of this K block */
+    __shared__ float wv[QTN][QB + 1]; /* weight values of the tile, unscaled */
+    __shared__ float swv[QTN];        /* f32 [64] weight scales of this K block */
+    const int t = threadIdx.x;
+    const int64_t m0 = (int64_t)blockIdx.y * QTM, n0 = (int64_t)blockIdx.x * QTN;
+    const int64_t KB = K / QB;
+    const int nl = t % QTN, mg = (t / QTN) * 8;
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+
+    for (int64_t kb = 0; kb < KB; kb++) {
+        { /* x tile: 32 rows × 32 codes, 4 codes per thread */
+            int r = t / 8, c = (t % 8) * 4;
+            int64_t m = m0 + r;
+            uint32_t v = m < M ? *(const uint32_t *)(xq + m * K + kb * QB + c) : 0u;
+#pragma unroll
+            for (int j = 0; j < 4; j++) xv[r][c + j] = d_e4m3_decode((uint8_t)(v >> (8 * j)));
+            if (t < QTM) sxv[t] = m0 + t < M ? d_e8m0(xs[(m0 + t) * KB + kb]) : 0.0f;
+        }
+        { /* weight tile: 64 rows × 32 values, 8 per thread */
+            int r = t / 4, c = (t % 4) * 8;
+            int64_t n = n0 + r;
+            if (fp4) {
+                uint32_t v = n < N ? *(const uint32_t *)(w + n * (K / 2) + kb * (QB / 2) + c / 2) : 0u;
+#pragma unroll
+                for (int j = 0; j < 8; j++) wv[r][c + j] = d_e2m1_decode(v >> (4 * j));
+            } else {
+                uint2 v = n < N ? *(const uint2 *)(w + n * K + kb * QB + c) : make_uint2(0u, 0u);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    wv[r][c + j] = d_e4m3_decode((uint8_t)(v.x >> (8 * j)));
+                    wv[r][c + 4 + j] = d_e4m3_decode((uint8_t)(v.y >> (8 * j)));
+                }
+            }
+            if (t < QTN) {
+                int64_t nn = n0 + t;
+                swv[t] = nn < N ? d_e8m0(fp4 ? wsc[nn * KB + kb] : wsc[(nn / QB) * KB + kb]) : 0.0f;
+            }
+        }
+        __syncthreads();
+        const float sw = swv[nl];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (m0 + mg + i >= M) break; /* rows past M (decode: all but one) do no work */
+            double s = 0.0; /* exact: see the file comment */
+#pragma unroll
+            for (int kk = 0; kk < QB; kk++) s = fma((double)xv[mg + i][kk], (double)wv[nl][kk], s);
+            float p = __fmul_rn(__double2float_rn(s), sxv[mg + i]);
+            p = __fmul_rn(p, sw);
+            acc[i] = __fadd_rn(acc[i], p);
+        }
+        __syncthreads();
+    }
+    int64_t n = n0 + nl;
+    if (n >= N) return;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (m0 + mg + i < M) y[(m0 + mg + i) * N + n] = d_to_bf16(acc[i]);
+}
+
+/* Small-M path (decode, M ≤ GEMV_MAX_M): one block per output column n, the K blocks spread over the
+ * threads. Eight lanes share a 32-block (4 codes each); their f64 partial sums are combined by shuffles
+ * (every partial sum is exact, so this order gives the same block sum), lane 0 of the eight scales it
+ * into pb[m][kb]; then one thread per row adds pb[m][0..KB) in ascending order in f32 — the same
+ * sequence of f32 operations as the tiled kernel and the CPU. Shared: f32 [M, KB].
+ * 128 threads; the weight row is read once, 512 contiguous bytes per step. */
+#define GEMV_MAX_M 8
+#define GEMV_THREADS 128
+__global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const uint8_t *xq, const uint8_t *xs, const uint8_t *w,
+                                                             const uint8_t *wsc, int fp4, int M, int64_t N, int64_t K,
+                                                             uint16_t *y) {
+    extern __shared__ float pb[]; /* f32 [M, KB] scaled block sums */
+    const int64_t n = blockIdx.x, KB = K / QB;
+    const int sub = threadIdx.x & 7;
+    /* the loop bound is warp-uniform: all 32 lanes reach the shuffles, lanes past KB with zeros */
+    for (int64_t kb0 = 0; kb0 < KB; kb0 += GEMV_THREADS / 8) {
+        const int64_t kb = kb0 + (threadIdx.x >> 3);
+        const bool live = kb < KB;
+        float wv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float sw = 0.0f;
+        if (live) {
+            if (fp4) {
+                uint32_t v = *(const uint16_t *)(w + n * (K / 2) + kb * (QB / 2) + 2 * sub);
+#pragma unroll
+                for (int j = 0; j < 4; j++) wv[j] = d_e2m1_decode(v >> (4 * j));
+            } else {
+                uint32_t v = *(const uint32_t *)(w + n * K + kb * QB + 4 * sub);
+#pragma unroll
+                for (int j = 0; j < 4; j++) wv[j] = d_e4m3_decode((uint8_t)(v >> (8 * j)));
+            }
+            sw = d_e8m0(fp4 ? wsc[n * KB + kb] : wsc[(n / QB) * KB + kb]);
+        }
+        for (int m = 0; m < M; m++) {
+            double s = 0.0;
+            if (live) {
+                uint32_t xv = *(const uint32_t *)(xq + (int64_t)m * K + kb * QB + 4 * sub);
+#pragma unroll
+                for (int j = 0; j < 4; j++) s = fma((double)d_e4m3_decode((uint8_t)(xv >> (8 * j))), (double)wv[j], s);
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            if (live && sub == 0)
+                pb[(int64_t)m * KB + kb] = __fmul_rn(__fmul_rn(__double2float_rn(s), d_e8m0(xs[(int64_t)m * KB + kb])), sw);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        const float *p = pb + (int64_t)threadIdx.x * KB;
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < KB; kb++) acc = __fadd_rn(acc, p[kb]);
+        y[(int64_t)threadIdx.x * N + n] = d_to_bf16(acc);
+    }
+}
+
+static int qlinear(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                   const uint8_t *wsc, int64_t n, uint16_t *y, di_error *err) {
+    const char *op = fp4 ? "linear_fp4" : "linear_fp8";
+    if (m < 0 || n < 0 || k <= 0 || k % QB)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: K = %lld must be a positive multiple of %d (M %lld, N %lld)",
+                            op, (long long)k, QB, (long long)m, (long long)n);
+    if ((uintptr_t)w % 16)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight pointer not 16-byte aligned", op);
+    if (m == 0 || n == 0) return DI_OK;
+    void *wsp;
+    size_t codes = (size_t)(m * k), scales = (size_t)(m * (k / QB));
+    int rc = di_cuda_workspace(be, codes + scales, &wsp, err);
+    if (rc) return rc;
+    uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
+    cudaStream_t st = di_cuda_state(be)->stream;
+    rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
+    if (rc) return rc;
+    size_t pb_bytes = sizeof(float) * (size_t)(m * (k / QB));
+    if (m <= GEMV_MAX_M && pb_bytes <= 48 * 1024) {
+        qgemv_kernel<<<(unsigned)n, GEMV_THREADS, pb_bytes, st>>>(xq, xs, w, wsc, fp4, (int)m, n, k, y);
+        return di_cuda_launched(op, err);
+    }
+    dim3 grid(di_cuda_blocks(n, QTN), di_cuda_blocks(m, QTM));
+    qgemm_kernel<<<grid, 256, 0, st>>>(xq, xs, w, wsc, fp4, m, n, k, y);
+    return di_cuda_launched(op, err);
+}
+
+extern "C" int di_cuda_linear_fp8(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                                  const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    return qlinear(be, 0, x, m, k, w, ws, n, y, err);
+}
+
+extern "C" int di_cuda_linear_fp4(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                                  const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    return qlinear(be, 1, x, m, k, w, ws, n, y, err);
+}
+
+/* ---------------- bf16 ---------------- */
+#define BL 16 /* partial-sum lanes = K chunk */
+#define BTN 32
+#define BTM 8
+
+/* x bf16 [M, ldx], w bf16 [N, ldw]; y16 bf16 or y32 f32 [M, ldy] (exactly one non-NULL). 256 threads:
+ * thread t owns column t % 32 and row t / 32 of the tile and keeps that output's 16 lanes in
+ * registers. */
+__global__ void __launch_bounds__(256) bgemm_kernel(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
+                                                    int64_t M, int64_t N, int64_t K, uint16_t *y16, float *y32,
+                                                    int64_t ldy, int64_t gx, int64_t gw, int64_t gy) {
+    /* blockIdx.z = group of a grouped GEMM: its x, w and y start gx, gw, gy elements further */
+    x += blockIdx.z * gx, w += blockIdx.z * gw;
+    if (y16) y16 += blockIdx.z * gy;
+    else y32 += blockIdx.z * gy;
+    __shared__ float xs[BTM][BL];      /* f32 [8, 16] x chunk */
+    __shared__ float wsm[BTN][BL + 1]; /* f32 [32, 16 (+1 pad)] weight chunk */
+    const int t = threadIdx.x, nl = t % BTN, ml = t / BTN;
+    const int64_t m0 = (int64_t)blockIdx.y * BTM, n0 = (int64_t)blockIdx.x * BTN;
+    const int64_t m = m0 + ml, n = n0 + nl, K16 = K - K % BL;
+    float a[BL];
+#pragma unroll
+    for (int l = 0; l < BL; l++) a[l] = 0.0f;
+    for (int64_t k0 = 0; k0 < K16; k0 += BL) {
+        if (t < BTM * BL) {
+            int r = t / BL, c = t % BL;
+            xs[r][c] = m0 + r < M ? d_bf16(x[(m0 + r) * ldx + k0 + c]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int idx = t + 256 * j, r = idx / BL, c = idx % BL;
+            wsm[r][c] = n0 + r < N ? d_bf16(w[(n0 + r) * ldw + k0 + c]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int l = 0; l < BL; l++) a[l] = __fadd_rn(a[l], __fmul_rn(xs[ml][l], wsm[nl][l]));
+        __syncthreads();
+    }
+    if (m >= M || n >= N) return;
+#pragma unroll
+    for (int half = BL / 2; half >= 1; half /= 2)
+#pragma unroll
+        for (int l = 0; l < half; l++) a[l] = __fadd_rn(a[l], a[l + half]);
+    float s = a[0];
+    for (int64_t k = K16; k < K; k++) s = __fadd_rn(s, __fmul_rn(d_bf16(x[m * ldx + k]), d_bf16(w[n * ldw + k])));
+    if (y16)
+        y16[m * ldy + n] = d_to_bf16(s);
+    else
+        y32[m * ldy + n] = s;
+}
+
+static int bgemm(const di_backend *be, const char *op, const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
+                 int64_t m, int64_t n, int64_t k, uint16_t *y16, float *y32, int64_t ldy, int groups, int64_t gx,
+                 int64_t gw, int64_t gy, di_error *err) {
+    if (m < 0 || n < 0 || k < 0 || groups < 1 || groups > 65535)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld, %d groups", op, (long long)m,
+                            (long long)n, (long long)k, groups);
+    if (m == 0 || n == 0) return DI_OK;
+    dim3 grid(di_cuda_blocks(n, BTN), di_cuda_blocks(m, BTM), (unsigned)groups);
+    bgemm_kernel<<<grid, 256, 0, di_cuda_state(be)->stream>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy);
+    return di_cuda_launched(op, err);
+}
+
+extern "C" int di_cuda_linear_bf16(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
+                                   int64_t n, uint16_t *y, di_error *err) {
+    return bgemm(be, "linear_bf16", x, k, w, k, m, n, k, y, NULL, n, 1, 0, 0, 0, err);
+}
+
+extern "C" int di_cuda_linear_f32(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
+                                  int64_t n, float *y, di_error *err) {
+    return bgemm(be, "linear_f32", x, k, w, k, m, n, k, NULL, y, n, 1, 0, 0, 0, err);
+}
+
+/* einsum("bsgd,grd->bsgr"): group g reads its own slice of x and its own rows of w (one launch, the
+ * groups on gridDim.z). */
+extern "C" int di_cuda_linear_grouped_bf16(const di_backend *be, const uint16_t *x, int64_t m, int g, int64_t k,
+                                           const uint16_t *w, int64_t r, uint16_t *y, di_error *err) {
+    return bgemm(be, "linear_grouped_bf16", x, (int64_t)g * k, w, k, m, r, k, y, NULL, (int64_t)g * r, g, k, r * k, r,
+                 err);
+}

@@ -1,0 +1,115 @@
+/* Continuous-batching scheduler: which pieces of which requests run in the next step.
+ *
+ * A step has a token budget (max_step_tokens) and a sequence limit (max_seqs). Each step:
+ *   1. running requests, oldest admission first: the next piece of each — one decode token, or its
+ *      next prefill chunk — if it fits the remaining budget; cache blocks are reserved for it, and
+ *      if the pool is empty the NEWEST running request is preempted (possibly the one asking);
+ *   2. waiting requests, strictly first-in first-out: admitted while a sequence slot, the budget
+ *      and the cache allow their first chunk; the first one that does not fit stops admission, so
+ *      a long prompt is never overtaken by later short ones.
+ * Decodes and prefill chunks share one step (chunked prefill mixed with decode).
+ *
+ * Chunk boundaries are a function of the request alone (batch invariance, issue 7 item 5): a
+ * prefill covers [0, c), [c, 2c), … with c the request's own chunk size, and a chunk that does not
+ * fit the budget waits for a later step instead of being shortened. What else is in the batch can
+ * change WHEN a chunk runs, never WHERE it starts or ends.
+ *
+ * Preemption policy: recompute. The victim's blocks go back to the pool, the runner is told its
+ * cache is dead, and it re-enters the FRONT of the waiting queue with its prompt and the tokens it
+ * has generated so far; on readmission those are prefilled again (chunked from position 0) and it
+ * continues sampling at the position where it stopped. Sampling is keyed by (seed, position), so
+ * the continuation is the same as without preemption whenever the recomputed logits are the same.
+ * The recompute prefills prompt ++ outputs in chunks where the original run had a prefill and then
+ * one decode step per token, so a real model reproduces the cache bit for bit only if a position's
+ * result does not depend on whether it was computed in a chunk or in a decode step — which is what
+ * the batch-invariant kernels promise (one KV layout and one reduction order for prefill and
+ * decode); otherwise the continuation may drift after a preemption. Swapping to host memory is not
+ * implemented.
+ *
+ * Async mode: requests in a step still running on the worker cannot be preempted (their cache is
+ * being written). When the only way to make room is such a request, di_sched_schedule returns
+ * DI_SCHED_NEED_SYNC without changing anything; the caller waits for the step in flight, processes
+ * its results and calls again. */
+#ifndef DI_ENGINE_SCHEDULER_H
+#define DI_ENGINE_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "engine/block_pool.h"
+#include "engine/sequence.h"
+#include "engine/runner.h"
+
+#define DI_SCHED_NEED_SYNC 1
+
+typedef struct di_sched_config {
+    int32_t max_seqs;        /* requests per step and requests admitted at once */
+    int64_t max_step_tokens; /* token budget per step, >= prefill_chunk */
+    int32_t prefill_chunk;   /* default chunk size for requests that do not set one */
+} di_sched_config;
+
+/* One piece of a step. */
+typedef struct di_sched_item {
+    di_seq *req;
+    int64_t pos0;       /* first position */
+    int32_t n_tokens;
+    int32_t samples;    /* the piece reaches the end of the known sequence: a token is sampled */
+    int32_t block_off;  /* this piece's block table: plan->blocks[block_off .. block_off + n_blocks) */
+    int32_t n_blocks;
+} di_sched_item;
+
+/* A step's plan. Owns copies of the block tables, so the worker never reads a table the host is
+ * growing for the next step. */
+typedef struct di_step_plan {
+    uint64_t step;
+    int32_t n_items;
+    di_sched_item *items;   /* [max_seqs] */
+    int64_t n_tokens;
+    int32_t n_samples;
+    int32_t *blocks;        /* [cap_blocks] int32 concatenated block tables */
+    int32_t n_blocks, cap_blocks;
+    int64_t *release;       /* [cap_release] request ids whose cache the runner may drop, before this step */
+    int32_t n_release, cap_release;
+} di_step_plan;
+
+typedef struct di_scheduler {
+    di_sched_config cfg;
+    const di_model_runner *runner;
+    di_block_pool pool;
+    di_seq **waiting;   /* [cap_waiting] FIFO ring buffer: front at waiting_head, n_waiting entries */
+    int32_t n_waiting, cap_waiting, waiting_head;
+    di_seq **running;   /* [cap_running] admission order, oldest first */
+    int32_t n_running, cap_running;
+    uint64_t next_arrival;
+    uint64_t next_step;
+    int64_t *release;       /* [cap_release] ids to hand to the runner with the next plan */
+    int32_t n_release, cap_release;
+    /* counters */
+    int64_t n_preemptions;
+    int64_t n_steps;
+} di_scheduler;
+
+int di_sched_init(di_scheduler *s, const di_sched_config *cfg, const di_model_runner *runner, di_error *err);
+void di_sched_destroy(di_scheduler *s);
+
+/* Blocks a sequence of n positions holds (the runner's rule). */
+int32_t di_sched_blocks_for(const di_scheduler *s, int64_t n_tokens);
+
+/* Queues a request (state WAITING). Refuses (DI_ERR_LIMIT) one that could never fit: its prompt
+ * fills the context, or its longest possible sequence needs more blocks than the whole pool. */
+int di_sched_add(di_scheduler *s, di_seq *r, di_error *err);
+
+/* Builds the next step. Returns DI_OK (plan may be empty), DI_SCHED_NEED_SYNC, or an error. */
+int di_sched_schedule(di_scheduler *s, di_step_plan *plan, di_error *err);
+
+/* Removes finished requests that no step in flight still uses: their blocks return to the pool and
+ * the runner hears of it with the next plan. Requests leave the queues here; the caller keeps
+ * ownership of the di_seq (for polling) and frees it. Returns how many left. */
+int32_t di_sched_reap(di_scheduler *s);
+
+/* Marks a request finished with `why` wherever it is (a waiting one leaves the queue at once). */
+void di_sched_finish(di_scheduler *s, di_seq *r, di_finish_reason why);
+
+int di_step_plan_init(di_step_plan *p, int32_t max_seqs, di_error *err);
+void di_step_plan_destroy(di_step_plan *p);
+
+#endif

@@ -1,0 +1,287 @@
+#include "grammar/earley.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static inline uint64_t key_of(uint32_t pos, uint32_t origin) { return (uint64_t)pos << 32 | origin; }
+
+static inline size_t hash_of(uint64_t k, size_t mask) {
+    k *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(k >> 29) & mask;
+}
+
+static int grow_hash(di_earley *m, size_t need, di_error *err) {
+    if (need * 2 <= m->hcap) return DI_OK;
+    size_t cap = m->hcap ? m->hcap : 256;
+    while (cap < need * 2) cap *= 2;
+    uint64_t *k = malloc(cap * sizeof *k);
+    uint32_t *s = calloc(cap, sizeof *s);
+    if (!k || !s) {
+        free(k);
+        free(s);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for a set of %zu items", need);
+    }
+    free(m->hkey);
+    free(m->hstamp);
+    m->hkey = k;
+    m->hstamp = s;
+    m->hcap = cap;
+    m->stamp = 1;
+    /* re-insert the items of the set under construction */
+    size_t first = m->set_off[m->n_sets];
+    for (size_t i = first; i < m->n_items; i++) {
+        uint64_t key = key_of(m->items[i].pos, m->items[i].origin);
+        size_t h = hash_of(key, cap - 1);
+        while (m->hstamp[h] == m->stamp) h = (h + 1) & (cap - 1);
+        m->hstamp[h] = m->stamp;
+        m->hkey[h] = key;
+    }
+    return DI_OK;
+}
+
+/* Add an item to the set under construction unless present. Returns <0 on error. */
+/* Sets below this size are deduplicated by a linear scan: most sets the trie walk builds are
+ * that small, and a scan over a few cache lines beats hashing. Larger sets switch to the table. */
+#define SMALL_SET 24
+
+static void hash_insert(di_earley *m, uint64_t key) {
+    size_t mask = m->hcap - 1, h = hash_of(key, mask);
+    while (m->hstamp[h] == m->stamp) h = (h + 1) & mask;
+    m->hstamp[h] = m->stamp;
+    m->hkey[h] = key;
+}
+
+static int append_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
+    if (m->n_items == m->cap_items) {
+        size_t cap = m->cap_items ? m->cap_items * 2 : 1024;
+        di_earley_item *p = realloc(m->items, cap * sizeof *p);
+        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
+        m->items = p;
+        m->cap_items = cap;
+    }
+    m->items[m->n_items++] = (di_earley_item){pos, origin};
+    return 1;
+}
+
+/* Add an item to the set under construction unless present. Returns 1 if added, 0 if present,
+ * <0 on error. */
+static int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
+    size_t first = m->set_off[m->n_sets];
+    size_t count = m->n_items - first;
+    if (count + 1 > DI_EARLEY_MAX_SET_ITEMS)
+        return di_error_set(err, DI_ERR_LIMIT, "grammar matcher: Earley set exceeds %u items (grammar too ambiguous)",
+                            DI_EARLEY_MAX_SET_ITEMS);
+    if (++m->work > DI_EARLEY_MAX_WORK)
+        return di_error_set(err, DI_ERR_LIMIT,
+                            "grammar matcher: more than %u item operations for one byte (grammar too ambiguous)",
+                            DI_EARLEY_MAX_WORK);
+    if (count < SMALL_SET) {
+        for (size_t x = first; x < m->n_items; x++)
+            if (m->items[x].pos == pos && m->items[x].origin == origin) return 0;
+        int rc = append_item(m, pos, origin, err);
+        if (rc < 0 || count + 1 < SMALL_SET) return rc;
+        /* the set just reached SMALL_SET items: index them all */
+        size_t before = m->hcap;
+        rc = grow_hash(m, SMALL_SET * 2, err); /* re-inserts the set when it reallocates */
+        if (rc) return rc;
+        if (m->hcap == before)
+            for (size_t x = first; x < m->n_items; x++) hash_insert(m, key_of(m->items[x].pos, m->items[x].origin));
+        return 1;
+    }
+    int rc = grow_hash(m, count + 1, err);
+    if (rc) return rc;
+    uint64_t key = key_of(pos, origin);
+    size_t mask = m->hcap - 1, h = hash_of(key, mask);
+    while (m->hstamp[h] == m->stamp) {
+        if (m->hkey[h] == key) return 0;
+        h = (h + 1) & mask;
+    }
+    rc = append_item(m, pos, origin, err);
+    if (rc < 0) return rc;
+    m->hstamp[h] = m->stamp;
+    m->hkey[h] = key;
+    return 1;
+}
+
+static int begin_set(di_earley *m, di_error *err) {
+    if (m->n_sets + 2 > m->cap_sets) {
+        size_t cap = m->cap_sets ? m->cap_sets * 2 : 256;
+        uint32_t *o = realloc(m->set_off, (cap + 1) * sizeof *o);
+        if (!o) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
+        m->set_off = o;
+        di_cfg_class *s = realloc(m->scan, cap * sizeof *s);
+        if (!s) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
+        m->scan = s;
+        uint32_t *w = realloc(m->wait_off, (cap + 1) * sizeof *w);
+        if (!w) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
+        m->wait_off = w;
+        m->cap_sets = cap;
+    }
+    m->set_off[m->n_sets] = (uint32_t)m->n_items;
+    m->wait_off[m->n_sets] = (uint32_t)m->n_wait;
+    m->work = 0;
+    if (++m->stamp == 0) { /* stamp wrapped: clear once every 2^32 sets */
+        memset(m->hstamp, 0, m->hcap * sizeof *m->hstamp);
+        m->stamp = 1;
+    }
+    return DI_OK;
+}
+
+#define SMALL_WAIT 12
+static _Thread_local const di_earley *g_sort_m; /* qsort context for cmp_wait */
+
+static int cmp_wait(const void *a, const void *b) {
+    const di_earley *m = g_sort_m;
+    int32_t x = m->g->psym[m->items[*(const uint32_t *)a].pos], y = m->g->psym[m->items[*(const uint32_t *)b].pos];
+    if (x != y) return x < y ? -1 : 1;
+    return *(const uint32_t *)a < *(const uint32_t *)b ? -1 : 1;
+}
+
+/* Index the items of set `cur` that wait on a nonterminal (see di_earley.wait). */
+static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
+    size_t first = m->set_off[cur], count = 0;
+    for (size_t k = first; k < m->n_items; k++)
+        if (m->g->psym[m->items[k].pos] >= 0) count++;
+    if (m->n_wait + count > m->cap_wait) {
+        size_t cap = m->cap_wait ? m->cap_wait : 1024;
+        while (cap < m->n_wait + count) cap *= 2;
+        uint32_t *w = realloc(m->wait, cap * sizeof *w);
+        if (!w) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
+        m->wait = w;
+        m->cap_wait = cap;
+    }
+    uint32_t *w = m->wait + m->n_wait;
+    size_t n = 0;
+    for (size_t k = first; k < m->n_items; k++)
+        if (m->g->psym[m->items[k].pos] >= 0) w[n++] = (uint32_t)k;
+    if (n > SMALL_WAIT) { /* small lists are scanned linearly by close_set */
+        g_sort_m = m;
+        qsort(w, n, sizeof *w, cmp_wait);
+        g_sort_m = NULL;
+    }
+    m->n_wait += n;
+    return DI_OK;
+}
+
+/* Predict/complete closure of the set under construction (index n_sets), then seal it. */
+static int close_set(di_earley *m, di_error *err) {
+    const di_cfg *g = m->g;
+    uint32_t cur = (uint32_t)m->n_sets;
+    di_cfg_class scan = {{0}};
+    for (size_t k = m->set_off[cur]; k < m->n_items; k++) {
+        di_earley_item it = m->items[k];
+        int32_t s = g->psym[it.pos];
+        int rc = 0;
+        if (s == DI_CFG_END) {
+            int32_t lhs = g->plhs[it.pos];
+            /* set j == cur only for empty derivations; the nullable shortcut in prediction
+             * already advanced everything that waits on a nullable symbol (Aycock-Horspool). */
+            if (it.origin == cur) continue;
+            const uint32_t *w = m->wait + m->wait_off[it.origin];
+            size_t nw = m->wait_off[it.origin + 1] - m->wait_off[it.origin];
+            if (nw <= SMALL_WAIT) {
+                for (size_t x = 0; x < nw && rc >= 0; x++) {
+                    di_earley_item y = m->items[w[x]];
+                    if (g->psym[y.pos] == lhs) rc = add_item(m, y.pos + 1, y.origin, err);
+                }
+            } else {
+                size_t lo = 0, hi = nw;
+                while (lo < hi) { /* first waiting item with symbol >= lhs */
+                    size_t mid = (lo + hi) / 2;
+                    if (g->psym[m->items[w[mid]].pos] < lhs) lo = mid + 1;
+                    else hi = mid;
+                }
+                for (size_t x = lo; x < nw && rc >= 0; x++) {
+                    di_earley_item y = m->items[w[x]];
+                    if (g->psym[y.pos] != lhs) break;
+                    rc = add_item(m, y.pos + 1, y.origin, err);
+                }
+            }
+        } else if (s >= 0) {
+            for (uint32_t r = g->nt_rule_off[s]; r < g->nt_rule_off[s + 1] && rc >= 0; r++)
+                rc = add_item(m, g->nt_rules[r], cur, err);
+            if (rc >= 0 && g->nullable[s]) rc = add_item(m, it.pos + 1, it.origin, err);
+        } else {
+            const di_cfg_class *c = &g->cls[-1 - s];
+            for (int w = 0; w < 8; w++) scan.bits[w] |= c->bits[w];
+        }
+        if (rc < 0) return rc;
+    }
+    m->scan[cur] = scan;
+    int rc = build_wait(m, cur, err);
+    if (rc) return rc;
+    m->n_sets++;
+    m->set_off[m->n_sets] = (uint32_t)m->n_items;
+    m->wait_off[m->n_sets] = (uint32_t)m->n_wait;
+    return DI_OK;
+}
+
+int di_earley_init(di_earley *m, const di_cfg *g, di_error *err) {
+    memset(m, 0, sizeof *m);
+    m->g = g;
+    if (!g->final) return di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: grammar not finalized");
+    int rc = begin_set(m, err);
+    if (!rc) {
+        int a = add_item(m, g->init_pos, 0, err);
+        if (a < 0) rc = a;
+    }
+    if (!rc) rc = close_set(m, err);
+    if (rc) di_earley_free(m);
+    return rc;
+}
+
+void di_earley_free(di_earley *m) {
+    free(m->items);
+    free(m->set_off);
+    free(m->scan);
+    free(m->wait);
+    free(m->wait_off);
+    free(m->hkey);
+    free(m->hstamp);
+    memset(m, 0, sizeof *m);
+}
+
+int di_earley_push(di_earley *m, uint8_t b, di_error *err) {
+    uint32_t prev = (uint32_t)m->n_sets - 1;
+    if (!di_cfg_class_has(&m->scan[prev], b)) return 0;
+    int rc = begin_set(m, err);
+    if (rc) return rc;
+    const di_cfg *g = m->g;
+    size_t a = m->set_off[prev], e = m->set_off[prev + 1];
+    for (size_t x = a; x < e; x++) {
+        int32_t s = g->psym[m->items[x].pos];
+        if (s < 0 && s != DI_CFG_END && di_cfg_class_has(&g->cls[-1 - s], b)) {
+            rc = add_item(m, m->items[x].pos + 1, m->items[x].origin, err);
+            if (rc < 0) {
+                m->n_items = m->set_off[m->n_sets];
+                return rc;
+            }
+        }
+    }
+    rc = close_set(m, err);
+    if (rc < 0) {
+        m->n_items = m->set_off[m->n_sets];
+        m->n_wait = m->wait_off[m->n_sets];
+        return rc;
+    }
+    return 1;
+}
+
+int di_earley_push_bytes(di_earley *m, const uint8_t *b, size_t n, di_error *err) {
+    size_t depth = m->n_sets;
+    for (size_t i = 0; i < n; i++) {
+        int rc = di_earley_push(m, b[i], err);
+        if (rc <= 0) {
+            di_earley_pop_to(m, depth);
+            return rc;
+        }
+    }
+    return 1;
+}
+
+bool di_earley_accepting(const di_earley *m) {
+    size_t last = m->n_sets - 1;
+    for (size_t x = m->set_off[last]; x < m->set_off[last + 1]; x++)
+        if (m->items[x].pos == m->g->accept_pos && m->items[x].origin == 0) return true;
+    return false;
+}

@@ -1,0 +1,397 @@
+/* Grammar core and regex front-end: acceptance against PCRE2, masks against brute force on a
+ * synthetic vocabulary, rollback, thinking, stop strings, hostile patterns.  di-test: asan */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "grammar/cfg.h"
+#include "grammar/earley.h"
+#include "grammar_testlib.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static di_grammar *regex_or_fail(const char *re) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    if (di_grammar_from_regex(re, strlen(re), &g, &err)) fail_msg("regex /%s/: %s", re, err.msg);
+    return g;
+}
+
+/* Full-text match through the public API: feed the bytes and ask can_end. */
+static bool gram_match(const di_grammar *g, const di_grammar_vocab *v, const char *s, size_t n) {
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
+    bool ok = di_grammar_matcher_try_bytes(m, (const uint8_t *)s, n);
+    if (ok) {
+        /* accept byte by byte through the single-byte tokens (id = byte + 1) */
+        for (size_t i = 0; i < n; i++)
+            if (di_grammar_matcher_accept_token(m, (uint8_t)s[i] + 1, &err)) fail_msg("accept: %s", err.msg);
+        ok = di_grammar_matcher_can_end(m);
+    }
+    di_grammar_matcher_free(m);
+    return ok;
+}
+
+/* Accept s token by token (single-byte tokens): 1 = complete match, 0 = rejected or incomplete,
+ * <0 = the matcher's error code (e.g. DI_ERR_LIMIT). */
+static int feed_all(const di_grammar *g, const di_grammar_vocab *v, const char *s, size_t n) {
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    int r = di_grammar_matcher_new(g, v, NULL, &m, &err);
+    if (r == DI_ERR_LIMIT && strstr(err.msg, "ambiguous")) return r;
+    if (r) fail_msg("matcher: %s", err.msg);
+    r = 1;
+    for (size_t i = 0; i < n && r == 1; i++) {
+        int rc = di_grammar_matcher_accept_token(m, (uint8_t)s[i] + 1, &err);
+        if (rc == DI_ERR_INVALID) r = 0;
+        else if (rc) r = rc;
+    }
+    if (r == 1 && !di_grammar_matcher_can_end(m)) r = 0;
+    if (r == DI_ERR_LIMIT && !strstr(err.msg, "ambiguous")) fail_msg("limit error without a reason: %s", err.msg);
+    di_grammar_matcher_free(m);
+    return r;
+}
+
+static bool pcre_match(pcre2_code *re, const char *s, size_t n) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    return rc >= 0;
+}
+
+/* Every pattern: random strings over an alphabet that exercises it must get the same verdict
+ * from our grammar and from PCRE2 (anchored, full match, UTF mode). */
+static void test_regex_vs_pcre2(void **state) {
+    (void)state;
+    static const struct {
+        const char *re, *alpha;
+    } cases[] = {
+        {"abc", "abc"},
+        {"a|b|cd", "abcd"},
+        {"(ab)*c", "abc"},
+        {"a+b?c{2,3}", "abc"},
+        {"[a-c]{0,4}x", "abcdx"},
+        {"[^a-c]+", "abcd\xc3\xa9"},
+        {"\\d{1,3}(\\.\\d{1,3}){3}", "0123.9a"},
+        {"(a*)*b", "ab"},
+        {"(a|aa)+$", "ab"},
+        {"^-?(0|[1-9]\\d*)(\\.\\d+)?([eE][+-]?\\d+)?$", "0123-.eE+"},
+        {"\\w+@\\w+\\.com", "ab@.com_"},
+        {"(?:x|y){2}z?", "xyz"},
+        {"\\s*\\S+", " \tab"},
+        {"[\\u00e9\\u4e2d-\\u4e2f]+", "\xc3\xa9\xe4\xb8\xad" "a"},
+        {"..?", "a\xc3\xa9\n"},
+        {"(a|b)*abb", "ab"},
+        {"[a\\-z]+", "a-zb"},
+        {"a{3}", "a"},
+        {"(?<name>ab)+", "ab"},
+        {"x*?y+?", "xy"},
+        {"\\x41\\u0042", "AB"},
+        {"[\\d\\s]+", "1 a"},
+        {"[^\\d]", "1a\xe4\xb8\xad"},
+        {"", "a"},
+    };
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    uint64_t seed = 12345;
+    int compared = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        di_grammar *g = regex_or_fail(cases[c].re);
+        int ec;
+        PCRE2_SIZE eo;
+        char anch[512];
+        snprintf(anch, sizeof anch, "(?:%s)\\z", cases[c].re);
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)anch, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ALT_BSUX, &ec, &eo, NULL);
+        if (!re) fail_msg("PCRE2 rejects /%s/ (error %d at %zu)", anch, ec, (size_t)eo);
+        /* alphabet as UTF-8 code point strings */
+        const char *al = cases[c].alpha;
+        const char *units[32];
+        size_t ulen[32], nu = 0;
+        for (const char *p = al; *p && nu < 32;) {
+            size_t k = 1;
+            while (((unsigned char)p[k] & 0xC0) == 0x80) k++;
+            units[nu] = p, ulen[nu++] = k, p += k;
+        }
+        for (int trial = 0; trial < 300; trial++) {
+            char s[64];
+            size_t n = 0;
+            int len = (int)(gt_rng(&seed) % 9);
+            for (int k = 0; k < len && nu; k++) {
+                size_t u = gt_rng(&seed) % nu;
+                memcpy(s + n, units[u], ulen[u]);
+                n += ulen[u];
+            }
+            bool want = pcre_match(re, s, n), got = gram_match(g, v, s, n);
+            if (want != got) fail_msg("/%s/ on \"%.*s\": grammar %d, PCRE2 %d", cases[c].re, (int)n, s, got, want);
+            compared++;
+        }
+        pcre2_code_free(re);
+        di_grammar_free(g);
+    }
+    tu_report("regex strings compared with PCRE2: %d", compared);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+static void expect_regex_error(const char *re, const char *needle) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    int rc = di_grammar_from_regex(re, strlen(re), &g, &err);
+    if (rc == DI_OK) fail_msg("regex /%s/ compiled but should fail", re);
+    assert_null(g);
+    if (!strstr(err.msg, needle)) fail_msg("regex /%s/: error '%s' lacks '%s'", re, err.msg, needle);
+}
+
+static void test_regex_errors(void **state) {
+    (void)state;
+    expect_regex_error("a(?=b)", "look-ahead");
+    expect_regex_error("a(?!b)", "look-ahead");
+    expect_regex_error("(?<=a)b", "look-behind");
+    expect_regex_error("(a)\\1", "back-reference");
+    expect_regex_error("\\bfoo", "word boundary");
+    expect_regex_error("(ab", "missing ')'");
+    expect_regex_error("ab)", "unbalanced");
+    expect_regex_error("[ab", "unterminated");
+    expect_regex_error("a{5,2}", "m < n");
+    expect_regex_error("*a", "without an operand");
+    expect_regex_error("a^b", "anchors");
+    expect_regex_error("a++", "possessive");
+    expect_regex_error("(?i)a", "inline flags");
+    expect_regex_error("[z-a]", "out of order");
+    expect_regex_error("a{1000000}", "too large");
+    expect_regex_error("\xff", "UTF-8");
+    char deep[1200];
+    memset(deep, '(', 600);
+    memset(deep + 600, ')', 600);
+    deep[1199] = 0;
+    expect_regex_error(deep, "nested too deeply");
+}
+
+/* Masks equal brute force along random walks (with rollbacks) for each pattern. */
+static void test_regex_masks(void **state) {
+    (void)state;
+    static const char *pats[] = {
+        "\\{\"a\":(true|false|null|-?\\d+(\\.\\d+)?)\\}",
+        "[a-c]+(,[a-c]+)*",
+        "(\\\\n|[^\\\\\"])*\"",
+        "é+中?😀{0,2}x",
+        "(a|ab)(c|bcd)(d*)",
+        "(ue|al|se|f|ll|true|null)+END",
+    };
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    int checked = 0;
+    for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) {
+        di_grammar *g = regex_or_fail(pats[i]);
+        for (uint64_t s = 1; s <= 6; s++) checked += gt_walk(g, v, &tb, NULL, s * 7919, 30, pats[i]);
+        di_grammar_free(g);
+    }
+    tu_report("regex masks checked against brute force: %d", checked);
+    assert_true(checked > 100);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+static void test_rollback_and_eos(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail("ab+");
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    assert_int_equal(di_grammar_matcher_new(g, v, NULL, &m, &err), DI_OK);
+    assert_false(di_grammar_matcher_can_end(m));
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'b' + 1, &err), DI_ERR_INVALID);
+    assert_int_equal(di_grammar_matcher_accept_token(m, GT_EOS, &err), DI_ERR_INVALID);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'a' + 1, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'b' + 1, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'b' + 1, &err), DI_OK);
+    assert_true(di_grammar_matcher_can_end(m));
+    assert_int_equal(di_grammar_matcher_rollback(m, 2, &err), DI_OK);
+    assert_false(di_grammar_matcher_can_end(m));
+    assert_int_equal(di_grammar_matcher_n_accepted(m), 1);
+    assert_int_equal(di_grammar_matcher_rollback(m, 5, &err), DI_ERR_INVALID);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'b' + 1, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, GT_EOS, &err), DI_OK);
+    assert_true(di_grammar_matcher_finished(m));
+    uint32_t mask[9];
+    assert_int_equal(di_grammar_matcher_fill_mask(m, mask, &err), DI_OK);
+    assert_int_equal(mask[0], 1u); /* only EOS */
+    for (int i = 1; i < 9; i++) assert_int_equal(mask[i], 0);
+    /* rollback past EOS reopens the request */
+    assert_int_equal(di_grammar_matcher_rollback(m, 1, &err), DI_OK);
+    assert_false(di_grammar_matcher_finished(m));
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'b' + 1, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 1000, &err), DI_ERR_INVALID);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+static void test_thinking_and_stop(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail("\\{(a|b|c)*\\}(x|END)*");
+    di_grammar_matcher_opts o = {.thinking = true};
+    int checked = 0;
+    for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, &o, s * 31, 25, "thinking");
+    const char *stops[] = {"END"};
+    di_grammar_matcher_opts so = {.stop = stops, .n_stop = 1};
+    for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, &so, s * 131, 25, "stop");
+    tu_report("thinking/stop masks checked against brute force: %d", checked);
+
+    /* explicit: free text, then "</think>{" (token 257) switches to the grammar mid-token */
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    assert_int_equal(di_grammar_matcher_new(g, v, &o, &m, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'z' + 1, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, GT_EOS, &err), DI_ERR_INVALID);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 257, &err), DI_OK);
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'z' + 1, &err), DI_ERR_INVALID);
+    assert_int_equal(di_grammar_matcher_accept_token(m, '}' + 1, &err), DI_OK);
+    assert_true(di_grammar_matcher_can_end(m));
+    di_grammar_matcher_free(m);
+    /* stop string: after "END" only EOS */
+    assert_int_equal(di_grammar_matcher_new(g, v, &so, &m, &err), DI_OK);
+    const char *txt = "{a}xEN";
+    for (const char *p = txt; *p; p++) assert_int_equal(di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err), DI_OK);
+    assert_false(di_grammar_matcher_finished(m));
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'D' + 1, &err), DI_OK);
+    assert_true(di_grammar_matcher_finished(m));
+    assert_int_equal(di_grammar_matcher_accept_token(m, 'x' + 1, &err), DI_ERR_INVALID);
+    assert_int_equal(di_grammar_matcher_rollback(m, 1, &err), DI_OK);
+    assert_false(di_grammar_matcher_finished(m));
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Exponential-backtracking patterns are linear-time here (Earley has no backtracking); huge
+ * nested counts stay within the grammar size bound or fail with a clear error. */
+static void test_hostile_regex(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *pats[] = {"(a*)*b", "(a|a)*b", "(a+)+b", "((a*)*)*b", "(a|aa|aaa)*b", "(a*a*)*b"};
+    char s[1001];
+    memset(s, 'a', 1000);
+    s[1000] = 0;
+    for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) {
+        di_grammar *g = regex_or_fail(pats[i]);
+        double t0 = now_s();
+        s[999] = 'b';
+        int r = feed_all(g, v, s, 1000);
+        s[999] = 'a';
+        double dt = now_s() - t0;
+        tu_report("hostile /%s/ on 1000 bytes: %.1f ms (%s)", pats[i], dt * 1e3, r == 1 ? "matched" : "limit error");
+        /* either the right answer or the ambiguity limit, and never slow */
+        assert_true(r == 1 || r == DI_ERR_LIMIT);
+        assert_true(dt < 5.0); /* wall clock on a shared 2-core machine */
+        di_grammar_free(g);
+    }
+    /* nested counts share symbols, so ((a{100}){100}){100} is three short rules */
+    di_grammar *g = regex_or_fail("((a{100}){100}){100}");
+    assert_false(gram_match(g, v, s, 100));
+    di_grammar_free(g);
+    /* nested bounded counts stay additive in size (the inner symbol is shared), so compiling is
+     * fast; matching is bounded by the ambiguity limit */
+    double t0 = now_s();
+    di_grammar *h = regex_or_fail("(a{0,100000}){0,100000}");
+    int r = feed_all(h, v, s, 300);
+    tu_report("(a{0,100000}){0,100000}: compile+300 bytes %.1f ms (%s)", (now_s() - t0) * 1e3,
+              r == 1 ? "matched" : "limit error");
+    assert_true(r == 1 || r == DI_ERR_LIMIT);
+    assert_true(now_s() - t0 < 5.0);
+    di_grammar_free(h);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Matchers share only immutable data (grammar, vocab), so masks computed on several threads at
+ * once must equal the masks computed on one thread. */
+typedef struct thr_job {
+    const di_grammar *g;
+    const di_grammar_vocab *v;
+    const int32_t *toks; /* [n] token sequence to replay */
+    size_t n, words;
+    const uint32_t *want; /* [n][words] masks from the single-threaded run */
+    int mismatches;
+} thr_job;
+
+static void *thr_run(void *arg) {
+    thr_job *j = arg;
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(j->g, j->v, NULL, &m, NULL)) {
+        j->mismatches = -1;
+        return NULL;
+    }
+    uint32_t *mask = malloc(j->words * 4);
+    for (int rep = 0; rep < 3; rep++) {
+        for (size_t i = 0; i < j->n; i++) {
+            if (di_grammar_matcher_fill_mask(m, mask, NULL) || memcmp(mask, j->want + i * j->words, j->words * 4))
+                j->mismatches++;
+            if (di_grammar_matcher_accept_token(m, j->toks[i], NULL)) j->mismatches++;
+        }
+        di_grammar_matcher_rollback(m, j->n, NULL);
+    }
+    free(mask);
+    di_grammar_matcher_free(m);
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail("\\{(\"[a-c]+\":(true|null|-?\\d+),)*\"x\":\"[^\"]*\"\\}");
+    const char *text = "{\"ab\":12,\"c\":null,\"x\":\"hello world\"}";
+    size_t n = strlen(text), words = di_grammar_mask_words(tb.n);
+    int32_t *toks = malloc(n * sizeof *toks);
+    uint32_t *want = malloc(n * words * 4);
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    assert_int_equal(di_grammar_matcher_new(g, v, NULL, &m, &err), DI_OK);
+    for (size_t i = 0; i < n; i++) {
+        toks[i] = (uint8_t)text[i] + 1;
+        assert_int_equal(di_grammar_matcher_fill_mask(m, want + i * words, &err), DI_OK);
+        assert_int_equal(di_grammar_matcher_accept_token(m, toks[i], &err), DI_OK);
+    }
+    assert_true(di_grammar_matcher_can_end(m));
+    di_grammar_matcher_free(m);
+    enum { NT = 4 };
+    pthread_t th[NT];
+    thr_job jobs[NT];
+    for (int t = 0; t < NT; t++) {
+        jobs[t] = (thr_job){.g = g, .v = v, .toks = toks, .n = n, .words = words, .want = want};
+        assert_int_equal(pthread_create(&th[t], NULL, thr_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NT; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(jobs[t].mismatches, 0);
+    }
+    tu_report("threads: %d matchers x 3 replays of %zu masks agree with the single-threaded masks", NT, n);
+    free(toks);
+    free(want);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
+        cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_rollback_and_eos),
+        cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

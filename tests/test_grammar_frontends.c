@@ -1,0 +1,368 @@
+/* EBNF (GBNF/Lark-lite) and JSON Schema front-ends: acceptance of valid and invalid texts,
+ * masks against brute force, clear errors, hostile inputs.  di-test: asan */
+#include <time.h>
+
+#include "grammar_testlib.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 1: complete match, 0: rejected or incomplete. Uses the single-byte tokens (id = byte + 1). */
+static int full_match(const di_grammar *g, const di_grammar_vocab *v, const char *s) {
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
+    int r = 1;
+    for (const char *p = s; *p && r; p++) {
+        int rc = di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err);
+        if (rc == DI_ERR_INVALID) r = 0;
+        else if (rc) fail_msg("accept: %s", err.msg);
+    }
+    if (r && !di_grammar_matcher_can_end(m)) r = 0;
+    di_grammar_matcher_free(m);
+    return r;
+}
+
+typedef struct tcase {
+    const char *text;
+    int valid;
+} tcase;
+
+static void check_cases(const di_grammar *g, const di_grammar_vocab *v, const tcase *cs, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++) {
+        int got = full_match(g, v, cs[i].text);
+        if (got != cs[i].valid) fail_msg("%s: '%s' expected %s", what, cs[i].text, cs[i].valid ? "accepted" : "rejected");
+    }
+}
+
+static di_grammar *ebnf_or_fail(const char *src) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    if (di_grammar_from_ebnf(src, strlen(src), NULL, &g, &err)) fail_msg("ebnf: %s", err.msg);
+    return g;
+}
+
+static di_grammar *schema_or_fail(const char *src, di_json_ws ws) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    di_json_schema_opts o = {.whitespace = ws};
+    if (di_grammar_from_json_schema(src, strlen(src), &o, &g, &err)) fail_msg("schema %s: %s", src, err.msg);
+    return g;
+}
+
+static const char *k_arith =
+    "# arithmetic, GBNF\n"
+    "root ::= expr\n"
+    "expr ::= term ((\"+\" | \"-\") term)*\n"
+    "term ::= factor (\"*\" factor)*\n"
+    "factor ::= num | \"(\" expr \")\" | \"-\" factor\n"
+    "num ::= [0-9]+ (\".\" [0-9]+)?\n";
+
+static const char *k_json_gbnf =
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+    "object ::=\n  \"{\" ws (\n    string \":\" ws value\n    (\",\" ws string \":\" ws value)*\n  )? \"}\" ws\n"
+    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+    "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+
+static const char *k_lark =
+    "// Lark-style\n"
+    "start: greeting name+ \"!\"?\n"
+    "greeting: \"hello\" | 'hi'\n"
+    "name: / [A-Z][a-z]*/\n"
+    "?unused: \"x\" ~ 2..3\n";
+
+static void test_ebnf_accept(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = ebnf_or_fail(k_arith);
+    const tcase arith[] = {{"1+2*3", 1}, {"(1+2)*-3.5", 1}, {"((2))", 1}, {"1+", 0}, {"(1", 0}, {"1..2", 0}, {"", 0}, {"1*(2+3)-4", 1}};
+    check_cases(g, v, arith, sizeof arith / sizeof arith[0], "arith");
+    di_grammar_free(g);
+    g = ebnf_or_fail(k_json_gbnf);
+    const tcase json[] = {{"{}", 1}, {"{\"a\": [1, 2.5, true, null]}", 1}, {"{\"a\":{\"b\":\"\\u00e9\"}}", 1},
+                          {"{\"a\" 1}", 0}, {"[1]", 0}, {"{\"a\":01}", 0}, {"{\"a\":tru}", 0}};
+    check_cases(g, v, json, sizeof json / sizeof json[0], "json.gbnf");
+    di_grammar_free(g);
+    di_grammar *lg = NULL;
+    di_error err = {0};
+    if (di_grammar_from_ebnf(k_lark, strlen(k_lark), "start", &lg, &err)) fail_msg("lark: %s", err.msg);
+    const tcase lark[] = {{"hello Ann Bo!", 1}, {"hi Zed", 1}, {"hello", 0}, {"hello ann", 0}, {"hey Ann", 0}};
+    check_cases(lg, v, lark, sizeof lark / sizeof lark[0], "lark");
+    di_grammar_free(lg);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+static void expect_ebnf_error(const char *src, const char *needle) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    if (di_grammar_from_ebnf(src, strlen(src), NULL, &g, &err) == DI_OK) fail_msg("grammar compiled: %s", src);
+    assert_null(g);
+    if (!strstr(err.msg, needle)) fail_msg("error '%s' lacks '%s'", err.msg, needle);
+}
+
+static void test_ebnf_errors(void **state) {
+    (void)state;
+    expect_ebnf_error("root ::= foo", "'foo' is used but not defined");
+    expect_ebnf_error("start ::= \"a\"", "no 'root' rule");
+    expect_ebnf_error("root ::= \"abc", "unterminated string");
+    expect_ebnf_error("root ::= [a-", "unterminated character class");
+    expect_ebnf_error("root ::= (\"a\"", "missing ')'");
+    expect_ebnf_error("root ::= \"a\" )", "line 1 col 14");
+    expect_ebnf_error("root ::= \"a\"\nroot ::= \"b\"", "line 2");
+    expect_ebnf_error("root ::= /a(?=b)/", "look-ahead");
+    expect_ebnf_error("root ::= x\nx ::= x", "unproductive");
+    expect_ebnf_error("", "empty grammar");
+    expect_ebnf_error("%import common.WS\nroot ::= \"a\"", "expected a rule definition");
+    expect_ebnf_error("root ::= \"a\"{3,1}", "n < m");
+    char *deep = malloc(4000);
+    strcpy(deep, "root ::= ");
+    for (int i = 0; i < 1000; i++) strcat(deep, "(");
+    expect_ebnf_error(deep, "nested too deeply");
+    free(deep);
+}
+
+static void test_ebnf_masks(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    const char *gs[] = {k_arith, k_json_gbnf};
+    int checked = 0;
+    for (size_t i = 0; i < 2; i++) {
+        di_grammar *g = ebnf_or_fail(gs[i]);
+        for (uint64_t s = 1; s <= 5; s++) checked += gt_walk(g, v, &tb, NULL, s * 104729, 40, gs[i]);
+        di_grammar_free(g);
+    }
+    tu_report("EBNF masks checked against brute force: %d", checked);
+    assert_true(checked > 100);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+static const char *k_person =
+    "{\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",1,null]},\"maxItems\":3},"
+    "\"kind\":{\"const\":\"x\"},"
+    "\"email\":{\"type\":\"string\",\"format\":\"email\"}},"
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+
+static void test_schema_accept(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = schema_or_fail(k_person, DI_JSON_WS_COMPACT);
+    const tcase person[] = {
+        {"{\"name\":\"a\",\"age\":3}", 1},
+        {"{\"name\":\"a\",\"age\":3,\"tags\":[\"a\",1,null]}", 1},
+        {"{\"name\":\"a\",\"age\":3,\"tags\":[\"a\",1,null,\"b\"]}", 0},  /* maxItems */
+        {"{\"name\":\"\",\"age\":3}", 0},                              /* minLength */
+        {"{\"name\":\"abcdefghi\",\"age\":3}", 0},                     /* maxLength */
+        {"{\"name\":\"a\",\"age\":-3}", 0},                            /* minimum 0 */
+        {"{\"name\":\"a\"}", 0},                                       /* required */
+        {"{\"name\":\"a\",\"age\":3,\"kind\":\"x\"}", 1},
+        {"{\"name\":\"a\",\"age\":3,\"kind\":\"y\"}", 0},
+        {"{\"name\":\"a\",\"age\":3,\"zzz\":1}", 0},                   /* additionalProperties */
+        {"{\"name\":\"a\",\"age\":3,\"email\":\"x.y@ex.com\"}", 1},
+        {"{\"name\":\"a\",\"age\":3,\"email\":\"nope\"}", 0},
+        {"{\"name\":\"\\u00e9\\n\",\"age\":0}", 1},
+        {"{ \"name\":\"a\",\"age\":3}", 0},                            /* compact: no whitespace */
+    };
+    check_cases(g, v, person, sizeof person / sizeof person[0], "person");
+    di_grammar_free(g);
+
+    g = schema_or_fail(k_person, DI_JSON_WS_FLEXIBLE);
+    const tcase flex[] = {{"{ \"name\" : \"a\",\n  \"age\": 3 }", 1}, {" {\"name\":\"a\",\"age\":3}\n", 1}, {"{\"name\":\"a\" \"age\":3}", 0}};
+    check_cases(g, v, flex, sizeof flex / sizeof flex[0], "person/flexible");
+    di_grammar_free(g);
+
+    /* recursion through $ref, anyOf, prefixItems, pattern, additionalProperties schema */
+    const char *tree =
+        "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+        "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],"
+        "\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}";
+    g = schema_or_fail(tree, DI_JSON_WS_COMPACT);
+    const tcase tr[] = {{"{\"v\":1}", 1}, {"{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}", 1}, {"{\"v\":1,\"kids\":[{}]}", 0}, {"{\"kids\":[]}", 0}};
+    check_cases(g, v, tr, sizeof tr / sizeof tr[0], "tree");
+    di_grammar_free(g);
+
+    const char *misc =
+        "{\"type\":\"object\",\"properties\":{"
+        "\"p\":{\"type\":\"array\",\"prefixItems\":[{\"type\":\"boolean\"},{\"type\":\"null\"}],\"items\":false},"
+        "\"u\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\",\"pattern\":\"^[a-c]+$\"}]},"
+        "\"s\":{\"type\":\"string\",\"pattern\":\"ab\"},"
+        "\"q\":{\"type\":[\"string\",\"null\"]}},"
+        "\"additionalProperties\":{\"type\":\"integer\"}}";
+    g = schema_or_fail(misc, DI_JSON_WS_COMPACT);
+    const tcase mc[] = {{"{}", 1},
+                        {"{\"p\":[true,null]}", 1},
+                        {"{\"p\":[true]}", 1},
+                        {"{\"p\":[true,null,1]}", 0},
+                        {"{\"p\":[null]}", 0},
+                        {"{\"u\":-1.5e3}", 1},
+                        {"{\"u\":\"abc\"}", 1},
+                        {"{\"u\":\"abd\"}", 0},
+                        {"{\"s\":\"xxabyy\"}", 1},
+                        {"{\"s\":\"xxbayy\"}", 0},
+                        {"{\"q\":null,\"zz\":5}", 1},
+                        {"{\"zz\":\"no\"}", 0}};
+    check_cases(g, v, mc, sizeof mc / sizeof mc[0], "misc");
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Integer bounds compile to digit grammars: every integer in a window is accepted iff in range. */
+static void test_schema_int_ranges(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const struct {
+        const char *schema;
+        long long lo, hi; /* inclusive; +-1e18 = unbounded */
+    } cases[] = {
+        {"{\"type\":\"integer\",\"minimum\":-15,\"maximum\":123}", -15, 123},
+        {"{\"type\":\"integer\",\"minimum\":7}", 7, (long long)1e18},
+        {"{\"type\":\"integer\",\"maximum\":-3}", (long long)-1e18, -3},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1000}", 1, 999},
+        {"{\"type\":\"integer\",\"minimum\":0.5,\"maximum\":99.5}", 1, 99},
+        {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":true}", 6, (long long)1e18},
+        {"{\"type\":\"integer\",\"minimum\":-250,\"maximum\":-40}", -250, -40},
+        {"{\"type\":\"integer\",\"minimum\":10,\"maximum\":10}", 10, 10},
+    };
+    int checked = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        di_grammar *g = schema_or_fail(cases[k].schema, DI_JSON_WS_COMPACT);
+        for (long long x = -1100; x <= 1100; x++) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "%lld", x);
+            int want = x >= cases[k].lo && x <= cases[k].hi;
+            if (full_match(g, v, buf) != want) fail_msg("%s: %lld expected %s", cases[k].schema, x, want ? "accepted" : "rejected");
+            checked++;
+        }
+        assert_int_equal(full_match(g, v, "-0"), 0); /* never generated: only canonical spellings */
+        assert_int_equal(full_match(g, v, "007"), 0);
+        di_grammar_free(g);
+    }
+    tu_report("integer-range strings checked: %d", checked);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+static void expect_schema_error(const char *src, const char *needle) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    if (di_grammar_from_json_schema(src, strlen(src), NULL, &g, &err) == DI_OK) fail_msg("schema compiled: %s", src);
+    assert_null(g);
+    if (!strstr(err.msg, needle)) fail_msg("error '%s' lacks '%s'", err.msg, needle);
+}
+
+static void test_schema_errors(void **state) {
+    (void)state;
+    expect_schema_error("{\"type\":", "not JSON");
+    expect_schema_error("{\"not\":{}}", "'not' is not supported");
+    expect_schema_error("{\"properties\":{\"a\":{\"$ref\":\"#/nope\"}}}", "does not resolve");
+    expect_schema_error("{\"properties\":{\"a\":{\"$ref\":\"http://x/y\"}}}", "not local");
+    expect_schema_error("{\"type\":\"strin\"}", "unknown type");
+    expect_schema_error("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "look-ahead");
+    expect_schema_error("{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems");
+    expect_schema_error("{\"type\":\"number\",\"maximum\":5}", "bounds on non-integer numbers");
+    expect_schema_error("false", "matches no string");
+    expect_schema_error("{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}", "matches no string");
+    expect_schema_error("{\"$ref\":\"#\"}", "matches no string"); /* only infinite recursion */
+}
+
+static void test_schema_masks(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = schema_or_fail(k_person, DI_JSON_WS_FLEXIBLE);
+    int checked = 0;
+    for (uint64_t s = 1; s <= 6; s++) checked += gt_walk(g, v, &tb, NULL, s * 7727, 40, "person schema");
+    di_grammar_free(g);
+    g = schema_or_fail("{\"type\":\"object\",\"additionalProperties\":{\"type\":[\"string\",\"number\",\"boolean\"]}}",
+                       DI_JSON_WS_COMPACT);
+    for (uint64_t s = 1; s <= 6; s++) checked += gt_walk(g, v, &tb, NULL, s * 3119, 40, "map schema");
+    di_grammar_free(g);
+    tu_report("JSON Schema masks checked against brute force: %d (%llu from the mask cache)", checked,
+              (unsigned long long)gt_cache_hits);
+    assert_true(gt_cache_hits > 0); /* cached masks were exercised, and each matched brute force */
+    assert_true(checked > 100);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Huge enum, deep nesting, a 4 MB schema: bounded time with a result or a clear error. */
+static void test_schema_hostile(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    /* 20,000-value enum compiles into a trie: matching stays cheap */
+    size_t cap = 20000 * 16 + 64, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)sprintf(s + n, "{\"enum\":[");
+    for (int i = 0; i < 20000; i++) n += (size_t)sprintf(s + n, "%s\"v%d\"", i ? "," : "", i * 7);
+    n += (size_t)sprintf(s + n, "]}");
+    double t0 = now_s();
+    di_grammar *g = schema_or_fail(s, DI_JSON_WS_COMPACT);
+    double tc = now_s() - t0;
+    assert_int_equal(full_match(g, v, "\"v13993\""), 1);
+    assert_int_equal(full_match(g, v, "\"v13994\""), 0);
+    tu_report("20000-value enum: compile %.1f ms", tc * 1e3);
+    assert_true(tc < 5.0);
+    di_grammar_free(g);
+    free(s);
+
+    /* nesting past the limit is refused */
+    cap = 300 * 40 + 64, n = 0;
+    s = malloc(cap);
+    for (int i = 0; i < 300; i++) n += (size_t)sprintf(s + n, "{\"type\":\"array\",\"items\":");
+    n += (size_t)sprintf(s + n, "true");
+    for (int i = 0; i < 300; i++) s[n++] = '}';
+    s[n] = 0;
+    expect_schema_error(s, "nested more than 128 levels");
+    free(s);
+
+    /* ~4 MB schema: 60,000 properties */
+    cap = 5u << 20, n = 0;
+    s = malloc(cap);
+    n += (size_t)sprintf(s + n, "{\"type\":\"object\",\"additionalProperties\":false,\"properties\":{");
+    for (int i = 0; n < (4u << 20) - 200; i++)
+        n += (size_t)sprintf(s + n, "%s\"property_number_%d\":{\"type\":\"string\",\"maxLength\":4}", i ? "," : "", i);
+    n += (size_t)sprintf(s + n, "}}");
+    t0 = now_s();
+    di_grammar *big = NULL;
+    di_error err = {0};
+    int rc = di_grammar_from_json_schema(s, n, NULL, &big, &err);
+    tc = now_s() - t0;
+    tu_report("4 MB schema (%zu bytes): %s in %.2f s", n, rc ? err.msg : "compiled", tc);
+    assert_true(rc == DI_OK || rc == DI_ERR_LIMIT);
+    assert_true(tc < 10.0);
+    if (!rc) {
+        di_grammar_matcher *m = NULL;
+        rc = di_grammar_matcher_new(big, v, NULL, &m, &err);
+        assert_true(rc == DI_OK || rc == DI_ERR_LIMIT);
+        di_grammar_matcher_free(m);
+    }
+    di_grammar_free(big);
+    free(s);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks),
+        cmocka_unit_test(test_schema_accept), cmocka_unit_test(test_schema_errors), cmocka_unit_test(test_schema_masks),
+        cmocka_unit_test(test_schema_hostile), cmocka_unit_test(test_schema_int_ranges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
