@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "text/api.h"
 #include "text/chat.h"
+#include "text/tokenizer.h"
 
 /* Deliberate differences from the reference, each checked separately below. */
 static const char *const EXTENSIONS[] = {
@@ -233,11 +235,112 @@ static void test_tool_result_order(void **state) {
     di_conv_free(&c);
 }
 
+/* The tokenizer the reference ids were made with (see scripts/gen_chat_golden.py). */
+#define GOLDEN_TOKENIZER "data/tokenizer/deepseek-v4/tokenizer.json"
+
+static di_tokenizer *load_golden_tokenizer(void) {
+    if (access(GOLDEN_TOKENIZER, R_OK) != 0) return NULL;
+    di_tokenizer *tok = NULL;
+    di_error err = {0};
+    if (di_tok_load(GOLDEN_TOKENIZER, &tok, &err)) fail_msg("loading %s: %s", GOLDEN_TOKENIZER, err.msg);
+    return tok;
+}
+
+/* Prompt ids identical to the reference's: special segments as added tokens, everything else plain
+ * BPE. Prompts that need <｜System｜> fail the same way the reference did with this vocabulary. */
+static void test_golden_ids(void **state) {
+    (void)state;
+    di_tokenizer *tok = load_golden_tokenizer();
+    if (!tok) {
+        printf("# skipped: %s not present (the tokenizer lands with issue 5 item 1)\n", GOLDEN_TOKENIZER);
+        skip();
+    }
+    json_t *cases = load_cases();
+    size_t i, n_same = 0, n_fail = 0, n_ids = 0;
+    json_t *cs;
+    json_array_foreach(cases, i, cs) {
+        json_t *want = json_object_get(cs, "ids");
+        json_t *want_err = json_object_get(cs, "ids_error");
+        if (!want && !want_err) continue;
+        const char *name = json_string_value(json_object_get(cs, "name"));
+        di_request r;
+        di_error err = {0};
+        assert_int_equal(parse_case(cs, &r, &err), DI_OK);
+        di_prompt p;
+        assert_int_equal(di_chat_render(&r.conv, &p, &err), DI_OK);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int rc = di_prompt_encode(&p, tok, &ids, &n, &err);
+        if (want_err) {
+            /* the reference: special token "<｜System｜>" is not in the added vocabulary */
+            if (rc != DI_ERR_INVALID || !strstr(err.msg, "is not in the tokenizer's vocabulary"))
+                fail_msg("case %s: expected the missing-special-token failure, got rc %d (%s)", name, rc, err.msg);
+            n_fail++;
+        } else {
+            if (rc) fail_msg("case %s: %s", name, err.msg);
+            bool same = n == json_array_size(want);
+            for (size_t k = 0; same && k < n; k++) same = ids[k] == json_integer_value(json_array_get(want, k));
+            if (!same) {
+                size_t k = 0;
+                while (k < n && k < json_array_size(want) && ids[k] == json_integer_value(json_array_get(want, k))) k++;
+                fail_msg("case %s: ids differ at %zu (ours %zu ids, reference %zu)", name, k, n, json_array_size(want));
+            }
+            n_same++;
+            n_ids += n;
+        }
+        free(ids);
+        di_prompt_free(&p);
+        di_request_free(&r);
+    }
+    tu_report("prompt ids vs reference (%s): %zu prompts identical (%zu ids), %zu expected failures", GOLDEN_TOKENIZER,
+              n_same, n_ids, n_fail);
+    assert_true(n_same >= 30);
+    json_decref(cases);
+    di_tok_free(tok);
+}
+
+/* The counts the official API reports: an empty user turn with thinking off is 4 prompt tokens;
+ * typing "<｜User｜>" or "<think>" as the content adds their plain BPE pieces (5 and 3). */
+static void test_official_counts(void **state) {
+    (void)state;
+    di_tokenizer *tok = load_golden_tokenizer();
+    if (!tok) {
+        printf("# skipped: %s not present\n", GOLDEN_TOKENIZER);
+        skip();
+    }
+    static const struct { const char *content; size_t n; int32_t ids[9]; } cases[] = {
+        {"", 4, {0, 128803, 128804, 128822}},
+        {DI_TOK_USER, 9, {0, 128803, 30, 28217, 6756, 28217, 32, 128804, 128822}},
+        {DI_TOK_THINK, 7, {0, 128803, 30, 37947, 32, 128804, 128822}},
+        {"x", 5, {0, 128803, 90, 128804, 128822}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        di_conversation c;
+        di_conv_init(&c);
+        c.thinking = false;
+        assert_non_null(di_conv_add(&c, DI_ROLE_USER, cases[i].content));
+        di_prompt p;
+        di_error err = {0};
+        assert_int_equal(di_chat_render(&c, &p, &err), DI_OK);
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(di_prompt_encode(&p, tok, &ids, &n, &err), DI_OK);
+        assert_int_equal(n, cases[i].n);
+        for (size_t k = 0; k < n; k++) assert_int_equal(ids[k], cases[i].ids[k]);
+        free(ids);
+        di_prompt_free(&p);
+        di_conv_free(&c);
+    }
+    di_tok_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_cases),
         cmocka_unit_test(test_content_is_plain),
         cmocka_unit_test(test_tool_result_order),
+        cmocka_unit_test(test_golden_ids),
+        cmocka_unit_test(test_official_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

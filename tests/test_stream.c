@@ -8,12 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "text/api.h"
 #include "text/chat_json.h"
 #include "text/sse.h"
 #include "text/stream.h"
+#include "text/tokenizer.h"
 
 typedef struct outcome {
     char *reasoning; /* NULL when thinking is off */
@@ -537,6 +539,69 @@ static void test_parser_throughput(void **state) {
     di_buf_free(&text);
 }
 
+/* Engine path: the reference outputs tokenized (added tokens recognized, as the model emits them)
+ * and pushed one id at a time through the detokenizer give the reference's results. */
+static void test_stream_token_ids(void **state) {
+    (void)state;
+    const char *path = "data/tokenizer/deepseek-v4/tokenizer.json";
+    if (access(path, R_OK) != 0) {
+        printf("# skipped: %s not present\n", path);
+        skip();
+    }
+    di_tokenizer *tok;
+    di_error err = {0};
+    assert_int_equal(di_tok_load(path, &tok, &err), DI_OK);
+    json_error_t je;
+    json_t *cases = json_load_file(tu_data("chat/stream_random.json"), 0, &je);
+    assert_non_null(cases);
+    size_t i, n_bad = 0, n_ids_total = 0;
+    json_t *cs;
+    json_array_foreach(cases, i, cs) {
+        di_request req;
+        parse_options_of(cs, &req);
+        const char *text = json_string_value(json_object_get(cs, "output"));
+        int32_t *ids;
+        size_t n_ids;
+        assert_int_equal(di_tok_encode(tok, text, strlen(text), 1, &ids, &n_ids, &err), DI_OK);
+        di_stream *s;
+        di_detok *d = di_detok_new(tok);
+        di_events ev = {0};
+        assert_int_equal(di_stream_new(&req.parse, &s, &err), DI_OK);
+        for (size_t k = 0; k < n_ids; k++) {
+            assert_int_equal(di_stream_push_ids(s, d, &ids[k], 1, &ev, &err), DI_OK);
+            di_events_clear(&ev);
+        }
+        assert_int_equal(di_stream_finish_ids(s, d, DI_FINISH_STOP, &ev, &err), DI_OK);
+        outcome o = {0};
+        const char *rs = di_stream_reasoning(s);
+        o.reasoning = rs ? strdup(rs) : NULL;
+        o.content = strdup(di_stream_content(s));
+        const di_stream_call *calls;
+        size_t nc = di_stream_calls(s, &calls);
+        di_buf cb = {0};
+        for (size_t k = 0; k < nc; k++) di_buf_printf(&cb, "%s(%s)|", calls[k].name, calls[k].arguments);
+        o.calls = cb.data ? di_buf_take(&cb) : strdup("");
+        o.finish = di_stream_finish_reason(s);
+        n_bad += !expect_outcome(cs, &o);
+        di_usage u;
+        di_stream_usage(s, &u);
+        assert_int_equal(u.completion_tokens, (int64_t)n_ids);
+        n_ids_total += n_ids;
+        outcome_free(&o);
+        di_events_free(&ev);
+        di_stream_free(s);
+        di_detok_free(d);
+        free(ids);
+        di_request_free(&req);
+    }
+    tu_report("stream from token ids: %zu outputs (%zu ids) pushed id by id, %zu differ", json_array_size(cases),
+              n_ids_total, n_bad);
+    assert_int_equal(n_bad, 0);
+    json_decref(cases);
+    di_tok_free(tok);
+}
+
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_golden_every_split),
@@ -546,6 +611,7 @@ int main(void) {
         cmocka_unit_test(test_stop_string_done),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_parser_throughput),
+        cmocka_unit_test(test_stream_token_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

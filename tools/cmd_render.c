@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "text/api.h"
 #include "text/chat.h"
+#include "text/tokenizer.h"
 
 static char *read_all(const char *path, size_t *len) {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
@@ -101,17 +102,23 @@ int cmd_render(int argc, char **argv) {
     /* ids: explicit tokenizer, else the model directory's, else the default official file */
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    char tok_buf[4096];
     const char *tok_used = NULL;
-    if (!tok_path && model_dir) {
-        snprintf(tok_buf, sizeof tok_buf, "%s/tokenizer.json", model_dir);
-        tok_path = tok_buf;
-    }
+    if (!tok_path && model_dir) tok_path = model_dir; /* di_tok_load finds tokenizer.json in it */
     struct stat sb;
     if (!tok_path && stat(DI_DEFAULT_TOKENIZER, &sb) == 0) tok_path = DI_DEFAULT_TOKENIZER;
     if (tok_path) {
-        rc = cli_fail(&cli, "token ids need the tokenizer (issue 5 item 1), not built yet: %s", tok_path);
-        goto out_prompt;
+        di_tokenizer *tok;
+        if (di_tok_load(tok_path, &tok, &err)) {
+            rc = cli_fail_err(&cli, &err);
+            goto out_prompt;
+        }
+        int erc = di_prompt_encode(&p, tok, &ids, &n_ids, &err);
+        di_tok_free(tok);
+        if (erc) {
+            rc = cli_fail_err(&cli, &err);
+            goto out_prompt;
+        }
+        tok_used = tok_path;
     }
     size_t plen;
     char *text = di_prompt_text(&p, &plen);

@@ -86,6 +86,13 @@ int di_stream_push(di_stream *s, const char *text, size_t len, int64_t n_tokens,
 /* End of generation with the backend's reason (STOP or LENGTH or CONTENT_FILTER): flushes what was
  * held back and settles the final reason. */
 int di_stream_finish(di_stream *s, di_finish backend_reason, di_events *ev, di_error *err);
+/* Token-id input (the engine's path): ids are detokenized incrementally by `d` (a di_detok from
+ * src/text/tokenizer.h over the model's tokenizer); each id counts as one completion token, and an
+ * id that cannot be decoded is counted and ignored. The generation's EOS id is not pushed. */
+struct di_detok;
+int di_stream_push_ids(di_stream *s, struct di_detok *d, const int32_t *ids, size_t n, di_events *ev, di_error *err);
+/* End of id input: flushes the detokenizer (an unfinished character becomes U+FFFD), then finishes. */
+int di_stream_finish_ids(di_stream *s, struct di_detok *d, di_finish backend_reason, di_events *ev, di_error *err);
 /* True once the parser needs no more text (stop string or closed tool block): stop generating. */
 bool di_stream_done(const di_stream *s);
 
