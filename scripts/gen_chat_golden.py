@@ -12,7 +12,7 @@ it (or rejects it) and renders the V4.1 prompt. We record, per case:
   options                        what conversion extracted (sampling, parsing, constraint)
 
 usage: pip install deepseek-recipe==0.2.0
-       python3 scripts/gen_chat_golden.py [--tokenizer data/tokenizer/deepseek-v41/tokenizer.json]
+       python3 scripts/gen_chat_golden.py [--tokenizer data/tokenizer/deepseek-v4/tokenizer.json]
 The committed ids were made with data/tokenizer/deepseek-v4/tokenizer.json (the official V4 file; the
 V4.1 file was not obtainable): same BPE, but no <｜System｜> token, so prompts that need it have
 "ids_error" (the reference's own failure) instead of "ids".

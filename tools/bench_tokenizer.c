@@ -16,7 +16,7 @@
 #include "cli.h"
 #include "text/tokenizer.h"
 
-#define DEFAULT_TOKENIZER "data/tokenizer/deepseek-v4/tokenizer.json"
+#define DEFAULT_TOKENIZER DI_TOKENIZER_DEFAULT_PATH
 #define DEFAULT_CORPUS "tests/data/tokenizer/corpus.jsonl"
 #define HF_SCRIPT "scripts/bench_tokenizer_hf.py"
 

@@ -9,7 +9,7 @@
 #include "cli.h"
 #include "text/tokenizer.h"
 
-#define DEFAULT_TOKENIZER "data/tokenizer/deepseek-v4/tokenizer.json"
+#define DEFAULT_TOKENIZER DI_TOKENIZER_DEFAULT_PATH
 
 /* Parses "1,2, 3" into a malloc'd array; returns false with a message on anything else. */
 static bool parse_ids(const di_cli *cli, const char *s, int32_t **ids, size_t *n) {

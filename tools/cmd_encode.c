@@ -9,7 +9,7 @@
 #include "cli.h"
 #include "text/tokenizer.h"
 
-#define DEFAULT_TOKENIZER "data/tokenizer/deepseek-v4/tokenizer.json"
+#define DEFAULT_TOKENIZER DI_TOKENIZER_DEFAULT_PATH
 
 /* Reads a whole stream; returns malloc'd bytes or NULL. */
 static char *slurp(FILE *f, size_t *len) {

@@ -2,11 +2,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "model/mkmodel.h"
 #include "text/engram_map.h"
 #include "text/tokenizer.h"
+#include "text/tokenizer_v41.h"
+#include "util/fs.h"
 
 int cmd_mkmodel(int argc, char **argv) {
     di_args a;
@@ -27,27 +30,38 @@ int cmd_mkmodel(int argc, char **argv) {
     di_mkmodel_opts o = {.preset = preset, .seed = (uint64_t)seed, .out_dir = out, .tokenizer = tok};
     di_mkmodel_stats st;
     di_error err = {0};
-    /* The Engram token map comes from the tokenizer shipped with the model (the official one in
-     * data/tokenizer unless --tokenizer names another); without one the generator uses a stub map. */
-    const char *tok_path = tok ? tok : "data/tokenizer/deepseek-v4/tokenizer.json";
+    /* The model ships a tokenizer and the Engram token map built from it. By default that is the
+     * official V4 file rewritten to the V4.1 added-token layout (text/tokenizer_v41.h says why); with
+     * --tokenizer, the given file as it is. Without any, the generator falls back to a stub map. */
+    const char *tok_path = tok ? tok : DI_TOKENIZER_DEFAULT_PATH;
+    char derived[4200];
     di_tokenizer *tk = NULL;
     int32_t *map = NULL, classes = 0;
+    if (!tok && access(tok_path, R_OK) == 0) {
+        snprintf(derived, sizeof derived, "%s/tokenizer.json", out);
+        if (di_mkdir_p(out, &err) != DI_OK || di_tok_write_v41_layout(tok_path, derived, &err) != DI_OK) {
+            rc = cli_fail_err(&cli, &err);
+            goto done;
+        }
+        tok_path = derived;
+        o.tokenizer_in_place = 1;
+    }
     if (di_tok_load(tok_path, &tk, &err) == DI_OK) {
-        if (di_engram_map_build(tk, &map, &classes, &err) != DI_OK) {
-            di_tok_free(tk);
+        int brc = di_engram_map_build(tk, &map, &classes, &err);
+        di_tok_free(tk);
+        if (brc != DI_OK) {
             rc = cli_fail_err(&cli, &err);
             goto done;
         }
         o.token_map = map;
         o.token_map_classes = classes;
-        if (!tok) o.tokenizer = tok_path;
     } else if (tok) {
         rc = cli_fail_err(&cli, &err);
         goto done;
     } else {
         fprintf(stderr, "mkmodel: no tokenizer at %s: using a stub Engram token map\n", tok_path);
+        di_error_clear(&err);
     }
-    di_tok_free(tk);
     fprintf(stderr, "mkmodel: writing preset '%s' (seed %lld) to %s\n", preset, seed, out);
     int wrc = di_mkmodel_write(&o, &st, &err);
     free(map);

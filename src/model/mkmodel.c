@@ -19,6 +19,7 @@
 #include "model/engram_consts.h"
 #include "model/inventory.h"
 #include "util/error.h"
+#include "util/fs.h"
 #include "util/log.h"
 
 /* ---- presets ----
@@ -506,19 +507,6 @@ static int write_text(const char *dir, const char *name, const char *text, di_er
     return rc;
 }
 
-static int mkdir_p(const char *dir, di_error *err) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return di_error_set(err, DI_ERR_IO, "%s: %s", tmp, strerror(errno));
-            *p = '/';
-        }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return di_error_set(err, DI_ERR_IO, "%s: %s", tmp, strerror(errno));
-    return DI_OK;
-}
-
 /* Order inside a shard: by name, with X.weight immediately before X.scale. */
 static int cmp_entries(const void *a, const void *b) {
     const di_inv_entry *x = *(const di_inv_entry *const *)a, *y = *(const di_inv_entry *const *)b;
@@ -673,7 +661,7 @@ static int copy_file(const char *src, const char *dst, di_error *err) {
     return rc;
 }
 
-/* Locate the tokenizer directory to ship with the model: the option, else data/tokenizer/deepseek-v41
+/* Locate the tokenizer directory to ship with the model: the option, else data/tokenizer/deepseek-v4
  * relative to the working directory. Returns a malloc'd directory or NULL. */
 static char *find_tokenizer_dir(const char *opt) {
     struct stat sb;
@@ -702,12 +690,12 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     if (!p)
         return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)",
                             o->preset ? o->preset : "");
-    char *tokdir = find_tokenizer_dir(o->tokenizer);
+    char *tokdir = o->tokenizer_in_place ? NULL : find_tokenizer_dir(o->tokenizer);
     if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
-    int rc = mkdir_p(o->out_dir, err);
+    int rc = di_mkdir_p(o->out_dir, err);
     char *infdir = di_path_join(o->out_dir, "inference");
     if (rc == DI_OK && !infdir) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
-    if (rc == DI_OK) rc = mkdir_p(infdir, err);
+    if (rc == DI_OK) rc = di_mkdir_p(infdir, err);
 
     int32_t *token_map = malloc(VOCAB * sizeof *token_map); /* int32 [VOCAB] */
     int64_t classes = (VOCAB + 1) / 2;
@@ -748,6 +736,7 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
         }
         st->tokenizer_copied = rc == DI_OK;
     }
+    if (o->tokenizer_in_place) st->tokenizer_copied = 1;
     st->n_tensors = n;
     st->engram_classes = classes;
     st->seconds = di_now() - t0;

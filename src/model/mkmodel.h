@@ -22,6 +22,7 @@ typedef struct di_mkmodel_opts {
      * its class count; NULL = a stub pairing tokens (2k, 2k+1 → k), as the reference's own random test
      * models do. The model layer does not depend on the text layer: the caller builds it. */
     const int32_t *token_map;
+    int tokenizer_in_place; /* the caller already wrote the tokenizer files into out_dir: copy none */
     int64_t token_map_classes;
 } di_mkmodel_opts;
 

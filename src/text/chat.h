@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "deepinfer.h"
+#include "text/tokenizer.h"
 
 typedef enum di_role {
     DI_ROLE_SYSTEM,
@@ -141,7 +142,7 @@ void di_prompt_free(di_prompt *p);
 char *di_prompt_text(const di_prompt *p, size_t *len);
 
 /* Where the official V4.1 tokenizer lives in a checkout (set up by scripts/install-deps.sh). */
-#define DI_DEFAULT_TOKENIZER "data/tokenizer/deepseek-v41/tokenizer.json"
+#define DI_DEFAULT_TOKENIZER DI_TOKENIZER_DEFAULT_PATH
 
 struct di_tokenizer;
 /* Token ids of the prompt: special segments are looked up as added tokens, plain runs encoded

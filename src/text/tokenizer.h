@@ -25,6 +25,10 @@
 
 #include "deepinfer.h"
 
+/* The tokenizer the CLI uses when none is given: the official DeepSeek-V4 file shipped in the repository
+ * (data/tokenizer/deepseek-v4/README.md says why it is V4 and not V4.1). Relative to the working directory. */
+#define DI_TOKENIZER_DEFAULT_PATH "data/tokenizer/deepseek-v4/tokenizer.json"
+
 typedef struct di_tokenizer di_tokenizer;
 
 /* path: tokenizer.json, or a directory containing it. */
