@@ -75,13 +75,24 @@ asan-test: asan-build
 	ASAN_OPTIONS=detect_leaks=1 sh tests/run_tests.sh build-asan $(ASAN_TESTS)
 
 # ---- fuzzing: fuzz/fuzz_*.c, one libFuzzer harness each ----
+# The library is compiled once with clang + ASan/UBSan + fuzzer instrumentation into
+# build-fuzz/libdeepinfer-fuzz.a; each harness only compiles its own file and links it.
 FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN  := $(FUZZ_SRC:fuzz/%.c=build-fuzz/%)
 FUZZ_SECONDS ?= 15
-build-fuzz/%: fuzz/%.c $(LIB_SRC)
-	@mkdir -p build-fuzz
-	clang -std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_SRC) $(LDLIBS)
-fuzz-smoke: deps $(FUZZ_BIN)
+FUZZ_CFLAGS := -std=c11 -O1 -g -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer-no-link,address,undefined
+FUZZ_OBJ  := $(LIB_SRC:%.c=build-fuzz/obj/%.o)
+build-fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+build-fuzz/libdeepinfer-fuzz.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+build-fuzz/%: fuzz/%.c build-fuzz/libdeepinfer-fuzz.a
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libdeepinfer-fuzz.a $(LDLIBS)
+-include $(FUZZ_OBJ:.o=.d)
+fuzz-smoke: deps
+	$(MAKE) -j$$(nproc) $(FUZZ_BIN)
 	sh fuzz/smoke.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
 
 # ---- CUDA (Hopper, sm_90a). Compiles here without a GPU; runs on the device machine. ----

@@ -50,6 +50,7 @@ bool cli_device(const di_cli *cli, di_args *a, const char **device);
 /* Subcommand entry points (argv[0] is the subcommand name). */
 int cmd_mkmodel(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_encode(int argc, char **argv);

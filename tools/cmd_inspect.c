@@ -326,6 +326,9 @@ static json_t *json_doc(const report *r) {
 }
 
 int cmd_inspect(int argc, char **argv) {
+    /* `inspect --plan` is `plan` (memory plan before loading) with the same options */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "inspect", .json = cli_flag(&a, "json")};

@@ -29,11 +29,12 @@ static di_cpu_isa clamp_isa(di_cpu_isa want) {
 di_cpu_isa di_cpu_isa_active(void) {
     int active = atomic_load_explicit(&g_active, memory_order_relaxed);
     if (active < 0) {
-        /* AVX-512 is opt-in (DI_CPU_ISA=avx512) until its bit-identity with the scalar path has been
-         * checked on AVX-512 hardware (test_cpu_ops/test_invariance does that wherever it runs). */
-        di_cpu_isa want = DI_ISA_AVX2;
+        /* The best the CPU has. Every ISA level gives bit-identical results (test_cpu_ops'
+         * test_invariance; AVX-512 checked on a Xeon host on 2026-11-30, see bench/NOTES-cpu.md).
+         * DI_CPU_ISA=scalar|avx2 forces a lower level. */
+        di_cpu_isa want = DI_ISA_AVX512;
         const char *env = getenv("DI_CPU_ISA");
-        if (env && !strcmp(env, "avx512")) want = DI_ISA_AVX512;
+        if (env && !strcmp(env, "avx2")) want = DI_ISA_AVX2;
         else if (env && !strcmp(env, "scalar")) want = DI_ISA_SCALAR;
         else if (env && !strcmp(env, "avx2")) want = DI_ISA_AVX2;
         active = (int)clamp_isa(want);
