@@ -38,6 +38,9 @@ struct di_backend {
     const char *name;   /* "cpu" */
     di_op_faults faults; /* test-only; zero-initialised */
     void *impl;          /* backend private state (thread pool, streams) */
+    /* Frees impl and the table itself; di_backend_destroy dispatches here so callers never need to
+     * know which backend they hold. */
+    void (*destroy)(di_backend *be);
 
     /* ---------------- GEMMs: y = x · Wᵀ ---------------- */
 
@@ -217,6 +220,7 @@ int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err);
  * localise drift: when the two disagree with each other, the culprit is a kernel, not the graph. */
 typedef enum di_cpu_variant { DI_CPU_FAST = 0, DI_CPU_SCALAR = 1 } di_cpu_variant;
 int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_backend **out, di_error *err);
+/* Any backend (calls be->destroy). */
 void di_backend_destroy(di_backend *be);
 
 #endif

@@ -570,12 +570,17 @@ static void test_compress(int64_t M, int ratio, int64_t D) {
     float *a = rand_f32(M * D, 0, 1), *g = rand_f32(M * D, 0, 2);
     int64_t ng = M / ratio;
     uint16_t *yc = xmalloc(sizeof *yc * (size_t)(ng * D + 1));
-    RUN(cpu->compress_pool(cpu, a, g, M, ratio, D, yc, E));
+    /* one-shot prefill pooling: the CPU streaming kernel from position 0 vs the CUDA prefill kernel */
+    float *kvs = xmalloc(sizeof(float) * (size_t)(ratio * D)), *ss = xmalloc(sizeof(float) * (size_t)(ratio * D));
+    int64_t n_out = 0;
+    RUN(di_cpu_compress_state_reset(kvs, ss, ratio, D, E));
+    RUN(di_cpu_compress_pool(a, g, M, 0, ratio, D, kvs, ss, yc, &n_out, E));
+    free(kvs), free(ss);
     float *da = dup_dev(a, sizeof *a * (size_t)(M * D)), *dg = dup_dev(g, sizeof *g * (size_t)(M * D));
     uint16_t *dy = dev(sizeof *yc * (size_t)(ng * D + 1));
-    RUN(gpu->compress_pool(gpu, da, dg, M, ratio, D, dy, E));
+    RUN(di_cuda_compress_pool(gpu, da, dg, M, ratio, D, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(ng * D));
-    TIME(gpu->compress_pool(gpu, da, dg, M, ratio, D, dy, E));
+    TIME(di_cuda_compress_pool(gpu, da, dg, M, ratio, D, dy, E));
     char sh[64];
     snprintf(sh, sizeof sh, "%lld tokens ratio %d width %lld", (long long)M, ratio, (long long)D);
     row("compress_pool", sh, cmp_bf16(yg, yc, ng * D), LIBM, g_ms);

@@ -240,6 +240,8 @@ static int a_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, 
 
 /* The scalar kernels of graph_extra*.c: a second, plainly written implementation of every op, kept
  * switchable (DI_CPU_SCALAR) to localise drift between two CPU implementations. */
+static void cpu_destroy(di_backend *be);
+
 static void fill_scalar(di_backend *be) {
     be->linear_fp8 = di_gx_linear_fp8;
     be->linear_fp4 = di_gx_linear_fp4;
@@ -280,6 +282,7 @@ int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_back
         }
     }
     be->name = "cpu";
+    be->destroy = cpu_destroy;
     be->linear_fp8 = a_linear_fp8;
     be->linear_fp4 = a_linear_fp4;
     be->linear_bf16 = a_linear_bf16;
@@ -318,8 +321,7 @@ int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err) {
     return di_backend_cpu_create_variant(n_threads, DI_CPU_FAST, out, err);
 }
 
-void di_backend_destroy(di_backend *be) {
-    if (!be) return;
+static void cpu_destroy(di_backend *be) {
     cpu_impl *c = impl(be);
     if (c) {
         di_threadpool_destroy(c->tp);
@@ -327,4 +329,8 @@ void di_backend_destroy(di_backend *be) {
         free(c);
     }
     free(be);
+}
+
+void di_backend_destroy(di_backend *be) {
+    if (be && be->destroy) be->destroy(be);
 }

@@ -55,6 +55,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     c->device = device;
     be->impl = c;
     be->name = "cuda";
+    be->destroy = di_backend_cuda_destroy;
     be->linear_fp8 = di_cuda_linear_fp8;
     be->linear_fp4 = di_cuda_linear_fp4;
     be->linear_bf16 = di_cuda_linear_bf16;
@@ -70,7 +71,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->hc_sinkhorn = di_cuda_hc_sinkhorn;
     be->hc_collapse = di_cuda_hc_collapse;
     be->hc_expand = di_cuda_hc_expand;
-    be->compress_pool = di_cuda_compress_pool;
+    be->compress_pool = di_cuda_compress_pool_stream;
     be->indexer_scores = di_cuda_indexer_scores;
     be->candidate_mask = di_cuda_candidate_mask;
     be->topk = di_cuda_topk;
