@@ -2,6 +2,7 @@
  * synthetic vocabulary, rollback, thinking, stop strings, hostile patterns.  di-test: asan */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -229,6 +230,16 @@ static void test_rollback_and_eos(void **state) {
     assert_false(di_grammar_matcher_finished(m));
     assert_int_equal(di_grammar_matcher_accept_token(m, 'b' + 1, &err), DI_OK);
     assert_int_equal(di_grammar_matcher_accept_token(m, 1000, &err), DI_ERR_INVALID);
+    /* the mask applied to logits: exactly the disallowed entries become -inf */
+    float logits[257];
+    for (int t = 0; t < 257; t++) logits[t] = (float)t;
+    assert_int_equal(di_grammar_matcher_fill_mask(m, mask, &err), DI_OK);
+    di_grammar_mask_apply(mask, logits, 257);
+    for (int t = 0; t < 257; t++) {
+        bool allowed = t == GT_EOS || t == 'b' + 1;
+        if (allowed) assert_true(logits[t] == (float)t);
+        else assert_true(isinf(logits[t]) && logits[t] < 0);
+    }
     di_grammar_matcher_free(m);
     di_grammar_free(g);
     di_grammar_vocab_free(v);
