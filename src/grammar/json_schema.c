@@ -446,24 +446,67 @@ static int32_t int_range(js *c, bool has_lo, int64_t lo, bool has_hi, int64_t hi
 
 /* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
  * (and the mirror for maxima). Both draft-4 (boolean exclusive flags) and draft-6+ forms. */
-static bool int_bound(js *c, json_t *s, bool upper, int64_t *out) {
+/* The tighter of minimum/exclusiveMinimum (or the maxima): draft 4 boolean exclusive flags and
+ * draft 6+ numeric ones. Returns false when there is no bound on that side. */
+static bool num_bound(js *c, json_t *s, bool upper, double *val, bool *excl) {
     const char *inc = upper ? "maximum" : "minimum", *exc = upper ? "exclusiveMaximum" : "exclusiveMinimum";
     json_t *vi = json_object_get(s, inc), *ve = json_object_get(s, exc);
     bool have = false;
-    double best = 0;
-    bool best_excl = false;
-    if (json_is_number(vi)) have = true, best = json_number_value(vi), best_excl = json_is_true(ve);
+    if (json_is_number(vi)) have = true, *val = json_number_value(vi), *excl = json_is_true(ve);
     if (json_is_number(ve)) {
         double e = json_number_value(ve);
-        if (!have || (upper ? e <= best : e >= best)) best = e, best_excl = true;
+        if (!have || (upper ? e <= *val : e >= *val)) *val = e, *excl = true;
         have = true;
     }
-    if (!have) return false;
-    if (best > 9e15 || best < -9e15) return fail(c, DI_ERR_UNSUPPORTED, "%s", "integer bound beyond +-9e15"), false;
+    if (have && (*val > 9e15 || *val < -9e15)) return fail(c, DI_ERR_UNSUPPORTED, "%s", "numeric bound beyond +-9e15"), false;
+    return have;
+}
+
+/* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
+ * (and the mirror for maxima). */
+static bool int_bound(js *c, json_t *s, bool upper, int64_t *out) {
+    double best = 0;
+    bool excl = false;
+    if (!num_bound(c, s, upper, &best, &excl)) return false;
     double f = upper ? floor(best) : ceil(best);
-    if (best_excl && f == best) f += upper ? -1 : 1;
+    if (excl && f == best) f += upper ? -1 : 1;
     *out = (int64_t)f;
     return true;
+}
+
+/* Magnitudes [lo, hi] (hi unbounded when !has_hi) as canonical digits, or NULL-language. */
+static int32_t mag_range(js *c, int64_t lo, bool has_hi, int64_t hi) {
+    if (has_hi && hi < lo) return nothing(c);
+    return nonneg_range(c, lo, has_hi ? hi : -1);
+}
+
+/* Non-integer numbers between integral bounds, as the union of four exact pieces (no exponent:
+ * a subset of the valid spellings): k and k.ddd for x >= 0, -k and -k.ddd for x < 0. A piece
+ * with a fraction keeps only integer parts k whose whole interval [k, k+1) (or (-(k+1), -k])
+ * lies inside the bounds. */
+static int32_t bounded_number(js *c, bool has_lo, int64_t lo, bool ex_lo, bool has_hi, int64_t hi, bool ex_hi) {
+    di_cfg *g = c->g;
+    int32_t nt = di_cfg_nt(g, NULL);
+    int32_t frac = seq(c, (int32_t[]){di_cfg_byte(g, '.'), di_cfg_plus(g, digit_class(c, 0, 9))}, 2);
+    int32_t minus = di_cfg_byte(g, '-');
+    int64_t low_int = has_lo ? (ex_lo ? lo + 1 : lo) : 0; /* smallest allowed integer (when >= 0) */
+    if (!has_hi || hi >= 0) {
+        int64_t k_lo = low_int > 0 ? low_int : 0;
+        int32_t a = mag_range(c, k_lo, has_hi, has_hi ? (ex_hi ? hi - 1 : hi) : 0);
+        int32_t b = seq(c, (int32_t[]){mag_range(c, k_lo, has_hi, hi - 1), frac}, 2);
+        di_cfg_rule(g, nt, &a, 1);
+        di_cfg_rule(g, nt, &b, 1);
+    }
+    if (!has_lo || lo < 0) {
+        int64_t c_lo = has_hi ? (ex_hi ? -hi + 1 : -hi) : 1, d_lo = c_lo;
+        if (c_lo < 1) c_lo = 1;
+        if (d_lo < 0) d_lo = 0;
+        int32_t cc = seq(c, (int32_t[]){minus, mag_range(c, c_lo, has_lo, has_lo ? (ex_lo ? -lo - 1 : -lo) : 0)}, 2);
+        int32_t d = seq(c, (int32_t[]){minus, mag_range(c, d_lo, has_lo, -lo - 1), frac}, 3);
+        di_cfg_rule(g, nt, &cc, 1);
+        di_cfg_rule(g, nt, &d, 1);
+    }
+    return nt;
 }
 
 static int32_t number_sym(js *c, json_t *s, bool integer) {
@@ -482,15 +525,14 @@ static int32_t number_sym(js *c, json_t *s, bool integer) {
         if (c->rc) return 0;
         return int_range(c, has_lo, lo, has_hi, hi);
     }
-    /* numbers: only a lower bound of 0 (inclusive) is supported so far */
-    json_t *mn = json_object_get(s, "minimum");
-    if (!json_is_number(mn) || json_number_value(mn) != 0 || json_object_get(s, "maximum") ||
-        json_is_number(json_object_get(s, "exclusiveMinimum")) || json_is_number(json_object_get(s, "exclusiveMaximum")) ||
-        json_is_true(json_object_get(s, "exclusiveMinimum")))
-        return fail(c, DI_ERR_UNSUPPORTED, "%s", "bounds on non-integer numbers other than minimum 0");
-    /* non-negative numbers; "-0" equals 0 but is excluded here (a narrower, still valid set) */
-    if (c->num_cache[2] < 0) c->num_cache[2] = rx(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", 0);
-    return c->num_cache[2];
+    /* numbers: integral bounds only (e.g. 0..1, 0..100); fractional bounds are refused */
+    double lo = 0, hi = 0;
+    bool ex_lo = false, ex_hi = false;
+    bool has_lo = num_bound(c, s, false, &lo, &ex_lo), has_hi = !c->rc && num_bound(c, s, true, &hi, &ex_hi);
+    if (c->rc) return 0;
+    if ((has_lo && lo != floor(lo)) || (has_hi && hi != floor(hi)))
+        return fail(c, DI_ERR_UNSUPPORTED, "%s", "non-integral bound on a non-integer number");
+    return bounded_number(c, has_lo, (int64_t)lo, ex_lo, has_hi, (int64_t)hi, ex_hi);
 }
 
 /* Code points a free-form key may use: no controls, no '"', and no '\\' (escapes would let
