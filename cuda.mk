@@ -31,3 +31,13 @@ $(BUILD)/cuda/test_%: $(BUILD)/cuda/tests/cuda/test_%.o $(CUDA_OBJ) $(BUILD)/lib
 # The Makefile's .cu rule records no header dependencies: rebuild every CUDA object when a CUDA header
 # changes.
 $(CUDA_OBJ): $(wildcard src/backend/cuda/*.cuh src/backend/cuda/*.h) src/backend/backend.h src/io/formats.h
+
+# ---- deepinfer-static (PyTorch-peer benchmark, scripts/bench_gpu.sh) ----
+# The device machine has no jansson / PCRE2 / utf8proc: a deepinfer CLI with them linked statically,
+# carried there to run `mkmodel --preset full-layer` (and later `bench gpu`) next to bench/torch_layer.py.
+.PHONY: deepinfer-static
+deepinfer-static: $(BUILD)/deepinfer-static
+
+$(BUILD)/deepinfer-static: $(TOOL_OBJ) $(BUILD)/libdeepinfer.a
+	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libdeepinfer.a \
+	    -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -Wl,-Bdynamic -lm -pthread
