@@ -202,9 +202,34 @@ static void test_run_usage_errors(void **state) {
     json_decref(doc);
 }
 
+/* `bench engine --mock`: the document's counts follow from the options. */
+static void test_bench_engine_mock(void **state) {
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s bench engine --mock --requests 6 --prompt-tokens 8 --output-tokens 5 "
+             "--mock-step-ms 1 --json 2>/dev/null", cli_path());
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    json_t *doc = json_loadf(f, 0, NULL);
+    int st = pclose(f);
+    assert_non_null(doc);
+    assert_int_equal(WEXITSTATUS(st), 0);
+    json_t *many = json_object_get(doc, "concurrent"), *one = json_object_get(doc, "single");
+    assert_int_equal(json_integer_value(json_object_get(many, "generated")), 30);
+    assert_int_equal(json_integer_value(json_object_get(one, "generated")), 5);
+    json_t *ttft = json_object_get(many, "ttft_s");
+    assert_int_equal(json_array_size(ttft), 3);
+    assert_true(json_real_value(json_array_get(ttft, 0)) <= json_real_value(json_array_get(ttft, 2)));
+    double ratio = json_real_value(json_object_get(doc, "ratio_to_single"));
+    tu_report("bench engine --mock: 6 requests vs 1, ratio %.2f", ratio);
+    assert_true(ratio > 1.0); /* 6 requests share each 1 ms step */
+    json_decref(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_jsonl),
+        cmocka_unit_test(test_bench_engine_mock),
         cmocka_unit_test(test_run_usage_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

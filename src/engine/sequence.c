@@ -1,4 +1,4 @@
-/* Request state and stop conditions (see request.h). */
+/* Request state and stop conditions (see sequence.h). */
 #include "engine/sequence.h"
 
 #include <stdlib.h>
