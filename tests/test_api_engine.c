@@ -263,11 +263,54 @@ static void test_grammar(void **state) {
     di_engine_close(e);
 }
 
+/* Text prompts and stop strings: the stop cuts the text where its first match begins, and the
+ * tokens before it are those of the run without the stop. */
+static void test_text_and_stop(void **state) {
+    (void)state;
+    if (!g_model_dir) skip();
+    di_engine *e = open_engine(g_model_dir);
+    di_request_options ro;
+    di_request_options_default(&ro);
+    ro.sampling.temperature = 0.0f;
+    ro.max_tokens = 6;
+    int64_t id;
+    di_error err = {0};
+    if (di_engine_add_text(e, "The sky is", 10, &ro, &id, &err)) fail_msg("%s", err.msg);
+    run_out full[1], cut[1];
+    drain(e, &id, 1, full, NULL);
+    full[0].text[full[0].n_text] = 0;
+    assert_int_equal(full[0].n, 6);
+    /* stop = the text after its first character */
+    size_t first = 1;
+    while (first < full[0].n_text && (full[0].text[first] & 0xC0) == 0x80) first++;
+    if (first + 1 >= full[0].n_text) {
+        tu_report("api stop: greedy text too short to cut (%zu bytes), not checked", full[0].n_text);
+        di_engine_close(e);
+        return;
+    }
+    const char *stop = full[0].text + first;
+    ro.stop = &stop;
+    ro.n_stop = 1;
+    if (di_engine_add_text(e, "The sky is", 10, &ro, &id, &err)) fail_msg("%s", err.msg);
+    drain(e, &id, 1, cut, NULL);
+    cut[0].text[cut[0].n_text] = 0;
+    size_t at = (size_t)(strstr(full[0].text, stop) - full[0].text);
+    assert_int_equal(cut[0].finish, DI_FINISH_REASON_STOP);
+    assert_int_equal(cut[0].n_text, at);
+    assert_memory_equal(cut[0].text, full[0].text, at);
+    assert_true(cut[0].n <= full[0].n);
+    assert_memory_equal(cut[0].tok, full[0].tok, (size_t)cut[0].n * sizeof *cut[0].tok);
+    tu_report("api stop: %lld-token greedy text cut at byte %zu by a %zu-byte stop string after %lld tokens",
+              (long long)full[0].n, at, strlen(stop), (long long)cut[0].n);
+    di_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seeded_and_batch_invariant),
         cmocka_unit_test(test_cancel_and_errors),
-        cmocka_unit_test_setup_teardown(test_grammar, setup_tok_model, teardown_tok_model),
+        cmocka_unit_test(test_grammar),
+        cmocka_unit_test(test_text_and_stop),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, setup_tok_model, teardown_tok_model);
 }
