@@ -400,9 +400,9 @@ static void test_index_total_size(void **state) {
     edit_index(dir, set_total_size, v);
     json_decref(v);
     expect_fail(dir, DI_ERR_INVALID, (const char *[]){INDEX, "total_size is 5685325", "5685324", NULL});
-    const char *bad[3] = {"x", NULL, NULL};
-    json_t *bads[3] = {json_string(bad[0]), json_integer(-4), json_real(5685324.5)};
-    for (int i = 0; i < 3; i++) {
+    const char *bad[4] = {"x", NULL, NULL, NULL};
+    json_t *bads[4] = {json_string(bad[0]), json_integer(-4), json_real(5685324.5), json_real(1e30)};
+    for (int i = 0; i < 4; i++) {
         edit_index(dir, set_total_size, bads[i]);
         json_decref(bads[i]);
         expect_fail(dir, DI_ERR_FORMAT, (const char *[]){INDEX, "total_size", NULL});

@@ -309,6 +309,11 @@ static void test_malformed(void **state) {
     expect_bad("\"engram_layer_ids\": [\n   1,", "\"engram_layer_ids\": [\n   7,\n   9,", DI_ERR_INVALID,
                "engram_num_embeddings has 2 entries but engram_layer_ids has 3");
     expect_bad("\"num_experts_per_tok\": 6", "\"num_experts_per_tok\": 500", DI_ERR_INVALID, "exceeds");
+    expect_bad("\"num_experts_per_tok\": 6", "\"num_experts_per_tok\": 65", DI_ERR_INVALID,
+               "at most 64 active experts");
+    /* a ratio the compressor kernels cannot pool is refused at load, not mid-forward */
+    expect_bad("\"compress_ratios\": [\n   0,\n   0,\n   2,", "\"compress_ratios\": [\n   0,\n   0,\n   129,", DI_ERR_INVALID,
+               "integers in [0, 128]");
     expect_bad("\"weight_block_size\": [\n   32,", "\"weight_block_size\": [\n   128,", DI_ERR_INVALID,
                "weight_block_size");
     expect_bad("\"text_config\": {", "\"text_config\": 7, \"x\": {", DI_ERR_INVALID, "'text_config' must be an object");
@@ -394,6 +399,11 @@ static void test_engram_released(void **state) {
     assert_int_equal(ec.offsets[1], 16000057);
     assert_int_equal(ec.offsets[24 + 23] + ec.primes[24 + 23], 384016682);
     assert_int_equal(di_engram_multiplier_max(c), 93078876567781LL);
+    /* "≥": a prime argument is its own answer (16000057 is the first modulus, 16000079 the second) */
+    assert_int_equal(di_engram_next_prime(16000000), 16000057);
+    assert_int_equal(di_engram_next_prime(16000057), 16000057);
+    assert_int_equal(di_engram_next_prime(16000058), 16000079);
+    assert_int_equal(di_engram_next_prime(0), 2);
     free((void *)primes);
     free((void *)mult);
     di_st_close(st);

@@ -11,10 +11,14 @@
 #include "backend/cpu/cpu_ops.h"
 #include "io/formats.h"
 #include "io/safetensors.h"
+#include "model/config.h"
 #include "testutil.h"
 #include "util/cpu_features.h"
 #include "util/log.h"
 #include "util/threadpool.h"
+
+/* the config refuses more active experts than the router's fixed-size selection holds */
+_Static_assert(DI_MAX_ACTIVE_EXPERTS == DI_ROUTER_MAX_TOPK, "config limit and router capacity differ");
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -249,6 +253,23 @@ static void test_golden_rope_apply(void **state) {
     assert_true(bf16_compare(y, want, 8 * 64 * 64).mismatches > 10000);
     free(perm);
     free(y);
+
+    /* more pairs than one cos/sin chunk (DI_ROPE_MAX_PAIRS): every pair is rotated, the same as two
+     * calls over the halves (each pair depends only on its own frequency) */
+    enum { NP = DI_ROPE_MAX_PAIRS + 6, HD = 2 * NP };
+    float fw[NP];
+    for (int i = 0; i < NP; i++) fw[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)HD);
+    uint16_t *whole = rand_bf16(2 * 3 * HD, 1.0f), *halves = malloc(2 * 3 * HD * sizeof *halves);
+    memcpy(halves, whole, 2 * 3 * HD * sizeof *halves);
+    int64_t p2[2] = {7, 70000};
+    di_cpu_rope_apply(2, 3, whole, 3 * HD, HD, 0, NP, p2, fw, 0);
+    /* the last pair of the last head moved (it lies past the first chunk) */
+    assert_memory_not_equal(whole + 2 * 3 * HD - 2, halves + 2 * 3 * HD - 2, 2 * sizeof *halves);
+    di_cpu_rope_apply(2, 3, halves, 3 * HD, HD, 0, NP / 2, p2, fw, 0);
+    di_cpu_rope_apply(2, 3, halves, 3 * HD, HD, NP, NP - NP / 2, p2, fw + NP / 2, 0);
+    assert_memory_equal(whole, halves, 2 * 3 * HD * sizeof *halves);
+    free(whole);
+    free(halves);
 }
 
 static void test_golden_router(void **state) {
@@ -404,6 +425,11 @@ static void test_moe_ffn(void **state) {
     assert_int_equal(di_cpu_moe_ffn(NULL, M, D, I, x, ids, wts, TK, NE, ex, &sh, 10.0f, out, ws, wsb, &err),
                      DI_ERR_INVALID);
     assert_non_null(strstr(err.msg, "expert 4"));
+    /* a token routed twice to one expert would overflow the per-expert row buffers: refused */
+    ids[3] = ids[2];
+    assert_int_equal(di_cpu_moe_ffn(NULL, M, D, I, x, ids, wts, TK, NE, ex, &sh, 10.0f, out, ws, wsb, &err),
+                     DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "token 1 routed to expert 1 twice"));
     free(q);
     free(ws);
     free(x);
@@ -789,13 +815,25 @@ static double cpu_seconds(void) {
 
 /* Informational (CI machines are shared, so nothing is asserted): best of 3 wall-clock runs, and
  * for one thread also the CPU-time rate, which other load on the machine disturbs less. */
+/* Under a sanitizer the timings mean nothing: one repetition keeps the bit-identity check. */
+#if defined(__SANITIZE_ADDRESS__)
+#define THROUGHPUT_REPS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define THROUGHPUT_REPS 1
+#endif
+#endif
+#ifndef THROUGHPUT_REPS
+#define THROUGHPUT_REPS 3
+#endif
+
 static void test_throughput(void **state) {
     (void)state;
     /* shared-expert w1 (FP8) and routed-expert w1 (FP4) shapes: N 2304, K 5120 */
     const int64_t M = 16, N = 2304, K = 5120;
     const double flop = 2.0 * M * N * K;
     shapes s = make_shapes(M, N, K);
-    uint16_t *y = malloc(M * N * 2);
+    uint16_t *y = malloc(M * N * 2), *y1 = malloc(M * N * 2); /* bf16 [M, N]: 2 threads, 1 thread */
     di_threadpool *tp2;
     di_error err = {0};
     assert_int_equal(di_threadpool_create(2, &tp2, &err), DI_OK);
@@ -803,7 +841,7 @@ static void test_throughput(void **state) {
         for (int t = 1; t <= 2; t++) {
             di_threadpool *tp = t == 1 ? NULL : tp2;
             double best = 1e30, best_cpu = 1e30;
-            for (int rep = 0; rep < 3; rep++) {
+            for (int rep = 0; rep < THROUGHPUT_REPS; rep++) {
                 double t0 = di_now(), c0 = cpu_seconds();
                 if (kind < 2) run_qlinear(kind, tp, M, N, K, s.x, kind ? s.w4 : s.w8, kind ? s.s4 : s.s8, y);
                 else di_cpu_linear_bf16(tp, M, N, K, s.x, K, s.wb, K, y, N);
@@ -811,6 +849,9 @@ static void test_throughput(void **state) {
                 if (dt < best) best = dt;
                 if (dc < best_cpu) best_cpu = dc;
             }
+            /* the timed runs are also a batch-16 bit-identity check across thread counts */
+            if (t == 1) memcpy(y1, y, (size_t)(M * N) * 2);
+            else assert_memory_equal(y, y1, (size_t)(M * N) * 2);
             const char *name = kind == 0 ? "FP8" : kind == 1 ? "FP4" : "bf16";
             if (t == 1)
                 tu_report("%s GEMM M %lld N %lld K %lld, 1 thread (%s): %.2f GFLOP/s wall, %.2f GFLOP/s per CPU second",
@@ -822,6 +863,7 @@ static void test_throughput(void **state) {
         }
     di_threadpool_destroy(tp2);
     free(y);
+    free(y1);
     free_shapes(&s);
 }
 

@@ -117,6 +117,16 @@ static void test_failures(void **state) {
     assert_int_equal(st, 1);
     assert_non_null(strstr(json_string_value(json_object_get(d, "error")), "exactly one"));
     json_decref(d);
+    /* a path that is not UTF-8 still gets a JSON failure document (the byte shown as '?') */
+    d = run_inspect("--model /nonexistent-\xff-dir", &st);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(json_string_value(json_object_get(d, "error")), "/nonexistent-?-dir"));
+    json_decref(d);
+    /* "--config --json": the option's value is missing; --json is not taken as the value */
+    d = run_inspect("--config", &st);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(json_string_value(json_object_get(d, "error")), "option '--config' needs a value"));
+    json_decref(d);
 }
 
 int main(void) {

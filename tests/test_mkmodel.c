@@ -169,6 +169,12 @@ static void test_preset_configs(void **state) {
         free(hf);
         free(inf);
     }
+    /* the compressed vocabulary divides the multiplier bound: 0 is refused, not a division by zero */
+    char *hf = NULL, *inf = NULL;
+    di_error err = {0};
+    assert_int_equal(di_mkmodel_preset_configs("tiny", 0, &hf, &inf, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "engram_classes 0"));
+    assert_null(hf);
 }
 
 static void test_bad_preset(void **state) {

@@ -1,3 +1,4 @@
+/* Shared CLI helpers: failure reporting, the --json document, the long-option scanner. */
 #include "cli.h"
 
 #include <errno.h>
@@ -17,6 +18,11 @@ int cli_fail(const di_cli *cli, const char *fmt, ...) {
     fprintf(stderr, "deepinfer %s: error: %s\n", cli->cmd, msg);
     if (cli->json) {
         json_t *doc = json_pack("{s:b, s:s, s:s}", "ok", 0, "command", cli->cmd, "error", msg);
+        if (!doc) { /* the message is not valid UTF-8 (a path, a tensor name): still emit a document */
+            for (unsigned char *p = (unsigned char *)msg; *p; p++)
+                if (*p >= 0x80) *p = '?';
+            doc = json_pack("{s:b, s:s, s:s}", "ok", 0, "command", cli->cmd, "error", msg);
+        }
         json_dumpf(doc, stdout, JSON_INDENT(2));
         fputc('\n', stdout);
         json_decref(doc);
@@ -42,6 +48,10 @@ void cli_args_init(di_args *a, int argc, char **argv) {
     a->argc = argc;
     a->argv = argv;
     a->used = calloc((size_t)argc + 1, 1);
+    if (!a->used) { /* a CLI front end, not library code: nothing sensible is left to do */
+        fputs("deepinfer: out of memory\n", stderr);
+        exit(1);
+    }
     if (argc > 0) a->used[0] = 1;
 }
 
@@ -60,13 +70,22 @@ bool cli_flag(di_args *a, const char *name) {
     return true;
 }
 
+/* used[] marks: 0 = not consumed, 1 = consumed, MISSING = an option whose value is absent. */
+enum { MISSING = 2 };
+
 const char *cli_str(di_args *a, const char *name, const char *def) {
     int i = find(a, name);
     if (i < 0) return def;
+    /* last on the line, or followed by another option ("--out --json"): the value is missing, and
+     * cli_check_unused says so rather than taking the next option as the value */
+    const char *v = i + 1 < a->argc ? a->argv[i + 1] : NULL;
+    if (!v || (v[0] == '-' && v[1] == '-')) {
+        a->used[i] = MISSING;
+        return NULL;
+    }
     a->used[i] = 1;
-    if (i + 1 >= a->argc) return NULL; /* reported by cli_check_unused as a missing value */
     a->used[i + 1] = 1;
-    return a->argv[i + 1];
+    return v;
 }
 
 bool cli_int(const di_cli *cli, di_args *a, const char *name, long long def, long long lo, long long hi,
@@ -105,11 +124,11 @@ bool cli_double(const di_cli *cli, di_args *a, const char *name, double def, dou
 
 bool cli_check_unused(const di_cli *cli, di_args *a) {
     for (int i = 1; i < a->argc; i++) {
-        if (a->used[i]) {
-            /* an option that takes a value but was last on the line */
-            continue;
-        }
-        cli_fail(cli, "unexpected argument '%s' (see `deepinfer help`)", a->argv[i]);
+        if (a->used[i] == 1) continue;
+        if (a->used[i] == MISSING)
+            cli_fail(cli, "option '%s' needs a value (see `deepinfer help`)", a->argv[i]);
+        else
+            cli_fail(cli, "unexpected argument '%s' (see `deepinfer help`)", a->argv[i]);
         return false;
     }
     return true;

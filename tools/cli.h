@@ -26,7 +26,8 @@ int cli_fail_err(const di_cli *cli, const di_error *err);
 int cli_emit(const di_cli *cli, json_t *doc);
 
 /* Minimal long-option scanner shared by subcommands: options are `--name value` or `--name`.
- * cli_opt_* look an option up in argv[first..argc); a missing value is reported through cli_fail. */
+ * The lookups search argv[1..argc). A value-taking option that is last, or followed by another
+ * `--option`, has no value: cli_str returns NULL for it and cli_check_unused reports it. */
 typedef struct di_args {
     int argc;
     char **argv;

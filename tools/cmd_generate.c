@@ -1,12 +1,363 @@
-/* deepinfer generate — body arrives with issue 4; until then it fails with a clear reason. */
+/* deepinfer generate — prompt prefill then token-by-token decode on one sequence (model/session.h).
+ *
+ *   deepinfer generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]
+ *                      [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
+ *                      [--force-output-ids 4,5,6] [--dspark]
+ *                      [--chunk N] [--threads N] [--device cpu] [--dump-logits FILE]
+ *                      [--tokenizer PATH] [--json]
+ *
+ * --prompt TEXT is encoded with the model's tokenizer (tokenizer.json in DIR, or --tokenizer PATH;
+ * added-token literals such as "<｜User｜>" become their ids) and the output is decoded back to text
+ * (printed, and "output_text" in --json) whenever a tokenizer is loaded.
+ * output_ids[0] comes from the last prompt position; decode step i feeds output_ids[i] at position
+ * T+i and yields output_ids[i+1], so N output tokens take N−1 decode steps. --force-output-ids feeds
+ * the given ids instead of the sampled ones (teacher-forced decode; the golden decode logits were
+ * measured this way). Tokens are chosen by the engine's sampler (engine/sampler.h): --temperature 0
+ * (the default) is greedy (first maximum); T > 0 samples with top-k / top-p / min-p, one Philox draw
+ * keyed by (--seed, position), so a seed reproduces its tokens; DSpark drafts draw with choice =
+ * 1 + draft slot. --chunk N prefills the prompt in chunks of N tokens
+ * (0 = one chunk); --threads defaults to the online CPUs. With --dspark every decode step also drafts dspark_block_size tokens.
+ * --dump-logits FILE writes prompt_logits [T, V], decode_logits [N−1, V] and, with --dspark,
+ * dspark_draft_ids [N−1, block+1], dspark_confidence [N−1, block], dspark_draft_logits
+ * [N−1, block, V] (the golden layout). Prefill and decode tokens/s go to stderr; with --dspark also
+ * the mean number of leading drafts per step that the output then actually continued with
+ * ("dspark_mean_accepted": what lossless verification would accept). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "backend/backend.h"
 #include "cli.h"
+#include "engine/sampler.h"
+#include "io/safetensors.h"
+#include "model/session.h"
+#include "text/tokenizer.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "1,2,3" → ids (malloc'd); false on a malformed list. */
+static bool parse_ids(const char *s, int32_t **out, int64_t *n) {
+    int64_t cap = 16, k = 0;
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!v) return false;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            free(v);
+            return false;
+        }
+        if (k == cap) {
+            int32_t *nv = realloc(v, sizeof(int32_t) * (size_t)(cap *= 2));
+            if (!nv) {
+                free(v);
+                return false;
+            }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (k == 0) {
+        free(v);
+        return false;
+    }
+    *out = v, *n = k;
+    return true;
+}
+
+/* ---------------- sampling ---------------- */
+
+/* The engine's sampler for one sequence. Main tokens draw with choice 0 at their position; DSpark
+ * draft slot j (a di_sample_fn callback) with choice 1 + j at the position it predicts. */
+typedef struct gen_sampler {
+    di_sampler *s;
+    di_sampling_params p;
+    const int32_t *prompt, *out; /* for penalties (none enabled by this command) */
+    int64_t n_prompt, n_out;
+    int64_t draft_pos;           /* position drafted by the next callback */
+    uint32_t draft_slot;
+    int failed;                  /* a draw failed (message in err) */
+    di_error err;
+} gen_sampler;
+
+static int32_t sample_at(gen_sampler *g, const float *logits, int64_t pos, uint32_t choice) {
+    di_sample_row row = {.logits = logits, .params = &g->p, .prompt = g->prompt, .n_prompt = g->n_prompt,
+                         .output = g->out, .n_output = g->n_out, .position = pos, .choice = choice};
+    di_sample_result r;
+    if (di_sampler_sample(g->s, &row, &r, &g->err)) {
+        g->failed = 1;
+        return 0;
+    }
+    return r.token;
+}
+
+static int32_t sample_draft(void *ctx, const float *logits, int64_t V) {
+    gen_sampler *g = ctx;
+    return sample_at(g, logits, g->draft_pos++, 1 + g->draft_slot++);
+}
+
+/* ---------------- logits dump ---------------- */
+
+static int write_dump(const char *path, int64_t T, int64_t V, const float *prompt_logits, int64_t steps,
+                      const float *decode_logits, bool dspark, int B, const int32_t *d_ids, const float *d_conf,
+                      const float *d_logits, di_error *err) {
+    di_tensor_spec sp[5] = {
+        {.name = "prompt_logits", .dtype = DI_F32, .ndim = 2, .shape = {T, V}},
+        {.name = "decode_logits", .dtype = DI_F32, .ndim = 2, .shape = {steps, V}},
+        {.name = "dspark_draft_ids", .dtype = DI_I32, .ndim = 2, .shape = {steps, B + 1}},
+        {.name = "dspark_confidence", .dtype = DI_F32, .ndim = 2, .shape = {steps, B}},
+        {.name = "dspark_draft_logits", .dtype = DI_F32, .ndim = 3, .shape = {steps, B, V}},
+    };
+    const void *data[5] = {prompt_logits, decode_logits, d_ids, d_conf, d_logits};
+    return di_st_write_file(path, sp, data, dspark ? 5 : 2, err);
+}
+
+static json_t *ids_json(const int32_t *v, int64_t n) {
+    json_t *a = json_array();
+    for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
 
 int cmd_generate(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "generate", .json = cli_flag(&a, "json")};
+    int rc = 1;
+    di_error err = {0};
+    di_model *m = NULL;
+    di_backend *be = NULL;
+    di_session *s = NULL;
+    di_tokenizer *tok = NULL;
+    char *out_text = NULL;
+    /* T prompt ids, N output ids (N − 1 decode steps), V vocabulary, B DSpark block */
+    int32_t *prompt = NULL;        /* int32 [T] */
+    int32_t *force = NULL;         /* int32 [n_force] --force-output-ids */
+    int32_t *out_ids = NULL;       /* int32 [N] */
+    int32_t *d_ids = NULL;         /* int32 [N−1, B+1] drafts per decode step (--dump-logits) */
+    float *prompt_logits = NULL;   /* f32 [T, V] (--dump-logits) */
+    float *decode_logits = NULL;   /* f32 [N−1, V] (--dump-logits) */
+    float *logits = NULL;          /* f32 [V] the newest step's row */
+    float *d_conf = NULL;          /* f32 [N−1, B] */
+    float *d_logits = NULL;        /* f32 [N−1, B, V] */
+    gen_sampler smp = {0};
+    int64_t T = 0, n_force = 0;
+    long long max_tokens, seed, threads, chunk;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double temperature, top_p, min_p;
+    long long top_k;
+    const char *device = NULL;
+
+    const char *model = cli_str(&a, "model", NULL);
+    const char *ids_s = cli_str(&a, "prompt-ids", NULL);
+    const char *text = cli_str(&a, "prompt", NULL);
+    const char *force_s = cli_str(&a, "force-output-ids", NULL);
+    const char *dump = cli_str(&a, "dump-logits", NULL);
+    const char *tok_path = cli_str(&a, "tokenizer", NULL);
+    bool dspark = cli_flag(&a, "dspark");
+    if (!cli_int(&cli, &a, "max-tokens", 16, 1, 1 << 24, &max_tokens) ||
+        !cli_double(&cli, &a, "temperature", 0.0, &temperature) || !cli_int(&cli, &a, "top-k", 0, 0, 1 << 30, &top_k) ||
+        !cli_double(&cli, &a, "top-p", 1.0, &top_p) || !cli_double(&cli, &a, "min-p", 0.0, &min_p) ||
+        !cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) || !cli_int(&cli, &a, "threads", ncpu > 0 ? ncpu : 1, 1, 1024, &threads) ||
+        !cli_int(&cli, &a, "chunk", 0, 0, 1 << 30, &chunk) || !cli_device(&cli, &a, &device) ||
+        !cli_check_unused(&cli, &a))
+        goto done;
+    if (!model) {
+        cli_fail(&cli, "need --model DIR");
+        goto done;
+    }
+    if (!!ids_s + !!text != 1) {
+        cli_fail(&cli, "need exactly one of --prompt-ids 1,2,3 and --prompt TEXT");
+        goto done;
+    }
+    if (!(temperature >= 0) || !isfinite(temperature)) {
+        cli_fail(&cli, "--temperature %g: expected a finite value ≥ 0", temperature);
+        goto done;
+    }
+    if (device && strcmp(device, "cpu")) {
+        cli_fail(&cli, "CUDA backend not available in this build (use --device cpu)");
+        goto done;
+    }
+    if ((text || tok_path) && di_tok_load(tok_path ? tok_path : model, &tok, &err)) {
+        cli_fail(&cli, "%s%s", err.msg, tok_path ? "" : " (the model has no tokenizer: pass --tokenizer PATH or --prompt-ids)");
+        goto done;
+    }
+    if (text) {
+        size_t n_ids = 0;
+        if (di_tok_encode(tok, text, strlen(text), 1, &prompt, &n_ids, &err)) {
+            cli_fail_err(&cli, &err);
+            goto done;
+        }
+        T = (int64_t)n_ids;
+        if (T == 0) {
+            cli_fail(&cli, "--prompt: the text encodes to no tokens");
+            goto done;
+        }
+    } else if (!parse_ids(ids_s, &prompt, &T)) {
+        cli_fail(&cli, "--prompt-ids \"%s\": expected comma-separated non-negative token ids", ids_s);
+        goto done;
+    }
+    if (force_s && !parse_ids(force_s, &force, &n_force)) {
+        cli_fail(&cli, "--force-output-ids \"%s\": expected comma-separated non-negative token ids", force_s);
+        goto done;
+    }
+    if (di_model_open(model, &m, &err) || di_backend_cpu_create((int)threads, &be, &err)) {
+        cli_fail_err(&cli, &err);
+        goto done;
+    }
+    const di_config *cfg = &m->cfg;
+    int64_t V = cfg->vocab_size, N = max_tokens, steps = N - 1;
+    int B = cfg->dspark_block_size;
+    for (int64_t i = 0; i < T; i++)
+        if (prompt[i] >= V) {
+            cli_fail(&cli, "--prompt-ids: token %d at position %lld outside the vocabulary (%lld)", prompt[i], (long long)i,
+                     (long long)V);
+            goto done;
+        }
+    for (int64_t i = 0; i < n_force; i++)
+        if (force[i] >= V) {
+            cli_fail(&cli, "--force-output-ids: id %d outside the vocabulary (%lld)", force[i], (long long)V);
+            goto done;
+        }
+    if (dspark && cfg->n_dspark <= 0) {
+        cli_fail(&cli, "--dspark: %s has no DSpark draft stages", model);
+        goto done;
+    }
+    di_session_opts so = {.max_tokens = T + N, .spec_margin = -1, .dspark = dspark};
+    if (di_session_create(m, be, &so, &s, &err)) {
+        cli_fail_err(&cli, &err);
+        goto done;
+    }
+    out_ids = calloc((size_t)N, sizeof(int32_t));
+    logits = malloc(sizeof(float) * (size_t)V);
+    if (dump) {
+        prompt_logits = malloc(sizeof(float) * (size_t)(T * V));
+        decode_logits = malloc(sizeof(float) * (size_t)((steps > 0 ? steps : 1) * V));
+        if (dspark) d_logits = calloc((size_t)((steps > 0 ? steps : 1) * B * V), sizeof(float));
+    }
+    if (dspark) {
+        d_ids = calloc((size_t)((steps > 0 ? steps : 1) * (B + 1)), sizeof(int32_t));
+        d_conf = calloc((size_t)((steps > 0 ? steps : 1) * B), sizeof(float));
+    }
+    if (!out_ids || !logits || (dump && (!prompt_logits || !decode_logits)) || (dspark && (!d_ids || !d_conf)) ||
+        (dump && dspark && !d_logits)) {
+        cli_fail(&cli, "out of memory (vocabulary %lld, %lld tokens)", (long long)V, (long long)N);
+        goto done;
+    }
+    smp.p = di_sampling_params_default();
+    smp.p.temperature = (float)temperature, smp.p.top_k = (int32_t)top_k, smp.p.top_p = (float)top_p;
+    smp.p.min_p = (float)min_p, smp.p.seed = (uint64_t)seed;
+    smp.prompt = prompt, smp.n_prompt = T, smp.out = out_ids;
+    if (di_sampling_params_check(&smp.p, (int32_t)V, &err) || di_sampler_new((int32_t)V, &smp.s, &err)) {
+        cli_fail_err(&cli, &err);
+        goto done;
+    }
+
+    /* prefill: one chunk, or chunks of --chunk tokens; all positions' logits only when dumping */
+    double t0 = now_s();
+    int64_t cs = chunk > 0 ? chunk : T;
+    for (int64_t p = 0; p < T; p += cs) {
+        int64_t n = T - p < cs ? T - p : cs;
+        float *dst = dump ? prompt_logits + p * V : logits;
+        if (di_session_forward(s, prompt + p, n, dump != NULL, dst, NULL, &err)) {
+            cli_fail_err(&cli, &err);
+            goto done;
+        }
+    }
+    double t_prefill = now_s() - t0;
+    const float *last = dump ? prompt_logits + (T - 1) * V : logits;
+    out_ids[0] = n_force > 0 ? force[0] : sample_at(&smp, last, T, 0);
+    smp.n_out = 1;
+    if (smp.failed) {
+        cli_fail_err(&cli, &smp.err);
+        goto done;
+    }
+
+    /* decode: step i feeds out_ids[i] at position T+i */
+    t0 = now_s();
+    for (int64_t i = 0; i < steps; i++) {
+        float *dst = dump ? decode_logits + i * V : logits;
+        if (di_session_forward(s, &out_ids[i], 1, false, dst, NULL, &err)) {
+            cli_fail_err(&cli, &err);
+            goto done;
+        }
+        int32_t next = i + 1 < n_force ? force[i + 1] : sample_at(&smp, dst, T + i + 1, 0);
+        if (dspark) {
+            int32_t *di = d_ids + i * (B + 1);
+            float *dc = d_conf + i * B;
+            /* draft slot 0 is the token this step produced (the forced one when teacher-forced) */
+            smp.draft_pos = T + i + 2, smp.draft_slot = 0;
+            if (di_session_draft(s, next, temperature > 0 ? sample_draft : NULL, &smp, di, dc,
+                                 d_logits ? d_logits + i * B * V : NULL, NULL, &err)) {
+                cli_fail_err(&cli, &err);
+                goto done;
+            }
+        }
+        if (smp.failed) {
+            cli_fail_err(&cli, &smp.err);
+            goto done;
+        }
+        out_ids[i + 1] = next;
+        smp.n_out = i + 2;
+    }
+    double t_decode = now_s() - t0;
+    fprintf(stderr, "prefill: %lld tokens in %.3f s (%.1f tok/s); decode: %lld steps in %.3f s (%.1f tok/s)\n",
+            (long long)T, t_prefill, T / (t_prefill > 0 ? t_prefill : 1e-9), (long long)steps, t_decode,
+            steps / (t_decode > 0 ? t_decode : 1e-9));
+    /* DSpark: drafts of step i that the sequence then actually continued with (a prefix of
+     * out_ids[i+2 …]) — what a lossless verification would have accepted */
+    int64_t accepted = 0, checked = 0;
+    for (int64_t i = 0; dspark && i < steps; i++) {
+        if (i + 2 >= N) break;
+        checked++;
+        for (int64_t j = 1; j <= B && i + 1 + j < N && d_ids[i * (B + 1) + j] == out_ids[i + 1 + j]; j++) accepted++;
+    }
+    double mean_acc = checked ? (double)accepted / (double)checked : 0.0;
+    if (dspark) fprintf(stderr, "dspark: %.2f of %d drafts per step continue the output (%lld steps)\n", mean_acc, B, (long long)checked);
+    size_t out_len = 0;
+    if (tok && di_tok_decode(tok, out_ids, (size_t)N, &out_text, &out_len, &err)) /* ids the model has and the tokenizer lacks */
+        fprintf(stderr, "deepinfer generate: warning: no output text: %s\n", err.msg);
+    if (dump && write_dump(dump, T, V, prompt_logits, steps, decode_logits, dspark, B, d_ids, d_conf, d_logits, &err)) {
+        cli_fail_err(&cli, &err);
+        goto done;
+    }
+    if (cli.json) {
+        json_t *doc = json_object();
+        json_object_set_new(doc, "prompt_ids", ids_json(prompt, T));
+        json_object_set_new(doc, "output_ids", ids_json(out_ids, N));
+        json_object_set_new(doc, "temperature", json_real(temperature));
+        json_object_set_new(doc, "dspark", json_boolean(dspark));
+        if (dspark) json_object_set_new(doc, "dspark_mean_accepted", json_real(mean_acc));
+        json_object_set_new(doc, "prefill_tokens_per_s", json_real(T / (t_prefill > 0 ? t_prefill : 1e-9)));
+        json_object_set_new(doc, "decode_tokens_per_s", json_real(steps / (t_decode > 0 ? t_decode : 1e-9)));
+        if (dump) json_object_set_new(doc, "dump_logits", json_string(dump));
+        if (out_text) json_object_set_new(doc, "output_text", json_stringn(out_text, out_len));
+        cli_emit(&cli, doc);
+    } else {
+        for (int64_t i = 0; i < N; i++) printf("%s%d", i ? "," : "", out_ids[i]);
+        printf("\n");
+        if (out_text) printf("%s\n", out_text);
+    }
+    rc = 0;
+done:
+    di_session_destroy(s);
+    di_tok_free(tok);
+    free(out_text);
+    di_backend_destroy(be);
+    di_model_close(m);
     cli_args_free(&a);
-    return cli_fail(&cli, "not implemented yet (tracked by issue 4)");
+    free(prompt), free(force), free(out_ids), free(d_ids);
+    free(prompt_logits), free(decode_logits), free(logits), free(d_conf), free(d_logits);
+    di_sampler_free(smp.s);
+    return rc;
 }

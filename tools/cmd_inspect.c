@@ -43,7 +43,7 @@ typedef struct report {
     di_inv_totals tot;
     stage_sum stage[DI_MAX_STAGES];
     stage_sum globals;        /* embed, norm, head */
-    cache_type cache[8];
+    cache_type cache[DI_MAX_STAGES]; /* at most one new type per stage: never full */
     int n_cache;
     const char *engram_source; /* NULL = not checked / no Engram */
     int64_t ckpt_bytes;
@@ -56,7 +56,6 @@ static void add_cache(report *r, const char *name, const di_cache_footprint *f, 
             return;
         }
     }
-    if (r->n_cache == (int)(sizeof r->cache / sizeof r->cache[0])) return;
     cache_type *c = &r->cache[r->n_cache++];
     snprintf(c->name, sizeof c->name, "%s", name);
     c->n_layers = 1;

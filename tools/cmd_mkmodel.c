@@ -20,7 +20,8 @@ int cmd_mkmodel(int argc, char **argv) {
     if (!cli_int(&cli, &a, "seed", 1, 0, (long long)9e18, &seed)) goto done;
     if (!cli_check_unused(&cli, &a)) goto done;
     if (!preset || !out) {
-        rc = cli_fail(&cli, "usage: deepinfer mkmodel --preset tiny|small --seed N --out DIR [--tokenizer FILE]");
+        rc = cli_fail(&cli, "usage: deepinfer mkmodel --preset tiny|small|full-layer --seed N --out DIR "
+                            "[--tokenizer FILE]");
         goto done;
     }
     di_mkmodel_opts o = {.preset = preset, .seed = (uint64_t)seed, .out_dir = out, .tokenizer = tok};

@@ -9,7 +9,7 @@ static const struct {
     int (*fn)(int, char **);
     const char *usage;
 } k_cmds[] = {
-    {"mkmodel", cmd_mkmodel, "--preset tiny|small --seed N --out DIR        write a random-weight checkpoint"},
+    {"mkmodel", cmd_mkmodel, "--preset tiny|small|full-layer --seed N --out DIR  write a random-weight checkpoint"},
     {"inspect", cmd_inspect, "--model DIR                                    validate and summarise a checkpoint"},
     {"generate", cmd_generate, "--model DIR --prompt-ids 1,2|--prompt TEXT ... generate tokens"},
     {"verify", cmd_verify, "--model DIR --golden FILE [--dump FILE] [--dump-stages FILE] [--kernels FILE|--no-ops]\n"

@@ -119,11 +119,18 @@ struct di_backend {
 
     /* ---------------- compressed KV and indexer (§4.4) ---------------- */
 
-    /* Softmax pooling of a one-shot prefill from position 0 (ratio R ≥ 2): entry g, channel j:
-     * κ[g,j] = bf16(Σ_{t in group g} softmax_t(gate[t,j])·a[t,j]) in f32; the trailing m mod R tokens
-     * form no entry.  a, gate f32 [m, d];  y bf16 [m / R, d] */
-    int (*compress_pool)(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio,
-                         int64_t d, uint16_t *y, di_error *err);
+    /* Streaming softmax pooling (ratio R ≥ 2, spec §3.5, §4.4) over the carry state of ONE group:
+     * tokens at positions start_pos … start_pos+m−1 (all in group ⌊start_pos/R⌋) write their
+     * projections into slot pos mod R of the state; the token that completes the group pools it:
+     * κ[j] = bf16(Σ_slots softmax(score[·,j])·kv[·,j]) in f32 (slots ascending). The reference pools a
+     * prefill directly and decode from its state; the f32 values and operations are the same, so one
+     * streaming path serves a prefill, a chunk and a decode step. The caller splits a chunk at group
+     * boundaries (the per-sequence cache keeps one state block per group, for exact rollback).
+     *   a, gate f32 [m, d];  kv_state, score_state f32 [R, d] (in/out)
+     *   y bf16 [1, d] (written when the group completes);  *n_out = entries written (0 or 1) */
+    int (*compress_pool)(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                         int ratio, int64_t d, float *kv_state, float *score_state, uint16_t *y, int64_t *n_out,
+                         di_error *err);
 
     /* Index scores (bf16 arithmetic as the reference): w'_h = bf16(f32(w_h)·w_scale) (the reference
      * scales the bf16 weights_proj output by index_head_dim^-0.5 · n_heads^-0.5, a Python double

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -78,7 +79,8 @@ static int check_total_size(const di_checkpoint *ck, json_t *root, const char *i
     if (!ts) return DI_OK;
     /* Some converters write the size as a float; accept it when it is a whole number. */
     double d = json_is_number(ts) ? json_number_value(ts) : -1;
-    if (d < 0 || d != (double)(uint64_t)d || d >= 0x1p63)
+    /* range first: converting a double ≥ 2^64 to an integer type is undefined behaviour */
+    if (d < 0 || d >= 0x1p63 || d != floor(d))
         return di_error_set(err, DI_ERR_FORMAT, "%s: metadata.total_size is not a non-negative integer", index_path);
     uint64_t want = json_is_integer(ts) ? (uint64_t)json_integer_value(ts) : (uint64_t)d, sum = 0;
     for (int64_t i = 0; i < ck->n_tensors; i++) sum += ck->entries[i].info->end - ck->entries[i].info->begin;

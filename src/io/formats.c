@@ -36,7 +36,7 @@ static inline uint32_t select_u32(int cond, uint32_t a, uint32_t b) {
 /* ---- float8_e4m3fn ----
  * Code = s eeee mmm, bias 7. e = 0: subnormal m·2^−9; e > 0: (1 + m/8)·2^(e−7); s 1111 111 = NaN.
  * The table serves scalar decoding; the vectorized dequantization loop assembles the bits. */
-static const float e4m3_table[256] = {
+const float di_e4m3_values[256] = {
     0.f, 0.001953125f, 0.00390625f, 0.005859375f, 0.0078125f, 0.009765625f, 0.01171875f, 0.013671875f,
     0.015625f, 0.017578125f, 0.01953125f, 0.021484375f, 0.0234375f, 0.025390625f, 0.02734375f, 0.029296875f,
     0.03125f, 0.03515625f, 0.0390625f, 0.04296875f, 0.046875f, 0.05078125f, 0.0546875f, 0.05859375f,
@@ -70,8 +70,6 @@ static const float e4m3_table[256] = {
     -128.f, -144.f, -160.f, -176.f, -192.f, -208.f, -224.f, -240.f,
     -256.f, -288.f, -320.f, -352.f, -384.f, -416.f, -448.f, -NAN,
 };
-
-float di_e4m3_to_f32(uint8_t code) { return e4m3_table[code]; }
 
 #define F32_BITS_448 0x43e00000u  /* largest finite e4m3 magnitude */
 #define F32_BITS_2M6 0x3c800000u  /* 2^-6, smallest normal e4m3 magnitude */
@@ -114,18 +112,9 @@ static inline float e4m3_round(float x) {
     return bits_f32((u & 0x80000000u) | e4m3_abs_round_bits(u & 0x7fffffffu));
 }
 
-/* ---- E8M0 ---- */
-float di_e8m0_to_f32(uint8_t e) {
-    if (e == 0) return bits_f32(0x00400000u); /* 2^-127 is a f32 subnormal: exponent field 0 */
-    if (e == 255) return NAN;
-    return bits_f32((uint32_t)e << 23);
-}
-
 /* ---- E2M1 ---- */
-static const float e2m1_table[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-float di_e2m1_to_f32(uint8_t code) { return e2m1_table[code & 15]; }
+const float di_e2m1_values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 #define F32_BITS_6 0x40c00000u    /* largest E2M1 magnitude */
 #define F32_BITS_1 0x3f800000u    /* 1.0, smallest normal E2M1 magnitude (0.5 is the subnormal) */
@@ -212,8 +201,8 @@ void di_dequant_fp4_rows(const uint8_t *w, const uint8_t *scale, int64_t rows, i
             const uint8_t *wb = wr + g * 16; /* [16] bytes = 32 codes */
             float *og = o + g * 32;
             for (int j = 0; j < 16; j++) {
-                og[2 * j] = e2m1_table[di_fp4_even(wb[j])] * s;
-                og[2 * j + 1] = e2m1_table[di_fp4_odd(wb[j])] * s;
+                og[2 * j] = di_e2m1_values[di_fp4_even(wb[j])] * s;
+                og[2 * j + 1] = di_e2m1_values[di_fp4_odd(wb[j])] * s;
             }
         }
     }
@@ -292,7 +281,7 @@ void di_act_quant_fp8(const uint16_t *x, int64_t n, int group, uint8_t *q, uint8
         float inv_s = POW2_INV(e);
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) qg[i + j] = fp8_code(xl[j], inv_s);
         }
@@ -312,7 +301,7 @@ void di_act_qdq_fp8(const uint16_t *x, int64_t n, int group, uint16_t *out) {
         float s = POW2(e), inv_s = POW2_INV(e);
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) og[i + j] = fp8_qdq(xl[j], inv_s, s);
         }
@@ -324,16 +313,16 @@ void di_act_qdq_fp8(const uint16_t *x, int64_t n, int group, uint16_t *out) {
  * scale: the reference's f32 division), packed two per byte with the even element in the low
  * nibble. Codes first into a local array, then the packing, so that each loop vectorizes. */
 static inline void fp4_chunk_pow2(const uint16_t *x, float inv_s, uint8_t *packed) {
-    uint16_t xl[LANES];
-    uint8_t c[LANES];
+    uint16_t xl[LANES]; /* bf16 chunk */
+    uint8_t c[LANES];   /* E2M1 codes of the chunk */
     memcpy(xl, x, sizeof xl);
     for (int j = 0; j < LANES; j++) c[j] = e2m1_encode(di_bf16_to_f32(xl[j]) * inv_s);
     for (int j = 0; j < LANES / 2; j++) packed[j] = di_fp4_pack(c[2 * j], c[2 * j + 1]);
 }
 
 static inline void fp4_chunk_div(const uint16_t *x, float s, uint8_t *packed) {
-    uint16_t xl[LANES];
-    uint8_t c[LANES];
+    uint16_t xl[LANES]; /* bf16 chunk */
+    uint8_t c[LANES];   /* E2M1 codes of the chunk */
     memcpy(xl, x, sizeof xl);
     for (int j = 0; j < LANES; j++) c[j] = e2m1_encode(di_bf16_to_f32(xl[j]) / s);
     for (int j = 0; j < LANES / 2; j++) packed[j] = di_fp4_pack(c[2 * j], c[2 * j + 1]);
@@ -377,7 +366,7 @@ void di_fp4_qdq_e8m0(const uint16_t *x, int64_t n, int group, uint16_t *out) {
         float s = POW2(e), inv_s = POW2_INV(e);
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) og[i + j] = di_f32_to_bf16(e2m1_round(di_bf16_to_f32(xl[j]) * inv_s) * s);
         }
@@ -397,7 +386,7 @@ void di_fp4_quant_e4m3(const uint16_t *x, int64_t n, int group, uint8_t *packed,
         const uint16_t *xg = x + g * group;   /* [group] bf16 */
         uint8_t *pg = packed + g * group / 2; /* [group/2] packed E2M1 */
         uint8_t sc = fp4_e4m3_scale(xg, group);
-        float s = e4m3_table[sc];
+        float s = di_e4m3_values[sc];
         scale[g] = sc;
         int i = 0;
         for (; i + LANES <= group; i += LANES) fp4_chunk_div(xg + i, s, pg + i / 2);
@@ -415,10 +404,10 @@ void di_fp4_qdq_e4m3(const uint16_t *x, int64_t n, int group, uint16_t *out) {
     for (int64_t g = 0; g < n / group; g++) {
         const uint16_t *xg = x + g * group; /* [group] bf16 */
         uint16_t *og = out + g * group;     /* [group] bf16, may be xg */
-        float s = e4m3_table[fp4_e4m3_scale(xg, group)];
+        float s = di_e4m3_values[fp4_e4m3_scale(xg, group)];
         int i = 0;
         for (; i + LANES <= group; i += LANES) {
-            uint16_t xl[LANES];
+            uint16_t xl[LANES]; /* bf16 chunk */
             memcpy(xl, xg + i, sizeof xl);
             for (int j = 0; j < LANES; j++) og[i + j] = fp4_qdq_div(xl[j], s);
         }

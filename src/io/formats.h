@@ -34,20 +34,33 @@ static inline uint16_t di_f32_to_bf16(float f) {
 
 static inline float di_round_bf16(float f) { return di_bf16_to_f32(di_f32_to_bf16(f)); }
 
+/* ---- decode tables ----
+ * The value of every e4m3fn code (NaN for 0x7F/0xFF) and of every E2M1 code: the one definition
+ * that the scalar decoders below, the cache reads and the weight dequantizers all use. Immutable,
+ * so no initialisation and no thread-safety concern. */
+extern const float di_e4m3_values[256];
+extern const float di_e2m1_values[16];
+
 /* ---- float8_e4m3fn: bias 7, no infinities, 0x7F/0xFF = NaN, max finite ±448 ---- */
-float di_e4m3_to_f32(uint8_t code);
+static inline float di_e4m3_to_f32(uint8_t code) { return di_e4m3_values[code]; }
 /* Round to nearest even; |x| beyond 448 (and ±inf) saturates to ±448 (the reference clamps before
  * casting); NaN → 0x7F with the input's sign bit (0xFF for a negative NaN), as torch's cast does. */
 uint8_t di_f32_to_e4m3(float x);
 
 /* ---- E8M0 (unsigned power-of-two scale) ---- */
-/* 2^(e−127). e = 0 decodes to 2^−127 (a float32 subnormal); e = 255 is NaN. */
-float di_e8m0_to_f32(uint8_t e);
+/* 2^(e−127). e = 0 decodes to 2^−127 (a float32 subnormal: exponent field 0); e = 255 is NaN.
+ * Inline: it sits in per-block loops of the dequantizers. */
+static inline float di_e8m0_to_f32(uint8_t e) {
+    uint32_t u = e == 0 ? 0x00400000u : e == 255 ? 0x7fc00000u : (uint32_t)e << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 /* Scale byte of 2^k for k in [−127, 127]. */
 static inline uint8_t di_e8m0_from_exp(int k) { return (uint8_t)(k + 127); }
 
 /* ---- E2M1 (FP4): code bit 3 = sign; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 ---- */
-float di_e2m1_to_f32(uint8_t code); /* uses the low 4 bits */
+static inline float di_e2m1_to_f32(uint8_t code) { return di_e2m1_values[code & 15]; } /* low 4 bits */
 /* Round to nearest even on the E2M1 grid (ties 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4,
  * 5→4), saturating at ±6; the sign of zero is kept. NaN → ±0, like the reference's midpoint
  * comparisons. */

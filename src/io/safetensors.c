@@ -249,7 +249,8 @@ static int place_tensors(di_safetensors *st, const uint8_t *data, di_error *err)
     uint64_t arena = 0;
     for (int64_t i = 0; i < st->n_tensors; i++) {
         di_tensor_info *t = &st->tensors[i];
-        if (t->end > t->begin && (uintptr_t)(data + t->begin) % di_dtype_size(t->dtype) != 0) arena += (t->end - t->begin + 63) / 64 * 64;
+        if (t->end > t->begin && (uintptr_t)(data + t->begin) % di_dtype_size(t->dtype) != 0)
+            arena += (t->end - t->begin + 63) / 64 * 64;
     }
     if (arena) {
         st->data_copy = aligned_alloc(64, arena);

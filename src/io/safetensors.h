@@ -63,8 +63,9 @@ typedef struct di_safetensors {
 /* Parse and validate a header. `path` only names the file in messages. `data_size` is the size of
  * the data section. Checks: JSON object without duplicate keys; every entry an object with a known
  * dtype, a shape of ≤ DI_MAX_DIMS non-negative dims whose non-zero product is ≤ 2^53 (so no product
- * of dims can overflow int64), begin ≤ end ≤ data_size, end−begin = numel·dtype size; no two non-empty tensors overlap; __metadata__, when present, an object
- * of strings. On success *out is sorted by name (free with di_st_free_infos). */
+ * of dims can overflow int64), begin ≤ end ≤ data_size, end−begin = numel·dtype size; no two
+ * non-empty tensors overlap; __metadata__, when present, an object of strings. On success *out is
+ * sorted by name (free with di_st_free_infos). */
 int di_st_parse_header(const char *json, size_t len, uint64_t data_size, const char *path,
                        di_tensor_info **out, int64_t *n_out, di_error *err);
 void di_st_free_infos(di_tensor_info *infos, int64_t n);

@@ -7,7 +7,6 @@
  * of two or an e4m3 scale: at most 6 significant bits, at least 2^-136 when nonzero — is exact in
  * f32, so its one bf16 rounding is the rounding the reference's QDQ performs: the value equals the
  * reference's cached bf16 bit for bit (tests/test_cache.c checks it on the reference's vectors). */
-#include <pthread.h>
 #include <string.h>
 
 #include "io/formats.h"
@@ -40,37 +39,27 @@ static int source_stage(const di_cache *c, int stage, const char *what, di_error
 
 /* ---------------- decoders ---------------- */
 
-/* One f32 per code, filled once from io/formats.h's decoders (one definition of each format): a
- * read of a full window (W × hd values per layer and token) is a table load and a multiply. */
-static float e4m3_lut[256]; /* e4m3fn code → f32 (0x7F/0xFF NaN) */
-static float e2m1_lut[16];  /* E2M1 code → f32 */
-static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
-
-static void lut_fill(void) {
-    for (int i = 0; i < 256; i++) e4m3_lut[i] = di_e4m3_to_f32((uint8_t)i);
-    for (int i = 0; i < 16; i++) e2m1_lut[i] = di_e2m1_to_f32((uint8_t)i);
-}
+/* Reads use io/formats.h's decode tables (one definition of each format): a read of a full window
+ * (W × hd values per layer and token) is a table load and a multiply per value. */
 
 /* slot [hd e4m3 | hd/32 E8M0] → bf16 [hd] */
 static void fp8_slot_to_bf16(const uint8_t *slot, int hd, uint16_t *out) {
-    pthread_once(&lut_once, lut_fill);
     const uint8_t *scale = slot + hd;
     for (int g = 0; g < hd / FP8_GROUP; g++) {
         float s = di_e8m0_to_f32(scale[g]);
-        for (int i = g * FP8_GROUP; i < (g + 1) * FP8_GROUP; i++) out[i] = di_f32_to_bf16(e4m3_lut[slot[i]] * s);
+        for (int i = g * FP8_GROUP; i < (g + 1) * FP8_GROUP; i++) out[i] = di_f32_to_bf16(di_e4m3_values[slot[i]] * s);
     }
 }
 
 /* entry [n/2 packed E2M1 | n/group scales] → bf16 [n]; scales E4M3 (e4m3 = 1) or E8M0 (0) */
 static void fp4_entry_to_bf16(const uint8_t *entry, int n, int group, int e4m3_scales, uint16_t *out) {
-    pthread_once(&lut_once, lut_fill);
     const uint8_t *scale = entry + n / 2;
     for (int g = 0; g < n / group; g++) {
-        float s = e4m3_scales ? e4m3_lut[scale[g]] : di_e8m0_to_f32(scale[g]);
+        float s = e4m3_scales ? di_e4m3_values[scale[g]] : di_e8m0_to_f32(scale[g]);
         for (int i = g * group; i < (g + 1) * group; i += 2) {
             uint8_t b = entry[i / 2];
-            out[i] = di_f32_to_bf16(e2m1_lut[di_fp4_even(b)] * s);
-            out[i + 1] = di_f32_to_bf16(e2m1_lut[di_fp4_odd(b)] * s);
+            out[i] = di_f32_to_bf16(di_e2m1_values[di_fp4_even(b)] * s);
+            out[i + 1] = di_f32_to_bf16(di_e2m1_values[di_fp4_odd(b)] * s);
         }
     }
 }

@@ -1,6 +1,7 @@
 /* Config parsing (config.json + inference/config.json) and layer-role derivation. See config.h. */
 #include "model/config.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
@@ -60,7 +61,7 @@ static const field FIELDS[] = {
     REQ_INT("o_lora_rank", "o_lora_rank", o_lora_rank, 1, 1 << 16),
     REQ_INT("o_groups", "o_groups", o_groups, 1, 4096),
     REQ_INT("sliding_window", "window_size", sliding_window, 1, 1 << 20),
-    INTS("compress_ratios", "compress_ratios", compress_ratios, n_compress_ratios, 0, 1 << 16, 1),
+    INTS("compress_ratios", "compress_ratios", compress_ratios, n_compress_ratios, 0, DI_MAX_COMPRESS_RATIO, 1),
     INTS("kv_source_layer_ids", "kv_source_layers", kv_source_layer_ids, n_kv_source_layer_ids, 0, DI_MAX_STAGES, 0),
     INTS("index_source_layer_ids", "index_source_layers", index_source_layer_ids, n_index_source_layer_ids, 0,
          DI_MAX_STAGES, 0),
@@ -475,6 +476,9 @@ static int check_dims(const char *w, const di_config *c, di_error *err) {
             c->moe_intermediate_size);
     REQUIRE(c->num_experts_per_tok <= c->n_routed_experts, "%s: num_experts_per_tok %d exceeds n_routed_experts %d", w,
             c->num_experts_per_tok, c->n_routed_experts);
+    REQUIRE(c->num_experts_per_tok <= DI_MAX_ACTIVE_EXPERTS && c->dspark_num_experts_per_tok <= DI_MAX_ACTIVE_EXPERTS,
+            "%s: num_experts_per_tok %d / dspark_num_experts_per_tok %d: at most %d active experts are supported", w,
+            c->num_experts_per_tok, c->dspark_num_experts_per_tok, DI_MAX_ACTIVE_EXPERTS);
     REQUIRE(c->n_shared_experts == 1, "%s: n_shared_experts is %d; the V4.1 reference requires exactly 1", w,
             c->n_shared_experts);
     REQUIRE(c->rope_theta > 0, "%s: rope_theta must be positive, found %g", w, c->rope_theta);
@@ -757,7 +761,7 @@ done:
 /* Whole small file into memory (configs are a few KB; refuse anything absurd). */
 static int slurp(const char *path, char **out, size_t *len, di_error *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) return di_error_set(err, DI_ERR_IO, "%s: cannot open", path);
+    if (!f) return di_error_set(err, DI_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -772,7 +776,7 @@ static int slurp(const char *path, char **out, size_t *len, di_error *err) {
             if (!nb) {
                 free(buf);
                 fclose(f);
-                return di_error_set(err, DI_ERR_NOMEM, "out of memory");
+                return di_error_set(err, DI_ERR_NOMEM, "%s: out of memory reading it", path);
             }
             buf = nb;
         }
@@ -798,7 +802,7 @@ int di_config_load(const char *model_dir, di_config *cfg, di_error *err) {
     struct stat sb;
     int is_file = stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode);
     char *dir = strdup(model_dir);
-    if (!dir) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    if (!dir) return di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", model_dir);
     char *hf_path = NULL;
     if (is_file) {
         hf_path = strdup(model_dir);
@@ -813,7 +817,7 @@ int di_config_load(const char *model_dir, di_config *cfg, di_error *err) {
     char *inf_path = di_path_join(dir, "inference/config.json");
     char *hf = NULL, *inf = NULL;
     size_t hf_len = 0, inf_len = 0;
-    int rc = (hf_path && inf_path) ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    int rc = (hf_path && inf_path) ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", model_dir);
     if (rc == DI_OK) rc = slurp(hf_path, &hf, &hf_len, err);
     if (rc == DI_OK && stat(inf_path, &sb) == 0) rc = slurp(inf_path, &inf, &inf_len, err);
     if (rc == DI_OK) rc = di_config_parse(hf, hf_len, inf, inf_len, is_file ? model_dir : dir, cfg, err);

@@ -29,6 +29,10 @@
 #define DI_MAX_ENGRAM_LAYERS 16  /* released: 2 (layers 1 and 14) */
 #define DI_MAX_DSPARK_TARGETS 16 /* released: 3 (layers 37, 38, 39) */
 #define DI_MAX_NGRAM 8           /* engram_max_ngram_size (released: 4) */
+#define DI_MAX_COMPRESS_RATIO 128 /* compress_ratios entries (V4.1: 0, 1, 2); the CPU compressor's
+                                    MAX_RATIO, the largest of the V4 family (HCA) */
+#define DI_MAX_ACTIVE_EXPERTS 64 /* num_experts_per_tok (released: 6); = DI_ROUTER_MAX_TOPK of the
+                                    CPU router, checked by tests/test_cpu_ops.c */
 #define DI_CFG_STR 64            /* short string fields */
 
 /* What a stage does with attention state (spec §1.2 role table). */

@@ -36,6 +36,11 @@ static int is_prime(int64_t n) {
     return 1;
 }
 
+int64_t di_engram_next_prime(int64_t n) {
+    while (!is_prime(n)) n++;
+    return n;
+}
+
 /* The reference restarts every (layer, order) search at engram_vocab_size − 1 but skips primes
  * already handed out, so the whole sequence is simply the consecutive primes ≥ engram_vocab_size. */
 static void derive_layout(const di_config *cfg, di_engram_consts *c) {
@@ -44,7 +49,7 @@ static void derive_layout(const di_config *cfg, di_engram_consts *c) {
     for (int l = 0; l < c->n_layers; l++) {
         int64_t off = 0;
         for (int k = 0; k < per_layer; k++) {
-            while (!is_prime(p)) p++;
+            p = di_engram_next_prime(p);
             c->primes[(int64_t)l * per_layer + k] = p;
             c->offsets[(int64_t)l * per_layer + k] = off;
             off += p;
@@ -74,7 +79,8 @@ int di_engram_consts_set_token_map(di_engram_consts *c, const di_config *cfg, co
         return di_error_set(err, DI_ERR_INVALID, "Engram token map: %lld entries do not cover the pad token %d",
                             (long long)len, cfg->engram_pad_token_id);
     int32_t *copy = malloc((size_t)len * sizeof *copy);
-    if (!copy) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    if (!copy)
+        return di_error_set(err, DI_ERR_NOMEM, "Engram token map: out of memory for %lld entries", (long long)len);
     memcpy(copy, map, (size_t)len * sizeof *copy);
     free(c->token_map);
     c->token_map = copy;
@@ -105,9 +111,11 @@ static const di_tensor_info *want(const di_safetensors *st, const char *name, di
     return t;
 }
 
+/* di_st_open aligns tensor data to the element size; memcpy keeps the read free of strict-aliasing
+ * assumptions about the mapping all the same. */
 static int64_t rd64(const void *base, int64_t i) {
     int64_t v;
-    memcpy(&v, (const char *)base + 8 * i, 8); /* the mapping is not guaranteed 8-byte aligned */
+    memcpy(&v, (const char *)base + 8 * i, 8);
     return v;
 }
 
@@ -168,14 +176,8 @@ static int read_sidecar(const di_config *cfg, const char *path, di_engram_consts
                           path);
         goto done;
     }
-    int32_t *map = malloc((size_t)tmap->shape[0] * sizeof *map);
-    if (!map) {
-        rc = di_error_set(err, DI_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    memcpy(map, tmap->data, (size_t)tmap->shape[0] * sizeof *map);
-    rc = di_engram_consts_set_token_map(c, cfg, map, tmap->shape[0], err);
-    free(map);
+    /* I32 data is 4-byte aligned in the mapping (di_st_open); set_token_map validates and copies it */
+    rc = di_engram_consts_set_token_map(c, cfg, (const int32_t *)tmap->data, tmap->shape[0], err);
     if (rc) {
         di_error_wrap(err, "%s: tensor 'token_map'", path);
         goto done;
@@ -221,7 +223,8 @@ int di_engram_consts_derive(const di_config *cfg, di_engram_consts *out, di_erro
     c->offsets = calloc((size_t)(per * c->n_layers), sizeof(int64_t));
     if (!c->multipliers || !c->primes || !c->offsets) {
         di_engram_consts_free(c);
-        return di_error_set(err, DI_ERR_NOMEM, "out of memory");
+        return di_error_set(err, DI_ERR_NOMEM, "Engram constants: out of memory for %lld hash buckets",
+                            (long long)(per * c->n_layers));
     }
     derive_layout(cfg, c);
     for (int l = 0; l < c->n_layers; l++) {

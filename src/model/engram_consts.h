@@ -49,6 +49,11 @@ void di_engram_consts_free(di_engram_consts *c);
  * odd multipliers in [1, di_engram_multiplier_max(cfg)] for non-released layouts. */
 int di_engram_consts_derive(const di_config *cfg, di_engram_consts *out, di_error *err);
 
+/* Smallest prime ≥ n, for n ≤ 2^32 (config validation bounds engram_vocab_size there). The bucket
+ * moduli are the consecutive primes ≥ engram_vocab_size; the derivation here and the checkpoint
+ * writer (mkmodel) both take them from this one function. */
+int64_t di_engram_next_prime(int64_t n);
+
 /* Largest multiplier the reference can draw: 2·⌊⌊INT64_MAX / compressed_vocab⌋ / 2⌋ − 1, so that
  * compressed_id · μ never overflows int64. */
 int64_t di_engram_multiplier_max(const di_config *cfg);

@@ -1,5 +1,6 @@
-/* Prefill drivers (free-running and teacher-forced), RoPE tables, Engram hashing and the pass state.
- * The block itself is in forward_block.c. */
+/* The pass over a chunk: state setup (positions, RoPE tables, window index lists, Engram hashes from
+ * the cache's history), the backbone loop with its DSpark features and head, and the one-shot
+ * prefill drivers (free-running and teacher-forced) built on it. The block is in forward_block.c. */
 #include "model/forward.h"
 
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "model/forward_internal.h"
+#include "io/formats.h"
 #include "util/error.h"
 
 /* ---------------- pass-state allocation ---------------- */
@@ -38,7 +40,7 @@ void fwd_free_tmp(fwd_ctx *c) {
     c->n_tmp = 0;
 }
 
-static void ctx_free(fwd_ctx *c) {
+void fwd_ctx_free(fwd_ctx *c) {
     fwd_free_tmp(c);
     free(c->tmp);
     for (size_t i = 0; i < c->n_keep; i++) free(c->keep[i]);
@@ -82,27 +84,22 @@ int di_rope_freqs(const di_config *cfg, int layer, float *freqs, di_error *err) 
 
 /* ---------------- Engram hashing (§4.3) ---------------- */
 
-int di_engram_hash(const di_model *m, int e, const int32_t *tokens, int64_t T, int64_t *ids, di_error *err) {
-    const di_engram_consts *eg = &m->eg;
-    if (e < 0 || e >= eg->n_layers) return di_error_set(err, DI_ERR_INVALID, "engram hash: layer slot %d", e);
-    if (!eg->token_map) return di_error_set(err, DI_ERR_UNSUPPORTED, "engram hash: no compressed-token map loaded");
+/* Row ids of T positions from their compressed ids: cid int64 [hist + T] holds the compressed ids of
+ * the hist positions before the first one and of the T positions themselves; an id < 0 marks a
+ * position before the sequence start, which (like the start itself) blocks that lookback and every
+ * further one: those slots take the pad id.  ids int64 [T, (max_ngram−1)·n_heads] */
+static void engram_hash_cids(const di_engram_consts *eg, int e, const int64_t *cid, int64_t hist, int64_t T,
+                             int64_t *ids) {
     int ng = eg->max_ngram, nh = eg->n_heads, cols = (ng - 1) * nh;
     const int64_t *mul = eg->multipliers + (int64_t)e * ng;
     const int64_t *off = eg->offsets + (int64_t)e * cols;
     for (int64_t p = 0; p < T; p++) {
-        /* look back over the compressed ids; the sequence start blocks that and every further shift */
         int64_t roll = 0;
+        bool blocked = false;
         for (int s = 0; s < ng; s++) {
-            int64_t tok;
-            if (p - s < 0) {
-                tok = eg->pad_compressed_id;
-            } else {
-                int32_t id = tokens[p - s];
-                if (id < 0 || id >= eg->token_map_len)
-                    return di_error_set(err, DI_ERR_INVALID, "engram hash: token id %d at position %lld outside the map (%lld)",
-                                        id, (long long)(p - s), (long long)eg->token_map_len);
-                tok = eg->token_map[id];
-            }
+            int64_t j = hist + p - s;
+            blocked = blocked || j < 0 || cid[j] < 0;
+            int64_t tok = blocked ? eg->pad_compressed_id : cid[j];
             int64_t prod = tok * mul[s]; /* bounded by construction: no int64 overflow */
             roll = s == 0 ? prod : (roll ^ prod);
             if (s == 0) continue;
@@ -114,7 +111,28 @@ int di_engram_hash(const di_model *m, int e, const int32_t *tokens, int64_t T, i
             }
         }
     }
+}
+
+/* Compressed id of a token, checked against the map. */
+static int engram_cid(const di_engram_consts *eg, int32_t id, int64_t pos, int64_t *out, di_error *err) {
+    if (id < 0 || id >= eg->token_map_len)
+        return di_error_set(err, DI_ERR_INVALID, "engram hash: token id %d at position %lld outside the map (%lld)", id,
+                            (long long)pos, (long long)eg->token_map_len);
+    *out = eg->token_map[id];
     return DI_OK;
+}
+
+int di_engram_hash(const di_model *m, int e, const int32_t *tokens, int64_t T, int64_t *ids, di_error *err) {
+    const di_engram_consts *eg = &m->eg;
+    if (e < 0 || e >= eg->n_layers) return di_error_set(err, DI_ERR_INVALID, "engram hash: layer slot %d", e);
+    if (!eg->token_map) return di_error_set(err, DI_ERR_UNSUPPORTED, "engram hash: no compressed-token map loaded");
+    int64_t *cid = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1)); /* int64 [T] */
+    if (!cid) return di_error_set(err, DI_ERR_NOMEM, "engram hash: %lld ids", (long long)T);
+    int rc = DI_OK;
+    for (int64_t p = 0; p < T && !rc; p++) rc = engram_cid(eg, tokens[p], p, &cid[p], err);
+    if (!rc) engram_hash_cids(eg, e, cid, 0, T, ids);
+    free(cid);
+    return rc;
 }
 
 /* ---------------- outputs ---------------- */
@@ -157,60 +175,97 @@ static int out_init(const di_config *cfg, int64_t T, di_prefill_out *o, di_error
         if (rc) goto done;   \
     } while (0)
 
-static int ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const int32_t *ids, int64_t T,
-                    const di_fwd_opts *opts, di_prefill_out *out, di_error *err) {
+/* Window index lists (§5.3). Rows of the key set are positions win_base … s0+T−1. A decode step
+ * (one query after position 0) lists the reference's ring oldest first: W entries, entry j =
+ * position p−W+1+j, the positions before the sequence start as −1 FIRST. Any other chunk lists each
+ * query's window ascending, min(W, s0+T) entries, −1 AFTER position p (the reference's prefill
+ * order; for s0 = 0 it is exactly the reference's prefill). The order matters only through the
+ * 64-index blocking of the attention kernel. */
+static int window_lists(fwd_ctx *c) {
+    int64_t W = c->cfg->sliding_window, s0 = c->s0, T = c->T;
+    c->win_base = s0 - W + 1 > 0 ? s0 - W + 1 : 0;
+    c->n_win_rows = s0 + T - c->win_base;
+    bool decode = T == 1 && s0 > 0;
+    c->n_win = decode ? W : (s0 + T < W ? s0 + T : W);
+    if (!(c->win_idx = fwd_alloc(c, sizeof(int32_t) * (size_t)(T * c->n_win), 1))) return c->err->code;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t p = s0 + t, first = decode ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
+        for (int64_t j = 0; j < c->n_win; j++) {
+            int64_t q = first + j;
+            bool hide = q < 0 || q > p || (c->opts->faults.window_no_history && q < s0);
+            c->win_idx[t * c->n_win + j] = hide ? -1 : (int32_t)(q - c->win_base);
+        }
+    }
+    return DI_OK;
+}
+
+/* Engram hashes of the chunk: the history of the previous positions comes from the cache. */
+static int engram_hashes(fwd_ctx *c, const int32_t *ids) {
+    const di_config *cfg = c->cfg;
+    const di_engram_consts *eg = &c->m->eg;
+    int ne = cfg->n_engram_layers, cols = (cfg->engram_max_ngram_size - 1) * cfg->engram_n_heads;
+    if (ne <= 0) return DI_OK;
+    if (!eg->token_map) return di_error_set(c->err, DI_ERR_UNSUPPORTED, "engram: no compressed-token map loaded");
+    int64_t hist = cfg->engram_max_ngram_size - 1, T = c->T;
+    int64_t *cid = fwd_alloc(c, sizeof(int64_t) * (size_t)(hist + T), 0); /* int64 [hist + T] */
+    int32_t *h = fwd_alloc(c, sizeof(int32_t) * (size_t)(hist + 1), 0);    /* int32 [hist] lookback order */
+    if (!cid || !h) return c->err->code;
+    if (hist > 0) {
+        int rc = di_cache_engram_history(c->cache, c->s0, h, c->err);
+        if (rc) return rc;
+    }
+    bool forget = c->opts->faults.engram_no_history;
+    for (int64_t i = 0; i < hist; i++) cid[hist - 1 - i] = h[i] < 0 || forget ? -1 : h[i]; /* NONE: before the start */
+    for (int64_t t = 0; t < T; t++) {
+        int rc = engram_cid(eg, ids[t], c->s0 + t, &cid[hist + t], c->err);
+        if (rc) return rc;
+    }
+    if (!(c->eg_ids = fwd_alloc(c, sizeof(int64_t *) * (size_t)ne, 1))) return c->err->code;
+    for (int e = 0; e < ne; e++) {
+        if (!(c->eg_ids[e] = fwd_alloc(c, sizeof(int64_t) * (size_t)(T * cols), 1))) return c->err->code;
+        engram_hash_cids(eg, e, cid, hist, T, c->eg_ids[e]);
+    }
+    fwd_free_tmp(c);
+    return DI_OK;
+}
+
+int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
+                 const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err) {
     static const di_fwd_opts no_opts;
     const di_config *cfg = &m->cfg;
     memset(c, 0, sizeof *c);
-    c->m = m, c->cfg = cfg, c->be = be, c->opts = opts ? opts : &no_opts, c->err = err, c->T = T, c->out = out;
-    if (T <= 0) return di_error_set(err, DI_ERR_INVALID, "prefill: empty prompt");
-    for (int64_t t = 0; t < T; t++)
+    c->m = m, c->cfg = cfg, c->be = be, c->opts = opts ? opts : &no_opts, c->err = err, c->T = T, c->s0 = s0;
+    c->cache = cache;
+    if (T <= 0) return di_error_set(err, DI_ERR_INVALID, "forward: empty chunk");
+    if (!cache) return di_error_set(err, DI_ERR_INVALID, "forward: no cache");
+    for (int64_t t = 0; ids && t < T; t++)
         if (ids[t] < 0 || ids[t] >= cfg->vocab_size)
-            return di_error_set(err, DI_ERR_INVALID, "prefill: token %d at position %lld outside the vocabulary (%d)",
-                                ids[t], (long long)t, cfg->vocab_size);
+            return di_error_set(err, DI_ERR_INVALID, "forward: token %d at position %lld outside the vocabulary (%d)",
+                                ids[t], (long long)(s0 + t), cfg->vocab_size);
     int half = cfg->qk_rope_head_dim / 2;
     if (!(c->pos = fwd_alloc(c, sizeof(int64_t) * (size_t)T, 1))) return err->code;
-    for (int64_t t = 0; t < T; t++) c->pos[t] = t;
-    for (int R = 1; R <= 2; R++) {
-        if (!(c->cmp_pos[R] = fwd_alloc(c, sizeof(int64_t) * (size_t)(T / R + 1), 1))) return err->code;
-        for (int64_t n = 0; n < T / R; n++) c->cmp_pos[R][n] = n * R;
-    }
-    for (int L = 0; L < cfg->n_layers; L++) {
+    for (int64_t t = 0; t < T; t++) c->pos[t] = s0 + t;
+    for (int L = 0; L < cfg->n_stages; L++) {
         int R = cfg->layer[L].compress_ratio;
         if (R > 2) return di_error_set(err, DI_ERR_UNSUPPORTED, "layer %d: compress ratio %d (V4.1 uses 0, 1, 2)", L, R);
     }
-    /* one frequency table per rope kind, from the first layer of that kind */
-    for (int L = 0; L < cfg->n_layers; L++) {
+    /* one frequency table per rope kind, from the first stage of that kind */
+    for (int L = 0; L < cfg->n_stages; L++) {
         int k = cfg->layer[L].rope;
         if (c->rope_freqs[k]) continue;
         if (!(c->rope_freqs[k] = fwd_alloc(c, sizeof(float) * (size_t)(half > 0 ? half : 1), 1))) return err->code;
         int rc = di_rope_freqs(cfg, L, c->rope_freqs[k], err);
         if (rc) return rc;
     }
-    if (!(c->pub = fwd_alloc(c, sizeof *c->pub * (size_t)cfg->n_layers, 1))) return err->code;
-    /* window index lists of the one-shot prefill: row p sees max(0, p−W+1) + j, −1 beyond p */
-    int64_t W = cfg->sliding_window;
-    c->n_win = T < W ? T : W;
-    if (!(c->win_idx = fwd_alloc(c, sizeof(int32_t) * (size_t)(T * c->n_win), 1))) return err->code;
-    for (int64_t p = 0; p < T; p++) {
-        int64_t start = p - W + 1 > 0 ? p - W + 1 : 0;
-        for (int64_t j = 0; j < c->n_win; j++) c->win_idx[p * c->n_win + j] = start + j > p ? -1 : (int32_t)(start + j);
-    }
-    /* Engram hashes for the whole prompt first, as the reference does */
-    int ne = cfg->n_engram_layers, cols = (cfg->engram_max_ngram_size - 1) * cfg->engram_n_heads;
-    if (ne > 0) {
-        if (!(c->eg_ids = fwd_alloc(c, sizeof(int64_t *) * (size_t)ne, 1))) return err->code;
-        for (int e = 0; e < ne; e++) {
-            if (!(c->eg_ids[e] = fwd_alloc(c, sizeof(int64_t) * (size_t)(T * cols), 1))) return err->code;
-            int rc = di_engram_hash(m, e, ids, T, c->eg_ids[e], err);
-            if (rc) return rc;
-        }
-    }
-    return DI_OK;
+    if (!(c->pub = fwd_alloc(c, sizeof *c->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1))) return err->code;
+    int rc = window_lists(c);
+    if (!rc && ids) rc = engram_hashes(c, ids); /* for the whole chunk first, as the reference does */
+    return rc;
 }
 
-/* X = embedding repeated over the hc streams; pre = one-hot stream 0.  x bf16 [T, hc, D], pre f32 [T, hc] */
-static int embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
+/* ---------------- the backbone over a chunk ---------------- */
+
+int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
     const di_config *cfg = c->cfg;
     int64_t T = c->T, D = cfg->hidden_size;
     int hc = cfg->hc_mult;
@@ -240,42 +295,100 @@ static int keep_block(fwd_ctx *c, int L, const uint16_t *x, const float *pre) {
     return DI_OK;
 }
 
+/* DSpark feature of a target layer: bf16(mean over the hc streams) of its input (after Engram), f32
+ * sum in stream order then the division (torch's mean on a bf16 tensor).  x bf16 [T, hc, D] */
+static void dspark_feature(fwd_ctx *c, int L, const uint16_t *x) {
+    const di_config *cfg = c->cfg;
+    int slot = -1;
+    for (int i = 0; i < cfg->n_dspark_target_layer_ids; i++)
+        if (cfg->dspark_target_layer_ids[i] == L) slot = i;
+    if (slot < 0 || !c->main_hidden) return;
+    int64_t D = cfg->hidden_size, W = (int64_t)cfg->n_dspark_target_layer_ids * D;
+    int hc = cfg->hc_mult;
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t j = 0; j < D; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < hc; k++) s += di_bf16_to_f32(x[(t * hc + k) * D + j]);
+            c->main_hidden[t * W + slot * D + j] = di_f32_to_bf16(s / (float)hc);
+        }
+}
+
+/* Compressed ids of the chunk into the cache's Engram history (after the hashes were computed). */
+static int engram_history_put(fwd_ctx *c, const int32_t *ids) {
+    if (c->cfg->n_engram_layers <= 0) return DI_OK;
+    /* the history ring keeps only the newest engram_slots ids: older ones of a long chunk are dropped */
+    int64_t t0 = c->T - c->cache->engram_slots > 0 ? c->T - c->cache->engram_slots : 0;
+    for (int64_t t = t0; t < c->T; t++) {
+        int rc = di_cache_engram_put(c->cache, c->s0 + t, c->m->eg.token_map[ids[t]], c->err);
+        if (rc) return rc;
+    }
+    return DI_OK;
+}
+
+int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits) {
+    const di_config *cfg = c->cfg;
+    const di_backend *be = c->be;
+    di_error *err = c->err;
+    int64_t T = c->T, D = cfg->hidden_size, V = cfg->vocab_size;
+    int hc = cfg->hc_mult, rc = DI_OK;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(T * hc * D)); /* bf16 [T, hc, D] */
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(T * D));      /* bf16 [T, D] */
+    float *pre = malloc(sizeof(float) * (size_t)(T * hc));          /* f32 [T, hc] */
+    float *pre_next = malloc(sizeof(float) * (size_t)(T * hc));     /* f32 [T, hc] */
+    if (!x || !h || !pre || !pre_next) CK(di_error_set(err, DI_ERR_NOMEM, "forward buffers (T=%lld)", (long long)T));
+    CK(engram_history_put(c, ids));
+    CK(fwd_embed_streams(c, ids, x, pre));
+    for (int L = 0; L < cfg->n_layers; L++) {
+        CK(fwd_engram(c, L, x));
+        if (cfg->layer[L].dspark_target) dspark_feature(c, L, x);
+        CK(fwd_block(c, L, x, pre, pre_next));
+        fwd_free_tmp(c);
+        memcpy(pre, pre_next, sizeof(float) * (size_t)(T * hc));
+        if (c->out) CK(keep_block(c, L, x, pre));
+    }
+    if (logits) {
+        /* final collapse with the last FFN pre-mix (no hc_head in V4.1), norm, f32 head */
+        int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0;
+        CK(be->hc_collapse(be, x + r0 * hc * D, pre + r0 * hc, nr, hc, D, h, err));
+        CK(be->rmsnorm(be, h, nr, D, c->m->w.norm, (float)cfg->rms_norm_eps, h, err));
+        fwd_dump(c, "final_norm", DI_BF16, h, 2, nr, D, 0);
+        CK(be->linear_f32(be, h, nr, D, c->m->w.head, V, logits, err));
+        fwd_dump(c, "logits", DI_F32, logits, 2, nr, V, 0);
+    }
+done:
+    free(x), free(h), free(pre), free(pre_next);
+    return rc;
+}
+
+/* ---------------- one-shot prefill drivers ---------------- */
+
+/* A fresh cache for one prompt of T tokens (no rollback margin). */
+static int prefill_cache(const di_config *cfg, int64_t T, di_cache **out, di_error *err) {
+    di_cache_opts co = {.max_tokens = T, .spec_margin = 0};
+    return di_cache_create(cfg, &co, out, err);
+}
+
 int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T, const di_fwd_opts *opts,
                di_prefill_out *out, di_error *err) {
     di_error local_err; /* the pass reports through err->code: never NULL inside */
     if (!err) err = &local_err;
     const di_config *cfg = &m->cfg;
+    if (T <= 0) return di_error_set(err, DI_ERR_INVALID, "prefill: empty prompt");
     int rc = out_init(cfg, T, out, err);
     if (rc) return rc;
     fwd_ctx c;
-    int64_t D = cfg->hidden_size, V = cfg->vocab_size;
-    int hc = cfg->hc_mult;
-    uint16_t *x = NULL, *h = NULL; /* bf16 [T, hc, D], bf16 [T, D] */
-    float *pre = NULL, *pre_next = NULL; /* f32 [T, hc] */
-    CK(ctx_init(&c, m, be, ids, T, opts, out, err));
-    x = malloc(sizeof(uint16_t) * (size_t)(T * hc * D));
-    h = malloc(sizeof(uint16_t) * (size_t)(T * D));
-    pre = malloc(sizeof(float) * (size_t)(T * hc));
-    pre_next = malloc(sizeof(float) * (size_t)(T * hc));
-    out->logits = malloc(sizeof(float) * (size_t)(T * V));
-    if (!x || !h || !pre || !pre_next || !out->logits) CK(di_error_set(err, DI_ERR_NOMEM, "prefill buffers (T=%lld)", (long long)T));
-    CK(embed_streams(&c, ids, x, pre));
-    for (int L = 0; L < cfg->n_layers; L++) {
-        CK(fwd_engram(&c, L, x));
-        CK(fwd_block(&c, L, x, pre, pre_next));
-        fwd_free_tmp(&c);
-        memcpy(pre, pre_next, sizeof(float) * (size_t)(T * hc));
-        CK(keep_block(&c, L, x, pre));
-    }
-    /* final collapse with the last FFN pre-mix (no hc_head in V4.1), norm, f32 head on every position */
-    CK(be->hc_collapse(be, x, pre, T, hc, D, h, err));
-    CK(be->rmsnorm(be, h, T, D, m->w.norm, (float)cfg->rms_norm_eps, h, err));
-    fwd_dump(&c, "final_norm", DI_BF16, h, 2, T, D, 0);
-    CK(be->linear_f32(be, h, T, D, m->w.head, V, out->logits, err));
-    fwd_dump(&c, "logits", DI_F32, out->logits, 2, T, V, 0);
+    memset(&c, 0, sizeof c);
+    di_cache *cache = NULL;
+    CK(prefill_cache(cfg, T, &cache, err));
+    CK(fwd_ctx_init(&c, m, be, cache, 0, ids, T, opts, err));
+    c.out = out;
+    if (!(out->logits = malloc(sizeof(float) * (size_t)(T * cfg->vocab_size))))
+        CK(di_error_set(err, DI_ERR_NOMEM, "prompt logits [%lld, %d]", (long long)T, cfg->vocab_size));
+    CK(di_cache_extend(cache, T, err));
+    CK(fwd_backbone(&c, ids, true, out->logits));
 done:
-    ctx_free(&c);
-    free(x), free(h), free(pre), free(pre_next);
+    fwd_ctx_free(&c);
+    di_cache_destroy(cache);
     if (rc) di_prefill_out_free(out);
     return rc;
 }
@@ -286,21 +399,28 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
     di_error local_err; /* the pass reports through err->code: never NULL inside */
     if (!err) err = &local_err;
     const di_config *cfg = &m->cfg;
+    if (T <= 0) return di_error_set(err, DI_ERR_INVALID, "prefill: empty prompt");
     int rc = out_init(cfg, T, out, err);
     if (rc) return rc;
     fwd_ctx c;
+    memset(&c, 0, sizeof c);
+    di_cache *cache = NULL;
     int64_t D = cfg->hidden_size;
     int hc = cfg->hc_mult;
     uint16_t *x = NULL, *x0 = NULL; /* bf16 [T, hc, D] */
     float *pre = NULL, *pre0 = NULL, *pre_next = NULL; /* f32 [T, hc] */
-    CK(ctx_init(&c, m, be, ids, T, opts, out, err));
+    CK(prefill_cache(cfg, T, &cache, err));
+    CK(fwd_ctx_init(&c, m, be, cache, 0, ids, T, opts, err));
+    c.out = out;
+    CK(di_cache_extend(cache, T, err));
+    CK(engram_history_put(&c, ids));
     x = malloc(sizeof(uint16_t) * (size_t)(T * hc * D));
     x0 = malloc(sizeof(uint16_t) * (size_t)(T * hc * D));
     pre = malloc(sizeof(float) * (size_t)(T * hc));
     pre0 = malloc(sizeof(float) * (size_t)(T * hc));
     pre_next = malloc(sizeof(float) * (size_t)(T * hc));
     if (!x || !x0 || !pre || !pre0 || !pre_next) CK(di_error_set(err, DI_ERR_NOMEM, "teacher-forced buffers"));
-    CK(embed_streams(&c, ids, x0, pre0));
+    CK(fwd_embed_streams(&c, ids, x0, pre0));
     for (int L = 0; L < cfg->n_layers; L++) {
         const uint16_t *xi = x_in && x_in[L] ? x_in[L] : (L == 0 ? x0 : NULL);
         const float *pi = pre_in && pre_in[L] ? pre_in[L] : (L == 0 ? pre0 : NULL);
@@ -313,7 +433,8 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
         CK(keep_block(&c, L, x, pre_next));
     }
 done:
-    ctx_free(&c);
+    fwd_ctx_free(&c);
+    di_cache_destroy(cache);
     free(x), free(x0), free(pre), free(pre0), free(pre_next);
     if (rc) di_prefill_out_free(out);
     return rc;

@@ -1,13 +1,24 @@
-/* The V4.1 block graph (spec model.md §4.2–§4.6): a one-shot prefill from position 0 and its
- * teacher-forced variant, written as a chain of calls on the backend op interface (backend.h).
+/* The V4.1 block graph (spec model.md §4.2–§4.6), written as a chain of calls on the backend op
+ * interface (backend.h). The pass runs over any chunk [s0, s0+T) of a sequence through its cache
+ * (model/cache.h; the per-sequence API is model/session.h); this header also offers the one-shot
+ * prefill from position 0 and its teacher-forced variant used by `deepinfer verify`.
  *
  *   X = repeat_hc(embed(ids));  pre = onehot(stream 0)
  *   for each layer L:  [Engram_L(X)]  X, pre = block_L(X, pre)        (forward_block.c)
- *   logits = head(norm(collapse(X; pre)))                            (every prompt position)
+ *   logits = head(norm(collapse(X; pre)))                            (last or every position)
  *
- * Shared attention state (the reference's SharedAttentionRuntime): kv sources publish the compressed
- * KV and index keys, index sources publish their top-k list, the candidate source its candidate mask;
- * consumers read the latest publication in layer order.
+ * Chunk semantics (spec §3.0b, §3.11; the reference only has s0 = 0 with any T and s0 > 0 with T = 1):
+ * query p attends the window positions max(0, p−W+1) … p — the ones before s0 read from the cache's
+ * ring, the rest from the chunk — and the compressed entries n < ⌊(p+1)/R⌋, including those the
+ * chunk's own earlier tokens complete; the ratio-2 compressor continues its carry state across the
+ * chunk boundary; the Engram n-gram hash continues the cached history. The window index order is the
+ * reference's: its decode order for a one-token step after position 0, its prefill order otherwise.
+ * So a one-chunk prefill, any chunking and token-by-token decode are the same causal function
+ * (tests/test_decode*.c measure them against the golden data and against each other).
+ *
+ * Shared attention state (the reference's SharedAttentionRuntime): kv sources write the compressed
+ * KV and index keys into the cache under their own stage, index sources publish their top-k list for
+ * the pass, the candidate source its candidate mask; consumers read them in layer order.
  *
  * Teacher forcing (golden README): block i runs on a given input X and pre-mix (the reference's
  * layer i−1 output and pre-mix); the shared state it reads comes from the teacher-forced runs of the
@@ -33,6 +44,8 @@ typedef struct di_graph_faults {
     int sinkhorn_iters;       /* > 0: this many Sinkhorn iterations instead of hc_sinkhorn_iters */
     bool ignore_candidates;   /* re-index layers score without the candidate mask */
     bool premix_not_deferred; /* each sub-layer collapses with its own pre-mix (V4 style) */
+    bool window_no_history;   /* a chunk's queries (and DSpark drafts) ignore the cached window */
+    bool engram_no_history;   /* the n-gram hash treats every chunk start as the sequence start */
 } di_graph_faults;
 
 /* Named stage dump: data lives in backend memory (host for the CPU backend). */
@@ -60,6 +73,10 @@ void di_stage_recorder_fn(void *ctx, const char *name, di_dtype dtype, int ndim,
                           const void *data);
 int di_stage_recorder_write(const di_stage_recorder *r, const char *path, di_error *err);
 void di_stage_recorder_free(di_stage_recorder *r);
+
+/* Token choice from one row of logits (greedy, sampled): used for the DSpark drafts.
+ *   logits f32 [vocab] */
+typedef int32_t (*di_sample_fn)(void *ctx, const float *logits, int64_t vocab);
 
 /* Per-block results of a prefill (free-running or teacher-forced). Index-source layers also report
  * their scores and top-k (golden names prefill_layer{i}_index_scores / _topk). */

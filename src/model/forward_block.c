@@ -1,6 +1,7 @@
-/* One V4.1 block as a chain of backend ops (spec model.md §4.2–§4.5): Engram, the mHC mixes, the
- * attention sub-layer (window + shared compressed KV, indexer, candidates, sparse attention with sink,
- * grouped low-rank output) and the MoE sub-layer. Stage dump names are "L<i>.<stage>". */
+/* One V4.1 block over a chunk as a chain of backend ops (spec model.md §4.2–§4.5, §3.11): Engram, the
+ * mHC mixes, the attention sub-layer (window ring + shared compressed KV through the sequence cache,
+ * indexer, candidates, sparse attention with sink, grouped low-rank output; the DSpark draft
+ * variant) and the MoE sub-layer. Stage dump names are "L<i>.<stage>". */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,9 +55,9 @@ int fwd_engram(fwd_ctx *c, int L, uint16_t *x) {
     return DI_OK;
 }
 
-/* ---------------- attention sub-layer (§3.4, §4.4) ---------------- */
+/* ---------------- attention sub-layer (§3.4, §4.4, §3.11) ---------------- */
 
-/* The publication of source layer `src` for a consumer at layer L, checked to exist (a layer that is
+/* The publication of source stage `src` for a consumer at layer L, checked to exist (a layer that is
  * its own source reads what it has published so far in this block). */
 static const struct fwd_pub *source(fwd_ctx *c, int L, int src, const char *what) {
     if (src < 0 || src > L || (src < L && !c->pub[src].done)) {
@@ -66,18 +67,27 @@ static const struct fwd_pub *source(fwd_ctx *c, int L, int src, const char *what
     return &c->pub[src];
 }
 
-/* kv sources: the compressed latent before RoPE (ratio 1: a bf16 projection per token; ratio R > 1:
- * per-channel softmax pooling of R tokens on f32 projections), then the compressor RMSNorm.
- *   u bf16 [T, D];  *lat bf16 [T/R, hd] (pass lifetime) */
-static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out) {
+/* Group positions n·R of the compressed entries [e0, e0+n).  out int64 [n] */
+static int64_t *entry_positions(fwd_ctx *c, int64_t e0, int64_t n, int R) {
+    int64_t *p = fwd_alloc(c, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
+    for (int64_t i = 0; p && i < n; i++) p[i] = (e0 + i) * R;
+    return p;
+}
+
+/* kv sources: the latent, before RoPE, of the compressed entries [s0/R, (s0+T)/R) this chunk
+ * completes. Ratio 1: a bf16 projection per token. Ratio R > 1: per-channel softmax pooling of R
+ * tokens on f32 projections, streamed through the cache's carry state one group at a time (a chunk
+ * may start and end inside a group; the trailing partial group waits in the state). Then the
+ * compressor RMSNorm.  u bf16 [T, D];  *lat bf16 [n_new, hd] (block lifetime) */
+static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out, int64_t *n_new_out) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
-    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim;
+    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, s0 = c->s0;
     int R = cfg->layer[L].compress_ratio;
-    int64_t ncmp = T / R;
+    int64_t n_new = (s0 + T) / R - s0 / R;
     uint16_t *lat;
-    ALLOC(lat, ncmp * hd, 1);
+    ALLOC(lat, (n_new > 0 ? n_new : 1) * hd, 0);
     if (R == 1) {
         CK(be->linear_bf16(be, u, T, D, w->cmp_wkv, hd, lat, c->err));
     } else {
@@ -86,38 +96,62 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out) 
         ALLOC(g, T * hd, 0);
         CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
         CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
-        CK(be->compress_pool(be, a, g, T, R, hd, lat, c->err));
+        int64_t emitted = 0;
+        for (int64_t t = 0; t < T;) {
+            int64_t p = s0 + t, end = (p / R + 1) * R - s0; /* end of p's group, chunk-relative */
+            if (end > T) end = T;
+            float *kv_state, *score_state; /* f32 [R, hd] each: the group's block in the cache */
+            int64_t n_out = 0;
+            CK(di_cache_cmp_state(c->cache, L, p, &kv_state, &score_state, c->err));
+            CK(be->compress_pool(be, a + t * hd, g + t * hd, end - t, p, R, hd, kv_state, score_state,
+                                 lat + emitted * hd, &n_out, c->err));
+            emitted += n_out;
+            t = end;
+        }
+        if (emitted != n_new)
+            return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: compressor emitted %lld entries, expected %lld", L,
+                                (long long)emitted, (long long)n_new);
     }
-    CK(be->rmsnorm(be, lat, ncmp, hd, w->cmp_norm, (float)cfg->rms_norm_eps, lat, c->err));
-    DUMP("attn.cmp.latent", DI_BF16, lat, 2, ncmp, hd, 0);
+    if (n_new > 0) {
+        CK(be->rmsnorm(be, lat, n_new, hd, w->cmp_norm, (float)cfg->rms_norm_eps, lat, c->err));
+        DUMP("attn.cmp.latent", DI_BF16, lat, 2, n_new, hd, 0);
+    }
     *lat_out = lat;
+    *n_new_out = n_new;
     return DI_OK;
 }
 
-/* kv sources: index keys from the (unrotated) latent — wk, k_norm, RoPE at the group's first
- * position n·R, FP4 QDQ with E8M0 scales per 32 (no Hadamard in V4.1).  lat bf16 [T/R, hd] */
-static int index_keys(fwd_ctx *c, int L, const uint16_t *lat) {
+/* kv sources: index keys of the new entries from the (unrotated) latent — wk, k_norm, RoPE at the
+ * group's first position n·R — stored in the cache, which applies the FP4 QDQ with E8M0 scales per 32
+ * (no Hadamard in V4.1).  lat bf16 [n_new, hd] */
+static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
     int R = cfg->layer[L].compress_ratio, ihd = cfg->index_head_dim;
-    int64_t ncmp = c->T / R, hd = cfg->head_dim;
-    uint16_t *k; /* bf16 [ncmp, ihd] */
-    ALLOC(k, ncmp * ihd, 1);
-    CK(be->linear_bf16(be, lat, ncmp, hd, w->idx_wk, ihd, k, c->err));
-    CK(be->rmsnorm(be, k, ncmp, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
-    CK(be->rope(be, k, ncmp, 1, ihd, cfg->qk_rope_head_dim, c->cmp_pos[R], c->rope_freqs[cfg->layer[L].rope], false,
-                c->err));
-    CK(be->qdq_fp4_e8m0(be, k, ncmp, ihd, 32, c->err));
-    DUMP("attn.index_k", DI_BF16, k, 2, ncmp, ihd, 0);
-    c->pub[L].index_k = k;
+    int64_t hd = cfg->head_dim, e0 = c->s0 / R;
+    uint16_t *k; /* bf16 [n_new, ihd] */
+    ALLOC(k, n_new * ihd, 0);
+    int64_t *epos = entry_positions(c, e0, n_new, R);
+    if (!epos) return c->err->code;
+    CK(be->linear_bf16(be, lat, n_new, hd, w->idx_wk, ihd, k, c->err));
+    CK(be->rmsnorm(be, k, n_new, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
+    CK(be->rope(be, k, n_new, 1, ihd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false, c->err));
+    for (int64_t i = 0; i < n_new; i++) CK(di_cache_ikey_put(c->cache, L, e0 + i, k + i * ihd, c->err));
+    if (c->opts->dump) {
+        CK(be->qdq_fp4_e8m0(be, k, n_new, ihd, 32, c->err)); /* the value the cache holds */
+        DUMP("attn.index_k", DI_BF16, k, 2, n_new, ihd, 0);
+    }
     return DI_OK;
 }
 
-/* Index sources: score the index keys of the layer's key source with this layer's own queries and
- * weights (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate
- * mask (the candidate source; its own selection is not masked) and the top-k list (+T offset into
- * [window ‖ compressed]).  u bf16 [T, D];  qr bf16 [T, qr] */
+/* Index sources: score every index key visible to the chunk (read back from the key source's cache)
+ * with this layer's own queries and weights (bf16 arithmetic), mask by the candidate blocks (re-index
+ * layers), publish the candidate mask (the candidate source; its own selection is not masked) and the
+ * top-k list of compressed entry ids, ascending, −1 padded. Score rows are (s0+T)/R wide, as the
+ * reference's (T/R in its prefill, end/R in decode); the CPU top-k replays torch's selection, whose
+ * choice among EXACTLY tied scores depends on that width, so two chunkings of one prompt may pick
+ * different entries among ties (never otherwise).  u bf16 [T, D];  qr bf16 [T, qr] */
 static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
@@ -125,33 +159,39 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, qrk = cfg->q_lora_rank;
     int R = lc->compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
-    int64_t ncmp = T / R;
+    int64_t ncmp = (c->s0 + T) / R;
     int ksel = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
-    c->out->topk_k[L] = ksel;
-    c->out->n_keys[L] = ncmp;
+    if (c->out) c->out->topk_k[L] = ksel, c->out->n_keys[L] = ncmp;
     c->pub[L].topk_k = ksel;
     if (ksel == 0) return DI_OK; /* nothing visible yet: empty compressed lists */
-    const struct fwd_pub *ks = source(c, L, lc->index_key_source, "index-key");
-    if (!ks) return c->err->code;
+    if (!source(c, L, lc->index_key_source, "index-key")) return c->err->code;
 
-    uint16_t *qi, *iw; /* bf16 [T, ih, ihd], bf16 [T, ih] */
-    int32_t *vis;      /* int32 [T] visible compressed entries per query */
+    uint16_t *qi, *iw, *keys; /* bf16 [T, ih, ihd], bf16 [T, ih], bf16 [ncmp, ihd] */
+    int32_t *vis;             /* int32 [T] visible compressed entries per query */
+    float *scores;            /* f32 [T, ncmp] */
+    int32_t *top;             /* int32 [T, ksel] (pass lifetime: reuse layers read it) */
     ALLOC(qi, T * ih * ihd, 0);
     ALLOC(iw, T * ih, 0);
+    ALLOC(keys, ncmp * ihd, 0);
     ALLOC(vis, T, 0);
-    /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
-    float *scores = c->out->index_scores[L] = calloc((size_t)(T * ncmp), sizeof(float)); /* f32 [T, ncmp] */
-    int32_t *top = c->out->topk[L] = calloc((size_t)(T * ksel), sizeof(int32_t));        /* int32 [T, ksel] */
-    if (!scores || !top)
-        return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)T,
-                            (long long)ncmp);
+    ALLOC(top, T * ksel, 1);
+    if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
+        scores = c->out->index_scores[L] = calloc((size_t)(T * ncmp), sizeof(float));
+        c->out->topk[L] = calloc((size_t)(T * ksel), sizeof(int32_t));
+        if (!scores || !c->out->topk[L])
+            return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)T,
+                                (long long)ncmp);
+    } else {
+        ALLOC(scores, T * ncmp, 0);
+    }
+    CK(di_cache_ikey_rows(c->cache, lc->index_key_source, 0, ncmp, keys, c->err));
     CK(be->linear_fp8(be, qr, T, qrk, w->idx_wq_b.w, w->idx_wq_b.s, (int64_t)ih * ihd, qi, c->err));
     CK(be->rope(be, qi, T, ih, ihd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[lc->rope], false, c->err));
     CK(be->qdq_fp4_e8m0(be, qi, T * ih, ihd, 32, c->err));
     DUMP("attn.index_q", DI_BF16, qi, 3, T, ih, ihd);
     CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
     DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
-    for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((t + 1) / R);
+    for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((c->pos[t] + 1) / R);
 
     const uint8_t *cand = NULL;
     if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
@@ -164,7 +204,7 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     }
     /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
     float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
-    CK(be->indexer_scores(be, qi, iw, w_scale, ks->index_k, T, ih, ihd, ncmp, vis, cand, scores, c->err));
+    CK(be->indexer_scores(be, qi, iw, w_scale, keys, T, ih, ihd, ncmp, vis, cand, scores, c->err));
     DUMP("attn.index_scores", DI_F32, scores, 2, T, ncmp, 0);
 
     if (lc->is_candidate_source) {
@@ -178,45 +218,126 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         c->pub[L].cand = mask;
         c->pub[L].n_cand = ncmp;
     }
-    CK(be->topk(be, scores, T, ncmp, vis, ksel, (int32_t)T, top, c->err));
+    CK(be->topk(be, scores, T, ncmp, vis, ksel, 0, top, c->err));
     DUMP("attn.topk", DI_I32, top, 2, T, ksel, 0);
     c->pub[L].topk = top;
+    if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
+        for (int64_t i = 0; i < T * ksel; i++) c->out->topk[L][i] = top[i] < 0 ? -1 : top[i] + (int32_t)c->n_win_rows;
     return DI_OK;
 }
 
-/* kv sources: the shared compressed KV — the latent rotated at n·R, then FP4 with E4M3 scales over
- * groups of 16 (all 512 channels).  lat bf16 [T/R, hd], rotated and quantized in place */
-static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat) {
+/* kv sources: the shared compressed KV of the new entries — the latent rotated at n·R — stored in the
+ * cache, which applies the FP4 QDQ with E4M3 scales over groups of 16 (all 512 channels).
+ *   lat bf16 [n_new, hd], rotated in place */
+static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new) {
     const di_config *cfg = c->cfg;
     const di_backend *be = c->be;
     int R = cfg->layer[L].compress_ratio;
-    int64_t ncmp = c->T / R, hd = cfg->head_dim;
-    CK(be->rope(be, lat, ncmp, 1, (int)hd, cfg->qk_rope_head_dim, c->cmp_pos[R], c->rope_freqs[cfg->layer[L].rope],
-                false, c->err));
-    CK(be->qdq_fp4_e4m3(be, lat, ncmp, hd, 16, c->err));
-    DUMP("attn.cmp_kv", DI_BF16, lat, 2, ncmp, hd, 0);
-    c->pub[L].cmp_kv = lat;
-    c->pub[L].n_cmp = ncmp;
+    int64_t hd = cfg->head_dim, e0 = c->s0 / R;
+    int64_t *epos = entry_positions(c, e0, n_new, R);
+    if (!epos) return c->err->code;
+    CK(be->rope(be, lat, n_new, 1, (int)hd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false,
+                c->err));
+    for (int64_t i = 0; i < n_new; i++) CK(di_cache_cmp_put(c->cache, L, e0 + i, lat + i * hd, c->err));
+    if (c->opts->dump) {
+        CK(be->qdq_fp4_e4m3(be, lat, n_new, hd, 16, c->err)); /* the value the cache holds */
+        DUMP("attn.cmp_kv", DI_BF16, lat, 2, n_new, hd, 0);
+    }
     return DI_OK;
 }
 
 /* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
  * latent feeds its index keys BEFORE it is rotated into the compressed KV, and the indexer runs in
- * between. Afterwards *kvp / *topp are what this layer attends: the compressed KV of its kv source
- * and the top-k list of its index source (itself, or the latest one for reuse layers).
- *   u bf16 [T, D];  qr bf16 [T, qr] */
-static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, const struct fwd_pub **kvp,
-                           const struct fwd_pub **topp) {
+ * between. Then the entries this layer attends — the top-k of its index source (itself, or the latest
+ * one for reuse layers) over its kv source's compressed KV — are gathered from the cache (the union
+ * over the chunk's queries, ascending) and the lists are rewritten to index [window rows ‖ gathered].
+ *   u bf16 [T, D];  qr bf16 [T, qr];  *cmp bf16 [n_cmp, hd];  *cidx int32 [T, kc] */
+static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, uint16_t **cmp, int64_t *n_cmp,
+                           int32_t **cidx, int64_t *kc_out) {
     const di_layer_cfg *lc = &c->cfg->layer[L];
-    uint16_t *lat = NULL; /* bf16 [T/R, hd] */
-    bool have_lat = lc->is_kv_source && c->T / lc->compress_ratio > 0;
-    if (have_lat) CK(compressor(c, L, u, &lat));
-    if (have_lat && lc->has_index_wk) CK(index_keys(c, L, lat));
+    int64_t T = c->T, hd = c->cfg->head_dim;
+    uint16_t *lat = NULL; /* bf16 [n_new, hd] */
+    int64_t n_new = 0;
+    if (lc->is_kv_source) CK(compressor(c, L, u, &lat, &n_new));
+    if (n_new > 0 && lc->has_index_wk) CK(index_keys(c, L, lat, n_new));
     if (lc->is_index_source) CK(indexer(c, L, u, qr));
-    if (have_lat) CK(compressed_kv(c, L, lat));
+    if (n_new > 0) CK(compressed_kv(c, L, lat, n_new));
     c->pub[L].done = true;
-    if (!(*kvp = source(c, L, lc->kv_source, "kv")) || !(*topp = source(c, L, lc->index_source, "top-k")))
-        return c->err->code;
+    const struct fwd_pub *topp;
+    if (!source(c, L, lc->kv_source, "kv") || !(topp = source(c, L, lc->index_source, "top-k"))) return c->err->code;
+    int64_t kc = topp->topk ? topp->topk_k : 0;
+    *kc_out = kc, *n_cmp = 0, *cmp = NULL, *cidx = NULL;
+    if (!kc) return DI_OK;
+
+    int64_t n_all = (c->s0 + T) / lc->compress_ratio; /* entries visible to the chunk's last query */
+    int32_t *map, *ent; /* int32 [n_all]: entry → gathered row (−1: unused); int32 [n_all] gathered entries */
+    int32_t *idx;       /* int32 [T, kc] */
+    ALLOC(map, n_all, 0);
+    ALLOC(ent, n_all, 0);
+    ALLOC(idx, T * kc, 0);
+    for (int64_t e = 0; e < n_all; e++) map[e] = -1;
+    for (int64_t i = 0; i < T * kc; i++) {
+        int32_t e = topp->topk[i];
+        if (e >= n_all) return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: top-k entry %d of %lld", L, e, (long long)n_all);
+        if (e >= 0) map[e] = 0;
+    }
+    int64_t nu = 0;
+    for (int64_t e = 0; e < n_all; e++)
+        if (map[e] == 0) ent[nu] = (int32_t)e, map[e] = (int32_t)nu++;
+    uint16_t *rows; /* bf16 [nu, hd] */
+    ALLOC(rows, (nu > 0 ? nu : 1) * hd, 0);
+    CK(di_cache_cmp_gather(c->cache, lc->kv_source, ent, nu, rows, c->err));
+    for (int64_t i = 0; i < T * kc; i++) {
+        int32_t e = topp->topk[i];
+        idx[i] = e < 0 ? -1 : (int32_t)(c->n_win_rows + map[e]);
+    }
+    *cmp = rows, *n_cmp = nu, *cidx = idx;
+    return DI_OK;
+}
+
+/* The window KV of the chunk (wkv → kv_norm → RoPE → FP8 QDQ of all hd channels, groups of 32) after
+ * the previous window rows read from the cache; the chunk's rows are written to the cache (which
+ * quantizes them itself) AFTER the read, since a long chunk overwrites ring slots.
+ *   u bf16 [T, D];  rows bf16 [n_win_rows, hd] out */
+static int window_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t *rows) {
+    const di_config *cfg = c->cfg;
+    const di_layer_w *w = &c->m->w.layers[L];
+    const di_backend *be = c->be;
+    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, n_prev = c->s0 - c->win_base;
+    uint16_t *kv = rows + n_prev * hd; /* bf16 [T, hd] */
+    if (n_prev > 0) CK(di_cache_window_rows(c->cache, L, c->win_base, c->s0, rows, c->err));
+    CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
+    CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, (float)cfg->rms_norm_eps, kv, c->err));
+    CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
+                c->err));
+    CK(di_cache_window_put_rows(c->cache, L, c->s0, T, kv, c->err));
+    CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
+    DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
+    return DI_OK;
+}
+
+/* DSpark draft block (§4.9): the T draft tokens' own KV (not cached) after the stage window rows the
+ * caller gathered in slot order; every draft query sees all of them (bidirectional in the block).
+ *   u bf16 [T, D];  *kv bf16 [T, hd];  *idx int32 [T, n_draft_win + T] */
+static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t **kv_out, int32_t **idx_out, int64_t *n_idx) {
+    const di_config *cfg = c->cfg;
+    const di_layer_w *w = &c->m->w.layers[L];
+    const di_backend *be = c->be;
+    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, nw = c->n_draft_win;
+    uint16_t *kv; /* bf16 [T, hd] */
+    int32_t *idx; /* int32 [T, nw + T] */
+    ALLOC(kv, T * hd, 0);
+    ALLOC(idx, T * (nw + T), 0);
+    CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
+    CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, (float)cfg->rms_norm_eps, kv, c->err));
+    CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
+                c->err));
+    CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
+    DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
+    bool blind = c->opts->faults.window_no_history; /* mutation: the drafts ignore the main model's window */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < nw + T; j++) idx[t * (nw + T) + j] = blind && j < nw ? -1 : (int32_t)j;
+    *kv_out = kv, *idx_out = idx, *n_idx = nw + T;
     return DI_OK;
 }
 
@@ -243,31 +364,33 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     CK(be->rope(be, q, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], false, c->err));
     DUMP("attn.q", DI_BF16, q, 3, T, H, hd);
 
-    /* window KV: wkv → kv_norm → RoPE → FP8 QDQ of all hd channels (groups of 32) */
-    uint16_t *kv; /* bf16 [T, hd] */
-    ALLOC(kv, T * hd, 0);
-    CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
-    CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, eps, kv, c->err));
-    CK(be->rope(be, kv, T, 1, (int)hd, rd, c->pos, c->rope_freqs[kind], false, c->err));
-    CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
-    DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
-
-    /* index lists: [window ‖ compressed top-k (+T)], the reference's order */
-    const uint16_t *cmp = NULL; /* bf16 [n_cmp, hd] */
-    const int32_t *topk = NULL; /* int32 [T, kc] */
-    int64_t n_cmp = 0, kc = 0;
-    if (lc->compress_ratio > 0) {
-        const struct fwd_pub *kvp, *topp;
-        CK(attn_compressed(c, L, u, qa, &kvp, &topp));
-        cmp = kvp->cmp_kv, n_cmp = kvp->n_cmp;
-        topk = topp->topk, kc = topp->topk ? topp->topk_k : 0;
-    }
-    int64_t n_idx = c->n_win + kc;
+    /* key set and index lists: [window rows ‖ compressed entries], the reference's order */
+    const uint16_t *kv_win, *kv_cmp = NULL; /* bf16 [n_kw, hd], bf16 [n_cmp, hd] */
+    int64_t n_kw, n_cmp = 0, n_idx;
     int32_t *idx; /* int32 [T, n_idx] */
-    ALLOC(idx, T * n_idx, 0);
-    for (int64_t t = 0; t < T; t++) {
-        memcpy(idx + t * n_idx, c->win_idx + t * c->n_win, sizeof(int32_t) * (size_t)c->n_win);
-        if (kc) memcpy(idx + t * n_idx + c->n_win, topk + t * kc, sizeof(int32_t) * (size_t)kc);
+    if (lc->is_dspark) {
+        uint16_t *dkv = NULL;
+        idx = NULL, n_idx = 0;
+        CK(dspark_kv(c, L, u, &dkv, &idx, &n_idx));
+        kv_win = c->draft_win, n_kw = c->n_draft_win, kv_cmp = dkv, n_cmp = T;
+    } else {
+        uint16_t *rows; /* bf16 [n_win_rows, hd] */
+        ALLOC(rows, c->n_win_rows * hd, 0);
+        CK(window_kv(c, L, u, rows));
+        kv_win = rows, n_kw = c->n_win_rows;
+        int32_t *cidx = NULL; /* int32 [T, kc] */
+        int64_t kc = 0;
+        if (lc->compress_ratio > 0) {
+            uint16_t *cmp;
+            CK(attn_compressed(c, L, u, qa, &cmp, &n_cmp, &cidx, &kc));
+            kv_cmp = cmp;
+        }
+        n_idx = c->n_win + kc;
+        ALLOC(idx, T * n_idx, 0);
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(idx + t * n_idx, c->win_idx + t * c->n_win, sizeof(int32_t) * (size_t)c->n_win);
+            if (kc) memcpy(idx + t * n_idx + c->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
+        }
     }
 
     float *sink; /* f32 [H] */
@@ -275,8 +398,8 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     for (int h = 0; h < H; h++) sink[h] = c->opts->faults.no_sink ? -INFINITY : w->attn_sink[h];
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    CK(be->sparse_attn(be, q, T, H, (int)hd, kv, T, cmp, n_cmp, sink, idx, n_idx, (float)pow((double)hd, -0.5), o,
-                       c->err));
+    CK(be->sparse_attn(be, q, T, H, (int)hd, kv_win, n_kw, kv_cmp, n_cmp, sink, idx, n_idx,
+                       (float)pow((double)hd, -0.5), o, c->err));
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);
 

@@ -1,10 +1,12 @@
-/* Private to forward.c / forward_block.c: the state of one prefill pass. */
+/* Private to forward.c / forward_block.c / dspark.c / session.c: the state of one forward pass over a
+ * chunk of positions [s0, s0 + T) of one sequence, reading and writing that sequence's cache. */
 #ifndef DI_MODEL_FORWARD_INTERNAL_H
 #define DI_MODEL_FORWARD_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "model/cache.h"
 #include "model/forward.h"
 
 typedef struct fwd_ctx {
@@ -13,29 +15,41 @@ typedef struct fwd_ctx {
     const di_backend *be;
     const di_fwd_opts *opts;
     di_error *err;
-    int64_t T;
-    int64_t *pos;            /* int64 [T] positions 0..T−1 */
-    int64_t *cmp_pos[3];     /* int64 [T/R] compressed-entry positions n·R, by ratio R = 1, 2 (index R) */
+    di_cache *cache;         /* the sequence: positions < s0 are read from it, the chunk is written */
+    int64_t s0;              /* first position of the chunk */
+    int64_t T;               /* tokens in the chunk (queries of this pass) */
+    int64_t *pos;            /* int64 [T] positions s0 … s0+T−1 */
     float *rope_freqs[2];    /* f32 [rd/2] per di_rope_kind (plain, compress) */
-    int32_t *win_idx;        /* int32 [T, n_win] window part of every query's index list */
-    int64_t n_win;           /* min(T, window) */
-    int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids */
 
-    /* Shared attention state, published per source layer (storage in `keep`) and read through the
-     * config's roles: a layer attends the compressed KV of cfg.layer[L].kv_source, scores the index
-     * keys of index_key_source, masks by candidate_source and reuses the top-k of index_source. */
+    /* Window part of every query's key set (the same for every layer of the pass): the key rows are
+     * the positions [win_base, s0+T) — the previous window read from the cache, then the chunk — and
+     * row p of win_idx lists the rows query p attends, in the reference's order (§5.3). */
+    int64_t win_base;        /* max(0, s0 − W + 1) */
+    int64_t n_win_rows;      /* s0 + T − win_base */
+    int32_t *win_idx;        /* int32 [T, n_win] */
+    int64_t n_win;
+    int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids of the chunk */
+
+    /* Shared attention state of this pass, published per source stage and read through the config's
+     * roles. The compressed KV and index keys themselves live in the cache (stage = the kv source);
+     * what a pass publishes is what only its own queries need. */
     struct fwd_pub {
-        const uint16_t *cmp_kv;  /* bf16 [n_cmp, hd]  compressed KV (kv sources) */
-        int64_t n_cmp;
-        const uint16_t *index_k; /* bf16 [n_cmp, ihd] index keys (kv sources) */
-        const int32_t *topk;     /* int32 [T, topk_k] (index sources; NULL when k = 0) */
+        const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded */
         int topk_k;
         const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) */
         int64_t n_cand;
-        bool done;               /* the layer ran in this pass */
-    } *pub;                      /* [n_layers] */
+        bool done;               /* the stage ran in this pass */
+    } *pub;                      /* [n_stages] */
 
-    di_prefill_out *out;
+    /* DSpark features (§4.6): mean over the hc streams of each target layer's input, concatenated in
+     * target order. NULL when not wanted. */
+    uint16_t *main_hidden;   /* bf16 [T, ntgt·D] */
+
+    /* DSpark draft block (dspark.c): the stage window rows in slot order, for the draft attention. */
+    const uint16_t *draft_win; /* bf16 [n_draft_win, hd] */
+    int64_t n_draft_win;
+
+    di_prefill_out *out;     /* prefill results (layer outputs, index scores, top-k) or NULL */
 
     void **keep;   /* allocations that live for the whole pass */
     size_t n_keep, cap_keep;
@@ -48,15 +62,41 @@ typedef struct fwd_ctx {
 void *fwd_alloc(fwd_ctx *c, size_t bytes, int persist);
 void fwd_free_tmp(fwd_ctx *c);
 
+/* Pass setup for the chunk [s0, s0+T) of ids (validated against the vocabulary): positions, RoPE
+ * tables, window index lists, Engram hashes (from the cache's history). Nothing is written to the
+ * cache. ctx_free releases everything. */
+int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
+                 const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
+void fwd_ctx_free(fwd_ctx *c);
+
 /* Hand a stage tensor to the dump callback (no-op without one). Shape given as up to 3 dims. */
 void fwd_dump(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1,
               int64_t d2);
 
+/* X = embedding repeated over the hc streams; pre = one-hot stream 0.  x bf16 [T, hc, D], pre f32 [T, hc] */
+int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre);
+
 /* Engram update of the streams before block L (no-op for non-Engram layers).  x bf16 [T, hc, D] */
 int fwd_engram(fwd_ctx *c, int L, uint16_t *x);
 
-/* Block L: x bf16 [T, hc, D] in place; pre_in f32 [T, hc] collapses the attention input; pre_out f32
- * [T, hc] receives the FFN pre-mix for the next block. */
+/* Block L (backbone layer or DSpark stage): x bf16 [T, hc, D] in place; pre_in f32 [T, hc] collapses
+ * the attention input; pre_out f32 [T, hc] receives the FFN pre-mix for the next block. Backbone
+ * layers write the chunk's window rows / compressed entries into the cache (after reading what the
+ * chunk needs from before s0); a DSpark stage attends c->draft_win ‖ the draft block. */
 int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_out);
+
+/* The whole backbone over the chunk: Engram, blocks, DSpark features; then the final collapse,
+ * norm and head on the last position (logits f32 [1, V]) or on every position (f32 [T, V]) when
+ * all_logits. Requires di_cache_extend(T) done. */
+int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits);
+
+/* DSpark (dspark.c): the stage windows of the chunk's positions from c->main_hidden (all stages). */
+int fwd_dspark_fill(fwd_ctx *c);
+
+/* DSpark draft block after main position i = s0 − 1 (c set up for the chunk [i+1, i+1+block) with no
+ * ids): token = the main model's output at i. ids int32 [block+1] (ids[0] = token), conf f32 [block],
+ * logits f32 [block, V] (may be NULL). sample NULL = greedy (first maximum). */
+int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
+                     float *logits);
 
 #endif

@@ -1,3 +1,7 @@
+/* Random-weight checkpoints in the official V4.1 layout (see mkmodel.h): preset shapes, the
+ * config documents, deterministic per-tensor random streams, and the streaming shard writer.
+ * Values are drawn so every block's activations stay in a realistic range (norm gains and init
+ * scales below), which keeps the FP8/FP4 quantizers and the router exercised as on real weights. */
 #include "model/mkmodel.h"
 
 #include <errno.h>
@@ -12,6 +16,7 @@
 #include "io/formats.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/engram_consts.h"
 #include "model/inventory.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -89,12 +94,10 @@ typedef struct engram_plan {
     int64_t rows[2];                        /* table rows = Σ primes of the layer */
 } engram_plan;
 
-static int is_prime(int64_t n) {
-    if (n < 2) return 0;
-    for (int64_t d = 2; d * d <= n; d++)
-        if (n % d == 0) return 0;
-    return 1;
-}
+/* The bucket moduli are di_engram_next_prime's consecutive primes ≥ engram_vocab_size (the rule
+ * model/engram_consts.c checks the sidecar against); multipliers are drawn like the reference's,
+ * from [0, ⌊⌊INT64_MAX / classes⌋ / 2⌋), times 2 plus 1. classes ≥ 1. */
+static void engram_make_plan(const preset *p, uint64_t seed, int64_t classes, engram_plan *ep);
 
 /* ---- deterministic random streams: xoshiro256** seeded from (seed, tensor name) ---- */
 typedef struct rng {
@@ -258,7 +261,7 @@ static int write_fp8(writer_ctx *c, const di_inv_entry *w, gen_rule r, int scale
     for (int64_t r0 = 0; r0 < rows; r0 += br) {
         int64_t nr = rows - r0 < br ? rows - r0 : br;
         fp8_values(c->seed, w->name, r.std, cols, r0, nr, c->vals);
-        uint8_t exps[4096];
+        uint8_t exps[4096]; /* E8M0 [sc_cols] scales of this block of rows */
         if (sc_cols > (int64_t)sizeof exps) return di_error_set(err, DI_ERR_INTERNAL, "%s: too many columns", w->name);
         for (int64_t cb = 0; cb < sc_cols; cb++) {
             int64_t nc = cols - cb * 32 < 32 ? cols - cb * 32 : 32;
@@ -346,15 +349,14 @@ int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **h
                               di_error *err) {
     const preset *p = find_preset(name);
     if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", name);
+    if (engram_classes < 1 || engram_classes > VOCAB)
+        return di_error_set(err, DI_ERR_INVALID, "preset '%s': engram_classes %lld (expected 1 … %d)", name,
+                            (long long)engram_classes, VOCAB);
     int n_ratios = p->layers + p->n_mtp;
     /* Engram table sizes follow from the primes (see engram_plan). */
-    int64_t prime = p->engram_vocab, rows[2] = {0, 0};
-    for (int l = 0; l < 2; l++)
-        for (int i = 0; i < (MAX_NGRAM - 1) * p->engram_heads; i++) {
-            do prime++;
-            while (!is_prime(prime));
-            rows[l] += prime;
-        }
+    engram_plan ep;
+    engram_make_plan(p, 0, engram_classes, &ep);
+    const int64_t *rows = ep.rows;
     const field fields[] = {
         {"model_type", NULL, json_string("deepseek_v41_text")},
         {"hidden_size", "dim", json_integer(p->hidden)},
@@ -444,13 +446,13 @@ int di_mkmodel_preset_configs(const char *name, int64_t engram_classes, char **h
 
 static void engram_make_plan(const preset *p, uint64_t seed, int64_t classes, engram_plan *ep) {
     memset(ep, 0, sizeof *ep);
-    int64_t prime = p->engram_vocab;
+    int64_t next = p->engram_vocab; /* primes are handed out once, in (layer, order, head) order */
     for (int l = 0; l < 2; l++) {
         int k = 0;
         for (int o = 0; o < MAX_NGRAM - 1; o++)
             for (int h = 0; h < p->engram_heads; h++) {
-                do prime++;
-                while (!is_prime(prime));
+                int64_t prime = di_engram_next_prime(next);
+                next = prime + 1;
                 ep->primes[l][o][h] = prime;
                 ep->offsets[l][k++] = ep->rows[l];
                 ep->rows[l] += prime;
@@ -485,7 +487,8 @@ static int write_engram_sidecar(const char *dir, const preset *p, const engram_p
         {"token_map", DI_I32, 1, {VOCAB}},
     };
     const void *data[5] = {mult, offs, &pad, primes, token_map};
-    char *path = di_path_join(dir, "engram_token_map.safetensors");
+    char *path = di_path_join(dir, DI_ENGRAM_SIDECAR);
+    if (!path) return di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
     int rc = di_st_write_file(path, specs, data, 5, err);
     free(path);
     return rc;
@@ -493,6 +496,7 @@ static int write_engram_sidecar(const char *dir, const preset *p, const engram_p
 
 static int write_text(const char *dir, const char *name, const char *text, di_error *err) {
     char *path = di_path_join(dir, name);
+    if (!path) return di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
     FILE *f = fopen(path, "w");
     int rc = DI_OK;
     if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF)
@@ -586,13 +590,19 @@ static int write_shards(const char *dir, uint64_t seed, const di_inv_entry *inv,
     }
     writer_ctx c = {.seed = seed, .buf = malloc(BUF)};
     json_t *wm = json_object();
-    int rc = c.buf ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "out of memory");
+    int rc = c.buf && wm ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
     uint64_t total = 0;
     for (int s = 0; s < n_shards && rc == DI_OK; s++) {
         char fname[64];
         snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
         di_tensor_spec *specs = calloc((size_t)m, sizeof *specs);
         const di_inv_entry **members = calloc((size_t)m, sizeof *members);
+        if (!specs || !members) {
+            free(specs);
+            free(members);
+            rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory for the tensor list of shard %d", dir, s + 1);
+            break;
+        }
         int64_t k = 0;
         for (int64_t i = 0; i < m; i++)
             if (shard_of[i] == s) {
@@ -607,7 +617,8 @@ static int write_shards(const char *dir, uint64_t seed, const di_inv_entry *inv,
             }
         char *path = di_path_join(dir, fname);
         static const char *const meta[] = {"format", "pt"};
-        rc = di_st_writer_open(path, specs, k, meta, 1, &c.w, err);
+        rc = path ? di_st_writer_open(path, specs, k, meta, 1, &c.w, err)
+                  : di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", dir);
         free(path);
         for (int64_t i = 0; i < k && rc == DI_OK; i++) {
             const di_inv_entry *sib = NULL;
@@ -669,7 +680,8 @@ static char *find_tokenizer_dir(const char *opt) {
     if (opt) {
         if (stat(opt, &sb) == 0 && S_ISDIR(sb.st_mode)) return strdup(opt);
         if (stat(opt, &sb) == 0) {
-            char *d = strdup(opt), *slash = strrchr(d, '/');
+            char *d = strdup(opt), *slash = d ? strrchr(d, '/') : NULL;
+            if (!d) return NULL;
             if (slash) *slash = 0;
             else strcpy(d, ".");
             return d;
@@ -687,20 +699,25 @@ int di_mkmodel_write(const di_mkmodel_opts *o, di_mkmodel_stats *st, di_error *e
     double t0 = di_now();
     memset(st, 0, sizeof *st);
     const preset *p = find_preset(o->preset ? o->preset : "");
-    if (!p) return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)", o->preset ? o->preset : "");
+    if (!p)
+        return di_error_set(err, DI_ERR_INVALID, "unknown preset '%s' (expected tiny, small or full-layer)",
+                            o->preset ? o->preset : "");
     char *tokdir = find_tokenizer_dir(o->tokenizer);
     if (o->tokenizer && !tokdir) return di_error_set(err, DI_ERR_IO, "%s: tokenizer not found", o->tokenizer);
     int rc = mkdir_p(o->out_dir, err);
     char *infdir = di_path_join(o->out_dir, "inference");
+    if (rc == DI_OK && !infdir) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
     if (rc == DI_OK) rc = mkdir_p(infdir, err);
 
     int32_t *token_map = malloc(VOCAB * sizeof *token_map); /* int32 [VOCAB] */
     int64_t classes = (VOCAB + 1) / 2;
-    if (o->token_map) {
+    if (!token_map && rc == DI_OK) rc = di_error_set(err, DI_ERR_NOMEM, "%s: out of memory", o->out_dir);
+    if (token_map && o->token_map) {
         memcpy(token_map, o->token_map, VOCAB * sizeof *token_map);
         classes = o->token_map_classes;
     } else {
-        for (int i = 0; i < VOCAB; i++) token_map[i] = i / 2;
+        /* a stub that pairs tokens (2k, 2k+1 → k), like the reference's own random test models */
+        for (int i = 0; token_map && i < VOCAB; i++) token_map[i] = i / 2;
     }
 
     char *hf = NULL, *inf = NULL;

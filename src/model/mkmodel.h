@@ -14,7 +14,7 @@
 #include "deepinfer.h"
 
 typedef struct di_mkmodel_opts {
-    const char *preset;    /* "tiny" or "small" */
+    const char *preset;    /* one of di_mkmodel_presets: "tiny", "small", "full-layer" */
     uint64_t seed;         /* every tensor's stream is derived from (seed, tensor name) */
     const char *out_dir;   /* created if missing; existing files are overwritten */
     const char *tokenizer; /* tokenizer.json (or its directory) to copy in; NULL = look in data/tokenizer */

@@ -126,7 +126,9 @@ static int bind_layer(const di_config *cfg, binder *bd, int L, di_layer_w *lw, d
     int64_t ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
     int64_t E = lc->n_experts, I = cfg->moe_intermediate_size;
     char p[160], n[200];
-    snprintf(p, sizeof p, "layers.%d", L);
+    di_stage_prefix(cfg, L, p, sizeof p);
+    size_t pl = strlen(p);
+    if (pl && p[pl - 1] == '.') p[pl - 1] = 0; /* "layers.7." → "layers.7" */
     int rc = 0;
 #define NM(fmt, ...) (snprintf(n, sizeof n, "%s." fmt, p, ##__VA_ARGS__), n)
 #define TRY(x)                  \
@@ -192,6 +194,17 @@ static int bind_layer(const di_config *cfg, binder *bd, int L, di_layer_w *lw, d
         TRY(bind_mat(bd, NM("engram.q_weight"), DI_BF16, hc, D, (const void **)&lw->eg_q, err));
         TRY(bind_mat(bd, NM("engram.k_weight"), DI_BF16, hc, D, (const void **)&lw->eg_k, err));
     }
+    if (lc->has_main_proj) {
+        TRY(bind_fp8(bd, NM("main_proj"), D, D * cfg->n_dspark_target_layer_ids, &lw->main_proj, err));
+        TRY(bind_vec(bd, NM("main_norm.weight"), DI_BF16, D, (const void **)&lw->main_norm, err));
+    }
+    if (lc->has_draft_head) {
+        int64_t V = cfg->vocab_size, Rm = cfg->dspark_markov_rank;
+        TRY(bind_vec(bd, NM("norm.weight"), DI_BF16, D, (const void **)&lw->head_norm, err));
+        TRY(bind_mat(bd, NM("markov_head.embed.weight"), DI_BF16, V, Rm, (const void **)&lw->markov_embed, err));
+        TRY(bind_mat(bd, NM("markov_head.head.weight"), DI_BF16, V, Rm, (const void **)&lw->markov_head, err));
+        TRY(bind_mat(bd, NM("confidence_head.proj.weight"), DI_BF16, 1, D + Rm, (const void **)&lw->conf_proj, err));
+    }
     /* last: the only allocation that is not a view */
     TRY(dequant_wo_a(&woa, &lw->wo_a, err));
 #undef NM
@@ -206,14 +219,16 @@ int di_weights_bind(const di_config *cfg, const di_checkpoint *ck, di_weights *o
     int rc = bind_mat(bd, "embed.weight", DI_BF16, V, D, (const void **)&out->embed, err);
     if (!rc) rc = bind_mat(bd, "head.weight", DI_BF16, V, D, (const void **)&out->head, err);
     if (!rc) rc = bind_vec(bd, "norm.weight", DI_BF16, D, (const void **)&out->norm, err);
-    if (!rc && !(out->layers = calloc((size_t)cfg->n_layers, sizeof(di_layer_w))))
-        rc = di_error_set(err, DI_ERR_NOMEM, "%d layer weight structs", cfg->n_layers);
+    int n_stages = cfg->n_layers + cfg->n_dspark;
+    if (!rc && !(out->layers = calloc((size_t)n_stages, sizeof(di_layer_w))))
+        rc = di_error_set(err, DI_ERR_NOMEM, "%d stage weight structs", n_stages);
     if (rc) {
         di_weights_free(out);
         return rc;
     }
     out->n_layers = cfg->n_layers;
-    for (int L = 0; L < cfg->n_layers; L++) {
+    out->n_stages = n_stages;
+    for (int L = 0; L < n_stages; L++) {
         rc = bind_layer(cfg, bd, L, &out->layers[L], err);
         if (rc) break;
     }
@@ -223,7 +238,7 @@ int di_weights_bind(const di_config *cfg, const di_checkpoint *ck, di_weights *o
 
 void di_weights_free(di_weights *w) {
     if (!w) return;
-    for (int L = 0; w->layers && L < w->n_layers; L++) {
+    for (int L = 0; w->layers && L < w->n_stages; L++) {
         free(w->layers[L].experts);
         free(w->layers[L].wo_a);
     }

@@ -77,6 +77,15 @@ typedef struct di_layer_w {
     int64_t eg_rows;
     di_w_fp8 eg_wkv;               /* [(hc+1)·D, (max_ngram−1)·eheads·ehd] */
     const uint16_t *eg_q, *eg_k;   /* bf16 [hc, D] */
+
+    /* DSpark draft stages (spec §4.9): stage 0 maps the target-layer features, the last stage holds
+     * the draft head (NULL / zero elsewhere). ntgt = number of DSpark target layers, Rm = markov rank. */
+    di_w_fp8 main_proj;              /* [D, ntgt·D] (stage 0) */
+    const uint16_t *main_norm;       /* bf16 [D] (stage 0) */
+    const uint16_t *head_norm;       /* bf16 [D] mtp.S.norm (last stage) */
+    const uint16_t *markov_embed;    /* bf16 [V, Rm] (last stage) */
+    const uint16_t *markov_head;     /* bf16 [V, Rm] (last stage) */
+    const uint16_t *conf_proj;       /* bf16 [1, D + Rm] confidence head (last stage) */
 } di_layer_w;
 
 typedef struct di_weights {
@@ -84,7 +93,8 @@ typedef struct di_weights {
     const uint16_t *head;  /* bf16 [V, D] */
     const uint16_t *norm;  /* bf16 [D] final norm */
     int n_layers;
-    di_layer_w *layers;    /* [n_layers] backbone blocks (DSpark stages are not bound here) */
+    int n_stages;          /* n_layers + DSpark stages */
+    di_layer_w *layers;    /* [n_stages] backbone blocks, then the DSpark stages (mtp.S) */
     void **owned;          /* aligned copies of views the mapping does not align to their element size */
     int64_t n_owned, cap_owned;
 } di_weights;

@@ -1,9 +1,13 @@
+/* CPU ISA detection and the process-wide kernel level (see cpu_features.h). */
 #include "util/cpu_features.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int g_active = -1; /* di_cpu_isa once initialised */
+/* di_cpu_isa once initialised, −1 before. Kernels on several threads may be the first to ask: the
+ * atomic makes that race defined (every racer computes and stores the same value). */
+static atomic_int g_active = -1;
 
 di_cpu_isa di_cpu_isa_detect(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -23,7 +27,8 @@ static di_cpu_isa clamp_isa(di_cpu_isa want) {
 }
 
 di_cpu_isa di_cpu_isa_active(void) {
-    if (g_active < 0) {
+    int active = atomic_load_explicit(&g_active, memory_order_relaxed);
+    if (active < 0) {
         /* AVX-512 is opt-in (DI_CPU_ISA=avx512) until its bit-identity with the scalar path has been
          * checked on AVX-512 hardware (test_cpu_ops/test_invariance does that wherever it runs). */
         di_cpu_isa want = DI_ISA_AVX2;
@@ -31,14 +36,16 @@ di_cpu_isa di_cpu_isa_active(void) {
         if (env && !strcmp(env, "avx512")) want = DI_ISA_AVX512;
         else if (env && !strcmp(env, "scalar")) want = DI_ISA_SCALAR;
         else if (env && !strcmp(env, "avx2")) want = DI_ISA_AVX2;
-        g_active = (int)clamp_isa(want);
+        active = (int)clamp_isa(want);
+        atomic_store_explicit(&g_active, active, memory_order_relaxed);
     }
-    return (di_cpu_isa)g_active;
+    return (di_cpu_isa)active;
 }
 
 di_cpu_isa di_cpu_isa_set(di_cpu_isa isa) {
-    g_active = (int)clamp_isa(isa);
-    return (di_cpu_isa)g_active;
+    int active = (int)clamp_isa(isa);
+    atomic_store_explicit(&g_active, active, memory_order_relaxed);
+    return (di_cpu_isa)active;
 }
 
 const char *di_cpu_isa_name(di_cpu_isa isa) {

@@ -1,3 +1,4 @@
+/* di_error helpers and the status names of include/deepinfer.h. */
 #include "util/error.h"
 
 #include <stdarg.h>

@@ -71,6 +71,7 @@ int di_threadpool_create(int n_threads, di_threadpool **out, di_error *err) {
     atomic_init(&p->next, 0);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
     if (!p->workers) {
+        p->n_threads = 1; /* no worker was started: destroy must join none */
         di_threadpool_destroy(p);
         return di_error_set(err, DI_ERR_NOMEM, "threadpool: out of memory");
     }

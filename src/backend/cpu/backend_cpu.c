@@ -161,15 +161,13 @@ static int a_hc_expand(const di_backend *be, const uint16_t *z, const uint16_t *
 
 /* ---------------- compressed KV, indexer, selection ---------------- */
 
-static int a_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio, int64_t d,
-                           uint16_t *y, di_error *err) {
-    /* the streaming kernel's carry state, fresh for a prefill from position 0 */
-    float *st = malloc(sizeof(float) * (size_t)(2 * ratio * d)); /* f32 [2, R, d] */
-    if (!st) return di_error_set(err, DI_ERR_NOMEM, "compressor state");
-    int rc = di_cpu_compress_state_reset(st, st + ratio * d, ratio, d, err);
-    if (!rc) rc = di_cpu_compress_pool(a, gate, m, 0, ratio, d, st, st + ratio * d, y, NULL, err);
-    free(st);
-    return rc;
+static int a_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                           int ratio, int64_t d, float *kv_state, float *score_state, uint16_t *y, int64_t *n_out,
+                           di_error *err) {
+    if (m > 0 && start_pos / ratio != (start_pos + m - 1) / ratio)
+        return di_error_set(err, DI_ERR_INVALID, "compress_pool: positions %lld..%lld span more than one group of %d",
+                            (long long)start_pos, (long long)(start_pos + m - 1), ratio);
+    return di_cpu_compress_pool(a, gate, m, start_pos, ratio, d, kv_state, score_state, y, n_out, err);
 }
 
 static int a_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale,

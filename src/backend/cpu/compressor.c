@@ -8,7 +8,8 @@
 #include "io/formats.h"
 #include "util/error.h"
 
-#define MAX_RATIO 128 /* largest pooling ratio of the DeepSeek V4 family (V4 HCA) */
+#define MAX_RATIO 128 /* largest pooling ratio of the DeepSeek V4 family (V4 HCA); config.c refuses larger
+                         ratios at load (DI_MAX_COMPRESS_RATIO) */
 
 int di_cpu_compress_state_reset(float *kv_state, float *score_state, int ratio, int64_t dim, di_error *err) {
     if (ratio < 2 || ratio > MAX_RATIO || dim < 1)

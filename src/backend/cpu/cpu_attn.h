@@ -21,7 +21,7 @@
  *    ((0+1)+(2+3))+((4+5)+(6+7)). The hot loops are cloned for AVX2 with a baseline fallback
  *    (target_clones, runtime dispatch); the compiler vectorizes the explicit lanes without
  *    reassociating, so every machine computes the same bits. This relies on FP contraction being
- *    off (the ISO C default of gcc with -std=c11): an FMA would round differently.
+ *    off (the Makefile passes -ffp-contract=off; an FMA would round differently).
  *
  * ---- The deferred pre-mix (§4.2) -------------------------------------------------------------
  * Each sub-layer computes (pre, post, comb) from ITS OWN input X, but V4.1 collapses X with the
@@ -47,6 +47,15 @@
 #include <stdint.h>
 
 #include "deepinfer.h"
+
+/* Marks a hot loop for runtime dispatch between an AVX2 build and the baseline build (x86-64
+ * gcc/clang, target_clones). Both builds vectorize the same explicit lanes without reassociating, so
+ * they give the same bits (see the dot-product convention above). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DI_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DI_CPU_CLONES
+#endif
 
 /* ============================== mHC (§3.3, §4.2) ============================== */
 
@@ -149,7 +158,9 @@ int di_cpu_indexer_scores(const uint16_t *q, const uint16_t *w, float w_scale, c
 
 /* Tie rule for every selection below (the reference's torch.topk leaves it unspecified): higher score
  * first, then LOWER position. −0 equals +0; −inf and NaN entries are never selected. The selection
- * is a 4-pass radix select on the ordered f32 bits, O(n_keys) per row, no sorting. */
+ * is a 4-pass radix select on the ordered f32 bits, O(n_keys) per row, no sorting. This is the
+ * canonical rule other backends are tested against; the CPU backend's golden-matching path uses
+ * graph_extra_topk.c (torch's CPU tie behaviour) instead — see topk.c. */
 
 /* The reference's k = min(index_topk, n_keys), n_keys = (end position)/R: in a prefill every row gets
  * the same width even when it sees fewer entries (those rows end in −1 padding). */

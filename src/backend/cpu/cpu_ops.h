@@ -121,7 +121,7 @@ void di_cpu_rope_cos_sin(const float *freqs, int n_pairs, int64_t pos, float *co
  *   x      bf16, token t head h at x + t·tok_stride + h·head_stride; the rope channels are
  *          [rope_off, rope_off + 2·n_pairs) of each head (the LAST rope_dim channels in V4.1)
  *   pos    int64 [n_tok] absolute position per token
- *   freqs  f32 [n_pairs]; n_pairs ≤ DI_ROPE_MAX_PAIRS */
+ *   freqs  f32 [n_pairs] (any n_pairs; the cos/sin table is built DI_ROPE_MAX_PAIRS pairs at a time) */
 #define DI_ROPE_MAX_PAIRS 128
 void di_cpu_rope_apply(int64_t n_tok, int n_heads, uint16_t *x, int64_t tok_stride, int64_t head_stride,
                        int rope_off, int n_pairs, const int64_t *pos, const float *freqs, int inverse);
@@ -174,8 +174,8 @@ size_t di_cpu_moe_workspace(int64_t M, int64_t D, int64_t I, const di_threadpool
  * acc += y_e; then acc += shared(x); out = bf16(acc).
  *   x bf16 [M, D]; ids int32 [M, top_k], weights f32 [M, top_k] from di_cpu_router;
  *   experts [n_exp] (entries of experts nobody routes to may be all-NULL); out bf16 [M, D].
- * Errors: an id outside [0, n_exp), a NULL weight of a used expert, D or I not a multiple of 32,
- * a short workspace. */
+ * Errors: an id outside [0, n_exp) or repeated within a token, a NULL weight of a used expert, D or
+ * I not a multiple of 32, a short workspace. */
 int di_cpu_moe_ffn(di_threadpool *tp, int64_t M, int64_t D, int64_t I, const uint16_t *x, const int32_t *ids,
                    const float *weights, int top_k, int n_exp, const di_cpu_expert_fp4 *experts,
                    const di_cpu_expert_fp8 *shared, float swiglu_limit, uint16_t *out, void *ws, size_t ws_bytes,

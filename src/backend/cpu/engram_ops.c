@@ -54,11 +54,14 @@ int di_cpu_engram_gather(int64_t n, int n_cols, const int64_t *ids, const uint8_
                                 (long long)(i / n_cols), (long long)(i % n_cols), (long long)ids[i], (long long)rows);
     int sb = dim / DI_QBLOCK;
     for (int64_t i = 0; i < n * n_cols; i++) {
-        const uint8_t *row = table + ids[i] * dim;
-        const uint8_t *s = scale + ids[i] * sb;
-        uint16_t *o = out + i * dim;
-        for (int j = 0; j < dim; j++)
-            o[j] = di_f32_to_bf16(di_e4m3_to_f32(row[j]) * di_e8m0_to_f32(s[j / DI_QBLOCK]));
+        const uint8_t *row = table + ids[i] * dim; /* [dim] e4m3 */
+        const uint8_t *s = scale + ids[i] * sb;    /* [dim/32] E8M0 */
+        uint16_t *o = out + i * dim;               /* [dim] bf16 */
+        for (int b = 0; b < sb; b++) {
+            float sc = di_e8m0_to_f32(s[b]);
+            for (int j = b * DI_QBLOCK; j < (b + 1) * DI_QBLOCK; j++)
+                o[j] = di_f32_to_bf16(di_e4m3_to_f32(row[j]) * sc);
+        }
     }
     return DI_OK;
 }

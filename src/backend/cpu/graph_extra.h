@@ -51,8 +51,9 @@ int di_gx_hc_collapse(const di_backend *be, const uint16_t *x, const float *pre,
                       uint16_t *y, di_error *err);
 int di_gx_hc_expand(const di_backend *be, const uint16_t *z, const uint16_t *x, const float *post,
                     const float *comb, int64_t m, int hc, int64_t d, uint16_t *y, di_error *err);
-int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio, int64_t d,
-                        uint16_t *y, di_error *err);
+int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                        int ratio, int64_t d, float *kv_state, float *score_state, uint16_t *y, int64_t *n_out,
+                        di_error *err);
 int di_gx_indexer_scores(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, const uint16_t *k, int64_t m,
                          int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *scores,
                          di_error *err);

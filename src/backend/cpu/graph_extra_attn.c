@@ -113,18 +113,30 @@ int di_gx_hc_expand(const di_backend *be, const uint16_t *z, const uint16_t *x, 
 
 /* ---------------- compressor pooling ---------------- */
 
-int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int ratio, int64_t d,
-                        uint16_t *y, di_error *err) {
+int di_gx_compress_pool(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                        int ratio, int64_t d, float *kv_state, float *score_state, uint16_t *y, int64_t *n_out,
+                        di_error *err) {
     if (ratio < 2 || ratio > 64) return di_error_set(err, DI_ERR_INVALID, "compress_pool: ratio %d", ratio);
-    for (int64_t g = 0; g < m / ratio; g++)
+    if (m > 0 && start_pos / ratio != (start_pos + m - 1) / ratio)
+        return di_error_set(err, DI_ERR_INVALID, "compress_pool: positions %lld..%lld span more than one group",
+                            (long long)start_pos, (long long)(start_pos + m - 1));
+    int64_t emitted = 0;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t pos = start_pos + i, slot = pos % ratio;
+        memcpy(kv_state + slot * d, a + i * d, sizeof(float) * (size_t)d);
+        memcpy(score_state + slot * d, gate + i * d, sizeof(float) * (size_t)d);
+        if ((pos + 1) % ratio) continue;
         for (int64_t j = 0; j < d; j++) {
             float mx = -INFINITY, e[64], s = 0.0f;
-            for (int t = 0; t < ratio; t++) mx = fmaxf(mx, gate[(g * ratio + t) * d + j]);
-            for (int t = 0; t < ratio; t++) s += (e[t] = expf(gate[(g * ratio + t) * d + j] - mx));
+            for (int t = 0; t < ratio; t++) mx = fmaxf(mx, score_state[t * d + j]);
+            for (int t = 0; t < ratio; t++) s += (e[t] = expf(score_state[t * d + j] - mx));
             float acc = 0.0f;
-            for (int t = 0; t < ratio; t++) acc += a[(g * ratio + t) * d + j] * (e[t] / s);
-            y[g * d + j] = tobf(acc);
+            for (int t = 0; t < ratio; t++) acc += kv_state[t * d + j] * (e[t] / s);
+            y[j] = tobf(acc);
         }
+        emitted++;
+    }
+    if (n_out) *n_out = emitted;
     return DI_OK;
 }
 

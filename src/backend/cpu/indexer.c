@@ -6,13 +6,6 @@
 #include "io/formats.h"
 #include "util/error.h"
 
-/* Runtime dispatch between an AVX2 build and the baseline build of the hot loop (x86-64 gcc/clang). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-
 #define MAX_INDEX_HEADS 256
 
 int di_cpu_visible_counts(int64_t start_pos, int64_t n_q, int ratio, int64_t n_keys, int32_t *vis,
@@ -39,7 +32,7 @@ static float dot_bf16(const uint16_t *a, const uint16_t *b, int n) {
 
 /* One query's score row. Cloned for AVX2 with a baseline fallback; the explicit lanes of dot_bf16 are
  * what either version vectorizes, so both give the same bits. */
-CLONES static void score_query(
+DI_CPU_CLONES static void score_query(
     const uint16_t *qi /* bf16 [n_heads, head_dim] */, const uint16_t *wi_bf16 /* bf16 [n_heads] */, float w_scale,
     const uint16_t *k /* bf16 [n_keys, head_dim] */, int n_heads, int head_dim, int64_t n_keys, int32_t vis,
     const uint8_t *cand /* uint8 [n_keys] or NULL */, float *si /* f32 [n_keys] */) {

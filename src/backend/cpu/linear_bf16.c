@@ -140,11 +140,11 @@ static void bgemm_tile(void *ctx, int64_t tile, int thread) {
     const bgemm_job *j = ctx;
     int64_t n0 = tile * BT;
     int nt = j->N - n0 < BT ? (int)(j->N - n0) : BT;
-    const uint16_t *w[BT];
+    const uint16_t *w[BT]; /* BT weight rows, bf16 [K] each */
     /* a short last tile repeats its last row; the extra results are dropped */
     for (int c = 0; c < BT; c++) w[c] = j->w + (n0 + (c < nt ? c : nt - 1)) * j->ldw;
     for (int64_t m = 0; m < j->M; m++) {
-        float out[BT];
+        float out[BT]; /* f32 dot products of row m with the tile's columns */
         j->dot(j->x + m * j->ldx, w, j->K, out);
         if (j->y16) {
             uint16_t *y = j->y16 + m * j->ldy + n0;

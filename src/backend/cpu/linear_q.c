@@ -14,8 +14,6 @@
  * row over it, keeping per-(m, n) f32 accumulators in its scratch. The weight decode is amortised
  * over the batch and each (m, n) sees the same arithmetic sequence whatever M, the thread count or
  * the task split. */
-#include <math.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -54,23 +52,6 @@ static inline float e4m3_value(uint8_t c) {
     return f;
 }
 
-/* E8M0 scale byte → 2^(e−127), inline for the per-block decode (same values as di_e8m0_to_f32:
- * e = 0 is the subnormal 2^−127, e = 255 is NaN) */
-static inline float e8m0_value(uint8_t e) {
-    if (e == 0) return 0x1p-127f;
-    if (e == 255) return NAN;
-    uint32_t bits = (uint32_t)e << 23;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static float g_e2m1[16]; /* E2M1 code → value */
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static void init_tables(void) {
-    for (int i = 0; i < 16; i++) g_e2m1[i] = di_e2m1_to_f32((uint8_t)i);
-}
-
 static void decode_e4m3_scalar(const uint8_t *c, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = e4m3_value(c[i]);
 }
@@ -78,8 +59,8 @@ static void decode_e4m3_scalar(const uint8_t *c, int64_t n, float *out) {
 /* n logical values from n/2 packed bytes */
 static void decode_e2m1_scalar(const uint8_t *b, int64_t n, float *out) {
     for (int64_t i = 0; i < n / 2; i++) {
-        out[2 * i] = g_e2m1[di_fp4_even(b[i])];
-        out[2 * i + 1] = g_e2m1[di_fp4_odd(b[i])];
+        out[2 * i] = di_e2m1_values[di_fp4_even(b[i])];
+        out[2 * i + 1] = di_e2m1_values[di_fp4_odd(b[i])];
     }
 }
 
@@ -157,7 +138,7 @@ static void quant_row(void *ctx, int64_t m, int thread) {
         int64_t n = j->K - k0 < CH ? j->K - k0 : CH;
         di_act_quant_fp8(x + k0, n, DI_QBLOCK, q, s);
         decode_e4m3_scalar(q, n, xq + k0);
-        for (int64_t b = 0; b < n / DI_QBLOCK; b++) sx[k0 / DI_QBLOCK + b] = e8m0_value(s[b]);
+        for (int64_t b = 0; b < n / DI_QBLOCK; b++) sx[k0 / DI_QBLOCK + b] = di_e8m0_to_f32(s[b]);
     }
 }
 
@@ -295,7 +276,7 @@ static void decode_tile(const gemm_job *j, int64_t n0, int nt, int64_t k0, int64
             j->k.e4m3(j->w + n * K + k0, kc, row);
             s = j->w_scale + (n / DI_QBLOCK) * KB + kb0;
         }
-        for (int64_t b = 0; b < nb; b++) sw[b * QT + c] = e8m0_value(s[b]);
+        for (int64_t b = 0; b < nb; b++) sw[b * QT + c] = di_e8m0_to_f32(s[b]);
     }
 }
 
@@ -341,7 +322,6 @@ static int qlinear(di_threadpool *tp, int fp4, int64_t M, int64_t N, int64_t K, 
         return di_error_set(err, DI_ERR_INVALID, "%s: workspace of %zu bytes, need %zu (M %lld, K %lld, %d threads)",
                             what, ws_bytes, need, (long long)M, (long long)K, di_threadpool_size(tp));
     if (M == 0 || N == 0) return DI_OK;
-    pthread_once(&g_once, init_tables);
 
     unsigned char *p = ws;
     float *xq = (float *)p;

@@ -7,13 +7,6 @@
 #include "io/formats.h"
 #include "util/error.h"
 
-/* Runtime dispatch between an AVX2 build and the baseline build of the hot loop (x86-64 gcc/clang). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-
 /* The reference runs this f32 GEMM (K = hc·dim = 20480) through a BLAS sgemm whose summation order
  * is its own. Every product f32(bf16)·f32 is exact in f64, so the sum is accumulated in f64 (8
  * strided lanes, lane = i mod 8, combined pairwise) and rounded once to f32: the estimate closest
@@ -54,7 +47,7 @@ static int check_hc(int hc, int64_t n_tok, int64_t dim, const char *op, di_error
 
 /* One token's mixes. Cloned for AVX2 with a baseline fallback: the compiler vectorizes the explicit
  * lanes, never reassociates, so both versions give the same bits. */
-CLONES static void mixes_token(
+DI_CPU_CLONES static void mixes_token(
     const uint16_t *xt /* bf16 [hc·dim] */, int64_t n, const float *fn /* f32 [n_mix, n] */, int n_mix,
     float norm_eps, float *out /* f32 [n_mix] */) {
     /* ρ = rsqrt(mean(xf²) + eps): one statistic over all hc·dim values of the token */
@@ -149,7 +142,7 @@ int di_cpu_hc_expand(const uint16_t *z, const uint16_t *x, const float *post, co
         const float *po = post + t * hc, *c = comb + t * hc * hc; /* c[j·hc + k] */
         for (int64_t i = 0; i < dim; i++) {
             /* all hc inputs of column i are read before any output of it is written: out may alias x */
-            float xi[DI_HC_MAX];
+            float xi[DI_HC_MAX]; /* f32 [hc] column i of every stream */
             for (int j = 0; j < hc; j++) xi[j] = di_bf16_to_f32(xt[j * dim + i]);
             float zi = di_bf16_to_f32(z[t * dim + i]);
             for (int k = 0; k < hc; k++) {

@@ -102,10 +102,18 @@ int di_cpu_moe_ffn(di_threadpool *tp, int64_t M, int64_t D, int64_t I, const uin
     if (!ws || ws_bytes < need)
         return di_error_set(err, DI_ERR_INVALID, "moe: workspace of %zu bytes, need %zu (M %lld)", ws_bytes, need,
                             (long long)M);
-    for (int64_t i = 0; i < M * top_k; i++)
+    /* A token routed twice to one expert would give that expert more than M rows: the per-expert
+     * buffers hold M, so a repeated id is refused like an out-of-range one (the router never
+     * produces either). */
+    for (int64_t i = 0; i < M * top_k; i++) {
         if (ids[i] < 0 || ids[i] >= n_exp)
             return di_error_set(err, DI_ERR_INVALID, "moe: token %lld routed to expert %d, layer has %d experts",
                                 (long long)(i / top_k), ids[i], n_exp);
+        for (int64_t j = i - i % top_k; j < i; j++)
+            if (ids[j] == ids[i])
+                return di_error_set(err, DI_ERR_INVALID, "moe: token %lld routed to expert %d twice (slots %lld, %lld)",
+                                    (long long)(i / top_k), ids[i], (long long)(j % top_k), (long long)(i % top_k));
+    }
     if (!shared || !shared->w1 || !shared->s1 || !shared->w3 || !shared->s3 || !shared->w2 || !shared->s2)
         return di_error_set(err, DI_ERR_INVALID, "moe: shared expert weights missing");
     moe_ws w;

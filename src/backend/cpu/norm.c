@@ -1,7 +1,8 @@
 /* RMSNorm (spec §3.1): out = bf16(f32(w) · (x · 1/sqrt(mean(x²) + eps))).
  * The reference squares in f32 and reduces with torch's f32 sum; summing those f32 squares in f64 and
- * rounding once gives the value any f32 summation order approximates best. rsqrt is 1/sqrt (torch's CPU kernel divides by a correctly rounded
- * square root). The scaling order — x·r first, then ·w — is the reference's. */
+ * rounding once gives the value any f32 summation order approximates best. rsqrt is 1/sqrt (torch's
+ * CPU kernel divides by a correctly rounded square root). The scaling order — x·r first, then ·w — is
+ * the reference's. */
 #include <math.h>
 
 #include "backend/cpu/cpu_ops.h"

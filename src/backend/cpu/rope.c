@@ -56,19 +56,23 @@ void di_cpu_rope_cos_sin(const float *freqs, int n_pairs, int64_t pos, float *co
 
 void di_cpu_rope_apply(int64_t n_tok, int n_heads, uint16_t *x, int64_t tok_stride, int64_t head_stride,
                        int rope_off, int n_pairs, const int64_t *pos, const float *freqs, int inverse) {
-    float cs[DI_ROPE_MAX_PAIRS], sn[DI_ROPE_MAX_PAIRS];
-    if (n_pairs > DI_ROPE_MAX_PAIRS) n_pairs = DI_ROPE_MAX_PAIRS;
+    float cs[DI_ROPE_MAX_PAIRS], sn[DI_ROPE_MAX_PAIRS]; /* f32 [chunk] cos/sin of one token */
     for (int64_t t = 0; t < n_tok; t++) {
-        di_cpu_rope_cos_sin(freqs, n_pairs, pos[t], cs, sn);
-        if (inverse)
-            for (int i = 0; i < n_pairs; i++) sn[i] = -sn[i];
-        for (int h = 0; h < n_heads; h++) {
-            uint16_t *v = x + t * tok_stride + h * head_stride + rope_off;
-            for (int i = 0; i < n_pairs; i++) {
-                float a = di_bf16_to_f32(v[2 * i]), b = di_bf16_to_f32(v[2 * i + 1]);
-                float ac = a * cs[i], bd = b * sn[i], ad = a * sn[i], bc = b * cs[i];
-                v[2 * i] = di_f32_to_bf16(ac - bd);
-                v[2 * i + 1] = di_f32_to_bf16(ad + bc);
+        /* pairs in chunks of DI_ROPE_MAX_PAIRS: each pair is independent, so any n_pairs is rotated
+         * in full (the table is computed once per token and chunk, shared by all heads) */
+        for (int i0 = 0; i0 < n_pairs; i0 += DI_ROPE_MAX_PAIRS) {
+            int np = n_pairs - i0 < DI_ROPE_MAX_PAIRS ? n_pairs - i0 : DI_ROPE_MAX_PAIRS;
+            di_cpu_rope_cos_sin(freqs + i0, np, pos[t], cs, sn);
+            if (inverse)
+                for (int i = 0; i < np; i++) sn[i] = -sn[i];
+            for (int h = 0; h < n_heads; h++) {
+                uint16_t *v = x + t * tok_stride + h * head_stride + rope_off + 2 * i0; /* bf16 [2·np] */
+                for (int i = 0; i < np; i++) {
+                    float a = di_bf16_to_f32(v[2 * i]), b = di_bf16_to_f32(v[2 * i + 1]);
+                    float ac = a * cs[i], bd = b * sn[i], ad = a * sn[i], bc = b * cs[i];
+                    v[2 * i] = di_f32_to_bf16(ac - bd);
+                    v[2 * i + 1] = di_f32_to_bf16(ad + bc);
+                }
             }
         }
     }

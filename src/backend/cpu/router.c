@@ -1,9 +1,14 @@
 /* MoE router (spec §3.7, §4.5; model.py Gate.forward).
  * σ = sqrt(softplus(ℓ / gate_temp)) in f32, softplus with torch's threshold (x > 20 → x);
  * experts chosen on σ + bias, weights taken from σ, renormalised by (Σ + 1e-20), × route_scale.
- * Selection is an exact top-k with a fixed tie rule (higher biased score, then lower id), so the
- * result never depends on thread count or batch composition. The weight sum runs in selection
- * order, which is torch.topk's output order. */
+ * Selection is an exact top-k with a fixed tie rule (higher biased score, then lower id — the
+ * canonical rule of topk.c), so the result never depends on thread count or batch composition. An
+ * insertion into the sorted best-k list rather than topk.c's radix select: k ≤ 64 of a few hundred
+ * experts, and the output must be in descending score order, which is torch.topk's output order
+ * and the order the weight sum runs in.
+ *
+ * top_k and n_exp are validated by the caller (backend_cpu.c): top_k is clamped here only so that
+ * a bad call cannot overrun the stack arrays. */
 #include <math.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -27,8 +32,8 @@ void di_cpu_router(int64_t M, int n_exp, const float *logits, const float *bias,
         const float *b = (bias_vl && image_mask && image_mask[m]) ? bias_vl : bias;
         int32_t *id = ids + m * top_k;
         float *w = weights + m * top_k;
-        int chosen[DI_ROUTER_MAX_TOPK];
-        float chosen_score[DI_ROUTER_MAX_TOPK];
+        int chosen[DI_ROUTER_MAX_TOPK];          /* expert ids [top_k], best first */
+        float chosen_score[DI_ROUTER_MAX_TOPK];  /* f32 [top_k] their biased scores */
         /* insertion into a sorted list of the best top_k (n_exp·top_k compares, tiny) */
         int n = 0;
         for (int e = 0; e < n_exp; e++) {

@@ -8,13 +8,6 @@
 #include "io/formats.h"
 #include "util/error.h"
 
-/* Runtime dispatch between an AVX2 build and the baseline build of the hot loop (x86-64 gcc/clang). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-
 /* f32 dot product q·f32(c), 8 strided partial sums combined pairwise (fixed order). */
 static float dot_f32_bf16(const float *q, const uint16_t *c, int n) {
     float lane[8] = {0};
@@ -41,14 +34,14 @@ static void axpy_bf16(float *restrict y, float a, const uint16_t *restrict c, in
 
 /* One (query, head): the whole online softmax over the query's index list. Cloned for AVX2 with a
  * baseline fallback; both vectorize the same explicit lanes and give the same bits. */
-CLONES static void attend_one(
+DI_CPU_CLONES static void attend_one(
     const uint16_t *q_bf16 /* bf16 [dim] */, int dim, const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
     float sink, const int32_t *idx /* int32 [n_idx] */, int64_t n_idx, float scale, uint16_t *out /* bf16 [dim] */) {
     float q[DI_SPARSE_ATTN_MAX_DIM];   /* f32 [dim] */
     float o[DI_SPARSE_ATTN_MAX_DIM];   /* f32 [dim] running Σ p·c */
     float pv[DI_SPARSE_ATTN_MAX_DIM];  /* f32 [dim] this block's Σ bf16(p)·c */
     float s[DI_SPARSE_ATTN_BLOCK];     /* f32 scaled scores, then probabilities */
-    const uint16_t *row[DI_SPARSE_ATTN_BLOCK];
+    const uint16_t *row[DI_SPARSE_ATTN_BLOCK]; /* bf16 [dim] KV row per block index, NULL for −1 */
     for (int d = 0; d < dim; d++) {
         q[d] = di_bf16_to_f32(q_bf16[d]);
         o[d] = 0.0f;

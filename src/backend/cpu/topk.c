@@ -5,7 +5,16 @@
  * one byte per pass from the most significant, which finds the k-th largest key T and how many
  * entries equal to T still fit; a final ascending scan then emits every key > T and the first
  * (lowest-position) entries with key == T. O(n) per row, no sort, and the output comes out in
- * ascending position order, which is the order the reference sorts its selection into. */
+ * ascending position order, which is the order the reference sorts its selection into.
+ *
+ * Where each selection rule is used: the CPU backend that reproduces the golden data selects with
+ * graph_extra_topk.c instead, which replays libstdc++'s introselect/heap select as torch.topk runs it
+ * on CPU, so that among EQUAL scores it keeps the entries the reference kept (the indexer produces
+ * many exact-zero ties). That rule is an artefact of one library. The rule here is the canonical,
+ * implementation-independent one — the contract a GPU backend can implement with any parallel
+ * select and still agree bit for bit with this file — and the CUDA top-k is to be tested against
+ * it (tests/test_cpu_attn.c pins it down). The two differ only in which of several equal-scoring
+ * entries survive the cut. The MoE router (router.c) applies the same canonical rule to experts. */
 #include <math.h>
 #include <string.h>
 

@@ -1,0 +1,78 @@
+/* Per-sequence forward, rollback and DSpark drafts over the compact cache. See session.h. */
+#include "model/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward_internal.h"
+#include "util/error.h"
+
+int di_session_create(const di_model *m, const di_backend *be, const di_session_opts *opts, di_session **out,
+                      di_error *err) {
+    if (!opts || opts->max_tokens < 1)
+        return di_error_set(err, DI_ERR_INVALID, "session: max_tokens %lld (need ≥ 1)",
+                            (long long)(opts ? opts->max_tokens : 0));
+    if (opts->dspark && m->cfg.n_dspark <= 0)
+        return di_error_set(err, DI_ERR_INVALID, "session: DSpark requested but the model has no draft stages");
+    di_session *s = calloc(1, sizeof *s);
+    if (!s) return di_error_set(err, DI_ERR_NOMEM, "session");
+    di_cache_opts co = {.max_tokens = opts->max_tokens,
+                        .spec_margin = opts->spec_margin < 0 ? DI_CACHE_SPEC_MARGIN_DEFAULT : opts->spec_margin};
+    int rc = di_cache_create(&m->cfg, &co, &s->cache, err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->m = m, s->be = be, s->dspark = opts->dspark;
+    *out = s;
+    return DI_OK;
+}
+
+void di_session_destroy(di_session *s) {
+    if (!s) return;
+    di_cache_destroy(s->cache);
+    free(s);
+}
+
+void di_session_reset(di_session *s) { di_cache_reset(s->cache); }
+
+int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_logits, float *logits,
+                       const di_fwd_opts *opts, di_error *err) {
+    di_error local_err; /* the pass reports through err->code: never NULL inside */
+    if (!err) err = &local_err;
+    const di_config *cfg = &s->m->cfg;
+    int64_t s0 = di_cache_len(s->cache);
+    fwd_ctx c;
+    int rc = fwd_ctx_init(&c, s->m, s->be, s->cache, s0, ids, n, opts, err);
+    if (!rc && s->dspark) {
+        c.main_hidden = fwd_alloc(&c, sizeof(uint16_t) * (size_t)(n * cfg->n_dspark_target_layer_ids * cfg->hidden_size), 1);
+        if (!c.main_hidden) rc = err->code;
+    }
+    if (!rc) rc = di_cache_extend(s->cache, n, err);
+    if (!rc) {
+        rc = fwd_backbone(&c, ids, all_logits, logits);
+        if (!rc && s->dspark) rc = fwd_dspark_fill(&c);
+        if (rc && n <= di_cache_rollback_limit(s->cache)) {
+            di_error ignored;
+            di_cache_rollback(s->cache, n, &ignored); /* leave the sequence as it was */
+        }
+    }
+    fwd_ctx_free(&c);
+    return rc;
+}
+
+int di_session_rollback(di_session *s, int64_t k, di_error *err) { return di_cache_rollback(s->cache, k, err); }
+
+int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
+                     float *logits, const di_fwd_opts *opts, di_error *err) {
+    di_error local_err;
+    if (!err) err = &local_err;
+    if (!s->dspark) return di_error_set(err, DI_ERR_INVALID, "session: DSpark is off for this sequence");
+    int64_t len = di_cache_len(s->cache);
+    if (len < 1) return di_error_set(err, DI_ERR_INVALID, "session: draft before any token");
+    fwd_ctx c;
+    int rc = fwd_ctx_init(&c, s->m, s->be, s->cache, len, NULL, s->m->cfg.dspark_block_size, opts, err);
+    if (!rc) rc = fwd_dspark_draft(&c, token, sample, sample_ctx, ids, conf, logits);
+    fwd_ctx_free(&c);
+    return rc;
+}

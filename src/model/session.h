@@ -1,0 +1,62 @@
+/* One sequence of the V4.1 model on one backend: its compact cache (model/cache.h) and the forward
+ * over any chunk at the current position (spec model.md §3.0b, §3.11) — a one-chunk prefill, a
+ * chunked prefill of any chunk sizes and token-by-token decode are the same causal function and
+ * agree within the reference's own noise — exact rollback, and the DSpark draft step (§4.9).
+ *
+ *   di_session_forward(s, ids, n)   appends positions [len, len+n): every layer reads the window /
+ *                                   compressed KV / Engram history of the earlier positions from the
+ *                                   cache and writes the chunk's; logits of the last (or every) position
+ *   di_session_rollback(s, k)       drops the newest k ≤ spec_margin positions; the cache is then
+ *                                   byte-identical to never having appended them, so continuing gives
+ *                                   identical logits
+ *   di_session_draft(s, token)      with DSpark on: drafts block tokens after the newest position, whose
+ *                                   main-model output is `token`; the prompt prefill (like every
+ *                                   forward) fills the stage windows
+ *
+ * A failed forward rolls its chunk back when the margin allows (else the session needs a reset).
+ * Thread safety: none; distinct sessions are independent (they may share the model and backend only
+ * if the backend is used from one thread at a time). */
+#ifndef DI_MODEL_SESSION_H
+#define DI_MODEL_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/cache.h"
+#include "model/forward.h"
+
+typedef struct di_session_opts {
+    int64_t max_tokens; /* context capacity (positions 0 … max_tokens−1) */
+    int spec_margin;    /* deepest exact rollback (cache.h); < 0 = DI_CACHE_SPEC_MARGIN_DEFAULT */
+    bool dspark;        /* keep the DSpark stage windows (required for di_session_draft) */
+} di_session_opts;
+
+typedef struct di_session {
+    const di_model *m;
+    const di_backend *be;
+    di_cache *cache;
+    bool dspark;
+} di_session;
+
+int di_session_create(const di_model *m, const di_backend *be, const di_session_opts *opts, di_session **out,
+                      di_error *err);
+void di_session_destroy(di_session *s);
+/* A new sequence in the same memory. */
+void di_session_reset(di_session *s);
+static inline int64_t di_session_len(const di_session *s) { return di_cache_len(s->cache); }
+
+/* Append ids[0..n) at positions len … len+n−1. logits: f32 [n, V] when all_logits, else f32 [1, V]
+ * (the last position); may be NULL. opts: dumps / faults (NULL = none). */
+int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_logits, float *logits,
+                       const di_fwd_opts *opts, di_error *err);
+/* Drop the newest k positions exactly (k ≤ di_cache_rollback_limit). */
+int di_session_rollback(di_session *s, int64_t k, di_error *err);
+
+/* DSpark draft after the newest position i = len−1 (len ≥ 1, DSpark on): token = the main model's
+ * output at i (it feeds draft slot 0). ids int32 [block+1] (ids[0] = token, then the drafts for
+ * positions i+2 …), conf f32 [block] raw confidence logits, logits f32 [block, V] with the Markov bias
+ * (may be NULL). sample NULL = greedy. opts: dumps / faults (NULL = none). */
+int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
+                     float *logits, const di_fwd_opts *opts, di_error *err);
+
+#endif
