@@ -116,6 +116,10 @@ typedef struct di_engine di_engine;
 
 typedef struct di_engine_options {
     const char *device;        /* "cpu" (default; the only device today) */
+    const char *runner;        /* "cached" (default): per-request compact caches, one position per decode
+                                * step; "recompute": re-runs the one-shot prefill over the whole history
+                                * for every token — O(T²), the exact baseline the cached runner is
+                                * checked against */
     int32_t n_threads;         /* CPU threads for the model; 0 = one per core */
     int64_t max_context;       /* positions per request; 0 = min(the model's, 4096) */
     int64_t cache_tokens;      /* cache budget in positions over all requests; 0 = max_seqs · max_context */

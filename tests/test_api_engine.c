@@ -21,6 +21,7 @@
 
 typedef struct run_out {
     int32_t tok[MAX_OUT];
+    float lp[MAX_OUT];
     int64_t n;
     char text[1024];
     size_t n_text;
@@ -28,9 +29,10 @@ typedef struct run_out {
     int64_t completion_tokens;
 } run_out;
 
-static di_engine *open_engine(const char *dir) {
+static di_engine *open_engine_with(const char *dir, const char *runner) {
     di_engine_options o;
     di_engine_options_default(&o);
+    o.runner = runner;
     o.n_threads = 1;
     o.max_context = 256;
     o.max_seqs = 8;
@@ -43,6 +45,8 @@ static di_engine *open_engine(const char *dir) {
     if (di_engine_open(dir, &o, &e, &err)) fail_msg("%s", err.msg);
     return e;
 }
+
+static di_engine *open_engine(const char *dir) { return open_engine_with(dir, "cached"); }
 
 /* Steps until every listed request is finished; outputs are indexed like ids (choice 0 only
  * unless outs_c1 is given for choice 1). */
@@ -60,7 +64,10 @@ static void drain(di_engine *e, const int64_t *ids, int n, run_out *outs, run_ou
             for (int i = 0; i < n; i++)
                 if (ids[i] == d[j].id) o = d[j].choice == 0 ? &outs[i] : outs_c1;
             assert_non_null(o);
-            for (int64_t t = 0; t < d[j].n_tokens && o->n < MAX_OUT; t++) o->tok[o->n++] = d[j].tokens[t];
+            for (int64_t t = 0; t < d[j].n_tokens && o->n < MAX_OUT; t++) {
+                o->lp[o->n] = d[j].logprobs ? d[j].logprobs[t].logprob : 0.0f;
+                o->tok[o->n++] = d[j].tokens[t];
+            }
             assert_true(o->n_text + d[j].n_text < sizeof o->text);
             memcpy(o->text + o->n_text, d[j].text, d[j].n_text);
             o->n_text += d[j].n_text;
@@ -138,6 +145,43 @@ static void test_seeded_and_batch_invariant(void **state) {
               differs ? "differs from" : "EQUALS", (long long)st.steps, (long long)st.generated_tokens);
     assert_true(differs);
     di_engine_close(e);
+}
+
+/* The cached runner (per-request sessions, chunked prefill + decode) against the exact recompute
+ * runner (one-shot prefill of the whole history per token): the same greedy tokens, logprobs
+ * within the chunked forward's documented noise (model/forward.h). */
+static void test_cached_matches_recompute(void **state) {
+    (void)state;
+    run_out want[2], got[2];
+    int32_t p[2][11];
+    for (int pass = 0; pass < 2; pass++) {
+        di_engine *e = open_engine_with(tu_data("v41-tiny-nosel"), pass ? "cached" : "recompute");
+        prompt_ids(p[0], 11, 91, di_engine_vocab_size(e)), prompt_ids(p[1], 7, 92, di_engine_vocab_size(e));
+        di_request_options ro;
+        di_request_options_default(&ro);
+        ro.sampling.temperature = 0.0f;
+        ro.sampling.logprobs = 1;
+        ro.max_tokens = 8;
+        int64_t ids[2];
+        di_error err = {0};
+        for (int i = 0; i < 2; i++)
+            if (di_engine_add_tokens(e, p[i], i ? 7 : 11, &ro, &ids[i], &err)) fail_msg("%s", err.msg);
+        drain(e, ids, 2, pass ? got : want, NULL);
+        di_engine_close(e);
+    }
+    double worst = 0.0;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(got[i].n, want[i].n);
+        for (int64_t t = 0; t < got[i].n; t++) {
+            if (got[i].tok[t] != want[i].tok[t])
+                fail_msg("request %d token %lld: cached %d, recompute %d", i, (long long)t, got[i].tok[t], want[i].tok[t]);
+            double d = got[i].lp[t] - want[i].lp[t];
+            if (d < 0) d = -d;
+            if (d > worst) worst = d;
+        }
+    }
+    tu_report("api cached vs recompute runner: 2 x 8 greedy tokens identical, max |logprob diff| %.3g", worst);
+    assert_true(worst < 0.05);
 }
 
 static void test_cancel_and_errors(void **state) {
@@ -308,6 +352,7 @@ static void test_text_and_stop(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seeded_and_batch_invariant),
+        cmocka_unit_test(test_cached_matches_recompute),
         cmocka_unit_test(test_cancel_and_errors),
         cmocka_unit_test(test_grammar),
         cmocka_unit_test(test_text_and_stop),

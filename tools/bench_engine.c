@@ -3,7 +3,7 @@
  *   deepinfer bench engine [--preset tiny|small | --model DIR | --mock] [--requests N]
  *                          [--prompt-tokens P] [--output-tokens O] [--temperature T] [--seed S]
  *                          [--max-seqs M] [--prefill-chunk C] [--threads K] [--sync]
- *                          [--mock-step-ms MS] [--mock-vocab V] [--json]
+ *                          [--runner cached|recompute] [--mock-step-ms MS] [--mock-vocab V] [--json]
  *
  * All N requests arrive at once, each with P random prompt ids and exactly O generated tokens (EOS
  * ignored). The run is repeated with one request, and the ratio of the two output rates is what
@@ -11,11 +11,12 @@
  * inter-token latency and end-to-end latency come from src/engine/engine_bench.h.
  *
  * Runners: --preset writes a random-weight checkpoint of that preset to a temporary directory
- * (removed afterwards); --model uses an existing checkpoint; both run the real model through the
- * engine's current CPU runner. That is the cache-free recompute runner today — every token re-runs
- * the request's whole history and pieces run one after another — so batching cannot raise its rate
- * and the ratio stays near 1; the numbers become meaningful for the model once the cached runner
- * lands. --mock runs the scheduler, executor and sampler over the mock runner (a fixed sleep per
+ * (removed afterwards); --model uses an existing checkpoint; both run the real model on the CPU
+ * through the cached session runner (engine/api_runner.h) or, with --runner recompute, the exact
+ * cache-free one (every token re-runs the whole history). Both run a step's pieces one after
+ * another, one model session per request, so on the CPU batching saves scheduling and sampling
+ * overhead, not model time: the ratio stays near 1 until a runner batches pieces into one forward.
+ * --mock runs the scheduler, executor and sampler over the mock runner (a fixed sleep per
  * step standing in for device time), which isolates the engine's own overhead and shows the
  * batching gain. The mock computes each logits row serially on the CPU (a hash per vocabulary
  * entry), work a device does for all rows at once, so its default vocabulary is small (4,096);
@@ -28,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "engine/api_runner.h"
 #include "engine/engine_bench.h"
 #include "engine/mock_runner.h"
 #include "engine/recompute_runner.h"
@@ -40,18 +42,20 @@ typedef struct bench_runner {
     di_model *model;
     di_backend *be;
     di_recompute_runner *rr;
+    di_session_runner *sr;
 } bench_runner;
 
 static void runner_free(bench_runner *r) {
     di_mock_runner_free(r->mock);
     di_recompute_runner_free(r->rr);
+    di_session_runner_free(r->sr);
     if (r->be) di_backend_destroy(r->be);
     if (r->model) di_model_close(r->model);
     memset(r, 0, sizeof *r);
 }
 
 /* A fresh runner per run, so the N-request and 1-request runs start from the same state. */
-static int runner_open(bench_runner *r, const char *model_dir, double mock_step_s, int32_t mock_vocab, int64_t max_context, int32_t max_seqs,
+static int runner_open(bench_runner *r, const char *model_dir, bool recompute, double mock_step_s, int32_t mock_vocab, int64_t max_context, int32_t max_seqs,
                        int threads, di_error *err) {
     memset(r, 0, sizeof *r);
     enum { BLOCK = 16 };
@@ -63,7 +67,8 @@ static int runner_open(bench_runner *r, const char *model_dir, double mock_step_
     }
     int rc = di_model_open(model_dir, &r->model, err);
     if (!rc) rc = di_backend_cpu_create(threads, &r->be, err);
-    if (!rc) rc = di_recompute_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->rr, &r->iface, err);
+    if (!rc && recompute) rc = di_recompute_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->rr, &r->iface, err);
+    else if (!rc) rc = di_session_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->sr, &r->iface, err);
     if (rc) runner_free(r);
     return rc;
 }
@@ -88,6 +93,7 @@ int bench_engine(int argc, char **argv) {
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench engine", .json = cli_flag(&a, "json")};
     const char *preset = cli_str(&a, "preset", NULL), *model = cli_str(&a, "model", NULL);
+    const char *runner_name = cli_str(&a, "runner", "cached");
     bool mock = cli_flag(&a, "mock"), sync = cli_flag(&a, "sync");
     long long n, p, o, seed, max_seqs, chunk, threads, mock_vocab;
     double temp, step_ms;
@@ -103,6 +109,9 @@ int bench_engine(int argc, char **argv) {
     if ((mock != 0) + (preset != NULL) + (model != NULL) > 1)
         return cli_fail(&cli, "give one of --preset, --model and --mock");
     if (!mock && !model && !preset) preset = "tiny";
+    if (strcmp(runner_name, "cached") && strcmp(runner_name, "recompute"))
+        return cli_fail(&cli, "--runner expects cached or recompute, got '%s'", runner_name);
+    const bool recompute = !strcmp(runner_name, "recompute");
     if (threads == 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         threads = c > 0 ? c : 1;
@@ -136,7 +145,7 @@ int bench_engine(int argc, char **argv) {
     int rc = DI_OK;
     for (int run = 0; !rc && run < 2; run++) {
         bench_runner r;
-        rc = runner_open(&r, mock ? NULL : model, step_ms * 1e-3, (int32_t)mock_vocab, max_context, (int32_t)max_seqs, (int)threads, &err);
+        rc = runner_open(&r, mock ? NULL : model, recompute, step_ms * 1e-3, (int32_t)mock_vocab, max_context, (int32_t)max_seqs, (int)threads, &err);
         if (rc) break;
         bo.n_requests = run == 0 ? (int32_t)n : 1;
         fprintf(stderr, "bench engine: %d request(s) x (%lld + %lld) tokens...\n", bo.n_requests, p, o);
@@ -150,7 +159,7 @@ int bench_engine(int argc, char **argv) {
     }
     if (rc) return cli_fail_err(&cli, &err);
     double ratio = one.output_tok_per_s > 0 ? many.output_tok_per_s / one.output_tok_per_s : 0.0;
-    const char *runner = mock ? "mock" : "recompute (cache-free, CPU)";
+    const char *runner = mock ? "mock" : recompute ? "recompute (cache-free, CPU)" : "cached (sessions, CPU)";
     if (cli.json) {
         json_t *doc = json_pack("{s:s,s:s,s:s?,s:I,s:I,s:I,s:f,s:b,s:I,s:o,s:o,s:f}", "command", "bench engine", "runner",
                                 runner, "preset", preset, "requests", (json_int_t)n, "prompt_tokens", (json_int_t)p,

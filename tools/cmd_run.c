@@ -2,7 +2,7 @@
  *
  *   deepinfer run --model DIR --input requests.jsonl --output results.jsonl
  *                 [--max-seqs N] [--max-context N] [--prefill-chunk N] [--threads N] [--seed S]
- *                 [--device cpu] [--quiet] [--json]
+ *                 [--runner cached|recompute] [--device cpu] [--quiet] [--json]
  *
  * Input: one JSON object per line (blank lines are skipped), any of
  *   {"custom_id": "a", "url": "/v1/chat/completions", "body": {...}}   OpenAI batch-file line
@@ -462,7 +462,7 @@ int cmd_run(int argc, char **argv) {
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "run", .json = cli_flag(&a, "json")};
     const char *model = cli_str(&a, "model", NULL), *in = cli_str(&a, "input", NULL), *outp = cli_str(&a, "output", NULL);
-    const char *device = "cpu";
+    const char *device = "cpu", *runner = cli_str(&a, "runner", "cached");
     long long max_seqs = 16, max_ctx = 0, chunk = 512, threads = 0, seed = 0;
     bool quiet = cli_flag(&a, "quiet");
     bool ok = cli_device(&cli, &a, &device) && cli_int(&cli, &a, "max-seqs", 16, 1, 4096, &max_seqs) &&
@@ -479,6 +479,7 @@ int cmd_run(int argc, char **argv) {
     di_engine_options eo;
     di_engine_options_default(&eo);
     eo.device = device;
+    eo.runner = runner;
     eo.max_seqs = (int32_t)max_seqs;
     eo.max_context = max_ctx;
     eo.prefill_chunk = (int32_t)chunk;

@@ -55,6 +55,7 @@ class TokenLogprobs(ctypes.Structure):
 class EngineOptions(ctypes.Structure):
     _fields_ = [
         ("device", ctypes.c_char_p),
+        ("runner", ctypes.c_char_p),
         ("n_threads", ctypes.c_int32),
         ("max_context", ctypes.c_int64),
         ("cache_tokens", ctypes.c_int64),

@@ -79,15 +79,18 @@ class _Pending:
 
 class LLM:
     """An engine on one checkpoint directory. max_num_seqs: requests per step; max_model_len:
-    positions per request (0 = the engine's default); seed: seeds requests that bring none."""
+    positions per request (0 = the engine's default); seed: seeds requests that bring none;
+    runner: "cached" (per-request caches) or "recompute" (the exact cache-free baseline)."""
 
     def __init__(self, model: str, *, max_num_seqs: int = 16, max_model_len: int = 0, seed: int = 0,
-                 num_threads: int = 0, prefill_chunk: int = 512, device: str = "cpu"):
+                 num_threads: int = 0, prefill_chunk: int = 512, device: str = "cpu", runner: str = "cached"):
         L = C.lib()
         opt = C.EngineOptions()
         L.di_engine_options_default(ctypes.byref(opt))
         self._device = device.encode()
         opt.device = self._device
+        self._runner = runner.encode()
+        opt.runner = self._runner
         opt.max_seqs = max_num_seqs
         opt.max_context = max_model_len
         opt.n_threads = num_threads

@@ -73,6 +73,15 @@ class TestTokenPrompts(unittest.TestCase):
         self.assertEqual(s.token_ids, g.token_ids[:2])
         self.assertEqual(s.finish_reason, "stop")
 
+    def test_recompute_runner_agrees(self):
+        sp = SamplingParams(temperature=0.7, seed=9, max_tokens=4)
+        exact = LLM(GOLDEN, max_model_len=64, num_threads=1, runner="recompute")
+        try:
+            want = exact.generate([PROMPT_A], sp)[0].outputs[0].token_ids
+        finally:
+            exact.close()
+        self.assertEqual(self.llm.generate([PROMPT_A], sp)[0].outputs[0].token_ids, want)
+
     def test_errors(self):
         with self.assertRaises(DeepInferError) as cm:
             self.llm.generate([[0, self.llm.vocab_size]], SamplingParams(max_tokens=2))

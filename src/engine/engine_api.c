@@ -1,9 +1,9 @@
 /* Public engine API (include/deepinfer.h) over the engine core.
  *
  * The pieces it wires together:
- *   model      di_model_open + the CPU backend + a model runner. Today that runner is the cache-free
- *              recompute runner (exact, O(T²) per request); the cached chunked runner replaces it in
- *              open_runner() alone — nothing above the di_model_runner interface changes.
+ *   model      di_model_open + the CPU backend + a model runner, chosen in open_runner() alone:
+ *              the cached session runner (api_runner.h) or the exact cache-free recompute runner;
+ *              nothing above the di_model_runner interface knows which.
  *   tokenizer  the checkpoint's tokenizer.json when present: text prompts, the detokenizer the core
  *              uses for text deltas and stop strings, and the grammar vocabulary.
  *   grammar    compiled once per request, one matcher per choice, plugged into the core as the
@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "deepinfer.h"
 #include "engine/api_protocol.h"
+#include "engine/api_runner.h"
 #include "engine/engine_core.h"
 #include "engine/idmap.h"
 #include "engine/recompute_runner.h"
@@ -58,7 +59,8 @@ struct di_engine {
     di_engine_options opt;
     di_model *model;
     di_backend *be;
-    di_recompute_runner *rr;
+    di_recompute_runner *rr;    /* one of rr / sr is open */
+    di_session_runner *sr;
     di_model_runner runner;
     di_core *core;
     di_tokenizer *tok;                    /* NULL: the checkpoint ships no tokenizer */
@@ -76,6 +78,7 @@ struct di_engine {
 
 void di_engine_options_default(di_engine_options *o) {
     *o = (di_engine_options){.device = "cpu",
+                             .runner = "cached",
                              .max_seqs = 64,
                              .max_step_tokens = 2048,
                              .prefill_chunk = 512,
@@ -117,6 +120,9 @@ static int open_runner(di_engine *e, di_error *err) {
     int64_t cache = o->cache_tokens > 0 ? o->cache_tokens : (int64_t)o->max_seqs * o->max_context;
     int64_t n_blocks = (cache + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
     if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+    if (!o->runner || !strcmp(o->runner, "cached"))
+        return di_session_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->sr,
+                                     &e->runner, err);
     return di_recompute_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->rr,
                                    &e->runner, err);
 }
@@ -135,6 +141,9 @@ int di_engine_open(const char *dir, const di_engine_options *opt, di_engine **ou
     if (o->device && strcmp(o->device, "cpu"))
         rc = di_error_set(err, DI_ERR_UNSUPPORTED, "engine: device \"%s\" is not available, expected \"cpu\"",
                           o->device);
+    if (!rc && o->runner && strcmp(o->runner, "cached") && strcmp(o->runner, "recompute"))
+        rc = di_error_set(err, DI_ERR_INVALID, "engine: runner \"%s\", expected \"cached\" or \"recompute\"",
+                          o->runner);
     if (!rc && (o->max_seqs < 1 || o->prefill_chunk < 1 || o->max_step_tokens < o->prefill_chunk))
         rc = di_error_set(err, DI_ERR_INVALID,
                           "engine: max_seqs %d, prefill_chunk %d, max_step_tokens %lld; expected max_seqs >= 1 and "
@@ -194,6 +203,7 @@ void di_engine_close(di_engine *e) {
     if (!e) return;
     di_core_free(e->core); /* releases the matchers of requests still held */
     di_recompute_runner_free(e->rr);
+    di_session_runner_free(e->sr);
     if (e->be) di_backend_destroy(e->be);
     if (e->model) di_model_close(e->model);
     di_grammar_vocab_free(e->gvocab);
