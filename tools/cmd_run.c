@@ -170,6 +170,7 @@ static int raw_options(run_job *j, json_t *o, di_error *err) {
             if (!json_is_string(s) || !json_string_length(s))
                 return di_error_set(err, DI_ERR_INVALID, "stop[%zu]: expected a non-empty string", i);
             j->raw_stop[i] = strdup(json_string_value(s));
+            if (!j->raw_stop[i]) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
         }
         ro->stop = (const char *const *)j->raw_stop;
         ro->n_stop = (int32_t)n;
@@ -499,11 +500,19 @@ int cmd_run(int argc, char **argv) {
         return cli_fail(&cli, "cannot write %s", outp);
     }
     di_idmap_init(&s.jobs);
-    for (size_t i = 0; i < len; i++) s.n_lines += text[i] == '\n' || (i + 1 == len);
+    /* lines with content, for the progress total */
+    for (size_t i = 0, blank_line = 1; i < len; i++) {
+        if (text[i] == '\n') {
+            blank_line = 1;
+        } else if (blank_line && text[i] != ' ' && text[i] != '\t' && text[i] != '\r') {
+            s.n_lines++;
+            blank_line = 0;
+        }
+    }
     s.t0 = di_now();
     const int64_t window = 4 * max_seqs;
     size_t pos = 0;
-    int64_t line_no = 0, blank = 0;
+    int64_t line_no = 0;
     di_delta d[64];
     int rc = DI_OK;
     while (!rc) {
@@ -515,10 +524,7 @@ int cmd_run(int argc, char **argv) {
             while (b < e && (text[b] == ' ' || text[b] == '\t' || text[b] == '\r')) b++;
             while (e > b && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\r')) e--;
             pos = end + 1;
-            if (b == e) {
-                blank++;
-                continue;
-            }
+            if (b == e) continue;
             run_job *j = calloc(1, sizeof *j);
             if (!j) {
                 rc = di_error_set(&err, DI_ERR_NOMEM, "out of memory");
@@ -537,7 +543,6 @@ int cmd_run(int argc, char **argv) {
             for (int32_t i = 0; i < k; i++) on_delta(&s, &d[i]);
         progress(&s, 0);
     }
-    s.n_lines -= blank;
     progress(&s, 1);
     di_engine_stats st;
     di_engine_get_stats(s.e, &st);
