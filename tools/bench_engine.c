@@ -55,8 +55,8 @@ static void runner_free(bench_runner *r) {
 }
 
 /* A fresh runner per run, so the N-request and 1-request runs start from the same state. */
-static int runner_open(bench_runner *r, const char *model_dir, bool recompute, double mock_step_s, int32_t mock_vocab, int64_t max_context, int32_t max_seqs,
-                       int threads, di_error *err) {
+static int runner_open(bench_runner *r, const char *model_dir, bool recompute, double mock_step_s, int32_t mock_vocab,
+                       int64_t max_context, int32_t max_seqs, int threads, di_error *err) {
     memset(r, 0, sizeof *r);
     enum { BLOCK = 16 };
     int32_t n_blocks = (int32_t)((max_context * max_seqs + BLOCK - 1) / BLOCK);
@@ -145,7 +145,8 @@ int bench_engine(int argc, char **argv) {
     int rc = DI_OK;
     for (int run = 0; !rc && run < 2; run++) {
         bench_runner r;
-        rc = runner_open(&r, mock ? NULL : model, recompute, step_ms * 1e-3, (int32_t)mock_vocab, max_context, (int32_t)max_seqs, (int)threads, &err);
+        rc = runner_open(&r, mock ? NULL : model, recompute, step_ms * 1e-3, (int32_t)mock_vocab, max_context,
+                         (int32_t)max_seqs, (int)threads, &err);
         if (rc) break;
         bo.n_requests = run == 0 ? (int32_t)n : 1;
         fprintf(stderr, "bench engine: %d request(s) x (%lld + %lld) tokens...\n", bo.n_requests, p, o);
