@@ -120,8 +120,13 @@ int di_api_job_prepare(di_engine *e, di_api api, const char *body, size_t len, d
     ro->sampling.logprobs = s->logprobs;
     ro->sampling.n_top_logprobs = s->top_logprobs;
     ro->n = s->n > 0 ? s->n : 1;
-    ro->stop = (const char *const *)job->req.parse.stop;
-    ro->n_stop = (int32_t)job->req.parse.n_stop;
+    /* Stop strings apply to the answer only (text/stream.h). Without thinking the whole output is the
+     * answer, so the engine can stop on them itself; in thinking mode the reasoning must not trigger
+     * them, so the output parser decides (di_stream_done) and the caller cancels the request. */
+    if (!job->req.conv.thinking) {
+        ro->stop = (const char *const *)job->req.parse.stop;
+        ro->n_stop = (int32_t)job->req.parse.n_stop;
+    }
     ro->thinking = job->req.conv.thinking;
     switch (job->req.constraint) {
     case DI_CONSTRAINT_JSON: ro->grammar_kind = DI_GRAMMAR_JSON_SCHEMA; break;
