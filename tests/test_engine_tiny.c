@@ -95,7 +95,7 @@ static void run_engine(const di_model *m, const di_backend *be, req *r, int n, i
                 q->tok[q->n] = d[j].tokens[t];
                 q->lp[q->n++] = d[j].logprobs[t].logprob;
             }
-            if (d[j].finish == DI_FINISH_ERROR) fail_msg("%s", d[j].error);
+            if (d[j].finish == DI_FINISH_REASON_ERROR) fail_msg("%s", d[j].error);
             if (d[j].finish) done++;
         }
     }

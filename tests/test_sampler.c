@@ -339,7 +339,7 @@ static void test_stages_by_hand(void **state) {
     assert_int_equal(greedy(s, x, &p, NULL, 0, o, 4, NULL), 0);
     p.presence_penalty = 0.0f;
     /* logit bias after penalties */
-    di_logit_bias b[2] = {{5, 2.5f}, {0, -1.0f}};
+    di_token_bias b[2] = {{5, 2.5f}, {0, -1.0f}};
     p.logit_bias = b;
     p.n_logit_bias = 2;
     assert_int_equal(greedy(s, x, &p, NULL, 0, NULL, 0, NULL), 5);
@@ -394,7 +394,7 @@ static void test_stages_by_hand(void **state) {
 
 /* ---- whole pipeline vs the reference ---- */
 
-static void random_params(di_sampling_params *p, di_logit_bias *bias, int32_t V, int i) {
+static void random_params(di_sampling_params *p, di_token_bias *bias, int32_t V, int i) {
     *p = di_sampling_params_default();
     p->seed = rnd();
     p->temperature = (i % 7 == 0) ? 0.0f : rnd_f(0.3f, 1.6f);
@@ -406,7 +406,7 @@ static void random_params(di_sampling_params *p, di_logit_bias *bias, int32_t V,
     if (i % 5 == 0) p->presence_penalty = rnd_f(-0.5f, 1.0f);
     if (i % 3 == 1) {
         p->n_logit_bias = 3;
-        for (int j = 0; j < 3; j++) bias[j] = (di_logit_bias){(int32_t)(rnd() % (uint64_t)V), rnd_f(-5.0f, 5.0f)};
+        for (int j = 0; j < 3; j++) bias[j] = (di_token_bias){(int32_t)(rnd() % (uint64_t)V), rnd_f(-5.0f, 5.0f)};
         bias[1].token = (bias[0].token + 1) % V; /* distinct from bias[0] */
         bias[2].token = (bias[0].token + 2) % V;
         p->logit_bias = bias;
@@ -422,7 +422,7 @@ static void run_against_reference(int32_t V, int n_rows) {
     float *x = malloc((size_t)V * sizeof *x);
     uint32_t *mask = malloc((size_t)(V + 31) / 32 * sizeof *mask);
     int32_t prompt[64], out[64];
-    di_logit_bias bias[3];
+    di_token_bias bias[3];
     for (int i = 0; i < n_rows; i++) {
         fill_row(x, V, i);
         di_sampling_params p;
@@ -540,7 +540,7 @@ static void test_row_independent(void **state) {
     assert_int_equal(di_sampler_new(V, &b, NULL), DI_OK);
     float *x = malloc((size_t)V * sizeof *x), *y = malloc((size_t)V * sizeof *y);
     fill_row(x, V, 0);
-    di_logit_bias bias[3];
+    di_token_bias bias[3];
     di_sampling_params p;
     random_params(&p, bias, V, 1);
     p.repetition_penalty = 1.3f;
@@ -554,7 +554,7 @@ static void test_row_independent(void **state) {
     for (int i = 0; i < 50; i++) {
         fill_row(y, V, i);
         di_sampling_params q;
-        di_logit_bias qb[3];
+        di_token_bias qb[3];
         random_params(&q, qb, V, i + 3);
         const int32_t h2[] = {1, 2, 3, 9, 9, 4000, 4000};
         di_sample_row other = {y, &q, h2, 3, h2 + 3, 4, NULL, i, 1};
@@ -659,7 +659,7 @@ static void test_bad_input(void **state) {
     p.n_top_logprobs = 21;
     assert_int_equal(di_sampler_sample(s, &row, &r, &err), DI_ERR_INVALID);
     p.n_top_logprobs = 0;
-    di_logit_bias lb = {16, 1.0f};
+    di_token_bias lb = {16, 1.0f};
     p.logit_bias = &lb;
     p.n_logit_bias = 1;
     assert_int_equal(di_sampler_sample(s, &row, &r, &err), DI_ERR_INVALID);

@@ -47,7 +47,7 @@ typedef struct job {
     int32_t *prompt;
     int64_t n_prompt;
     di_seq_params p;
-    di_logit_bias bias;
+    di_token_bias bias;
     const char *stop[2];
     int32_t stop_id;
     int64_t add_at;     /* step at which it is added */
@@ -131,8 +131,8 @@ static void run_jobs(const di_mock_options *mo, const di_core_options *co, job *
                 o->n_text += d[j].n_text;
                 o->text[o->n_text] = 0;
                 o->preemptions = d[j].preemptions;
-                if (d[j].finish != DI_FINISH_NONE) {
-                    if (d[j].finish == DI_FINISH_ERROR) fail_msg("job %lld failed: %s", (long long)d[j].id, d[j].error);
+                if (d[j].finish != DI_FINISH_REASON_NONE) {
+                    if (d[j].finish == DI_FINISH_REASON_ERROR) fail_msg("job %lld failed: %s", (long long)d[j].id, d[j].error);
                     o->fin = d[j].finish;
                     o->reported = 1;
                     done++;
@@ -186,7 +186,7 @@ static void make_jobs(job *j, int n, int64_t max_prompt, int64_t max_out) {
         p->sampling.logprobs = 1;
         p->sampling.n_top_logprobs = (int32_t)rnd_in(0, 4);
         if (i % 5 == 4) {
-            j[i].bias = (di_logit_bias){EOS, 6.0f};
+            j[i].bias = (di_token_bias){EOS, 6.0f};
             p->sampling.logit_bias = &j[i].bias;
             p->sampling.n_logit_bias = 1;
         }
@@ -222,7 +222,7 @@ static void plain_generate(const di_mock_options *mo, const job *j, outcome *o) 
     o->tok = malloc((size_t)j->p.max_tokens * sizeof *o->tok);
     o->lp = calloc((size_t)j->p.max_tokens, sizeof *o->lp);
     int64_t len = j->n_prompt;
-    o->fin = DI_FINISH_LENGTH;
+    o->fin = DI_FINISH_REASON_LENGTH;
     while (o->n < j->p.max_tokens && len < mo->max_context) {
         di_mock_logits(mo, hist, len, logits);
         di_sample_row row = {logits, &j->p.sampling, j->prompt, j->n_prompt, hist + j->n_prompt, o->n, NULL, len, j->p.choice};
@@ -236,7 +236,7 @@ static void plain_generate(const di_mock_options *mo, const job *j, outcome *o) 
         o->n++;
         hist[len++] = r.token;
         if (r.token == EOS) {
-            o->fin = DI_FINISH_STOP;
+            o->fin = DI_FINISH_REASON_STOP;
             break;
         }
     }
@@ -472,12 +472,12 @@ static void test_cancellation(void **state) {
         jobs[0].cancel_at = 500; /* after it finished: ignored */
         run_info info;
         run_jobs(&mo, &co, jobs, N, got, &info, 0);
-        assert_int_equal(got[1].fin, DI_FINISH_CANCELLED);
+        assert_int_equal(got[1].fin, DI_FINISH_REASON_CANCELLED);
         assert_int_equal(got[1].n, 0);
-        assert_int_equal(got[2].fin, DI_FINISH_CANCELLED);
+        assert_int_equal(got[2].fin, DI_FINISH_REASON_CANCELLED);
         assert_true(got[2].n > 0 && got[2].n < ref[2].n);
         assert_memory_equal(got[2].tok, ref[2].tok, (size_t)got[2].n * sizeof *got[2].tok); /* a prefix */
-        assert_int_equal(got[7].fin, DI_FINISH_CANCELLED);
+        assert_int_equal(got[7].fin, DI_FINISH_REASON_CANCELLED);
         assert_int_equal(got[7].n, 0);
         for (int i = 0; i < N; i++)
             if (i != 1 && i != 2 && i != 7) assert_same_outcome(&got[i], &ref[i], "with cancellations", i);
@@ -508,7 +508,7 @@ static void test_stop_conditions(void **state) {
     run_jobs(&mo, &co, jobs, N, ref, NULL, 0);
     int spanning = 0;
     for (int i = 0; i < N; i++) {
-        assert_int_equal(ref[i].fin, DI_FINISH_LENGTH);
+        assert_int_equal(ref[i].fin, DI_FINISH_REASON_LENGTH);
         assert_int_equal(ref[i].n, 50);
         /* token boundaries in the text */
         size_t bound[51];
@@ -532,7 +532,7 @@ static void test_stop_conditions(void **state) {
         j.p.n_stop = 2;
         outcome got;
         run_jobs(&mo, &co, &j, 1, &got, NULL, 0);
-        assert_int_equal(got.fin, DI_FINISH_STOP);
+        assert_int_equal(got.fin, DI_FINISH_REASON_STOP);
         assert_int_equal(got.n_text, cut);
         assert_memory_equal(got.text, ref[i].text, cut);
         assert_int_equal(got.n, last_tok + 1);
@@ -546,7 +546,7 @@ static void test_stop_conditions(void **state) {
         run_jobs(&mo, &co, &j, 1, &got, NULL, 0);
         int64_t firsti = 0;
         while (ref[i].tok[firsti] != j.stop_id) firsti++;
-        assert_int_equal(got.fin, DI_FINISH_STOP);
+        assert_int_equal(got.fin, DI_FINISH_REASON_STOP);
         assert_int_equal(got.n, firsti + 1);
         assert_int_equal(got.n_text, bound[firsti]);
         outcome_free(&got, 1);
@@ -608,7 +608,7 @@ static void test_limits(void **state) {
     p.prefill_chunk = 65;
     assert_int_equal(di_core_add(c, 5, prompt, 10, &p, &err), DI_ERR_INVALID);
     p.prefill_chunk = 0;
-    di_logit_bias dup[2] = {{7, 1.0f}, {7, -1.0f}};
+    di_token_bias dup[2] = {{7, 1.0f}, {7, -1.0f}};
     p.sampling.logit_bias = dup;
     p.sampling.n_logit_bias = 2;
     assert_int_equal(di_core_add(c, 8, prompt, 10, &p, &err), DI_ERR_INVALID);
@@ -626,13 +626,13 @@ static void test_limits(void **state) {
     assert_int_equal(di_core_cancel(c, 77, &err), DI_ERR_INVALID);
     di_core_delta d[4];
     int64_t n = 0;
-    di_finish_reason fin = DI_FINISH_NONE;
-    while (fin == DI_FINISH_NONE) {
+    di_finish_reason fin = DI_FINISH_REASON_NONE;
+    while (fin == DI_FINISH_REASON_NONE) {
         assert_int_equal(di_core_step(c, &err), DI_OK);
         int32_t k = di_core_poll(c, d, 4);
         for (int32_t i = 0; i < k; i++) n += d[i].n_tokens, fin = d[i].finish ? d[i].finish : fin;
     }
-    assert_int_equal(fin, DI_FINISH_LENGTH);
+    assert_int_equal(fin, DI_FINISH_REASON_LENGTH);
     assert_int_equal(n, 10);
     di_core_free(c);
     di_mock_runner_free(mock);
@@ -752,7 +752,7 @@ static void test_constraint_hook(void **state) {
     di_constraint con[N];
     for (int i = 0; i < N; i++) {
         mc[i] = (mod_constraint){.modulus = 5 + i, .last = -1};
-        con[i] = (di_constraint){&mc[i], mod_fill, mod_accept};
+        con[i] = (di_constraint){&mc[i], mod_fill, mod_accept, NULL};
         jobs[i].p.constraint = &con[i];
         jobs[i].p.ignore_eos = 1;
         jobs[i].p.max_tokens = 30;
@@ -824,7 +824,7 @@ static void test_errors_are_per_request(void **state) {
         p.sampling.seed = 1;
         assert_int_equal(di_core_add(c, 0, prompt, 8, &p, &err), DI_OK); /* in the failing forward */
         int64_t accepted = 0;
-        di_constraint con = {&accepted, none_after_5, count_accept};
+        di_constraint con = {&accepted, none_after_5, count_accept, NULL};
         di_seq_params pc = p;
         pc.constraint = &con;
         di_finish_reason fin[3] = {0};
@@ -843,12 +843,12 @@ static void test_errors_are_per_request(void **state) {
             poll_all(c, fin, ntok, msg, 3);
         }
         poll_all(c, fin, ntok, msg, 3);
-        assert_int_equal(fin[0], DI_FINISH_ERROR);
+        assert_int_equal(fin[0], DI_FINISH_REASON_ERROR);
         assert_non_null(strstr(msg[0], "injected failure"));
-        assert_int_equal(fin[1], DI_FINISH_ERROR);
+        assert_int_equal(fin[1], DI_FINISH_REASON_ERROR);
         assert_non_null(strstr(msg[1], "no token is allowed"));
         assert_int_equal(ntok[1], 5);
-        assert_int_equal(fin[2], DI_FINISH_LENGTH);
+        assert_int_equal(fin[2], DI_FINISH_REASON_LENGTH);
         assert_int_equal(ntok[2], 20);
         assert_int_equal(di_core_scheduler(c)->pool.n_free, di_core_scheduler(c)->pool.n_blocks);
         di_core_free(c);
@@ -887,7 +887,7 @@ static void test_many_requests(void **state) {
             for (int32_t j = 0; j < k; j++) {
                 tokens += d[j].n_tokens;
                 if (d[j].finish) {
-                    assert_true(d[j].finish == DI_FINISH_LENGTH || d[j].finish == DI_FINISH_STOP);
+                    assert_true(d[j].finish == DI_FINISH_REASON_LENGTH || d[j].finish == DI_FINISH_REASON_STOP);
                     finished++;
                 }
             }
@@ -964,14 +964,14 @@ static void test_random_operations(void **state) {
             check_invariants(c, max_seqs);
             int32_t k = di_core_poll(c, d, 16);
             for (int32_t j = 0; j < k; j++) {
-                if (d[j].finish == DI_FINISH_ERROR) fail_msg("iter %d: %s", iter, d[j].error);
-                finished += d[j].finish != DI_FINISH_NONE;
+                if (d[j].finish == DI_FINISH_REASON_ERROR) fail_msg("iter %d: %s", iter, d[j].error);
+                finished += d[j].finish != DI_FINISH_REASON_NONE;
             }
         }
         while (finished < next_id) {
             int32_t k = di_core_poll(c, d, 16);
             if (!k) break;
-            for (int32_t j = 0; j < k; j++) finished += d[j].finish != DI_FINISH_NONE;
+            for (int32_t j = 0; j < k; j++) finished += d[j].finish != DI_FINISH_REASON_NONE;
         }
         assert_int_equal(finished, next_id);
         di_core_step(c, &err);

@@ -1,10 +1,182 @@
-/* deepinfer bench engine — body arrives with issue 7; until then it fails with a clear reason. */
+/* deepinfer bench engine — throughput and latency of the engine for N concurrent requests.
+ *
+ *   deepinfer bench engine [--preset tiny|small | --model DIR | --mock] [--requests N]
+ *                          [--prompt-tokens P] [--output-tokens O] [--temperature T] [--seed S]
+ *                          [--max-seqs M] [--prefill-chunk C] [--threads K] [--sync]
+ *                          [--runner cached|recompute] [--mock-step-ms MS] [--mock-vocab V] [--json]
+ *
+ * All N requests arrive at once, each with P random prompt ids and exactly O generated tokens (EOS
+ * ignored). The run is repeated with one request, and the ratio of the two output rates is what
+ * continuous batching buys. Percentiles (p50 / p90 / p99, nearest rank) of time to first token,
+ * inter-token latency and end-to-end latency come from src/engine/engine_bench.h.
+ *
+ * Runners: --preset writes a random-weight checkpoint of that preset to a temporary directory
+ * (removed afterwards); --model uses an existing checkpoint; both run the real model on the CPU
+ * through the cached session runner (engine/api_runner.h) or, with --runner recompute, the exact
+ * cache-free one (every token re-runs the whole history). Both run a step's pieces one after
+ * another, one model session per request, so on the CPU batching saves scheduling and sampling
+ * overhead, not model time: the ratio stays near 1 until a runner batches pieces into one forward.
+ * --mock runs the scheduler, executor and sampler over the mock runner (a fixed sleep per
+ * step standing in for device time), which isolates the engine's own overhead and shows the
+ * batching gain. The mock computes each logits row serially on the CPU (a hash per vocabulary
+ * entry), work a device does for all rows at once, so its default vocabulary is small (4,096);
+ * --mock-vocab 129280 adds the full-vocabulary sampler cost at the price of that artefact. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
 #include "cli.h"
+#include "engine/api_runner.h"
+#include "engine/engine_bench.h"
+#include "engine/mock_runner.h"
+#include "engine/recompute_runner.h"
+#include "model/mkmodel.h"
+#include "model/weights.h"
+
+typedef struct bench_runner {
+    di_model_runner iface;
+    di_mock_runner *mock;
+    di_model *model;
+    di_backend *be;
+    di_recompute_runner *rr;
+    di_session_runner *sr;
+} bench_runner;
+
+static void runner_free(bench_runner *r) {
+    di_mock_runner_free(r->mock);
+    di_recompute_runner_free(r->rr);
+    di_session_runner_free(r->sr);
+    if (r->be) di_backend_destroy(r->be);
+    if (r->model) di_model_close(r->model);
+    memset(r, 0, sizeof *r);
+}
+
+/* A fresh runner per run, so the N-request and 1-request runs start from the same state. */
+static int runner_open(bench_runner *r, const char *model_dir, bool recompute, double mock_step_s, int32_t mock_vocab,
+                       int64_t max_context, int32_t max_seqs, int threads, di_error *err) {
+    memset(r, 0, sizeof *r);
+    enum { BLOCK = 16 };
+    int32_t n_blocks = (int32_t)((max_context * max_seqs + BLOCK - 1) / BLOCK);
+    if (!model_dir) {
+        di_mock_options mo = {.n_vocab = mock_vocab, .max_context = max_context, .block_tokens = BLOCK,
+                              .n_blocks = n_blocks, .salt = 1, .sharpness = 12.0f, .step_sleep_s = mock_step_s};
+        return di_mock_runner_new(&mo, &r->mock, &r->iface, err);
+    }
+    int rc = di_model_open(model_dir, &r->model, err);
+    if (!rc) rc = di_backend_cpu_create(threads, &r->be, err);
+    if (!rc && recompute) rc = di_recompute_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->rr, &r->iface, err);
+    else if (!rc) rc = di_session_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->sr, &r->iface, err);
+    if (rc) runner_free(r);
+    return rc;
+}
+
+static json_t *result_json(const di_engine_bench_result *r) {
+    return json_pack("{s:f,s:f,s:f,s:I,s:I,s:I,s:f,s:f,s:[f,f,f],s:[f,f,f],s:[f,f,f]}", "wall_s", r->wall_s,
+                     "output_tok_per_s", r->output_tok_per_s, "total_tok_per_s", r->total_tok_per_s, "generated",
+                     (json_int_t)r->generated, "steps", (json_int_t)r->steps, "preemptions", (json_int_t)r->preemptions,
+                     "forward_s", r->forward_s, "sample_s", r->sample_s, "ttft_s", r->ttft_s[0], r->ttft_s[1],
+                     r->ttft_s[2], "itl_s", r->itl_s[0], r->itl_s[1], r->itl_s[2], "e2e_s", r->e2e_s[0], r->e2e_s[1],
+                     r->e2e_s[2]);
+}
+
+static void print_row(const char *label, const di_engine_bench_result *r) {
+    printf("%-12s %9.1f %9.1f  %7.1f %7.1f %7.1f  %7.2f %7.2f %7.2f  %7.1f %7.1f  %6lld\n", label, r->output_tok_per_s,
+           r->total_tok_per_s, 1e3 * r->ttft_s[0], 1e3 * r->ttft_s[1], 1e3 * r->ttft_s[2], 1e3 * r->itl_s[0],
+           1e3 * r->itl_s[1], 1e3 * r->itl_s[2], 1e3 * r->e2e_s[0], 1e3 * r->e2e_s[2], (long long)r->steps);
+}
 
 int bench_engine(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench engine", .json = cli_flag(&a, "json")};
+    const char *preset = cli_str(&a, "preset", NULL), *model = cli_str(&a, "model", NULL);
+    const char *runner_name = cli_str(&a, "runner", "cached");
+    bool mock = cli_flag(&a, "mock"), sync = cli_flag(&a, "sync");
+    long long n, p, o, seed, max_seqs, chunk, threads, mock_vocab;
+    double temp, step_ms;
+    bool ok = cli_int(&cli, &a, "requests", 8, 1, 100000, &n) && cli_int(&cli, &a, "prompt-tokens", 32, 1, 1 << 20, &p) &&
+              cli_int(&cli, &a, "output-tokens", 16, 1, 1 << 20, &o) && cli_int(&cli, &a, "seed", 1, 0, INT64_MAX, &seed) &&
+              cli_int(&cli, &a, "max-seqs", 64, 1, 4096, &max_seqs) &&
+              cli_int(&cli, &a, "prefill-chunk", 256, 1, 1 << 20, &chunk) &&
+              cli_int(&cli, &a, "threads", 0, 0, 1024, &threads) && cli_double(&cli, &a, "temperature", 0.8, &temp) &&
+              cli_double(&cli, &a, "mock-step-ms", 2.0, &step_ms) &&
+              cli_int(&cli, &a, "mock-vocab", 4096, 16, 1 << 20, &mock_vocab) && cli_check_unused(&cli, &a);
     cli_args_free(&a);
-    return cli_fail(&cli, "not implemented yet (tracked by issue 7)");
+    if (!ok) return 1;
+    if ((mock != 0) + (preset != NULL) + (model != NULL) > 1)
+        return cli_fail(&cli, "give one of --preset, --model and --mock");
+    if (!mock && !model && !preset) preset = "tiny";
+    if (strcmp(runner_name, "cached") && strcmp(runner_name, "recompute"))
+        return cli_fail(&cli, "--runner expects cached or recompute, got '%s'", runner_name);
+    const bool recompute = !strcmp(runner_name, "recompute");
+    if (threads == 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = c > 0 ? c : 1;
+    }
+    di_error err = {0};
+    char tmp[4096] = "";
+    if (preset) {
+        const char *t = getenv("TMPDIR");
+        snprintf(tmp, sizeof tmp, "%s/deepinfer-bench-engine-XXXXXX", t && *t ? t : "/tmp");
+        if (!mkdtemp(tmp)) return cli_fail(&cli, "cannot create a temporary directory %s", tmp);
+        di_mkmodel_opts mo = {.preset = preset, .seed = 1, .out_dir = tmp};
+        di_mkmodel_stats ms;
+        fprintf(stderr, "bench engine: writing a random '%s' checkpoint to %s\n", preset, tmp);
+        if (di_mkmodel_write(&mo, &ms, &err)) {
+            char cmd[4200];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+            if (system(cmd)) {}
+            return cli_fail_err(&cli, &err);
+        }
+        model = tmp;
+    }
+    const int64_t max_context = p + o + 1;
+    di_engine_bench_opts bo = {.n_requests = (int32_t)n, .prompt_tokens = p, .output_tokens = o,
+                               .temperature = (float)temp, .seed = (uint64_t)seed};
+    bo.core = (di_core_options){.sched = {.max_seqs = (int32_t)max_seqs,
+                                          .max_step_tokens = chunk > 2048 ? chunk : 2048,
+                                          .prefill_chunk = (int32_t)chunk},
+                                .async = !sync,
+                                .sample_threads = 4};
+    di_engine_bench_result many = {0}, one = {0};
+    int rc = DI_OK;
+    for (int run = 0; !rc && run < 2; run++) {
+        bench_runner r;
+        rc = runner_open(&r, mock ? NULL : model, recompute, step_ms * 1e-3, (int32_t)mock_vocab, max_context,
+                         (int32_t)max_seqs, (int)threads, &err);
+        if (rc) break;
+        bo.n_requests = run == 0 ? (int32_t)n : 1;
+        fprintf(stderr, "bench engine: %d request(s) x (%lld + %lld) tokens...\n", bo.n_requests, p, o);
+        rc = di_engine_bench_run(&r.iface, &bo, run == 0 ? &many : &one, &err);
+        runner_free(&r);
+    }
+    if (tmp[0]) {
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd)) fprintf(stderr, "bench engine: could not remove %s\n", tmp);
+    }
+    if (rc) return cli_fail_err(&cli, &err);
+    double ratio = one.output_tok_per_s > 0 ? many.output_tok_per_s / one.output_tok_per_s : 0.0;
+    const char *runner = mock ? "mock" : recompute ? "recompute (cache-free, CPU)" : "cached (sessions, CPU)";
+    if (cli.json) {
+        json_t *doc = json_pack("{s:s,s:s,s:s?,s:I,s:I,s:I,s:f,s:b,s:I,s:o,s:o,s:f}", "command", "bench engine", "runner",
+                                runner, "preset", preset, "requests", (json_int_t)n, "prompt_tokens", (json_int_t)p,
+                                "output_tokens", (json_int_t)o, "temperature", temp, "async", !sync, "max_seqs",
+                                (json_int_t)max_seqs, "concurrent", result_json(&many), "single", result_json(&one),
+                                "ratio_to_single", ratio);
+        return cli_emit(&cli, doc);
+    }
+    printf("engine bench: runner %s%s%s, %lld x (%lld prompt + %lld output) tokens, T %.2f, %s, max_seqs %lld\n", runner,
+           preset ? ", preset " : "", preset ? preset : "", n, p, o, temp, sync ? "sync" : "async", max_seqs);
+    printf("%-12s %9s %9s  %23s  %23s  %15s  %6s\n", "", "out tok/s", "all tok/s", "TTFT ms p50/p90/p99",
+           "ITL ms p50/p90/p99", "E2E ms p50/p99", "steps");
+    char label[32];
+    snprintf(label, sizeof label, "%lld requests", n);
+    print_row(label, &many);
+    print_row("1 request", &one);
+    printf("ratio to the single-request rate: %.2fx\n", ratio);
+    return 0;
 }

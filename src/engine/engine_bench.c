@@ -73,8 +73,8 @@ int di_engine_bench_run(const di_model_runner *runner, const di_engine_bench_opt
                     last[id] = now;
                     out->generated += d[j].n_tokens;
                 }
-                if (d[j].finish == DI_FINISH_ERROR) rc = di_error_set(err, DI_ERR_INTERNAL, "bench: %s", d[j].error);
-                if (d[j].finish != DI_FINISH_NONE) e2e[n_done++] = now;
+                if (d[j].finish == DI_FINISH_REASON_ERROR) rc = di_error_set(err, DI_ERR_INTERNAL, "bench: %s", d[j].error);
+                if (d[j].finish != DI_FINISH_REASON_NONE) e2e[n_done++] = now;
             }
             if (k < 256) break;
         }

@@ -1,8 +1,6 @@
 /* Engine step loop (see engine_core.h). */
 #include "engine/engine_core.h"
 
-#include "engine/idmap.h"
-
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +21,14 @@ struct di_core {
     int32_t n_done, cap_done;
     di_core_stats stats;
 };
+
+/* Frees a request the core accepted; its constraint's owner hears that the engine is done with it. */
+static void forget(di_seq *r) {
+    if (!r) return;
+    const di_constraint *k = r->params.constraint;
+    if (k && k->release) k->release(k->ctx);
+    di_seq_free(r);
+}
 
 int di_core_new(const di_model_runner *runner, const di_core_options *opt, di_core **out, di_error *err) {
     *out = NULL;
@@ -62,7 +68,7 @@ void di_core_free(di_core *c) {
         di_executor_release(c->exec, c->sched.release, c->sched.n_release);
         di_executor_free(c->exec);
     }
-    for (int64_t i = 0; i < c->ids.cap; i++) di_seq_free(c->ids.vals[i]);
+    for (int64_t i = 0; i < c->ids.cap; i++) forget(c->ids.vals[i]);
     di_idmap_destroy(&c->ids);
     free(c->dirty);
     free(c->done);
@@ -112,17 +118,17 @@ int di_core_add(di_core *c, int64_t id, const int32_t *prompt, int64_t n_prompt,
 
 int di_core_cancel(di_core *c, int64_t id, di_error *err) {
     di_seq *r = di_idmap_get(&c->ids, id);
-    if (!r || r->finish != DI_FINISH_NONE)
+    if (!r || r->finish != DI_FINISH_REASON_NONE)
         return di_error_set(err, DI_ERR_INVALID, "request %lld: %s", (long long)id, r ? "already finished" : "unknown id");
-    di_sched_finish(&c->sched, r, DI_FINISH_CANCELLED);
+    di_sched_finish(&c->sched, r, DI_FINISH_REASON_CANCELLED);
     mark_dirty(c, r);
     return DI_OK;
 }
 
 static void fail_request(di_core *c, di_seq *r, const di_error *e) {
-    if (r->finish != DI_FINISH_NONE) return;
+    if (r->finish != DI_FINISH_REASON_NONE) return;
     mark_dirty(c, r);
-    r->finish = DI_FINISH_ERROR;
+    r->finish = DI_FINISH_REASON_ERROR;
     r->error = *e;
     if (!r->error.code) r->error.code = DI_ERR_INTERNAL;
 }
@@ -148,7 +154,7 @@ static int process(di_core *c, const di_step_result *res, di_error *err) {
         const di_step_sample *s = &res->samples[i];
         di_seq *r = s->req;
         r->n_pending--;
-        if (r->finish != DI_FINISH_NONE) {
+        if (r->finish != DI_FINISH_REASON_NONE) {
             c->stats.wasted_samples++;
             continue;
         }
@@ -196,7 +202,7 @@ int di_core_step(di_core *c, di_error *err) {
 int di_core_busy(const di_core *c) {
     if (di_executor_in_flight(c->exec) || c->sched.n_waiting) return 1;
     for (int32_t i = 0; i < c->sched.n_running; i++)
-        if (c->sched.running[i]->finish == DI_FINISH_NONE || c->sched.running[i]->inflight) return 1;
+        if (c->sched.running[i]->finish == DI_FINISH_REASON_NONE || c->sched.running[i]->inflight) return 1;
     return 0;
 }
 
@@ -209,7 +215,7 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
         di_seq *r = c->done[i];
         if (r->state == DI_REQ_FINISHED && !r->inflight) {
             di_idmap_del(&c->ids, r->id);
-            di_seq_free(r);
+            forget(r);
         } else {
             c->done[keep++] = r;
         }
@@ -220,7 +226,7 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
         di_seq *r = c->dirty[used];
         r->dirty = 0;
         size_t ready = di_seq_text_ready(r);
-        int report_finish = r->finish != DI_FINISH_NONE && !r->finish_reported;
+        int report_finish = r->finish != DI_FINISH_REASON_NONE && !r->finish_reported;
         if (r->n_out_emitted == r->n_out && ready == r->n_text_emitted && !report_finish) continue;
         if (report_finish && push_list(&c->done, &c->n_done, &c->cap_done, r)) {
             r->dirty = 1; /* out of memory: report it next time */
@@ -233,8 +239,8 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
         d->n_tokens = r->n_out - r->n_out_emitted;
         d->text = r->text ? r->text + r->n_text_emitted : "";
         d->n_text = ready - r->n_text_emitted;
-        d->finish = report_finish ? r->finish : DI_FINISH_NONE;
-        d->error = r->finish == DI_FINISH_ERROR ? r->error.msg : NULL;
+        d->finish = report_finish ? r->finish : DI_FINISH_REASON_NONE;
+        d->error = r->finish == DI_FINISH_REASON_ERROR ? r->error.msg : NULL;
         d->preemptions = r->preemptions;
         r->n_out_emitted = r->n_out;
         r->n_text_emitted = ready;

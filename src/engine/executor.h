@@ -3,7 +3,7 @@
  * sampled ids, the grammar state) stays on the executor's side: the host learns of the tokens only
  * when it collects the result, one step later in async mode.
  *
- * Sampling is per row with the request's own parameters and history (request.h: dev_out), so a row's
+ * Sampling is per row with the request's own parameters and history (sequence.h: dev_out), so a row's
  * token depends on nothing else in the step. A constraint (grammar) fills its mask right before its
  * row is sampled — after the previous step's token was accepted — and accepts the sampled token.
  * The mask is built here, not on the host while the previous step runs (as issue 7 sketches it),

@@ -47,37 +47,9 @@
 
 #include "util/error.h"
 
-#define DI_SAMPLER_MAX_TOP_LOGPROBS 20
+/* di_sampling_params, di_token_bias and di_logprobs_mode are public (include/deepinfer.h). */
+#define DI_SAMPLER_MAX_TOP_LOGPROBS DI_MAX_TOP_LOGPROBS
 
-typedef enum di_logprobs_mode {
-    DI_LOGPROBS_RAW = 0,      /* log-softmax of the model's logits (default, OpenAI/vLLM semantics) */
-    DI_LOGPROBS_PROCESSED = 1 /* log-softmax of the distribution the token was drawn from */
-} di_logprobs_mode;
-
-typedef struct di_logit_bias {
-    int32_t token;
-    float bias;
-} di_logit_bias;
-
-/* Per-request sampling parameters. Zero-initialised = greedy with no processing; use
- * di_sampling_params_default() for the OpenAI defaults (temperature 1, everything else off). */
-typedef struct di_sampling_params {
-    float temperature;        /* >= 0; 0 (anything below 1e-5) = greedy */
-    int32_t top_k;            /* <= 0: off */
-    float top_p;              /* (0, 1]; 1 (or 0 = unset): off */
-    float min_p;              /* [0, 1]; 0: off */
-    float presence_penalty;   /* logit -= presence · [count_out(t) > 0] */
-    float frequency_penalty;  /* logit -= frequency · count_out(t) */
-    float repetition_penalty; /* > 0; 1 (or 0 = unset): off. t in prompt or output: logit > 0 ? logit / r : logit · r */
-    const di_logit_bias *logit_bias; /* [n_logit_bias], borrowed; a token may appear once */
-    int32_t n_logit_bias;
-    uint64_t seed;
-    int32_t logprobs;         /* != 0: fill logprob / top_* (costs one exp pass over the vocabulary) */
-    int32_t n_top_logprobs;   /* 0 .. DI_SAMPLER_MAX_TOP_LOGPROBS (used when logprobs != 0) */
-    di_logprobs_mode logprobs_mode;
-} di_sampling_params;
-
-di_sampling_params di_sampling_params_default(void);
 /* Range checks with a message naming the field and the accepted range. n_vocab bounds bias ids. */
 int di_sampling_params_check(const di_sampling_params *p, int32_t n_vocab, di_error *err);
 

@@ -227,7 +227,7 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
     /* 1. running, oldest first; preempt from the newest end when the pool runs dry */
     for (int32_t i = 0; i < s->n_running && p->n_items < s->cfg.max_seqs; i++) {
         di_seq *r = s->running[i];
-        if (r->finish != DI_FINISH_NONE) continue; /* reaped once its last step is back */
+        if (r->finish != DI_FINISH_REASON_NONE) continue; /* reaped once its last step is back */
         int32_t samples, n = next_piece(s, r, &samples);
         if (n == 0 || n > budget) continue;
         int self_preempted = 0;
@@ -280,7 +280,7 @@ int32_t di_sched_reap(di_scheduler *s) {
     int32_t n = 0;
     for (int32_t i = 0; i < s->n_running;) {
         di_seq *r = s->running[i];
-        if (r->finish == DI_FINISH_NONE || r->inflight > 0) {
+        if (r->finish == DI_FINISH_REASON_NONE || r->inflight > 0) {
             i++;
             continue;
         }
@@ -294,7 +294,7 @@ int32_t di_sched_reap(di_scheduler *s) {
 }
 
 void di_sched_finish(di_scheduler *s, di_seq *r, di_finish_reason why) {
-    if (r->finish == DI_FINISH_NONE) r->finish = why;
+    if (r->finish == DI_FINISH_REASON_NONE) r->finish = why;
     if (r->state != DI_REQ_WAITING) return;
     waiting_remove(s, r);
     /* a preempted request still has a dead cache entry announced; a never-admitted one has none */

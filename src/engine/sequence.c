@@ -1,4 +1,4 @@
-/* Request state and stop conditions (see request.h). */
+/* Request state and stop conditions (see sequence.h). */
 #include "engine/sequence.h"
 
 #include <stdlib.h>
@@ -6,11 +6,11 @@
 
 const char *di_finish_reason_name(di_finish_reason r) {
     switch (r) {
-    case DI_FINISH_NONE: return "none";
-    case DI_FINISH_STOP: return "stop";
-    case DI_FINISH_LENGTH: return "length";
-    case DI_FINISH_CANCELLED: return "cancelled";
-    case DI_FINISH_ERROR: return "error";
+    case DI_FINISH_REASON_NONE: return "none";
+    case DI_FINISH_REASON_STOP: return "stop";
+    case DI_FINISH_REASON_LENGTH: return "length";
+    case DI_FINISH_REASON_CANCELLED: return "cancelled";
+    case DI_FINISH_REASON_ERROR: return "error";
     }
     return "?";
 }
@@ -85,8 +85,8 @@ int di_seq_new(int64_t id, const int32_t *prompt, int64_t n_prompt, const di_seq
         r->params.stop_ids = ids;
     }
     if (!bad && params->sampling.n_logit_bias) {
-        size_t n = (size_t)params->sampling.n_logit_bias * sizeof(di_logit_bias);
-        di_logit_bias *b = malloc(n);
+        size_t n = (size_t)params->sampling.n_logit_bias * sizeof(di_token_bias);
+        di_token_bias *b = malloc(n);
         bad = !b;
         if (b) memcpy(b, params->sampling.logit_bias, n);
         r->params.sampling.logit_bias = b;
@@ -166,7 +166,7 @@ int di_seq_on_token(di_seq *r, int32_t token, const di_sample_result *res, const
     for (int32_t i = 0; i < n_eos && !r->params.ignore_eos; i++) is_stop_id |= eos_ids[i] == token;
     for (int32_t i = 0; i < r->params.n_stop_ids; i++) is_stop_id |= r->params.stop_ids[i] == token;
     if (is_stop_id) {
-        r->finish = DI_FINISH_STOP;
+        r->finish = DI_FINISH_REASON_STOP;
         r->stop_token = token;
         return DI_OK;
     }
@@ -197,12 +197,12 @@ int di_seq_on_token(di_seq *r, int32_t token, const di_sample_result *res, const
             if (hit) {
                 r->n_text = (size_t)(hit - r->text);
                 r->text[r->n_text] = 0;
-                r->finish = DI_FINISH_STOP;
+                r->finish = DI_FINISH_REASON_STOP;
                 return DI_OK;
             }
         }
     }
-    if (r->n_out >= r->params.max_tokens || r->n_prompt + r->n_out >= max_context) r->finish = DI_FINISH_LENGTH;
+    if (r->n_out >= r->params.max_tokens || r->n_prompt + r->n_out >= max_context) r->finish = DI_FINISH_REASON_LENGTH;
     return DI_OK;
 }
 
@@ -223,7 +223,7 @@ static size_t stop_prefix_tail(const di_seq *r) {
 }
 
 size_t di_seq_text_ready(const di_seq *r) {
-    if (r->state == DI_REQ_FINISHED || r->finish != DI_FINISH_NONE) return r->n_text;
+    if (r->state == DI_REQ_FINISHED || r->finish != DI_FINISH_REASON_NONE) return r->n_text;
     size_t safe = r->n_text - stop_prefix_tail(r);
     /* back off an unfinished UTF-8 sequence ending at `safe` */
     for (size_t back = 1; back <= 4 && back <= safe; back++) {

@@ -27,15 +27,7 @@
 
 typedef enum di_req_state { DI_REQ_WAITING = 0, DI_REQ_RUNNING = 1, DI_REQ_FINISHED = 2 } di_req_state;
 
-typedef enum di_finish_reason {
-    DI_FINISH_NONE = 0,
-    DI_FINISH_STOP = 1,      /* EOS, a stop token id or a stop string */
-    DI_FINISH_LENGTH = 2,    /* max_tokens or the context limit */
-    DI_FINISH_CANCELLED = 3,
-    DI_FINISH_ERROR = 4      /* sampling or model error; message in the request */
-} di_finish_reason;
-
-const char *di_finish_reason_name(di_finish_reason r);
+/* di_finish_reason and di_token_logprobs are public (include/deepinfer.h). */
 
 /* Structured-output hook (the grammar matcher, src/grammar/grammar.h, plugs in here). Called on the
  * worker thread only, once per sampled token, in sampling order. */
@@ -44,6 +36,10 @@ typedef struct di_constraint {
     /* mask: [ceil(n_vocab/32)] uint32, fully overwritten; bit t set = token t allowed */
     int (*fill_mask)(void *ctx, uint32_t *mask, di_error *err);
     int (*accept)(void *ctx, int32_t token, di_error *err);
+    /* The engine is done with ctx: called once, on the host thread, when a request that was added
+     * successfully is forgotten (polled finished and out of flight, or the core is freed). May be
+     * NULL. If di_core_add fails, the caller still owns ctx. */
+    void (*release)(void *ctx);
 } di_constraint;
 
 /* Detokenizer: the raw bytes of one token (byte-level BPE: may be part of a UTF-8 character).
@@ -65,13 +61,6 @@ typedef struct di_seq_params {
     uint32_t choice;             /* index among parallel samples (RNG counter word) */
     di_constraint *constraint;   /* NULL: unconstrained; borrowed, must outlive the request */
 } di_seq_params;
-
-typedef struct di_token_logprobs {
-    float logprob;
-    int32_t n_top;
-    int32_t top_ids[DI_SAMPLER_MAX_TOP_LOGPROBS];
-    float top_logprobs[DI_SAMPLER_MAX_TOP_LOGPROBS];
-} di_token_logprobs;
 
 typedef struct di_seq {
     int64_t id;
@@ -104,7 +93,7 @@ typedef struct di_seq {
     int32_t finish_reported;
     int32_t dirty;               /* on the engine's list of requests with news for the next poll */
     int32_t stop_token;          /* the EOS / stop id that finished it, else -1 */
-    di_error error;              /* for DI_FINISH_ERROR */
+    di_error error;              /* for DI_FINISH_REASON_ERROR */
 
     /* worker view */
     int32_t *dev_out;            /* [cap_dev_out] int32 */
