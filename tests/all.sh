@@ -22,6 +22,9 @@ grep -E 'warning:' build.log | head -20; rm -f build.log
 echo "== unit tests"
 SUMMARY_FILE="$sum" sh tests/run_tests.sh build all; tally "unit tests" "$sum"
 
+echo "== python (deepinfer_c)"
+one "python deepinfer_c" python3 -m unittest discover -s python/tests
+
 echo "== sanitizer subset (ASan + UBSan)"
 if make -j"$jobs" asan-build >asan.log 2>&1; then
     SUMMARY_FILE="$sum" ASAN_OPTIONS=detect_leaks=1 sh tests/run_tests.sh build-asan $(make -s asan-list); tally "asan" "$sum"

@@ -34,49 +34,6 @@ static int parse(di_api api, const char *body, size_t len, di_request *req, di_e
     return rc;
 }
 
-/* Prompt segments → ids: a special segment is one added token, a plain run is BPE without added-token
- * recognition (what di_prompt_encode in text/chat.h promises; it is declared there but not yet
- * implemented, so this does the same until it is). */
-static int encode_prompt(const di_prompt *p, const di_tokenizer *tok, int32_t **ids, size_t *n_ids, di_error *err) {
-    size_t n = 0, cap = 256;
-    int32_t *out = malloc(cap * sizeof *out);
-    if (!out) return di_error_set(err, DI_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < p->n_segs; i++) {
-        const di_segment *sg = &p->segs[i];
-        int32_t one, *piece = &one;
-        size_t k = 1;
-        if (sg->special) {
-            one = di_tok_find(tok, sg->text);
-            if (one < 0) {
-                free(out);
-                return di_error_set(err, DI_ERR_INVALID, "prompt: the tokenizer has no token \"%s\"", sg->text);
-            }
-        } else {
-            piece = NULL;
-            int rc = di_tok_encode(tok, sg->text, sg->len, 0, &piece, &k, err);
-            if (rc) {
-                free(out);
-                return rc;
-            }
-        }
-        if (n + k > cap) {
-            while (cap < n + k) cap *= 2;
-            int32_t *g = realloc(out, cap * sizeof *g);
-            if (!g) {
-                if (piece != &one) free(piece);
-                free(out);
-                return di_error_set(err, DI_ERR_NOMEM, "out of memory");
-            }
-            out = g;
-        }
-        if (k) memcpy(out + n, piece, k * sizeof *piece);
-        n += k;
-        if (piece != &one) free(piece);
-    }
-    *ids = out;
-    *n_ids = n;
-    return DI_OK;
-}
 
 int di_api_job_prepare(di_engine *e, di_api api, const char *body, size_t len, di_api_job *job, di_error *err) {
     memset(job, 0, sizeof *job);
@@ -88,7 +45,7 @@ int di_api_job_prepare(di_engine *e, di_api api, const char *body, size_t len, d
     if (rc) return rc;
     di_prompt prompt = {0};
     rc = di_chat_render(&job->req.conv, &prompt, err);
-    if (!rc) rc = encode_prompt(&prompt, tok, &job->ids, &job->n_ids, err);
+    if (!rc) rc = di_prompt_encode(&prompt, tok, &job->ids, &job->n_ids, err);
     di_prompt_free(&prompt);
     const di_sampling *s = &job->req.sampling;
     di_request_options *ro = &job->ro;
