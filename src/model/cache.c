@@ -116,10 +116,12 @@ int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_s
 void di_cache_reset(di_cache *c) {
     c->n = c->n_max = 0;
     c->engram_hi = c->engram_n = 0;
+    c->win_floor = 0;
     for (int st = 0; st < c->n_stages; st++) {
         c->win_hi[st] = c->win_n[st] = 0;
         c->cmp_n[st] = c->ikey_n[st] = 0;
         c->state_hi[st] = 0;
+        c->cmp_frozen[st] = 0;
         const di_cache_stage *s = &c->stage[st];
         if (!s->state) continue;
         /* the reference resets kv_state = 0, score_state = −inf at sequence start */
@@ -239,6 +241,7 @@ int di_cache_rollback(di_cache *c, int64_t k, di_error *err) {
         int64_t e0 = p / s->ratio, e1 = c->n / s->ratio;
         if (c->cmp_n[st] > e0) c->cmp_n[st] = e0;
         if (c->ikey_n[st] > e0) c->ikey_n[st] = e0;
+        if (c->cmp_frozen[st] > e0) c->cmp_frozen[st] = e0; /* re-appended entries are the sequence's own */
         if (e1 > e0) {
             memset(s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes));
             memset(s->ikey + e0 * c->index_key_bytes, 0, (size_t)((e1 - e0) * c->index_key_bytes));

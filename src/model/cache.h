@@ -137,6 +137,12 @@ typedef struct di_cache {
     int64_t ikey_n[DI_MAX_STAGES];   /* 1 + newest index key written */
     int64_t state_hi[DI_MAX_STAGES]; /* 1 + newest group whose compressor block was handed out */
     int64_t engram_hi, engram_n;     /* Engram history marks */
+    /* Bounded replay (di_cache_prefix_begin; 0 otherwise): window positions below win_floor were
+     * never rebuilt — no read may return them; compressed entries below cmp_frozen[st] were restored
+     * from the prefix cache and a put for them is dropped (the replay must not overwrite exact
+     * entries with its own, computed from a truncated window). */
+    int64_t win_floor;
+    int64_t cmp_frozen[DI_MAX_STAGES];
 
     /* ---- memory ---- */
     void *arena;                  /* [arena_bytes], 64-byte aligned */
@@ -239,5 +245,30 @@ int di_cache_engram_history(const di_cache *c, int64_t pos, int32_t *out, di_err
  * image size; a cap below it fails with DI_ERR_LIMIT; out = NULL or cap = 0 only asks for the size. */
 int64_t di_cache_image_bytes(const di_cache *c);
 int di_cache_image(const di_cache *c, uint8_t *out, int64_t cap, int64_t *written, di_error *err);
+
+/* ---- prefix export / import (engine/prefix_cache.h: bounded replay, deepinfer-features §11) ----
+ * What is exact to reuse from a sequence at a token boundary B: the compressed KV entries and index
+ * keys of every kv source up to B (append-only arrays, a pure function of tokens [0, B)), the
+ * compressor carry state and the Engram history. B must be a multiple of every compress ratio, so
+ * no compressor row is pending at B (the state is the reset state) — di_cache_prefix_align gives
+ * the least such multiple. The Engram history is a function of the token ids alone; the session
+ * restores it from them (di_session_prefix_restore). The window rings are NOT part of a prefix: a
+ * replay of the last `keep` tokens before B rebuilds them.
+ *
+ * A span [t0, t1) (both multiples of the alignment) serializes, per kv source in stage order, its
+ * entries [t0/R, t1/R): compressed KV bytes, then index key bytes (the compact forms, copied). */
+int di_cache_prefix_align(const di_cache *c); /* lcm of the compress ratios (1 without kv source) */
+int64_t di_cache_prefix_span_bytes(const di_cache *c, int64_t t0, int64_t t1);
+/* Span [t0, t1) of this sequence (t1 ≤ n; every entry written) into out (cap ≥ span bytes). */
+int di_cache_prefix_export(const di_cache *c, int64_t t0, int64_t t1, uint8_t *out, int64_t cap, di_error *err);
+/* Start a sequence that resumes at boundary B with replay from r = replay_start (0 ≤ r ≤ B, both
+ * aligned): resets the cache, sets n = r, freezes the entries [0, B/R) (to be filled by
+ * di_cache_prefix_import before the replay reads them) and puts the window floor at r: the replay
+ * chunk [r, …) reads positions below r as zero rows, which it must mask (the forward's
+ * window_no_history); any other read below r is refused. The Engram history of [r − (G−1), r) is
+ * the caller's to put. */
+int di_cache_prefix_begin(di_cache *c, int64_t boundary, int64_t replay_start, di_error *err);
+/* Copy a span [t0, t1) (t1 ≤ the boundary of di_cache_prefix_begin) in from src (bytes = span bytes). */
+int di_cache_prefix_import(di_cache *c, int64_t t0, int64_t t1, const uint8_t *src, int64_t bytes, di_error *err);
 
 #endif

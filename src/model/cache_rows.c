@@ -75,6 +75,11 @@ static uint8_t *ring_slot(const di_cache *c, int stage, int64_t pos) {
  * same slot (pos ≥ win_hi − slots). */
 static int window_readable(const di_cache *c, int stage, int64_t pos, const char *what, di_error *err) {
     int64_t hi = c->win_hi[stage];
+    if (pos < c->win_floor)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache %s: stage %d position %lld is below the replay start %lld (its window was not "
+                            "rebuilt)",
+                            what, stage, (long long)pos, (long long)c->win_floor);
     if (pos < 0 || pos >= c->n || pos >= c->win_n[stage] || pos < hi - c->ring_slots)
         return di_error_set(err, DI_ERR_INVALID,
                             "cache %s: stage %d position %lld is not held (appended %lld, written up to %lld, ring of "
@@ -121,6 +126,12 @@ int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, u
         return di_error_set(err, DI_ERR_INVALID, "cache window read: positions [%lld, %lld)", (long long)p0,
                             (long long)p1);
     for (int64_t p = p0; p < p1; p++) {
+        /* the history of the replay chunk itself (it starts at the floor and masks every position
+         * below it): zero rows, never a slot's stale bytes */
+        if (p < c->win_floor && p1 == c->win_floor) {
+            memset(rows + (p - p0) * c->head_dim, 0, sizeof(uint16_t) * (size_t)c->head_dim);
+            continue;
+        }
         int rc = window_readable(c, stage, p, "window read", err);
         if (rc) return rc;
         fp8_slot_to_bf16(ring_slot(c, stage, p), c->head_dim, rows + (p - p0) * c->head_dim);
@@ -190,6 +201,7 @@ int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_
     if (rc) return rc;
     rc = entry_range(c, stage, e, e + 1, -1, "compressed put", err);
     if (rc) return rc;
+    if (e < c->cmp_frozen[stage]) return DI_OK; /* restored from the prefix cache: keep the exact entry */
     uint8_t *entry = c->stage[stage].cmp + e * c->cmp_entry_bytes;
     di_fp4_quant_e4m3(row, c->head_dim, FP4_KV_GROUP, entry, entry + c->head_dim / 2);
     if (e + 1 > c->cmp_n[stage]) c->cmp_n[stage] = e + 1;
@@ -201,6 +213,7 @@ int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di
     if (rc) return rc;
     rc = entry_range(c, stage, e, e + 1, -1, "index key put", err);
     if (rc) return rc;
+    if (e < c->cmp_frozen[stage]) return DI_OK; /* restored from the prefix cache: keep the exact entry */
     uint8_t *entry = c->stage[stage].ikey + e * c->index_key_bytes;
     di_fp4_quant_e8m0(key, c->index_head_dim, FP4_KEY_GROUP, entry, entry + c->index_head_dim / 2);
     if (e + 1 > c->ikey_n[stage]) c->ikey_n[stage] = e + 1;

@@ -76,3 +76,41 @@ int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sa
     fwd_ctx_free(&c);
     return rc;
 }
+
+int di_session_prefix_restore(di_session *s, const int32_t *ids, int64_t keep, const uint8_t *const *spans,
+                              const int64_t *span_end, int n_spans, float *logits, const di_fwd_opts *opts,
+                              di_error *err) {
+    di_error local_err;
+    if (!err) err = &local_err;
+    di_cache *c = s->cache;
+    if (keep < 0) keep = di_session_replay_keep(s);
+    if (n_spans < 1 || span_end[n_spans - 1] < 1 || keep < c->window)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "session prefix restore: %d spans, keep %lld (need >= 1 non-empty span, keep >= %d)", n_spans,
+                            (long long)keep, c->window);
+    int64_t B = span_end[n_spans - 1], align = di_cache_prefix_align(c);
+    int64_t r = B - keep > 0 ? (B - keep) / align * align : 0;
+    int rc = di_cache_prefix_begin(c, B, r, err);
+    for (int i = 0; !rc && i < n_spans; i++) {
+        int64_t t0 = i ? span_end[i - 1] : 0;
+        rc = di_cache_prefix_import(c, t0, span_end[i], spans[i], di_cache_prefix_span_bytes(c, t0, span_end[i]), err);
+    }
+    /* the Engram n-gram history is a function of the token ids: exact without any stored state */
+    const di_engram_consts *eg = &s->m->eg;
+    for (int64_t p = r - c->engram_hist > 0 ? r - c->engram_hist : 0; !rc && c->engram_slots && p < r; p++) {
+        if (!eg->token_map || ids[p] < 0 || ids[p] >= eg->token_map_len)
+            rc = di_error_set(err, DI_ERR_INVALID, "session prefix restore: token %d at position %lld (vocabulary of %lld)",
+                              ids[p], (long long)p, (long long)eg->token_map_len);
+        else
+            rc = di_cache_engram_put(c, p, eg->token_map[ids[p]], err);
+    }
+    if (rc) {
+        di_cache_reset(c);
+        return rc;
+    }
+    di_fwd_opts ro = opts ? *opts : (di_fwd_opts){0};
+    ro.faults.window_no_history = true; /* the replay chunk starts at the floor: no window below r */
+    rc = di_session_forward(s, ids + r, B - r, false, logits, &ro, err);
+    if (rc) di_cache_reset(c);
+    return rc;
+}

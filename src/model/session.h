@@ -59,4 +59,28 @@ int di_session_rollback(di_session *s, int64_t k, di_error *err);
 int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
                      float *logits, const di_fwd_opts *opts, di_error *err);
 
+/* ---- prefix reuse with SWA bounded replay (deepinfer-features §11; engine/prefix_cache.h) ----
+ * The replay length: keep = W + spec_margin. The W + m ring slots of every window are then all
+ * rebuilt, so a sequence resumed at the boundary keeps its full rollback depth m (a replay of only
+ * W tokens would serve the next query but not a rollback). The released config gives 128 + 8 = 136;
+ * DeepInfer's documented default of 140 is the same rule with a 12-token margin — pass keep
+ * explicitly to match it. */
+static inline int64_t di_session_replay_keep(const di_session *s) {
+    return (int64_t)s->cache->window + s->cache->spec_margin;
+}
+
+/* Resume this session (its old sequence is dropped) at the prefix boundary B = span_end[n_spans−1]
+ * of ids[0..B): the compressed KV / index keys of [0, B) come from the spans (di_cache_prefix_export
+ * blobs of [span_end[i−1], span_end[i]), span_end[−1] = 0), the Engram history from the ids, and the
+ * window rings from a replay of ids[r, B) with r = B − keep rounded down to the cache's alignment
+ * (≥ 0). The replayed queries see no window position below r (the forward's window_no_history on a
+ * chunk starting at the cache's floor) and their compressed entries are not rewritten, so the result
+ * differs from a full prefill only through the truncated windows of the first replayed positions
+ * (inexact by design; with r = 0 it is a plain prefill of [0, B) with the entries already present).
+ * keep ≥ W (< 0: di_session_replay_keep). logits (may be NULL): f32 [1, V] of position B−1 from the
+ * replay. Afterwards the session is at length B; continue with di_session_forward. */
+int di_session_prefix_restore(di_session *s, const int32_t *ids, int64_t keep, const uint8_t *const *spans,
+                              const int64_t *span_end, int n_spans, float *logits, const di_fwd_opts *opts,
+                              di_error *err);
+
 #endif
