@@ -9,6 +9,9 @@
  *    reported next to the golden noise floors and next to the error of plain chunking (bounded loosely
  *    so a broken restore still fails);
  *  - eviction under a small budget (LRU leaves, pinned paths never evicted) and refcounts;
+ *  - the cached session runner (engine/api_runner.h) with the prefix cache on: the second request with
+ *    the same prompt is served from the first one's blocks — hit and replay counted, its logits those
+ *    of a restore + forward of the rest;
  *  - bad input fails cleanly.
  * di-test: asan */
 #include <jansson.h>
@@ -17,6 +20,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "engine/api_runner.h"
 #include "engine/prefix_cache.h"
 #include "io/safetensors.h"
 #include "model/golden.h"
@@ -351,12 +355,64 @@ static void test_eviction_refcounts(void **st) {
     close_gcase(&g);
 }
 
+static void run_piece(di_model_runner *it, int64_t id, const int32_t *ids, int32_t n, float *logits) {
+    di_error err = {0};
+    di_step_seq sq = {.req_id = id, .pos0 = 0, .n_tokens = n, .tokens = ids, .logits_row = 0};
+    di_step_batch b = {.step = 1, .n_seqs = 1, .seqs = &sq, .n_tokens = n, .n_logits_rows = 1};
+    assert_int_equal(it->forward(it->ctx, &b, logits, &err), DI_OK);
+}
+
+static void test_runner_prefix(void **st) {
+    gcase g;
+    open_gcase(tu_data("v41-tiny-nosel"), &g);
+    int64_t T = g.T, V = g.V;
+    di_error err = {0};
+    float *l1 = malloc(sizeof(float) * (size_t)V), *l2 = malloc(sizeof(float) * (size_t)V);
+    float *ref = malloc(sizeof(float) * (size_t)V);
+    assert_true(l1 && l2 && ref);
+    di_session_runner *sr;
+    di_model_runner it;
+    assert_int_equal(di_session_runner_new(g.m, g.be, T + 8, BLOCK, 64, &sr, &it, &err), DI_OK);
+    assert_int_equal(di_session_runner_cache_hit(sr, 1), -1); /* off */
+    assert_int_equal(di_session_runner_enable_prefix(sr, BLOCK, 1 << 24, &err), DI_OK);
+    run_piece(&it, 1, g.prompt, (int32_t)T, l1);
+    assert_int_equal(di_session_runner_cache_hit(sr, 1), 0);
+    it.release(it.ctx, 1);
+    run_piece(&it, 2, g.prompt, (int32_t)T, l2);
+    int64_t P = (T - 1) / BLOCK * BLOCK, keep = g.m->cfg.sliding_window + DI_CACHE_SPEC_MARGIN_DEFAULT;
+    assert_int_equal(di_session_runner_cache_hit(sr, 2), P);
+    assert_int_equal(sr->n_hit_tokens, P);
+    assert_int_equal(sr->n_replayed, keep);
+    assert_int_equal(sr->n_positions, T + keep + (T - P));
+    it.release(it.ctx, 2);
+
+    /* the same through the session API: restore from the first run's spans, run the rest */
+    di_session *a = new_session(&g), *b = new_session(&g);
+    assert_int_equal(di_session_forward(a, g.prompt, T, false, ref, NULL, &err), DI_OK);
+    assert_memory_equal(ref, l1, sizeof(float) * (size_t)V); /* no hit: the plain forward */
+    int64_t nb;
+    uint8_t *span = prefix_of(a->cache, P, &nb);
+    const uint8_t *sp = span;
+    assert_int_equal(di_session_prefix_restore(b, g.prompt, -1, &sp, &P, 1, NULL, NULL, &err), DI_OK);
+    assert_int_equal(di_session_forward(b, g.prompt + P, T - P, false, ref, NULL, &err), DI_OK);
+    assert_memory_equal(ref, l2, sizeof(float) * (size_t)V);
+    tu_report("session runner with the prefix cache: second request hit %lld of %lld tokens, %lld replayed: %lld "
+              "positions computed instead of %lld (relative prompt logits of the hit %.3e)",
+              (long long)P, (long long)T, (long long)sr->n_replayed, (long long)(keep + T - P), (long long)T,
+              di_rel_err_f32(l2, l1, V));
+    free(span), free(l1), free(l2), free(ref);
+    di_session_destroy(a), di_session_destroy(b);
+    di_session_runner_free(sr);
+    close_gcase(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_nosel),
         cmocka_unit_test(test_replay_sel),
         cmocka_unit_test(test_short_hit_exact),
         cmocka_unit_test(test_eviction_refcounts),
+        cmocka_unit_test(test_runner_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,65 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/prefix_cache.h"
+
+/* A request's fed tokens, for storing its blocks at release. */
+typedef struct sr_fed {
+    int32_t *ids; /* [cap] int32: positions 0 … n−1 */
+    int64_t n, cap;
+    int64_t hit;  /* prefix hit of its first piece */
+} sr_fed;
+
+static sr_fed *fed_for(di_session_runner *r, int64_t id) {
+    sr_fed *f = di_idmap_get(&r->fed, id);
+    if (f) return f;
+    if (!(f = calloc(1, sizeof *f))) return NULL;
+    if (di_idmap_put(&r->fed, id, f)) {
+        free(f);
+        return NULL;
+    }
+    return f;
+}
+
+static int fed_append(sr_fed *f, const int32_t *ids, int64_t n) {
+    if (f->n + n > f->cap) {
+        int64_t cap = f->cap ? f->cap : 256;
+        while (cap < f->n + n) cap *= 2;
+        int32_t *g = realloc(f->ids, sizeof(int32_t) * (size_t)cap);
+        if (!g) return -1;
+        f->ids = g, f->cap = cap;
+    }
+    memcpy(f->ids + f->n, ids, sizeof(int32_t) * (size_t)n);
+    f->n += n;
+    return 0;
+}
+
+/* First piece of a request with the prefix cache on: restore a hit by bounded replay, then run the
+ * rest of the piece. *done = 1 when it ran the piece. */
+static int prefix_piece(di_session_runner *r, di_session *s, const di_step_seq *p, float *row, sr_fed *f, int *done,
+                        di_error *err) {
+    *done = 0;
+    int64_t keep = di_prefix_cache_keep(r->prefix, s);
+    di_prefix_hit hit;
+    int rc = di_prefix_cache_match(r->prefix, p->tokens, p->n_tokens, keep, &hit, err);
+    if (rc || hit.tokens == 0) return rc;
+    rc = di_prefix_cache_restore(r->prefix, &hit, s, p->tokens, keep, NULL, err);
+    int64_t P = hit.tokens, replayed = P - (P - keep > 0 ? (P - keep) / di_cache_prefix_align(s->cache) *
+                                                              di_cache_prefix_align(s->cache) : 0);
+    di_prefix_cache_release(r->prefix, &hit);
+    if (!rc) rc = di_session_forward(s, p->tokens + P, p->n_tokens - P, false, row, NULL, err);
+    if (rc) {
+        di_session_reset(s);
+        return rc;
+    }
+    f->hit = P;
+    r->n_hit_tokens += P;
+    r->n_replayed += replayed;
+    r->n_positions += replayed + p->n_tokens - P;
+    *done = 1;
+    return DI_OK;
+}
+
 static int session_for(di_session_runner *r, int64_t id, di_session **out, di_error *err) {
     *out = di_idmap_get(&r->live, id);
     if (*out) return DI_OK;
@@ -36,6 +95,15 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
             return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
                                 (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(s));
         float *row = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL; /* f32 [V] */
+        if (r->prefix) {
+            sr_fed *f = fed_for(r, p->req_id);
+            if (!f || fed_append(f, p->tokens, p->n_tokens))
+                return di_error_set(err, DI_ERR_NOMEM, "session runner: request %lld tokens", (long long)p->req_id);
+            int done = 0;
+            if (p->pos0 == 0 && (rc = prefix_piece(r, s, p, row, f, &done, err)))
+                return di_error_wrap(err, "session runner: request %lld prefix hit", (long long)p->req_id);
+            if (done) continue;
+        }
         rc = di_session_forward(s, p->tokens, p->n_tokens, false, row, NULL, err);
         if (rc)
             return di_error_wrap(err, "session runner: request %lld, positions [%lld, %lld)", (long long)p->req_id,
@@ -50,6 +118,16 @@ static void sr_release(void *ctx, int64_t id) {
     di_session *s = di_idmap_get(&r->live, id);
     if (!s) return;
     di_idmap_del(&r->live, id);
+    sr_fed *f = di_idmap_get(&r->fed, id);
+    if (f) {
+        /* store its blocks; failure only means they are not cached */
+        di_error ignored;
+        int64_t n = f->n < di_session_len(s) ? f->n : di_session_len(s);
+        di_prefix_cache_insert(r->prefix, f->ids, n, s->cache, NULL, &ignored);
+        di_idmap_del(&r->fed, id);
+        free(f->ids);
+        free(f);
+    }
     if (r->n_spare == r->cap_spare) {
         int32_t cap = r->cap_spare ? 2 * r->cap_spare : 8;
         di_session **g = realloc(r->spare, (size_t)cap * sizeof *g);
@@ -76,6 +154,7 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
     r->be = be;
     r->max_context = max_context;
     di_idmap_init(&r->live);
+    di_idmap_init(&r->fed);
     memset(iface, 0, sizeof *iface);
     iface->ctx = r;
     iface->n_vocab = model->cfg.vocab_size;
@@ -94,5 +173,24 @@ void di_session_runner_free(di_session_runner *r) {
     for (int32_t i = 0; i < r->n_spare; i++) di_session_destroy(r->spare[i]);
     free(r->spare);
     di_idmap_destroy(&r->live);
+    for (int64_t i = 0; i < r->fed.cap; i++) {
+        sr_fed *f = r->fed.vals[i];
+        if (f) free(f->ids), free(f);
+    }
+    di_idmap_destroy(&r->fed);
+    di_prefix_cache_destroy(r->prefix);
     free(r);
+}
+
+int di_session_runner_enable_prefix(di_session_runner *r, int32_t block_tokens, int64_t budget_bytes, di_error *err) {
+    if (r->prefix) return DI_OK;
+    di_prefix_cache_opts o = {.block_tokens = block_tokens > 0 ? block_tokens : DI_PREFIX_BLOCK_DEFAULT,
+                              .budget_bytes = budget_bytes};
+    return di_prefix_cache_create(&o, &r->prefix, err);
+}
+
+int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id) {
+    if (!r->prefix) return -1;
+    const sr_fed *f = di_idmap_get(&r->fed, req_id);
+    return f ? f->hit : -1;
 }

@@ -11,7 +11,16 @@
  * the exact baseline (di_engine_options.runner = "recompute").
  *
  * Cache accounting toward the scheduler is nominal (blocks of block_tokens positions), as in the
- * recompute runner: each session holds the compact cache for max_context positions. */
+ * recompute runner: each session holds the compact cache for max_context positions.
+ *
+ * Prefix cache (off unless di_session_runner_enable_prefix): a request's first piece is matched
+ * against the blocks of earlier requests (engine/prefix_cache.h); on a hit of P tokens the session
+ * is restored with an SWA bounded replay of keep tokens and only the piece's rest is run, so the
+ * piece costs keep + (n − P) positions instead of n. A released request's fed tokens are stored
+ * (its whole blocks) before its session is reset. A continuation after a hit is inexact by the
+ * replay's bounded error (prefix_cache.h; tests/test_prefix_cache.c), and the blocks it stores carry
+ * that error on. The hit is limited to the first piece: with chunked prefill the scheduler would
+ * have to start the request at the hit to save more (not wired). */
 #ifndef DI_ENGINE_API_RUNNER_H
 #define DI_ENGINE_API_RUNNER_H
 
@@ -30,12 +39,21 @@ typedef struct di_session_runner {
     di_session **spare;     /* [n_spare] released sessions, reset, ready for reuse */
     int32_t n_spare, cap_spare;
     int64_t n_sessions;     /* sessions created */
-    int64_t n_positions;    /* positions computed */
+    int64_t n_positions;    /* positions computed (replayed ones included) */
+    /* prefix cache (NULL = off) */
+    struct di_prefix_cache *prefix;
+    di_idmap fed;           /* request id → its fed tokens (sr_fed), kept while the prefix cache is on */
+    int64_t n_hit_tokens;   /* Σ prefix hits */
+    int64_t n_replayed;     /* positions re-run by bounded replays (part of n_positions) */
 } di_session_runner;
 
 /* model and be must outlive the runner. */
 int di_session_runner_new(const di_model *model, const di_backend *be, int64_t max_context, int32_t block_tokens,
                           int32_t n_blocks, di_session_runner **out, di_model_runner *iface, di_error *err);
 void di_session_runner_free(di_session_runner *r);
+/* Turn the prefix cache on (block_tokens ≤ 0 = 64, budget in bytes of stored spans). */
+int di_session_runner_enable_prefix(di_session_runner *r, int32_t block_tokens, int64_t budget_bytes, di_error *err);
+/* Prefix hit of a live request's first piece (0: none, −1: unknown request or cache off). */
+int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id);
 
 #endif
