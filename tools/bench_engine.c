@@ -4,6 +4,7 @@
  *                          [--prompt-tokens P] [--output-tokens O] [--temperature T] [--seed S]
  *                          [--max-seqs M] [--prefill-chunk C] [--threads K] [--sync]
  *                          [--runner cached|recompute] [--mock-step-ms MS] [--mock-vocab V] [--json]
+ *   deepinfer bench engine --shared-prefix R [--preset tiny | --model DIR] [--requests N] [--prompt-tokens P]
  *
  * All N requests arrive at once, each with P random prompt ids and exactly O generated tokens (EOS
  * ignored). The run is repeated with one request, and the ratio of the two output rates is what
@@ -20,7 +21,14 @@
  * step standing in for device time), which isolates the engine's own overhead and shows the
  * batching gain. The mock computes each logits row serially on the CPU (a hash per vocabulary
  * entry), work a device does for all rows at once, so its default vocabulary is small (4,096);
- * --mock-vocab 129280 adds the full-vocabulary sampler cost at the price of that artefact. */
+ * --mock-vocab 129280 adds the full-vocabulary sampler cost at the price of that artefact.
+ *
+ * --shared-prefix R measures the prefix cache (engine/prefix_cache.h) instead: N prompts of P tokens
+ * whose first ⌊q·P⌋ tokens are common, for hit ratios q = 0, R/2 and R, are prefilled one after
+ * another through the cached session runner with the prefix cache off and on (a request's blocks
+ * are stored at its release, so the first request always misses). Reported per ratio: prefill wall
+ * time, positions computed (a hit costs the bounded replay of keep tokens plus the rest of the
+ * prompt), tokens served from the cache. Prefill only: no decode, no scheduler. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +43,7 @@
 #include "engine/recompute_runner.h"
 #include "model/mkmodel.h"
 #include "model/weights.h"
+#include "util/log.h"
 
 typedef struct bench_runner {
     di_model_runner iface;
@@ -73,6 +82,14 @@ static int runner_open(bench_runner *r, const char *model_dir, bool recompute, d
     return rc;
 }
 
+/* Removes the preset's temporary checkpoint directory (empty name: nothing to do). */
+static void rc_cleanup(const char *tmp) {
+    if (!tmp[0]) return;
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd)) fprintf(stderr, "bench engine: could not remove %s\n", tmp);
+}
+
 static json_t *result_json(const di_engine_bench_result *r) {
     return json_pack("{s:f,s:f,s:f,s:I,s:I,s:I,s:f,s:f,s:[f,f,f],s:[f,f,f],s:[f,f,f]}", "wall_s", r->wall_s,
                      "output_tok_per_s", r->output_tok_per_s, "total_tok_per_s", r->total_tok_per_s, "generated",
@@ -88,6 +105,92 @@ static void print_row(const char *label, const di_engine_bench_result *r) {
            1e3 * r->itl_s[1], 1e3 * r->itl_s[2], 1e3 * r->e2e_s[0], 1e3 * r->e2e_s[2], (long long)r->steps);
 }
 
+/* One prefill pass of n prompts (ids int32 [n, p]) through a fresh session runner. */
+typedef struct prefix_run {
+    double wall_s;
+    int64_t positions, hit_tokens, replayed;
+} prefix_run;
+
+static int prefix_pass(di_model *m, di_backend *be, const int32_t *ids, int64_t n, int64_t p, bool on, prefix_run *out,
+                       di_error *err) {
+    di_session_runner *sr;
+    di_model_runner it;
+    enum { BLOCK = 16 };
+    int rc = di_session_runner_new(m, be, p + 1, BLOCK, (int32_t)((p + BLOCK) / BLOCK), &sr, &it, err);
+    if (rc) return rc;
+    if (on) rc = di_session_runner_enable_prefix(sr, 0, (int64_t)1 << 32, err);
+    float *logits = malloc(sizeof(float) * (size_t)m->cfg.vocab_size); /* f32 [V] */
+    if (!rc && !logits) rc = di_error_set(err, DI_ERR_NOMEM, "bench engine: logits row");
+    double t0 = di_now();
+    for (int64_t i = 0; !rc && i < n; i++) {
+        di_step_seq sq = {.req_id = i + 1, .pos0 = 0, .n_tokens = (int32_t)p, .tokens = ids + i * p, .logits_row = 0};
+        di_step_batch b = {.step = (uint64_t)i + 1, .n_seqs = 1, .seqs = &sq, .n_tokens = p, .n_logits_rows = 1};
+        rc = it.forward(it.ctx, &b, logits, err);
+        it.release(it.ctx, i + 1);
+    }
+    out->wall_s = di_now() - t0;
+    out->positions = sr->n_positions;
+    out->hit_tokens = sr->n_hit_tokens;
+    out->replayed = sr->n_replayed;
+    free(logits);
+    di_session_runner_free(sr);
+    return rc;
+}
+
+static int bench_shared_prefix(const di_cli *cli, const char *model_dir, int threads, int64_t n, int64_t p, double R,
+                               uint64_t seed, const char *preset) {
+    di_error err = {0};
+    di_model *m = NULL;
+    di_backend *be = NULL;
+    int rc = di_model_open(model_dir, &m, &err);
+    if (!rc) rc = di_backend_cpu_create(threads, &be, &err);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * p)); /* int32 [n, p] */
+    if (!rc && !ids) rc = di_error_set(&err, DI_ERR_NOMEM, "bench engine: %lld prompt ids", (long long)(n * p));
+    const double ratios[3] = {0.0, R / 2, R};
+    prefix_run res[3][2];
+    for (int k = 0; !rc && k < 3; k++) {
+        int64_t shared = (int64_t)(ratios[k] * (double)p);
+        uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t t = 0; t < p; t++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                int32_t v = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab_size);
+                ids[i * p + t] = t < shared && i > 0 ? ids[t] : v; /* the shared part copies request 0's */
+            }
+        for (int on = 0; !rc && on < 2; on++) {
+            fprintf(stderr, "bench engine: shared prefix %.2f, prefix cache %s...\n", ratios[k], on ? "on" : "off");
+            rc = prefix_pass(m, be, ids, n, p, on, &res[k][on], &err);
+        }
+    }
+    free(ids);
+    if (be) di_backend_destroy(be);
+    if (m) di_model_close(m);
+    if (rc) return cli_fail_err(cli, &err);
+    if (cli->json) {
+        json_t *rows = json_array();
+        for (int k = 0; k < 3; k++)
+            json_array_append_new(rows, json_pack("{s:f,s:f,s:f,s:I,s:I,s:I,s:I}", "ratio", ratios[k], "off_s",
+                                                  res[k][0].wall_s, "on_s", res[k][1].wall_s, "off_positions",
+                                                  (json_int_t)res[k][0].positions, "on_positions",
+                                                  (json_int_t)res[k][1].positions, "hit_tokens",
+                                                  (json_int_t)res[k][1].hit_tokens, "replayed",
+                                                  (json_int_t)res[k][1].replayed));
+        return cli_emit(cli, json_pack("{s:s,s:s?,s:I,s:I,s:o}", "command", "bench engine --shared-prefix", "preset",
+                                       preset, "requests", (json_int_t)n, "prompt_tokens", (json_int_t)p, "ratios",
+                                       rows));
+    }
+    printf("prefix cache bench: %lld prompts x %lld tokens, prefill only, cached session runner (CPU)%s%s\n",
+           (long long)n, (long long)p, preset ? ", preset " : "", preset ? preset : "");
+    printf("%-6s %10s %10s %8s  %12s %12s  %10s %9s\n", "ratio", "off s", "on s", "speedup", "off positions",
+           "on positions", "hit tokens", "replayed");
+    for (int k = 0; k < 3; k++)
+        printf("%-6.2f %10.3f %10.3f %7.2fx  %12lld %12lld  %10lld %9lld\n", ratios[k], res[k][0].wall_s,
+               res[k][1].wall_s, res[k][1].wall_s > 0 ? res[k][0].wall_s / res[k][1].wall_s : 0.0,
+               (long long)res[k][0].positions, (long long)res[k][1].positions, (long long)res[k][1].hit_tokens,
+               (long long)res[k][1].replayed);
+    return 0;
+}
+
 int bench_engine(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
@@ -96,14 +199,15 @@ int bench_engine(int argc, char **argv) {
     const char *runner_name = cli_str(&a, "runner", "cached");
     bool mock = cli_flag(&a, "mock"), sync = cli_flag(&a, "sync");
     long long n, p, o, seed, max_seqs, chunk, threads, mock_vocab;
-    double temp, step_ms;
+    double temp, step_ms, shared_prefix;
     bool ok = cli_int(&cli, &a, "requests", 8, 1, 100000, &n) && cli_int(&cli, &a, "prompt-tokens", 32, 1, 1 << 20, &p) &&
               cli_int(&cli, &a, "output-tokens", 16, 1, 1 << 20, &o) && cli_int(&cli, &a, "seed", 1, 0, INT64_MAX, &seed) &&
               cli_int(&cli, &a, "max-seqs", 64, 1, 4096, &max_seqs) &&
               cli_int(&cli, &a, "prefill-chunk", 256, 1, 1 << 20, &chunk) &&
               cli_int(&cli, &a, "threads", 0, 0, 1024, &threads) && cli_double(&cli, &a, "temperature", 0.8, &temp) &&
               cli_double(&cli, &a, "mock-step-ms", 2.0, &step_ms) &&
-              cli_int(&cli, &a, "mock-vocab", 4096, 16, 1 << 20, &mock_vocab) && cli_check_unused(&cli, &a);
+              cli_int(&cli, &a, "mock-vocab", 4096, 16, 1 << 20, &mock_vocab) &&
+              cli_double(&cli, &a, "shared-prefix", -1.0, &shared_prefix) && cli_check_unused(&cli, &a);
     cli_args_free(&a);
     if (!ok) return 1;
     if ((mock != 0) + (preset != NULL) + (model != NULL) > 1)
@@ -132,6 +236,15 @@ int bench_engine(int argc, char **argv) {
             return cli_fail_err(&cli, &err);
         }
         model = tmp;
+    }
+    if (shared_prefix != -1.0 && (mock || shared_prefix < 0 || shared_prefix > 1 || recompute)) {
+        rc_cleanup(tmp);
+        return cli_fail(&cli, "--shared-prefix expects a ratio in [0, 1] and a real model with the cached runner");
+    }
+    if (shared_prefix >= 0) {
+        int rc = bench_shared_prefix(&cli, model, (int)threads, n, p, shared_prefix, (uint64_t)seed, preset);
+        rc_cleanup(tmp);
+        return rc;
     }
     const int64_t max_context = p + o + 1;
     di_engine_bench_opts bo = {.n_requests = (int32_t)n, .prompt_tokens = p, .output_tokens = o,
