@@ -9,6 +9,8 @@
  *    reported next to the golden noise floors and next to the error of plain chunking (bounded loosely
  *    so a broken restore still fails);
  *  - eviction under a small budget (LRU leaves, pinned paths never evicted) and refcounts;
+ *  - the mkmodel tiny preset (real 129,280-token vocabulary) with the default 64-token blocks: the
+ *    hit's compressed prefix byte-identical, the continuation's error reported;
  *  - the cached session runner (engine/api_runner.h) with the prefix cache on: the second request with
  *    the same prompt is served from the first one's blocks — hit and replay counted, its logits those
  *    of a restore + forward of the rest;
@@ -24,6 +26,7 @@
 #include "engine/prefix_cache.h"
 #include "io/safetensors.h"
 #include "model/golden.h"
+#include "model/mkmodel.h"
 #include "model/session.h"
 #include "testutil.h"
 
@@ -406,6 +409,91 @@ static void test_runner_prefix(void **st) {
     close_gcase(&g);
 }
 
+static void test_preset_block64(void **st) {
+    char *dir = tu_tmpdir("prefix");
+    di_mkmodel_opts mo = {.preset = "tiny", .seed = 3, .out_dir = dir};
+    di_mkmodel_stats ms;
+    di_error err = {0};
+    assert_int_equal(di_mkmodel_write(&mo, &ms, &err), DI_OK);
+    di_model *m;
+    di_backend *be;
+    assert_int_equal(di_model_open(dir, &m, &err), DI_OK);
+    assert_int_equal(di_backend_cpu_create(1, &be, &err), DI_OK);
+    enum { T = 200, N = 8 };
+    int64_t V = m->cfg.vocab_size;
+    int32_t ids[T + N];
+    uint64_t x = 12345;
+    for (int i = 0; i < T + N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((x >> 33) % (uint64_t)V);
+    }
+    float *la = malloc(sizeof(float) * (size_t)((N + 1) * V)), *lb = malloc(sizeof(float) * (size_t)((N + 1) * V));
+    assert_true(la && lb);
+    di_session_opts so = {.max_tokens = T + N, .spec_margin = -1};
+    di_session *a, *b;
+    assert_int_equal(di_session_create(m, be, &so, &a, &err), DI_OK);
+    assert_int_equal(di_session_create(m, be, &so, &b, &err), DI_OK);
+    assert_int_equal(di_session_forward(a, ids, T, false, la, NULL, &err), DI_OK);
+    di_prefix_cache *pc;
+    di_prefix_cache_opts po = {.budget_bytes = 1 << 24}; /* block 0 = 64 */
+    assert_int_equal(di_prefix_cache_create(&po, &pc, &err), DI_OK);
+    assert_int_equal(di_prefix_cache_block(pc), DI_PREFIX_BLOCK_DEFAULT);
+    assert_int_equal(di_prefix_cache_insert(pc, ids, T, a->cache, NULL, &err), DI_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(di_session_forward(a, ids + T + i, 1, false, la + (i + 1) * V, NULL, &err), DI_OK);
+
+    di_prefix_hit hit;
+    int64_t keep = di_prefix_cache_keep(pc, b);
+    assert_int_equal(di_prefix_cache_match(pc, ids, T, keep, &hit, &err), DI_OK);
+    int64_t P = (T - 1) / DI_PREFIX_BLOCK_DEFAULT * DI_PREFIX_BLOCK_DEFAULT;
+    assert_int_equal(hit.tokens, P);
+    assert_int_equal(di_prefix_cache_restore(pc, &hit, b, ids, 0, NULL, &err), DI_OK);
+    di_prefix_cache_release(pc, &hit);
+    int64_t na, nb;
+    uint8_t *pa = prefix_of(a->cache, P, &na), *pb = prefix_of(b->cache, P, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(pa, pb, (size_t)na);
+    assert_int_equal(di_session_forward(b, ids + P, T - P, false, lb, NULL, &err), DI_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(di_session_forward(b, ids + T + i, 1, false, lb + (i + 1) * V, NULL, &err), DI_OK);
+    double e = di_rel_err_f32(lb, la, (N + 1) * V);
+    /* the same split without any cache: this random model's own chunking noise, for scale */
+    float *lc = malloc(sizeof(float) * (size_t)((N + 1) * V));
+    di_session *c;
+    assert_non_null(lc);
+    assert_int_equal(di_session_create(m, be, &so, &c, &err), DI_OK);
+    assert_int_equal(di_session_forward(c, ids, P, false, NULL, NULL, &err), DI_OK);
+    assert_int_equal(di_session_forward(c, ids + P, T - P, false, lc, NULL, &err), DI_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(di_session_forward(c, ids + T + i, 1, false, lc + (i + 1) * V, NULL, &err), DI_OK);
+    double e_ch = di_rel_err_f32(lc, la, (N + 1) * V);
+    free(lc);
+    di_session_destroy(c);
+    int agree = 0;
+    for (int i = 0; i <= N; i++) {
+        int64_t am = 0, bm = 0;
+        for (int64_t v = 1; v < V; v++) {
+            if (la[i * V + v] > la[i * V + am]) am = v;
+            if (lb[i * V + v] > lb[i * V + bm]) bm = v;
+        }
+        agree += am == bm;
+    }
+    di_prefix_stats ps;
+    di_prefix_cache_stats(pc, &ps);
+    tu_report("mkmodel tiny, block 64: hit %lld of %d tokens (%lld B stored for %lld blocks, %.1f B/token), replay %lld: "
+              "logits of the last prompt position + %d decode steps rel %.3e vs full prefill (plain chunking at %lld "
+              "without cache: %.3e), argmax agreement %d/%d",
+              (long long)P, T, (long long)ps.bytes, (long long)ps.nodes, (double)ps.bytes / (double)(ps.nodes * 64),
+              (long long)keep, N, e, (long long)P, e_ch, agree, N + 1);
+    assert_true(e < 3 * e_ch); /* loose: the golden cases hold the bound against their noise floors */
+    free(pa), free(pb), free(la), free(lb);
+    di_session_destroy(a), di_session_destroy(b);
+    di_prefix_cache_destroy(pc);
+    di_backend_destroy(be);
+    di_model_close(m);
+    tu_rmtree(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_nosel),
@@ -413,6 +501,7 @@ int main(void) {
         cmocka_unit_test(test_short_hit_exact),
         cmocka_unit_test(test_eviction_refcounts),
         cmocka_unit_test(test_runner_prefix),
+        cmocka_unit_test(test_preset_block64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
