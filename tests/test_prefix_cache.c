@@ -358,9 +358,9 @@ static void test_eviction_refcounts(void **st) {
     close_gcase(&g);
 }
 
-static void run_piece(di_model_runner *it, int64_t id, const int32_t *ids, int32_t n, float *logits) {
+static void run_piece(di_model_runner *it, int64_t id, const int32_t *ids, int64_t pos0, int32_t n, float *logits) {
     di_error err = {0};
-    di_step_seq sq = {.req_id = id, .pos0 = 0, .n_tokens = n, .tokens = ids, .logits_row = 0};
+    di_step_seq sq = {.req_id = id, .pos0 = pos0, .n_tokens = n, .tokens = ids + pos0, .logits_row = 0};
     di_step_batch b = {.step = 1, .n_seqs = 1, .seqs = &sq, .n_tokens = n, .n_logits_rows = 1};
     assert_int_equal(it->forward(it->ctx, &b, logits, &err), DI_OK);
 }
@@ -378,16 +378,29 @@ static void test_runner_prefix(void **st) {
     assert_int_equal(di_session_runner_new(g.m, g.be, T + 8, BLOCK, 64, &sr, &it, &err), DI_OK);
     assert_int_equal(di_session_runner_cache_hit(sr, 1), -1); /* off */
     assert_int_equal(di_session_runner_enable_prefix(sr, BLOCK, 1 << 24, &err), DI_OK);
-    run_piece(&it, 1, g.prompt, (int32_t)T, l1);
+    run_piece(&it, 1, g.prompt, 0, (int32_t)T, l1);
     assert_int_equal(di_session_runner_cache_hit(sr, 1), 0);
     it.release(it.ctx, 1);
-    run_piece(&it, 2, g.prompt, (int32_t)T, l2);
+    run_piece(&it, 2, g.prompt, 0, (int32_t)T, l2);
     int64_t P = (T - 1) / BLOCK * BLOCK, keep = g.m->cfg.sliding_window + DI_CACHE_SPEC_MARGIN_DEFAULT;
     assert_int_equal(di_session_runner_cache_hit(sr, 2), P);
     assert_int_equal(sr->n_hit_tokens, P);
     assert_int_equal(sr->n_replayed, keep);
     assert_int_equal(sr->n_positions, T + keep + (T - P));
     it.release(it.ctx, 2);
+    /* a chunked prefill of the same prompt (pieces of 64 and 36): the first piece restores at 48
+     * (its own end cuts the match), the second goes deeper, to P, with a second replay */
+    float *l3 = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(l3);
+    run_piece(&it, 3, g.prompt, 0, 64, l3);
+    assert_int_equal(di_session_runner_cache_hit(sr, 3), 48);
+    run_piece(&it, 3, g.prompt, 64, (int32_t)(T - 64), l3);
+    assert_int_equal(di_session_runner_cache_hit(sr, 3), P);
+    assert_int_equal(sr->n_replayed, 3 * keep);
+    assert_int_equal(sr->n_positions, T + keep + (T - P) + (keep + 64 - 48) + (keep + T - P));
+    assert_memory_equal(l3, l2, sizeof(float) * (size_t)V); /* the same restore at P, the same rest */
+    it.release(it.ctx, 3);
+    free(l3);
 
     /* the same through the session API: restore from the first run's spans, run the rest */
     di_session *a = new_session(&g), *b = new_session(&g);
@@ -400,8 +413,10 @@ static void test_runner_prefix(void **st) {
     assert_int_equal(di_session_forward(b, g.prompt + P, T - P, false, ref, NULL, &err), DI_OK);
     assert_memory_equal(ref, l2, sizeof(float) * (size_t)V);
     tu_report("session runner with the prefix cache: second request hit %lld of %lld tokens, %lld replayed: %lld "
-              "positions computed instead of %lld (relative prompt logits of the hit %.3e)",
-              (long long)P, (long long)T, (long long)sr->n_replayed, (long long)(keep + T - P), (long long)T,
+              "positions computed instead of %lld; chunked 64 + 36: hits 48 then %lld, %lld positions (relative "
+              "last-position logits of the hit %.3e)",
+              (long long)P, (long long)T, (long long)keep, (long long)(keep + T - P), (long long)T, (long long)P,
+              (long long)(2 * keep + 64 - 48 + T - P),
               di_rel_err_f32(l2, l1, V));
     free(span), free(l1), free(l2), free(ref);
     di_session_destroy(a), di_session_destroy(b);

@@ -6,17 +6,20 @@
 
 #include "engine/prefix_cache.h"
 
-/* A request's fed tokens, for storing its blocks at release. */
+/* A request's fed tokens, for matching pieces against the prefix cache and storing its blocks at
+ * release. */
 typedef struct sr_fed {
     int32_t *ids; /* [cap] int32: positions 0 … n−1 */
     int64_t n, cap;
-    int64_t hit;  /* prefix hit of its first piece */
+    int64_t hit;  /* deepest prefix hit restored */
+    int streak;   /* the last match reached the end of its piece: the next piece may go deeper */
 } sr_fed;
 
 static sr_fed *fed_for(di_session_runner *r, int64_t id) {
     sr_fed *f = di_idmap_get(&r->fed, id);
     if (f) return f;
     if (!(f = calloc(1, sizeof *f))) return NULL;
+    f->streak = 1;
     if (di_idmap_put(&r->fed, id, f)) {
         free(f);
         return NULL;
@@ -37,28 +40,40 @@ static int fed_append(sr_fed *f, const int32_t *ids, int64_t n) {
     return 0;
 }
 
-/* First piece of a request with the prefix cache on: restore a hit by bounded replay, then run the
- * rest of the piece. *done = 1 when it ran the piece. */
+/* With the prefix cache on, a piece [pos0, end) whose tokens the cached blocks cover to H > pos0 +
+ * keep is served by restoring the session at H (bounded replay of keep tokens; what the session had
+ * computed is dropped) and running only [H, end). Tried on a request's first piece and, in a chunked
+ * prefill, on each next piece while the previous match reached its piece's end (a match stopped by
+ * the tree cannot go deeper later). *done = 1 when it ran the piece. The piece's tokens are already
+ * in f. */
 static int prefix_piece(di_session_runner *r, di_session *s, const di_step_seq *p, float *row, sr_fed *f, int *done,
                         di_error *err) {
     *done = 0;
-    int64_t keep = di_prefix_cache_keep(r->prefix, s);
+    if (!f->streak) return DI_OK;
+    int64_t end = p->pos0 + p->n_tokens, keep = di_prefix_cache_keep(r->prefix, s);
+    int64_t block = di_prefix_cache_block(r->prefix);
     di_prefix_hit hit;
-    int rc = di_prefix_cache_match(r->prefix, p->tokens, p->n_tokens, keep, &hit, err);
-    if (rc || hit.tokens == 0) return rc;
-    rc = di_prefix_cache_restore(r->prefix, &hit, s, p->tokens, keep, NULL, err);
-    int64_t P = hit.tokens, replayed = P - (P - keep > 0 ? (P - keep) / di_cache_prefix_align(s->cache) *
-                                                              di_cache_prefix_align(s->cache) : 0);
+    int rc = di_prefix_cache_match(r->prefix, f->ids, end, keep, &hit, err);
+    if (rc) return rc;
+    f->streak = hit.matched == (end - 1) / block * block;
+    int64_t H = hit.tokens;
+    if (H - p->pos0 <= keep) { /* nothing cached, or less than the replay would cost */
+        di_prefix_cache_release(r->prefix, &hit);
+        return DI_OK;
+    }
+    int64_t align = di_cache_prefix_align(s->cache);
+    int64_t replayed = H - (H - keep > 0 ? (H - keep) / align * align : 0);
+    rc = di_prefix_cache_restore(r->prefix, &hit, s, f->ids, keep, NULL, err);
     di_prefix_cache_release(r->prefix, &hit);
-    if (!rc) rc = di_session_forward(s, p->tokens + P, p->n_tokens - P, false, row, NULL, err);
+    if (!rc) rc = di_session_forward(s, f->ids + H, end - H, false, row, NULL, err);
     if (rc) {
         di_session_reset(s);
         return rc;
     }
-    f->hit = P;
-    r->n_hit_tokens += P;
+    r->n_hit_tokens += H - p->pos0;
     r->n_replayed += replayed;
-    r->n_positions += replayed + p->n_tokens - P;
+    r->n_positions += replayed + end - H;
+    f->hit = H;
     *done = 1;
     return DI_OK;
 }
@@ -100,7 +115,7 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
             if (!f || fed_append(f, p->tokens, p->n_tokens))
                 return di_error_set(err, DI_ERR_NOMEM, "session runner: request %lld tokens", (long long)p->req_id);
             int done = 0;
-            if (p->pos0 == 0 && (rc = prefix_piece(r, s, p, row, f, &done, err)))
+            if ((rc = prefix_piece(r, s, p, row, f, &done, err)))
                 return di_error_wrap(err, "session runner: request %lld prefix hit", (long long)p->req_id);
             if (done) continue;
         }

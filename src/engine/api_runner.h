@@ -13,14 +13,16 @@
  * Cache accounting toward the scheduler is nominal (blocks of block_tokens positions), as in the
  * recompute runner: each session holds the compact cache for max_context positions.
  *
- * Prefix cache (off unless di_session_runner_enable_prefix): a request's first piece is matched
- * against the blocks of earlier requests (engine/prefix_cache.h); on a hit of P tokens the session
- * is restored with an SWA bounded replay of keep tokens and only the piece's rest is run, so the
- * piece costs keep + (n − P) positions instead of n. A released request's fed tokens are stored
- * (its whole blocks) before its session is reset. A continuation after a hit is inexact by the
- * replay's bounded error (prefix_cache.h; tests/test_prefix_cache.c), and the blocks it stores carry
- * that error on. The hit is limited to the first piece: with chunked prefill the scheduler would
- * have to start the request at the hit to save more (not wired). */
+ * Prefix cache (off unless di_session_runner_enable_prefix): a request's tokens are matched against
+ * the blocks of earlier requests (engine/prefix_cache.h); when the cached blocks reach H tokens, more
+ * than a replay beyond what the session has computed, the session is restored at H with an SWA
+ * bounded replay of keep tokens and only the rest of the piece is run (a piece [pos0, end) costs
+ * keep + end − H positions instead of end − pos0). In a chunked prefill each next piece may go
+ * deeper while the previous match reached its piece's end; the scheduler still budgets the pieces
+ * at full size (it does not know about hits). A released request's fed tokens are stored (its whole
+ * blocks) before its session is reset. A continuation after a hit is inexact by the replay's
+ * bounded error (prefix_cache.h; tests/test_prefix_cache.c), and the blocks it stores carry that
+ * error on. */
 #ifndef DI_ENGINE_API_RUNNER_H
 #define DI_ENGINE_API_RUNNER_H
 
@@ -43,7 +45,7 @@ typedef struct di_session_runner {
     /* prefix cache (NULL = off) */
     struct di_prefix_cache *prefix;
     di_idmap fed;           /* request id → its fed tokens (sr_fed), kept while the prefix cache is on */
-    int64_t n_hit_tokens;   /* Σ prefix hits */
+    int64_t n_hit_tokens;   /* positions served from the prefix cache instead of computed */
     int64_t n_replayed;     /* positions re-run by bounded replays (part of n_positions) */
 } di_session_runner;
 
@@ -53,7 +55,7 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
 void di_session_runner_free(di_session_runner *r);
 /* Turn the prefix cache on (block_tokens ≤ 0 = 64, budget in bytes of stored spans). */
 int di_session_runner_enable_prefix(di_session_runner *r, int32_t block_tokens, int64_t budget_bytes, di_error *err);
-/* Prefix hit of a live request's first piece (0: none, −1: unknown request or cache off). */
+/* Tokens of a live request restored from the prefix cache (0: none, −1: unknown request or cache off). */
 int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id);
 
 #endif

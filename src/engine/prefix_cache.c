@@ -82,7 +82,8 @@ int di_prefix_cache_match(di_prefix_cache *pc, const int32_t *ids, int64_t n, in
         cur = child_of(cur, ids + (int64_t)depth * pc->block, pc->block);
         if (!cur) break;
     }
-    if ((int64_t)depth * pc->block <= keep) return DI_OK; /* the replay would redo all of it: decline */
+    hit->matched = (int64_t)depth * pc->block;
+    if (hit->matched <= keep) return DI_OK; /* the replay would redo all of it: decline */
     hit->nodes = malloc(sizeof(di_prefix_node *) * (size_t)depth);
     if (!hit->nodes) return di_error_set(err, DI_ERR_NOMEM, "prefix cache match: %d blocks", depth);
     pc->tick++;

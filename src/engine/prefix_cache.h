@@ -58,6 +58,7 @@ typedef struct di_prefix_cache di_prefix_cache;
 /* A pinned hit: nodes[0..n_blocks) root-side first; tokens = n_blocks · block (0 = miss). */
 typedef struct di_prefix_hit {
     int64_t tokens;
+    int64_t matched;        /* whole-block tokens that matched, also when the hit was declined (≤ keep) */
     int n_blocks;
     di_prefix_node **nodes; /* [n_blocks], owned by the hit */
 } di_prefix_hit;
