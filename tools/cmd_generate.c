@@ -32,9 +32,10 @@
  * generation (finish_reason "stop", the EOS id is the last output id and not part of the text).
  * Reaching --max-tokens first ends it with finish_reason "length": the text is then a valid prefix
  * of some sentence, complete only if "grammar_complete" says so. --json-whitespace compact allows no
- * whitespace in the JSON (default flexible: bounded runs around structural tokens). Needs a tokenizer; the grammar is
- * compiled before the model loads, so a malformed one fails fast. Not combinable with
- * --force-output-ids (the ids would bypass the mask) or --dspark (drafts are not masked). */
+ * whitespace in the JSON (default flexible: bounded runs around structural tokens). Needs a
+ * tokenizer; the grammar is compiled before the model loads, so a malformed one fails fast. Not
+ * combinable with --force-output-ids (the ids would bypass the mask) or --dspark (drafts are not
+ * masked). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
