@@ -46,6 +46,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "engine/grammar_vocab.h"
 #include "engine/sampler.h"
 #include "grammar/grammar.h"
 #include "io/safetensors.h"
@@ -191,32 +192,13 @@ static int grammar_compile(gen_grammar *gg, const char *schema_path, const di_js
     return rc;
 }
 
-/* The matcher over the tokenizer's byte strings, with the vocabulary built the way the engine API
- * builds it (engine_api.c grammar_vocab): ids past the tokenizer (embedding padding) and special
- * tokens never appear in constrained text, and eos is the one id that completes it. */
+/* The matcher over the tokenizer's byte strings (the same vocabulary the engine API uses). */
 static int grammar_start(gen_grammar *gg, const di_tokenizer *tok, uint32_t V, int32_t eos, di_error *err) {
-    const int32_t n_tok = di_tok_vocab_size(tok);
-    const uint8_t **bytes = calloc(V, sizeof *bytes); /* [V] borrowed from the tokenizer */
-    uint32_t *lens = calloc(V, sizeof *lens);         /* u32 [V] */
-    uint8_t *special = calloc(V, 1);                   /* u8 [V] */
-    gg->mask = calloc(di_grammar_mask_words(V), sizeof *gg->mask);
-    int rc = DI_OK;
-    if (!bytes || !lens || !special || !gg->mask)
-        rc = di_error_set(err, DI_ERR_NOMEM, "out of memory for the grammar vocabulary (%u tokens)", V);
-    else if (n_tok > (int32_t)V)
-        rc = di_error_set(err, DI_ERR_INVALID, "the tokenizer has %d tokens, the model's vocabulary only %u", n_tok, V);
-    static const uint8_t empty[1] = {0};
-    for (uint32_t t = 0; !rc && t < V; t++) {
-        size_t len = 0;
-        const char *b = (int32_t)t < n_tok ? di_tok_token_bytes(tok, (int32_t)t, &len) : NULL;
-        bytes[t] = b ? (const uint8_t *)b : empty;
-        lens[t] = b ? (uint32_t)len : 0;
-        special[t] = !b || di_tok_is_special(tok, (int32_t)t);
-    }
-    if (!rc) rc = di_grammar_vocab_new(V, bytes, lens, special, &eos, 1, &gg->v, err);
+    gg->mask = calloc(di_grammar_mask_words(V), sizeof *gg->mask); /* u32 [ceil(V/32)] */
+    int rc = gg->mask ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "out of memory for the grammar mask (%u tokens)", V);
+    if (!rc) rc = di_grammar_vocab_from_tokenizer(tok, V, eos, &gg->v, err);
     if (!rc) rc = di_grammar_matcher_new(gg->g, gg->v, NULL, &gg->m, err);
     if (rc) di_error_wrap(err, "--%s", gg->option);
-    free(bytes), free(lens), free(special);
     return rc;
 }
 
