@@ -10,9 +10,12 @@ out=models/tiny
 "$bin" generate --model "$out" --prompt-ids 0,128803,1000,2000,128804 --max-tokens 16 --temperature 0
 "$bin" generate --model "$out" --prompt-ids 0,128803,1000,2000,128804 --max-tokens 16 --temperature 0.6 --seed 1 \
     --dspark
-# text in, text out through the V4 vocabulary (V4.1 reuses it) when the tokenizer is in the tree
-tok=data/tokenizer/deepseek-v4
-if [ -f "$tok/tokenizer.json" ]; then
-    "$bin" generate --model "$out" --tokenizer "$tok" --prompt "<｜User｜>Hello!<｜Assistant｜>" --max-tokens 8 \
-        --temperature 0
-fi
+# text in, text out: the model ships its tokenizer (models/tiny/TOKENIZER.md says which)
+"$bin" generate --model "$out" --prompt "<｜User｜>Hello!<｜Assistant｜>" --max-tokens 8 --temperature 0
+# an offline batch of chat requests (OpenAI batch format) through the engine
+printf '%s\n' \
+  '{"custom_id":"demo-1","url":"/v1/chat/completions","body":{"model":"DeepSeek-V4.1-Flash","messages":[{"role":"user","content":"Hello!"}],"max_tokens":12,"seed":7}}' \
+  '{"custom_id":"demo-2","url":"/v1/chat/completions","body":{"model":"DeepSeek-V4.1-Flash","messages":[{"role":"user","content":"Give me a date."}],"max_tokens":12,"thinking":{"type":"disabled"},"response_format":{"type":"regex","regex":"20[0-9]{2}-[01][0-9]-[0-3][0-9]"}}}' \
+  > models/demo-requests.jsonl
+"$bin" run --model "$out" --input models/demo-requests.jsonl --output models/demo-results.jsonl
+cat models/demo-results.jsonl

@@ -14,7 +14,8 @@ static const struct {
     {"plan", cmd_plan, "--model DIR|--config FILE [--device cpu|cuda] [--max-seqs N] ...  memory plan; refuses what does not fit"},
     {"generate", cmd_generate, "--model DIR --prompt-ids 1,2|--prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]\n"
      "                    [--top-p P] [--min-p P] [--seed S] [--force-output-ids 4,5] [--dspark] [--chunk N]\n"
-     "                    [--tokenizer PATH] [--dump-logits FILE]  generate tokens"},
+     "                    [--tokenizer PATH] [--dump-logits FILE]\n"
+     "                    [--json-schema FILE [--json-whitespace compact] | --regex R | --grammar FILE]  generate tokens"},
     {"verify", cmd_verify, "--model DIR --golden FILE [--dump FILE] [--dump-stages FILE] [--kernels FILE|--no-ops]\n"
      "                    [--threads N] [--cpu-impl fast|scalar]  fidelity against golden reference outputs"},
     {"encode", cmd_encode, "--tokenizer FILE|--model DIR --text S          text to token ids"},

@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "deepinfer.h"
+#include "engine/grammar_vocab.h"
 #include "engine/api_protocol.h"
 #include "engine/api_runner.h"
 #include "engine/engine_core.h"
@@ -221,30 +222,10 @@ int di_engine_has_tokenizer(const di_engine *e) { return e->tok != NULL; }
 
 /* ---- grammar ---- */
 
-/* The tokenizer's byte strings as the grammar's vocabulary; ids past the tokenizer (embedding
- * padding) and control tokens never appear in constrained text. */
+/* The tokenizer's byte strings as the grammar's vocabulary, built on the first grammar request. */
 static int grammar_vocab(di_engine *e, di_error *err) {
     if (e->gvocab) return DI_OK;
-    const uint32_t V = (uint32_t)e->model->cfg.vocab_size;
-    const int32_t n_tok = di_tok_vocab_size(e->tok);
-    const uint8_t **bytes = calloc(V, sizeof *bytes); /* [V] borrowed from the tokenizer */
-    uint32_t *lens = calloc(V, sizeof *lens);         /* [V] */
-    uint8_t *special = calloc(V, 1);                   /* [V] */
-    if (!bytes || !lens || !special) {
-        free(bytes), free(lens), free(special);
-        return di_error_set(err, DI_ERR_NOMEM, "engine: out of memory for the grammar vocabulary");
-    }
-    static const uint8_t empty[1] = {0};
-    for (uint32_t t = 0; t < V; t++) {
-        size_t len = 0;
-        const char *b = (int32_t)t < n_tok ? di_tok_token_bytes(e->tok, (int32_t)t, &len) : NULL;
-        bytes[t] = b ? (const uint8_t *)b : empty;
-        lens[t] = b ? (uint32_t)len : 0;
-        special[t] = !b || di_tok_is_special(e->tok, (int32_t)t);
-    }
-    int rc = di_grammar_vocab_new(V, bytes, lens, special, &e->eos, 1, &e->gvocab, err);
-    free(bytes), free(lens), free(special);
-    return rc;
+    return di_grammar_vocab_from_tokenizer(e->tok, (uint32_t)e->model->cfg.vocab_size, e->eos, &e->gvocab, err);
 }
 
 static int k_fill_mask(void *ctx, uint32_t *mask, di_error *err) {

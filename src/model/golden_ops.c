@@ -139,6 +139,48 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         }
         add(r, "hc_sinkhorn", "max f32 ulps (pre, post, comb)", (double)mx, 4, mx <= 4);
     }
+    { /* hc_sinkhorn against a double-precision evaluation of the reference algorithm (20 iterations)
+       * on inputs that converge slowly: two rows of the comb logits want the same column, so every
+       * iteration still moves the matrix by ~1e-5 relative. The reference's own vector above has
+       * converged long before iteration 19, so it cannot tell 19 iterations from 20; this check can
+       * (f32 vs f64 arithmetic differs by ~1.5e-7 here, one iteration fewer by ~3e-5). */
+        enum { HC = 4, NM = (2 + HC) * HC, NT = 3 };
+        const double peaks[NT] = {16, 20, 30};
+        int iters = faults && faults->sinkhorn_iters > 0 ? faults->sinkhorn_iters : 20;
+        float mixes[NT * NM] = {0}, scale[3] = {1, 1, 1}, base[NM] = {0};
+        for (int t = 0; t < NT; t++) mixes[t * NM + 2 * HC + 0] = mixes[t * NM + 2 * HC + HC] = (float)peaks[t];
+        rc = be->hc_sinkhorn(be, mixes, NT, HC, scale, base, iters, 1e-6f, f, f + NT * HC, f + 2 * NT * HC, err);
+        if (rc) goto done;
+        double worst = 0;
+        for (int t = 0; t < NT; t++) {
+            double c[HC][HC], eps = (double)1e-6f, mx = 0;
+            for (int j = 0; j < HC; j++) { /* row softmax + eps: the first row step */
+                double rmax = -INFINITY, sum = 0;
+                for (int k = 0; k < HC; k++) rmax = fmax(rmax, (double)mixes[t * NM + 2 * HC + j * HC + k]);
+                for (int k = 0; k < HC; k++) sum += c[j][k] = exp((double)mixes[t * NM + 2 * HC + j * HC + k] - rmax);
+                for (int k = 0; k < HC; k++) c[j][k] = c[j][k] / sum + eps;
+            }
+            for (int it = 0; it < 20; it++) {
+                for (int j = 0; it > 0 && j < HC; j++) {
+                    double sum = eps;
+                    for (int k = 0; k < HC; k++) sum += c[j][k];
+                    for (int k = 0; k < HC; k++) c[j][k] /= sum;
+                }
+                for (int k = 0; k < HC; k++) {
+                    double sum = eps;
+                    for (int j = 0; j < HC; j++) sum += c[j][k];
+                    for (int j = 0; j < HC; j++) c[j][k] /= sum;
+                }
+            }
+            for (int j = 0; j < HC; j++)
+                for (int k = 0; k < HC; k++) mx = fmax(mx, fabs(c[j][k]));
+            for (int j = 0; j < HC; j++)
+                for (int k = 0; k < HC; k++)
+                    worst = fmax(worst, fabs((double)f[2 * NT * HC + (t * HC + j) * HC + k] - c[j][k]) / mx);
+        }
+        add(r, "hc_sinkhorn", "slow input: rel err vs f64 oracle", worst, 2e-6,
+            worst <= 2e-6);
+    }
     { /* sparse attention with sink: ≤ 1 bf16 ulp on ≤ 1 % */
         uint16_t *q = kget(&k, "sparse_attn.q", DI_BF16, 4 * 64 * 512, err, &rc);
         uint16_t *kv = kget(&k, "sparse_attn.kv", DI_BF16, 192 * 512, err, &rc);
