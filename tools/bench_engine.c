@@ -216,6 +216,8 @@ int bench_engine(int argc, char **argv) {
     if (strcmp(runner_name, "cached") && strcmp(runner_name, "recompute"))
         return cli_fail(&cli, "--runner expects cached or recompute, got '%s'", runner_name);
     const bool recompute = !strcmp(runner_name, "recompute");
+    if (shared_prefix != -1.0 && (mock || shared_prefix < 0 || shared_prefix > 1 || recompute))
+        return cli_fail(&cli, "--shared-prefix expects a ratio in [0, 1] and a real model with the cached runner");
     if (threads == 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         threads = c > 0 ? c : 1;
@@ -236,10 +238,6 @@ int bench_engine(int argc, char **argv) {
             return cli_fail_err(&cli, &err);
         }
         model = tmp;
-    }
-    if (shared_prefix != -1.0 && (mock || shared_prefix < 0 || shared_prefix > 1 || recompute)) {
-        rc_cleanup(tmp);
-        return cli_fail(&cli, "--shared-prefix expects a ratio in [0, 1] and a real model with the cached runner");
     }
     if (shared_prefix >= 0) {
         int rc = bench_shared_prefix(&cli, model, (int)threads, n, p, shared_prefix, (uint64_t)seed, preset);
