@@ -78,7 +78,8 @@ static inline int64_t di_session_replay_keep(const di_session *s) {
  * differs from a full prefill only through the truncated windows of the first replayed positions
  * (inexact by design; with r = 0 it is a plain prefill of [0, B) with the entries already present).
  * keep ≥ W (< 0: di_session_replay_keep). logits (may be NULL): f32 [1, V] of position B−1 from the
- * replay. Afterwards the session is at length B; continue with di_session_forward. */
+ * replay. Afterwards the session is at length B; continue with di_session_forward. On failure the
+ * session is left empty (reset). */
 int di_session_prefix_restore(di_session *s, const int32_t *ids, int64_t keep, const uint8_t *const *spans,
                               const int64_t *span_end, int n_spans, float *logits, const di_fwd_opts *opts,
                               di_error *err);
