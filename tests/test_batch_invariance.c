@@ -1,19 +1,26 @@
-/* Batch invariance on the real model (issue 7 item 5), through the public C API only: two target
- * requests — one seeded at temperature 1, one greedy, both asking for the top-20 logprobs of every
- * step — are run alone, then inside batches of 1–32 other requests that vary everything the target
- * does not own: the neighbours' prompts, lengths, seeds, temperatures, max_tokens and choice counts,
- * the arrival order and arrival step, cancellation of a neighbour mid-flight, max_seqs, the step
- * token budget, the engine's default prefill chunk, the number of sampling threads, sync and async
- * stepping, and a cache budget tight enough to force preemption. The target's tokens and the float
- * bits of every logprob (the sampled one and all 20 alternatives — a bit-exact proxy for its logits
- * row, since RAW logprobs are logits minus one log-sum-exp over the whole row) must equal the alone
- * run's exactly.
+/* Batch invariance on the real model (issue 7 item 5), through the public C API only. Three target
+ * requests — seeded at temperature 1 (RAW logprobs), greedy (RAW), and one with every sampler stage
+ * on (penalties, logit bias, T 0.8, top-k, top-p, min-p; PROCESSED logprobs), each asking for the
+ * top-20 logprobs of every step — are run alone, then inside batches of 1–32 other requests that
+ * vary everything a target does not own: the neighbours' prompts, lengths, seeds, temperatures,
+ * max_tokens, prefill chunks and choice counts, the arrival order and arrival step, cancellation of a
+ * neighbour mid-flight, max_seqs, the step token budget, the engine's default prefill chunk, the
+ * number of sampling threads, sync and async stepping, and cache budgets tight enough to preempt
+ * (one test forces each target to be preempted a few tokens into its decode and recomputed).
  *
- * What the target does own stays fixed: its prompt, sampling parameters, seed, its own prefill chunk
- * (8, so its 21-token prompt is prefilled in pieces 8 + 8 + 5) and the model's thread count.
+ * A target's tokens and the float bits of every logprob — the sampled one and all 20 alternatives —
+ * must equal its alone run's exactly (memcmp). The API returns no logits rows; RAW logprobs are the
+ * logits minus one log-sum-exp over the whole 129,280-entry row, so 21 of them per step pin the top
+ * logits and the row's normaliser bit for bit: a one-ulp shift of every logit of a row fails the
+ * test, a one-ulp shift of a single logit outside the top 20 can go unseen.
  *
- * The model is the `tiny` preset written by di_mkmodel_write (real 129,280-token vocabulary, every
- * V4.1 block role, a 16-position window the prompts overrun) with no tokenizer: prompts are ids. */
+ * What a target does own stays fixed: its prompt, sampling parameters, seed, its own prefill chunk
+ * (8, so its prompts of 21, 17 and 13 ids are prefilled in pieces 8+8+5, 8+8+1, 8+5), and the
+ * engine's model thread count and context size.
+ *
+ * The model is the `tiny` preset written by di_mkmodel_write (the real vocabulary, every V4.1 block
+ * role, a 16-position window that the prompts overrun) with no tokenizer: prompts are ids.
+ * ~18 s CPU here (~80 s under ASan, so not in the sanitizer subset). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +33,7 @@ enum {
     MAX_OUT = 6,         /* tokens per request at most */
     MAX_PROMPT = 24,
     MAX_NEIGHBOURS = 32,
-    N_TARGETS = 2,
+    N_TARGETS = 3,
     MAX_JOBS = N_TARGETS + MAX_NEIGHBOURS,
     TARGET_CHUNK = 8,
     N_TOP = 20
@@ -83,25 +90,41 @@ static void fill_prompt(job *j, int n, int32_t V) {
     for (int i = 0; i < n; i++) j->prompt[i] = 3 + (int32_t)(rnd() % (uint64_t)(V - 3));
 }
 
-/* The two targets: prompts and parameters identical in every run. */
+/* The targets: prompts and parameters identical in every run. */
+static const di_token_bias k_bias[] = {{5, 3.0f}, {1000, -2.0f}, {70000, 4.5f}};
+
 static void make_targets(job *t, int32_t V) {
     uint64_t saved = g_rng;
     g_rng = 0xD1B54A32D192ED03ull; /* the targets' prompts do not depend on how many neighbours came before */
     for (int k = 0; k < N_TARGETS; k++) {
         memset(&t[k], 0, sizeof t[k]);
-        fill_prompt(&t[k], 21 - 4 * k, V); /* 21 (pieces 8 + 8 + 5) and 17 (8 + 8 + 1) */
+        fill_prompt(&t[k], 21 - 4 * k, V); /* 21, 17, 13 positions: pieces 8+8+5, 8+8+1, 8+5 */
         di_request_options_default(&t[k].ro);
-        t[k].ro.sampling.temperature = k == 0 ? 1.0f : 0.0f;
-        t[k].ro.sampling.seed = 0xC0FFEEull + (uint64_t)k;
+        di_sampling_params *sp = &t[k].ro.sampling;
+        sp->seed = 0xC0FFEEull + (uint64_t)k;
         t[k].ro.has_seed = 1;
-        t[k].ro.sampling.logprobs = 1;
-        t[k].ro.sampling.n_top_logprobs = N_TOP;
+        sp->logprobs = 1;
+        sp->n_top_logprobs = N_TOP;
         t[k].ro.max_tokens = MAX_OUT;
         t[k].ro.ignore_eos = 1;
         t[k].ro.prefill_chunk = TARGET_CHUNK;
         t[k].cancel_at = -1;
     }
     g_rng = saved;
+    t[0].ro.sampling.temperature = 1.0f; /* seeded draw from the raw distribution */
+    t[1].ro.sampling.temperature = 0.0f; /* greedy */
+    /* every sampler stage on, logprobs of the processed distribution */
+    di_sampling_params *sp = &t[2].ro.sampling;
+    sp->temperature = 0.8f;
+    sp->top_k = 40;
+    sp->top_p = 0.9f;
+    sp->min_p = 0.01f;
+    sp->presence_penalty = 0.5f;
+    sp->frequency_penalty = 0.25f;
+    sp->repetition_penalty = 1.2f;
+    sp->logit_bias = k_bias;
+    sp->n_logit_bias = (int32_t)(sizeof k_bias / sizeof k_bias[0]);
+    sp->logprobs_mode = DI_LOGPROBS_PROCESSED;
 }
 
 static void make_neighbour(job *j, const config *c, int32_t V) {
@@ -199,7 +222,8 @@ static void assert_same_trace(const trace *got, const trace *want, const char *c
         if (memcmp(&a->logprob, &b->logprob, sizeof a->logprob))
             fail_msg("%s: target %d step %lld: logprob %.9g, alone %.9g", cfg, target, (long long)t, a->logprob,
                      b->logprob);
-        if (a->n_top != b->n_top) fail_msg("%s: target %d step %lld: %d alternatives, alone %d", cfg, target, (long long)t, a->n_top, b->n_top);
+        if (a->n_top != b->n_top)
+            fail_msg("%s: target %d step %lld: %d alternatives, alone %d", cfg, target, (long long)t, a->n_top, b->n_top);
         for (int32_t r = 0; r < a->n_top; r++)
             if (a->top_ids[r] != b->top_ids[r] || memcmp(&a->top_logprobs[r], &b->top_logprobs[r], sizeof(float)))
                 fail_msg("%s: target %d step %lld rank %d: id %d logprob %.9g, alone id %d logprob %.9g", cfg, target,
@@ -265,19 +289,26 @@ static void test_target_alone_equals_target_in_any_batch(void **state) {
     need_alone();
     const int32_t V = g_vocab;
     const config configs[] = {
-        {"32 neighbours, one batch, sync", 0, 64, 2048, 512, 0, 1, 32, 0, 0},
-        {"32 neighbours, staggered, 5 seqs x 24 tokens, async", 1, 5, 24, 12, 0, 3, 32, 12, 0},
-        {"1 neighbour, sync", 0, 2, 16, 8, 0, 1, 1, 2, 0},
-        {"7 neighbours, 3 seqs x 9 tokens, sync", 0, 3, 9, 8, 0, 2, 7, 6, 0},
-        {"12 neighbours, 6 blocks of cache, async", 1, 16, 64, 16, 96, 2, 12, 3, 1},
-        {"20 neighbours, 5 blocks of cache, sync", 0, 33, 40, 8, 80, 1, 20, 4, 1},
-        {"random crowd, async", 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {.name = "32 neighbours, one batch, sync", .max_seqs = 64, .step_tokens = 2048, .engine_chunk = 512,
+         .sample_threads = 1, .n_neighbours = 32},
+        {.name = "32 neighbours, staggered, 5 seqs x 24 tokens, async", .async = 1, .max_seqs = 5, .step_tokens = 24,
+         .engine_chunk = 12, .sample_threads = 3, .n_neighbours = 32, .max_arrival = 12},
+        {.name = "1 neighbour, sync", .max_seqs = 2, .step_tokens = 16, .engine_chunk = 8, .sample_threads = 1,
+         .n_neighbours = 1, .max_arrival = 2},
+        {.name = "7 neighbours, 3 seqs x 9 tokens, sync", .max_seqs = 3, .step_tokens = 9, .engine_chunk = 8,
+         .sample_threads = 2, .n_neighbours = 7, .max_arrival = 6},
+        {.name = "12 neighbours, 6 blocks of cache, async", .async = 1, .max_seqs = 16, .step_tokens = 64,
+         .engine_chunk = 16, .cache_tokens = 6 * 16, .sample_threads = 2, .n_neighbours = 12, .max_arrival = 3,
+         .expect_preemption = 1},
+        {.name = "20 neighbours, 5 blocks of cache, sync", .max_seqs = 33, .step_tokens = 40, .engine_chunk = 8,
+         .cache_tokens = 5 * 16, .sample_threads = 1, .n_neighbours = 20, .max_arrival = 4, .expect_preemption = 1},
+        {.name = "random crowd, async", .async = 1}, /* the rest drawn below */
     };
     const int n_configs = (int)(sizeof configs / sizeof configs[0]);
     int64_t preemptions = 0, steps = 0, positions = 0;
     for (int ci = 0; ci < n_configs; ci++) {
         config c = configs[ci];
-        if (c.max_seqs == 0) { /* drawn: anything from a lone neighbour to a full crowd */
+        if (c.max_seqs == 0) { /* anything from a lone neighbour to a full crowd */
             c.n_neighbours = rnd_in(1, MAX_NEIGHBOURS);
             c.max_seqs = rnd_in(2, 34);
             c.step_tokens = rnd_in(c.max_seqs > TARGET_CHUNK ? c.max_seqs : TARGET_CHUNK, 200);
@@ -287,25 +318,29 @@ static void test_target_alone_equals_target_in_any_batch(void **state) {
         }
         job jobs[MAX_JOBS];
         int n = c.n_neighbours + N_TARGETS;
-        /* the targets sit at random places in the add order and arrive at random steps */
-        int slot[N_TARGETS];
-        slot[0] = rnd_in(0, n - 1);
-        do slot[1] = rnd_in(0, n - 1);
-        while (slot[1] == slot[0]);
-        for (int i = 0, nb = 0; i < n; i++) {
-            int k = i == slot[0] ? 0 : i == slot[1] ? 1 : -1;
-            if (k >= 0) {
+        /* the targets sit at random places in the add order (a partial shuffle) and arrive at random steps */
+        int order[MAX_JOBS], slot[N_TARGETS];
+        for (int i = 0; i < n; i++) order[i] = i;
+        for (int k = 0; k < N_TARGETS; k++) {
+            int r = rnd_in(k, n - 1), tmp = order[k];
+            order[k] = order[r], order[r] = tmp;
+            slot[k] = order[k];
+        }
+        for (int i = 0; i < n; i++) {
+            int k = 0;
+            while (k < N_TARGETS && slot[k] != i) k++;
+            if (k < N_TARGETS) {
                 jobs[i] = g_targets[k];
                 jobs[i].add_at = rnd_in(0, c.max_arrival);
             } else {
                 make_neighbour(&jobs[i], &c, V);
-                nb++;
             }
         }
         di_engine_stats st;
         run(&c, jobs, n, &st);
         char what[160];
-        snprintf(what, sizeof what, "config %d (%s; targets at %d and %d of %d)", ci, c.name, slot[0], slot[1], n);
+        snprintf(what, sizeof what, "config %d (%s; targets at %d, %d, %d of %d)", ci, c.name, slot[0], slot[1],
+                 slot[2], n);
         for (int k = 0; k < N_TARGETS; k++) assert_same_trace(&jobs[slot[k]].out[0], &g_alone[k], what, k);
         if (c.expect_preemption && st.preemptions == 0) fail_msg("%s: the cache budget forced no preemption", what);
         tu_report("batch invariance %s: %d requests, %lld steps, %lld preemptions: targets bit-identical", what, n,
@@ -314,37 +349,41 @@ static void test_target_alone_equals_target_in_any_batch(void **state) {
         steps += st.steps;
         positions += st.prompt_tokens + st.generated_tokens;
     }
-    tu_report("batch invariance: %d configurations, %lld steps, %lld positions, %lld preemptions; 2 targets x %d "
+    tu_report("batch invariance: %d configurations, %lld steps, %lld positions, %lld preemptions; %d targets x %d "
               "tokens x (1 + %d) logprobs bit-identical to alone",
-              n_configs, (long long)steps, (long long)positions, (long long)preemptions, MAX_OUT, N_TOP);
+              n_configs, (long long)steps, (long long)positions, (long long)preemptions, N_TARGETS, MAX_OUT, N_TOP);
 }
 
-/* Preemption by recompute, forced: an older request A (12-token prompt, 1 cache block) and the two
- * targets (2 blocks each) fill a 5-block pool; when A's decode reaches position 16 it needs a second
- * block and the newest running request — the target added last — is preempted a few tokens into its
- * decode, then re-prefills its prompt and those tokens once A is done. */
+/* Preemption by recompute, forced: an older request A (12-token prompt) and the three targets fill
+ * a 6-block pool (16 positions a block) once the targets' prefills pass position 16; when A's and
+ * target 2's decodes reach position 16 they need one more block each and the newest running request
+ * — the target added last — is preempted three tokens into its decode, then re-prefills its prompt
+ * and those tokens (in pieces that now straddle the prompt's end) once A is done. Each pass makes a
+ * different target the newest. */
 static void test_preempted_target(void **state) {
     (void)state;
     need_alone();
-    const int32_t V = g_vocab;
-    for (int pass = 0; pass < 2; pass++) {
-        const config c = {.name = pass ? "forced preemption, async" : "forced preemption, sync", .async = pass,
-                          .max_seqs = 8, .step_tokens = 64, .engine_chunk = 16, .cache_tokens = 5 * 16,
-                          .sample_threads = 2};
-        job jobs[3];
+    for (int pass = 0; pass < N_TARGETS; pass++) {
+        const config c = {.name = pass == 1 ? "forced preemption, async" : "forced preemption, sync",
+                          .async = pass == 1, .max_seqs = 8, .step_tokens = 64, .engine_chunk = 16,
+                          .cache_tokens = 6 * 16, .sample_threads = 2};
+        job jobs[1 + N_TARGETS];
         memset(&jobs[0], 0, sizeof jobs[0]);
-        fill_prompt(&jobs[0], 12, V);
+        fill_prompt(&jobs[0], 12, g_vocab);
         di_request_options_default(&jobs[0].ro);
         jobs[0].ro.sampling.temperature = 0.0f;
         jobs[0].ro.max_tokens = MAX_OUT;
         jobs[0].ro.ignore_eos = 1;
         jobs[0].cancel_at = -1;
-        jobs[1] = g_targets[pass], jobs[2] = g_targets[1 - pass]; /* targets[1 - pass] is the newest */
+        int which[N_TARGETS]; /* jobs[1 + i] is target which[i]; the last one added is target `pass` */
+        for (int i = 0; i < N_TARGETS; i++) which[i] = (pass + 1 + i) % N_TARGETS;
+        for (int i = 0; i < N_TARGETS; i++) jobs[1 + i] = g_targets[which[i]];
         di_engine_stats st;
-        run(&c, jobs, 3, &st);
+        run(&c, jobs, 1 + N_TARGETS, &st);
         char what[96];
-        snprintf(what, sizeof what, "%s (target %d preempted)", c.name, 1 - pass);
-        for (int k = 0; k < N_TARGETS; k++) assert_same_trace(&jobs[1 + k].out[0], &g_alone[k == 0 ? pass : 1 - pass], what, k == 0 ? pass : 1 - pass);
+        snprintf(what, sizeof what, "%s (target %d newest)", c.name, pass);
+        for (int i = 0; i < N_TARGETS; i++)
+            assert_same_trace(&jobs[1 + i].out[0], &g_alone[which[i]], what, which[i]);
         tu_report("batch invariance %s: %lld steps, %lld preemptions: targets bit-identical", what, (long long)st.steps,
                   (long long)st.preemptions);
         assert_true(st.preemptions >= 1);
