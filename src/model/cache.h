@@ -263,9 +263,8 @@ int64_t di_cache_prefix_span_bytes(const di_cache *c, int64_t t0, int64_t t1);
 int di_cache_prefix_export(const di_cache *c, int64_t t0, int64_t t1, uint8_t *out, int64_t cap, di_error *err);
 /* Start a sequence that resumes at boundary B with replay from r = replay_start (0 ≤ r ≤ B, both
  * aligned): resets the cache, sets n = r, freezes the entries [0, B/R) (to be filled by
- * di_cache_prefix_import before the replay reads them) and puts the window floor at r: the replay
- * chunk [r, …) reads positions below r as zero rows, which it must mask (the forward's
- * window_no_history); any other read below r is refused. The Engram history of [r − (G−1), r) is
+ * di_cache_prefix_import before the replay reads them) and puts the window floor at r: every read
+ * below r is refused (the replay chunk's forward runs with window_floor = r, so it reads none). The Engram history of [r − (G−1), r) is
  * the caller's to put. */
 int di_cache_prefix_begin(di_cache *c, int64_t boundary, int64_t replay_start, di_error *err);
 /* Copy a span [t0, t1) (t1 ≤ the boundary of di_cache_prefix_begin) in from src (bytes = span bytes). */

@@ -126,12 +126,6 @@ int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, u
         return di_error_set(err, DI_ERR_INVALID, "cache window read: positions [%lld, %lld)", (long long)p0,
                             (long long)p1);
     for (int64_t p = p0; p < p1; p++) {
-        /* the history of the replay chunk itself (it starts at the floor and masks every position
-         * below it): zero rows, never a slot's stale bytes */
-        if (p < c->win_floor && p1 == c->win_floor) {
-            memset(rows + (p - p0) * c->head_dim, 0, sizeof(uint16_t) * (size_t)c->head_dim);
-            continue;
-        }
         int rc = window_readable(c, stage, p, "window read", err);
         if (rc) return rc;
         fp8_slot_to_bf16(ring_slot(c, stage, p), c->head_dim, rows + (p - p0) * c->head_dim);

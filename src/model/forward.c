@@ -183,7 +183,9 @@ static int out_init(const di_config *cfg, int64_t T, di_prefill_out *o, di_error
  * 64-index blocking of the attention kernel. */
 static int window_lists(fwd_ctx *c) {
     int64_t W = c->cfg->sliding_window, s0 = c->s0, T = c->T;
+    int64_t floor = c->opts->window_floor;
     c->win_base = s0 - W + 1 > 0 ? s0 - W + 1 : 0;
+    if (c->win_base < floor) c->win_base = floor > s0 ? s0 : floor; /* rows below the floor are never read */
     c->n_win_rows = s0 + T - c->win_base;
     bool decode = T == 1 && s0 > 0;
     c->n_win = decode ? W : (s0 + T < W ? s0 + T : W);
@@ -192,7 +194,7 @@ static int window_lists(fwd_ctx *c) {
         int64_t p = s0 + t, first = decode ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
         for (int64_t j = 0; j < c->n_win; j++) {
             int64_t q = first + j;
-            bool hide = q < 0 || q > p || (c->opts->faults.window_no_history && q < s0);
+            bool hide = q < 0 || q > p || q < floor || (c->opts->faults.window_no_history && q < s0);
             c->win_idx[t * c->n_win + j] = hide ? -1 : (int32_t)(q - c->win_base);
         }
     }

@@ -56,6 +56,9 @@ typedef struct di_fwd_opts {
     di_dump_fn dump; /* NULL = no dumps */
     void *dump_ctx;
     di_graph_faults faults;
+    /* SWA bounded replay (engine/prefix_cache.h): window positions below window_floor are invisible
+     * to this chunk's queries and never read from the cache; 0 = the whole window. */
+    int64_t window_floor;
 } di_fwd_opts;
 
 /* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and

@@ -109,7 +109,7 @@ int di_session_prefix_restore(di_session *s, const int32_t *ids, int64_t keep, c
         return rc;
     }
     di_fwd_opts ro = opts ? *opts : (di_fwd_opts){0};
-    ro.faults.window_no_history = true; /* the replay chunk starts at the floor: no window below r */
+    ro.window_floor = r; /* the replay chunk starts at the floor: no window below r */
     rc = di_session_forward(s, ids + r, B - r, false, logits, &ro, err);
     if (rc) di_cache_reset(c);
     return rc;

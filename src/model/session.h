@@ -73,8 +73,8 @@ static inline int64_t di_session_replay_keep(const di_session *s) {
  * of ids[0..B): the compressed KV / index keys of [0, B) come from the spans (di_cache_prefix_export
  * blobs of [span_end[i−1], span_end[i]), span_end[−1] = 0), the Engram history from the ids, and the
  * window rings from a replay of ids[r, B) with r = B − keep rounded down to the cache's alignment
- * (≥ 0). The replayed queries see no window position below r (the forward's window_no_history on a
- * chunk starting at the cache's floor) and their compressed entries are not rewritten, so the result
+ * (≥ 0). The replayed queries see no window position below r (the forward's window_floor at the
+ * cache's floor) and their compressed entries are not rewritten, so the result
  * differs from a full prefill only through the truncated windows of the first replayed positions
  * (inexact by design; with r = 0 it is a plain prefill of [0, B) with the entries already present).
  * keep ≥ W (< 0: di_session_replay_keep). logits (may be NULL): f32 [1, V] of position B−1 from the
