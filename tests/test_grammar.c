@@ -8,6 +8,8 @@
 
 #include "grammar/cfg.h"
 #include "grammar/earley.h"
+#include "grammar/grammar_impl.h"
+#include "grammar/state_cache.h"
 #include "grammar_testlib.h"
 
 static double now_s(void) {
@@ -404,7 +406,9 @@ static void test_threads(void **state) {
 /* Two matchers of one cold compiled grammar fill masks at the same time from two threads, so the
  * grammar's shared state automaton and mask cache are built by both at once; every mask must equal
  * brute force (each token's bytes tried on the thread's own matcher). The threads walk random
- * paths (one shared seed, so they race on the same states, and one own seed each). */
+ * paths (one shared seed, so they race on the same states, and one own seed each), with the
+ * default table capacity and with a tiny one, so that tables fill up and are replaced while the
+ * other thread may still be walking the old one. */
 typedef struct race_job {
     const di_grammar *g;
     const di_grammar_vocab *v;
@@ -459,9 +463,12 @@ static void test_shared_cache_race(void **state) {
     gt_bytes tb = gt_vocab_bytes(400);
     di_grammar_vocab *v = gt_vocab(&tb);
     int checked = 0;
+    uint64_t n_tables_default = 0;
     for (size_t p = 0; p < sizeof pats / sizeof pats[0]; p++) {
         for (uint64_t round = 0; round < 4; round++) {
             di_grammar *g = regex_or_fail(pats[p]); /* fresh grammar: its cache starts empty */
+            bool tiny = round >= 2;
+            if (tiny) di_gcache_set_max_states(g->cache, 8);
             pthread_barrier_t start;
             pthread_barrier_init(&start, NULL, 2);
             race_job jobs[2];
@@ -481,11 +488,14 @@ static void test_shared_cache_race(void **state) {
                 checked += jobs[t].checked;
             }
             pthread_barrier_destroy(&start);
+            if (tiny) assert_true(g->cache->n_tables > 1); /* the replacement path ran */
+            else n_tables_default += g->cache->n_tables;
             di_grammar_free(g);
         }
     }
     tu_report("shared cache: %d masks filled concurrently by 2 matchers of one grammar equal brute force", checked);
     assert_true(checked >= 100);
+    assert_int_equal(n_tables_default, 2 * sizeof pats / sizeof pats[0]); /* one table each, never full */
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }

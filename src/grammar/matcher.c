@@ -324,10 +324,11 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     const di_trie_node *nodes = v->nodes;
     di_earley *e = &m->e;
     di_grammar_cache *c = m->g->cache;
+    di_gcache_table *tab = di_gcache_acquire(c);
     int rc = DI_OK;
     size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
-    m->vid[0] = di_gcache_intern(c, root_key);
+    m->vid[0] = di_gcache_intern(c, tab, root_key);
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
         uint32_t d = nd->depth;
@@ -338,7 +339,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
         }
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
-        int32_t next = parent >= 0 ? di_gcache_next(c, parent, nd->byte) : DI_ST_UNKNOWN;
+        int32_t next = parent >= 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
         if (next == DI_ST_DEAD) {
             i = nd->end;
             continue;
@@ -354,14 +355,14 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
             rc = di_earley_push(e, nd->byte, err);
             if (rc < 0) goto out;
             if (rc == 0) {
-                if (parent >= 0) di_gcache_set_next(c, parent, nd->byte, DI_ST_DEAD);
+                if (parent >= 0) di_gcache_set_next(tab, parent, nd->byte, DI_ST_DEAD);
                 i = nd->end;
                 continue;
             }
             md = d;
             if ((rc = update_sigs(m, err))) goto out;
-            next = di_gcache_intern(c, state_key(m));
-            if (parent >= 0 && next != DI_ST_NONE) di_gcache_set_next(c, parent, nd->byte, next);
+            next = di_gcache_intern(c, tab, state_key(m));
+            if (parent >= 0 && next != DI_ST_NONE) di_gcache_set_next(tab, parent, nd->byte, next);
         }
         m->vid[d] = next;
         if (nd->tok >= 0) {
@@ -373,6 +374,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     }
     rc = DI_OK;
 out:
+    di_gcache_release(c, tab);
     di_earley_pop_to(e, base);
     m->n_sig = e->n_sets;
     return rc;

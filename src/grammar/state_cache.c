@@ -11,18 +11,66 @@ int di_gcache_new(di_grammar_cache **out, di_error *err) {
         free(c);
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory for the state cache");
     }
+    c->max_states = DI_GCACHE_MAX_STATES;
     *out = c;
     return DI_OK;
 }
 
+static void table_free(di_gcache_table *t) {
+    if (!t) return;
+    free(t->rows);
+    free(t->key);
+    free(t->hash);
+    free(t);
+}
+
+static di_gcache_table *table_new(di_grammar_cache *c) {
+    di_gcache_table *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->cap = c->max_states;
+    t->hcap = 16;
+    while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
+    t->rows = malloc((size_t)t->cap * sizeof *t->rows); /* large: pages committed on use */
+    t->key = malloc((size_t)t->cap * sizeof *t->key);
+    t->hash = malloc(t->hcap * sizeof *t->hash);
+    if (!t->rows || !t->key || !t->hash) {
+        table_free(t);
+        return NULL;
+    }
+    memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
+    c->n_tables++;
+    return t;
+}
+
+void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
+    pthread_mutex_lock(&c->lock);
+    c->max_states = n < 1 ? 1 : n;
+    pthread_mutex_unlock(&c->lock);
+}
+
 void di_gcache_free(di_grammar_cache *c) {
     if (!c) return;
-    for (size_t i = 0; i < DI_GCACHE_MAX_STATES / DI_GCACHE_CHUNK; i++) free(c->chunk[i]);
-    free(c->key);
-    free(c->hash);
+    table_free(c->cur); /* retired tables were freed by their last walk */
     free(c->masks);
     pthread_mutex_destroy(&c->lock);
     free(c);
+}
+
+di_gcache_table *di_gcache_acquire(di_grammar_cache *c) {
+    pthread_mutex_lock(&c->lock);
+    if (!c->cur) c->cur = table_new(c);
+    di_gcache_table *t = c->cur;
+    if (t) t->refs++;
+    pthread_mutex_unlock(&c->lock);
+    return t;
+}
+
+void di_gcache_release(di_grammar_cache *c, di_gcache_table *t) {
+    if (!t) return;
+    pthread_mutex_lock(&c->lock);
+    bool retired = --t->refs == 0 && t != c->cur;
+    pthread_mutex_unlock(&c->lock);
+    if (retired) table_free(t);
 }
 
 static inline uint64_t mix64(uint64_t x) {
@@ -33,38 +81,33 @@ static inline uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-static int32_t intern_locked(di_grammar_cache *c, di_sig128 k) {
-    const size_t hcap = 2 * (size_t)DI_GCACHE_MAX_STATES;
-    if (!c->hash) {
-        c->hash = malloc(hcap * sizeof *c->hash);
-        c->key = malloc((size_t)DI_GCACHE_MAX_STATES * sizeof *c->key);
-        if (!c->hash || !c->key) {
-            free(c->hash), free(c->key);
-            c->hash = NULL, c->key = NULL;
-            return DI_ST_NONE; /* out of memory only disables memoization */
+static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
+    size_t h = (size_t)(mix64(k.a) & (t->hcap - 1));
+    while (t->hash[h] >= 0) {
+        int32_t id = t->hash[h];
+        if (t->key[id].a == k.a && t->key[id].b == k.b) return id;
+        h = (h + 1) & (t->hcap - 1);
+    }
+    if (t->n >= t->cap) {
+        if (t == c->cur) {
+            /* Retire t: walks holding it keep reading it; new walks start on an empty table. On
+             * allocation failure t stays current (full), which only disables memoization. */
+            di_gcache_table *fresh = table_new(c);
+            if (fresh) c->cur = fresh;
         }
-        memset(c->hash, 0xff, hcap * sizeof *c->hash);
+        return DI_ST_NONE;
     }
-    size_t h = (size_t)(mix64(k.a) & (hcap - 1));
-    while (c->hash[h] >= 0) {
-        int32_t id = c->hash[h];
-        if (c->key[id].a == k.a && c->key[id].b == k.b) return id;
-        h = (h + 1) & (hcap - 1);
-    }
-    if (c->n >= DI_GCACHE_MAX_STATES) return DI_ST_NONE;
-    int32_t id = c->n;
-    di_gcache_row **ch = &c->chunk[id / DI_GCACHE_CHUNK];
-    if (!*ch && !(*ch = malloc(DI_GCACHE_CHUNK * sizeof **ch))) return DI_ST_NONE;
-    for (int b = 0; b < 256; b++) atomic_init(&(*ch)[id % DI_GCACHE_CHUNK][b], DI_ST_UNKNOWN);
-    c->key[id] = k;
-    c->hash[h] = id;
-    c->n++;
+    int32_t id = t->n++;
+    for (int b = 0; b < 256; b++) atomic_init(&t->rows[id][b], DI_ST_UNKNOWN);
+    t->key[id] = k;
+    t->hash[h] = id;
     return id;
 }
 
-int32_t di_gcache_intern(di_grammar_cache *c, di_sig128 k) {
+int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
+    if (!t) return DI_ST_NONE;
     pthread_mutex_lock(&c->lock);
-    int32_t id = intern_locked(c, k);
+    int32_t id = intern_locked(c, t, k);
     pthread_mutex_unlock(&c->lock);
     return id;
 }

@@ -10,9 +10,11 @@
  *     reader that acquires the id sees an initialized row.
  *   - Interning a new state and the mask cache take the mutex; both sit next to work that is far
  *     slower (an Earley push; a trie walk or a 16 KiB copy).
- * Rows are allocated in chunks that never move, so lock-free readers never see a realloc.
- * The table does not restart when full: states beyond DI_GCACHE_MAX_STATES are walked with
- * Earley pushes (correct, only slower). */
+ * Rows never move (one allocation per table; the kernel commits its pages as states are added),
+ * so lock-free readers never see a realloc. A trie walk holds a reference to the table it started
+ * with; when that table is full, the walk finishes it with Earley pushes and the grammar switches
+ * to a fresh table for later walks. The old table is freed when its last walk releases it, so a
+ * grammar with an unbounded number of parse states keeps a bounded table. */
 #ifndef DI_GRAMMAR_STATE_CACHE_H
 #define DI_GRAMMAR_STATE_CACHE_H
 
@@ -31,19 +33,26 @@ typedef struct di_sig128 {
 #define DI_ST_UNKNOWN (-2)
 #define DI_ST_DEAD (-1)
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
-#define DI_GCACHE_CHUNK 256        /* states per row chunk (256 KiB of transitions) */
-#define DI_GCACHE_MAX_STATES 16384 /* <= 16 MiB of transitions per grammar, allocated by chunk */
+#define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
 
 typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
 
+/* One generation of the automaton. Everything but rows is accessed under the cache's lock. */
+typedef struct di_gcache_table {
+    di_gcache_row *rows; /* [cap] row id is initialized before id is published */
+    di_sig128 *key;      /* [cap] interned keys */
+    int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
+    size_t hcap;         /* power of two >= 2 * cap */
+    int32_t n, cap;      /* interned states, capacity */
+    int32_t refs;        /* walks using this table */
+} di_gcache_table;
+
 struct di_grammar_cache {
     pthread_mutex_t lock;
-    /* automaton; chunk[c] is written under the lock before any id in it is published */
-    di_gcache_row *chunk[DI_GCACHE_MAX_STATES / DI_GCACHE_CHUNK];
-    di_sig128 *key;  /* [DI_GCACHE_MAX_STATES] interned keys (under the lock) */
-    int32_t *hash;   /* [2 * DI_GCACHE_MAX_STATES] key -> id, open addressing, -1 = empty */
-    int32_t n;       /* interned states (under the lock) */
+    di_gcache_table *cur; /* table new walks use (NULL until the first walk) */
+    int32_t max_states;   /* capacity of new tables (DI_GCACHE_MAX_STATES) */
+    uint64_t n_tables;    /* tables created so far (a new one each time the current one fills) */
     /* masks, valid for the vocabulary with this fingerprint (the first one used) */
     uint64_t vocab_fp;
     uint32_t vocab_n;
@@ -56,18 +65,22 @@ struct di_grammar_cache {
 
 int di_gcache_new(di_grammar_cache **out, di_error *err);
 void di_gcache_free(di_grammar_cache *c);
+/* Tests: capacity of tables created from now on, so table replacement runs on small inputs. */
+void di_gcache_set_max_states(di_grammar_cache *c, int32_t n);
 
-/* Id of state k, interning it if new; DI_ST_NONE when the table is full or out of memory. */
-int32_t di_gcache_intern(di_grammar_cache *c, di_sig128 k);
+/* The current table, referenced for one trie walk (NULL without memory: walk with Earley only). */
+di_gcache_table *di_gcache_acquire(di_grammar_cache *c);
+void di_gcache_release(di_grammar_cache *c, di_gcache_table *t);
 
-static inline _Atomic int32_t *di_gcache_trans(di_grammar_cache *c, int32_t id, uint8_t b) {
-    return &c->chunk[id / DI_GCACHE_CHUNK][id % DI_GCACHE_CHUNK][b];
+/* Id of state k in t, interning it if new; DI_ST_NONE when t is NULL or full (a full current
+ * table is replaced for later walks). */
+int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k);
+
+static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8_t b) {
+    return atomic_load_explicit(&t->rows[id][b], memory_order_acquire);
 }
-static inline int32_t di_gcache_next(di_grammar_cache *c, int32_t id, uint8_t b) {
-    return atomic_load_explicit(di_gcache_trans(c, id, b), memory_order_acquire);
-}
-static inline void di_gcache_set_next(di_grammar_cache *c, int32_t id, uint8_t b, int32_t next) {
-    atomic_store_explicit(di_gcache_trans(c, id, b), next, memory_order_release);
+static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
+    atomic_store_explicit(&t->rows[id][b], next, memory_order_release);
 }
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
