@@ -339,7 +339,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
         }
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
-        int32_t next = parent >= 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
+        int32_t next = parent > 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
         if (next == DI_ST_DEAD) {
             i = nd->end;
             continue;
@@ -355,14 +355,14 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
             rc = di_earley_push(e, nd->byte, err);
             if (rc < 0) goto out;
             if (rc == 0) {
-                if (parent >= 0) di_gcache_set_next(tab, parent, nd->byte, DI_ST_DEAD);
+                if (parent > 0) di_gcache_set_next(tab, parent, nd->byte, DI_ST_DEAD);
                 i = nd->end;
                 continue;
             }
             md = d;
             if ((rc = update_sigs(m, err))) goto out;
             next = di_gcache_intern(c, tab, state_key(m));
-            if (parent >= 0 && next != DI_ST_NONE) di_gcache_set_next(tab, parent, nd->byte, next);
+            if (parent > 0 && next != DI_ST_NONE) di_gcache_set_next(tab, parent, nd->byte, next);
         }
         m->vid[d] = next;
         if (nd->tok >= 0) {

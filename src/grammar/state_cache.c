@@ -30,8 +30,9 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     t->cap = c->max_states;
     t->hcap = 16;
     while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
-    t->rows = malloc((size_t)t->cap * sizeof *t->rows); /* large: pages committed on use */
-    t->key = malloc((size_t)t->cap * sizeof *t->key);
+    /* large: a fresh mapping, zero without a memset; pages are committed as states are added */
+    t->rows = calloc((size_t)t->cap + 1, sizeof *t->rows);
+    t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);
     t->hash = malloc(t->hcap * sizeof *t->hash);
     if (!t->rows || !t->key || !t->hash) {
         table_free(t);
@@ -88,7 +89,7 @@ static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 
         if (t->key[id].a == k.a && t->key[id].b == k.b) return id;
         h = (h + 1) & (t->hcap - 1);
     }
-    if (t->n >= t->cap) {
+    if (t->n >= t->cap) { /* ids 1..cap in use */
         if (t == c->cur) {
             /* Retire t: walks holding it keep reading it; new walks start on an empty table. On
              * allocation failure t stays current (full), which only disables memoization. */
@@ -97,8 +98,7 @@ static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 
         }
         return DI_ST_NONE;
     }
-    int32_t id = t->n++;
-    for (int b = 0; b < 256; b++) atomic_init(&t->rows[id][b], DI_ST_UNKNOWN);
+    int32_t id = ++t->n;
     t->key[id] = k;
     t->hash[h] = id;
     return id;

@@ -4,10 +4,11 @@
  *
  * Concurrency: matchers of one grammar may fill masks on several worker threads at once.
  *   - Transitions (the hot path of the trie walk) are read without a lock: each entry is an
- *     atomic int32 that goes from ST_UNKNOWN to a final value exactly once in meaning (racing
- *     writers store the same value: successor keys are structural and interning is locked).
- *     The release store of a successor id happens after that state's row was initialized, so a
- *     reader that acquires the id sees an initialized row.
+ *     atomic int32 that goes from DI_ST_UNKNOWN (0, the zero fill of calloc) to a final value
+ *     exactly once in meaning (racing writers store the same value: successor keys are structural
+ *     and interning is locked). Rows need no initializing store, so the only stores a reader can
+ *     observe are those final values and relaxed ordering suffices: an acquire load would act as a
+ *     compiler barrier on every trie node of the walk.
  *   - Interning a new state and the mask cache take the mutex; both sit next to work that is far
  *     slower (an Earley push; a trie walk or a 16 KiB copy).
  * Rows never move (one allocation per table; the kernel commits its pages as states are added),
@@ -30,7 +31,7 @@ typedef struct di_sig128 {
     uint64_t a, b;
 } di_sig128;
 
-#define DI_ST_UNKNOWN (-2)
+#define DI_ST_UNKNOWN 0 /* state ids start at 1 */
 #define DI_ST_DEAD (-1)
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
 #define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
@@ -40,11 +41,11 @@ typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD
 
 /* One generation of the automaton. Everything but rows is accessed under the cache's lock. */
 typedef struct di_gcache_table {
-    di_gcache_row *rows; /* [cap] row id is initialized before id is published */
-    di_sig128 *key;      /* [cap] interned keys */
+    di_gcache_row *rows; /* [cap + 1] zero-filled; row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
     size_t hcap;         /* power of two >= 2 * cap */
-    int32_t n, cap;      /* interned states, capacity */
+    int32_t n, cap;      /* interned states (ids 1..n), capacity */
     int32_t refs;        /* walks using this table */
 } di_gcache_table;
 
@@ -77,10 +78,10 @@ void di_gcache_release(di_grammar_cache *c, di_gcache_table *t);
 int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k);
 
 static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8_t b) {
-    return atomic_load_explicit(&t->rows[id][b], memory_order_acquire);
+    return atomic_load_explicit(&t->rows[id][b], memory_order_relaxed);
 }
 static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
-    atomic_store_explicit(&t->rows[id][b], next, memory_order_release);
+    atomic_store_explicit(&t->rows[id][b], next, memory_order_relaxed);
 }
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
