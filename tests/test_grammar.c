@@ -8,6 +8,8 @@
 
 #include "grammar/cfg.h"
 #include "grammar/earley.h"
+#include "grammar/grammar_impl.h"
+#include "grammar/state_cache.h"
 #include "grammar_testlib.h"
 
 static double now_s(void) {
@@ -378,11 +380,14 @@ static void test_threads(void **state) {
     }
     assert_true(di_grammar_matcher_can_end(m));
     di_grammar_matcher_free(m);
+    /* the threads get a second compilation, so they start with an empty shared cache instead of
+     * the masks the single-threaded run left in g */
+    di_grammar *g2 = regex_or_fail("\\{(\"[a-c]+\":(true|null|-?\\d+),)*\"x\":\"[^\"]*\"\\}");
     enum { NT = 4 };
     pthread_t th[NT];
     thr_job jobs[NT];
     for (int t = 0; t < NT; t++) {
-        jobs[t] = (thr_job){.g = g, .v = v, .toks = toks, .n = n, .words = words, .want = want};
+        jobs[t] = (thr_job){.g = g2, .v = v, .toks = toks, .n = n, .words = words, .want = want};
         assert_int_equal(pthread_create(&th[t], NULL, thr_run, &jobs[t]), 0);
     }
     for (int t = 0; t < NT; t++) {
@@ -393,6 +398,104 @@ static void test_threads(void **state) {
     free(toks);
     free(want);
     di_grammar_free(g);
+    di_grammar_free(g2);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Two matchers of one cold compiled grammar fill masks at the same time from two threads, so the
+ * grammar's shared state automaton and mask cache are built by both at once; every mask must equal
+ * brute force (each token's bytes tried on the thread's own matcher). The threads walk random
+ * paths (one shared seed, so they race on the same states, and one own seed each), with the
+ * default table capacity and with a tiny one, so that tables fill up and are replaced while the
+ * other thread may still be walking the old one. */
+typedef struct race_job {
+    const di_grammar *g;
+    const di_grammar_vocab *v;
+    const gt_bytes *tb;
+    pthread_barrier_t *start;
+    uint64_t seed;
+    int checked, wrong, errors;
+} race_job;
+
+static void *race_run(void *arg) {
+    race_job *j = arg;
+    di_grammar_matcher *m = NULL;
+    size_t words = di_grammar_mask_words(j->tb->n);
+    uint32_t *mask = malloc(words * 4), *allowed = malloc(j->tb->n * sizeof *allowed);
+    pthread_barrier_wait(j->start);
+    if (!mask || !allowed || di_grammar_matcher_new(j->g, j->v, NULL, &m, NULL)) {
+        j->errors++;
+        goto out;
+    }
+    uint64_t s = j->seed;
+    for (int step = 0; step < 40; step++) {
+        if (di_grammar_matcher_fill_mask(m, mask, NULL)) {
+            j->errors++;
+            break;
+        }
+        uint32_t n_allowed = 0;
+        for (uint32_t t = 0; t < j->tb->n; t++) {
+            bool want = t == GT_EOS ? di_grammar_matcher_can_end(m)
+                                    : di_grammar_matcher_try_bytes(m, j->tb->b[t], j->tb->l[t]);
+            if (gt_bit(mask, t) != want) j->wrong++;
+            if (t != GT_EOS && gt_bit(mask, t)) allowed[n_allowed++] = t;
+        }
+        j->checked++;
+        if (!n_allowed) break;
+        if (di_grammar_matcher_accept_token(m, (int32_t)allowed[gt_rng(&s) % n_allowed], NULL)) j->errors++;
+        if (step % 9 == 8 && di_grammar_matcher_rollback(m, 2, NULL)) j->errors++;
+    }
+out:
+    di_grammar_matcher_free(m);
+    free(mask);
+    free(allowed);
+    return NULL;
+}
+
+static void test_shared_cache_race(void **state) {
+    (void)state;
+    static const char *pats[] = {
+        "\\{(\"[a-c]+\":(true|null|-?\\d+(\\.\\d+)?),)*\"x\":\"[^\"]*\"\\}",
+        "(\\[([a-z]+|\"[^\"]{0,8}\")(,[a-z0-9]+)*\\] ?)+",
+        "é+中?😀{0,2}x|(ue|al|se|f|ll|true|null)+END",
+    };
+    gt_bytes tb = gt_vocab_bytes(400);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    int checked = 0;
+    uint64_t n_tables_default = 0;
+    for (size_t p = 0; p < sizeof pats / sizeof pats[0]; p++) {
+        for (uint64_t round = 0; round < 4; round++) {
+            di_grammar *g = regex_or_fail(pats[p]); /* fresh grammar: its cache starts empty */
+            bool tiny = round >= 2;
+            if (tiny) di_gcache_set_max_states(g->cache, 8);
+            pthread_barrier_t start;
+            pthread_barrier_init(&start, NULL, 2);
+            race_job jobs[2];
+            pthread_t th[2];
+            for (int t = 0; t < 2; t++) {
+                /* even rounds: same seed (same states, racing inserts); odd rounds: own seeds */
+                uint64_t seed = 0x1234567ull * (round + 1) + (round & 1 ? (uint64_t)t * 7777 : 0);
+                jobs[t] = (race_job){.g = g, .v = v, .tb = &tb, .start = &start, .seed = seed};
+                assert_int_equal(pthread_create(&th[t], NULL, race_run, &jobs[t]), 0);
+            }
+            for (int t = 0; t < 2; t++) {
+                pthread_join(th[t], NULL);
+                assert_int_equal(jobs[t].errors, 0);
+                if (jobs[t].wrong) fail_msg("%s: %d mask bits differ from brute force (thread %d, round %d)", pats[p],
+                                            jobs[t].wrong, t, (int)round);
+                assert_true(jobs[t].checked > 0);
+                checked += jobs[t].checked;
+            }
+            pthread_barrier_destroy(&start);
+            if (tiny) assert_true(g->cache->n_tables > 1); /* the replacement path ran */
+            else n_tables_default += g->cache->n_tables;
+            di_grammar_free(g);
+        }
+    }
+    tu_report("shared cache: %d masks filled concurrently by 2 matchers of one grammar equal brute force", checked);
+    assert_true(checked >= 100);
+    assert_int_equal(n_tables_default, 2 * sizeof pats / sizeof pats[0]); /* one table each, never full */
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
@@ -402,7 +505,7 @@ int main(void) {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
-        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,8 @@ bool di_grammar_matcher_can_end(const di_grammar_matcher *m);   /* EOS allowed n
 bool di_grammar_matcher_finished(const di_grammar_matcher *m);  /* EOS accepted or a stop string hit */
 size_t di_grammar_matcher_n_accepted(const di_grammar_matcher *m);
 
-/* Mask cache counters (masks served from the per-matcher cache vs computed by a trie walk). */
+/* Mask cache counters of this matcher (masks served from the grammar's shared cache vs computed by a
+ * trie walk). */
 void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits, uint64_t *misses);
 
 /* Test helper and slow path: would these raw bytes be accepted as the next text? (no state change) */

@@ -5,8 +5,12 @@
 #include "grammar/cfg.h"
 #include "grammar/grammar.h"
 
+typedef struct di_grammar_cache di_grammar_cache; /* state_cache.h */
+
 struct di_grammar {
-    di_cfg *cfg; /* finalized; read-only after compile */
+    di_cfg *cfg;            /* finalized; read-only after compile */
+    di_grammar_cache *cache; /* state automaton + masks shared by this grammar's matchers; internally
+                                synchronized, so it is filled through a const di_grammar */
 };
 
 /* Token trie in DFS preorder: the children of node i follow it, and node i's subtree ends at
@@ -31,6 +35,8 @@ struct di_grammar_vocab {
     uint32_t n_nodes;
     int32_t *dup_next;      /* [n_vocab] next token with identical bytes, or -1 */
     uint32_t max_len;       /* longest token in bytes */
+    uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
+                               one vocabulary are reused only by a vocabulary with the same content */
 };
 
 /* Front-ends: each builds into g and returns the start symbol's nonterminal in *start. */

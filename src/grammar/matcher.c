@@ -5,14 +5,11 @@
 
 #include "grammar/earley.h"
 #include "grammar/grammar_impl.h"
+#include "grammar/state_cache.h"
 
 #define THINK_MAX 64
-#define MASK_CACHE 32 /* masks remembered per matcher, keyed by parse-state signature */
 
-/* 128-bit signature of an Earley state (see state_sig). */
-typedef struct sig128 {
-    uint64_t a, b;
-} sig128;
+typedef di_sig128 sig128;
 
 /* Everything that changes when a token is accepted, so that one snapshot per token restores it. */
 typedef struct mstate {
@@ -36,24 +33,15 @@ struct di_grammar_matcher {
     uint16_t think_fail[THINK_MAX]; /* KMP failure function of think_end */
     int32_t *think_toks;            /* tokens that may complete the marker with text after it */
     size_t n_think_toks;
-    /* Mask cache. The future of an Earley parse depends only on the current set and, through
-     * item origins, the sets it refers back to; hashing that structure (positions, with origins
-     * replaced by the referenced set's own signature) gives a key under which two states accept
-     * exactly the same continuations. Inside a JSON string every character leads to the same
-     * key, so only the first token of a string pays for the trie walk. */
+    /* Mask cache (in the grammar, shared by its matchers: state_cache.h). The future of an
+     * Earley parse depends only on the current set and, through item origins, the sets it refers
+     * back to; hashing that structure (positions, with origins replaced by the referenced set's
+     * own signature) gives a key under which two states accept exactly the same continuations.
+     * Inside a JSON string every character leads to the same key, so only the first token of a
+     * string pays for the trie walk, and only in the first request that reaches that state. */
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
-    sig128 cache_key[MASK_CACHE];
-    uint32_t *cache_mask;           /* [MASK_CACHE][mask words] */
-    uint8_t cache_used[MASK_CACHE];
-    uint32_t cache_next;            /* round-robin replacement */
     uint64_t cache_hits, cache_misses;
-    /* lazily built automaton over parse states (see walk_trie) */
-    sig128 *st_key;                 /* [st_cap] structural key of each interned state */
-    int32_t (*st_trans)[256];       /* [st_cap][256] successor id, ST_DEAD or ST_UNKNOWN */
-    size_t st_n, st_cap;
-    int32_t *st_hash;               /* [st_hcap] key -> id, open addressing, -1 = empty */
-    size_t st_hcap;
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
@@ -63,6 +51,7 @@ struct di_grammar_matcher {
 
 void di_grammar_free(di_grammar *g) {
     if (!g) return;
+    di_gcache_free(g->cache);
     di_cfg_free(g->cfg);
     free(g);
 }
@@ -93,6 +82,12 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     if (rc) {
         free(m);
         return rc;
+    }
+    m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
+    m->path = malloc((size_t)v->max_len + 1);
+    if (!m->vid || !m->path) {
+        di_grammar_matcher_free(m);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
     if (o.thinking) {
         const char *te = o.think_end ? o.think_end : "</think>";
@@ -131,10 +126,6 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
     free(m->set_sig);
-    free(m->cache_mask);
-    free(m->st_key);
-    free(m->st_trans);
-    free(m->st_hash);
     free(m->vid);
     free(m->path);
     free(m->hist);
@@ -318,53 +309,12 @@ int di_grammar_matcher_rollback(di_grammar_matcher *m, size_t k, di_error *err) 
 static inline void set_bit(uint32_t *mask, int32_t t) { mask[t >> 5] |= 1u << (t & 31); }
 static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u << (t & 31)); }
 
-/* Lazily built automaton over parse states. A state is a structural key (state_key) interned
- * to a small id; trans[id][byte] is the successor id, DEAD, or UNKNOWN until first needed.
- * Because keys are structural, a transition learned at one position holds at every other one
- * and in later masks: inside a JSON string the trie walk soon runs on table lookups alone and
- * materializes Earley sets only where a transition is still unknown. */
-#define ST_UNKNOWN (-2)
-#define ST_DEAD (-1)
-#define ST_NONE (-3)         /* table full: this state is not interned, walk it with Earley */
-#define ST_MAX_STATES 4096   /* 1 KiB of transitions each (<= 4 MiB per matcher); restarts when half full */
-
-static int32_t state_intern(di_grammar_matcher *m, sig128 k) {
-    size_t mask = m->st_hcap - 1, h = (size_t)(mix64(k.a) & mask);
-    while (m->st_hash[h] >= 0) {
-        int32_t id = m->st_hash[h];
-        if (m->st_key[id].a == k.a && m->st_key[id].b == k.b) return id;
-        h = (h + 1) & mask;
-    }
-    if (m->st_n >= ST_MAX_STATES) return ST_NONE;
-    if (m->st_n == m->st_cap) {
-        size_t cap = m->st_cap ? m->st_cap * 2 : 256;
-        sig128 *kk = realloc(m->st_key, cap * sizeof *kk);
-        if (kk) m->st_key = kk;
-        int32_t(*tt)[256] = kk ? realloc(m->st_trans, cap * sizeof *tt) : NULL;
-        if (!tt) return ST_NONE; /* out of memory only disables memoization */
-        m->st_trans = tt;
-        m->st_cap = cap;
-    }
-    int32_t id = (int32_t)m->st_n++;
-    m->st_key[id] = k;
-    for (int b = 0; b < 256; b++) m->st_trans[id][b] = ST_UNKNOWN;
-    m->st_hash[h] = id;
-    return id;
-}
-
-static int states_reset(di_grammar_matcher *m, di_error *err) {
-    if (!m->st_hash) {
-        m->st_hcap = (size_t)ST_MAX_STATES * 2;
-        m->st_hash = malloc(m->st_hcap * sizeof *m->st_hash);
-        m->vid = malloc(((size_t)m->v->max_len + 1) * sizeof *m->vid);
-        m->path = malloc((size_t)m->v->max_len + 1);
-        if (!m->st_hash || !m->vid || !m->path) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
-    }
-    memset(m->st_hash, 0xff, m->st_hcap * sizeof *m->st_hash); /* -1 = empty slot */
-    m->st_n = 0;
-    return DI_OK;
-}
-
+/* Lazily built automaton over parse states (shared per grammar, state_cache.h). A state is a
+ * structural key (state_key) interned to a small id; its transition on a byte is the successor
+ * id, DEAD, or UNKNOWN until first needed. Because keys are structural, a transition learned at
+ * one position holds at every other one, in later masks and in other requests: inside a JSON
+ * string the trie walk soon runs on table lookups alone and materializes Earley sets only where
+ * a transition is still unknown. */
 /* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: follow the
  * transition table; where it is unknown, materialize the Earley sets along the current path
  * (only as deep as needed), push the byte and record the outcome. A dead edge skips its subtree,
@@ -373,13 +323,12 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     const di_grammar_vocab *v = m->v;
     const di_trie_node *nodes = v->nodes;
     di_earley *e = &m->e;
+    di_grammar_cache *c = m->g->cache;
+    di_gcache_table *tab = di_gcache_acquire(c);
     int rc = DI_OK;
-    if (!m->st_hash || m->st_n * 2 >= ST_MAX_STATES) {
-        if ((rc = states_reset(m, err))) return rc;
-    }
     size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
-    m->vid[0] = state_intern(m, root_key);
+    m->vid[0] = di_gcache_intern(c, tab, root_key);
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
         uint32_t d = nd->depth;
@@ -390,12 +339,12 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
         }
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
-        int32_t next = parent >= 0 ? m->st_trans[parent][nd->byte] : ST_UNKNOWN;
-        if (next == ST_DEAD) {
+        int32_t next = parent > 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
+        if (next == DI_ST_DEAD) {
             i = nd->end;
             continue;
         }
-        if (next == ST_UNKNOWN) {
+        if (next == DI_ST_UNKNOWN) {
             while (md < d - 1) { /* replay the path: each prefix was viable, so each push succeeds */
                 rc = di_earley_push(e, m->path[md + 1], err);
                 if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
@@ -406,14 +355,14 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
             rc = di_earley_push(e, nd->byte, err);
             if (rc < 0) goto out;
             if (rc == 0) {
-                if (parent >= 0) m->st_trans[parent][nd->byte] = ST_DEAD;
+                if (parent > 0) di_gcache_set_next(tab, parent, nd->byte, DI_ST_DEAD);
                 i = nd->end;
                 continue;
             }
             md = d;
             if ((rc = update_sigs(m, err))) goto out;
-            next = state_intern(m, state_key(m));
-            if (parent >= 0 && next != ST_NONE) m->st_trans[parent][nd->byte] = next;
+            next = di_gcache_intern(c, tab, state_key(m));
+            if (parent > 0 && next != DI_ST_NONE) di_gcache_set_next(tab, parent, nd->byte, next);
         }
         m->vid[d] = next;
         if (nd->tok >= 0) {
@@ -425,6 +374,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     }
     rc = DI_OK;
 out:
+    di_gcache_release(c, tab);
     di_earley_pop_to(e, base);
     m->n_sig = e->n_sets;
     return rc;
@@ -451,24 +401,14 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
     int rc = update_sigs(m, err);
     if (rc) return rc;
     sig128 key = state_key(m);
-    if (!m->cache_mask) m->cache_mask = malloc(MASK_CACHE * words * sizeof *mask); /* NULL: run uncached */
-    int hit = -1;
-    for (int k = 0; m->cache_mask && k < MASK_CACHE && hit < 0; k++)
-        if (m->cache_used[k] && m->cache_key[k].a == key.a && m->cache_key[k].b == key.b) hit = k;
-    if (hit >= 0) {
+    if (di_gcache_mask_get(m->g->cache, v, key, mask)) {
         m->cache_hits++;
-        memcpy(mask, m->cache_mask + (size_t)hit * words, words * sizeof *mask);
     } else {
         m->cache_misses++;
         memset(mask, 0, words * sizeof *mask);
         rc = walk_trie(m, mask, key, err);
         if (rc) return rc;
-        if (m->cache_mask) {
-            uint32_t k = m->cache_next++ % MASK_CACHE;
-            m->cache_key[k] = key;
-            m->cache_used[k] = 1;
-            memcpy(m->cache_mask + (size_t)k * words, mask, words * sizeof *mask);
-        }
+        di_gcache_mask_put(m->g->cache, v, key, mask);
     }
     if (di_earley_accepting(&m->e))
         for (size_t i = 0; i < v->n_eos; i++) set_bit(mask, v->eos[i]);
@@ -494,6 +434,11 @@ static int compile(di_grammar **out, di_error *err, int rc, di_cfg *cfg, int32_t
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
     }
     g->cfg = cfg;
+    rc = di_gcache_new(&g->cache, err);
+    if (rc) {
+        di_grammar_free(g);
+        return rc;
+    }
     *out = g;
     return DI_OK;
 }

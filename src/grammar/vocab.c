@@ -115,6 +115,14 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
     while (depth > 0) v->nodes[path[depth--]].end = nn;
     v->nodes[0].end = nn;
     v->n_nodes = nn;
+    /* FNV-1a over lengths, bytes and flags of every token, then the EOS ids */
+    uint64_t fp = 0xCBF29CE484222325ull;
+    for (uint32_t t = 0; t < n_vocab; t++) {
+        fp = (fp ^ (v->lens[t] << 1 | v->special[t])) * 0x100000001B3ull;
+        for (uint32_t k = 0; k < v->lens[t]; k++) fp = (fp ^ v->bytes[t][k]) * 0x100000001B3ull;
+    }
+    for (size_t i = 0; i < n_eos; i++) fp = (fp ^ (uint32_t)eos[i]) * 0x100000001B3ull;
+    v->fingerprint = fp;
     free(path);
     free(order);
     *out = v;

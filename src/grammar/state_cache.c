@@ -1,0 +1,154 @@
+/* Per-grammar state automaton and mask cache shared by matchers (see state_cache.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/state_cache.h"
+
+int di_gcache_new(di_grammar_cache **out, di_error *err) {
+    *out = NULL;
+    di_grammar_cache *c = calloc(1, sizeof *c);
+    if (!c || pthread_mutex_init(&c->lock, NULL)) {
+        free(c);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory for the state cache");
+    }
+    c->max_states = DI_GCACHE_MAX_STATES;
+    *out = c;
+    return DI_OK;
+}
+
+static void table_free(di_gcache_table *t) {
+    if (!t) return;
+    free(t->rows);
+    free(t->key);
+    free(t->hash);
+    free(t);
+}
+
+static di_gcache_table *table_new(di_grammar_cache *c) {
+    di_gcache_table *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->cap = c->max_states;
+    t->hcap = 16;
+    while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
+    /* large: a fresh mapping, zero without a memset; pages are committed as states are added */
+    t->rows = calloc((size_t)t->cap + 1, sizeof *t->rows);
+    t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);
+    t->hash = malloc(t->hcap * sizeof *t->hash);
+    if (!t->rows || !t->key || !t->hash) {
+        table_free(t);
+        return NULL;
+    }
+    memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
+    c->n_tables++;
+    return t;
+}
+
+void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
+    pthread_mutex_lock(&c->lock);
+    c->max_states = n < 1 ? 1 : n;
+    pthread_mutex_unlock(&c->lock);
+}
+
+void di_gcache_free(di_grammar_cache *c) {
+    if (!c) return;
+    table_free(c->cur); /* retired tables were freed by their last walk */
+    free(c->masks);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+di_gcache_table *di_gcache_acquire(di_grammar_cache *c) {
+    pthread_mutex_lock(&c->lock);
+    if (!c->cur) c->cur = table_new(c);
+    di_gcache_table *t = c->cur;
+    if (t) t->refs++;
+    pthread_mutex_unlock(&c->lock);
+    return t;
+}
+
+void di_gcache_release(di_grammar_cache *c, di_gcache_table *t) {
+    if (!t) return;
+    pthread_mutex_lock(&c->lock);
+    bool retired = --t->refs == 0 && t != c->cur;
+    pthread_mutex_unlock(&c->lock);
+    if (retired) table_free(t);
+}
+
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
+    size_t h = (size_t)(mix64(k.a) & (t->hcap - 1));
+    while (t->hash[h] >= 0) {
+        int32_t id = t->hash[h];
+        if (t->key[id].a == k.a && t->key[id].b == k.b) return id;
+        h = (h + 1) & (t->hcap - 1);
+    }
+    if (t->n >= t->cap) { /* ids 1..cap in use */
+        if (t == c->cur) {
+            /* Retire t: walks holding it keep reading it; new walks start on an empty table. On
+             * allocation failure t stays current (full), which only disables memoization. */
+            di_gcache_table *fresh = table_new(c);
+            if (fresh) c->cur = fresh;
+        }
+        return DI_ST_NONE;
+    }
+    int32_t id = ++t->n;
+    t->key[id] = k;
+    t->hash[h] = id;
+    return id;
+}
+
+int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
+    if (!t) return DI_ST_NONE;
+    pthread_mutex_lock(&c->lock);
+    int32_t id = intern_locked(c, t, k);
+    pthread_mutex_unlock(&c->lock);
+    return id;
+}
+
+/* The first vocabulary that stores a mask owns the mask cache; a matcher with another one
+ * (identified by content, not by address, which a later vocabulary could reuse) runs uncached. */
+static bool vocab_ok(di_grammar_cache *c, const di_grammar_vocab *v) {
+    if (!c->masks) {
+        size_t words = di_grammar_mask_words(v->n_vocab);
+        if (!(c->masks = malloc((size_t)DI_GCACHE_MASKS * words * sizeof *c->masks))) return false;
+        c->vocab_fp = v->fingerprint;
+        c->vocab_n = v->n_vocab;
+        c->words = words;
+    }
+    return c->vocab_fp == v->fingerprint && c->vocab_n == v->n_vocab;
+}
+
+bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask) {
+    bool hit = false;
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v))
+        for (int i = 0; i < DI_GCACHE_MASKS; i++)
+            if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) {
+                memcpy(mask, c->masks + (size_t)i * c->words, c->words * sizeof *mask);
+                hit = true;
+                break;
+            }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask) {
+    pthread_mutex_lock(&c->lock);
+    bool present = false;
+    for (int i = 0; i < DI_GCACHE_MASKS && !present; i++)
+        present = c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b; /* a racing matcher stored it */
+    if (!present && vocab_ok(c, v)) {
+        uint32_t i = c->mnext++ % DI_GCACHE_MASKS;
+        c->mkey[i] = k;
+        c->mused[i] = 1;
+        memcpy(c->masks + (size_t)i * c->words, mask, c->words * sizeof *mask);
+    }
+    pthread_mutex_unlock(&c->lock);
+}

@@ -1,0 +1,92 @@
+/* Per-grammar cache shared by every matcher of one compiled grammar: the lazily built automaton
+ * over parse states and the masks of recently seen states. A new request of a known grammar
+ * starts warm instead of re-walking the token trie with Earley pushes.
+ *
+ * Concurrency: matchers of one grammar may fill masks on several worker threads at once.
+ *   - Transitions (the hot path of the trie walk) are read without a lock: each entry is an
+ *     atomic int32 that goes from DI_ST_UNKNOWN (0, the zero fill of calloc) to a final value
+ *     exactly once in meaning (racing writers store the same value: successor keys are structural
+ *     and interning is locked). Rows need no initializing store, so the only stores a reader can
+ *     observe are those final values and relaxed ordering suffices: an acquire load would act as a
+ *     compiler barrier on every trie node of the walk.
+ *   - Interning a new state and the mask cache take the mutex; both sit next to work that is far
+ *     slower (an Earley push; a trie walk or a 16 KiB copy).
+ * Rows never move (one allocation per table; the kernel commits its pages as states are added),
+ * so lock-free readers never see a realloc. A trie walk holds a reference to the table it started
+ * with; when that table is full, the walk finishes it with Earley pushes and the grammar switches
+ * to a fresh table for later walks. The old table is freed when its last walk releases it, so a
+ * grammar with an unbounded number of parse states keeps a bounded table. */
+#ifndef DI_GRAMMAR_STATE_CACHE_H
+#define DI_GRAMMAR_STATE_CACHE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "grammar/grammar_impl.h"
+
+/* 128-bit structural signature of an Earley state (matcher.c: state_key). */
+typedef struct di_sig128 {
+    uint64_t a, b;
+} di_sig128;
+
+#define DI_ST_UNKNOWN 0 /* state ids start at 1 */
+#define DI_ST_DEAD (-1)
+#define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
+#define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
+#define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
+
+typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
+
+/* One generation of the automaton. Everything but rows is accessed under the cache's lock. */
+typedef struct di_gcache_table {
+    di_gcache_row *rows; /* [cap + 1] zero-filled; row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    di_sig128 *key;      /* [cap + 1] interned keys */
+    int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
+    size_t hcap;         /* power of two >= 2 * cap */
+    int32_t n, cap;      /* interned states (ids 1..n), capacity */
+    int32_t refs;        /* walks using this table */
+} di_gcache_table;
+
+struct di_grammar_cache {
+    pthread_mutex_t lock;
+    di_gcache_table *cur; /* table new walks use (NULL until the first walk) */
+    int32_t max_states;   /* capacity of new tables (DI_GCACHE_MAX_STATES) */
+    uint64_t n_tables;    /* tables created so far (a new one each time the current one fills) */
+    /* masks, valid for the vocabulary with this fingerprint (the first one used) */
+    uint64_t vocab_fp;
+    uint32_t vocab_n;
+    size_t words;
+    uint32_t *masks;                      /* [DI_GCACHE_MASKS][words] */
+    di_sig128 mkey[DI_GCACHE_MASKS];
+    uint8_t mused[DI_GCACHE_MASKS];
+    uint32_t mnext;                       /* round-robin replacement */
+};
+
+int di_gcache_new(di_grammar_cache **out, di_error *err);
+void di_gcache_free(di_grammar_cache *c);
+/* Tests: capacity of tables created from now on, so table replacement runs on small inputs. */
+void di_gcache_set_max_states(di_grammar_cache *c, int32_t n);
+
+/* The current table, referenced for one trie walk (NULL without memory: walk with Earley only). */
+di_gcache_table *di_gcache_acquire(di_grammar_cache *c);
+void di_gcache_release(di_grammar_cache *c, di_gcache_table *t);
+
+/* Id of state k in t, interning it if new; DI_ST_NONE when t is NULL or full (a full current
+ * table is replaced for later walks). */
+int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k);
+
+static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8_t b) {
+    return atomic_load_explicit(&t->rows[id][b], memory_order_relaxed);
+}
+static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
+    atomic_store_explicit(&t->rows[id][b], next, memory_order_relaxed);
+}
+
+/* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
+bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask);
+/* Remember mask for state k (best effort: silently skipped without memory or for a second vocab). */
+void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask);
+
+#endif
