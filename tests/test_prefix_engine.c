@@ -6,8 +6,10 @@
  *  - with the cache off, and with the recompute runner (which caches no prefixes), both report 0;
  *  - sync and async engines report the same hits (the count travels back with the step results,
  *    engine/runner.h cache_hit, so the worker's runner state is never read by the host);
- *  - `deepinfer run --prefix-cache-mb 64 --max-seqs 1` on a 2-line JSONL with a shared prefix: the
- *    second line's usage.cache_hit_tokens > 0, the first 0 (skipped without the CLI or tokenizer);
+ *  - `deepinfer run --prefix-cache-mb 64 --max-seqs 1` on a JSONL with two raw lines sharing a prefix:
+ *    the second line's usage.cache_hit_tokens > 0, the first 0; and two chat lines sharing a long
+ *    message: the second's body reports the same hit in prompt_tokens_details.cached_tokens and
+ *    prompt_cache_hit/miss_tokens (skipped without the CLI or tokenizer);
  *  - a negative budget is rejected at open.
  * di-test: asan */
 #include <jansson.h>
@@ -166,7 +168,7 @@ static void test_hits_cli(void **state) {
     (void)state;
     struct stat sb;
     if (stat(cli_path(), &sb) != 0 || !g_have_tokenizer) skip();
-    char in_text[8192];
+    char in_text[16384];
     size_t len = 0;
     for (int k = 0; k < 2; k++) {
         int32_t p[SHARED + 32];
@@ -175,6 +177,16 @@ static void test_hits_cli(void **state) {
         for (int64_t i = 0; i < n; i++)
             len += (size_t)snprintf(in_text + len, sizeof in_text - len, "%s%d", i ? "," : "", p[i]);
         len += (size_t)snprintf(in_text + len, sizeof in_text - len, "],\"max_tokens\":2,\"temperature\":0}\n");
+        assert_true(len < sizeof in_text);
+    }
+    /* two Chat Completions lines sharing a long user message: the body's cached-token fields */
+    for (int k = 0; k < 2; k++) {
+        len += (size_t)snprintf(in_text + len, sizeof in_text - len,
+                                "{\"custom_id\":\"c%d\",\"messages\":[{\"role\":\"user\",\"content\":\"", k);
+        for (int i = 0; i < 30; i++)
+            len += (size_t)snprintf(in_text + len, sizeof in_text - len, "The quick brown fox jumps over the lazy dog. ");
+        len += (size_t)snprintf(in_text + len, sizeof in_text - len,
+                                "Question %d?\"}],\"max_tokens\":2,\"thinking\":{\"type\":\"disabled\"}}\n", k);
         assert_true(len < sizeof in_text);
     }
     char *in = tu_write_file(g_dir, "in.jsonl", in_text, len);
@@ -192,12 +204,12 @@ static void test_hits_cli(void **state) {
     int st = pclose(f);
     if (!sum) fail_msg("`%s` printed no JSON document (%s)", cmd, je.text);
     assert_int_equal(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0);
-    assert_int_equal(json_integer_value(json_object_get(sum, "succeeded")), 2);
+    assert_int_equal(json_integer_value(json_object_get(sum, "succeeded")), 4);
     json_decref(sum);
     FILE *o = fopen(out, "r");
     assert_non_null(o);
     char buf[65536];
-    int64_t hit[2] = {-1, -1};
+    int64_t hit[2] = {-1, -1}, chat_hit = -1, chat_body_cached = -1;
     while (fgets(buf, sizeof buf, o)) {
         json_t *l = json_loads(buf, 0, &je);
         if (!l) fail_msg("output line is not JSON: %s", je.text);
@@ -206,17 +218,30 @@ static void test_hits_cli(void **state) {
         json_t *u = json_object_get(l, "usage");
         int k = cid[1] - '0';
         assert_true(k == 0 || k == 1);
-        hit[k] = json_integer_value(json_object_get(u, "cache_hit_tokens"));
-        assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), SHARED + 20 + 4 * k);
+        if (cid[0] == 'r') {
+            hit[k] = json_integer_value(json_object_get(u, "cache_hit_tokens"));
+            assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), SHARED + 20 + 4 * k);
+        } else if (k == 1) {
+            chat_hit = json_integer_value(json_object_get(u, "cache_hit_tokens"));
+            json_t *bu = json_object_get(json_object_get(json_object_get(l, "response"), "body"), "usage");
+            chat_body_cached = json_integer_value(json_object_get(json_object_get(bu, "prompt_tokens_details"), "cached_tokens"));
+            assert_int_equal(json_integer_value(json_object_get(bu, "prompt_cache_hit_tokens")), chat_hit);
+            assert_int_equal(json_integer_value(json_object_get(bu, "prompt_cache_miss_tokens")),
+                             json_integer_value(json_object_get(u, "prompt_tokens")) - chat_hit);
+        }
         json_decref(l);
     }
     fclose(o);
     free(in);
-    tu_report("run --prefix-cache-mb 64: cache_hit_tokens {%lld, %lld}", (long long)hit[0], (long long)hit[1]);
+    tu_report("run --prefix-cache-mb 64: cache_hit_tokens raw {%lld, %lld}, second chat line %lld",
+              (long long)hit[0], (long long)hit[1], (long long)chat_hit);
     assert_int_equal(hit[0], 0);
     assert_true(hit[1] > 0);
     assert_int_equal(hit[1] % BLOCK, 0);
     assert_true(hit[1] <= SHARED);
+    assert_true(chat_hit > 0);
+    assert_int_equal(chat_hit % BLOCK, 0);
+    assert_int_equal(chat_body_cached, chat_hit);
 }
 
 int main(void) {
