@@ -129,6 +129,8 @@ typedef struct di_engine_options {
     int32_t async;             /* overlap host scheduling with the model (default 1) */
     int32_t sample_threads;    /* threads sampling the rows of a step (default 4) */
     uint64_t seed;             /* seeds requests that bring none (0 = from the clock) */
+    int64_t prefix_cache_bytes; /* prefix cache budget (cached runner only); 0 = off (default) */
+    int32_t prefix_block;      /* tokens per prefix-cache block; 0 = 64 */
 } di_engine_options;
 
 void di_engine_options_default(di_engine_options *o);
@@ -204,6 +206,8 @@ typedef struct di_delta {
     di_finish_reason finish;             /* NONE until the last delta of this choice */
     const char *error;                   /* when finish is ERROR */
     int64_t prompt_tokens, completion_tokens; /* usage so far, this choice */
+    int64_t cache_hit_tokens;            /* positions served from the prefix cache (a multiple of
+                                          * prefix_block; 0 with the cache off or the recompute runner) */
 } di_delta;
 
 int32_t di_engine_poll(di_engine *e, di_delta *out, int32_t max);

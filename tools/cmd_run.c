@@ -2,7 +2,7 @@
  *
  *   deepinfer run --model DIR --input requests.jsonl --output results.jsonl
  *                 [--max-seqs N] [--max-context N] [--prefill-chunk N] [--threads N] [--seed S]
- *                 [--runner cached|recompute] [--device cpu] [--quiet] [--json]
+ *                 [--runner cached|recompute] [--prefix-cache-mb N] [--device cpu] [--quiet] [--json]
  *
  * Input: one JSON object per line (blank lines are skipped), any of
  *   {"custom_id": "a", "url": "/v1/chat/completions", "body": {...}}   OpenAI batch-file line
@@ -19,8 +19,10 @@
  * where the body is the protocol's complete response object (Chat Completions / Responses /
  * Messages, rendered by src/text/sse.h) or, for raw prompts, a text_completion object with the
  * token ids. A line that cannot run gets status_code 400 (or 500) and the API's error body, and
- * "error": {"code", "message"}; the other lines run regardless. Usage counts cache hits as 0 until
- * the engine has a prefix cache.
+ * "error": {"code", "message"}; the other lines run regardless. With --prefix-cache-mb N (cached
+ * runner) a request's prompt blocks already computed for an earlier, finished request are restored
+ * instead of recomputed; usage.cache_hit_tokens (and the body's cached-token fields) count them.
+ * Requests that run side by side do not share blocks: a block is stored when its request ends.
  *
  * Requests enter the engine in input order, at most 4 · max_seqs outstanding, so a file of any
  * length runs in bounded memory. Progress (requests done, tokens/s) goes to stderr. */
@@ -58,6 +60,7 @@ typedef struct run_job {
     char *text;               /* [cap_text] raw prompts: generated text */
     size_t n_text, cap_text;
     int64_t prompt_tokens;
+    int64_t cache_hit_tokens; /* prompt positions restored from the prefix cache */
     int cancelled_by_parser;  /* the output parser needed no more text */
 } run_job;
 
@@ -313,7 +316,7 @@ static json_t *protocol_body(run_state *s, run_job *j, di_finish_reason why, di_
     di_events_clear(&j->ev);
     di_stream_usage(j->st, u);
     u->prompt_tokens = j->prompt_tokens;
-    u->cache_hit_tokens = 0;
+    u->cache_hit_tokens = j->cache_hit_tokens;
     u->completion_tokens = j->n_out;
     char id[64];
     static const char *const prefix[] = {"chatcmpl-", "resp_", "msg_"};
@@ -373,7 +376,7 @@ static void finish_job(run_state *s, run_job *j, const di_delta *d) {
         return;
     }
     di_finish_reason why = j->cancelled_by_parser ? DI_FINISH_REASON_STOP : d->finish;
-    di_usage u = {.prompt_tokens = j->prompt_tokens, .completion_tokens = j->n_out};
+    di_usage u = {.prompt_tokens = j->prompt_tokens, .completion_tokens = j->n_out, .cache_hit_tokens = j->cache_hit_tokens};
     json_t *body = j->kind == KIND_RAW ? raw_body(j, why) : protocol_body(s, j, why, &u);
     if (!body) {
         di_error e = {.code = DI_ERR_NOMEM, .msg = "rendering the response failed"};
@@ -383,7 +386,7 @@ static void finish_job(run_state *s, run_job *j, const di_delta *d) {
     json_t *doc = json_pack("{s:O,s:I,s:{s:i,s:o},s:{s:I,s:I,s:I},s:n}", "custom_id", j->custom_id, "line",
                             (json_int_t)j->line, "response", "status_code", 200, "body", body, "usage",
                             "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens", (json_int_t)j->n_out,
-                            "cache_hit_tokens", (json_int_t)0, "error");
+                            "cache_hit_tokens", (json_int_t)j->cache_hit_tokens, "error");
     write_line(s, doc);
     s->n_ok++;
     s->n_done++;
@@ -395,6 +398,8 @@ static void on_delta(run_state *s, const di_delta *d) {
     run_job *j = di_idmap_get(&s->jobs, d->id);
     if (!j) return;
     j->prompt_tokens = d->prompt_tokens;
+    /* a recompute after preemption may restore generated positions too; usage counts prompt ones */
+    j->cache_hit_tokens = d->cache_hit_tokens < d->prompt_tokens ? d->cache_hit_tokens : d->prompt_tokens;
     if (job_append(j, d)) {
         di_engine_cancel(s->e, d->id, NULL); /* out of memory: end it; reported when the cancel lands */
     } else if (j->st && d->n_text) {
@@ -464,12 +469,13 @@ int cmd_run(int argc, char **argv) {
     di_cli cli = {.cmd = "run", .json = cli_flag(&a, "json")};
     const char *model = cli_str(&a, "model", NULL), *in = cli_str(&a, "input", NULL), *outp = cli_str(&a, "output", NULL);
     const char *device = "cpu", *runner = cli_str(&a, "runner", "cached");
-    long long max_seqs = 16, max_ctx = 0, chunk = 512, threads = 0, seed = 0;
+    long long max_seqs = 16, max_ctx = 0, chunk = 512, threads = 0, seed = 0, prefix_mb = 0;
     bool quiet = cli_flag(&a, "quiet");
     bool ok = cli_device(&cli, &a, &device) && cli_int(&cli, &a, "max-seqs", 16, 1, 4096, &max_seqs) &&
               cli_int(&cli, &a, "max-context", 0, 0, 1 << 24, &max_ctx) &&
               cli_int(&cli, &a, "prefill-chunk", 512, 1, 1 << 20, &chunk) &&
-              cli_int(&cli, &a, "threads", 0, 0, 1024, &threads) && cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) &&
+              cli_int(&cli, &a, "threads", 0, 0, 1024, &threads) &&
+              cli_int(&cli, &a, "prefix-cache-mb", 0, 0, 1 << 24, &prefix_mb) && cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) &&
               cli_check_unused(&cli, &a);
     cli_args_free(&a);
     if (!ok) return 1;
@@ -487,6 +493,7 @@ int cmd_run(int argc, char **argv) {
     eo.max_step_tokens = chunk > 2048 ? chunk : 2048;
     eo.n_threads = (int32_t)threads;
     eo.seed = (uint64_t)seed;
+    eo.prefix_cache_bytes = (int64_t)prefix_mb << 20;
     di_error err = {0};
     run_state s = {.progress = quiet ? 0 : isatty(2) ? 1 : 2};
     if (di_engine_open(model, &eo, &s.e, &err)) {

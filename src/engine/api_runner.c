@@ -157,6 +157,11 @@ static void sr_release(void *ctx, int64_t id) {
     r->spare[r->n_spare++] = s;
 }
 
+static int64_t sr_cache_hit(void *ctx, int64_t req_id) {
+    int64_t hit = di_session_runner_cache_hit(ctx, req_id);
+    return hit > 0 ? hit : 0;
+}
+
 int di_session_runner_new(const di_model *model, const di_backend *be, int64_t max_context, int32_t block_tokens,
                           int32_t n_blocks, di_session_runner **out, di_model_runner *iface, di_error *err) {
     *out = NULL;
@@ -178,6 +183,7 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
     iface->n_blocks = n_blocks;
     iface->forward = sr_forward;
     iface->release = sr_release;
+    iface->cache_hit = sr_cache_hit;
     *out = r;
     return DI_OK;
 }

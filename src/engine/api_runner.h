@@ -22,7 +22,8 @@
  * at full size (it does not know about hits). A released request's fed tokens are stored (its whole
  * blocks) before its session is reset. A continuation after a hit is inexact by the replay's
  * bounded error (prefix_cache.h; tests/test_prefix_cache.c), and the blocks it stores carry that
- * error on. */
+ * error on. The interface's cache_hit hook reports a request's deepest hit (0 with the cache off);
+ * the executor calls it on the forward's thread (tests/test_prefix_engine.c). */
 #ifndef DI_ENGINE_API_RUNNER_H
 #define DI_ENGINE_API_RUNNER_H
 

@@ -3,7 +3,9 @@
  * The pieces it wires together:
  *   model      di_model_open + the CPU backend + a model runner, chosen in open_runner() alone:
  *              the cached session runner (api_runner.h) or the exact cache-free recompute runner;
- *              nothing above the di_model_runner interface knows which.
+ *              nothing above the di_model_runner interface knows which. The cached runner gets the
+ *              prefix cache when prefix_cache_bytes > 0; its per-request hits come back through the
+ *              runner's cache_hit hook with the step results (runner.h) into di_delta.
  *   tokenizer  the checkpoint's tokenizer.json when present: text prompts, the detokenizer the core
  *              uses for text deltas and stop strings, and the grammar vocabulary.
  *   grammar    compiled once per request, one matcher per choice, plugged into the core as the
@@ -121,9 +123,13 @@ static int open_runner(di_engine *e, di_error *err) {
     int64_t cache = o->cache_tokens > 0 ? o->cache_tokens : (int64_t)o->max_seqs * o->max_context;
     int64_t n_blocks = (cache + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
     if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
-    if (!o->runner || !strcmp(o->runner, "cached"))
-        return di_session_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->sr,
-                                     &e->runner, err);
+    if (!o->runner || !strcmp(o->runner, "cached")) {
+        rc = di_session_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->sr,
+                                   &e->runner, err);
+        if (!rc && o->prefix_cache_bytes > 0)
+            rc = di_session_runner_enable_prefix(e->sr, o->prefix_block, o->prefix_cache_bytes, err);
+        return rc;
+    }
     return di_recompute_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->rr,
                                    &e->runner, err);
 }
@@ -150,6 +156,9 @@ int di_engine_open(const char *dir, const di_engine_options *opt, di_engine **ou
                           "engine: max_seqs %d, prefill_chunk %d, max_step_tokens %lld; expected max_seqs >= 1 and "
                           "max_step_tokens >= prefill_chunk >= 1",
                           o->max_seqs, o->prefill_chunk, (long long)o->max_step_tokens);
+    if (!rc && (o->prefix_cache_bytes < 0 || o->prefix_block < 0))
+        rc = di_error_set(err, DI_ERR_INVALID, "engine: prefix_cache_bytes %lld, prefix_block %d; expected >= 0",
+                          (long long)o->prefix_cache_bytes, o->prefix_block);
     if (!rc) rc = di_model_open(dir, &e->model, err);
     if (!rc) {
         int64_t model_ctx = e->model->cfg.max_position_embeddings;
@@ -445,6 +454,7 @@ int32_t di_engine_poll(di_engine *e, di_delta *out, int32_t max) {
         r->completion[choice] += c->n_tokens;
         d->prompt_tokens = r->n_prompt;
         d->completion_tokens = r->completion[choice];
+        d->cache_hit_tokens = c->cache_hit_tokens;
         if (c->finish != DI_FINISH_REASON_NONE && --r->n_live == 0) {
             di_idmap_del(&e->reqs, uid);
             free(r);

@@ -150,6 +150,11 @@ static int process(di_core *c, const di_step_result *res, di_error *err) {
         }
     }
     if (res->status != DI_OK) return DI_OK; /* the requests carry the error; the engine goes on */
+    /* hits come from the step's own result buffer, written by the worker before the step was done */
+    for (int32_t i = 0; i < p->n_items; i++) {
+        di_seq *r = p->items[i].req;
+        if (res->cache_hit[i] > r->cache_hit) r->cache_hit = res->cache_hit[i];
+    }
     for (int32_t i = 0; i < res->n_samples; i++) {
         const di_step_sample *s = &res->samples[i];
         di_seq *r = s->req;
@@ -242,6 +247,7 @@ int32_t di_core_poll(di_core *c, di_core_delta *out, int32_t max) {
         d->finish = report_finish ? r->finish : DI_FINISH_REASON_NONE;
         d->error = r->finish == DI_FINISH_REASON_ERROR ? r->error.msg : NULL;
         d->preemptions = r->preemptions;
+        d->cache_hit_tokens = r->cache_hit;
         r->n_out_emitted = r->n_out;
         r->n_text_emitted = ready;
         if (report_finish) r->finish_reported = 1;

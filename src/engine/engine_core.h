@@ -55,6 +55,7 @@ typedef struct di_core_delta {
     di_finish_reason finish;          /* NONE while running; reported once */
     const char *error;                /* message when finish is ERROR */
     int32_t preemptions;
+    int64_t cache_hit_tokens;         /* positions served from the runner's prefix cache so far */
 } di_core_delta;
 
 typedef struct di_core di_core;

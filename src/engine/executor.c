@@ -188,6 +188,10 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         res->status = rc;
         return;
     }
+    for (int32_t i = 0; i < p->n_items; i++) {
+        int64_t hit = m->cache_hit && e->seq_of_item[i] >= 0 ? m->cache_hit(m->ctx, p->items[i].req->id) : 0;
+        res->cache_hit[i] = hit > 0 ? hit : 0;
+    }
     /* one task per sampled row; rows are independent, so the thread count changes nothing */
     sample_job job = {e, p, res};
     di_threadpool_run(e->pool, res->n_samples, sample_task, &job);
@@ -243,7 +247,9 @@ int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, 
     e->seqs = calloc((size_t)max_seqs, sizeof *e->seqs);
     e->res[0].samples = calloc((size_t)max_seqs, sizeof *e->res[0].samples);
     e->res[1].samples = calloc((size_t)max_seqs, sizeof *e->res[1].samples);
-    if (!e->samplers || !e->logits || !e->masks || !e->mask_rc || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
+    e->res[0].cache_hit = calloc((size_t)max_seqs, sizeof *e->res[0].cache_hit);
+    e->res[1].cache_hit = calloc((size_t)max_seqs, sizeof *e->res[1].cache_hit);
+    if (!e->res[0].cache_hit || !e->res[1].cache_hit || !e->samplers || !e->logits || !e->masks || !e->mask_rc || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
         di_executor_free(e);
         return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d logits rows of %d", max_seqs,
                             runner->n_vocab);
@@ -288,6 +294,8 @@ void di_executor_free(di_executor *e) {
     free(e->tokens);
     free(e->res[0].samples);
     free(e->res[1].samples);
+    free(e->res[0].cache_hit);
+    free(e->res[1].cache_hit);
     free(e);
 }
 

@@ -32,6 +32,8 @@ typedef struct di_step_result {
     const di_step_plan *plan;
     int32_t n_samples;
     di_step_sample *samples; /* [max_seqs] in plan order */
+    int64_t *cache_hit;      /* [max_seqs] int64 per plan item: the runner's prefix-cache hit for its request
+                              * after this step (runner.h cache_hit; 0 when dropped or without one) */
     double forward_s;        /* wall time of the forward, and of the sampling */
     double sample_s;
 } di_step_result;

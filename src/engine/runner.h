@@ -55,6 +55,11 @@ typedef struct di_model_runner {
     int (*forward)(void *ctx, const di_step_batch *batch, float *logits, di_error *err);
     /* The request's cache contents are dead (finished, cancelled or preempted). May be NULL. */
     void (*release)(void *ctx, int64_t req_id);
+    /* Positions of the live request served from a prefix cache instead of computed (its deepest hit
+     * so far). Called on the forward's thread right after a successful forward, for each request of
+     * the batch, so the answer travels back with the step's results and the host never reads the
+     * runner's state. NULL: the runner caches no prefixes (always 0). */
+    int64_t (*cache_hit)(void *ctx, int64_t req_id);
 } di_model_runner;
 
 #endif

@@ -86,6 +86,7 @@ typedef struct di_seq {
     int32_t inflight;            /* steps in flight that contain this request */
     int32_t cancel_requested;
     int32_t preemptions;
+    int64_t cache_hit;           /* deepest prefix-cache hit the runner reported (copied from step results) */
     char *text;                  /* [cap_text] detokenized output, cut at a stop string */
     size_t n_text, cap_text;
     int64_t n_out_emitted;       /* streaming cursors */
