@@ -135,6 +135,11 @@ typedef struct di_engine_options {
 
 void di_engine_options_default(di_engine_options *o);
 
+/* sizeof of a public struct by its name ("di_engine_options", "di_request_options", "di_delta",
+ * "di_sampling_params", "di_token_logprobs", "di_token_bias", "di_error"), 0 if unknown. Bindings that
+ * mirror these structs (python/deepinfer_c) check their layout against it at load. */
+size_t di_abi_struct_size(const char *name);
+
 /* checkpoint_dir: a V4.1 checkpoint (config.json + safetensors); its tokenizer.json, when present,
  * enables text prompts, text deltas, stop strings and grammars. opt may be NULL (defaults). */
 int di_engine_open(const char *checkpoint_dir, const di_engine_options *opt, di_engine **out, di_error *err);

@@ -65,6 +65,8 @@ class EngineOptions(ctypes.Structure):
         ("async_", ctypes.c_int32),
         ("sample_threads", ctypes.c_int32),
         ("seed", ctypes.c_uint64),
+        ("prefix_cache_bytes", ctypes.c_int64),
+        ("prefix_block", ctypes.c_int32),
     ]
 
 
@@ -100,6 +102,7 @@ class Delta(ctypes.Structure):
         ("error", ctypes.c_char_p),
         ("prompt_tokens", ctypes.c_int64),
         ("completion_tokens", ctypes.c_int64),
+        ("cache_hit_tokens", ctypes.c_int64),
     ]
 
 
@@ -157,6 +160,17 @@ def lib():
         fn = getattr(L, name)
         fn.restype = res
         fn.argtypes = args
+    # The structs above mirror include/deepinfer.h: refuse a library whose layout differs (a field
+    # added on one side only would corrupt memory, not fail).
+    L.di_abi_struct_size.restype = ctypes.c_size_t
+    L.di_abi_struct_size.argtypes = [ctypes.c_char_p]
+    for cname, py in (("di_engine_options", EngineOptions), ("di_request_options", RequestOptions),
+                      ("di_delta", Delta), ("di_sampling_params", SamplingParamsC),
+                      ("di_token_logprobs", TokenLogprobs), ("di_token_bias", TokenBias), ("di_error", Error)):
+        want = L.di_abi_struct_size(cname.encode())
+        if want != ctypes.sizeof(py):
+            raise ImportError(f"deepinfer_c: {cname} is {want} bytes in the library but {ctypes.sizeof(py)} here "
+                              "(rebuild the library or update python/deepinfer_c/_lib.py)")
     _lib = L
     return L
 

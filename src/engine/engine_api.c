@@ -475,3 +475,16 @@ void di_engine_get_stats(const di_engine *e, di_engine_stats *out) {
 }
 
 const struct di_tokenizer *di_engine_tokenizer(const di_engine *e) { return e->tok; }
+
+size_t di_abi_struct_size(const char *name) {
+    static const struct {
+        const char *name;
+        size_t size;
+    } k[] = {{"di_engine_options", sizeof(di_engine_options)},   {"di_request_options", sizeof(di_request_options)},
+             {"di_delta", sizeof(di_delta)},                     {"di_sampling_params", sizeof(di_sampling_params)},
+             {"di_token_logprobs", sizeof(di_token_logprobs)},   {"di_token_bias", sizeof(di_token_bias)},
+             {"di_error", sizeof(di_error)}};
+    for (size_t i = 0; name && i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(k[i].name, name)) return k[i].size;
+    return 0;
+}
