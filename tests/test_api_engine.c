@@ -231,14 +231,7 @@ static int setup_tok_model(void **state) {
     if (!f) return 0;
     fclose(f);
     g_model_dir = tu_tmpdir("api_engine");
-    di_mkmodel_opts o = {.preset = "tiny", .seed = 1, .out_dir = g_model_dir, .tokenizer = TOKENIZER_DIR};
-    di_mkmodel_stats st;
-    di_error err = {0};
-    if (di_mkmodel_write(&o, &st, &err)) {
-        fprintf(stderr, "mkmodel: %s\n", err.msg);
-        return -1;
-    }
-    return 0;
+    return tu_write_tiny_model(g_model_dir, 1, TOKENIZER_DIR);
 }
 
 static int teardown_tok_model(void **state) {

@@ -37,15 +37,7 @@ static int setup(void **state) {
     g_have_tokenizer = stat(TOKENIZER_DIR "/tokenizer.json", &sb) == 0;
     g_dir = tu_tmpdir("prefix_engine");
     snprintf(g_model, sizeof g_model, "%s/model", g_dir);
-    di_mkmodel_opts o = {.preset = "tiny", .seed = 3, .out_dir = g_model,
-                         .tokenizer = g_have_tokenizer ? TOKENIZER_DIR : NULL};
-    di_mkmodel_stats st;
-    di_error err = {0};
-    if (di_mkmodel_write(&o, &st, &err)) {
-        fprintf(stderr, "mkmodel: %s\n", err.msg);
-        return -1;
-    }
-    return 0;
+    return tu_write_tiny_model(g_model, 3, g_have_tokenizer ? TOKENIZER_DIR : NULL);
 }
 
 static int teardown(void **state) {

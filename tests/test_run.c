@@ -34,14 +34,7 @@ static int setup(void **state) {
     if (stat(TOKENIZER_DIR "/tokenizer.json", &sb) != 0) return 0;
     g_dir = tu_tmpdir("run");
     snprintf(g_model, sizeof g_model, "%s/model", g_dir);
-    di_mkmodel_opts o = {.preset = "tiny", .seed = 1, .out_dir = g_model, .tokenizer = TOKENIZER_DIR};
-    di_mkmodel_stats st;
-    di_error err = {0};
-    if (di_mkmodel_write(&o, &st, &err)) {
-        fprintf(stderr, "mkmodel: %s\n", err.msg);
-        return -1;
-    }
-    return 0;
+    return tu_write_tiny_model(g_model, 1, TOKENIZER_DIR);
 }
 
 static int teardown(void **state) {

@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "model/mkmodel.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,4 +75,15 @@ void tu_report(const char *fmt, ...) {
     printf("\n");
     va_end(ap);
     fflush(stdout);
+}
+
+int tu_write_tiny_model(const char *dir, uint64_t seed, const char *tokenizer) {
+    di_mkmodel_opts o = {.preset = "tiny", .seed = seed, .out_dir = dir, .tokenizer = tokenizer};
+    di_mkmodel_stats st;
+    di_error err = {0};
+    if (di_mkmodel_write(&o, &st, &err)) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
 }

@@ -20,6 +20,9 @@ void tu_rmtree(const char *dir);
 char *tu_write_file(const char *dir, const char *name, const void *data, size_t n);
 /* Copy a whole file. Returns 0 on success. */
 int tu_copy_file(const char *src, const char *dst);
+/* Write the tiny random-weight preset (mkmodel) into dir with this seed, shipping the tokenizer at
+ * tokenizer (a file or directory; NULL = none). 0 on success; prints the error otherwise. */
+int tu_write_tiny_model(const char *dir, uint64_t seed, const char *tokenizer);
 /* Print a measured number in TAP-comment form so CI logs show it: "# name: value". */
 void tu_report(const char *fmt, ...);
 
