@@ -770,6 +770,12 @@ static void test_sizes_released(void **state) {
     assert_true(m8.total_bytes - (m8.fixed_bytes + m8.compressed_bytes) < 64 * 2 * 44);
     tu_report("released @1M, margin 8: fixed %lld B (margin adds %lld B), total %.4f GiB", (long long)m8.fixed_bytes,
               (long long)(m8.fixed_bytes - z.fixed_bytes), (double)m8.total_bytes / (1 << 30));
+    /* the default margin of the released config: 2 · (dspark_block_size 5 + 1) = 12, so the bounded
+     * replay keeps W + 12 = 140 tokens (DeepInfer's documented default) */
+    assert_int_equal(di_cache_default_margin(cfg), 12);
+    o.spec_margin = -1;
+    OK(di_cache_size_of(cfg, &o, &m8, E));
+    assert_int_equal(m8.window_bytes, 43LL * 140 * 528);
     free(cfg);
 }
 
@@ -808,8 +814,18 @@ static void test_sizes_tiny_and_arena(void **state) {
     o.max_tokens = 0;
     assert_int_equal(di_cache_size_of(cfg, &o, &z, &err), DI_ERR_INVALID);
     o.max_tokens = 10;
-    o.spec_margin = -1;
+    o.spec_margin = 1025;
     assert_int_equal(di_cache_size_of(cfg, &o, &z, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "spec_margin"));
+    /* a negative margin is the config's default: two DSpark verify blocks when there are draft
+     * stages, DI_CACHE_SPEC_MARGIN_DEFAULT otherwise */
+    o.spec_margin = -1;
+    OK(di_cache_size_of(cfg, &o, &z, E));
+    int m = di_cache_default_margin(cfg);
+    assert_int_equal(m, cfg->n_dspark > 0 && 2 * (cfg->dspark_block_size + 1) > DI_CACHE_SPEC_MARGIN_DEFAULT
+                            ? 2 * (cfg->dspark_block_size + 1)
+                            : DI_CACHE_SPEC_MARGIN_DEFAULT);
+    assert_int_equal(z.window_bytes, (int64_t)cfg->n_stages * (cfg->sliding_window + m) * 66);
     free(mem);
     free(cfg);
 }

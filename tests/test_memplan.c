@@ -166,7 +166,9 @@ static void test_released_offloaded(void **state) {
     assert_int_equal(s.expert_one, 3LL * (2304 * 2560 + 2304 * 160));
     assert_int_equal(p->expert_bytes, s.expert_one);
 
-    di_cache_opts co = {.max_tokens = 1048576, .spec_margin = DI_CACHE_SPEC_MARGIN_DEFAULT};
+    /* the plan resolves the default margin from the config: 2 · (5 + 1) = 12 (cache.h) */
+    assert_int_equal(p->opts.spec_margin, 12);
+    di_cache_opts co = {.max_tokens = 1048576, .spec_margin = 12};
     di_cache_size cs;
     di_error err = {0};
     assert_int_equal(di_cache_size_of(c, &co, &cs, &err), DI_OK);
@@ -236,7 +238,7 @@ static void test_tiny_cpu(void **state) {
     assert_true(s.wo_a_extra > 0);
     assert_int_equal(p->reserve_dev, 0);
     assert_int_equal(p->staging_dev, 0);
-    di_cache_opts co = {.max_tokens = c->max_position_embeddings, .spec_margin = DI_CACHE_SPEC_MARGIN_DEFAULT};
+    di_cache_opts co = {.max_tokens = c->max_position_embeddings, .spec_margin = di_cache_default_margin(c)};
     di_cache_size cs;
     assert_int_equal(di_cache_size_of(c, &co, &cs, &err), DI_OK);
     assert_int_equal(p->caches_dev, 4 * cs.total_bytes);

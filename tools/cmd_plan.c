@@ -107,7 +107,7 @@ int cmd_plan(int argc, char **argv) {
     if (!size_opt(&cli, &a, "device-memory", &o.device_bytes) || !size_opt(&cli, &a, "host-memory", &o.host_bytes) ||
         !cli_int(&cli, &a, "max-seqs", 1, 1, DI_MEMPLAN_MAX_SEQS, &seqs) ||
         !cli_int(&cli, &a, "max-tokens", 0, 1, INT32_MAX, &tokens) ||
-        !cli_int(&cli, &a, "spec-margin", DI_CACHE_SPEC_MARGIN_DEFAULT, 0, 1024, &margin) ||
+        !cli_int(&cli, &a, "spec-margin", -1, -1, 1024, &margin) ||
         !cli_int(&cli, &a, "prefill-chunk", DI_MEMPLAN_CHUNK_DEFAULT, 1, DI_MEMPLAN_MAX_CHUNK, &chunk))
         goto out;
     o.max_seqs = seqs;

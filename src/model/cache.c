@@ -37,7 +37,7 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
     memset(p, 0, sizeof *p);
     if (!cfg) return di_error_set(err, DI_ERR_INVALID, "cache: no config");
     int64_t max_tokens = opts ? opts->max_tokens : cfg->max_position_embeddings;
-    int margin = opts ? opts->spec_margin : DI_CACHE_SPEC_MARGIN_DEFAULT;
+    int margin = opts && opts->spec_margin >= 0 ? opts->spec_margin : di_cache_default_margin(cfg);
     if (max_tokens < 1 || max_tokens > INT32_MAX)
         return di_error_set(err, DI_ERR_INVALID,
                             "cache: max_tokens %lld (expected 1 … %d: positions index int32 lists)",
@@ -103,6 +103,13 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
     s->fixed_bytes = s->window_bytes + s->state_bytes + s->engram_bytes;
     s->total_bytes = off;
     return DI_OK;
+}
+
+int di_cache_default_margin(const di_config *cfg) {
+    int m = DI_CACHE_SPEC_MARGIN_DEFAULT;
+    if (cfg && cfg->n_dspark > 0 && cfg->dspark_block_size > 0 && 2 * (cfg->dspark_block_size + 1) > m)
+        m = 2 * (cfg->dspark_block_size + 1);
+    return m;
 }
 
 int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_size *out, di_error *err) {

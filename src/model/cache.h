@@ -76,14 +76,23 @@
 #include "deepinfer.h"
 #include "model/config.h"
 
-#define DI_CACHE_SPEC_MARGIN_DEFAULT 8 /* DSpark verifies block + 1 = 6 tokens; 8 leaves slack */
+/* Rollback reserve m of a config without draft stages (constrained decoding backs off a few tokens). */
+#define DI_CACHE_SPEC_MARGIN_DEFAULT 8
 #define DI_CACHE_ENGRAM_NONE (-1)      /* history id of a position before the sequence start */
 #define DI_CACHE_ENGRAM_DEAD (-2)      /* suggested id for image-span tokens (§4.3 "DEAD") */
 
 typedef struct di_cache_opts {
     int64_t max_tokens; /* context capacity: positions 0 … max_tokens−1 (≥ 1) */
-    int spec_margin;    /* m: deepest exact rollback, 0 … 1024; 0 = the reference's sizes */
+    int spec_margin;    /* m: deepest exact rollback, 0 … 1024; 0 = the reference's sizes;
+                           < 0 = di_cache_default_margin(cfg) */
 } di_cache_opts;
+
+/* The default rollback reserve of a config: with DSpark, two verify blocks of block + 1 tokens —
+ * the block being checked and the one the asynchronous scheduler has already queued behind it, both
+ * dropped when the first is rejected — i.e. 2 · (5 + 1) = 12 for the released config, so the replay
+ * length W + m is 128 + 12 = 140, DeepInfer's documented default (deepinfer-features §11); without
+ * draft stages DI_CACHE_SPEC_MARGIN_DEFAULT. Never below DI_CACHE_SPEC_MARGIN_DEFAULT. */
+int di_cache_default_margin(const di_config *cfg);
 
 /* Unit and total sizes (bytes) of one sequence's caches; see the formula above. */
 typedef struct di_cache_size {

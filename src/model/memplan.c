@@ -20,7 +20,7 @@ void di_memplan_opts_default(di_memplan_opts *o, di_plan_device device) {
     memset(o, 0, sizeof *o);
     o->device = device;
     o->max_seqs = 1;
-    o->spec_margin = DI_CACHE_SPEC_MARGIN_DEFAULT;
+    o->spec_margin = -1; /* the config's default (cache.h di_cache_default_margin) */
     o->engram_on_host = true;
 }
 
@@ -326,6 +326,7 @@ int di_memplan_compute(const di_config *cfg, const di_memplan_opts *opts, di_mem
     if (!cfg || !opts || !p) return di_error_set(err, DI_ERR_INVALID, "di_memplan_compute: NULL argument");
     memset(p, 0, sizeof *p);
     p->opts = *opts;
+    if (p->opts.spec_margin < 0) p->opts.spec_margin = di_cache_default_margin(cfg);
     di_memplan_opts *o = &p->opts;
     if (o->device != DI_PLAN_CPU && o->device != DI_PLAN_CUDA)
         return di_error_set(err, DI_ERR_INVALID, "memory plan: device %d (expected cpu or cuda)", (int)o->device);

@@ -77,7 +77,7 @@ typedef struct di_memplan_opts {
     int64_t host_bytes;     /* cuda: host memory for host-resident weights; 0 = MemAvailable */
     int64_t max_seqs;       /* concurrent sequences, 1 … DI_MEMPLAN_MAX_SEQS */
     int64_t max_tokens;     /* per sequence; 0 = max_position_embeddings */
-    int spec_margin;        /* rollback reserve of the caches (cache.h), 0 … 1024 */
+    int spec_margin;        /* rollback reserve of the caches (cache.h), 0 … 1024; < 0 = the config's default */
     int64_t prefill_chunk;  /* prefill tokens per step; 0 = DI_MEMPLAN_CHUNK_DEFAULT */
     bool engram_on_host;    /* cuda: Engram tables in host memory (default true) */
     bool experts_on_host;   /* cuda: routed experts in host memory, streamed per layer (default false) */

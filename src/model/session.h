@@ -27,7 +27,7 @@
 
 typedef struct di_session_opts {
     int64_t max_tokens; /* context capacity (positions 0 … max_tokens−1) */
-    int spec_margin;    /* deepest exact rollback (cache.h); < 0 = DI_CACHE_SPEC_MARGIN_DEFAULT */
+    int spec_margin;    /* deepest exact rollback (cache.h); < 0 = di_cache_default_margin (cache.h) */
     bool dspark;        /* keep the DSpark stage windows (required for di_session_draft) */
 } di_session_opts;
 
@@ -62,9 +62,8 @@ int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sa
 /* ---- prefix reuse with SWA bounded replay (deepinfer-features §11; engine/prefix_cache.h) ----
  * The replay length: keep = W + spec_margin. The W + m ring slots of every window are then all
  * rebuilt, so a sequence resumed at the boundary keeps its full rollback depth m (a replay of only
- * W tokens would serve the next query but not a rollback). The released config gives 128 + 8 = 136;
- * DeepInfer's documented default of 140 is the same rule with a 12-token margin — pass keep
- * explicitly to match it. */
+ * W tokens would serve the next query but not a rollback). With the default margin the released
+ * config gives 128 + 12 = 140, DeepInfer's documented default (cache.h di_cache_default_margin). */
 static inline int64_t di_session_replay_keep(const di_session *s) {
     return (int64_t)s->cache->window + s->cache->spec_margin;
 }
