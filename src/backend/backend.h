@@ -25,6 +25,20 @@
 
 typedef struct di_backend di_backend;
 
+/* Compact row forms of the per-sequence caches (model/cache.h), one row = codes then scales:
+ *   FP8_E8M0   [d e4m3 | d/32 E8M0]       window rows (act_quant, power-of-two scale per 32)
+ *   FP4_E4M3   [d/2 packed E2M1 | d/16 E4M3]  compressed KV (scale e4m3(amax/6) per 16)
+ *   FP4_E8M0   [d/2 packed E2M1 | d/32 E8M0]  index keys (power-of-two scale per 32)
+ * Encoding is io/formats.h's quantizer of the group; decoding is bf16(f32(code) · f32(scale)), the
+ * reference's QDQ value bit for bit (cache_rows.c explains why the product is exact). */
+typedef enum di_row_codec { DI_CODEC_FP8_E8M0 = 0, DI_CODEC_FP4_E4M3 = 1, DI_CODEC_FP4_E8M0 = 2 } di_row_codec;
+
+static inline int di_row_codec_group(di_row_codec c) { return c == DI_CODEC_FP4_E4M3 ? 16 : 32; }
+/* Bytes of one encoded row of d values (d a multiple of the group). */
+static inline int64_t di_row_codec_bytes(di_row_codec c, int64_t d) {
+    return (c == DI_CODEC_FP8_E8M0 ? d : d / 2) + d / di_row_codec_group(c);
+}
+
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
  * (forward.h: di_graph_faults). Each reproduces one plausible porting bug so the tests can prove
@@ -41,6 +55,36 @@ struct di_backend {
     /* Frees impl and the table itself; di_backend_destroy dispatches here so callers never need to
      * know which backend they hold. */
     void (*destroy)(di_backend *be);
+
+    /* ---------------- memory ---------------- */
+
+    /* Backend memory is where the ops compute: host memory for the CPU backend (these slots are
+     * calloc / free / memcpy there), device memory for CUDA. The block graph and the caches reach it
+     * only through these slots and the ops, so one graph serves every backend. Transfers are ordered
+     * with the ops issued before them; a download returns once the bytes are on the host, an upload
+     * once the host buffer may be reused.
+     *   mem_alloc: zero-filled, 64-byte aligned, NULL (err set) on failure; bytes 0 gives a valid block
+     *   mem_map_host: a view of read-only host memory the ops can read (the mmapped Engram tables):
+     *   the pointer itself on the CPU; mem_unmap_host releases what mem_map_host set up */
+    bool host_memory; /* backend memory is host memory (host views can be passed to the ops as is) */
+    void *(*mem_alloc)(const di_backend *be, size_t bytes, di_error *err);
+    void (*mem_free)(const di_backend *be, void *p);
+    int (*mem_upload)(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+    int (*mem_download)(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+    int (*mem_copy)(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+    int (*mem_set)(const di_backend *be, void *dst, int byte, size_t bytes, di_error *err);
+    int (*mem_map_host)(const di_backend *be, const void *host, size_t bytes, const void **view, di_error *err);
+    void (*mem_unmap_host)(const di_backend *be, const void *host, const void *view);
+
+    /* ---------------- cache row codecs (model/cache.h) ---------------- */
+
+    /* rows[i] = encode(x[i]).  x bf16 [n, d];  rows uint8 [n, di_row_codec_bytes(codec, d)] */
+    int (*row_encode)(const di_backend *be, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d, uint8_t *rows,
+                      di_error *err);
+    /* y[i] = decode(rows[ids ? ids[i] : i]); ids[i] < 0 gives a zero row (ids are not range-checked:
+     * the caller validated them on the host).  ids int32 [n] or NULL;  y bf16 [n, d] */
+    int (*row_decode)(const di_backend *be, di_row_codec codec, const uint8_t *rows, const int32_t *ids, int64_t n,
+                      int64_t d, uint16_t *y, di_error *err);
 
     /* ---------------- GEMMs: y = x · Wᵀ ---------------- */
 
@@ -197,6 +241,12 @@ struct di_backend {
     int (*f32_to_bf16)(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *err);
     int (*fill_f32)(const di_backend *be, float *x, int64_t n, float v, di_error *err);
 
+    /* Stream mean (the DSpark target-layer feature, §4.6): y[t] = bf16((Σ_k f32(x[t,k])) / hc), the f32
+     * sum in stream order then the division (torch's mean of a bf16 tensor).
+     *   x bf16 [m, hc, d];  y bf16 rows of d values, row t at y + t·ldy (ldy ≥ d) */
+    int (*stream_mean)(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, uint16_t *y, int64_t ldy,
+                       di_error *err);
+
     /* ---------------- Engram (§4.3) ---------------- */
 
     /* Row lookup of the FP8 table: y[t, c] = bf16(e4m3(table[ids[t,c]]) · 2^(scale−127) per 32).
@@ -222,5 +272,10 @@ typedef enum di_cpu_variant { DI_CPU_FAST = 0, DI_CPU_SCALAR = 1 } di_cpu_varian
 int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_backend **out, di_error *err);
 /* Any backend (calls be->destroy). */
 void di_backend_destroy(di_backend *be);
+
+/* A backend by name (backend_select.c): "cpu" (n_threads, the FAST kernels) or "cuda" (device 0).
+ * A build without the CUDA objects answers "cuda" with DI_ERR_UNSUPPORTED ("built without CUDA"). */
+int di_backend_create(const char *name, int n_threads, di_backend **out, di_error *err);
+bool di_backend_cuda_available(void); /* the CUDA backend is linked into this binary */
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "model/cache.h"
 #include "util/error.h"
 
@@ -120,6 +121,18 @@ int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_s
     return DI_OK;
 }
 
+int di_cache_arena_read(const di_cache *c, void *dst, const void *src, size_t bytes, di_error *err) {
+    if (c->be) return c->be->mem_download(c->be, dst, src, bytes, err);
+    if (bytes) memcpy(dst, src, bytes);
+    return DI_OK;
+}
+
+int di_cache_arena_write(const di_cache *c, void *dst, const void *src, size_t bytes, di_error *err) {
+    if (c->be) return c->be->mem_upload(c->be, dst, src, bytes, err);
+    if (bytes) memcpy(dst, src, bytes);
+    return DI_OK;
+}
+
 void di_cache_reset(di_cache *c) {
     c->n = c->n_max = 0;
     c->engram_hi = c->engram_n = 0;
@@ -135,6 +148,12 @@ void di_cache_reset(di_cache *c) {
         int64_t rows = (int64_t)s->ratio * c->head_dim; /* one half of a block */
         for (int b = 0; b < s->state_blocks; b++) {
             float *kv = s->state + (int64_t)b * 2 * rows;
+            if (c->be) { /* backend memory: filled by its op (a fill of this size cannot fail on shape) */
+                di_error ignored;
+                c->be->fill_f32(c->be, kv, rows, 0.0f, &ignored);
+                c->be->fill_f32(c->be, kv + rows, rows, -INFINITY, &ignored);
+                continue;
+            }
             for (int64_t i = 0; i < rows; i++) {
                 kv[i] = 0.0f;
                 kv[rows + i] = -INFINITY;
@@ -144,8 +163,8 @@ void di_cache_reset(di_cache *c) {
     for (int64_t i = 0; i < c->engram_slots; i++) c->engram[i] = DI_CACHE_ENGRAM_NONE;
 }
 
-int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
-                  di_error *err) {
+static int cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
+                      const di_backend *be, int32_t *engram_host, di_error *err) {
     plan p;
     int rc = make_plan(cfg, opts, &p, err);
     if (rc) return rc;
@@ -154,6 +173,8 @@ int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, 
                             "cache: arena %p of %zu bytes (expected a %d-byte aligned block of at least %lld bytes)",
                             arena, arena_bytes, ALIGN, (long long)p.size.total_bytes);
     memset(c, 0, sizeof *c);
+    c->be = be;
+    c->engram_host = engram_host;
     c->n_stages = cfg->n_stages;
     c->n_layers = cfg->n_layers;
     c->window = cfg->sliding_window;
@@ -178,11 +199,20 @@ int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, 
         s->state = p.state_off[st] >= 0 ? (float *)(base + p.state_off[st]) : NULL;
         s->state_blocks = p.state_blocks[st];
     }
-    c->engram = p.engram_off >= 0 ? (int32_t *)(base + p.engram_off) : NULL;
+    /* the history is host bookkeeping (the hash runs on the host): with a backend arena its section
+     * stays reserved (sizes are the same for every backend) and the ring lives in engram_host */
+    c->engram = p.engram_off < 0 ? NULL : c->be ? c->engram_host : (int32_t *)(base + p.engram_off);
     c->arena = arena;
     c->arena_bytes = arena_bytes;
     di_cache_reset(c);
     return DI_OK;
+}
+
+int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
+                  di_error *err) {
+    if (opts && opts->be)
+        return di_error_set(err, DI_ERR_INVALID, "cache: a backend arena is built by di_cache_create, not in caller memory");
+    return cache_init(c, cfg, opts, arena, arena_bytes, NULL, NULL, err);
 }
 
 int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **out, di_error *err) {
@@ -191,29 +221,41 @@ int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **
     int rc = di_cache_size_of(cfg, opts, &sz, err);
     if (rc) return rc;
     di_cache *c = calloc(1, sizeof *c);
-    /* aligned_alloc + memset would touch every page; calloc of a large block maps zero pages lazily */
-    void *raw = calloc(1, (size_t)sz.total_bytes + ALIGN);
-    if (!c || !raw) {
-        free(c);
-        free(raw);
-        return di_error_set(err, DI_ERR_NOMEM, "cache: cannot allocate %lld bytes", (long long)sz.total_bytes);
+    if (!c) return di_error_set(err, DI_ERR_NOMEM, "cache struct");
+    const di_backend *be = opts ? opts->be : NULL;
+    void *raw = NULL, *arena;
+    int32_t *engram_host = NULL; /* int32 [engram_slots] */
+    if (be) {
+        engram_host = calloc((size_t)(sz.engram_bytes / (int64_t)sizeof(int32_t)) + 1, sizeof(int32_t));
+        arena = raw = engram_host ? be->mem_alloc(be, (size_t)sz.total_bytes, err) : NULL;
+    } else {
+        /* aligned_alloc + memset would touch every page; calloc of a large block maps zero pages lazily */
+        raw = calloc(1, (size_t)sz.total_bytes + ALIGN);
+        arena = raw ? (void *)(((uintptr_t)raw + ALIGN - 1) / ALIGN * ALIGN) : NULL;
     }
-    void *arena = (void *)(((uintptr_t)raw + ALIGN - 1) / ALIGN * ALIGN);
-    rc = di_cache_init(c, cfg, opts, arena, (size_t)sz.total_bytes, err);
-    if (rc) {
+    if (!raw) {
+        free(engram_host);
         free(c);
-        free(raw);
+        return di_error_set(err, DI_ERR_NOMEM, "cache: cannot allocate %lld bytes%s%s", (long long)sz.total_bytes,
+                            be ? " of backend memory on " : "", be ? be->name : "");
+    }
+    rc = cache_init(c, cfg, opts, arena, (size_t)sz.total_bytes, be, engram_host, err);
+    c->owns_arena = 1, c->arena_raw = raw, c->be = be, c->engram_host = engram_host;
+    if (rc) {
+        di_cache_destroy(c);
         return rc;
     }
-    c->owns_arena = 1;
-    c->arena_raw = raw;
     *out = c;
     return DI_OK;
 }
 
 void di_cache_destroy(di_cache *c) {
     if (!c) return;
-    if (c->owns_arena) free(c->arena_raw);
+    if (c->owns_arena && c->be)
+        c->be->mem_free(c->be, c->arena_raw);
+    else if (c->owns_arena)
+        free(c->arena_raw);
+    free(c->engram_host);
     free(c);
 }
 
@@ -249,7 +291,11 @@ int di_cache_rollback(di_cache *c, int64_t k, di_error *err) {
         if (c->cmp_n[st] > e0) c->cmp_n[st] = e0;
         if (c->ikey_n[st] > e0) c->ikey_n[st] = e0;
         if (c->cmp_frozen[st] > e0) c->cmp_frozen[st] = e0; /* re-appended entries are the sequence's own */
-        if (e1 > e0) {
+        if (e1 > e0 && c->be) {
+            int rc = c->be->mem_set(c->be, s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
+            if (!rc) rc = c->be->mem_set(c->be, s->ikey + e0 * c->index_key_bytes, 0, (size_t)((e1 - e0) * c->index_key_bytes), err);
+            if (rc) return rc;
+        } else if (e1 > e0) {
             memset(s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes));
             memset(s->ikey + e0 * c->index_key_bytes, 0, (size_t)((e1 - e0) * c->index_key_bytes));
         }
@@ -266,32 +312,41 @@ int64_t di_cache_n_entries(const di_cache *c, int stage) {
 
 /* ---------------- canonical image ---------------- */
 
-/* Writes (or, with out == NULL, only counts) the image; *pos advances in both cases. */
-static void put_bytes(uint8_t *out, int64_t cap, int64_t *pos, const void *src, int64_t n) {
+/* Writes (or, with out == NULL, only counts) the image; *pos advances in both cases. put_host copies
+ * host bookkeeping (n, the Engram history), put_arena reads arena bytes where the arena lives. */
+static void put_host(uint8_t *out, int64_t cap, int64_t *pos, const void *src, int64_t n) {
     if (out && *pos + n <= cap) memcpy(out + *pos, src, (size_t)n);
     *pos += n;
 }
 
+static void put_arena(const di_cache *c, uint8_t *out, int64_t cap, int64_t *pos, const void *src, int64_t n) {
+    if (out && *pos + n <= cap) {
+        di_error ignored; /* a failed download leaves zeros: the image then differs, as it should */
+        if (di_cache_arena_read(c, out + *pos, src, (size_t)n, &ignored)) memset(out + *pos, 0, (size_t)n);
+    }
+    *pos += n;
+}
+
 static void image_walk(const di_cache *c, uint8_t *out, int64_t cap, int64_t *pos) {
-    put_bytes(out, cap, pos, &c->n, sizeof c->n);
+    put_host(out, cap, pos, &c->n, sizeof c->n);
     int64_t w0 = c->n > c->window ? c->n - c->window : 0;
     for (int st = 0; st < c->n_stages; st++) {
         const di_cache_stage *s = &c->stage[st];
         for (int64_t q = w0; q < c->n; q++)
-            put_bytes(out, cap, pos, s->window + (q % c->ring_slots) * c->window_slot_bytes, c->window_slot_bytes);
+            put_arena(c, out, cap, pos, s->window + (q % c->ring_slots) * c->window_slot_bytes, c->window_slot_bytes);
         if (!s->ratio) continue;
         int64_t ne = c->n / s->ratio;
-        put_bytes(out, cap, pos, s->cmp, ne * c->cmp_entry_bytes);
-        put_bytes(out, cap, pos, s->ikey, ne * c->index_key_bytes);
+        put_arena(c, out, cap, pos, s->cmp, ne * c->cmp_entry_bytes);
+        put_arena(c, out, cap, pos, s->ikey, ne * c->index_key_bytes);
         if (!s->state) continue;
         int64_t g = c->n / s->ratio, pending = c->n % s->ratio, rows = (int64_t)s->ratio * c->head_dim;
         const float *kv = s->state + (g % s->state_blocks) * 2 * rows;
-        put_bytes(out, cap, pos, kv, pending * c->head_dim * (int64_t)sizeof(float));
-        put_bytes(out, cap, pos, kv + rows, pending * c->head_dim * (int64_t)sizeof(float));
+        put_arena(c, out, cap, pos, kv, pending * c->head_dim * (int64_t)sizeof(float));
+        put_arena(c, out, cap, pos, kv + rows, pending * c->head_dim * (int64_t)sizeof(float));
     }
     int64_t h0 = c->n > c->engram_hist ? c->n - c->engram_hist : 0;
     for (int64_t q = h0; c->engram_slots && q < c->n; q++)
-        put_bytes(out, cap, pos, &c->engram[q % c->engram_slots], sizeof(int32_t));
+        put_host(out, cap, pos, &c->engram[q % c->engram_slots], sizeof(int32_t));
 }
 
 int64_t di_cache_image_bytes(const di_cache *c) {

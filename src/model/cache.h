@@ -81,8 +81,16 @@
 #define DI_CACHE_ENGRAM_NONE (-1)      /* history id of a position before the sequence start */
 #define DI_CACHE_ENGRAM_DEAD (-2)      /* suggested id for image-span tokens (§4.3 "DEAD") */
 
+typedef struct di_backend di_backend;
+
 typedef struct di_cache_opts {
     int64_t max_tokens; /* context capacity: positions 0 … max_tokens−1 (≥ 1) */
+    /* Where the arena lives (di_cache_create only): NULL = host memory with the io/formats.h codecs;
+     * a backend = its memory (device memory for CUDA), rows encoded and decoded by its row_encode /
+     * row_decode ops. The bookkeeping (positions, marks, rollback checks) and the Engram history stay
+     * on the host either way; row buffers passed to the put / read functions live where the arena
+     * does. */
+    const di_backend *be;
     int spec_margin;    /* m: deepest exact rollback, 0 … 1024; 0 = the reference's sizes;
                            < 0 = di_cache_default_margin(cfg) */
 } di_cache_opts;
@@ -154,6 +162,8 @@ typedef struct di_cache {
     int64_t cmp_frozen[DI_MAX_STAGES];
 
     /* ---- memory ---- */
+    const di_backend *be;         /* backend whose memory holds the arena; NULL = host (see di_cache_opts) */
+    int32_t *engram_host;         /* backend caches: the Engram history ring in host memory (owned) */
     void *arena;                  /* [arena_bytes], 64-byte aligned */
     size_t arena_bytes;
     int owns_arena;               /* di_cache_create'd: arena_raw is freed by di_cache_destroy */
@@ -163,13 +173,18 @@ typedef struct di_cache {
 /* Sizes for a config and options (opts NULL = max_position_embeddings tokens, default margin). */
 int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_size *out, di_error *err);
 
-/* Build a cache in caller memory (≥ di_cache_size_of().total_bytes, 64-byte aligned). The memory
+/* ---- internal to cache*.c: arena access where the arena lives (host or backend memory) ---- */
+int di_cache_arena_read(const di_cache *c, void *dst, const void *src, size_t bytes, di_error *err);
+int di_cache_arena_write(const di_cache *c, void *dst, const void *src, size_t bytes, di_error *err);
+
+/* Build a cache in caller host memory (≥ di_cache_size_of().total_bytes, 64-byte aligned; opts->be must
+ * be NULL: a backend arena comes from di_cache_create). The memory
  * is taken as is: only the fixed parts are initialised (compressor score rows = −inf, kv rows 0,
  * history = NONE); the compressed arrays are never read beyond the appended entries, and a
  * zero-filled arena (calloc, fresh mmap) keeps their byte image canonical. */
 int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
                   di_error *err);
-/* The same with its own zero-filled arena (released by di_cache_destroy). */
+/* The same with its own zero-filled arena, in opts->be's memory when set (released by di_cache_destroy). */
 int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **out, di_error *err);
 void di_cache_destroy(di_cache *c); /* frees a di_cache_create'd cache; NULL is fine */
 

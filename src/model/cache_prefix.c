@@ -1,6 +1,7 @@
 /* Prefix export / import of the compact caches for the prefix cache's bounded replay (cache.h,
- * deepinfer-features §11): only the append-only compressed arrays move; the window rings are rebuilt
- * by the replay and the compressor state at an aligned boundary is the reset state. */
+ * deepinfer-features §11): only the append-only compressed arrays move (downloaded from / uploaded to
+ * a backend arena); the window rings are rebuilt by the replay and the compressor state at an aligned
+ * boundary is the reset state. */
 #include <string.h>
 
 #include "model/cache.h"
@@ -48,10 +49,13 @@ int di_cache_prefix_export(const di_cache *c, int64_t t0, int64_t t1, uint8_t *o
             return di_error_set(err, DI_ERR_INVALID,
                                 "cache prefix export: stage %d entries [%lld, %lld) not all written (%lld / %lld)", st,
                                 (long long)e0, (long long)e1, (long long)c->cmp_n[st], (long long)c->ikey_n[st]);
-        memcpy(out + pos, s->cmp + e0 * c->cmp_entry_bytes, (size_t)((e1 - e0) * c->cmp_entry_bytes));
+        rc = di_cache_arena_read(c, out + pos, s->cmp + e0 * c->cmp_entry_bytes, (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
         pos += (e1 - e0) * c->cmp_entry_bytes;
-        memcpy(out + pos, s->ikey + e0 * c->index_key_bytes, (size_t)((e1 - e0) * c->index_key_bytes));
+        if (!rc)
+            rc = di_cache_arena_read(c, out + pos, s->ikey + e0 * c->index_key_bytes,
+                                     (size_t)((e1 - e0) * c->index_key_bytes), err);
         pos += (e1 - e0) * c->index_key_bytes;
+        if (rc) return rc;
     }
     return DI_OK;
 }
@@ -99,10 +103,13 @@ int di_cache_prefix_import(di_cache *c, int64_t t0, int64_t t1, const uint8_t *s
             return di_error_set(err, DI_ERR_INVALID,
                                 "cache prefix import: stage %d span starts at entry %lld, %lld imported so far", st,
                                 (long long)e0, (long long)c->cmp_n[st]);
-        memcpy(s->cmp + e0 * c->cmp_entry_bytes, src + pos, (size_t)((e1 - e0) * c->cmp_entry_bytes));
+        rc = di_cache_arena_write(c, s->cmp + e0 * c->cmp_entry_bytes, src + pos, (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
         pos += (e1 - e0) * c->cmp_entry_bytes;
-        memcpy(s->ikey + e0 * c->index_key_bytes, src + pos, (size_t)((e1 - e0) * c->index_key_bytes));
+        if (!rc)
+            rc = di_cache_arena_write(c, s->ikey + e0 * c->index_key_bytes, src + pos,
+                                      (size_t)((e1 - e0) * c->index_key_bytes), err);
         pos += (e1 - e0) * c->index_key_bytes;
+        if (rc) return rc;
         c->cmp_n[st] = c->ikey_n[st] = e1;
     }
     return DI_OK;

@@ -6,16 +6,22 @@
  * A read computes bf16(f32(code) · f32(scale)). The product — an e4m3 or E2M1 value times a power
  * of two or an e4m3 scale: at most 6 significant bits, at least 2^-136 when nonzero — is exact in
  * f32, so its one bf16 rounding is the rounding the reference's QDQ performs: the value equals the
- * reference's cached bf16 bit for bit (tests/test_cache.c checks it on the reference's vectors). */
+ * reference's cached bf16 bit for bit (tests/test_cache.c checks it on the reference's vectors).
+ * The codecs run where the arena lives: the backend's row_encode / row_decode ops for a backend
+ * arena (the CUDA kernels are bit-exact to the host ones: tests/cuda/test_cuda_cache.c), the host
+ * codecs of backend/cpu/row_codec.c otherwise. Every check runs on the host before any byte moves. */
+#include <stdlib.h>
 #include <string.h>
 
-#include "io/formats.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "model/cache.h"
 #include "util/error.h"
 
-#define FP8_GROUP 32     /* window: act_quant block of V4.1 (§4.1, §4.4) */
-#define FP4_KV_GROUP 16  /* compressed KV: FP4 with E4M3 scales (§4.1) */
-#define FP4_KEY_GROUP 32 /* index keys: FP4 with E8M0 scales (§4.4) */
+/* The compact forms (backend.h di_row_codec): the groups are the reference's. */
+#define WINDOW_CODEC DI_CODEC_FP8_E8M0 /* window: act_quant block of 32 (§4.1, §4.4) */
+#define KV_CODEC DI_CODEC_FP4_E4M3     /* compressed KV: FP4 with E4M3 scales per 16 (§4.1) */
+#define KEY_CODEC DI_CODEC_FP4_E8M0    /* index keys: FP4 with E8M0 scales per 32 (§4.4) */
 
 static int count_sources(const di_cache *c) {
     int n = 0;
@@ -37,31 +43,39 @@ static int source_stage(const di_cache *c, int stage, const char *what, di_error
     return DI_OK;
 }
 
-/* ---------------- decoders ---------------- */
+/* ---------------- codecs where the arena lives ---------------- */
 
-/* Reads use io/formats.h's decode tables (one definition of each format): a read of a full window
- * (W × hd values per layer and token) is a table load and a multiply per value. */
-
-/* slot [hd e4m3 | hd/32 E8M0] → bf16 [hd] */
-static void fp8_slot_to_bf16(const uint8_t *slot, int hd, uint16_t *out) {
-    const uint8_t *scale = slot + hd;
-    for (int g = 0; g < hd / FP8_GROUP; g++) {
-        float s = di_e8m0_to_f32(scale[g]);
-        for (int i = g * FP8_GROUP; i < (g + 1) * FP8_GROUP; i++) out[i] = di_f32_to_bf16(di_e4m3_values[slot[i]] * s);
-    }
+/* rows [n] of the codec at dst ← x bf16 [n, d] (x in the arena's memory). */
+static int encode(const di_cache *c, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d, uint8_t *dst,
+                  di_error *err) {
+    if (c->be) return c->be->row_encode(c->be, codec, x, n, d, dst, err);
+    for (int64_t i = 0; i < n; i++) di_cpu_row_encode(codec, x + i * d, d, dst + i * di_row_codec_bytes(codec, d));
+    return DI_OK;
 }
 
-/* entry [n/2 packed E2M1 | n/group scales] → bf16 [n]; scales E4M3 (e4m3 = 1) or E8M0 (0) */
-static void fp4_entry_to_bf16(const uint8_t *entry, int n, int group, int e4m3_scales, uint16_t *out) {
-    const uint8_t *scale = entry + n / 2;
-    for (int g = 0; g < n / group; g++) {
-        float s = e4m3_scales ? di_e4m3_values[scale[g]] : di_e8m0_to_f32(scale[g]);
-        for (int i = g * group; i < (g + 1) * group; i += 2) {
-            uint8_t b = entry[i / 2];
-            out[i] = di_f32_to_bf16(di_e2m1_values[di_fp4_even(b)] * s);
-            out[i + 1] = di_f32_to_bf16(di_e2m1_values[di_fp4_odd(b)] * s);
+/* y bf16 [n, d] ← rows[ids ? ids[i] : i] of base; ids (host, validated by the caller) are uploaded for
+ * a device arena; −1 gives a zero row. */
+static int decode(const di_cache *c, di_row_codec codec, const uint8_t *base, const int32_t *ids, int64_t n, int64_t d,
+                  uint16_t *y, di_error *err) {
+    if (n <= 0) return DI_OK;
+    const di_backend *be = c->be;
+    if (!be) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t r = ids ? ids[i] : i;
+            if (r < 0)
+                memset(y + i * d, 0, sizeof(uint16_t) * (size_t)d);
+            else
+                di_cpu_row_decode(codec, base + r * di_row_codec_bytes(codec, d), d, y + i * d);
         }
+        return DI_OK;
     }
+    if (!ids || be->host_memory) return be->row_decode(be, codec, base, ids, n, d, y, err);
+    int32_t *dids = be->mem_alloc(be, sizeof(int32_t) * (size_t)n, err); /* int32 [n] backend copy */
+    if (!dids) return err ? err->code : DI_ERR_NOMEM;
+    int rc = be->mem_upload(be, dids, ids, sizeof(int32_t) * (size_t)n, err);
+    if (!rc) rc = be->row_decode(be, codec, base, dids, n, d, y, err);
+    be->mem_free(be, dids);
+    return rc;
 }
 
 /* ---------------- window rings ---------------- */
@@ -97,8 +111,8 @@ int di_cache_window_put(di_cache *c, int stage, int64_t pos, const uint16_t *row
                             "cache window put: stage %d position %lld (expected an appended position in [%lld, %lld))",
                             stage, (long long)pos, (long long)(c->n > c->ring_slots ? c->n - c->ring_slots : 0),
                             (long long)c->n);
-    uint8_t *slot = ring_slot(c, stage, pos);
-    di_act_quant_fp8(row, c->head_dim, FP8_GROUP, slot, slot + c->head_dim);
+    rc = encode(c, WINDOW_CODEC, row, 1, c->head_dim, ring_slot(c, stage, pos), err);
+    if (rc) return rc;
     if (pos + 1 > c->win_hi[stage]) c->win_hi[stage] = pos + 1;
     if (pos + 1 > c->win_n[stage]) c->win_n[stage] = pos + 1;
     return DI_OK;
@@ -110,11 +124,21 @@ int di_cache_window_put_rows(di_cache *c, int stage, int64_t pos0, int64_t count
         return di_error_set(err, DI_ERR_INVALID,
                             "cache window put: positions [%lld, %lld) (expected appended positions, n = %lld)",
                             (long long)pos0, (long long)(pos0 + count), (long long)c->n);
-    /* rows older than the ring's reach would be overwritten by the chunk's own newer rows */
-    int64_t first = c->n - c->ring_slots > pos0 ? c->n - c->ring_slots : pos0;
-    for (int64_t p = first; p < pos0 + count; p++) {
-        int rc = di_cache_window_put(c, stage, p, rows + (p - pos0) * c->head_dim, err);
+    int rc = window_stage(c, stage, "window put", err);
+    if (rc) return rc;
+    /* rows older than the ring's reach would be overwritten by the chunk's own newer rows; the rest
+     * is one run of ring slots, split where it wraps */
+    int64_t first = c->n - c->ring_slots > pos0 ? c->n - c->ring_slots : pos0, end = pos0 + count;
+    for (int64_t p = first; p < end;) {
+        int64_t run = c->ring_slots - p % c->ring_slots;
+        if (run > end - p) run = end - p;
+        rc = encode(c, WINDOW_CODEC, rows + (p - pos0) * c->head_dim, run, c->head_dim, ring_slot(c, stage, p), err);
         if (rc) return rc;
+        p += run;
+    }
+    if (end > first) {
+        if (end > c->win_hi[stage]) c->win_hi[stage] = end;
+        if (end > c->win_n[stage]) c->win_n[stage] = end;
     }
     return DI_OK;
 }
@@ -128,7 +152,13 @@ int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, u
     for (int64_t p = p0; p < p1; p++) {
         int rc = window_readable(c, stage, p, "window read", err);
         if (rc) return rc;
-        fp8_slot_to_bf16(ring_slot(c, stage, p), c->head_dim, rows + (p - p0) * c->head_dim);
+    }
+    for (int64_t p = p0; p < p1;) { /* runs of consecutive slots */
+        int64_t run = c->ring_slots - p % c->ring_slots;
+        if (run > p1 - p) run = p1 - p;
+        int rc = decode(c, WINDOW_CODEC, ring_slot(c, stage, p), NULL, run, c->head_dim, rows + (p - p0) * c->head_dim, err);
+        if (rc) return rc;
+        p += run;
     }
     return DI_OK;
 }
@@ -140,19 +170,25 @@ int di_cache_window_gather(const di_cache *c, int stage, int64_t pos, uint16_t *
     int W = c->window, hd = c->head_dim;
     /* The reference's ring of W slots listed from slot (pos mod W)+1 onwards is, position-wise,
      * pos−W+1 … pos ascending; slots not yet written (positions < 0) stay in the list as −1. */
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)W); /* int32 [W] ring slot of entry j, −1: none */
+    if (!slots) return di_error_set(err, DI_ERR_NOMEM, "cache window gather: %d slots", W);
     for (int j = 0; j < W; j++) {
         int64_t q = pos - W + 1 + j;
         if (q < 0) {
-            idx[j] = -1;
-            memset(rows + (int64_t)j * hd, 0, (size_t)hd * sizeof(uint16_t));
+            idx[j] = slots[j] = -1;
             continue;
         }
         int rc = window_readable(c, stage, q, "window gather", err);
-        if (rc) return rc;
+        if (rc) {
+            free(slots);
+            return rc;
+        }
         idx[j] = j;
-        fp8_slot_to_bf16(ring_slot(c, stage, q), hd, rows + (int64_t)j * hd);
+        slots[j] = (int32_t)(q % c->ring_slots);
     }
-    return DI_OK;
+    rc = decode(c, WINDOW_CODEC, c->stage[stage].window, slots, W, hd, rows, err);
+    free(slots);
+    return rc;
 }
 
 int di_cache_dspark_gather(const di_cache *c, int stage, int64_t pos, uint16_t *rows, int64_t *n_rows,
@@ -161,15 +197,22 @@ int di_cache_dspark_gather(const di_cache *c, int stage, int64_t pos, uint16_t *
     if (rc) return rc;
     if (pos < 0) return di_error_set(err, DI_ERR_INVALID, "cache dspark gather: position %lld", (long long)pos);
     int64_t W = c->window, n = pos + 1 < W ? pos + 1 : W;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)n); /* int32 [n] ring slot of W-slot s */
+    if (!slots) return di_error_set(err, DI_ERR_NOMEM, "cache dspark gather: %lld slots", (long long)n);
     /* slot order of the W-slot ring: slot s holds the newest position ≤ pos congruent to s */
     for (int64_t s = 0; s < n; s++) {
         int64_t q = pos - (pos - s) % W;
         int rc = window_readable(c, stage, q, "dspark gather", err);
-        if (rc) return rc;
-        fp8_slot_to_bf16(ring_slot(c, stage, q), c->head_dim, rows + s * c->head_dim);
+        if (rc) {
+            free(slots);
+            return rc;
+        }
+        slots[s] = (int32_t)(q % c->ring_slots);
     }
-    *n_rows = n;
-    return DI_OK;
+    rc = decode(c, WINDOW_CODEC, c->stage[stage].window, slots, n, c->head_dim, rows, err);
+    free(slots);
+    if (!rc) *n_rows = n;
+    return rc;
 }
 
 /* ---------------- compressed KV and index keys ---------------- */
@@ -196,8 +239,8 @@ int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_
     rc = entry_range(c, stage, e, e + 1, -1, "compressed put", err);
     if (rc) return rc;
     if (e < c->cmp_frozen[stage]) return DI_OK; /* restored from the prefix cache: keep the exact entry */
-    uint8_t *entry = c->stage[stage].cmp + e * c->cmp_entry_bytes;
-    di_fp4_quant_e4m3(row, c->head_dim, FP4_KV_GROUP, entry, entry + c->head_dim / 2);
+    rc = encode(c, KV_CODEC, row, 1, c->head_dim, c->stage[stage].cmp + e * c->cmp_entry_bytes, err);
+    if (rc) return rc;
     if (e + 1 > c->cmp_n[stage]) c->cmp_n[stage] = e + 1;
     return DI_OK;
 }
@@ -208,8 +251,8 @@ int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di
     rc = entry_range(c, stage, e, e + 1, -1, "index key put", err);
     if (rc) return rc;
     if (e < c->cmp_frozen[stage]) return DI_OK; /* restored from the prefix cache: keep the exact entry */
-    uint8_t *entry = c->stage[stage].ikey + e * c->index_key_bytes;
-    di_fp4_quant_e8m0(key, c->index_head_dim, FP4_KEY_GROUP, entry, entry + c->index_head_dim / 2);
+    rc = encode(c, KEY_CODEC, key, 1, c->index_head_dim, c->stage[stage].ikey + e * c->index_key_bytes, err);
+    if (rc) return rc;
     if (e + 1 > c->ikey_n[stage]) c->ikey_n[stage] = e + 1;
     return DI_OK;
 }
@@ -219,10 +262,7 @@ int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, c->cmp_n[stage], "compressed read", err);
     if (rc) return rc;
-    for (int64_t e = e0; e < e1; e++)
-        fp4_entry_to_bf16(c->stage[stage].cmp + e * c->cmp_entry_bytes, c->head_dim, FP4_KV_GROUP, 1,
-                          rows + (e - e0) * c->head_dim);
-    return DI_OK;
+    return decode(c, KV_CODEC, c->stage[stage].cmp + e0 * c->cmp_entry_bytes, NULL, e1 - e0, c->head_dim, rows, err);
 }
 
 int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err) {
@@ -230,27 +270,20 @@ int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uin
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, c->ikey_n[stage], "index key read", err);
     if (rc) return rc;
-    for (int64_t e = e0; e < e1; e++)
-        fp4_entry_to_bf16(c->stage[stage].ikey + e * c->index_key_bytes, c->index_head_dim, FP4_KEY_GROUP, 0,
-                          keys + (e - e0) * c->index_head_dim);
-    return DI_OK;
+    return decode(c, KEY_CODEC, c->stage[stage].ikey + e0 * c->index_key_bytes, NULL, e1 - e0, c->index_head_dim, keys,
+                  err);
 }
 
 int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_t count, uint16_t *rows,
                         di_error *err) {
     int rc = source_stage(c, stage, "compressed gather", err);
     if (rc) return rc;
-    int hd = c->head_dim;
     for (int64_t i = 0; i < count; i++) {
-        if (ent[i] == -1) {
-            memset(rows + i * hd, 0, (size_t)hd * sizeof(uint16_t));
-            continue;
-        }
+        if (ent[i] == -1) continue;
         int rc = entry_range(c, stage, ent[i], (int64_t)ent[i] + 1, c->cmp_n[stage], "compressed gather", err);
         if (rc) return rc;
-        fp4_entry_to_bf16(c->stage[stage].cmp + ent[i] * c->cmp_entry_bytes, hd, FP4_KV_GROUP, 1, rows + i * hd);
     }
-    return DI_OK;
+    return decode(c, KV_CODEC, c->stage[stage].cmp, ent, count, c->head_dim, rows, err);
 }
 
 /* ---------------- compressor state ---------------- */

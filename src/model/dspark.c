@@ -77,18 +77,24 @@ int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sampl
         return di_error_set(c->err, DI_ERR_INVALID, "dspark: token %d outside the vocabulary (%lld)", token, (long long)V);
     const di_layer_w *wl = &c->m->w.layers[cfg->n_layers + cfg->n_dspark - 1];
 
-    /* pass-lifetime buffers: fwd_block frees the block scratch */
-    int32_t *din = fwd_alloc(c, sizeof(int32_t) * (size_t)B, 1);               /* int32 [B] draft inputs */
+    /* pass-lifetime buffers (fwd_block frees the block scratch): backend memory unless marked host */
+    int32_t *din = fwd_halloc(c, sizeof(int32_t) * (size_t)B, 1);              /* int32 [B] draft inputs (host) */
     uint16_t *x = fwd_alloc(c, sizeof(uint16_t) * (size_t)(B * hc * D), 1);     /* bf16 [B, hc, D] */
     float *pre = fwd_alloc(c, sizeof(float) * (size_t)(B * hc), 1);             /* f32 [B, hc] */
     float *pre_next = fwd_alloc(c, sizeof(float) * (size_t)(B * hc), 1);        /* f32 [B, hc] */
     uint16_t *win = fwd_alloc(c, sizeof(uint16_t) * (size_t)(cfg->sliding_window * hd), 1); /* bf16 [≤W, hd] */
     float *lg = fwd_alloc(c, sizeof(float) * (size_t)(B * V), 1);              /* f32 [B, V] */
+    float *lg_h = fwd_halloc(c, sizeof(float) * (size_t)(B * V), 1);           /* f32 [B, V] (host) */
     float *bias = fwd_alloc(c, sizeof(float) * (size_t)V, 1);                  /* f32 [V] */
+    float *bias_h = fwd_halloc(c, sizeof(float) * (size_t)V, 1);               /* f32 [V] (host) */
+    int32_t *prev = fwd_alloc(c, sizeof(int32_t), 1);                          /* int32 [1] previous id */
+    float *conf_d = fwd_alloc(c, sizeof(float) * (size_t)B, 1);                /* f32 [B] */
     uint16_t *h = fwd_alloc(c, sizeof(uint16_t) * (size_t)(B * D), 1);          /* bf16 [B, D] collapse */
     uint16_t *hn = fwd_alloc(c, sizeof(uint16_t) * (size_t)(B * D), 1);         /* bf16 [B, D] normed */
     uint16_t *cat = fwd_alloc(c, sizeof(uint16_t) * (size_t)(B * (D + Rm)), 1); /* bf16 [B, D + Rm] */
-    if (!din || !x || !pre || !pre_next || !win || !lg || !bias || !h || !hn || !cat) return c->err->code;
+    if (!din || !x || !pre || !pre_next || !win || !lg || !lg_h || !bias || !bias_h || !prev || !conf_d || !h || !hn ||
+        !cat)
+        return c->err->code;
 
     din[0] = token;
     for (int64_t j = 1; j < B; j++) din[j] = cfg->dspark_noise_token_id;
@@ -99,27 +105,32 @@ int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sampl
         c->draft_win = win;
         CK(fwd_block(c, L, x, pre, pre_next));
         fwd_free_tmp(c);
-        memcpy(pre, pre_next, sizeof(float) * (size_t)(B * hc));
+        CK(be->mem_copy(be, pre, pre_next, sizeof(float) * (size_t)(B * hc), c->err));
     }
-    /* head on every draft slot, then the Markov bias of the previous id, sampled in order */
+    /* head on every draft slot, then the Markov bias of the previous id, sampled in order on the host
+     * (each draft feeds the next slot's bias: one download per slot) */
     CK(be->hc_collapse(be, x, pre, B, hc, D, h, c->err));
     CK(be->rmsnorm(be, h, B, D, wl->head_norm, (float)cfg->rms_norm_eps, hn, c->err));
     CK(be->linear_f32(be, hn, B, D, c->m->w.head, V, lg, c->err));
+    CK(fwd_download(c, lg_h, lg, sizeof(float) * (size_t)(B * V)));
     ids[0] = token;
     for (int64_t j = 0; j < B; j++) {
         uint16_t *me = cat + j * (D + Rm) + D; /* bf16 [Rm] markov embed of prev_j */
-        memcpy(cat + j * (D + Rm), h + j * D, sizeof(uint16_t) * (size_t)D);
-        CK(be->embed(be, wl->markov_embed, V, Rm, &ids[j], 1, me, c->err));
+        CK(be->mem_copy(be, cat + j * (D + Rm), h + j * D, sizeof(uint16_t) * (size_t)D, c->err));
+        CK(be->mem_upload(be, prev, &ids[j], sizeof(int32_t), c->err));
+        CK(be->embed(be, wl->markov_embed, V, Rm, prev, 1, me, c->err));
         CK(be->linear_f32(be, me, 1, Rm, wl->markov_head, V, bias, c->err));
-        float *row = lg + j * V;
-        for (int64_t v = 0; v < V; v++) row[v] += bias[v];
+        CK(fwd_download(c, bias_h, bias, sizeof(float) * (size_t)V));
+        float *row = lg_h + j * V;
+        for (int64_t v = 0; v < V; v++) row[v] += bias_h[v];
         ids[j + 1] = sample ? sample(sample_ctx, row, V) : argmax_first(row, V);
         if (ids[j + 1] < 0 || ids[j + 1] >= V)
             return di_error_set(c->err, DI_ERR_INTERNAL, "dspark: sampler returned id %d", ids[j + 1]);
     }
-    fwd_dump(c, "dspark.logits", DI_F32, lg, 2, B, V, 0);
+    fwd_dump_host(c, "dspark.logits", DI_F32, lg_h, 2, B, V, 0);
     /* confidence: f32 linear over [collapse ‖ markov embed] (no norm, no bias, no sigmoid) */
-    CK(be->linear_f32(be, cat, B, D + Rm, wl->conf_proj, 1, conf, c->err));
-    if (logits_out) memcpy(logits_out, lg, sizeof(float) * (size_t)(B * V));
+    CK(be->linear_f32(be, cat, B, D + Rm, wl->conf_proj, 1, conf_d, c->err));
+    CK(fwd_download(c, conf, conf_d, sizeof(float) * (size_t)B));
+    if (logits_out) memcpy(logits_out, lg_h, sizeof(float) * (size_t)(B * V));
     return DI_OK;
 }

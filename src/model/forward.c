@@ -14,44 +14,86 @@
 
 /* ---------------- pass-state allocation ---------------- */
 
-static int push_ptr(void ***arr, size_t *n, size_t *cap, void *p) {
+static int push_mem(struct fwd_mem **arr, size_t *n, size_t *cap, void *p, bool host) {
     if (*n == *cap) {
         size_t nc = *cap ? *cap * 2 : 64;
-        void **na = realloc(*arr, nc * sizeof(void *));
+        struct fwd_mem *na = realloc(*arr, nc * sizeof **arr);
         if (!na) return -1;
         *arr = na, *cap = nc;
     }
-    (*arr)[(*n)++] = p;
+    (*arr)[(*n)++] = (struct fwd_mem){p, host};
     return 0;
 }
 
-void *fwd_alloc(fwd_ctx *c, size_t bytes, int persist) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (p && (persist ? push_ptr(&c->keep, &c->n_keep, &c->cap_keep, p) : push_ptr(&c->tmp, &c->n_tmp, &c->cap_tmp, p))) {
-        free(p);
-        p = NULL;
+static void mem_release(fwd_ctx *c, struct fwd_mem m) {
+    if (m.host)
+        free(m.p);
+    else
+        c->be->mem_free(c->be, m.p);
+}
+
+static void *alloc_in(fwd_ctx *c, size_t bytes, int persist, bool host) {
+    void *p = host ? calloc(1, bytes ? bytes : 1) : c->be->mem_alloc(c->be, bytes ? bytes : 1, c->err);
+    if (!p) {
+        if (host) di_error_set(c->err, DI_ERR_NOMEM, "forward pass: allocation of %zu bytes", bytes);
+        return NULL;
     }
-    if (!p) di_error_set(c->err, DI_ERR_NOMEM, "forward pass: allocation of %zu bytes", bytes);
+    int bad = persist ? push_mem(&c->keep, &c->n_keep, &c->cap_keep, p, host)
+                      : push_mem(&c->tmp, &c->n_tmp, &c->cap_tmp, p, host);
+    if (bad) {
+        mem_release(c, (struct fwd_mem){p, host});
+        di_error_set(c->err, DI_ERR_NOMEM, "forward pass: allocation list");
+        return NULL;
+    }
     return p;
 }
 
+void *fwd_alloc(fwd_ctx *c, size_t bytes, int persist) { return alloc_in(c, bytes, persist, false); }
+void *fwd_halloc(fwd_ctx *c, size_t bytes, int persist) { return alloc_in(c, bytes, persist, true); }
+
+void *fwd_upload(fwd_ctx *c, const void *host, size_t bytes, int persist) {
+    void *p = fwd_alloc(c, bytes, persist);
+    if (p && c->be->mem_upload(c->be, p, host, bytes, c->err)) return NULL; /* freed with its list */
+    return p;
+}
+
+int fwd_download(fwd_ctx *c, void *host, const void *src, size_t bytes) {
+    return c->be->mem_download(c->be, host, src, bytes, c->err);
+}
+
 void fwd_free_tmp(fwd_ctx *c) {
-    for (size_t i = 0; i < c->n_tmp; i++) free(c->tmp[i]);
+    for (size_t i = 0; i < c->n_tmp; i++) mem_release(c, c->tmp[i]);
     c->n_tmp = 0;
 }
 
 void fwd_ctx_free(fwd_ctx *c) {
+    if (!c->be) return; /* never initialised */
     fwd_free_tmp(c);
     free(c->tmp);
-    for (size_t i = 0; i < c->n_keep; i++) free(c->keep[i]);
+    for (size_t i = 0; i < c->n_keep; i++) mem_release(c, c->keep[i]);
     free(c->keep);
+}
+
+void fwd_dump_host(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1,
+                   int64_t d2) {
+    if (!c->opts->dump) return;
+    int64_t shape[3] = {d0, d1, d2};
+    c->opts->dump(c->opts->dump_ctx, name, dt, ndim, shape, data);
 }
 
 void fwd_dump(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1,
               int64_t d2) {
     if (!c->opts->dump) return;
-    int64_t shape[3] = {d0, d1, d2};
-    c->opts->dump(c->opts->dump_ctx, name, dt, ndim, shape, data);
+    if (c->be->host_memory) {
+        fwd_dump_host(c, name, dt, data, ndim, d0, d1, d2);
+        return;
+    }
+    int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
+    size_t bytes = di_dtype_size(dt) * (size_t)n;
+    void *h = malloc(bytes ? bytes : 1);
+    di_error ignored; /* a dump is a debugging aid: a failed download skips the stage */
+    if (h && !c->be->mem_download(c->be, h, data, bytes, &ignored)) fwd_dump_host(c, name, dt, h, ndim, d0, d1, d2);
+    free(h);
 }
 
 /* ---------------- RoPE tables ---------------- */
@@ -189,7 +231,7 @@ static int window_lists(fwd_ctx *c) {
     c->n_win_rows = s0 + T - c->win_base;
     bool decode = T == 1 && s0 > 0;
     c->n_win = decode ? W : (s0 + T < W ? s0 + T : W);
-    if (!(c->win_idx = fwd_alloc(c, sizeof(int32_t) * (size_t)(T * c->n_win), 1))) return c->err->code;
+    if (!(c->win_idx = fwd_halloc(c, sizeof(int32_t) * (size_t)(T * c->n_win), 1))) return c->err->code;
     for (int64_t t = 0; t < T; t++) {
         int64_t p = s0 + t, first = decode ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
         for (int64_t j = 0; j < c->n_win; j++) {
@@ -209,8 +251,8 @@ static int engram_hashes(fwd_ctx *c, const int32_t *ids) {
     if (ne <= 0) return DI_OK;
     if (!eg->token_map) return di_error_set(c->err, DI_ERR_UNSUPPORTED, "engram: no compressed-token map loaded");
     int64_t hist = cfg->engram_max_ngram_size - 1, T = c->T;
-    int64_t *cid = fwd_alloc(c, sizeof(int64_t) * (size_t)(hist + T), 0); /* int64 [hist + T] */
-    int32_t *h = fwd_alloc(c, sizeof(int32_t) * (size_t)(hist + 1), 0);    /* int32 [hist] lookback order */
+    int64_t *cid = fwd_halloc(c, sizeof(int64_t) * (size_t)(hist + T), 0); /* int64 [hist + T] */
+    int32_t *h = fwd_halloc(c, sizeof(int32_t) * (size_t)(hist + 1), 0);    /* int32 [hist] lookback order */
     if (!cid || !h) return c->err->code;
     if (hist > 0) {
         int rc = di_cache_engram_history(c->cache, c->s0, h, c->err);
@@ -222,10 +264,11 @@ static int engram_hashes(fwd_ctx *c, const int32_t *ids) {
         int rc = engram_cid(eg, ids[t], c->s0 + t, &cid[hist + t], c->err);
         if (rc) return rc;
     }
-    if (!(c->eg_ids = fwd_alloc(c, sizeof(int64_t *) * (size_t)ne, 1))) return c->err->code;
+    int64_t *ids_h = fwd_halloc(c, sizeof(int64_t) * (size_t)(T * cols), 0); /* int64 [T, cols] */
+    if (!ids_h || !(c->eg_ids = fwd_halloc(c, sizeof(int64_t *) * (size_t)ne, 1))) return c->err->code;
     for (int e = 0; e < ne; e++) {
-        if (!(c->eg_ids[e] = fwd_alloc(c, sizeof(int64_t) * (size_t)(T * cols), 1))) return c->err->code;
-        engram_hash_cids(eg, e, cid, hist, T, c->eg_ids[e]);
+        engram_hash_cids(eg, e, cid, hist, T, ids_h);
+        if (!(c->eg_ids[e] = fwd_upload(c, ids_h, sizeof(int64_t) * (size_t)(T * cols), 1))) return c->err->code;
     }
     fwd_free_tmp(c);
     return DI_OK;
@@ -245,8 +288,10 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *
             return di_error_set(err, DI_ERR_INVALID, "forward: token %d at position %lld outside the vocabulary (%d)",
                                 ids[t], (long long)(s0 + t), cfg->vocab_size);
     int half = cfg->qk_rope_head_dim / 2;
-    if (!(c->pos = fwd_alloc(c, sizeof(int64_t) * (size_t)T, 1))) return err->code;
-    for (int64_t t = 0; t < T; t++) c->pos[t] = s0 + t;
+    int64_t *pos = fwd_halloc(c, sizeof(int64_t) * (size_t)T, 0); /* int64 [T] */
+    if (!pos) return err->code;
+    for (int64_t t = 0; t < T; t++) pos[t] = s0 + t;
+    if (!(c->pos = fwd_upload(c, pos, sizeof(int64_t) * (size_t)T, 1))) return err->code;
     for (int L = 0; L < cfg->n_stages; L++) {
         int R = cfg->layer[L].compress_ratio;
         if (R > 2) return di_error_set(err, DI_ERR_UNSUPPORTED, "layer %d: compress ratio %d (V4.1 uses 0, 1, 2)", L, R);
@@ -255,13 +300,16 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *
     for (int L = 0; L < cfg->n_stages; L++) {
         int k = cfg->layer[L].rope;
         if (c->rope_freqs[k]) continue;
-        if (!(c->rope_freqs[k] = fwd_alloc(c, sizeof(float) * (size_t)(half > 0 ? half : 1), 1))) return err->code;
-        int rc = di_rope_freqs(cfg, L, c->rope_freqs[k], err);
+        float *f = fwd_halloc(c, sizeof(float) * (size_t)(half > 0 ? half : 1), 0); /* f32 [rd/2] */
+        if (!f) return err->code;
+        int rc = di_rope_freqs(cfg, L, f, err);
         if (rc) return rc;
+        if (!(c->rope_freqs[k] = fwd_upload(c, f, sizeof(float) * (size_t)(half > 0 ? half : 1), 1))) return err->code;
     }
-    if (!(c->pub = fwd_alloc(c, sizeof *c->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1))) return err->code;
+    if (!(c->pub = fwd_halloc(c, sizeof *c->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1))) return err->code;
     int rc = window_lists(c);
     if (!rc && ids) rc = engram_hashes(c, ids); /* for the whole chunk first, as the reference does */
+    fwd_free_tmp(c);
     return rc;
 }
 
@@ -271,18 +319,23 @@ int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
     const di_config *cfg = c->cfg;
     int64_t T = c->T, D = cfg->hidden_size;
     int hc = cfg->hc_mult;
-    uint16_t *e = fwd_alloc(c, sizeof(uint16_t) * (size_t)(T * D), 0); /* bf16 [T, D] */
-    if (!e) return c->err->code;
-    int rc = c->be->embed(c->be, c->m->w.embed, cfg->vocab_size, D, ids, T, e, c->err);
+    uint16_t *e = fwd_alloc(c, sizeof(uint16_t) * (size_t)(T * D), 0);       /* bf16 [T, D] */
+    int32_t *rows = fwd_halloc(c, sizeof(int32_t) * (size_t)(T * hc), 0);     /* int32 [T·hc] source row t */
+    float *pre_h = fwd_halloc(c, sizeof(float) * (size_t)(T * hc), 0);        /* f32 [T, hc] one-hot */
+    int32_t *ids_d = fwd_upload(c, ids, sizeof(int32_t) * (size_t)T, 0);      /* int32 [T] */
+    if (!e || !rows || !pre_h || !ids_d) return c->err->code;
+    int rc = c->be->embed(c->be, c->m->w.embed, cfg->vocab_size, D, ids_d, T, e, c->err);
     if (rc) return rc;
     fwd_dump(c, "embed", DI_BF16, e, 2, T, D, 0);
     for (int64_t t = 0; t < T; t++)
-        for (int k = 0; k < hc; k++) {
-            memcpy(x + (t * hc + k) * D, e + t * D, sizeof(uint16_t) * (size_t)D);
-            pre[t * hc + k] = k == 0 ? 1.0f : 0.0f;
-        }
+        for (int k = 0; k < hc; k++) rows[t * hc + k] = (int32_t)t, pre_h[t * hc + k] = k == 0 ? 1.0f : 0.0f;
+    int32_t *rows_d = fwd_upload(c, rows, sizeof(int32_t) * (size_t)(T * hc), 0);
+    if (!rows_d) return c->err->code;
+    /* the repeat is a row gather: stream k of token t is embedding row t */
+    rc = c->be->gather_rows(c->be, e, D, rows_d, T * hc, x, c->err);
+    if (!rc) rc = c->be->mem_upload(c->be, pre, pre_h, sizeof(float) * (size_t)(T * hc), c->err);
     fwd_free_tmp(c);
-    return DI_OK;
+    return rc;
 }
 
 /* Store block L's result in out. */
@@ -292,27 +345,21 @@ static int keep_block(fwd_ctx *c, int L, const uint16_t *x, const float *pre) {
     c->out->layer_out[L] = malloc(sizeof(uint16_t) * (size_t)n);
     c->out->premix[L] = malloc(sizeof(float) * (size_t)(c->T * cfg->hc_mult));
     if (!c->out->layer_out[L] || !c->out->premix[L]) return di_error_set(c->err, DI_ERR_NOMEM, "layer %d outputs", L);
-    memcpy(c->out->layer_out[L], x, sizeof(uint16_t) * (size_t)n);
-    memcpy(c->out->premix[L], pre, sizeof(float) * (size_t)(c->T * cfg->hc_mult));
-    return DI_OK;
+    int rc = fwd_download(c, c->out->layer_out[L], x, sizeof(uint16_t) * (size_t)n);
+    if (!rc) rc = fwd_download(c, c->out->premix[L], pre, sizeof(float) * (size_t)(c->T * cfg->hc_mult));
+    return rc;
 }
 
-/* DSpark feature of a target layer: bf16(mean over the hc streams) of its input (after Engram), f32
- * sum in stream order then the division (torch's mean on a bf16 tensor).  x bf16 [T, hc, D] */
-static void dspark_feature(fwd_ctx *c, int L, const uint16_t *x) {
+/* DSpark feature of a target layer: bf16(mean over the hc streams) of its input (after Engram), into
+ * its column block of main_hidden (backend.h stream_mean).  x bf16 [T, hc, D] */
+static int dspark_feature(fwd_ctx *c, int L, const uint16_t *x) {
     const di_config *cfg = c->cfg;
     int slot = -1;
     for (int i = 0; i < cfg->n_dspark_target_layer_ids; i++)
         if (cfg->dspark_target_layer_ids[i] == L) slot = i;
-    if (slot < 0 || !c->main_hidden) return;
+    if (slot < 0 || !c->main_hidden) return DI_OK;
     int64_t D = cfg->hidden_size, W = (int64_t)cfg->n_dspark_target_layer_ids * D;
-    int hc = cfg->hc_mult;
-    for (int64_t t = 0; t < c->T; t++)
-        for (int64_t j = 0; j < D; j++) {
-            float s = 0.0f;
-            for (int k = 0; k < hc; k++) s += di_bf16_to_f32(x[(t * hc + k) * D + j]);
-            c->main_hidden[t * W + slot * D + j] = di_f32_to_bf16(s / (float)hc);
-        }
+    return c->be->stream_mean(c->be, x, c->T, cfg->hc_mult, D, c->main_hidden + slot * D, W, c->err);
 }
 
 /* Compressed ids of the chunk into the cache's Engram history (after the hashes were computed). */
@@ -333,40 +380,41 @@ int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits)
     di_error *err = c->err;
     int64_t T = c->T, D = cfg->hidden_size, V = cfg->vocab_size;
     int hc = cfg->hc_mult, rc = DI_OK;
-    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(T * hc * D)); /* bf16 [T, hc, D] */
-    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(T * D));      /* bf16 [T, D] */
-    float *pre = malloc(sizeof(float) * (size_t)(T * hc));          /* f32 [T, hc] */
-    float *pre_next = malloc(sizeof(float) * (size_t)(T * hc));     /* f32 [T, hc] */
-    if (!x || !h || !pre || !pre_next) CK(di_error_set(err, DI_ERR_NOMEM, "forward buffers (T=%lld)", (long long)T));
+    int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0; /* head rows */
+    uint16_t *x = fwd_alloc(c, sizeof(uint16_t) * (size_t)(T * hc * D), 1); /* bf16 [T, hc, D] */
+    uint16_t *h = fwd_alloc(c, sizeof(uint16_t) * (size_t)(T * D), 1);      /* bf16 [T, D] */
+    float *pre = fwd_alloc(c, sizeof(float) * (size_t)(T * hc), 1);          /* f32 [T, hc] */
+    float *pre_next = fwd_alloc(c, sizeof(float) * (size_t)(T * hc), 1);     /* f32 [T, hc] */
+    float *lg = logits ? fwd_alloc(c, sizeof(float) * (size_t)(nr * V), 1) : NULL; /* f32 [nr, V] */
+    if (!x || !h || !pre || !pre_next || (logits && !lg)) return err->code;
     CK(engram_history_put(c, ids));
     CK(fwd_embed_streams(c, ids, x, pre));
     for (int L = 0; L < cfg->n_layers; L++) {
         CK(fwd_engram(c, L, x));
-        if (cfg->layer[L].dspark_target) dspark_feature(c, L, x);
+        if (cfg->layer[L].dspark_target) CK(dspark_feature(c, L, x));
         CK(fwd_block(c, L, x, pre, pre_next));
         fwd_free_tmp(c);
-        memcpy(pre, pre_next, sizeof(float) * (size_t)(T * hc));
+        CK(be->mem_copy(be, pre, pre_next, sizeof(float) * (size_t)(T * hc), err));
         if (c->out) CK(keep_block(c, L, x, pre));
     }
     if (logits) {
         /* final collapse with the last FFN pre-mix (no hc_head in V4.1), norm, f32 head */
-        int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0;
         CK(be->hc_collapse(be, x + r0 * hc * D, pre + r0 * hc, nr, hc, D, h, err));
         CK(be->rmsnorm(be, h, nr, D, c->m->w.norm, (float)cfg->rms_norm_eps, h, err));
         fwd_dump(c, "final_norm", DI_BF16, h, 2, nr, D, 0);
-        CK(be->linear_f32(be, h, nr, D, c->m->w.head, V, logits, err));
-        fwd_dump(c, "logits", DI_F32, logits, 2, nr, V, 0);
+        CK(be->linear_f32(be, h, nr, D, c->m->w.head, V, lg, err));
+        CK(fwd_download(c, logits, lg, sizeof(float) * (size_t)(nr * V)));
+        fwd_dump_host(c, "logits", DI_F32, logits, 2, nr, V, 0);
     }
 done:
-    free(x), free(h), free(pre), free(pre_next);
     return rc;
 }
 
 /* ---------------- one-shot prefill drivers ---------------- */
 
 /* A fresh cache for one prompt of T tokens (no rollback margin). */
-static int prefill_cache(const di_config *cfg, int64_t T, di_cache **out, di_error *err) {
-    di_cache_opts co = {.max_tokens = T, .spec_margin = 0};
+static int prefill_cache(const di_config *cfg, const di_backend *be, int64_t T, di_cache **out, di_error *err) {
+    di_cache_opts co = {.max_tokens = T, .spec_margin = 0, .be = be};
     return di_cache_create(cfg, &co, out, err);
 }
 
@@ -381,7 +429,7 @@ int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int6
     fwd_ctx c;
     memset(&c, 0, sizeof c);
     di_cache *cache = NULL;
-    CK(prefill_cache(cfg, T, &cache, err));
+    CK(prefill_cache(cfg, be, T, &cache, err));
     CK(fwd_ctx_init(&c, m, be, cache, 0, ids, T, opts, err));
     c.out = out;
     if (!(out->logits = malloc(sizeof(float) * (size_t)(T * cfg->vocab_size))))
@@ -409,26 +457,24 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
     di_cache *cache = NULL;
     int64_t D = cfg->hidden_size;
     int hc = cfg->hc_mult;
-    uint16_t *x = NULL, *x0 = NULL; /* bf16 [T, hc, D] */
-    float *pre = NULL, *pre0 = NULL, *pre_next = NULL; /* f32 [T, hc] */
-    CK(prefill_cache(cfg, T, &cache, err));
+    uint16_t *x = NULL, *x0 = NULL; /* bf16 [T, hc, D] (backend) */
+    float *pre = NULL, *pre0 = NULL, *pre_next = NULL; /* f32 [T, hc] (backend) */
+    size_t xb = sizeof(uint16_t) * (size_t)(T * hc * D), pb = sizeof(float) * (size_t)(T * hc);
+    CK(prefill_cache(cfg, be, T, &cache, err));
     CK(fwd_ctx_init(&c, m, be, cache, 0, ids, T, opts, err));
     c.out = out;
     CK(di_cache_extend(cache, T, err));
     CK(engram_history_put(&c, ids));
-    x = malloc(sizeof(uint16_t) * (size_t)(T * hc * D));
-    x0 = malloc(sizeof(uint16_t) * (size_t)(T * hc * D));
-    pre = malloc(sizeof(float) * (size_t)(T * hc));
-    pre0 = malloc(sizeof(float) * (size_t)(T * hc));
-    pre_next = malloc(sizeof(float) * (size_t)(T * hc));
-    if (!x || !x0 || !pre || !pre0 || !pre_next) CK(di_error_set(err, DI_ERR_NOMEM, "teacher-forced buffers"));
+    x = fwd_alloc(&c, xb, 1), x0 = fwd_alloc(&c, xb, 1);
+    pre = fwd_alloc(&c, pb, 1), pre0 = fwd_alloc(&c, pb, 1), pre_next = fwd_alloc(&c, pb, 1);
+    if (!x || !x0 || !pre || !pre0 || !pre_next) CK(err->code);
     CK(fwd_embed_streams(&c, ids, x0, pre0));
     for (int L = 0; L < cfg->n_layers; L++) {
-        const uint16_t *xi = x_in && x_in[L] ? x_in[L] : (L == 0 ? x0 : NULL);
-        const float *pi = pre_in && pre_in[L] ? pre_in[L] : (L == 0 ? pre0 : NULL);
-        if (!xi || !pi) CK(di_error_set(err, DI_ERR_INVALID, "teacher forcing: no input for block %d", L));
-        memcpy(x, xi, sizeof(uint16_t) * (size_t)(T * hc * D));
-        memcpy(pre, pi, sizeof(float) * (size_t)(T * hc));
+        /* the given inputs are host memory (golden data); block 0 defaults to our own embedding */
+        bool own_x = !(x_in && x_in[L]), own_p = !(pre_in && pre_in[L]);
+        if ((own_x || own_p) && L > 0) CK(di_error_set(err, DI_ERR_INVALID, "teacher forcing: no input for block %d", L));
+        CK(own_x ? be->mem_copy(be, x, x0, xb, err) : be->mem_upload(be, x, x_in[L], xb, err));
+        CK(own_p ? be->mem_copy(be, pre, pre0, pb, err) : be->mem_upload(be, pre, pre_in[L], pb, err));
         CK(fwd_engram(&c, L, x));
         CK(fwd_block(&c, L, x, pre, pre_next));
         fwd_free_tmp(&c);
@@ -437,7 +483,6 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
 done:
     fwd_ctx_free(&c);
     di_cache_destroy(cache);
-    free(x), free(x0), free(pre), free(pre0), free(pre_next);
     if (rc) di_prefill_out_free(out);
     return rc;
 }

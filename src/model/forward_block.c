@@ -15,10 +15,21 @@
         int rc_ = (call);            \
         if (rc_) return rc_;         \
     } while (0)
+/* backend memory (ALLOC) and host memory (HALLOC), forward_internal.h */
 #define ALLOC(ptr, n, persist)                                               \
     do {                                                                     \
         (ptr) = fwd_alloc(c, sizeof(*(ptr)) * (size_t)(n), (persist));      \
         if (!(ptr)) return c->err ? c->err->code : DI_ERR_NOMEM;             \
+    } while (0)
+#define HALLOC(ptr, n, persist)                                              \
+    do {                                                                     \
+        (ptr) = fwd_halloc(c, sizeof(*(ptr)) * (size_t)(n), (persist));     \
+        if (!(ptr)) return c->err ? c->err->code : DI_ERR_NOMEM;             \
+    } while (0)
+#define UPLOAD(dst, host, n, persist)                                           \
+    do {                                                                        \
+        (dst) = fwd_upload(c, (host), sizeof(*(host)) * (size_t)(n), (persist)); \
+        if (!(dst)) return c->err ? c->err->code : DI_ERR_NOMEM;                \
     } while (0)
 
 static void dname(char *buf, size_t n, int L, const char *stage) { snprintf(buf, n, "L%d.%s", L, stage); }
@@ -67,11 +78,11 @@ static const struct fwd_pub *source(fwd_ctx *c, int L, int src, const char *what
     return &c->pub[src];
 }
 
-/* Group positions n·R of the compressed entries [e0, e0+n).  out int64 [n] */
+/* Group positions n·R of the compressed entries [e0, e0+n), in backend memory.  out int64 [n] */
 static int64_t *entry_positions(fwd_ctx *c, int64_t e0, int64_t n, int R) {
-    int64_t *p = fwd_alloc(c, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0);
+    int64_t *p = fwd_halloc(c, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0); /* int64 [n] host */
     for (int64_t i = 0; p && i < n; i++) p[i] = (e0 + i) * R;
-    return p;
+    return p ? fwd_upload(c, p, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0) : NULL;
 }
 
 /* kv sources: the latent, before RoPE, of the compressed entries [s0/R, (s0+T)/R) this chunk
@@ -167,22 +178,24 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     if (!source(c, L, lc->index_key_source, "index-key")) return c->err->code;
 
     uint16_t *qi, *iw, *keys; /* bf16 [T, ih, ihd], bf16 [T, ih], bf16 [ncmp, ihd] */
-    int32_t *vis;             /* int32 [T] visible compressed entries per query */
+    int32_t *vis_h, *vis;     /* int32 [T] visible compressed entries per query (host, backend) */
     float *scores;            /* f32 [T, ncmp] */
-    int32_t *top;             /* int32 [T, ksel] (pass lifetime: reuse layers read it) */
+    int32_t *top, *top_h;     /* int32 [T, ksel] (backend; host copy of pass lifetime: reuse layers read it) */
     ALLOC(qi, T * ih * ihd, 0);
     ALLOC(iw, T * ih, 0);
     ALLOC(keys, ncmp * ihd, 0);
-    ALLOC(vis, T, 0);
-    ALLOC(top, T * ksel, 1);
+    ALLOC(scores, T * ncmp, 0);
+    ALLOC(top, T * ksel, 0);
+    HALLOC(top_h, T * ksel, 1);
+    HALLOC(vis_h, T, 0);
+    for (int64_t t = 0; t < T; t++) vis_h[t] = (int32_t)((c->s0 + t + 1) / R);
+    UPLOAD(vis, vis_h, T, 0);
     if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
-        scores = c->out->index_scores[L] = calloc((size_t)(T * ncmp), sizeof(float));
+        c->out->index_scores[L] = calloc((size_t)(T * ncmp), sizeof(float));
         c->out->topk[L] = calloc((size_t)(T * ksel), sizeof(int32_t));
-        if (!scores || !c->out->topk[L])
+        if (!c->out->index_scores[L] || !c->out->topk[L])
             return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)T,
                                 (long long)ncmp);
-    } else {
-        ALLOC(scores, T * ncmp, 0);
     }
     CK(di_cache_ikey_rows(c->cache, lc->index_key_source, 0, ncmp, keys, c->err));
     CK(be->linear_fp8(be, qr, T, qrk, w->idx_wq_b.w, w->idx_wq_b.s, (int64_t)ih * ihd, qi, c->err));
@@ -191,7 +204,6 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     DUMP("attn.index_q", DI_BF16, qi, 3, T, ih, ihd);
     CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
     DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
-    for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((c->pos[t] + 1) / R);
 
     const uint8_t *cand = NULL;
     if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
@@ -206,6 +218,7 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
     CK(be->indexer_scores(be, qi, iw, w_scale, keys, T, ih, ihd, ncmp, vis, cand, scores, c->err));
     DUMP("attn.index_scores", DI_F32, scores, 2, T, ncmp, 0);
+    if (c->out) CK(fwd_download(c, c->out->index_scores[L], scores, sizeof(float) * (size_t)(T * ncmp)));
 
     if (lc->is_candidate_source) {
         int blk = cfg->candidate_block_size;
@@ -219,10 +232,14 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         c->pub[L].n_cand = ncmp;
     }
     CK(be->topk(be, scores, T, ncmp, vis, ksel, 0, top, c->err));
+    /* the gather of the selected entries is planned on the host (attn_compressed): one download per
+     * index layer, a synchronisation point of the pass */
+    CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)(T * ksel)));
     DUMP("attn.topk", DI_I32, top, 2, T, ksel, 0);
-    c->pub[L].topk = top;
+    c->pub[L].topk = top_h;
     if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
-        for (int64_t i = 0; i < T * ksel; i++) c->out->topk[L][i] = top[i] < 0 ? -1 : top[i] + (int32_t)c->n_win_rows;
+        for (int64_t i = 0; i < T * ksel; i++)
+            c->out->topk[L][i] = top_h[i] < 0 ? -1 : top_h[i] + (int32_t)c->n_win_rows;
     return DI_OK;
 }
 
@@ -251,7 +268,7 @@ static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new) {
  * between. Then the entries this layer attends — the top-k of its index source (itself, or the latest
  * one for reuse layers) over its kv source's compressed KV — are gathered from the cache (the union
  * over the chunk's queries, ascending) and the lists are rewritten to index [window rows ‖ gathered].
- *   u bf16 [T, D];  qr bf16 [T, qr];  *cmp bf16 [n_cmp, hd];  *cidx int32 [T, kc] */
+ *   u bf16 [T, D];  qr bf16 [T, qr];  *cmp bf16 [n_cmp, hd] (backend);  *cidx int32 [T, kc] (host) */
 static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, uint16_t **cmp, int64_t *n_cmp,
                            int32_t **cidx, int64_t *kc_out) {
     const di_layer_cfg *lc = &c->cfg->layer[L];
@@ -270,11 +287,11 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
     if (!kc) return DI_OK;
 
     int64_t n_all = (c->s0 + T) / lc->compress_ratio; /* entries visible to the chunk's last query */
-    int32_t *map, *ent; /* int32 [n_all]: entry → gathered row (−1: unused); int32 [n_all] gathered entries */
-    int32_t *idx;       /* int32 [T, kc] */
-    ALLOC(map, n_all, 0);
-    ALLOC(ent, n_all, 0);
-    ALLOC(idx, T * kc, 0);
+    int32_t *map, *ent; /* int32 [n_all]: entry → gathered row (−1: unused); int32 [n_all] gathered entries (host) */
+    int32_t *idx;       /* int32 [T, kc] (host) */
+    HALLOC(map, n_all, 0);
+    HALLOC(ent, n_all, 0);
+    HALLOC(idx, T * kc, 0);
     for (int64_t e = 0; e < n_all; e++) map[e] = -1;
     for (int64_t i = 0; i < T * kc; i++) {
         int32_t e = topp->topk[i];
@@ -318,16 +335,16 @@ static int window_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t *rows) {
 
 /* DSpark draft block (§4.9): the T draft tokens' own KV (not cached) after the stage window rows the
  * caller gathered in slot order; every draft query sees all of them (bidirectional in the block).
- *   u bf16 [T, D];  *kv bf16 [T, hd];  *idx int32 [T, n_draft_win + T] */
+ *   u bf16 [T, D];  *kv bf16 [T, hd];  *idx int32 [T, n_draft_win + T] (host) */
 static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t **kv_out, int32_t **idx_out, int64_t *n_idx) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, nw = c->n_draft_win;
     uint16_t *kv; /* bf16 [T, hd] */
-    int32_t *idx; /* int32 [T, nw + T] */
+    int32_t *idx; /* int32 [T, nw + T] (host) */
     ALLOC(kv, T * hd, 0);
-    ALLOC(idx, T * (nw + T), 0);
+    HALLOC(idx, T * (nw + T), 0);
     CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
     CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, (float)cfg->rms_norm_eps, kv, c->err));
     CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
@@ -367,7 +384,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     /* key set and index lists: [window rows ‖ compressed entries], the reference's order */
     const uint16_t *kv_win, *kv_cmp = NULL; /* bf16 [n_kw, hd], bf16 [n_cmp, hd] */
     int64_t n_kw, n_cmp = 0, n_idx;
-    int32_t *idx; /* int32 [T, n_idx] */
+    int32_t *idx; /* int32 [T, n_idx] (host; uploaded for the attention) */
     if (lc->is_dspark) {
         uint16_t *dkv = NULL;
         idx = NULL, n_idx = 0;
@@ -386,19 +403,25 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
             kv_cmp = cmp;
         }
         n_idx = c->n_win + kc;
-        ALLOC(idx, T * n_idx, 0);
+        HALLOC(idx, T * n_idx, 0);
         for (int64_t t = 0; t < T; t++) {
             memcpy(idx + t * n_idx, c->win_idx + t * c->n_win, sizeof(int32_t) * (size_t)c->n_win);
             if (kc) memcpy(idx + t * n_idx + c->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
         }
     }
 
-    float *sink; /* f32 [H] */
-    ALLOC(sink, H, 0);
-    for (int h = 0; h < H; h++) sink[h] = c->opts->faults.no_sink ? -INFINITY : w->attn_sink[h];
+    const float *sink = w->attn_sink; /* f32 [H] */
+    if (c->opts->faults.no_sink) {
+        float *ninf;
+        ALLOC(ninf, H, 0);
+        CK(be->fill_f32(be, ninf, H, -INFINITY, c->err));
+        sink = ninf;
+    }
+    int32_t *idx_d; /* int32 [T, n_idx] */
+    UPLOAD(idx_d, idx, T * n_idx, 0);
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    CK(be->sparse_attn(be, q, T, H, (int)hd, kv_win, n_kw, kv_cmp, n_cmp, sink, idx, n_idx,
+    CK(be->sparse_attn(be, q, T, H, (int)hd, kv_win, n_kw, kv_cmp, n_cmp, sink, idx_d, n_idx,
                        (float)pow((double)hd, -0.5), o, c->err));
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);
@@ -426,15 +449,22 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
     float lim = (float)cfg->swiglu_limit;
 
     float *logits, *rw, *acc; /* f32 [T, E], f32 [T, K], f32 [T, D] */
-    int32_t *ids, *rows;      /* int32 [T, K], int32 [T] */
-    float *roww;              /* f32 [T] routing weight of each gathered row */
+    int32_t *ids;             /* int32 [T, K] */
+    int32_t *ids_h, *rows_h;  /* int32 [T, K] router ids; int32 [T·K + T] per-expert row lists, then 0…T−1 (host) */
+    float *rw_h, *roww_h;     /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
+    int64_t *start;           /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
+    int32_t *rows;            /* int32 [T·K + T] */
+    float *roww;              /* f32 [T·K] */
     uint16_t *xg, *g, *u, *a, *ye; /* bf16 [T, D], [T, I], [T, I], [T, I], [T, D] */
     ALLOC(logits, T * E, 0);
     ALLOC(rw, T * K, 0);
     ALLOC(acc, T * D, 0);
     ALLOC(ids, T * K, 0);
-    ALLOC(rows, T, 0);
-    ALLOC(roww, T, 0);
+    HALLOC(ids_h, T * K, 0);
+    HALLOC(rw_h, T * K, 0);
+    HALLOC(rows_h, T * K + T, 0);
+    HALLOC(roww_h, T * K, 0);
+    HALLOC(start, E + 1, 0);
     ALLOC(xg, T * D, 0);
     ALLOC(g, T * I, 0);
     ALLOC(u, T * I, 0);
@@ -446,27 +476,39 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
     DUMP("ffn.route_ids", DI_I32, ids, 2, T, K, 0);
     DUMP("ffn.route_w", DI_F32, rw, 2, T, K, 0);
     CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
+    /* Expert dispatch is planned on the host from the router's choice: one download (a
+     * synchronisation point) per MoE layer. A device-side bucketing op would remove it; the per-expert
+     * GEMMs that follow dominate either way at these batch sizes. */
+    CK(fwd_download(c, ids_h, ids, sizeof(int32_t) * (size_t)(T * K)));
+    CK(fwd_download(c, rw_h, rw, sizeof(float) * (size_t)(T * K)));
+    int64_t n_all = 0;
     for (int e = 0; e < E; e++) {
-        int64_t n = 0;
+        start[e] = n_all;
         for (int64_t t = 0; t < T; t++)
             for (int j = 0; j < K; j++)
-                if (ids[t * K + j] == e) rows[n] = (int32_t)t, roww[n] = rw[t * K + j], n++;
+                if (ids_h[t * K + j] == e) rows_h[n_all] = (int32_t)t, roww_h[n_all] = rw_h[t * K + j], n_all++;
+    }
+    start[E] = n_all;
+    for (int64_t t = 0; t < T; t++) rows_h[n_all + t] = (int32_t)t; /* the shared expert: every row */
+    UPLOAD(rows, rows_h, n_all + T, 0);
+    UPLOAD(roww, roww_h, n_all > 0 ? n_all : 1, 0);
+    for (int e = 0; e < E; e++) {
+        int64_t n = start[e + 1] - start[e];
         if (!n) continue;
         const di_expert_w *ex = &w->experts[e];
-        CK(be->gather_rows(be, v, D, rows, n, xg, c->err));
+        CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
         CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
         CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
-        CK(be->swiglu(be, g, u, n, I, roww, lim, a, c->err));
+        CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
         CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
-        CK(be->scatter_add_rows(be, ye, D, rows, n, acc, c->err));
+        CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
     }
-    for (int64_t t = 0; t < T; t++) rows[t] = (int32_t)t;
     CK(be->linear_fp8(be, v, T, D, w->sh_w1.w, w->sh_w1.s, I, g, c->err));
     CK(be->linear_fp8(be, v, T, D, w->sh_w3.w, w->sh_w3.s, I, u, c->err));
     CK(be->swiglu(be, g, u, T, I, NULL, lim, a, c->err));
     CK(be->linear_fp8(be, a, T, I, w->sh_w2.w, w->sh_w2.s, D, ye, c->err));
     DUMP("ffn.shared", DI_BF16, ye, 2, T, D, 0);
-    CK(be->scatter_add_rows(be, ye, D, rows, T, acc, c->err));
+    CK(be->scatter_add_rows(be, ye, D, rows + n_all, T, acc, c->err));
     CK(be->f32_to_bf16(be, acc, T * D, y, c->err));
     DUMP("ffn.out", DI_BF16, y, 2, T, D, 0);
     return DI_OK;

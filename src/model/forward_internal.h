@@ -1,5 +1,12 @@
 /* Private to forward.c / forward_block.c / dspark.c / session.c: the state of one forward pass over a
- * chunk of positions [s0, s0 + T) of one sequence, reading and writing that sequence's cache. */
+ * chunk of positions [s0, s0 + T) of one sequence, reading and writing that sequence's cache.
+ *
+ * Memory: tensors the ops read or write live in BACKEND memory (fwd_alloc; device memory for CUDA)
+ * and are never dereferenced here; what the graph decides on the host — positions, window and top-k
+ * index lists, Engram hash ids, expert row lists — is built in HOST memory (fwd_halloc) and uploaded
+ * once (fwd_upload). The few values the host needs back (top-k ids for the gather union, router ids
+ * for the expert dispatch, logits) are downloaded (fwd_download), each a synchronisation point. With
+ * the CPU backend both memories are the same and the transfers are copies. */
 #ifndef DI_MODEL_FORWARD_INTERNAL_H
 #define DI_MODEL_FORWARD_INTERNAL_H
 
@@ -18,48 +25,53 @@ typedef struct fwd_ctx {
     di_cache *cache;         /* the sequence: positions < s0 are read from it, the chunk is written */
     int64_t s0;              /* first position of the chunk */
     int64_t T;               /* tokens in the chunk (queries of this pass) */
-    int64_t *pos;            /* int64 [T] positions s0 … s0+T−1 */
-    float *rope_freqs[2];    /* f32 [rd/2] per di_rope_kind (plain, compress) */
+    int64_t *pos;            /* int64 [T] positions s0 … s0+T−1 (backend) */
+    float *rope_freqs[2];    /* f32 [rd/2] per di_rope_kind (plain, compress) (backend) */
 
     /* Window part of every query's key set (the same for every layer of the pass): the key rows are
      * the positions [win_base, s0+T) — the previous window read from the cache, then the chunk — and
      * row p of win_idx lists the rows query p attends, in the reference's order (§5.3). */
     int64_t win_base;        /* max(0, s0 − W + 1) */
     int64_t n_win_rows;      /* s0 + T − win_base */
-    int32_t *win_idx;        /* int32 [T, n_win] */
+    int32_t *win_idx;        /* int32 [T, n_win] (host) */
     int64_t n_win;
-    int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids of the chunk */
+    int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids of the chunk (backend) */
 
     /* Shared attention state of this pass, published per source stage and read through the config's
      * roles. The compressed KV and index keys themselves live in the cache (stage = the kv source);
      * what a pass publishes is what only its own queries need. */
     struct fwd_pub {
-        const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded */
+        const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded (host) */
         int topk_k;
-        const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) */
+        const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) (backend) */
         int64_t n_cand;
         bool done;               /* the stage ran in this pass */
     } *pub;                      /* [n_stages] */
 
     /* DSpark features (§4.6): mean over the hc streams of each target layer's input, concatenated in
      * target order. NULL when not wanted. */
-    uint16_t *main_hidden;   /* bf16 [T, ntgt·D] */
+    uint16_t *main_hidden;   /* bf16 [T, ntgt·D] (backend) */
 
     /* DSpark draft block (dspark.c): the stage window rows in slot order, for the draft attention. */
-    const uint16_t *draft_win; /* bf16 [n_draft_win, hd] */
+    const uint16_t *draft_win; /* bf16 [n_draft_win, hd] (backend) */
     int64_t n_draft_win;
 
     di_prefill_out *out;     /* prefill results (layer outputs, index scores, top-k) or NULL */
 
-    void **keep;   /* allocations that live for the whole pass */
+    struct fwd_mem { void *p; bool host; } *keep; /* allocations that live for the whole pass */
     size_t n_keep, cap_keep;
-    void **tmp;    /* allocations of the current block */
+    struct fwd_mem *tmp;                           /* allocations of the current block */
     size_t n_tmp, cap_tmp;
 } fwd_ctx;
 
-/* Zeroed allocation owned by the pass (persist = 1) or by the current block (persist = 0);
- * NULL after setting ctx->err on failure. */
+/* Zeroed allocation in backend memory (fwd_alloc) or host memory (fwd_halloc), owned by the pass
+ * (persist = 1) or by the current block (persist = 0); NULL after setting ctx->err on failure. */
 void *fwd_alloc(fwd_ctx *c, size_t bytes, int persist);
+void *fwd_halloc(fwd_ctx *c, size_t bytes, int persist);
+/* A backend copy of host data (same ownership rules); NULL on failure. */
+void *fwd_upload(fwd_ctx *c, const void *host, size_t bytes, int persist);
+/* Backend → host (synchronises with the ops issued so far). */
+int fwd_download(fwd_ctx *c, void *host, const void *src, size_t bytes);
 void fwd_free_tmp(fwd_ctx *c);
 
 /* Pass setup for the chunk [s0, s0+T) of ids (validated against the vocabulary): positions, RoPE
@@ -69,11 +81,15 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *
                  const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
 void fwd_ctx_free(fwd_ctx *c);
 
-/* Hand a stage tensor to the dump callback (no-op without one). Shape given as up to 3 dims. */
+/* Hand a stage tensor to the dump callback (no-op without one), downloaded from backend memory
+ * (fwd_dump) or already on the host (fwd_dump_host). Shape given as up to 3 dims. */
 void fwd_dump(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1,
               int64_t d2);
+void fwd_dump_host(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1,
+                   int64_t d2);
 
-/* X = embedding repeated over the hc streams; pre = one-hot stream 0.  x bf16 [T, hc, D], pre f32 [T, hc] */
+/* X = embedding repeated over the hc streams; pre = one-hot stream 0.  ids int32 [T] (host);
+ * x bf16 [T, hc, D], pre f32 [T, hc] (backend) */
 int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre);
 
 /* Engram update of the streams before block L (no-op for non-Engram layers).  x bf16 [T, hc, D] */
@@ -87,7 +103,8 @@ int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_ou
 
 /* The whole backbone over the chunk: Engram, blocks, DSpark features; then the final collapse,
  * norm and head on the last position (logits f32 [1, V]) or on every position (f32 [T, V]) when
- * all_logits. Requires di_cache_extend(T) done. */
+ * all_logits, downloaded into host `logits` (may be NULL). ids int32 [T] host. Requires
+ * di_cache_extend(T) done. */
 int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits);
 
 /* DSpark (dspark.c): the stage windows of the chunk's positions from c->main_hidden (all stages). */
@@ -95,7 +112,7 @@ int fwd_dspark_fill(fwd_ctx *c);
 
 /* DSpark draft block after main position i = s0 − 1 (c set up for the chunk [i+1, i+1+block) with no
  * ids): token = the main model's output at i. ids int32 [block+1] (ids[0] = token), conf f32 [block],
- * logits f32 [block, V] (may be NULL). sample NULL = greedy (first maximum). */
+ * logits f32 [block, V] (may be NULL), all host. sample NULL = greedy (first maximum). */
 int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
                      float *logits);
 

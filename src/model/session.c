@@ -16,7 +16,7 @@ int di_session_create(const di_model *m, const di_backend *be, const di_session_
         return di_error_set(err, DI_ERR_INVALID, "session: DSpark requested but the model has no draft stages");
     di_session *s = calloc(1, sizeof *s);
     if (!s) return di_error_set(err, DI_ERR_NOMEM, "session");
-    di_cache_opts co = {.max_tokens = opts->max_tokens,
+    di_cache_opts co = {.max_tokens = opts->max_tokens, .be = be,
                         .spec_margin = opts->spec_margin < 0 ? di_cache_default_margin(&m->cfg) : opts->spec_margin};
     int rc = di_cache_create(&m->cfg, &co, &s->cache, err);
     if (rc) {

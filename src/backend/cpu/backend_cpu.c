@@ -31,6 +31,85 @@ static int need_ws(const di_backend *be, size_t bytes, di_error *err) {
     return DI_OK;
 }
 
+/* ---------------- memory: host memory ---------------- */
+
+/* 64-byte aligned zeroed block; the raw calloc pointer sits just before it. calloc of a large block
+ * maps zero pages lazily, so a cache arena sized for a long context costs only what is touched. */
+static void *m_alloc(const di_backend *be, size_t bytes, di_error *err) {
+    uint8_t *raw = calloc(1, bytes + 64 + sizeof(void *));
+    if (!raw) {
+        di_error_set(err, DI_ERR_NOMEM, "cpu backend: %zu bytes", bytes);
+        return NULL;
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + sizeof(void *) + 63) / 64 * 64);
+    memcpy(p - sizeof(void *), &raw, sizeof raw);
+    return p;
+}
+
+static void m_free(const di_backend *be, void *p) {
+    if (!p) return;
+    void *raw;
+    memcpy(&raw, (uint8_t *)p - sizeof(void *), sizeof raw);
+    free(raw);
+}
+
+static int m_copy(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err) {
+    if (bytes) memmove(dst, src, bytes);
+    return DI_OK;
+}
+
+static int m_set(const di_backend *be, void *dst, int byte, size_t bytes, di_error *err) {
+    if (bytes) memset(dst, byte, bytes);
+    return DI_OK;
+}
+
+static int m_map_host(const di_backend *be, const void *host, size_t bytes, const void **view, di_error *err) {
+    *view = host;
+    return DI_OK;
+}
+
+static void m_unmap_host(const di_backend *be, const void *host, const void *view) {}
+
+static int a_row_encode(const di_backend *be, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d, uint8_t *rows,
+                        di_error *err) {
+    int64_t rb = di_row_codec_bytes(codec, d);
+    if (d <= 0 || d % di_row_codec_group(codec) || n < 0)
+        return di_error_set(err, DI_ERR_INVALID, "row_encode: %lld rows of %lld values (groups of %d)", (long long)n,
+                            (long long)d, di_row_codec_group(codec));
+    for (int64_t i = 0; i < n; i++) di_cpu_row_encode(codec, x + i * d, d, rows + i * rb);
+    return DI_OK;
+}
+
+static int a_row_decode(const di_backend *be, di_row_codec codec, const uint8_t *rows, const int32_t *ids, int64_t n,
+                        int64_t d, uint16_t *y, di_error *err) {
+    int64_t rb = di_row_codec_bytes(codec, d);
+    if (d <= 0 || d % di_row_codec_group(codec) || n < 0)
+        return di_error_set(err, DI_ERR_INVALID, "row_decode: %lld rows of %lld values (groups of %d)", (long long)n,
+                            (long long)d, di_row_codec_group(codec));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = ids ? ids[i] : i;
+        if (r < 0)
+            memset(y + i * d, 0, sizeof(uint16_t) * (size_t)d);
+        else
+            di_cpu_row_decode(codec, rows + r * rb, d, y + i * d);
+    }
+    return DI_OK;
+}
+
+static int a_stream_mean(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, uint16_t *y, int64_t ldy,
+                         di_error *err) {
+    if (hc < 1 || d < 1 || ldy < d)
+        return di_error_set(err, DI_ERR_INVALID, "stream_mean: %d streams of %lld, output stride %lld", hc, (long long)d,
+                            (long long)ldy);
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t j = 0; j < d; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < hc; k++) s += di_bf16_to_f32(x[(t * hc + k) * d + j]);
+            y[t * ldy + j] = di_f32_to_bf16(s / (float)hc);
+        }
+    return DI_OK;
+}
+
 /* ---------------- GEMMs ---------------- */
 
 static int a_linear_fp8(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
@@ -283,6 +362,18 @@ int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_back
     }
     be->name = "cpu";
     be->destroy = cpu_destroy;
+    be->host_memory = true;
+    be->mem_alloc = m_alloc;
+    be->mem_free = m_free;
+    be->mem_upload = m_copy;
+    be->mem_download = m_copy;
+    be->mem_copy = m_copy;
+    be->mem_set = m_set;
+    be->mem_map_host = m_map_host;
+    be->mem_unmap_host = m_unmap_host;
+    be->row_encode = a_row_encode;
+    be->row_decode = a_row_decode;
+    be->stream_mean = a_stream_mean;
     be->linear_fp8 = a_linear_fp8;
     be->linear_fp4 = a_linear_fp4;
     be->linear_bf16 = a_linear_bf16;

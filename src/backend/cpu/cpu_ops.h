@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "deepinfer.h"
 #include "util/threadpool.h"
 
@@ -230,5 +231,10 @@ int di_cpu_embed(int64_t n, const int32_t *ids, const uint16_t *table, int64_t v
 
 /* Stream expansion: X[t, s, :] = e[t, :] for s < hc.  e bf16 [n, D], X bf16 [n, hc, D]. */
 void di_cpu_expand_streams(int64_t n, int hc, int64_t D, const uint16_t *e, uint16_t *X);
+
+/* Cache row codecs (backend.h di_row_codec; row_codec.c): one row of d values.
+ *   x bf16 [d];  row uint8 [di_row_codec_bytes(codec, d)];  y bf16 [d] */
+void di_cpu_row_encode(di_row_codec codec, const uint16_t *x, int64_t d, uint8_t *row);
+void di_cpu_row_decode(di_row_codec codec, const uint8_t *row, int64_t d, uint16_t *y);
 
 #endif

@@ -27,6 +27,7 @@
 #define DI_BACKEND_CUDA_CUDA_OPS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
@@ -115,6 +116,22 @@ int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table, const uint
                           const int64_t *ids, int64_t m, int n_cols, uint16_t *y, di_error *err);
 int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                         const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
+
+/* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */
+void *di_cuda_mem_alloc(const di_backend *be, size_t bytes, di_error *err);
+void di_cuda_mem_free(const di_backend *be, void *p);
+int di_cuda_mem_upload(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+int di_cuda_mem_download(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+int di_cuda_mem_copy(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+int di_cuda_mem_set(const di_backend *be, void *dst, int byte, size_t bytes, di_error *err);
+int di_cuda_mem_map_host(const di_backend *be, const void *host, size_t bytes, const void **view, di_error *err);
+void di_cuda_mem_unmap_host(const di_backend *be, const void *host, const void *view);
+int di_cuda_row_encode(const di_backend *be, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d, uint8_t *rows,
+                       di_error *err);
+int di_cuda_row_decode(const di_backend *be, di_row_codec codec, const uint8_t *rows, const int32_t *ids, int64_t n,
+                       int64_t d, uint16_t *y, di_error *err);
+int di_cuda_stream_mean(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, uint16_t *y, int64_t ldy,
+                        di_error *err);
 
 /* The streaming compressor of the `infer` branch's backend.h (same contract as di_cpu_compress_pool of
  * cpu_attn.h): tokens at positions start_pos … start_pos+m−1 update the carry state (slot = pos mod R)
