@@ -1,6 +1,8 @@
 # CUDA backend (Hopper, sm_90a): test binary and device-run helpers. Included by the Makefile.
 #   make cuda        the CUDA objects (defined in the Makefile; compiles on a GPU-less machine)
-#   make cuda-tests  build/cuda/test_cuda_ops: every CUDA op against the CPU op (tests/cuda/)
+#   make cuda-tests  build/cuda/test_cuda_ops: every CUDA op against the CPU op (tests/cuda/);
+#                    build/cuda/test_cuda_cache: the cache row codecs and a device cache against the host's
+#   make deepinfer-cuda  the CLI with the CUDA backend linked in (`--device cuda`), static like below
 # Run on an H200 with scripts/gpu_tests.sh.
 
 # Exactness first (src/backend/cuda/cuda_common.cuh): the CPU reference is built without FP
@@ -41,3 +43,12 @@ deepinfer-static: $(BUILD)/deepinfer-static
 $(BUILD)/deepinfer-static: $(TOOL_OBJ) $(BUILD)/libdeepinfer.a
 	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libdeepinfer.a \
 	    -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -Wl,-Bdynamic -lm -pthread
+
+# ---- deepinfer-cuda: the CLI with the CUDA backend (generate / verify --device cuda) ----
+# backend_select.c resolves di_backend_cuda_create through a weak reference: the CUDA objects linked
+# here define it; the plain `deepinfer` (no CUDA objects) answers --device cuda with "built without CUDA".
+.PHONY: deepinfer-cuda
+deepinfer-cuda: $(BUILD)/deepinfer-cuda
+
+$(BUILD)/deepinfer-cuda: $(TOOL_OBJ) $(CUDA_OBJ) $(BUILD)/libdeepinfer.a
+	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(CUDA_OBJ) $(BUILD)/libdeepinfer.a $(CUDA_TEST_LIBS)

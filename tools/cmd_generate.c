@@ -3,7 +3,7 @@
  *   deepinfer generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-tokens N]
  *                      [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
  *                      [--force-output-ids 4,5,6] [--dspark]
- *                      [--chunk N] [--threads N] [--device cpu] [--dump-logits FILE]
+ *                      [--chunk N] [--threads N] [--device cpu|cuda] [--dump-logits FILE]
  *                      [--tokenizer PATH] [--json]
  *                      [--json-schema FILE [--json-whitespace flexible|compact] | --regex R | --grammar FILE]
  *
@@ -299,10 +299,6 @@ int cmd_generate(int argc, char **argv) {
         cli_fail(&cli, "--temperature %g: expected a finite value ≥ 0", temperature);
         goto done;
     }
-    if (device && strcmp(device, "cpu")) {
-        cli_fail(&cli, "CUDA backend not available in this build (use --device cpu)");
-        goto done;
-    }
     bool constrained = schema_path || regex || ebnf_path;
     if (!!schema_path + !!regex + !!ebnf_path > 1) {
         cli_fail(&cli, "--json-schema, --regex and --grammar are mutually exclusive (got more than one)");
@@ -346,7 +342,8 @@ int cmd_generate(int argc, char **argv) {
         cli_fail(&cli, "--force-output-ids \"%s\": expected comma-separated non-negative token ids", force_s);
         goto done;
     }
-    if (di_model_open(model, &m, &err) || di_backend_cpu_create((int)threads, &be, &err)) {
+    if (di_model_open(model, &m, &err) || di_backend_create(device, (int)threads, &be, &err) ||
+        di_model_to_backend(m, be, &err)) {
         cli_fail_err(&cli, &err);
         goto done;
     }
@@ -511,8 +508,8 @@ done:
     di_session_destroy(s);
     di_tok_free(tok);
     free(out_text);
+    di_model_close(m); /* device weights first: they live in the backend's memory */
     di_backend_destroy(be);
-    di_model_close(m);
     cli_args_free(&a);
     free(prompt), free(force), free(out_ids), free(d_ids);
     free(prompt_logits), free(decode_logits), free(logits), free(d_conf), free(d_logits);

@@ -1,6 +1,6 @@
 /* deepinfer verify — fidelity of the block graph against golden data from the official reference.
  *
- *   deepinfer verify --model DIR --golden FILE [--json] [--dump FILE] [--device cpu] [--threads N]
+ *   deepinfer verify --model DIR --golden FILE [--json] [--dump FILE] [--device cpu|cuda] [--threads N]
  *                    [--kernels FILE | --no-ops] [--no-free] [--no-tf] [--dump-stages FILE]
  *                    [--cpu-impl fast|scalar]
  *
@@ -151,7 +151,8 @@ int cmd_verify(int argc, char **argv) {
     cli_args_free(&a);
     if (!ok) return 1;
     if (!model_dir || !golden) return cli_fail(&cli, "need --model DIR and --golden FILE");
-    if (strcmp(device, "cpu") != 0) return cli_fail(&cli, "--device %s: only the cpu backend exists so far", device);
+    if (strcmp(device, "cpu") && strcmp(impl, "fast"))
+        return cli_fail(&cli, "--cpu-impl %s applies to --device cpu only", impl);
     if (no_free && no_tf) return cli_fail(&cli, "--no-free and --no-tf leave nothing to check");
     if (strcmp(impl, "fast") && strcmp(impl, "scalar"))
         return cli_fail(&cli, "--cpu-impl %s: expected fast or scalar", impl);
@@ -177,8 +178,11 @@ int cmd_verify(int argc, char **argv) {
     o.kernels_path = no_ops ? NULL : kernels;
     int rc = di_model_open(model_dir, &m, &err);
     if (!rc) rc = di_golden_open(golden, &m->cfg, &g, &err);
-    if (!rc)
+    if (!rc && !strcmp(device, "cpu"))
         rc = di_backend_cpu_create_variant((int)threads, strcmp(impl, "scalar") ? DI_CPU_FAST : DI_CPU_SCALAR, &be, &err);
+    else if (!rc)
+        rc = di_backend_create(device, (int)threads, &be, &err);
+    if (!rc) rc = di_model_to_backend(m, be, &err);
     if (!rc) rc = di_verify_run(m, be, g, &o, &rep, &err);
     int status;
     if (rc) {
@@ -193,8 +197,8 @@ int cmd_verify(int argc, char **argv) {
     }
     di_verify_report_free(&rep);
     free(kdef);
-    di_backend_destroy(be);
     di_golden_close(g);
-    di_model_close(m);
+    di_model_close(m); /* device weights first: they live in the backend's memory */
+    di_backend_destroy(be);
     return status;
 }

@@ -216,7 +216,19 @@ static int check_topk(const di_backend *be, const di_golden *g, int i, int ratio
         goto done;
     }
     for (int64_t t = 0; t < T; t++) vis[t] = (int32_t)((t + 1) / ratio);
-    rc = be->topk(be, g->index_scores[i], T, nk, vis, k, (int32_t)T, mine, err);
+    { /* the op runs in backend memory: stage its inputs there and read the selection back */
+        size_t sb = sizeof(float) * (size_t)(T * nk), vb = sizeof(int32_t) * (size_t)T, mb = sizeof(int32_t) * (size_t)(T * k);
+        float *ds = be->mem_alloc(be, sb, err);
+        int32_t *dv = ds ? be->mem_alloc(be, vb, err) : NULL, *dm = dv ? be->mem_alloc(be, mb, err) : NULL;
+        rc = dm ? DI_OK : err->code;
+        if (!rc) rc = be->mem_upload(be, ds, g->index_scores[i], sb, err);
+        if (!rc) rc = be->mem_upload(be, dv, vis, vb, err);
+        if (!rc) rc = be->topk(be, ds, T, nk, dv, k, (int32_t)T, dm, err);
+        if (!rc) rc = be->mem_download(be, mine, dm, mb, err);
+        if (dm) be->mem_free(be, dm);
+        if (dv) be->mem_free(be, dv);
+        if (ds) be->mem_free(be, ds);
+    }
     if (rc) goto done;
     vl->topk_rows = T;
     for (int64_t t = 0; t < T; t++) {

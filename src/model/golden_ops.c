@@ -50,6 +50,44 @@ static void *kget(kfile *k, const char *name, di_dtype want, int64_t numel, di_e
     return p;
 }
 
+/* Backend copies of the op inputs and outputs (the ops take backend memory); errors are sticky. */
+typedef struct staging {
+    const di_backend *be;
+    void *p[48];
+    int n;
+    di_error *err;
+    int *rc;
+} staging;
+
+static void *dalloc(staging *s, size_t bytes) {
+    if (*s->rc) return NULL;
+    if (s->n == 48) {
+        *s->rc = di_error_set(s->err, DI_ERR_INTERNAL, "op check staging: too many buffers");
+        return NULL;
+    }
+    void *p = s->be->mem_alloc(s->be, bytes, s->err);
+    if (!p) {
+        *s->rc = s->err->code;
+        return NULL;
+    }
+    return s->p[s->n++] = p;
+}
+
+static void *up(staging *s, const void *host, size_t bytes) {
+    void *p = dalloc(s, bytes);
+    if (p && (*s->rc = s->be->mem_upload(s->be, p, host, bytes, s->err))) return NULL;
+    return p;
+}
+
+static void down(staging *s, void *host, const void *dev, size_t bytes) {
+    if (!*s->rc) *s->rc = s->be->mem_download(s->be, host, dev, bytes, s->err);
+}
+
+static void staging_free(staging *s) {
+    for (int i = 0; i < s->n; i++) s->be->mem_free(s->be, s->p[i]);
+    s->n = 0;
+}
+
 static uint32_t f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -110,12 +148,18 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
     if (rc) return rc;
     uint16_t *out = NULL; /* bf16 scratch, sized for the largest output (sparse_attn [4, 64, 512]) */
     float *f = NULL;      /* f32 scratch */
-    out = malloc(sizeof(uint16_t) * 4 * 64 * 512);
-    f = malloc(sizeof(float) * 4096);
+    const size_t OUTB = sizeof(uint16_t) * 4 * 64 * 512, FB = sizeof(float) * 4096;
+    staging sg = {.be = be, .err = err, .rc = &rc}, *S = &sg;
+    out = malloc(OUTB);
+    f = malloc(FB);
     if (!out || !f) {
         rc = di_error_set(err, DI_ERR_NOMEM, "op check scratch");
         goto done;
     }
+    uint16_t *dout = dalloc(S, OUTB); /* the same scratch in backend memory */
+    float *df = dalloc(S, FB);
+    if (rc) goto done;
+#define UP(p, bytes) up(S, (p), (bytes))
 
     { /* hc_sinkhorn: ≤ 4 f32 ulps (20 iterations, eps 1e-6) */
         int iters = faults && faults->sinkhorn_iters > 0 ? faults->sinkhorn_iters : 20;
@@ -126,7 +170,9 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         float *post = kget(&k, "hc_sinkhorn.post", DI_F32, 32, err, &rc);
         float *comb = kget(&k, "hc_sinkhorn.comb", DI_F32, 128, err, &rc);
         if (rc) goto done;
-        rc = be->hc_sinkhorn(be, mixes, 8, 4, scale, base, iters, 1e-6f, f, f + 32, f + 64, err);
+        const float *d_mixes = UP(mixes, 4 * 8 * 24), *d_scale = UP(scale, 4 * 3), *d_base = UP(base, 4 * 24);
+        if (!rc) rc = be->hc_sinkhorn(be, d_mixes, 8, 4, d_scale, d_base, iters, 1e-6f, df, df + 32, df + 64, err);
+        down(S, f, df, FB);
         if (rc) goto done;
         int64_t mx = 0;
         for (int i = 0; i < 32; i++) {
@@ -149,7 +195,11 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         int iters = faults && faults->sinkhorn_iters > 0 ? faults->sinkhorn_iters : 20;
         float mixes[NT * NM] = {0}, scale[3] = {1, 1, 1}, base[NM] = {0};
         for (int t = 0; t < NT; t++) mixes[t * NM + 2 * HC + 0] = mixes[t * NM + 2 * HC + HC] = (float)peaks[t];
-        rc = be->hc_sinkhorn(be, mixes, NT, HC, scale, base, iters, 1e-6f, f, f + NT * HC, f + 2 * NT * HC, err);
+        const float *d_mixes = UP(mixes, sizeof mixes), *d_scale = UP(scale, sizeof scale), *d_base = UP(base, sizeof base);
+        if (!rc)
+            rc = be->hc_sinkhorn(be, d_mixes, NT, HC, d_scale, d_base, iters, 1e-6f, df, df + NT * HC, df + 2 * NT * HC,
+                                 err);
+        down(S, f, df, FB);
         if (rc) goto done;
         double worst = 0;
         for (int t = 0; t < NT; t++) {
@@ -190,7 +240,11 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         if (rc) goto done;
         if (faults && faults->no_sink)
             for (int h = 0; h < 64; h++) sink[h] = -INFINITY;
-        rc = be->sparse_attn(be, q, 4, 64, 512, kv, 192, NULL, 0, sink, idx, 160, (float)pow(512, -0.5), out, err);
+        const uint16_t *d_q = UP(q, 2 * 4 * 64 * 512), *d_kv = UP(kv, 2 * 192 * 512);
+        const float *d_sink = UP(sink, 4 * 64);
+        const int32_t *d_idx = UP(idx, 4 * 4 * 160);
+        if (!rc) rc = be->sparse_attn(be, d_q, 4, 64, 512, d_kv, 192, NULL, 0, d_sink, d_idx, 160, (float)pow(512, -0.5), dout, err);
+        down(S, out, dout, OUTB);
         if (rc) goto done;
         add_bf16(r, "sparse_attn", out, ref, 4 * 64 * 512, 0.01);
     }
@@ -211,7 +265,11 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         for (int i = 0; i < 8; i++) pos[i] = 3000 + i;
         rc = di_rope_freqs(cfg, 0, freqs, err);
         free(cfg);
-        if (!rc) rc = be->rope(be, x, 8, 64, 64, 64, pos, freqs, false, err);
+        uint16_t *d_x = UP(x, 2 * 8 * 64 * 64);
+        const int64_t *d_pos = UP(pos, sizeof pos);
+        const float *d_freqs = UP(freqs, sizeof freqs);
+        if (!rc) rc = be->rope(be, d_x, 8, 64, 64, 64, d_pos, d_freqs, false, err);
+        down(S, x, d_x, 2 * 8 * 64 * 64);
         if (rc) goto done;
         add_bf16(r, "rope_apply", x, ref, 8 * 64 * 64, 0.001);
     }
@@ -221,7 +279,10 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         uint8_t *s = kget(&k, "fp8_linear.scale", DI_F8_E8M0, 8 * 160, err, &rc);
         uint16_t *ref = kget(&k, "fp8_linear.out", DI_BF16, 8 * 256, err, &rc);
         if (rc) goto done;
-        rc = be->linear_fp8(be, x, 8, 5120, w, s, 256, out, err);
+        const uint16_t *d_x = UP(x, 2 * 8 * 5120);
+        const uint8_t *d_w = UP(w, 256 * 5120), *d_s = UP(s, 8 * 160);
+        if (!rc) rc = be->linear_fp8(be, d_x, 8, 5120, d_w, d_s, 256, dout, err);
+        down(S, out, dout, 2 * 8 * 256);
         if (rc) goto done;
         add_bf16(r, "fp8_linear", out, ref, 8 * 256, 0.001);
         uint16_t *x4 = kget(&k, "fp4_linear.x", DI_BF16, 8 * 5120, err, &rc);
@@ -229,7 +290,10 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         uint8_t *s4 = kget(&k, "fp4_linear.scale", DI_F8_E8M0, 256 * 160, err, &rc);
         uint16_t *ref4 = kget(&k, "fp4_linear.out", DI_BF16, 8 * 256, err, &rc);
         if (rc) goto done;
-        rc = be->linear_fp4(be, x4, 8, 5120, w4, s4, 256, out, err);
+        const uint16_t *d_x4 = UP(x4, 2 * 8 * 5120);
+        const uint8_t *d_w4 = UP(w4, 256 * 2560), *d_s4 = UP(s4, 256 * 160);
+        if (!rc) rc = be->linear_fp4(be, d_x4, 8, 5120, d_w4, d_s4, 256, dout, err);
+        down(S, out, dout, 2 * 8 * 256);
         if (rc) goto done;
         add_bf16(r, "fp4_linear", out, ref4, 8 * 256, 0.001);
     }
@@ -238,7 +302,9 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         uint16_t *w = kget(&k, "rmsnorm.weight", DI_BF16, 5120, err, &rc);
         uint16_t *ref = kget(&k, "rmsnorm.out", DI_BF16, 8 * 5120, err, &rc);
         if (rc) goto done;
-        rc = be->rmsnorm(be, x, 8, 5120, w, 1e-20f, out, err);
+        const uint16_t *d_x = UP(x, 2 * 8 * 5120), *d_w = UP(w, 2 * 5120);
+        if (!rc) rc = be->rmsnorm(be, d_x, 8, 5120, d_w, 1e-20f, dout, err);
+        down(S, out, dout, 2 * 8 * 5120);
         if (rc) goto done;
         add_bf16(r, "rmsnorm", out, ref, 8 * 5120, 0.001);
     }
@@ -249,7 +315,10 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         uint16_t *ref = kget(&k, "indexer_scores.scores", DI_BF16, 4 * 300, err, &rc);
         if (rc) goto done;
         int32_t vis[4] = {300, 300, 300, 300};
-        rc = be->indexer_scores(be, q, w, 1.0f, kk, 4, 32, 128, 300, vis, NULL, f, err);
+        const uint16_t *d_q = UP(q, 2 * 4 * 32 * 128), *d_w = UP(w, 2 * 4 * 32), *d_k = UP(kk, 2 * 300 * 128);
+        const int32_t *d_vis = UP(vis, sizeof vis);
+        if (!rc) rc = be->indexer_scores(be, d_q, d_w, 1.0f, d_k, 4, 32, 128, 300, d_vis, NULL, df, err);
+        down(S, f, df, 4 * 1200);
         if (rc) goto done;
         for (int i = 0; i < 1200; i++) out[i] = di_f32_to_bf16(f[i]);
         add_bf16(r, "indexer_scores", out, ref, 1200, 0.01);
@@ -260,7 +329,10 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         int32_t *ref = kget(&k, "candidates.mask", DI_I32, 6 * 300, err, &rc);
         if (rc) goto done;
         uint8_t *mask = (uint8_t *)out;
-        rc = be->candidate_mask(be, sc, 6, 300, lens, 8, 16, mask, f, err);
+        const float *d_sc = UP(sc, 4 * 6 * 300);
+        const int32_t *d_lens = UP(lens, 4 * 6);
+        if (!rc) rc = be->candidate_mask(be, d_sc, 6, 300, d_lens, 8, 16, (uint8_t *)dout, df, err);
+        down(S, mask, dout, 1800);
         if (rc) goto done;
         int64_t bad = 0;
         for (int i = 0; i < 1800; i++) bad += (mask[i] != 0) != (ref[i] != 0);
@@ -274,14 +346,21 @@ int di_verify_ops(const di_backend *be, const char *path, const di_graph_faults 
         if (rc) goto done;
         int32_t ids[48];
         float wts[48];
-        rc = be->linear_f32(be, x, 8, 5120, w, 384, f, err);
-        if (!rc) rc = be->router(be, f, 8, 384, bias, 1.0f, 6, true, 1.5f, ids, wts, err);
+        const uint16_t *d_x = UP(x, 2 * 8 * 5120), *d_w = UP(w, 2 * 384 * 5120);
+        const float *d_bias = UP(bias, 4 * 384);
+        int32_t *d_ids = dalloc(S, sizeof ids);
+        float *d_wts = dalloc(S, sizeof wts);
+        if (!rc) rc = be->linear_f32(be, d_x, 8, 5120, d_w, 384, df, err);
+        if (!rc) rc = be->router(be, df, 8, 384, d_bias, 1.0f, 6, true, 1.5f, d_ids, d_wts, err);
+        down(S, ids, d_ids, sizeof ids);
         if (rc) goto done;
         int64_t bad = 0;
         for (int i = 0; i < 48; i++) bad += ids[i] != ids_ref[i];
         add(r, "router", "expert ids differing", (double)bad, 0, bad == 0);
     }
+#undef UP
 done:
+    staging_free(&sg);
     for (int i = 0; i < k.n_owned; i++) free(k.owned[i]);
     free(out), free(f);
     di_st_close(k.st);

@@ -42,6 +42,18 @@ static int aligned_view(binder *bd, const di_tensor_info *t, const void **out, d
     return DI_OK;
 }
 
+/* Remember where a bound tensor's pointer lives (for di_weights_to_backend). */
+static int record_slot(di_weights *w, const void **slot, int64_t bytes, bool mapped, di_error *err) {
+    if (w->n_slots == w->cap_slots) {
+        int64_t nc = w->cap_slots ? 2 * w->cap_slots : 256;
+        di_w_slot *p = realloc(w->slots, sizeof *p * (size_t)nc);
+        if (!p) return di_error_set(err, DI_ERR_NOMEM, "weight slot list (%lld)", (long long)nc);
+        w->slots = p, w->cap_slots = nc;
+    }
+    w->slots[w->n_slots++] = (di_w_slot){slot, *slot, bytes, mapped};
+    return DI_OK;
+}
+
 /* Find `name` and check dtype and shape (ndim values from the varargs, int64_t). */
 static int find_t(binder *bd, const char *name, di_dtype dt, const void **data, di_error *err, int ndim,
                   ...) {
@@ -62,7 +74,10 @@ static int find_t(binder *bd, const char *name, di_dtype dt, const void **data, 
         return di_error_set(err, DI_ERR_INVALID, "%s: expected %s %s, found %s %s in %s", name, di_dtype_name(dt), es,
                             di_dtype_name(t->dtype), fs, di_ckpt_shard_path(ck, name));
     }
-    return aligned_view(bd, t, data, err);
+    int rc = aligned_view(bd, t, data, err);
+    /* the Engram tables (e4m3 rows + E8M0 scales) stay host-resident on a device backend */
+    bool mapped = strstr(name, "engram.embed.") != NULL;
+    return rc ? rc : record_slot(bd->w, data, (int64_t)(t->end - t->begin), mapped, err);
 }
 
 #define CDIV(a, b) (((a) + (b)-1) / (b))
@@ -71,24 +86,20 @@ static int bind_fp8(binder *bd, const char *prefix, int64_t n, int64_t k, di_w_f
     char nw[160], ns[160];
     snprintf(nw, sizeof nw, "%s.weight", prefix);
     snprintf(ns, sizeof ns, "%s.scale", prefix);
-    const void *w, *s;
-    int rc = find_t(bd, nw, DI_F8_E4M3, &w, err, 2, n, k);
-    if (!rc) rc = find_t(bd, ns, DI_F8_E8M0, &s, err, 2, (int64_t)CDIV(n, QBLK), (int64_t)CDIV(k, QBLK));
-    if (rc) return rc;
-    *o = (di_w_fp8){.w = w, .s = s, .n = n, .k = k};
-    return DI_OK;
+    *o = (di_w_fp8){.n = n, .k = k};
+    int rc = find_t(bd, nw, DI_F8_E4M3, (const void **)&o->w, err, 2, n, k);
+    if (!rc) rc = find_t(bd, ns, DI_F8_E8M0, (const void **)&o->s, err, 2, (int64_t)CDIV(n, QBLK), (int64_t)CDIV(k, QBLK));
+    return rc;
 }
 
 static int bind_fp4(binder *bd, const char *prefix, int64_t n, int64_t k, di_w_fp4 *o, di_error *err) {
     char nw[160], ns[160];
     snprintf(nw, sizeof nw, "%s.weight", prefix);
     snprintf(ns, sizeof ns, "%s.scale", prefix);
-    const void *w, *s;
-    int rc = find_t(bd, nw, DI_I8, &w, err, 2, n, k / 2);
-    if (!rc) rc = find_t(bd, ns, DI_F8_E8M0, &s, err, 2, n, k / QBLK);
-    if (rc) return rc;
-    *o = (di_w_fp4){.w = w, .s = s, .n = n, .k = k};
-    return DI_OK;
+    *o = (di_w_fp4){.n = n, .k = k};
+    int rc = find_t(bd, nw, DI_I8, (const void **)&o->w, err, 2, n, k / 2);
+    if (!rc) rc = find_t(bd, ns, DI_F8_E8M0, (const void **)&o->s, err, 2, n, k / QBLK);
+    return rc;
 }
 
 static int bind_vec(binder *bd, const char *name, di_dtype dt, int64_t n, const void **o, di_error *err) {
@@ -150,8 +161,10 @@ static int bind_layer(const di_config *cfg, binder *bd, int L, di_layer_w *lw, d
     TRY(bind_fp8(bd, NM("attn.wq_b"), H * hd, qr, &lw->wq_b, err));
     TRY(bind_fp8(bd, NM("attn.wkv"), hd, D, &lw->wkv, err));
     TRY(bind_vec(bd, NM("attn.kv_norm.weight"), DI_BF16, hd, (const void **)&lw->kv_norm, err));
-    di_w_fp8 woa;
+    di_w_fp8 woa; /* read once for the dequantization below: not a slot of the graph */
+    int64_t n_slots_before = bd->w->n_slots;
     TRY(bind_fp8(bd, NM("attn.wo_a"), G * orr, H * hd / G, &woa, err));
+    bd->w->n_slots = n_slots_before;
     TRY(bind_fp8(bd, NM("attn.wo_b"), D, G * orr, &lw->wo_b, err));
 
     if (lc->has_compressor) {
@@ -207,6 +220,7 @@ static int bind_layer(const di_config *cfg, binder *bd, int L, di_layer_w *lw, d
     }
     /* last: the only allocation that is not a view */
     TRY(dequant_wo_a(&woa, &lw->wo_a, err));
+    TRY(record_slot(bd->w, (const void **)&lw->wo_a, (int64_t)sizeof(uint16_t) * woa.n * woa.k, false, err));
 #undef NM
 #undef TRY
     return DI_OK;
@@ -236,8 +250,52 @@ int di_weights_bind(const di_config *cfg, const di_checkpoint *ck, di_weights *o
     return rc;
 }
 
+int di_weights_to_backend(di_weights *w, const di_backend *be, di_error *err) {
+    if (!be || be->host_memory || w->be) return DI_OK;
+    int64_t total = 0;
+    for (int64_t i = 0; i < w->n_slots; i++)
+        if (!w->slots[i].mapped) total += (w->slots[i].bytes + 255) / 256 * 256;
+    uint8_t *dev = be->mem_alloc(be, (size_t)total, err);
+    if (!dev) return err ? err->code : DI_ERR_NOMEM;
+    w->be = be, w->dev = dev;
+    int64_t off = 0;
+    for (int64_t i = 0; i < w->n_slots; i++) {
+        di_w_slot *s = &w->slots[i];
+        int rc;
+        if (s->mapped) {
+            const void *view = NULL;
+            rc = be->mem_map_host(be, s->host, (size_t)s->bytes, &view, err);
+            if (!rc) *s->slot = view;
+        } else {
+            rc = be->mem_upload(be, dev + off, s->host, (size_t)s->bytes, err);
+            if (!rc) *s->slot = dev + off;
+            off += (s->bytes + 255) / 256 * 256;
+        }
+        if (rc) { /* back to host views: nothing half-moved survives */
+            for (int64_t j = 0; j < i; j++) {
+                if (w->slots[j].mapped) be->mem_unmap_host(be, w->slots[j].host, *w->slots[j].slot);
+                *w->slots[j].slot = w->slots[j].host;
+            }
+            be->mem_free(be, dev);
+            w->be = NULL, w->dev = NULL;
+            return rc;
+        }
+    }
+    return DI_OK;
+}
+
+int di_model_to_backend(di_model *m, const di_backend *be, di_error *err) { return di_weights_to_backend(&m->w, be, err); }
+
 void di_weights_free(di_weights *w) {
     if (!w) return;
+    if (w->be) {
+        for (int64_t i = 0; i < w->n_slots; i++) {
+            if (w->slots[i].mapped) w->be->mem_unmap_host(w->be, w->slots[i].host, *w->slots[i].slot);
+            *w->slots[i].slot = w->slots[i].host;
+        }
+        w->be->mem_free(w->be, w->dev);
+    }
+    free(w->slots);
     for (int L = 0; w->layers && L < w->n_stages; L++) {
         free(w->layers[L].experts);
         free(w->layers[L].wo_a);

@@ -12,8 +12,10 @@
 #ifndef DI_MODEL_WEIGHTS_H
 #define DI_MODEL_WEIGHTS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "model/engram_consts.h"
@@ -88,6 +90,15 @@ typedef struct di_layer_w {
     const uint16_t *conf_proj;       /* bf16 [1, D + Rm] confidence head (last stage) */
 } di_layer_w;
 
+/* One bound tensor as the weight structs see it: where its pointer is stored, the host bytes it
+ * points to, and whether it stays host-resident (mapped) when the weights move to a device. */
+typedef struct di_w_slot {
+    const void **slot;  /* address of the pointer field in di_weights / di_layer_w / di_expert_w */
+    const void *host;   /* the host view (mmapped or owned copy) */
+    int64_t bytes;
+    bool mapped;        /* the Engram tables: read in place over the bus (backend.h mem_map_host) */
+} di_w_slot;
+
 typedef struct di_weights {
     const uint16_t *embed; /* bf16 [V, D] */
     const uint16_t *head;  /* bf16 [V, D] */
@@ -97,12 +108,23 @@ typedef struct di_weights {
     di_layer_w *layers;    /* [n_stages] backbone blocks, then the DSpark stages (mtp.S) */
     void **owned;          /* aligned copies of views the mapping does not align to their element size */
     int64_t n_owned, cap_owned;
+    di_w_slot *slots;      /* [n_slots] every bound tensor (di_weights_to_backend) */
+    int64_t n_slots, cap_slots;
+    const di_backend *be;  /* backend holding the tensors, NULL while they are host views */
+    void *dev;             /* backend block holding every non-mapped tensor */
 } di_weights;
 
 /* Binds every backbone tensor, checking each one's dtype and shape against cfg (the message names the
  * tensor, the expected and the found dtype/shape). */
 int di_weights_bind(const di_config *cfg, const di_checkpoint *ck, di_weights *out, di_error *err);
 void di_weights_free(di_weights *w);
+
+/* Moves the weights where `be` computes: for a backend without host memory every tensor is copied
+ * into one block of its memory (once, at load) and the Engram tables are mapped in place
+ * (mem_map_host: they are large and each token reads a few rows); the pointers in the weight structs
+ * then refer to backend memory. A no-op for the CPU backend. The backend must outlive the weights
+ * (close the model before destroying the backend). */
+int di_weights_to_backend(di_weights *w, const di_backend *be, di_error *err);
 
 /* A loaded model: config, open checkpoint (the mapping the views point into), bound weights and the
  * Engram hash constants. */
@@ -115,6 +137,8 @@ typedef struct di_model {
 
 /* Loads config.json (+ inference/config.json), opens the shards, validates the inventory, binds. */
 int di_model_open(const char *dir, di_model **out, di_error *err);
+/* di_weights_to_backend on the model's weights. */
+int di_model_to_backend(di_model *m, const di_backend *be, di_error *err);
 void di_model_close(di_model *m);
 
 #endif
