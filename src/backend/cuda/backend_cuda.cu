@@ -53,6 +53,15 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
         return di_error_set(err, DI_ERR_NOMEM, "cuda backend: state or stream");
     }
     c->device = device;
+    /* backend memory comes from the stream-ordered pool (cuda_mem.cu): keep freed blocks in the pool
+     * instead of returning them to the driver at every synchronisation, so a pass's per-block scratch
+     * is recycled without new driver allocations */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    cudaGetLastError();
     be->impl = c;
     be->name = "cuda";
     be->destroy = di_backend_cuda_destroy;
