@@ -223,8 +223,8 @@ static void write_chunk(pair *p, const di_config *cfg, int64_t s, int64_t k) {
             gpu->mem_free(gpu, dkv), gpu->mem_free(gpu, dkey), free(kv), free(key);
         }
     }
-    if (p->h->engram_slots)
-        for (int64_t q = s; q < s + k; q++) {
+    if (p->h->engram_slots) /* the ring keeps the newest engram_slots ids (the forward's rule) */
+        for (int64_t q = s + k - p->h->engram_slots > s ? s + k - p->h->engram_slots : s; q < s + k; q++) {
             RUN(di_cache_engram_put(p->h, q, (int32_t)(q * 7 % 101), E));
             RUN(di_cache_engram_put(p->d, q, (int32_t)(q * 7 % 101), E));
         }

@@ -681,15 +681,22 @@ static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) {
     int32_t *vis = rand_vis(M, nk);
     float *s = tie_scores(M, nk, vis, 0);
     int32_t *oc = xmalloc(sizeof *oc * (size_t)(M * k));
-    RUN(di_cpu_topk(s, M, nk, vis, k, offset, oc, E)); /* the GPU rule: higher score, then lower position */
+    RUN(di_cpu_topk(s, M, nk, vis, k, offset, oc, E)); /* the fast rule: higher score, then lower position */
     float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
     int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M), *dout = dev(sizeof *oc * (size_t)(M * k));
-    RUN(gpu->topk(gpu, ds, M, nk, dv, k, offset, dout, E));
+    RUN(di_cuda_topk(gpu, ds, M, nk, dv, k, offset, dout, E));
     int32_t *og = down(dout, sizeof *oc * (size_t)(M * k));
-    TIME(gpu->topk(gpu, ds, M, nk, dv, k, offset, dout, E));
+    TIME(di_cuda_topk(gpu, ds, M, nk, dv, k, offset, dout, E));
     char sh[64];
     snprintf(sh, sizeof sh, "[%lld, %lld] k%d +%d, ties", (long long)M, (long long)nk, k, offset);
-    row("topk", sh, cmp_mem(og, oc, M * k, 4), EXACT, g_ms);
+    row("topk fast", sh, cmp_mem(og, oc, M * k, 4), EXACT, g_ms);
+    free(og);
+    /* the backend's slot: torch's CPU tie order, as the CPU backend's slot */
+    RUN(cpu->topk(cpu, s, M, nk, vis, k, offset, oc, E));
+    RUN(di_cuda_topk_torch(gpu, ds, M, nk, dv, k, offset, dout, E));
+    og = down(dout, sizeof *oc * (size_t)(M * k));
+    TIME(di_cuda_topk_torch(gpu, ds, M, nk, dv, k, offset, dout, E));
+    row("topk torch replay", sh, cmp_mem(og, oc, M * k, 4), EXACT, g_ms);
     free(vis), free(s), free(oc), free(og), cudaFree(ds), cudaFree(dv), cudaFree(dout);
 }
 
@@ -704,12 +711,18 @@ static void test_candidates(int64_t M, int64_t nk, int block, int topb, const fl
     float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
     int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M);
     uint8_t *dm = dev((size_t)(M * nk));
-    RUN(gpu->candidate_mask(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
+    RUN(di_cuda_candidate_mask(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
     uint8_t *mg = down(dm, (size_t)(M * nk));
-    TIME(gpu->candidate_mask(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
+    TIME(di_cuda_candidate_mask(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
     char sh[64];
     snprintf(sh, sizeof sh, "[%lld, %lld] block %d top %d%s", (long long)M, (long long)nk, block, topb, given ? " idx" : " ties");
-    row("candidate_mask", sh, cmp_mem(mg, mc, M * nk, 1), EXACT, g_ms);
+    row("candidate_mask fast", sh, cmp_mem(mg, mc, M * nk, 1), EXACT, g_ms);
+    free(mg);
+    RUN(cpu->candidate_mask(cpu, s, M, nk, vis, block, topb, mc, ws, E));
+    RUN(di_cuda_candidate_mask_torch(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
+    mg = down(dm, (size_t)(M * nk));
+    TIME(di_cuda_candidate_mask_torch(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
+    row("candidate_mask torch", sh, cmp_mem(mg, mc, M * nk, 1), EXACT, g_ms);
     free(vis), free(s), free(mc), free(ws), free(mg), cudaFree(ds), cudaFree(dv), cudaFree(dm);
 }
 

@@ -2,6 +2,7 @@
  * table filled with the kernels of cuda_quant.cu, cuda_gemm.cu, cuda_elem.cu, cuda_mhc.cu,
  * cuda_select.cu and cuda_attn.cu. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -94,8 +95,12 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->hc_expand = di_cuda_hc_expand;
     be->compress_pool = di_cuda_compress_pool_stream;
     be->indexer_scores = di_cuda_indexer_scores;
-    be->candidate_mask = di_cuda_candidate_mask;
-    be->topk = di_cuda_topk;
+    /* selections: the replay of torch's CPU tie order by default (the CPU backend's choice, so both
+     * backends verify with the same bounds); DI_CUDA_TOPK=fast for the parallel kernels */
+    const char *sel = getenv("DI_CUDA_TOPK");
+    bool fast = sel && !strcmp(sel, "fast");
+    be->candidate_mask = fast ? di_cuda_candidate_mask : di_cuda_candidate_mask_torch;
+    be->topk = fast ? di_cuda_topk : di_cuda_topk_torch;
     be->sparse_attn = di_cuda_sparse_attn;
     be->router = di_cuda_router;
     be->swiglu = di_cuda_swiglu;

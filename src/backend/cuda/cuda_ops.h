@@ -20,9 +20,10 @@
  * 20 normalisations can grow to a few ulps; against CPU code with correctly rounded exp/log1p they are
  * bit-identical too.
  *
- * Top-k and candidate mask follow the documented GPU tie rule (higher score, then lower position), the
- * rule of di_cpu_topk / di_cpu_candidate_mask (DI_CPU_TOPK=lowpos), not the CPU backend's default replay
- * of torch's CPU tie order (spec §5.6). */
+ * Top-k and candidate mask: the backend's slots replay torch's CPU selection like the CPU backend
+ * (cuda_select_torch.cu: the reference's choice among equal scores, spec §5.6); with DI_CUDA_TOPK=fast
+ * they are the parallel kernels of cuda_select.cu, whose tie rule (higher score, then lower position)
+ * is that of di_cpu_topk / di_cpu_candidate_mask. */
 #ifndef DI_BACKEND_CUDA_CUDA_OPS_H
 #define DI_BACKEND_CUDA_CUDA_OPS_H
 
@@ -132,6 +133,14 @@ int di_cuda_row_decode(const di_backend *be, di_row_codec codec, const uint8_t *
                        int64_t d, uint16_t *y, di_error *err);
 int di_cuda_stream_mean(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, uint16_t *y, int64_t ldy,
                         di_error *err);
+
+/* ---- selections with the reference's tie behaviour (cuda_select_torch.cu): the replay of torch's CPU
+ * top-k of graph_extra_topk.c, one thread per row; the backend's default topk / candidate_mask slots
+ * (DI_CUDA_TOPK=fast selects di_cuda_topk / di_cuda_candidate_mask instead) ---- */
+int di_cuda_topk_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis, int k,
+                       int32_t offset, int32_t *out, di_error *err);
+int di_cuda_candidate_mask_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
+                                 int block, int topk_blocks, uint8_t *mask, float *ws, di_error *err);
 
 /* The streaming compressor of the `infer` branch's backend.h (same contract as di_cpu_compress_pool of
  * cpu_attn.h): tokens at positions start_pos … start_pos+m−1 update the carry state (slot = pos mod R)

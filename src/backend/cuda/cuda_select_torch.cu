@@ -1,0 +1,236 @@
+/* Top-k and candidate blocks with the reference's own tie behaviour on the GPU: the replay of torch's CPU
+ * selection (libstdc++ introselect / heap select with the comparator "x > y, NaN first") of
+ * src/backend/cpu/graph_extra_topk.c, step for step, one thread per row. Equal scores are common (the
+ * indexer's exact zeros, bf16 near-ties), and which of them the reference keeps is decided only by that
+ * sequence of comparisons and swaps, so replaying it is the one way for the GPU to select the CPU
+ * backend's (and the reference's) set on every row: the golden cases then verify with the CPU's bounds
+ * and greedy decoding gives the CPU's tokens.
+ *
+ * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory.
+ * Rows run in parallel; a long single-row decode step is latency bound. The parallel kernels of
+ * cuda_select.cu (higher score, then lower position: a documented divergence on ties) remain
+ * available with DI_CUDA_TOPK=fast (backend_cuda.cu). */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+typedef struct telem {
+    float v;
+    int32_t i;
+} telem;
+
+static __device__ __forceinline__ bool before(telem x, telem y) { return (isnan(x.v) && !isnan(y.v)) || x.v > y.v; }
+
+static __device__ __forceinline__ void swap_e(telem *a, telem *b) {
+    telem t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static __device__ void push_heap(telem *f, int64_t hole, int64_t top, telem val) {
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && before(f[parent], val)) {
+        f[hole] = f[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    f[hole] = val;
+}
+
+static __device__ void adjust_heap(telem *f, int64_t hole, int64_t len, telem val) {
+    int64_t top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (before(f[child], f[child - 1])) child--;
+        f[hole] = f[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        f[hole] = f[child - 1];
+        hole = child - 1;
+    }
+    push_heap(f, hole, top, val);
+}
+
+static __device__ void make_heap(telem *f, int64_t len) {
+    if (len < 2) return;
+    for (int64_t parent = (len - 2) / 2;; parent--) {
+        adjust_heap(f, parent, len, f[parent]);
+        if (parent == 0) return;
+    }
+}
+
+static __device__ void heap_select(telem *f, int64_t mid, int64_t len) {
+    make_heap(f, mid);
+    for (int64_t i = mid; i < len; i++)
+        if (before(f[i], f[0])) {
+            telem val = f[i];
+            f[i] = f[0];
+            adjust_heap(f, 0, mid, val);
+        }
+}
+
+static __device__ void median_to_first(telem *r, telem *a, telem *b, telem *c) {
+    if (before(*a, *b)) {
+        if (before(*b, *c))
+            swap_e(r, b);
+        else if (before(*a, *c))
+            swap_e(r, c);
+        else
+            swap_e(r, a);
+    } else if (before(*a, *c))
+        swap_e(r, a);
+    else if (before(*b, *c))
+        swap_e(r, c);
+    else
+        swap_e(r, b);
+}
+
+static __device__ telem *unguarded_partition(telem *first, telem *last, telem *pivot) {
+    for (;;) {
+        while (before(*first, *pivot)) first++;
+        last--;
+        while (before(*pivot, *last)) last--;
+        if (!(first < last)) return first;
+        swap_e(first, last);
+        first++;
+    }
+}
+
+static __device__ void insertion_sort(telem *first, telem *last) {
+    if (first == last) return;
+    for (telem *i = first + 1; i != last; i++) {
+        telem val = *i;
+        if (before(val, *first)) {
+            for (telem *p = i; p != first; p--) *p = p[-1]; /* memmove(first + 1, first, i − first) */
+            *first = val;
+        } else {
+            telem *j = i, *prev = i - 1;
+            while (before(val, *prev)) *j = *prev, j = prev--;
+            *j = val;
+        }
+    }
+}
+
+static __device__ int floor_log2(int64_t n) {
+    int l = 0;
+    while (n >>= 1) l++;
+    return l;
+}
+
+static __device__ void nth_element(telem *first, telem *nth, telem *last) {
+    int depth = 2 * floor_log2(last - first);
+    while (last - first > 3) {
+        if (depth == 0) {
+            heap_select(first, nth - first + 1, last - first);
+            swap_e(first, nth);
+            return;
+        }
+        depth--;
+        telem *mid = first + (last - first) / 2;
+        median_to_first(first, first + 1, mid, last - 1);
+        telem *cut = unguarded_partition(first + 1, last, first);
+        if (cut <= nth)
+            first = cut;
+        else
+            last = cut;
+    }
+    insertion_sort(first, last);
+}
+
+static __device__ void torch_cpu_topk(telem *q, int64_t n, int64_t k) {
+    if (k * 64 <= n)
+        heap_select(q, k, n);
+    else
+        nth_element(q, q + k - 1, q + n);
+}
+
+/* rows r0 … r0+nr−1; q: [nr, nk] scratch */
+__global__ void topk_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis, int k,
+                                  int32_t offset, telem *q, int32_t *out) {
+    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (rr >= nr) return;
+    int64_t r = r0 + rr;
+    telem *row = q + rr * nk;
+    for (int64_t j = 0; j < nk; j++) row[j] = telem{scores[r * nk + j], (int32_t)j};
+    torch_cpu_topk(row, nk, k);
+    /* the selected positions ascending (the reference sorts them), then ≥ vis marked −1 */
+    int32_t *o = out + r * k;
+    for (int j = 0; j < k; j++) {
+        int32_t v = row[j].i;
+        int p = j;
+        while (p > 0 && o[p - 1] > v) o[p] = o[p - 1], p--;
+        o[p] = v;
+    }
+    for (int j = 0; j < k; j++) o[j] = o[j] < vis[r] ? o[j] + offset : -1;
+}
+
+__global__ void cand_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis,
+                                  int block, int64_t nb, int64_t keep, telem *q, uint8_t *kept, uint8_t *mask) {
+    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (rr >= nr) return;
+    int64_t r = r0 + rr;
+    const float *s = scores + r * nk;
+    telem *row = q + rr * nb;
+    uint8_t *kp = kept + rr * nb;
+    int64_t last = vis[r] > 0 ? (vis[r] - 1) / block : -1;
+    for (int64_t b = 0; b < nb; b++) {
+        float mx = -INFINITY;
+        for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
+        row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
+        kp[b] = 0;
+    }
+    torch_cpu_topk(row, nb, keep);
+    for (int64_t j = 0; j < keep; j++)
+        if (row[j].v > -INFINITY) kp[row[j].i] = 1;
+    for (int64_t n = 0; n < nk; n++) mask[r * nk + n] = kp[n / block];
+}
+
+/* Rows per launch so the scratch stays within 256 MiB (a long-context chunk is processed in slices). */
+static int64_t rows_per_launch(int64_t m, int64_t per_row) {
+    int64_t cap = ((int64_t)256 << 20) / (per_row > 0 ? per_row : 1);
+    return cap < 1 ? 1 : cap < m ? cap : m;
+}
+
+extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
+                                  int k, int32_t offset, int32_t *out, di_error *err) {
+    if (m < 0 || nk < 0 || k < 0 || k > nk || nk > INT32_MAX)
+        return di_error_set(err, DI_ERR_INVALID, "cuda topk: %lld rows, k = %d of %lld entries", (long long)m, k,
+                            (long long)nk);
+    if (m == 0 || k == 0) return DI_OK;
+    int64_t per = (int64_t)sizeof(telem) * nk, rows = rows_per_launch(m, per);
+    void *q;
+    int rc = di_cuda_workspace(be, (size_t)(rows * per), &q, err);
+    if (rc) return rc;
+    cudaStream_t st = di_cuda_state(be)->stream;
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        int64_t nr = m - r0 < rows ? m - r0 : rows;
+        topk_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, k, offset, (telem *)q, out);
+        if ((rc = di_cuda_launched("topk (torch replay)", err))) return rc;
+    }
+    return DI_OK;
+}
+
+extern "C" int di_cuda_candidate_mask_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk,
+                                            const int32_t *vis, int block, int topk_blocks, uint8_t *mask, float *ws,
+                                            di_error *err) {
+    (void)ws; /* per-row scratch comes from the backend workspace */
+    if (m < 0 || nk < 0 || block < 1 || topk_blocks < 1)
+        return di_error_set(err, DI_ERR_INVALID, "cuda candidate_mask: %lld rows, %lld entries, block %d, top %d blocks",
+                            (long long)m, (long long)nk, block, topk_blocks);
+    int64_t nb = (nk + block - 1) / block, keep = topk_blocks < nb ? topk_blocks : nb;
+    if (m == 0 || nb == 0) return DI_OK;
+    int64_t per = ((int64_t)sizeof(telem) + 1) * nb, rows = rows_per_launch(m, per);
+    void *q;
+    int rc = di_cuda_workspace(be, (size_t)(rows * per), &q, err);
+    if (rc) return rc;
+    cudaStream_t st = di_cuda_state(be)->stream;
+    uint8_t *kept = (uint8_t *)q + rows * nb * (int64_t)sizeof(telem);
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        int64_t nr = m - r0 < rows ? m - r0 : rows;
+        cand_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, block, nb, keep, (telem *)q,
+                                                                kept, mask);
+        if ((rc = di_cuda_launched("candidate_mask (torch replay)", err))) return rc;
+    }
+    return DI_OK;
+}
