@@ -211,7 +211,8 @@ static int cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *op
 int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
                   di_error *err) {
     if (opts && opts->be)
-        return di_error_set(err, DI_ERR_INVALID, "cache: a backend arena is built by di_cache_create, not in caller memory");
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache: a backend arena is built by di_cache_create, not in caller memory");
     return cache_init(c, cfg, opts, arena, arena_bytes, NULL, NULL, err);
 }
 
@@ -292,8 +293,9 @@ int di_cache_rollback(di_cache *c, int64_t k, di_error *err) {
         if (c->ikey_n[st] > e0) c->ikey_n[st] = e0;
         if (c->cmp_frozen[st] > e0) c->cmp_frozen[st] = e0; /* re-appended entries are the sequence's own */
         if (e1 > e0 && c->be) {
-            int rc = c->be->mem_set(c->be, s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
-            if (!rc) rc = c->be->mem_set(c->be, s->ikey + e0 * c->index_key_bytes, 0, (size_t)((e1 - e0) * c->index_key_bytes), err);
+            size_t nc = (size_t)((e1 - e0) * c->cmp_entry_bytes), nk = (size_t)((e1 - e0) * c->index_key_bytes);
+            int rc = c->be->mem_set(c->be, s->cmp + e0 * c->cmp_entry_bytes, 0, nc, err);
+            if (!rc) rc = c->be->mem_set(c->be, s->ikey + e0 * c->index_key_bytes, 0, nk, err);
             if (rc) return rc;
         } else if (e1 > e0) {
             memset(s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes));

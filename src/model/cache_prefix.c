@@ -49,7 +49,8 @@ int di_cache_prefix_export(const di_cache *c, int64_t t0, int64_t t1, uint8_t *o
             return di_error_set(err, DI_ERR_INVALID,
                                 "cache prefix export: stage %d entries [%lld, %lld) not all written (%lld / %lld)", st,
                                 (long long)e0, (long long)e1, (long long)c->cmp_n[st], (long long)c->ikey_n[st]);
-        rc = di_cache_arena_read(c, out + pos, s->cmp + e0 * c->cmp_entry_bytes, (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
+        rc = di_cache_arena_read(c, out + pos, s->cmp + e0 * c->cmp_entry_bytes,
+                                 (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
         pos += (e1 - e0) * c->cmp_entry_bytes;
         if (!rc)
             rc = di_cache_arena_read(c, out + pos, s->ikey + e0 * c->index_key_bytes,
@@ -103,7 +104,8 @@ int di_cache_prefix_import(di_cache *c, int64_t t0, int64_t t1, const uint8_t *s
             return di_error_set(err, DI_ERR_INVALID,
                                 "cache prefix import: stage %d span starts at entry %lld, %lld imported so far", st,
                                 (long long)e0, (long long)c->cmp_n[st]);
-        rc = di_cache_arena_write(c, s->cmp + e0 * c->cmp_entry_bytes, src + pos, (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
+        rc = di_cache_arena_write(c, s->cmp + e0 * c->cmp_entry_bytes, src + pos,
+                                  (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
         pos += (e1 - e0) * c->cmp_entry_bytes;
         if (!rc)
             rc = di_cache_arena_write(c, s->ikey + e0 * c->index_key_bytes, src + pos,

@@ -156,7 +156,8 @@ int di_cache_window_rows(const di_cache *c, int stage, int64_t p0, int64_t p1, u
     for (int64_t p = p0; p < p1;) { /* runs of consecutive slots */
         int64_t run = c->ring_slots - p % c->ring_slots;
         if (run > p1 - p) run = p1 - p;
-        int rc = decode(c, WINDOW_CODEC, ring_slot(c, stage, p), NULL, run, c->head_dim, rows + (p - p0) * c->head_dim, err);
+        int rc = decode(c, WINDOW_CODEC, ring_slot(c, stage, p), NULL, run, c->head_dim, rows + (p - p0) * c->head_dim,
+                        err);
         if (rc) return rc;
         p += run;
     }

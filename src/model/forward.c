@@ -306,7 +306,8 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *
         if (rc) return rc;
         if (!(c->rope_freqs[k] = fwd_upload(c, f, sizeof(float) * (size_t)(half > 0 ? half : 1), 1))) return err->code;
     }
-    if (!(c->pub = fwd_halloc(c, sizeof *c->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1))) return err->code;
+    if (!(c->pub = fwd_halloc(c, sizeof *c->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1)))
+        return err->code;
     int rc = window_lists(c);
     if (!rc && ids) rc = engram_hashes(c, ids); /* for the whole chunk first, as the reference does */
     fwd_free_tmp(c);
@@ -472,7 +473,8 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
     for (int L = 0; L < cfg->n_layers; L++) {
         /* the given inputs are host memory (golden data); block 0 defaults to our own embedding */
         bool own_x = !(x_in && x_in[L]), own_p = !(pre_in && pre_in[L]);
-        if ((own_x || own_p) && L > 0) CK(di_error_set(err, DI_ERR_INVALID, "teacher forcing: no input for block %d", L));
+        if ((own_x || own_p) && L > 0)
+            CK(di_error_set(err, DI_ERR_INVALID, "teacher forcing: no input for block %d", L));
         CK(own_x ? be->mem_copy(be, x, x0, xb, err) : be->mem_upload(be, x, x_in[L], xb, err));
         CK(own_p ? be->mem_copy(be, pre, pre0, pb, err) : be->mem_upload(be, pre, pre_in[L], pb, err));
         CK(fwd_engram(&c, L, x));

@@ -24,6 +24,12 @@
  * layer i−1 output and pre-mix); the shared state it reads comes from the teacher-forced runs of the
  * earlier source blocks, so errors do not compound across blocks.
  *
+ * Backends: the pass is the same chain of ops on every backend. Its tensors live in backend memory
+ * (device memory for CUDA) and the host reaches them only through the backend's memory slots; what the
+ * graph decides on the host (positions, window and top-k lists, Engram hashes, expert row lists) is
+ * uploaded once per pass or per layer (forward_internal.h). The weights must be where the backend
+ * computes (di_model_to_backend); ids, logits and prefill outputs are host memory.
+ *
  * Debug dumps: with opts->dump set, every stage hands its tensor to the callback under a stable name
  * ("L3.attn.q", "L3.ffn.out", "logits", ...; list in forward_block.c) — the hook used to find where an
  * implementation starts to drift from the reference. */
@@ -48,7 +54,8 @@ typedef struct di_graph_faults {
     bool engram_no_history;   /* the n-gram hash treats every chunk start as the sequence start */
 } di_graph_faults;
 
-/* Named stage dump: data lives in backend memory (host for the CPU backend). */
+/* Named stage dump: data is a host copy (downloaded from backend memory for a device backend), valid
+ * for the call only. */
 typedef void (*di_dump_fn)(void *ctx, const char *name, di_dtype dtype, int ndim, const int64_t *shape,
                            const void *data);
 

@@ -19,6 +19,9 @@
  *    router weights (glibc log1pf differs from correctly rounded on ~3% of inputs); router expert ids
  *    must match exactly, and both ops must match, bit for bit, replicas of the CPU code that take exp
  *    and log1p correctly rounded ("vs CR" rows): the libm is then the only difference.
+ * Selections run twice: the parallel kernels (di_cuda_topk / di_cuda_candidate_mask) against the CPU's
+ * rule for them (higher score, then lower position), and the backend's slots, which replay torch's CPU
+ * tie order (cuda_select_torch.cu), against the CPU backend's slots — both exact on tie-heavy scores.
  * Usage: [DI_SEED=n] [DI_QUICK=1] test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails;
  * DI_QUICK runs small shapes only, for the slow compute-sanitizer tools) */
 #include <cuda_runtime_api.h>
