@@ -13,7 +13,9 @@
 #   DI_CLI   the CUDA-enabled CLI (default build/deepinfer-cuda, `make deepinfer-cuda`)
 #   DI_GOLDEN_CASES  golden case directories (default: the two tiny cases in tests/data and
 #                    ../shared/golden/v41-mid-nosel when present)
-# Set DI_SANITIZE=1 to run each test binary once more under compute-sanitizer (memcheck).
+# Set DI_SANITIZE=1 to run each test binary (DI_QUICK shapes) and each verify once more under
+# compute-sanitizer memcheck. DI_CUDA_TOPK=fast switches the CUDA selections to the parallel kernels
+# (tie rule: higher score, then lower position), which v41-tiny-sel's teacher-forced bound rejects.
 # Exit status: 0 when every check passed.
 set -u
 BIN_DIR=${1:-build/cuda}
@@ -69,6 +71,12 @@ if [ -x "$CLI" ]; then
         argmax=$(grep -o 'argmax agrees on [0-9/]* positions' "$TMP/out")
         row "verify cuda $name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
             "worst tf $worst_tf; logits $logits; $argmax"
+        if [ "${DI_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+            compute-sanitizer --tool memcheck --print-limit 10 "$CLI" verify --model "$c" \
+                --golden "$c/golden.safetensors" --no-ops --device cuda >"$TMP/san" 2>&1
+            rc=$?
+            row "memcheck verify $name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$(tail -1 "$TMP/san")"
+        fi
     done
 
     # ---- 3. generate: CUDA greedy ids against the CPU's ----

@@ -3,13 +3,15 @@
  * on stress rows), exact rollback of k = 1 … 8 tokens at many positions (ring wrap, ratio-2
  * group boundaries) against a cache that never saw them, window gathers in the reference's order
  * against a direct bf16-ring implementation and as inputs of the CPU backend's sparse attention and
- * compressor pooling, and the sizes of spec §7.2.  di-test: asan */
+ * compressor pooling, the same cache with its arena in backend memory (the CPU backend's codec ops)
+ * against the host arena, and the sizes of spec §7.2.  di-test: asan */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_attn.h"
 #include "io/formats.h"
 #include "io/safetensors.h"
@@ -380,6 +382,47 @@ static void rollback_sweep(const char *cfg_rel, const int64_t *starts, int n_sta
     }
     di_cache_destroy(ref);
     di_cache_destroy(test);
+    free(cfg);
+}
+
+/* A cache whose arena is backend memory (opts.be: the CPU backend's row_encode / row_decode ops and
+ * memory slots, the path every backend takes) against the host arena through appends, a long chunk
+ * past the ring and rollbacks: identical images, compressed arrays, gathers and history. */
+static void test_backend_arena(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-tiny-sel");
+    di_backend *be = NULL;
+    di_error err = {0};
+    assert_int_equal(di_backend_cpu_create(1, &be, &err), DI_OK);
+    di_cache_opts o = {.max_tokens = 400, .spec_margin = 8, .be = be};
+    di_cache *a = make_cache(cfg, 400, 8), *b = NULL;
+    assert_int_equal(di_cache_create(cfg, &o, &b, &err), DI_OK);
+    assert_ptr_equal(b->be, be);
+    const int64_t steps[] = {37, 1, 1, 130, 5, 1, 2, 64, 6};
+    int64_t checks = 0;
+    for (int i = 0; i < (int)(sizeof steps / sizeof *steps); i++) {
+        append(a, 11, steps[i], i % 3 != 1);
+        append(b, 11, steps[i], i % 3 != 1);
+        assert_same_state(a, b, "backend arena", di_cache_len(a), 0);
+        checks++;
+        if (i % 2) {
+            OK(di_cache_rollback(a, 3, E));
+            OK(di_cache_rollback(b, 3, E));
+            assert_same_state(a, b, "backend arena after rollback", di_cache_len(a), 3);
+            checks++;
+        }
+    }
+    /* a backend arena in caller memory is refused (only di_cache_create allocates backend memory) */
+    di_cache c;
+    void *arena = aligned_alloc(64, 64);
+    assert_int_equal(di_cache_init(&c, cfg, &o, arena, 64, &err), DI_ERR_INVALID);
+    free(arena);
+    tu_report("backend arena (cpu backend ops): %lld states over %lld tokens identical to the host arena",
+              (long long)checks, (long long)di_cache_len(a));
+    di_cache_destroy(a);
+    di_cache_destroy(b);
+    di_backend_destroy(be);
+    di_config_free(cfg);
     free(cfg);
 }
 
@@ -901,6 +944,7 @@ int main(void) {
         cmocka_unit_test(test_reference_vectors),
         cmocka_unit_test(test_requant_not_idempotent),
         cmocka_unit_test(test_rollback_tiny),
+        cmocka_unit_test(test_backend_arena),
         cmocka_unit_test(test_rollback_released),
         cmocka_unit_test(test_rollback_after_long_chunk),
         cmocka_unit_test(test_rollback_limits),
