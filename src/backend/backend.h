@@ -4,7 +4,8 @@
  *
  * Rules every op follows:
  *  - All buffers are owned by the caller and live where the backend computes (host memory for the
- *    CPU backend, device memory for CUDA). No op allocates; ops that need scratch take `ws` and
+ *    CPU backend, device memory for CUDA): callers get such memory, and move data in and out of it,
+ *    only through the memory slots below. No op allocates; ops that need scratch take `ws` and
  *    document its size.
  *  - Shapes are explicit arguments; layouts are dense row-major, innermost dimension last.
  *    bf16 values travel as uint16_t bit patterns, FP8/E8M0/FP4 codes as uint8_t.

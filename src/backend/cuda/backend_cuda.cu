@@ -1,6 +1,7 @@
 /* The CUDA backend object: device selection, the stream, the grown device workspace, and the di_backend
  * table filled with the kernels of cuda_quant.cu, cuda_gemm.cu, cuda_elem.cu, cuda_mhc.cu,
- * cuda_select.cu and cuda_attn.cu. */
+ * cuda_select.cu / cuda_select_torch.cu and cuda_attn.cu, and the memory slots, cache row codecs and
+ * stream mean of cuda_mem.cu. */
 #include <stdlib.h>
 #include <string.h>
 
