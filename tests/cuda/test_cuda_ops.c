@@ -703,6 +703,27 @@ static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) {
     free(vis), free(s), free(oc), free(og), cudaFree(ds), cudaFree(dv), cudaFree(dout);
 }
 
+/* The backend's top-k on scores without ties (continuous f32, −inf past vis): rows whose set is unique
+ * take the parallel kernel's result, rows with fewer than k visible entries (a tie among −inf) the
+ * replay; both must equal the CPU backend's replay. */
+static void test_topk_unique(int64_t M, int64_t nk, int k) {
+    int32_t *vis = rand_vis(M, nk);
+    float *s = xmalloc(sizeof *s * (size_t)(M * nk));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t n = 0; n < nk; n++) s[i * nk + n] = n < vis[i] ? (float)gauss() : -INFINITY;
+    int32_t *oc = xmalloc(sizeof *oc * (size_t)(M * k));
+    RUN(cpu->topk(cpu, s, M, nk, vis, k, 5, oc, E));
+    float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
+    int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M), *dout = dev(sizeof *oc * (size_t)(M * k));
+    RUN(gpu->topk(gpu, ds, M, nk, dv, k, 5, dout, E));
+    int32_t *og = down(dout, sizeof *oc * (size_t)(M * k));
+    TIME(gpu->topk(gpu, ds, M, nk, dv, k, 5, dout, E));
+    char sh[64];
+    snprintf(sh, sizeof sh, "[%lld, %lld] k%d +5, no ties", (long long)M, (long long)nk, k);
+    row("topk (backend slot)", sh, cmp_mem(og, oc, M * k, 4), EXACT, g_ms);
+    free(vis), free(s), free(oc), free(og), cudaFree(ds), cudaFree(dv), cudaFree(dout);
+}
+
 static void test_candidates(int64_t M, int64_t nk, int block, int topb, const float *given) {
     int32_t *vis = rand_vis(M, nk);
     float *s = given ? xdup(given, sizeof(float) * (size_t)(M * nk)) : tie_scores(M, nk, vis, 1);
@@ -1105,6 +1126,9 @@ int main(int argc, char **argv) {
         test_topk(16, 16384, 512, 128);
         test_topk(8, 300, 512 > 300 ? 300 : 512, 0);
         test_topk(4, 262144, 512, 128);
+        test_topk_unique(16, 16384, 512);
+        test_topk_unique(4, 262144, 512);
+        test_topk_unique(64, 700, 512);
         test_sparse_attn(1, 128, 4096, 512, 0);
         test_sparse_attn(32, 256, 4096, 512, 1);
         test_sparse_attn(3, 40, 100, 60, 0);

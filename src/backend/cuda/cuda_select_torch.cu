@@ -6,10 +6,12 @@
  * backend's (and the reference's) set on every row: the golden cases then verify with the CPU's bounds
  * and greedy decoding gives the CPU's tokens.
  *
- * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory.
- * Rows run in parallel; a long single-row decode step is latency bound. The parallel kernels of
- * cuda_select.cu (higher score, then lower position: a documented divergence on ties) remain
- * available with DI_CUDA_TOPK=fast (backend_cuda.cu). */
+ * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory,
+ * one thread per row. The top-k avoids it where it cannot matter: rows whose top-k set is unique (no
+ * tie at the k-th score; see topk_replay_rows_kernel) take the parallel kernel's result, and only the
+ * others are replayed. The candidate mask replays every row (one layer per pass, a few thousand
+ * blocks per row). The parallel kernels of cuda_select.cu alone (higher score, then lower position: a
+ * documented divergence on ties) remain available with DI_CUDA_TOPK=fast (backend_cuda.cu). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -145,12 +147,13 @@ static __device__ void torch_cpu_topk(telem *q, int64_t n, int64_t k) {
         nth_element(q, q + k - 1, q + n);
 }
 
-/* rows r0 … r0+nr−1; q: [nr, nk] scratch */
+/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, nk] scratch */
 __global__ void topk_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis, int k,
-                                  int32_t offset, telem *q, int32_t *out) {
+                                  int32_t offset, const uint8_t *only, telem *q, int32_t *out) {
     int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (rr >= nr) return;
     int64_t r = r0 + rr;
+    if (only && !only[r]) return;
     telem *row = q + rr * nk;
     for (int64_t j = 0; j < nk; j++) row[j] = telem{scores[r * nk + j], (int32_t)j};
     torch_cpu_topk(row, nk, k);
@@ -186,6 +189,57 @@ __global__ void cand_torch_kernel(const float *scores, int64_t r0, int64_t nr, i
     for (int64_t n = 0; n < nk; n++) mask[r * nk + n] = kp[n / block];
 }
 
+/* ---- which rows need the replay ----
+ * The replay matters only where the top-k SET is not unique. With torch's order as an unsigned key
+ * (NaN highest, all NaNs equal; then by value, −0 = +0) and t the key of the k-th best entry, the set
+ * is unique iff exactly k entries have key ≥ t. If moreover t is finite (not −inf, not NaN), no NaN is
+ * in the set and no entry at a position ≥ vis is in it, the parallel kernel of cuda_select.cu (which
+ * selects finite entries below vis, equal keys by lower position) returns exactly the replay's
+ * output. One block per row finds t by a 32-step bitwise search over the key counts. */
+#define KEY_NAN 0xFFFFFFFFu
+#define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
+#define CHECK_THREADS 256
+
+static __device__ __forceinline__ uint32_t torch_key(float f) {
+    if (isnan(f)) return KEY_NAN;
+    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static __device__ unsigned block_sum_u32(unsigned v, unsigned *sh) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* sh may still be read by the previous call */
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    unsigned t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
+    return t;
+}
+
+__global__ void __launch_bounds__(CHECK_THREADS) topk_replay_rows_kernel(const float *scores, int64_t nk,
+                                                                          const int32_t *vis, int k, uint8_t *replay) {
+    __shared__ unsigned sh[CHECK_THREADS / 32];
+    const int64_t r = blockIdx.x;
+    const float *s = scores + r * nk;
+    uint32_t t = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+        uint32_t cand = t | (1u << bit);
+        unsigned c = 0;
+        for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) c += torch_key(s[j]) >= cand;
+        if (block_sum_u32(c, sh) >= (unsigned)k) t = cand;
+    }
+    int64_t v = vis[r];
+    unsigned ge = 0, bad = 0;
+    for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) {
+        uint32_t key = torch_key(s[j]);
+        ge += key >= t;
+        bad += key >= t && (key == KEY_NAN || j >= v);
+    }
+    ge = block_sum_u32(ge, sh);
+    bad = block_sum_u32(bad, sh);
+    if (threadIdx.x == 0) replay[r] = !(ge == (unsigned)k && bad == 0 && t > KEY_NEG_INF && t != KEY_NAN);
+}
+
 /* Rows per launch so the scratch stays within 256 MiB (a long-context chunk is processed in slices). */
 static int64_t rows_per_launch(int64_t m, int64_t per_row) {
     int64_t cap = ((int64_t)256 << 20) / (per_row > 0 ? per_row : 1);
@@ -198,14 +252,24 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
         return di_error_set(err, DI_ERR_INVALID, "cuda topk: %lld rows, k = %d of %lld entries", (long long)m, k,
                             (long long)nk);
     if (m == 0 || k == 0) return DI_OK;
-    int64_t per = (int64_t)sizeof(telem) * nk, rows = rows_per_launch(m, per);
-    void *q;
-    int rc = di_cuda_workspace(be, (size_t)(rows * per), &q, err);
+    /* rows with a unique, finite, visible top-k set: the parallel kernel gives the replay's answer */
+    bool hybrid = offset >= 0;
+    int rc = hybrid ? di_cuda_topk(be, scores, m, nk, vis, k, offset, out, err) : DI_OK;
     if (rc) return rc;
+    int64_t flags = hybrid ? (m + 255) / 256 * 256 : 0; /* uint8 [m] rows to replay, then the scratch */
+    int64_t per = (int64_t)sizeof(telem) * nk, rows = rows_per_launch(m, per);
+    void *ws;
+    if ((rc = di_cuda_workspace(be, (size_t)(flags + rows * per), &ws, err))) return rc;
+    uint8_t *only = hybrid ? (uint8_t *)ws : NULL;
+    telem *q = (telem *)((uint8_t *)ws + flags);
     cudaStream_t st = di_cuda_state(be)->stream;
+    if (hybrid) {
+        topk_replay_rows_kernel<<<(unsigned)m, CHECK_THREADS, 0, st>>>(scores, nk, vis, k, only);
+        if ((rc = di_cuda_launched("topk (tie check)", err))) return rc;
+    }
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
-        topk_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, k, offset, (telem *)q, out);
+        topk_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, k, offset, only, q, out);
         if ((rc = di_cuda_launched("topk (torch replay)", err))) return rc;
     }
     return DI_OK;
