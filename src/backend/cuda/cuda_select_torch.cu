@@ -7,9 +7,9 @@
  * and greedy decoding gives the CPU's tokens.
  *
  * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory,
- * one thread per row. The top-k avoids it where it cannot matter: rows whose top-k set is unique (no
- * tie at the k-th score; see topk_replay_rows_kernel) take the parallel kernel's result, and only the
- * others are replayed. The candidate mask replays every row (one layer per pass, a few thousand
+ * one thread per row. The top-k avoids it where it cannot matter: rows whose output the ties cannot
+ * change (see topk_replay_rows_kernel) take the parallel kernel's result, and only the others are
+ * replayed. The candidate mask replays every row (one layer per pass, a few thousand
  * blocks per row). The parallel kernels of cuda_select.cu alone (higher score, then lower position: a
  * documented divergence on ties) remain available with DI_CUDA_TOPK=fast (backend_cuda.cu). */
 #include "backend/cuda/cuda_common.cuh"
@@ -190,12 +190,16 @@ __global__ void cand_torch_kernel(const float *scores, int64_t r0, int64_t nr, i
 }
 
 /* ---- which rows need the replay ----
- * The replay matters only where the top-k SET is not unique. With torch's order as an unsigned key
- * (NaN highest, all NaNs equal; then by value, −0 = +0) and t the key of the k-th best entry, the set
- * is unique iff exactly k entries have key ≥ t. If moreover t is finite (not −inf, not NaN), no NaN is
- * in the set and no entry at a position ≥ vis is in it, the parallel kernel of cuda_select.cu (which
- * selects finite entries below vis, equal keys by lower position) returns exactly the replay's
- * output. One block per row finds t by a 32-step bitwise search over the key counts. */
+ * The replay's choice matters only where it is ambiguous AND visible. With torch's order as an
+ * unsigned key (NaN highest, all NaNs equal; then by value, −0 = +0), t the key of the k-th best entry
+ * of the row, A = {key > t}, E = {key = t} and U = [0, vis): the selection is A plus some k − |A|
+ * entries of E, and the output lists its positions in U ascending, then −1. That output is fixed
+ * whenever the set is unique (|A| + |E| = k) or no entry of E lies in U: it is then Q = {j ∈ U :
+ * key ≥ t}, ascending, −1 padded. The parallel kernel of cuda_select.cu (selectable = finite or +inf
+ * entries in U, best first) outputs the same when Q holds no NaN and no −inf and it cannot pick more
+ * than Q: |Q| = k, or no selectable entry of U is outside Q. Common cases it covers: a row without a
+ * tie at the k-th score, and an early prompt row with fewer than k visible entries (the −inf ties lie
+ * past vis). One block per row finds t by a 32-step bitwise search over the key counts. */
 #define KEY_NAN 0xFFFFFFFFu
 #define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
 #define CHECK_THREADS 256
@@ -229,15 +233,24 @@ __global__ void __launch_bounds__(CHECK_THREADS) topk_replay_rows_kernel(const f
         if (block_sum_u32(c, sh) >= (unsigned)k) t = cand;
     }
     int64_t v = vis[r];
-    unsigned ge = 0, bad = 0;
+    unsigned ge = 0, eq_u = 0, q = 0, q_bad = 0, low_sel = 0; /* |A ∪ E|, |E ∩ U|, |Q|, Q's NaN/−inf, U \ Q selectable */
     for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) {
         uint32_t key = torch_key(s[j]);
+        bool in_u = j < v, sel = key != KEY_NAN && key > KEY_NEG_INF;
         ge += key >= t;
-        bad += key >= t && (key == KEY_NAN || j >= v);
+        eq_u += in_u && key == t;
+        q += in_u && key >= t;
+        q_bad += in_u && key >= t && !sel;
+        low_sel += in_u && key < t && sel;
     }
     ge = block_sum_u32(ge, sh);
-    bad = block_sum_u32(bad, sh);
-    if (threadIdx.x == 0) replay[r] = !(ge == (unsigned)k && bad == 0 && t > KEY_NEG_INF && t != KEY_NAN);
+    eq_u = block_sum_u32(eq_u, sh);
+    q = block_sum_u32(q, sh);
+    q_bad = block_sum_u32(q_bad, sh);
+    low_sel = block_sum_u32(low_sel, sh);
+    bool fixed = ge == (unsigned)k || eq_u == 0;
+    bool same = fixed && q_bad == 0 && (q == (unsigned)k || low_sel == 0);
+    if (threadIdx.x == 0) replay[r] = !same;
 }
 
 /* Rows per launch so the scratch stays within 256 MiB (a long-context chunk is processed in slices). */
