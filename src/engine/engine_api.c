@@ -127,7 +127,7 @@ static int open_runner(di_engine *e, di_error *err) {
         rc = di_session_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->sr,
                                    &e->runner, err);
         if (!rc && o->prefix_cache_bytes > 0)
-            rc = di_session_runner_enable_prefix(e->sr, o->prefix_block, o->prefix_cache_bytes, err);
+            rc = di_session_runner_enable_prefix(e->sr, &e->runner, o->prefix_block, o->prefix_cache_bytes, err);
         return rc;
     }
     return di_recompute_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->rr,
