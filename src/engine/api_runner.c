@@ -93,9 +93,11 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
             return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
                                 (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(q->s));
         rc = di_session_forward(q->s, p->tokens, p->n_tokens, false, row, NULL, err);
-        if (rc)
+        if (rc) {
+            di_session_reset(q->s); /* the step fails its requests; no fill may export a half-run piece */
             return di_error_wrap(err, "session runner: request %lld, positions [%lld, %lld)", (long long)p->req_id,
                                  (long long)p->pos0, (long long)(p->pos0 + p->n_tokens));
+        }
         r->n_positions += p->n_tokens;
     }
     return DI_OK;

@@ -4,8 +4,9 @@
  *   model      di_model_open + the CPU backend + a model runner, chosen in open_runner() alone:
  *              the cached session runner (api_runner.h) or the exact cache-free recompute runner;
  *              nothing above the di_model_runner interface knows which. The cached runner gets the
- *              prefix cache when prefix_cache_bytes > 0; its per-request hits come back through the
- *              runner's cache_hit hook with the step results (runner.h) into di_delta.
+ *              prefix cache when prefix_cache_bytes > 0 (before the core is built: the scheduler
+ *              owns its tree, scheduler.h); its per-request hits come back through the runner's
+ *              cache_hit hook with the step results (runner.h) into di_delta.
  *   tokenizer  the checkpoint's tokenizer.json when present: text prompts, the detokenizer the core
  *              uses for text deltas and stop strings, and the grammar vocabulary.
  *   grammar    compiled once per request, one matcher per choice, plugged into the core as the
