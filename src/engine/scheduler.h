@@ -41,7 +41,12 @@
  *              flight) and whose ids the host knows (prompt and seen outputs) is claimed in the tree
  *              and sent with the plan as a fill; the runner writes it before the step's releases and
  *              pieces. So a request admitted while another with the same system prompt is still
- *              decoding hits the blocks the first one has computed so far.
+ *              decoding hits the blocks the first one has computed so far. Prompt blocks are
+ *              claimed at the same step in sync and async mode; blocks that reach into the outputs
+ *              wait for the host to see their tokens, one step later in async mode.
+ *   preemption a preempted request has published its blocks, so its readmission restores its own
+ *              prompt blocks (bounded replay) instead of recomputing them: cheaper, and inexact by
+ *              the replay's bound where the plain recompute below is exact.
  * Every pin the worker relies on (hits being restored, blocks being filled) is dropped in
  * di_sched_step_done, once the step that used it is back.
  *
