@@ -10,7 +10,10 @@
  *  - requests running side by side share blocks: the second request, added once the first has
  *    sampled a token and still decodes, hits the three blocks the first one's prefill stored (sync
  *    and async alike), with the same tokens as when it runs after the first has finished;
- *  - without a cache the same admission schedules the whole prompt (the control).
+ *  - without a cache the same admission schedules the whole prompt (the control);
+ *  - preemption: the newer of two requests that outgrow a small pool is preempted, publishes its
+ *    prompt blocks on the way out and, readmitted, restores them; the older one's tokens are those
+ *    of the run without a cache.
  * di-test: asan */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +67,8 @@ static int64_t make_prompt(int k, int32_t *p) {
     return n;
 }
 
-#define N_OUT 4
+#define N_OUT 4   /* tokens per request */
+#define MAX_OUT 16 /* the preemption test's longer outputs */
 
 typedef struct core_rig {
     di_session_runner *sr;
@@ -72,10 +76,10 @@ typedef struct core_rig {
     di_core *c;
 } core_rig;
 
-static void rig_open(core_rig *g, int64_t step_tokens, int async, bool prefix) {
+static void rig_open(core_rig *g, int64_t step_tokens, int async, bool prefix, int32_t n_blocks) {
     memset(g, 0, sizeof *g);
     di_error err = {0};
-    if (di_session_runner_new(g_m, g_be, 512, 16, 128, &g->sr, &g->it, &err) ||
+    if (di_session_runner_new(g_m, g_be, 512, 16, n_blocks, &g->sr, &g->it, &err) ||
         (prefix && di_session_runner_enable_prefix(g->sr, &g->it, BLOCK, 64ll << 20, &err)))
         fail_msg("%s", err.msg);
     di_core_options co = {.sched = {.max_seqs = 4, .max_step_tokens = step_tokens, .prefill_chunk = (int32_t)step_tokens},
@@ -88,17 +92,17 @@ static void rig_close(core_rig *g) {
     di_session_runner_free(g->sr);
 }
 
-static void rig_add(core_rig *g, int k) {
+static void rig_add(core_rig *g, int k, int64_t max_tokens) {
     int32_t p[SHARED + 32];
     int64_t n = make_prompt(k, p);
-    di_seq_params sp = {.sampling = di_sampling_params_default(), .max_tokens = N_OUT, .ignore_eos = 1};
+    di_seq_params sp = {.sampling = di_sampling_params_default(), .max_tokens = max_tokens, .ignore_eos = 1};
     sp.sampling.temperature = 0;
     di_error err = {0};
     if (di_core_add(g->c, k, p, n, &sp, &err)) fail_msg("%s", err.msg);
 }
 
 /* One step, then the deltas: tokens into toks[id], hits into hit[id], finished[id] set. */
-static void rig_step(core_rig *g, int32_t toks[2][N_OUT], int64_t n_tok[2], int64_t hit[2], int finished[2]) {
+static void rig_step(core_rig *g, int32_t toks[2][MAX_OUT], int64_t n_tok[2], int64_t hit[2], int finished[2]) {
     di_error err = {0};
     if (di_core_step(g->c, &err)) fail_msg("%s", err.msg);
     di_core_delta d[4];
@@ -150,16 +154,16 @@ static void reference_tokens(int k, int64_t P, int32_t out[N_OUT]) {
 static void run_sequential(int64_t step_tokens, int64_t *work, int64_t *steps_to_first, int64_t *hit,
                            int32_t toks1[N_OUT]) {
     core_rig g;
-    rig_open(&g, step_tokens, 0, true);
-    int32_t toks[2][N_OUT];
+    rig_open(&g, step_tokens, 0, true, 128);
+    int32_t toks[2][MAX_OUT];
     int64_t n_tok[2] = {0, 0}, hits[2] = {0, 0};
     int fin[2] = {0, 0};
-    rig_add(&g, 0);
+    rig_add(&g, 0, N_OUT);
     for (int guard = 0; !fin[0]; guard++) {
         assert_true(guard < 100);
         rig_step(&g, toks, n_tok, hits, fin);
     }
-    rig_add(&g, 1);
+    rig_add(&g, 1, N_OUT);
     int64_t before = di_core_get_stats(g.c)->scheduled_tokens;
     rig_step(&g, toks, n_tok, hits, fin);
     *work = di_core_get_stats(g.c)->scheduled_tokens - before;
@@ -171,7 +175,7 @@ static void run_sequential(int64_t step_tokens, int64_t *work, int64_t *steps_to
     while (!fin[1]) rig_step(&g, toks, n_tok, hits, fin);
     *hit = hits[1];
     assert_int_equal(n_tok[1], N_OUT);
-    memcpy(toks1, toks[1], sizeof toks[1]);
+    memcpy(toks1, toks[1], sizeof(int32_t) * N_OUT);
     rig_close(&g);
 }
 
@@ -180,7 +184,7 @@ static void test_budget_hit(void **state) {
     int32_t p[SHARED + 32];
     int64_t n1 = make_prompt(1, p);
     core_rig probe;
-    rig_open(&probe, 512, 0, true);
+    rig_open(&probe, 512, 0, true, 128);
     const int64_t keep = di_prefix_cache_keep(probe.it.prefix, NULL), align = di_prefix_cache_align(probe.it.prefix);
     rig_close(&probe);
     const int64_t P = SHARED / BLOCK * BLOCK, r = di_prefix_replay_start(P, keep, (int)align);
@@ -210,17 +214,17 @@ static void test_budget_hit(void **state) {
  * request 0's prefill stored. */
 static void run_side_by_side(int async, int64_t *hit, int32_t toks1[N_OUT], int *overlap) {
     core_rig g;
-    rig_open(&g, 512, async, true);
-    int32_t toks[2][N_OUT];
+    rig_open(&g, 512, async, true, 128);
+    int32_t toks[2][MAX_OUT];
     int64_t n_tok[2] = {0, 0}, hits[2] = {0, 0};
     int fin[2] = {0, 0};
-    rig_add(&g, 0);
+    rig_add(&g, 0, N_OUT);
     for (int guard = 0; n_tok[0] == 0; guard++) {
         assert_true(guard < 100);
         rig_step(&g, toks, n_tok, hits, fin);
     }
     assert_false(fin[0]);
-    rig_add(&g, 1);
+    rig_add(&g, 1, N_OUT);
     *overlap = 0;
     for (int guard = 0; !fin[0] || !fin[1]; guard++) {
         assert_true(guard < 100);
@@ -230,7 +234,7 @@ static void run_side_by_side(int async, int64_t *hit, int32_t toks1[N_OUT], int 
     *hit = hits[1];
     assert_int_equal(hits[0], 0);
     assert_int_equal(n_tok[1], N_OUT);
-    memcpy(toks1, toks[1], sizeof toks[1]);
+    memcpy(toks1, toks[1], sizeof(int32_t) * N_OUT);
     rig_close(&g);
 }
 
@@ -258,13 +262,13 @@ static void test_side_by_side(void **state) {
 static void test_no_cache_counts(void **state) {
     (void)state;
     core_rig g;
-    rig_open(&g, 512, 0, false);
-    int32_t toks[2][N_OUT];
+    rig_open(&g, 512, 0, false, 128);
+    int32_t toks[2][MAX_OUT];
     int64_t n_tok[2] = {0, 0}, hits[2] = {0, 0};
     int fin[2] = {0, 0};
-    rig_add(&g, 0);
+    rig_add(&g, 0, N_OUT);
     while (!fin[0]) rig_step(&g, toks, n_tok, hits, fin);
-    rig_add(&g, 1);
+    rig_add(&g, 1, N_OUT);
     int64_t before = di_core_get_stats(g.c)->scheduled_tokens;
     rig_step(&g, toks, n_tok, hits, fin);
     int32_t p[SHARED + 32];
@@ -273,11 +277,51 @@ static void test_no_cache_counts(void **state) {
     rig_close(&g);
 }
 
+/* A pool too small for both requests' outputs: the newer one is preempted, publishes its prompt
+ * blocks on the way out and, readmitted, restores them (its own hit) instead of recomputing; the
+ * older one's tokens are those of the same run without a cache. */
+static void run_preempt(bool prefix, int32_t toks0[MAX_OUT], int64_t *hit1, int64_t *preemptions) {
+    core_rig g;
+    rig_open(&g, 512, 0, prefix, 28); /* 28 blocks of 16: the two prompts take 14 each */
+    int32_t toks[2][MAX_OUT];
+    int64_t n_tok[2] = {0, 0}, hits[2] = {0, 0};
+    int fin[2] = {0, 0};
+    rig_add(&g, 0, MAX_OUT);
+    rig_add(&g, 1, MAX_OUT);
+    for (int guard = 0; !fin[0] || !fin[1]; guard++) {
+        assert_true(guard < 200);
+        rig_step(&g, toks, n_tok, hits, fin);
+    }
+    assert_int_equal(n_tok[0], MAX_OUT);
+    assert_int_equal(n_tok[1], MAX_OUT);
+    assert_int_equal(hits[0], 0);
+    memcpy(toks0, toks[0], sizeof toks[0]);
+    *hit1 = hits[1];
+    *preemptions = di_core_get_stats(g.c)->preemptions;
+    rig_close(&g);
+}
+
+static void test_preempt_readmit(void **state) {
+    (void)state;
+    int32_t t_on[MAX_OUT], t_off[MAX_OUT];
+    int64_t hit_on, hit_off, pre_on, pre_off;
+    run_preempt(true, t_on, &hit_on, &pre_on);
+    run_preempt(false, t_off, &hit_off, &pre_off);
+    tu_report("preemption with the prefix cache: %lld preemptions (%lld without), the readmitted request restored "
+              "%lld tokens of its own prompt", (long long)pre_on, (long long)pre_off, (long long)hit_on);
+    assert_true(pre_on >= 1);
+    assert_true(pre_off >= 1);
+    assert_int_equal(hit_off, 0);
+    assert_int_equal(hit_on, SHARED / BLOCK * BLOCK);
+    assert_memory_equal(t_on, t_off, sizeof t_on);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_hit),
         cmocka_unit_test(test_side_by_side),
         cmocka_unit_test(test_no_cache_counts),
+        cmocka_unit_test(test_preempt_readmit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
