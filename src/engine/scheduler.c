@@ -147,7 +147,7 @@ static int push_release(di_scheduler *s, int64_t id) {
 
 /* Claims in the tree every block of r that is computed and whose ids are known, queueing a fill for
  * each new one. A full cache only stops this round; the next schedule tries again. */
-static int publish(di_scheduler *s, di_seq *r) {
+static int publish(di_scheduler *s, di_seq *r, di_error *err) {
     di_prefix_cache *pc = s->runner->prefix;
     if (!pc) return DI_OK;
     const int64_t B = di_prefix_cache_block(pc);
@@ -163,13 +163,13 @@ static int publish(di_scheduler *s, di_seq *r) {
         }
         di_prefix_node *n;
         int created;
-        di_error err;
-        if (di_prefix_cache_claim(pc, r->prefix_tail, ids, &n, &created, &err)) return DI_ERR_NOMEM;
+        int rc = di_prefix_cache_claim(pc, r->prefix_tail, ids, &n, &created, err);
+        if (rc) return di_error_wrap(err, "scheduler: request %lld, prefix block at %lld", (long long)r->id, (long long)t0);
         if (!n) return DI_OK;
         if (created) {
             if (grow_arr((void **)&s->fills, &s->cap_fills, s->n_fills + 1, sizeof *s->fills)) {
                 di_prefix_cache_settle(pc, n); /* never filled: dead, as a failed fill */
-                return DI_ERR_NOMEM;
+                return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for prefix fills");
             }
             s->fills[s->n_fills++] = (di_step_fill){.req_id = r->id, .t0 = t0, .node = n};
             di_prefix_cache_pin(n); /* the claim's pin stays with the fill, this one with the path */
@@ -182,9 +182,9 @@ static int publish(di_scheduler *s, di_seq *r) {
 }
 
 /* r's cache is about to be dropped: publish what it computed, then let go of its path. */
-static int prefix_leave(di_scheduler *s, di_seq *r) {
+static int prefix_leave(di_scheduler *s, di_seq *r, di_error *err) {
     if (!s->runner->prefix) return DI_OK;
-    int rc = publish(s, r);
+    int rc = publish(s, r, err);
     if (r->prefix_tail) di_prefix_cache_unpin(r->prefix_tail);
     r->prefix_tail = NULL;
     r->prefix_blocks = 0;
@@ -193,12 +193,12 @@ static int prefix_leave(di_scheduler *s, di_seq *r) {
 
 /* Looks up a request about to be admitted from position 0: on a usable hit it is pinned in
  * r->prefix_hit and r->n_cached moves to the replay start. */
-static int prefix_lookup(di_scheduler *s, di_seq *r) {
+static int prefix_lookup(di_scheduler *s, di_seq *r, di_error *err) {
     di_prefix_cache *pc = s->runner->prefix;
     if (!pc || r->n_cached) return DI_OK;
     const int64_t keep = di_prefix_cache_keep(pc, NULL);
-    di_error err;
-    if (di_prefix_cache_match(pc, r->prompt, r->n_prompt, keep, &r->prefix_hit, &err)) return DI_ERR_NOMEM;
+    int rc = di_prefix_cache_match(pc, r->prompt, r->n_prompt, keep, &r->prefix_hit, err);
+    if (rc) return di_error_wrap(err, "scheduler: request %lld", (long long)r->id);
     const int64_t P = r->prefix_hit.tokens, start = di_prefix_replay_start(P, keep, di_prefix_cache_align(pc));
     if (P > 0 && P - start >= r->chunk) di_prefix_cache_release(pc, &r->prefix_hit); /* the replay needs one chunk */
     if (r->prefix_hit.tokens > 0) r->n_cached = start;
@@ -218,8 +218,6 @@ static void prefix_admit(di_scheduler *s, di_seq *r) {
     r->prefix_tail = r->prefix_hit.nodes[r->prefix_hit.n_blocks - 1];
     di_prefix_cache_pin(r->prefix_tail);
     r->prefix_blocks = r->prefix_hit.n_blocks;
-    s->n_prefix_hits++;
-    s->n_prefix_skipped += r->n_cached;
 }
 
 void di_sched_step_done(di_scheduler *s, const di_step_plan *p) {
@@ -252,10 +250,14 @@ static void running_remove(di_scheduler *s, int32_t i) {
     s->n_running--;
 }
 
-/* The newest running request goes back to the front of the waiting queue with no cache. */
-static int preempt_newest(di_scheduler *s) {
+/* The newest running request goes back to the front of the waiting queue with no cache (what it
+ * computed published to the prefix cache first). */
+static int preempt_newest(di_scheduler *s, di_error *err) {
     di_seq *v = s->running[s->n_running - 1];
-    if (waiting_reserve(s) || prefix_leave(s, v) || push_release(s, v->id)) return DI_ERR_NOMEM;
+    int rc = prefix_leave(s, v, err);
+    if (rc) return rc;
+    if (waiting_reserve(s) || push_release(s, v->id))
+        return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory while preempting");
     free_blocks(s, v);
     s->n_running--;
     waiting_push_front(s, v);
@@ -314,8 +316,10 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
     p->n_release = 0;
     p->n_fills = 0;
     di_sched_reap(s);
-    for (int32_t i = 0; i < s->n_running; i++)
-        if (publish(s, s->running[i])) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for prefix blocks");
+    for (int32_t i = 0; i < s->n_running; i++) {
+        int rc = publish(s, s->running[i], err);
+        if (rc) return rc;
+    }
     int64_t budget = s->cfg.max_step_tokens;
     int nomem = 0;
 
@@ -330,7 +334,8 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
             if (nomem) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for block tables");
             if (s->running[s->n_running - 1]->inflight > 0) return DI_SCHED_NEED_SYNC;
             self_preempted = s->running[s->n_running - 1] == r;
-            if (preempt_newest(s)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory while preempting");
+            int rc = preempt_newest(s, err);
+            if (rc) return rc;
             if (self_preempted) break;
         }
         if (self_preempted) break; /* r was the newest: nothing after it */
@@ -341,7 +346,8 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
     /* 2. waiting, strictly FIFO; a prefix hit moves the first piece to the replay start */
     while (s->n_waiting > 0 && p->n_items < s->cfg.max_seqs && s->n_running < s->cfg.max_seqs) {
         di_seq *r = waiting_at(s, 0);
-        if (prefix_lookup(s, r)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for a prefix lookup");
+        int rc = prefix_lookup(s, r, err);
+        if (rc) return rc;
         int32_t samples, n = next_piece(s, r, &samples);
         if (n == 0 || n > budget) {
             prefix_unlookup(s, r);
@@ -391,7 +397,8 @@ int32_t di_sched_reap(di_scheduler *s) {
             i++;
             continue;
         }
-        prefix_leave(s, r); /* on failure its last blocks are just not cached */
+        di_error ignored;
+        prefix_leave(s, r, &ignored); /* on failure its last blocks are just not cached */
         push_release(s, r->id); /* on failure the runner just keeps a dead entry until it is reused */
         free_blocks(s, r);
         r->state = DI_REQ_FINISHED;

@@ -116,8 +116,6 @@ typedef struct di_scheduler {
     /* counters */
     int64_t n_preemptions;
     int64_t n_steps;
-    int64_t n_prefix_hits;      /* admissions that start from a prefix-cache hit */
-    int64_t n_prefix_skipped;   /* prompt positions those admissions did not schedule (r each) */
 } di_scheduler;
 
 int di_sched_init(di_scheduler *s, const di_sched_config *cfg, const di_model_runner *runner, di_error *err);
