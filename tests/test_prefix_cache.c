@@ -12,6 +12,8 @@
  *    reported next to the golden noise floors and next to the error of plain chunking (bounded loosely
  *    so a broken restore still fails);
  *  - eviction under a small budget (LRU leaves, pinned paths never evicted) and refcounts;
+ *  - the engine's claims: bytes counted and pinned up front, a full budget of pinned claims rejects,
+ *    an unfilled claim settles dead (never matched or extended) and is evicted first;
  *  - the mkmodel tiny preset (real 129,280-token vocabulary) with the default 64-token blocks: the
  *    hit's compressed prefix byte-identical, the continuation's error reported;
  *  - the cached session runner (engine/api_runner.h) with the prefix cache on: blocks claimed and
@@ -401,6 +403,70 @@ static void test_default_keep(void **st) {
     close_gcase(&g);
 }
 
+/* The engine's path, tree side only (no model): claims count their bytes up front and are pinned;
+ * a full budget of pinned claims rejects the next; a settled claim that was never filled is dead —
+ * matches and claims stop there — and goes first when room is needed. */
+static void test_claim_settle(void **st) {
+    di_error err = {0};
+    int32_t ids[4 * BLOCK];
+    for (int i = 0; i < 4 * BLOCK; i++) ids[i] = 7 * i + 1;
+    di_prefix_cache *pc;
+    di_prefix_cache_opts po = {.block_tokens = BLOCK, .budget_bytes = 2000, .keep = 4, .align = 4, .block_bytes = 1000};
+    assert_int_equal(di_prefix_cache_create(&po, &pc, &err), DI_OK);
+    di_prefix_node *a, *b, *c;
+    int created;
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, ids, &a, &created, &err), DI_OK);
+    assert_true(a && created);
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, ids, &c, &created, &err), DI_OK); /* the same block again */
+    assert_ptr_equal(c, a);
+    assert_false(created);
+    di_prefix_cache_unpin(c);
+    assert_int_equal(di_prefix_cache_claim(pc, a, ids + BLOCK, &b, &created, &err), DI_OK);
+    assert_true(b && created);
+    assert_int_equal(di_prefix_cache_claim(pc, b, ids + 2 * BLOCK, &c, &created, &err), DI_OK);
+    assert_null(c); /* 2000 bytes of pinned claims: no room */
+    di_prefix_stats ps;
+    di_prefix_cache_stats(pc, &ps);
+    assert_int_equal(ps.bytes, 2000);
+    assert_int_equal(ps.rejected, 1);
+    /* pending nodes are matched (the engine fills them before any restore reads them) */
+    di_prefix_hit hit;
+    assert_int_equal(di_prefix_cache_match(pc, ids, 4 * BLOCK, 4, &hit, &err), DI_OK);
+    assert_int_equal(hit.tokens, 2 * BLOCK);
+    assert_false(di_prefix_hit_ready(&hit));
+    di_prefix_cache_release(pc, &hit);
+    /* no runner filled them: settling marks both dead */
+    di_prefix_cache_settle(pc, a);
+    di_prefix_cache_settle(pc, b);
+    di_prefix_cache_stats(pc, &ps);
+    assert_int_equal(ps.dead, 2);
+    assert_int_equal(di_prefix_cache_match(pc, ids, 4 * BLOCK, 0, &hit, &err), DI_OK);
+    assert_int_equal(hit.matched, 0); /* the root's child is dead */
+    assert_int_equal(di_prefix_cache_claim(pc, a, ids + BLOCK, &c, &created, &err), DI_OK);
+    assert_null(c); /* no claim below a dead node */
+    /* room is made from the dead leaves first: a new path fits */
+    int32_t other[BLOCK];
+    for (int i = 0; i < BLOCK; i++) other[i] = 5000 + i;
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, other, &c, &created, &err), DI_OK);
+    assert_true(c && created);
+    di_prefix_cache_stats(pc, &ps);
+    assert_int_equal(ps.evictions, 1);
+    assert_int_equal(ps.bytes, 2000);
+    di_prefix_cache_settle(pc, c);
+    /* bad options */
+    di_prefix_cache *bad;
+    di_prefix_cache_opts bo = {.block_tokens = 6, .budget_bytes = 1, .align = 4};
+    assert_int_equal(di_prefix_cache_create(&bo, &bad, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "align"));
+    di_prefix_cache_opts nb = {.block_tokens = BLOCK, .budget_bytes = 1 << 20};
+    assert_int_equal(di_prefix_cache_create(&nb, &bad, &err), DI_OK);
+    assert_int_equal(di_prefix_cache_claim(bad, NULL, ids, &c, &created, &err), DI_ERR_INVALID); /* no block_bytes */
+    di_prefix_cache_destroy(bad);
+    tu_report("claims: 2 pinned blocks fill a 2-block budget (1 rejected); unfilled claims settle dead (%lld) and "
+              "are evicted first (%lld)", (long long)ps.dead, (long long)ps.evictions);
+    di_prefix_cache_destroy(pc);
+}
+
 static void run_piece(di_model_runner *it, int64_t id, const int32_t *ids, int64_t pos0, int32_t n,
                       const di_prefix_hit *hit, float *logits) {
     di_error err = {0};
@@ -613,6 +679,7 @@ int main(void) {
         cmocka_unit_test(test_replay_sel),
         cmocka_unit_test(test_short_hit_exact),
         cmocka_unit_test(test_eviction_refcounts),
+        cmocka_unit_test(test_claim_settle),
         cmocka_unit_test(test_runner_prefix),
         cmocka_unit_test(test_preset_block64),
     };
