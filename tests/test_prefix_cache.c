@@ -374,6 +374,17 @@ static void test_default_keep(void **st) {
     assert_int_equal(cfg->sliding_window, 128);
     assert_int_equal(flash, 140); /* DeepInfer's documented default (deepinfer-features §11) */
     assert_int_equal(flash, cfg->sliding_window + di_cache_default_margin(cfg));
+    /* a released-config cache made as the sessions make theirs (margin −1: the config's default)
+     * replays the same 140: what di_session_replay_keep gives the runner's prefix cache */
+    di_cache *fc;
+    di_cache_opts fo = {.max_tokens = 512, .spec_margin = -1};
+    assert_int_equal(di_cache_create(cfg, &fo, &fc, &err), DI_OK);
+    assert_int_equal(fc->window + fc->spec_margin, 140);
+    const int falign = di_cache_prefix_align(fc);
+    const int64_t fstart = di_prefix_replay_start(1024, flash, falign);
+    assert_int_equal(fstart % falign, 0);
+    assert_true(1024 - fstart >= flash && 1024 - fstart < flash + falign);
+    di_cache_destroy(fc);
     free(cfg);
 
     gcase g;
@@ -395,9 +406,10 @@ static void test_default_keep(void **st) {
     assert_ptr_equal(it.prefix, sr->prefix);
     assert_int_equal(di_prefix_cache_keep(it.prefix, NULL), tiny); /* what the scheduler budgets with */
     assert_int_equal(di_prefix_cache_align(it.prefix), di_cache_prefix_align(s->cache));
-    tu_report("default replay keep: released config %lld (W %d + margin %d), golden tiny %lld (W %d + margin %d)",
-              (long long)flash, 128, (int)(flash - 128), (long long)tiny, g.m->cfg.sliding_window,
-              (int)(tiny - g.m->cfg.sliding_window));
+    tu_report("default replay keep: released config %lld (W %d + margin %d; align %d: a 1024-token hit replays "
+              "[%lld, 1024)), golden tiny %lld (W %d + margin %d)",
+              (long long)flash, 128, (int)(flash - 128), falign, (long long)fstart, (long long)tiny,
+              g.m->cfg.sliding_window, (int)(tiny - g.m->cfg.sliding_window));
     di_session_runner_free(sr);
     di_session_destroy(s);
     close_gcase(&g);
