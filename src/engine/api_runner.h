@@ -2,7 +2,8 @@
  * so a decode step costs one position instead of the whole history (the recompute runner's O(T²)).
  *
  * A piece [pos0, pos0 + n) is appended to its request's session with di_session_forward; the
- * scheduler sends a request's pieces in order, so pos0 always equals the session's length (checked).
+ * scheduler sends a request's pieces in order, so pos0 equals the session's length (checked) — except
+ * for a piece that restores a prefix hit, which starts at its replay start on an empty session (below).
  * A release returns the session to a free list (reset, memory kept) for the next request. Chunk
  * boundaries are the request's own (scheduler.h) and every session is independent of the others, so
  * a request's logits do not depend on the batch. A chunked prefill and token-by-token decode agree

@@ -14,7 +14,8 @@
  * keep = W + m (di_prefix_default_keep): the window plus the cache's rollback margin, so a resumed
  * sequence keeps its full rollback depth; 128 + 12 = 140 at the released config (cache.h
  * di_cache_default_margin). A replay starts at r = B − keep rounded down to the compress ratios'
- * lcm (di_prefix_replay_start), so it re-runs B − r ∈ [keep, keep + align) positions.
+ * lcm (di_prefix_replay_start), so it re-runs B − r ∈ [keep, keep + align) positions — exactly 140
+ * at the released config (ratios 1 and 2: align 2) for any even B, so for every hit of 64-token blocks.
  *
  * Two ways in:
  *   direct (tests, tools)   match → restore → release on a session, insert(ids, n, cache) from a
