@@ -13,9 +13,7 @@
  *    histogram, the largest distance; the tolerance below is asserted.
  * 3. Batch invariance: rows computed with M = 1 and M = 5 equal the same rows of a large-M call bit for bit.
  *
- * Tolerance (from the measurement recorded in bench/NOTES-gpu.md): ≤ 1 bf16 ulp on ≤ 2 % of outputs for
- * realistic (quantized Gaussian) operands; full-range random e4m3 weight codes ≤ 2 ulp on ≤ 5 %. NaN rows
- * must be NaN everywhere.
+ * Tolerance: see TOL_REAL below (the measurement behind it is in bench/NOTES-gpu.md).
  * Usage: test_cuda_gemm_fast [--bench | --bench-only | --bench-noblock | --block-only]
  *   (exit status 1 on any failure; DI_SEED=n draws other inputs; DI_DUMP_DIR=dir keeps the block data) */
 #include <cuda_runtime_api.h>
@@ -124,38 +122,61 @@ static int32_t ord16(uint16_t h) { return (h & 0x8000) ? -(int32_t)(h & 0x7fff) 
 static int is_nan16(uint16_t h) { return (h & 0x7fff) > 0x7f80; }
 
 typedef struct diffstat {
-    int64_t n, differ, ulp1, ulp2, ulp_more;
-    int max_ulp; /* 1 << 20 for a NaN / non-NaN disagreement */
+    int64_t n, differ, ulp1, ulp2, ulp_more, special_mismatch; /* special: NaN/inf placement differs */
+    int max_ulp;
+    double rel_fro; /* ‖gpu − ref‖ / ‖ref‖ over the finite outputs */
+    double row_err; /* max |gpu − ref| / rms(ref row): the error on the row's own scale (cancellation-proof) */
 } diffstat;
 
-static diffstat compare(const uint16_t *g, const uint16_t *r, int64_t n) {
-    diffstat s = {n, 0, 0, 0, 0, 0};
-    for (int64_t i = 0; i < n; i++) {
-        if (g[i] == r[i] || (is_nan16(g[i]) && is_nan16(r[i]))) continue;
-        s.differ++;
-        int u = is_nan16(g[i]) || is_nan16(r[i]) ? 1 << 20 : abs(ord16(g[i]) - ord16(r[i]));
-        if (u == 1) s.ulp1++;
-        else if (u == 2) s.ulp2++;
-        else s.ulp_more++;
-        if (u > s.max_ulp) s.max_ulp = u;
+/* g, r bf16 [rows, cols] */
+static diffstat compare(const uint16_t *g, const uint16_t *r, int64_t rows, int64_t cols) {
+    diffstat s = {rows * cols, 0, 0, 0, 0, 0, 0, 0, 0};
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double row2 = 0, row_max = 0;
+        for (int64_t j = 0; j < cols; j++) {
+            const uint16_t a = g[i * cols + j], b = r[i * cols + j];
+            const double fa = di_bf16_to_f32(a), fb = di_bf16_to_f32(b);
+            if (!isfinite(fa) || !isfinite(fb)) { /* NaN rows, overflowed rows: the same special or a failure */
+                if (a != b && !(is_nan16(a) && is_nan16(b))) s.special_mismatch++, s.differ++;
+                continue;
+            }
+            const double d = fabs(fa - fb);
+            row2 += fb * fb, d2 += d * d, row_max = fmax(row_max, d);
+            if (fa == fb) continue; /* equal bits, or +0 against -0 */
+            s.differ++;
+            const int u = abs(ord16(a) - ord16(b));
+            if (u == 1) s.ulp1++;
+            else if (u == 2) s.ulp2++;
+            else s.ulp_more++;
+            if (u > s.max_ulp) s.max_ulp = u;
+        }
+        r2 += row2;
+        const double rms = sqrt(row2 / (double)cols);
+        if (row_max > 0) s.row_err = fmax(s.row_err, rms > 0 ? row_max / rms : INFINITY);
     }
+    s.rel_fro = r2 > 0 ? sqrt(d2 / r2) : (d2 > 0 ? INFINITY : 0);
     return s;
 }
 
+/* Tolerances (measured, bench/NOTES-gpu.md): the tensor core's block sums P_b differ from the exact
+ * ones by < 2^-9 of the block's largest product binade, so an output moves by about one bf16 ulp when
+ * it moves at all: ~2.6 % of FP8 outputs, ~1.4 % of FP4, ~6 % with full-range random weight codes; the
+ * ulp distance is unbounded only where the exact result nearly cancels, which row_err (error over the
+ * row's rms) and rel_fro measure without that artefact. NaN / inf placement must match exactly. */
 typedef struct tol {
-    int max_ulp;
-    double max_frac;
+    double max_frac, max_rel_fro, max_row_err;
 } tol;
-static const tol TOL_REAL = {1, 0.02};    /* quantized Gaussian operands */
-static const tol TOL_UNIFORM = {2, 0.05}; /* full-range random weight codes */
-static const tol TOL_EXACT = {0, 0};
+static const tol TOL_REAL = {0.05, 2e-3, 0x1p-4};    /* quantized Gaussian operands */
+static const tol TOL_UNIFORM = {0.10, 4e-3, 0x1p-3}; /* full-range random weight codes */
+static const tol TOL_EXACT = {0, 0, 0};
 
 static void report(const char *what, diffstat s, tol t) {
-    double frac = s.n ? (double)s.differ / (double)s.n : 0;
-    int ok = s.max_ulp <= t.max_ulp && frac <= t.max_frac;
-    printf("%-44s %10lld out %9lld differ (%.3g)  1ulp %lld 2ulp %lld >2 %lld  max %d  tol <=%d ulp on <=%.3g  %s\n", what,
+    const double frac = s.n ? (double)s.differ / (double)s.n : 0;
+    const int ok = !s.special_mismatch && frac <= t.max_frac && s.rel_fro <= t.max_rel_fro && s.row_err <= t.max_row_err;
+    printf("%-40s %9lld out %8lld differ (%.4f) ulp 1:%lld 2:%lld >2:%lld (max %d) rel %.2e row %.2e special %lld  %s\n", what,
            (long long)s.n, (long long)s.differ, frac, (long long)s.ulp1, (long long)s.ulp2, (long long)s.ulp_more,
-           s.max_ulp, t.max_ulp, t.max_frac, ok ? "PASS" : "FAIL");
+           s.max_ulp, s.rel_fro, s.row_err, (long long)s.special_mismatch, ok ? "PASS" : "FAIL");
     fflush(stdout);
     ok ? n_pass++ : n_fail++;
 }
@@ -298,7 +319,7 @@ static uint16_t *gemm_case(const char *label, int fp4, int64_t M, int64_t K, int
     char what[128];
     snprintf(what, sizeof what, "%s M%lld K%lld N%lld%s%s", label, (long long)M, (long long)K, (long long)N,
              uniform ? " uniform" : "", specials ? " +specials" : "");
-    report(what, compare(yg, yr, M * N), t);
+    report(what, compare(yg, yr, M, N), t);
 
     /* the exact kernel against the CPU on up to 6 rows (first, last, middle, random) */
     int64_t rows[6] = {0, M - 1, M / 2, (int64_t)(rnd() % (uint64_t)M), (int64_t)(rnd() % (uint64_t)M), M > 1 ? 1 : 0};
@@ -312,7 +333,7 @@ static uint16_t *gemm_case(const char *label, int fp4, int64_t M, int64_t K, int
     }
     RUN((fp4 ? cpu->linear_fp4 : cpu->linear_fp8)(cpu, xs, nr, K, w, s, N, yc, E));
     snprintf(what, sizeof what, "  exact kernel == CPU, %d rows", nr);
-    report(what, compare(ys, yc, nr * N), TOL_EXACT);
+    report(what, compare(ys, yc, nr, N), TOL_EXACT);
     if (specials && M > 2) { /* the NaN row is NaN everywhere */
         int64_t bad = 0;
         for (int64_t j = 0; j < N; j++) bad += !is_nan16(yg[N + j]);
@@ -344,7 +365,7 @@ static void batch_invariance(int fp4, int64_t M, int64_t K, int64_t N) {
         uint16_t *y = down(dy, sizeof *y * (size_t)(ms[i] * N));
         char what[96];
         snprintf(what, sizeof what, "  batch invariance: M%lld rows == M%lld rows", (long long)ms[i], (long long)M);
-        report(what, compare(y, ybig + r0 * N, ms[i] * N), TOL_EXACT);
+        report(what, compare(y, ybig + r0 * N, ms[i], N), TOL_EXACT);
         free(y), cudaFree(dx), cudaFree(dy);
     }
     cudaFree(dw), cudaFree(ds);
@@ -353,6 +374,8 @@ static void batch_invariance(int fp4, int64_t M, int64_t K, int64_t N) {
 
 /* ---------------- 4. benchmark ---------------- */
 static cudaEvent_t ev0, ev1;
+static void *g_scratch; /* split-K partials of the timed GEMM-only calls */
+static size_t g_scratch_bytes;
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -371,7 +394,7 @@ static float time_variant(int which, int fp4, int64_t M, int64_t K, int64_t N, c
         int c = (r + 3) % copies;
         const uint8_t *w = dw + (int64_t)c * ((wb + 255) & ~255ll), *s = ds + (int64_t)c * ((sb + 255) & ~255ll);
         CU(cudaEventRecord(ev0, st));
-        if (which == 0) RUN(di_cuda_qgemm_wgmma(dxq, dxs, M, K, w, s, fp4, N, dy, st, E));
+        if (which == 0) RUN(di_cuda_qgemm_wgmma(dxq, dxs, M, K, w, s, fp4, N, dy, g_scratch, g_scratch_bytes, st, E));
         else if (which == 1) RUN((fp4 ? di_cuda_linear_fp4_wgmma : di_cuda_linear_fp8_wgmma)(gpu, dx, M, K, w, s, N, dy, E));
         else RUN((fp4 ? gpu->linear_fp4 : gpu->linear_fp8)(gpu, dx, M, K, w, s, N, dy, E));
         CU(cudaEventRecord(ev1, st));
@@ -390,8 +413,10 @@ static void bench_shape(const shape *sh, const int64_t *ms, int n_m) {
     int copies = (int)((256ll << 20) / (wstride + sstride));
     if (copies < 1) copies = 1;
     if (copies > 64) copies = 64;
-    static uint16_t *x; /* bf16 [8192, 8192], drawn once: the largest M·K of the bench */
-    if (!x) x = rand_bf16(8192 * 8192, 1.0);
+    static uint16_t *x; /* bf16 [max M, 8192], drawn once: the largest M·K of the bench */
+    int64_t max_m = 0;
+    for (int i = 0; i < n_m; i++) max_m = ms[i] > max_m ? ms[i] : max_m;
+    if (!x) x = rand_bf16(max_m * 8192, 1.0);
     uint8_t *w = sh->fp4 ? rand_fp4(wb) : rand_wcodes(wb, 0), *s = rand_e8m0(sb, -10, -4);
     uint8_t *dw, *ds;
     CU(cudaMalloc((void **)&dw, (size_t)(wstride * copies)));
@@ -406,6 +431,8 @@ static void bench_shape(const shape *sh, const int64_t *ms, int n_m) {
         uint16_t *dx = dup_dev(x, sizeof *x * (size_t)(M * K)), *dy = dev_poisoned(sizeof *dy * (size_t)(M * N));
         uint8_t *dxq = dev_poisoned((size_t)(M * K)), *dxs = dev_poisoned((size_t)(M * K / 32));
         RUN(di_cuda_act_quant_fp8(dx, M * K, 32, dxq, dxs, NULL, E));
+        g_scratch_bytes = di_cuda_qgemm_wgmma_scratch(M, N, K);
+        CU(cudaMalloc(&g_scratch, g_scratch_bytes ? g_scratch_bytes : 1));
         CU(cudaDeviceSynchronize());
         float t_gemm = time_variant(0, sh->fp4, M, K, N, dx, dxq, dxs, dw, ds, cp, dy);
         float t_slot = time_variant(1, sh->fp4, M, K, N, dx, dxq, dxs, dw, ds, cp, dy);
@@ -417,7 +444,7 @@ static void bench_shape(const shape *sh, const int64_t *ms, int n_m) {
                sh->fp4 ? "fp4" : "fp8", sh->name, (long long)M, (long long)N, (long long)K, t_gemm, flop / t_gemm * 1e-9,
                flop / t_gemm * 1e-9 / 1445 * 100, bytes / t_gemm * 1e-6, bytes / t_gemm * 1e-6 / 4470 * 100, t_slot, t_old);
         fflush(stdout);
-        cudaFree(dx), cudaFree(dy), cudaFree(dxq), cudaFree(dxs);
+        cudaFree(dx), cudaFree(dy), cudaFree(dxq), cudaFree(dxs), cudaFree(g_scratch);
     }
     free(w), free(s);
     cudaFree(dw), cudaFree(ds);
@@ -426,9 +453,11 @@ static void bench_shape(const shape *sh, const int64_t *ms, int n_m) {
 static void bench(void) {
     printf("# benchmark: median of 30 (CUDA events); gemm = wgmma GEMM on quantized codes, slot = act-quant + GEMM,\n"
            "# exact kernel = cuda_gemm.cu's slot; bytes = weights + scales + x bf16 + y bf16\n");
-    static const int64_t dense[] = {8192, 1, 8, 64}, expert[] = {8192, 128, 1, 8, 64};
+    static const int64_t dense[] = {8192, 1, 8, 64}, expert[] = {8192, 128, 1, 8, 64}, decode[] = {1, 8, 64};
+    const int decode_only = getenv("DI_BENCH_DECODE") != NULL; /* M = 1, 8, 64 only */
     for (int i = 0; i < NSHAPES; i++) {
-        if (SHAPES[i].fp4) bench_shape(&SHAPES[i], expert, 5); /* 128: one expert's share of 8192 tokens · 6 / 384 */
+        if (decode_only) bench_shape(&SHAPES[i], decode, 3);
+        else if (SHAPES[i].fp4) bench_shape(&SHAPES[i], expert, 5); /* 128: one expert's share of 8192 tokens · 6 / 384 */
         else bench_shape(&SHAPES[i], dense, 4);
     }
 }
@@ -462,6 +491,10 @@ int main(int argc, char **argv) {
         gemm_case("edge fp8", 0, 130, 160, 257, 0, 1, TOL_REAL, NULL, NULL, NULL);
         gemm_case("edge fp4", 1, 3, 64, 7, 0, 1, TOL_REAL, NULL, NULL, NULL);
         gemm_case("edge fp4", 1, 200, 224, 130, 0, 1, TOL_REAL, NULL, NULL, NULL);
+        /* decode-sized: K split over CTAs (ordered partial sums), last stage partial, N tail */
+        gemm_case("edge fp8 split-K", 0, 3, 1056, 300, 0, 1, TOL_REAL, NULL, NULL, NULL);
+        gemm_case("edge fp4 split-K", 1, 2, 1056, 130, 0, 0, TOL_REAL, NULL, NULL, NULL);
+        gemm_case("wq_a decode", 0, 16, 5120, 1280, 0, 0, TOL_REAL, NULL, NULL, NULL);
         for (int i = 0; i < NSHAPES; i++) {
             const shape *sh = &SHAPES[i];
             gemm_case(sh->name, sh->fp4, 1, sh->k, sh->n, 0, 0, TOL_REAL, NULL, NULL, NULL);

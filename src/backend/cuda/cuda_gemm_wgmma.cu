@@ -67,7 +67,9 @@ typedef struct gemm_params {
     CUtensorMap tb;  /* FP8 w [N, K]: same box; FP4 packed w [N, K/2]: box 64 B × 128 rows, no swizzle */
     const uint8_t *xs, *wsc; /* E8M0 [M, K/32]; [ceil(N/32), K/32] (FP8) or [N, K/32] (FP4) */
     int M, N, K, KB;
-    uint16_t *y;     /* bf16 [M, N] */
+    int split_stages; /* stages per CTA along K (gridDim.z CTAs share one tile's K range) */
+    uint16_t *y;      /* bf16 [M, N] (unsplit) */
+    float *part;      /* split: f32 [KB, M, N], each block's scaled partial (P_b·s_x)·s_w; else NULL */
 } gemm_params;
 
 /* ---------------- PTX wrappers ---------------- */
@@ -216,15 +218,16 @@ static __device__ __forceinline__ void fp4_rewrite(stage *st, int r) {
 }
 
 /* ---------------- producer (warpgroup 0) ---------------- */
-static __device__ __forceinline__ void produce(const gemm_params *p, bool fp4, stage *stages, int m0, int n0, int NT) {
+/* stages t0 .. t1−1 of the tile's K range (the whole range unless split) */
+static __device__ __forceinline__ void produce(const gemm_params *p, bool fp4, stage *stages, int m0, int n0, int t0, int t1) {
     const int tid = threadIdx.x, lane = tid & 31;
-    stage_scales cur = scales_load(p, fp4, 0, m0, n0, tid);
-    for (int t = 0; t < NT; t++) {
-        const int s = t % STAGES;
-        const uint32_t ph = (uint32_t)(t / STAGES) & 1u;
+    stage_scales cur = scales_load(p, fp4, t0, m0, n0, tid);
+    for (int t = t0; t < t1; t++) {
+        const int s = (t - t0) % STAGES;
+        const uint32_t ph = (uint32_t)((t - t0) / STAGES) & 1u;
         stage *st = &stages[s];
         stage_scales nxt = cur;
-        if (t + 1 < NT) nxt = scales_load(p, fp4, t + 1, m0, n0, tid);
+        if (t + 1 < t1) nxt = scales_load(p, fp4, t + 1, m0, n0, tid);
         mbar_wait(&st->empty, ph ^ 1u); /* the consumers are done with this slot's previous stage */
         if (fp4 && tid == 0) {
             mbar_arrive_tx(&st->packed_full, TN * ROWB / 2);
@@ -293,15 +296,44 @@ static __device__ __forceinline__ void promote(float *acc, const float *p, const
     }
 }
 
-static __device__ __forceinline__ void consume(const gemm_params *p, bool fp4, stage *stages, int m0, int n0, int NT) {
+/* Split K: store block kb's scaled partials (P·s_x)·s_w — the exact f32 term the CPU adds — for the
+ * rows < M; the ordered sum happens in split_sum_kernel. */
+static __device__ __forceinline__ void store_partials(const gemm_params *p, const float *P, const stage *st, int kb, int kbg,
+                                                      bool fp4, int r0, int m0, int n0) {
+    const int q = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = m0 + r0 + 8 * h;
+        if (r >= p->M) continue;
+        const float sx = st->sx[kb][r0 + 8 * h];
+        float *dst = p->part + ((int64_t)kbg * p->M + r) * p->N;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int cl = 8 * j + 2 * q, c = n0 + cl;
+            const float swa = fp4 ? st->sw[kb][cl] : st->sw[kb][cl / QB], swb = fp4 ? st->sw[kb][cl + 1] : swa;
+            const float v0 = __fmul_rn(__fmul_rn(P[4 * j + 2 * h], sx), swa);
+            const float v1 = __fmul_rn(__fmul_rn(P[4 * j + 2 * h + 1], sx), swb);
+            if ((p->N & 1) == 0 && c + 1 < p->N) {
+                *(float2 *)(dst + c) = make_float2(v0, v1);
+            } else {
+                if (c < p->N) dst[c] = v0;
+                if (c + 1 < p->N) dst[c + 1] = v1;
+            }
+        }
+    }
+}
+
+static __device__ __forceinline__ void consume(const gemm_params *p, bool fp4, stage *stages, int m0, int n0, int t0, int t1) {
     const int cw = (threadIdx.x >> 7) - 1, wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
     const int r0 = cw * 64 + (wtid >> 5) * 16 + (lane >> 2); /* this thread's first tile row */
     float acc[64], part[64]; /* f32 running sums; one block's partials (fragment layout of mma_block) */
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    for (int t = 0; t < NT; t++) {
-        stage *st = &stages[t % STAGES];
-        mbar_wait(&st->full, (uint32_t)(t / STAGES) & 1u);
+    /* a warp whose 16 rows all lie past M has nothing to store in split mode, but it still takes part in
+     * the warpgroup's wgmma (.aligned) */
+    for (int t = t0; t < t1; t++) {
+        stage *st = &stages[(t - t0) % STAGES];
+        mbar_wait(&st->full, (uint32_t)((t - t0) / STAGES) & 1u);
         const int4 u = *(const int4 *)st->unsafe;
         const int unsafe = u.x | u.y | u.z | u.w, nkb = min(TKB, p->KB - t * TKB);
         const uint32_t a = smem_u32(st->a) + cw * 64 * ROWB, b = smem_u32(st->b);
@@ -312,10 +344,12 @@ static __device__ __forceinline__ void consume(const gemm_params *p, bool fp4, s
             mma_block(part, desc_sw128(a + kb * QB), desc_sw128(b + kb * QB));
             mma_commit();
             mma_wait0(part);
-            promote(acc, part, st, kb, fp4, unsafe, r0);
+            if (p->part) store_partials(p, part, st, kb, t * TKB + kb, fp4, r0, m0, n0);
+            else promote(acc, part, st, kb, fp4, unsafe, r0);
         }
         mbar_arrive(&st->empty);
     }
+    if (p->part) return;
 
     const bool pairs = (p->N & 1) == 0; /* two bf16 per 32-bit store when rows stay 4-byte aligned */
 #pragma unroll
@@ -342,6 +376,7 @@ static __device__ __forceinline__ void qgemm_body(const gemm_params *p, bool fp4
     /* keep a shared-space derivation (no integer round trip) so the compiler emits LDS/STS */
     stage *stages = (stage *)(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
     const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TN, NT = (p->KB + TKB - 1) / TKB;
+    const int t0 = blockIdx.z * p->split_stages, t1 = min(NT, t0 + p->split_stages);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&stages[s].full, 128);
@@ -353,14 +388,39 @@ static __device__ __forceinline__ void qgemm_body(const gemm_params *p, bool fp4
     __syncthreads();
     /* No setmaxnreg: the whole kernel fits the 168 registers a 384-thread CTA gets, and an increase the
      * CTA's pool cannot cover would block forever. */
-    if (threadIdx.x < 128) produce(p, fp4, stages, m0, n0, NT);
-    else consume(p, fp4, stages, m0, n0, NT);
+    if (threadIdx.x < 128) produce(p, fp4, stages, m0, n0, t0, t1);
+    else consume(p, fp4, stages, m0, n0, t0, t1);
 }
 
 __global__ void __launch_bounds__(THREADS, 1) qgemm_fp8_kernel(const __grid_constant__ gemm_params p) { qgemm_body(&p, false); }
 __global__ void __launch_bounds__(THREADS, 1) qgemm_fp4_kernel(const __grid_constant__ gemm_params p) { qgemm_body(&p, true); }
 
+/* Split K, second pass: y = bf16(Σ_b part[b]) in ascending b, one thread per output — the f32 sequence
+ * of the unsplit promotion (fma(P, s, acc) = acc + p exactly, file comment), hence the same bits. */
+__global__ void __launch_bounds__(256) split_sum_kernel(const float *part, int64_t MN, int KB, uint16_t *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= MN) return;
+    float acc = 0.0f;
+    for (int b = 0; b < KB; b++) acc = __fadd_rn(acc, part[(int64_t)b * MN + i]);
+    y[i] = d_to_bf16(acc);
+}
+
 /* ---------------- host side ---------------- */
+/* How many CTAs share one tile's K range. Decode-sized calls leave most of the 132 SMs idle with one CTA
+ * per 128 × 128 tile and a serial chain of K blocks in each; splitting K over ~2 waves of CTAs fixes
+ * that at the price of f32 partials [KB, M, N] through L2/HBM (4·M bytes per weight block column: worth
+ * it up to M = 16). */
+static int split_count(int64_t m, int64_t n, int64_t k) {
+    const int64_t tiles = ((n + TN - 1) / TN) * ((m + TM - 1) / TM), nt = (k / QB + TKB - 1) / TKB;
+    if (m > 16 || tiles >= 132 || nt < 4) return 1;
+    int64_t s = (264 + tiles - 1) / tiles;
+    if (s > nt / 2) s = nt / 2;
+    return (int)s;
+}
+static size_t split_bytes(int64_t m, int64_t n, int64_t k) {
+    return split_count(m, n, k) > 1 ? sizeof(float) * (size_t)(k / QB) * (size_t)m * (size_t)n : 0;
+}
+
 /* A 2-D uint8 tensor map over rows × row_bytes (row-major), box box_cols bytes × 128 rows. */
 static int make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t row_bytes, uint32_t box_cols, int swizzle,
                     const char *op, di_error *err) {
@@ -384,8 +444,11 @@ static int make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t ro
     return DI_OK;
 }
 
+extern "C" size_t di_cuda_qgemm_wgmma_scratch(int64_t m, int64_t n, int64_t k) { return split_bytes(m, n, k); }
+
 extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
-                                   const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *stream, di_error *err) {
+                                   const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                                   void *stream, di_error *err) {
     const char *op = fp4 ? "qgemm_wgmma fp4" : "qgemm_wgmma fp8";
     if (m < 0 || n < 0 || k <= 0 || k % QB || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX ||
         (m + TM - 1) / TM > 65535)
@@ -407,8 +470,17 @@ extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t
     if (!rc) rc = fp4 ? make_map(&p.tb, w, n, k / 2, ROWB / 2, 0, op, err) : make_map(&p.tb, w, n, k, ROWB, 1, op, err);
     if (rc) return rc;
     p.xs = xs, p.wsc = ws, p.M = (int)m, p.N = (int)n, p.K = (int)k, p.KB = (int)(k / QB), p.y = y;
-    dim3 grid(di_cuda_blocks(n, TN), di_cuda_blocks(m, TM));
+    const int nt = (p.KB + TKB - 1) / TKB;
+    int splits = split_count(m, n, k);
+    if (splits > 1 && (!scratch || scratch_bytes < split_bytes(m, n, k) || (uintptr_t)scratch % 8)) splits = 1;
+    p.split_stages = (nt + splits - 1) / splits;
+    splits = (nt + p.split_stages - 1) / p.split_stages; /* no CTA without a stage */
+    p.part = splits > 1 ? (float *)scratch : NULL;
+    dim3 grid(di_cuda_blocks(n, TN), di_cuda_blocks(m, TM), (unsigned)splits);
     kern<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)stream>>>(p);
+    rc = di_cuda_launched(op, err);
+    if (rc || splits == 1) return rc;
+    split_sum_kernel<<<di_cuda_blocks(m * n, 256), 256, 0, (cudaStream_t)stream>>>(p.part, m * n, p.KB, y);
     return di_cuda_launched(op, err);
 }
 
@@ -420,14 +492,15 @@ static int qlinear_wgmma(const di_backend *be, int fp4, const uint16_t *x, int64
                             op, (long long)k, QB, (long long)m, (long long)n);
     if (m == 0 || n == 0) return DI_OK;
     void *wsp;
-    size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
-    int rc = di_cuda_workspace(be, codes + scales, &wsp, err);
+    const size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = ((size_t)(m * (k / QB)) + 15) & ~(size_t)15;
+    const size_t part = split_bytes(m, n, k);
+    int rc = di_cuda_workspace(be, codes + scales + part, &wsp, err);
     if (rc) return rc;
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
-    return di_cuda_qgemm_wgmma(xq, xs, m, k, w, wsc, fp4, n, y, st, err);
+    return di_cuda_qgemm_wgmma(xq, xs, m, k, w, wsc, fp4, n, y, xs + scales, part, st, err);
 }
 
 extern "C" int di_cuda_linear_fp8_wgmma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,

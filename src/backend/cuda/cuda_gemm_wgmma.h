@@ -25,9 +25,13 @@ int di_cuda_linear_fp4_wgmma(const di_backend *be, const uint16_t *x, int64_t m,
 
 /* The GEMM alone, on already quantized activations (what a fused quantizer or an expert dispatcher
  * hands over): xq e4m3 [m, k], xs E8M0 [m, k/32]; weights as above (fp4 selects the format);
- * y bf16 [m, n]. stream: a cudaStream_t. */
+ * y bf16 [m, n]. stream: a cudaStream_t. scratch: device memory, 8-byte aligned, of at least
+ * di_cuda_qgemm_wgmma_scratch(m, n, k) bytes, used by decode-sized calls to split K over more CTAs
+ * (same bits either way); with less (or NULL) the call runs unsplit. */
+size_t di_cuda_qgemm_wgmma_scratch(int64_t m, int64_t n, int64_t k);
 int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
-                        const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *stream, di_error *err);
+                        const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                        void *stream, di_error *err);
 
 /* Test hook: the raw f32 result of ONE wgmma k = 32 step with a zero accumulator, the quantity the GEMM
  * scales and accumulates per K block. a e4m3 [64, 32], b e4m3 [128, 32], d f32 [64, 128] with
