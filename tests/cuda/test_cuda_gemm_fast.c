@@ -14,7 +14,7 @@
  * 3. Batch invariance: rows computed with M = 1 and M = 5 equal the same rows of a large-M call bit for bit.
  *
  * Tolerance: see TOL_REAL below (the measurement behind it is in bench/NOTES-gpu.md).
- * Usage: test_cuda_gemm_fast [--bench | --bench-only | --bench-noblock | --block-only]
+ * Usage: test_cuda_gemm_fast [--bench | --bench-only | --bench-noblock | --block-only | --graph-decode]
  *   (exit status 1 on any failure; DI_SEED=n draws other inputs; DI_DUMP_DIR=dir keeps the block data) */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -462,6 +462,75 @@ static void bench(void) {
     }
 }
 
+/* Decode timing without the host's per-call cost: `copies` calls on distinct weight copies (>= 256 MB
+ * in all, so each reads HBM) captured in one CUDA graph; time per call = replay time / copies. Weights are
+ * random non-NaN e4m3 codes / FP4 bytes (their values do not change the work). */
+static void graph_decode(void) {
+    static const int idx[] = {0, 4, 8};
+    static const int64_t ms[] = {1, 8};
+    cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
+    printf("# graph-timed decode: median of 5 replays of a graph of `copies` calls, per call\n");
+    for (int si = 0; si < 3; si++) {
+        const shape *sh = &SHAPES[idx[si]];
+        const int64_t K = sh->k, N = sh->n, wb = wbytes_of(sh->fp4, N, K), sb = sbytes_of(sh->fp4, N, K);
+        const int64_t wstride = (wb + 255) & ~255ll, sstride = (sb + 255) & ~255ll;
+        int copies = (int)((256ll << 20) / (wstride + sstride));
+        if (copies > 64) copies = 64;
+        uint8_t *w = xmalloc((size_t)wb), *s = rand_e8m0(sb, -10, -4), *dw, *ds;
+        for (int64_t i = 0; i < wb; i++) w[i] = sh->fp4 ? (uint8_t)rnd() : rand_code();
+        CU(cudaMalloc((void **)&dw, (size_t)(wstride * copies)));
+        CU(cudaMalloc((void **)&ds, (size_t)(sstride * copies)));
+        for (int c = 0; c < copies; c++) {
+            CU(cudaMemcpy(dw + c * wstride, w, (size_t)wb, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(ds + c * sstride, s, (size_t)sb, cudaMemcpyHostToDevice));
+        }
+        for (int mi = 0; mi < 2; mi++) {
+            const int64_t M = ms[mi];
+            uint16_t *x = rand_bf16(M * K, 1.0), *dx = dup_dev(x, sizeof *x * (size_t)(M * K));
+            uint16_t *dy = dev_poisoned(sizeof *dy * (size_t)(M * N));
+            for (int slot = 0; slot < 2; slot++) { /* 0: GEMM on codes, 1: the slot (act-quant + GEMM) */
+                uint8_t *dxq = dev_poisoned((size_t)(M * K)), *dxs = dev_poisoned((size_t)(M * K / 32));
+                size_t scr = di_cuda_qgemm_wgmma_scratch(M, N, K);
+                void *dscr;
+                CU(cudaMalloc(&dscr, scr ? scr : 1));
+                RUN(di_cuda_act_quant_fp8(dx, M * K, 32, dxq, dxs, st, E));
+#define ONE_CALL(c)                                                                                                    \
+    (slot ? (sh->fp4 ? di_cuda_linear_fp4_wgmma : di_cuda_linear_fp8_wgmma)(gpu, dx, M, K, dw + (c) * wstride,         \
+                                                                             ds + (c) * sstride, N, dy, E)             \
+          : di_cuda_qgemm_wgmma(dxq, dxs, M, K, dw + (c) * wstride, ds + (c) * sstride, sh->fp4, N, dy, dscr, scr, st, E))
+                RUN(ONE_CALL(0)); /* eager first: workspace growth and attributes stay out of the capture */
+                RUN(di_backend_cuda_sync(gpu, E));
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                for (int c = 0; c < copies; c++) RUN(ONE_CALL(c));
+                CU(cudaStreamEndCapture(st, &graph));
+                CU(cudaGraphInstantiate(&exec, graph, 0));
+                CU(cudaGraphLaunch(exec, st));
+                float t[5];
+                for (int r = 0; r < 5; r++) {
+                    CU(cudaEventRecord(ev0, st));
+                    CU(cudaGraphLaunch(exec, st));
+                    CU(cudaEventRecord(ev1, st));
+                    CU(cudaEventSynchronize(ev1));
+                    CU(cudaEventElapsedTime(&t[r], ev0, ev1));
+                }
+                qsort(t, 5, sizeof t[0], cmp_float);
+                const double ms_call = t[2] / copies, bytes = (double)(wb + sb) + (double)M * K * 2 + (double)M * N * 2;
+                printf("GRAPH %-3s %-13s M%-3lld N%-6lld K%-5lld %-4s %8.4f ms/call %6.0f GB/s (%4.1f%% of 4470)  [%d calls]\n",
+                       sh->fp4 ? "fp4" : "fp8", sh->name, (long long)M, (long long)N, (long long)K, slot ? "slot" : "gemm",
+                       ms_call, bytes / ms_call * 1e-6, bytes / ms_call * 1e-6 / 4470 * 100, copies);
+#undef ONE_CALL
+                CU(cudaGraphExecDestroy(exec));
+                CU(cudaGraphDestroy(graph));
+                cudaFree(dxq), cudaFree(dxs), cudaFree(dscr);
+            }
+            free(x), cudaFree(dx), cudaFree(dy);
+        }
+        free(w), free(s), cudaFree(dw), cudaFree(ds);
+    }
+}
+
 int main(int argc, char **argv) {
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const char *seed = getenv("DI_SEED");
@@ -481,7 +550,9 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* partial logs survive a timeout */
     const char *mode = argc > 1 ? argv[1] : "";
     int only_bench = !strcmp(mode, "--bench-only");
-    if (!strcmp(mode, "--block-only")) {
+    if (!strcmp(mode, "--graph-decode")) {
+        graph_decode();
+    } else if (!strcmp(mode, "--block-only")) {
         test_block_dot();
     } else if (!only_bench) {
         if (strcmp(mode, "--bench-noblock")) test_block_dot();
