@@ -32,7 +32,15 @@
  * and all 128 threads load the stage's scales (one stage ahead, from registers) and, for FP4, rewrite the
  * packed weights TMA landed as swizzled e4m3. Warpgroups 1 and 2 consume rows 0–63 and 64–127: per K
  * block one wgmma, wait, promote; while one promotes on the CUDA cores the other's wgmma runs.
- * Stages hand over through mbarriers (full: producer → consumers, empty: back). */
+ * Stages hand over through mbarriers (full: producer → consumers, empty: back).
+ *
+ * Decode-sized calls (M ≤ 16 with fewer tiles than SMs) split K over more CTAs: each stores its blocks'
+ * exact terms (P_b·s_x)·s_w into an f32 scratch [KB, M, N] and split_sum_kernel adds them in ascending K
+ * — the unsplit f32 sequence, so both paths give the same bits.
+ *
+ * Speed on an H200 (bench/NOTES-gpu.md): ~340–455 TFLOP/s FP8 and ~240–255 FP4 at M = 8192 (24–32 % of
+ * the 1,445 TFLOP/s FP8 peak; the per-32 promotion serializes wgmma latency with CUDA-core work in each
+ * consumer), 0.2–1.1 TB/s at decode (latency-bound serial block chains). */
 #include <cuda.h>         /* CUtensorMap and its enums; the encoder is fetched at run time (no -lcuda) */
 #include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 
