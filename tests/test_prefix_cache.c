@@ -1,5 +1,8 @@
 /* Prefix cache with SWA bounded replay (engine/prefix_cache.h) on the golden tiny checkpoints
- * (W = 16, spec margin 8: keep = 24; block 16 tokens):
+ * (W = 16, default margin 8: keep = 24; block 16 tokens):
+ *  - the default keep is W + di_cache_default_margin(cfg): 140 on the released config
+ *    (tests/data/v41-flash-config, no weights), the golden tiny configs' own value, and what the
+ *    sessions and the session runner's prefix cache use;
  *  - a hit restores the compressed KV / index keys byte-identical to the sequence that stored them
  *    (the replay never overwrites them), and the window below the replay start is unreadable;
  *  - replaying the same hit twice gives bit-identical logits and cache images;
@@ -9,11 +12,15 @@
  *    reported next to the golden noise floors and next to the error of plain chunking (bounded loosely
  *    so a broken restore still fails);
  *  - eviction under a small budget (LRU leaves, pinned paths never evicted) and refcounts;
+ *  - the engine's claims: bytes counted and pinned up front, a full budget of pinned claims rejects,
+ *    an unfilled claim settles dead (never matched or extended) and is evicted first;
  *  - the mkmodel tiny preset (real 129,280-token vocabulary) with the default 64-token blocks: the
  *    hit's compressed prefix byte-identical, the continuation's error reported;
- *  - the cached session runner (engine/api_runner.h) with the prefix cache on: the second request with
- *    the same prompt is served from the first one's blocks — hit and replay counted, its logits those
- *    of a restore + forward of the rest;
+ *  - the cached session runner (engine/api_runner.h) with the prefix cache on: blocks claimed and
+ *    filled from the first request's live session (prefix_fill), the second request's piece from the
+ *    replay start restores them — hit and replay counted, its logits those of a restore + forward of
+ *    the rest; a hit whose blocks were never filled is computed instead (logits of a plain prefill
+ *    split at P, bit for bit);
  *  - bad input fails cleanly.
  * di-test: asan */
 #include <jansson.h>
@@ -154,7 +161,7 @@ static void run_replay_case(const char *dir) {
     /* the hit: every whole block that leaves a token to run */
     di_session *b = new_session(&g);
     int64_t keep = di_prefix_cache_keep(pc, b);
-    assert_int_equal(keep, g.m->cfg.sliding_window + DI_CACHE_SPEC_MARGIN_DEFAULT);
+    assert_int_equal(keep, di_prefix_default_keep(&g.m->cfg));
     di_prefix_hit hit;
     assert_int_equal(di_prefix_cache_match(pc, g.prompt, T, keep, &hit, &err), DI_OK);
     int64_t P = (T - 1) / BLOCK * BLOCK, r = P - keep;
@@ -358,11 +365,146 @@ static void test_eviction_refcounts(void **st) {
     close_gcase(&g);
 }
 
-static void run_piece(di_model_runner *it, int64_t id, const int32_t *ids, int64_t pos0, int32_t n, float *logits) {
+static void test_default_keep(void **st) {
+    di_config *cfg = malloc(sizeof *cfg);
+    assert_non_null(cfg);
     di_error err = {0};
-    di_step_seq sq = {.req_id = id, .pos0 = pos0, .n_tokens = n, .tokens = ids + pos0, .logits_row = 0};
+    assert_int_equal(di_config_load(tu_data("v41-flash-config"), cfg, &err), DI_OK);
+    int64_t flash = di_prefix_default_keep(cfg);
+    assert_int_equal(cfg->sliding_window, 128);
+    assert_int_equal(flash, 140); /* DeepInfer's documented default (deepinfer-features §11) */
+    assert_int_equal(flash, cfg->sliding_window + di_cache_default_margin(cfg));
+    /* a released-config cache made as the sessions make theirs (margin −1: the config's default)
+     * replays the same 140: what di_session_replay_keep gives the runner's prefix cache */
+    di_cache *fc;
+    di_cache_opts fo = {.max_tokens = 512, .spec_margin = -1};
+    assert_int_equal(di_cache_create(cfg, &fo, &fc, &err), DI_OK);
+    assert_int_equal(fc->window + fc->spec_margin, 140);
+    const int falign = di_cache_prefix_align(fc);
+    const int64_t fstart = di_prefix_replay_start(1024, flash, falign);
+    assert_int_equal(fstart % falign, 0);
+    assert_true(1024 - fstart >= flash && 1024 - fstart < flash + falign);
+    di_cache_destroy(fc);
+    free(cfg);
+
+    gcase g;
+    open_gcase(tu_data("v41-tiny-nosel"), &g);
+    int64_t tiny = di_prefix_default_keep(&g.m->cfg);
+    assert_int_equal(tiny, g.m->cfg.sliding_window + di_cache_default_margin(&g.m->cfg));
+    di_session *s = new_session(&g); /* spec_margin −1: the config's default */
+    assert_int_equal(di_session_replay_keep(s), tiny);
+    di_prefix_cache *pc;
+    di_prefix_cache_opts po = {.block_tokens = BLOCK, .budget_bytes = 1 << 20}; /* keep 0: the session's */
+    assert_int_equal(di_prefix_cache_create(&po, &pc, &err), DI_OK);
+    assert_int_equal(di_prefix_cache_keep(pc, s), tiny);
+    di_prefix_cache_destroy(pc);
+    di_session_runner *sr;
+    di_model_runner it;
+    assert_int_equal(di_session_runner_new(g.m, g.be, 64, BLOCK, 8, &sr, &it, &err), DI_OK);
+    assert_null(it.prefix);
+    assert_int_equal(di_session_runner_enable_prefix(sr, &it, BLOCK, 1 << 20, &err), DI_OK);
+    assert_ptr_equal(it.prefix, sr->prefix);
+    assert_int_equal(di_prefix_cache_keep(it.prefix, NULL), tiny); /* what the scheduler budgets with */
+    assert_int_equal(di_prefix_cache_align(it.prefix), di_cache_prefix_align(s->cache));
+    tu_report("default replay keep: released config %lld (W %d + margin %d; align %d: a 1024-token hit replays "
+              "[%lld, 1024)), golden tiny %lld (W %d + margin %d)",
+              (long long)flash, 128, (int)(flash - 128), falign, (long long)fstart, (long long)tiny,
+              g.m->cfg.sliding_window, (int)(tiny - g.m->cfg.sliding_window));
+    di_session_runner_free(sr);
+    di_session_destroy(s);
+    close_gcase(&g);
+}
+
+/* The engine's path, tree side only (no model): claims count their bytes up front and are pinned;
+ * a full budget of pinned claims rejects the next; a settled claim that was never filled is dead —
+ * matches and claims stop there — and goes first when room is needed. */
+static void test_claim_settle(void **st) {
+    di_error err = {0};
+    int32_t ids[4 * BLOCK];
+    for (int i = 0; i < 4 * BLOCK; i++) ids[i] = 7 * i + 1;
+    di_prefix_cache *pc;
+    di_prefix_cache_opts po = {.block_tokens = BLOCK, .budget_bytes = 2000, .keep = 4, .align = 4, .block_bytes = 1000};
+    assert_int_equal(di_prefix_cache_create(&po, &pc, &err), DI_OK);
+    di_prefix_node *a, *b, *c;
+    int created;
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, ids, &a, &created, &err), DI_OK);
+    assert_true(a && created);
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, ids, &c, &created, &err), DI_OK); /* the same block again */
+    assert_ptr_equal(c, a);
+    assert_false(created);
+    di_prefix_cache_unpin(c);
+    assert_int_equal(di_prefix_cache_claim(pc, a, ids + BLOCK, &b, &created, &err), DI_OK);
+    assert_true(b && created);
+    assert_int_equal(di_prefix_cache_claim(pc, b, ids + 2 * BLOCK, &c, &created, &err), DI_OK);
+    assert_null(c); /* 2000 bytes of pinned claims: no room */
+    di_prefix_stats ps;
+    di_prefix_cache_stats(pc, &ps);
+    assert_int_equal(ps.bytes, 2000);
+    assert_int_equal(ps.rejected, 1);
+    /* pending nodes are matched (the engine fills them before any restore reads them) */
+    di_prefix_hit hit;
+    assert_int_equal(di_prefix_cache_match(pc, ids, 4 * BLOCK, 4, &hit, &err), DI_OK);
+    assert_int_equal(hit.tokens, 2 * BLOCK);
+    assert_false(di_prefix_hit_ready(&hit));
+    di_prefix_cache_release(pc, &hit);
+    /* no runner filled them: settling marks both dead */
+    di_prefix_cache_settle(pc, a);
+    di_prefix_cache_settle(pc, b);
+    di_prefix_cache_stats(pc, &ps);
+    assert_int_equal(ps.dead, 2);
+    assert_int_equal(di_prefix_cache_match(pc, ids, 4 * BLOCK, 0, &hit, &err), DI_OK);
+    assert_int_equal(hit.matched, 0); /* the root's child is dead */
+    assert_int_equal(di_prefix_cache_claim(pc, a, ids + BLOCK, &c, &created, &err), DI_OK);
+    assert_null(c); /* no claim below a dead node */
+    /* room is made from the dead leaves first: a new path fits */
+    int32_t other[BLOCK];
+    for (int i = 0; i < BLOCK; i++) other[i] = 5000 + i;
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, other, &c, &created, &err), DI_OK);
+    assert_true(c && created);
+    di_prefix_cache_stats(pc, &ps);
+    assert_int_equal(ps.evictions, 1);
+    assert_int_equal(ps.bytes, 2000);
+    di_prefix_cache_settle(pc, c);
+    /* bad options */
+    di_prefix_cache *bad;
+    di_prefix_cache_opts bo = {.block_tokens = 6, .budget_bytes = 1, .align = 4};
+    assert_int_equal(di_prefix_cache_create(&bo, &bad, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "align"));
+    di_prefix_cache_opts nb = {.block_tokens = BLOCK, .budget_bytes = 1 << 20};
+    assert_int_equal(di_prefix_cache_create(&nb, &bad, &err), DI_OK);
+    assert_int_equal(di_prefix_cache_claim(bad, NULL, ids, &c, &created, &err), DI_ERR_INVALID); /* no block_bytes */
+    di_prefix_cache_destroy(bad);
+    tu_report("claims: 2 pinned blocks fill a 2-block budget (1 rejected); unfilled claims settle dead (%lld) and "
+              "are evicted first (%lld)", (long long)ps.dead, (long long)ps.evictions);
+    di_prefix_cache_destroy(pc);
+}
+
+static void run_piece(di_model_runner *it, int64_t id, const int32_t *ids, int64_t pos0, int32_t n,
+                      const di_prefix_hit *hit, float *logits) {
+    di_error err = {0};
+    di_step_seq sq = {.req_id = id, .pos0 = pos0, .n_tokens = n, .tokens = ids + pos0, .logits_row = 0,
+                      .restore = hit, .restore_ids = hit ? ids : NULL};
     di_step_batch b = {.step = 1, .n_seqs = 1, .seqs = &sq, .n_tokens = n, .n_logits_rows = 1};
-    assert_int_equal(it->forward(it->ctx, &b, logits, &err), DI_OK);
+    if (it->forward(it->ctx, &b, logits, &err)) fail_msg("%s", err.msg);
+}
+
+/* Claims the whole blocks of ids[0..n) on one path (as the scheduler does); fill: have the runner
+ * write them from request id's session. */
+static void claim_blocks(di_model_runner *it, int64_t id, const int32_t *ids, int64_t n, bool fill) {
+    di_error err = {0};
+    di_prefix_node *parent = NULL, *n_[64];
+    di_step_fill f[64];
+    int nf = 0;
+    for (int64_t t0 = 0; t0 + BLOCK <= n; t0 += BLOCK) {
+        int created;
+        assert_int_equal(di_prefix_cache_claim(it->prefix, parent, ids + t0, &n_[nf], &created, &err), DI_OK);
+        assert_non_null(n_[nf]);
+        assert_true(created);
+        f[nf] = (di_step_fill){.req_id = id, .t0 = t0, .node = n_[nf]};
+        parent = n_[nf++];
+    }
+    if (fill) it->prefix_fill(it->ctx, f, nf);
+    for (int i = 0; i < nf; i++) di_prefix_cache_settle(it->prefix, n_[i]);
 }
 
 static void test_runner_prefix(void **st) {
@@ -377,30 +519,26 @@ static void test_runner_prefix(void **st) {
     di_model_runner it;
     assert_int_equal(di_session_runner_new(g.m, g.be, T + 8, BLOCK, 64, &sr, &it, &err), DI_OK);
     assert_int_equal(di_session_runner_cache_hit(sr, 1), -1); /* off */
-    assert_int_equal(di_session_runner_enable_prefix(sr, BLOCK, 1 << 24, &err), DI_OK);
-    run_piece(&it, 1, g.prompt, 0, (int32_t)T, l1);
+    assert_int_equal(di_session_runner_enable_prefix(sr, &it, BLOCK, 1 << 24, &err), DI_OK);
+    run_piece(&it, 1, g.prompt, 0, (int32_t)T, NULL, l1);
     assert_int_equal(di_session_runner_cache_hit(sr, 1), 0);
+    int64_t P = (T - 1) / BLOCK * BLOCK, keep = di_prefix_cache_keep(it.prefix, NULL);
+    claim_blocks(&it, 1, g.prompt, T, true);
+    assert_int_equal(sr->n_filled, T / BLOCK);
     it.release(it.ctx, 1);
-    run_piece(&it, 2, g.prompt, 0, (int32_t)T, l2);
-    int64_t P = (T - 1) / BLOCK * BLOCK, keep = g.m->cfg.sliding_window + DI_CACHE_SPEC_MARGIN_DEFAULT;
+
+    di_prefix_hit hit;
+    assert_int_equal(di_prefix_cache_match(it.prefix, g.prompt, T, keep, &hit, &err), DI_OK);
+    assert_int_equal(hit.tokens, P);
+    assert_true(di_prefix_hit_ready(&hit));
+    int64_t r = di_prefix_replay_start(P, keep, di_prefix_cache_align(it.prefix));
+    run_piece(&it, 2, g.prompt, r, (int32_t)(T - r), &hit, l2);
+    di_prefix_cache_release(it.prefix, &hit);
     assert_int_equal(di_session_runner_cache_hit(sr, 2), P);
     assert_int_equal(sr->n_hit_tokens, P);
-    assert_int_equal(sr->n_replayed, keep);
-    assert_int_equal(sr->n_positions, T + keep + (T - P));
+    assert_int_equal(sr->n_replayed, P - r);
+    assert_int_equal(sr->n_positions, T + (T - r)); /* the second piece's own size */
     it.release(it.ctx, 2);
-    /* a chunked prefill of the same prompt (pieces of 64 and 36): the first piece restores at 48
-     * (its own end cuts the match), the second goes deeper, to P, with a second replay */
-    float *l3 = malloc(sizeof(float) * (size_t)V);
-    assert_non_null(l3);
-    run_piece(&it, 3, g.prompt, 0, 64, l3);
-    assert_int_equal(di_session_runner_cache_hit(sr, 3), 48);
-    run_piece(&it, 3, g.prompt, 64, (int32_t)(T - 64), l3);
-    assert_int_equal(di_session_runner_cache_hit(sr, 3), P);
-    assert_int_equal(sr->n_replayed, 3 * keep);
-    assert_int_equal(sr->n_positions, T + keep + (T - P) + (keep + 64 - 48) + (keep + T - P));
-    assert_memory_equal(l3, l2, sizeof(float) * (size_t)V); /* the same restore at P, the same rest */
-    it.release(it.ctx, 3);
-    free(l3);
 
     /* the same through the session API: restore from the first run's spans, run the rest */
     di_session *a = new_session(&g), *b = new_session(&g);
@@ -412,14 +550,51 @@ static void test_runner_prefix(void **st) {
     assert_int_equal(di_session_prefix_restore(b, g.prompt, -1, &sp, &P, 1, NULL, NULL, &err), DI_OK);
     assert_int_equal(di_session_forward(b, g.prompt + P, T - P, false, ref, NULL, &err), DI_OK);
     assert_memory_equal(ref, l2, sizeof(float) * (size_t)V);
+
+    /* blocks claimed but never filled (their request failed): a hit through them is computed, exactly
+     * the plain prefill split at P, and the settled nodes are dead: never matched again */
+    int32_t *other = malloc(sizeof(int32_t) * (size_t)T);
+    assert_non_null(other);
+    for (int64_t i = 0; i < T; i++) other[i] = g.prompt[i] ^ 3;
+    assert_int_equal(di_prefix_cache_match(it.prefix, other, T, keep, &hit, &err), DI_OK);
+    assert_int_equal(hit.tokens, 0);
+    di_prefix_node *parent = NULL, *nodes[16];
+    int nn = 0;
+    for (int64_t t0 = 0; t0 + BLOCK <= T; t0 += BLOCK) {
+        int created;
+        assert_int_equal(di_prefix_cache_claim(it.prefix, parent, other + t0, &nodes[nn], &created, &err), DI_OK);
+        parent = nodes[nn++];
+    }
+    assert_int_equal(di_prefix_cache_match(it.prefix, other, T, keep, &hit, &err), DI_OK);
+    assert_int_equal(hit.tokens, P);
+    assert_false(di_prefix_hit_ready(&hit));
+    float *l3 = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(l3);
+    int64_t pos_before = sr->n_positions;
+    run_piece(&it, 3, other, r, (int32_t)(T - r), &hit, l3);
+    di_prefix_cache_release(it.prefix, &hit);
+    assert_int_equal(di_session_runner_cache_hit(sr, 3), 0); /* nothing was served */
+    assert_int_equal(sr->n_positions - pos_before, T);
+    it.release(it.ctx, 3);
+    di_session *c = new_session(&g);
+    assert_int_equal(di_session_forward(c, other, P, false, NULL, NULL, &err), DI_OK);
+    assert_int_equal(di_session_forward(c, other + P, T - P, false, ref, NULL, &err), DI_OK);
+    assert_memory_equal(ref, l3, sizeof(float) * (size_t)V);
+    for (int i = 0; i < nn; i++) di_prefix_cache_settle(it.prefix, nodes[i]);
+    assert_int_equal(di_prefix_cache_match(it.prefix, other, T, keep, &hit, &err), DI_OK);
+    assert_int_equal(hit.tokens, 0);
+    assert_int_equal(hit.matched, 0);
+    di_prefix_stats ps;
+    di_prefix_cache_stats(it.prefix, &ps);
+    assert_int_equal(ps.dead, nn);
+
     tu_report("session runner with the prefix cache: second request hit %lld of %lld tokens, %lld replayed: %lld "
-              "positions computed instead of %lld; chunked 64 + 36: hits 48 then %lld, %lld positions (relative "
-              "last-position logits of the hit %.3e)",
-              (long long)P, (long long)T, (long long)keep, (long long)(keep + T - P), (long long)T, (long long)P,
-              (long long)(2 * keep + 64 - 48 + T - P),
-              di_rel_err_f32(l2, l1, V));
-    free(span), free(l1), free(l2), free(ref);
-    di_session_destroy(a), di_session_destroy(b);
+              "positions computed instead of %lld (relative last-position logits of the hit %.3e); unfilled hit "
+              "computed exactly, %lld blocks dead",
+              (long long)P, (long long)T, (long long)(P - r), (long long)(T - r), (long long)T,
+              di_rel_err_f32(l2, l1, V), (long long)ps.dead);
+    free(span), free(l1), free(l2), free(l3), free(ref), free(other);
+    di_session_destroy(a), di_session_destroy(b), di_session_destroy(c);
     di_session_runner_free(sr);
     close_gcase(&g);
 }
@@ -511,10 +686,12 @@ static void test_preset_block64(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_keep),
         cmocka_unit_test(test_replay_nosel),
         cmocka_unit_test(test_replay_sel),
         cmocka_unit_test(test_short_hit_exact),
         cmocka_unit_test(test_eviction_refcounts),
+        cmocka_unit_test(test_claim_settle),
         cmocka_unit_test(test_runner_prefix),
         cmocka_unit_test(test_preset_block64),
     };

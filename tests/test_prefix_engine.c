@@ -11,6 +11,8 @@
  *    message: the second's body reports the same hit in prompt_tokens_details.cached_tokens and
  *    prompt_cache_hit/miss_tokens (skipped without the CLI or tokenizer);
  *  - a negative budget is rejected at open.
+ * The scheduler's side (budget at the reduced size, blocks shared side by side) is in
+ * tests/test_prefix_sched.c.
  * di-test: asan */
 #include <jansson.h>
 #include <stdio.h>
@@ -184,7 +186,7 @@ static void test_hits_cli(void **state) {
     char *in = tu_write_file(g_dir, "in.jsonl", in_text, len);
     char out[1200], cmd[4096];
     snprintf(out, sizeof out, "%s/out.jsonl", g_dir);
-    /* one request at a time: a request's blocks are stored when it ends */
+    /* one request at a time, so every line but the first finds the blocks of the ones before */
     snprintf(cmd, sizeof cmd,
              "%s run --model %s --input %s --output %s --max-context 512 --max-seqs 1 --threads 1 "
              "--prefix-cache-mb 64 --quiet --json",

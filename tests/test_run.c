@@ -2,7 +2,7 @@
  * shape (OpenAI batch line, bare Chat Completions / Messages bodies, a regex response_format, raw
  * text and raw ids), a malformed line and an invalid request get one output line each with the
  * right status, body and usage; a seeded raw request gives the same ids as the public C API; the
- * --json summary counts them. Runs the built CLI (build/deepinfer, or $DI_CLI); skipped when
+ * --json summary counts them; `bench engine --mock` and `--shared-prefix` documents add up. Runs the built CLI (build/deepinfer, or $DI_CLI); skipped when
  * data/tokenizer is not installed. */
 #include <jansson.h>
 #include <stdio.h>
@@ -219,10 +219,45 @@ static void test_bench_engine_mock(void **state) {
     json_decref(doc);
 }
 
+/* `bench engine --shared-prefix 0.9`: the prefill work follows from the hits — the second of two
+ * 256-token prompts sharing ⌊q·256⌋ ids is scheduled from its replay start, so the work with the
+ * cache is the work without it less the hit plus the replay; at q = 0.9 the hit is the three whole
+ * 64-token blocks of the 230 shared ids. */
+static void test_bench_shared_prefix(void **state) {
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s bench engine --shared-prefix 0.9 --preset tiny --requests 2 --prompt-tokens 256 "
+             "--threads 1 --json 2>/dev/null", cli_path());
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    json_t *doc = json_loadf(f, 0, NULL);
+    int st = pclose(f);
+    assert_non_null(doc);
+    assert_int_equal(WEXITSTATUS(st), 0);
+    json_t *rows = json_object_get(doc, "ratios");
+    assert_int_equal(json_array_size(rows), 3);
+    for (size_t k = 0; k < 3; k++) {
+        json_t *r = json_array_get(rows, k);
+        json_int_t off = json_integer_value(json_object_get(r, "off_work")), on = json_integer_value(json_object_get(r, "on_work"));
+        json_int_t hit = json_integer_value(json_object_get(r, "hit_tokens")), rep = json_integer_value(json_object_get(r, "replayed"));
+        double q = json_real_value(json_object_get(r, "ratio"));
+        tu_report("bench engine --shared-prefix: ratio %.2f, prefill work %lld -> %lld (%.1f%% saved), hit %lld, replayed %lld",
+                  q, (long long)off, (long long)on, 100.0 * (double)(off - on) / (double)off, (long long)hit, (long long)rep);
+        assert_int_equal(off, 2 * 256);
+        assert_int_equal(on, off - hit + rep);
+        assert_int_equal(json_integer_value(json_object_get(r, "on_positions")), on); /* the runner agrees */
+        if (k == 0) assert_int_equal(hit, 0);
+        else assert_true(rep > 0 && rep < hit);
+        if (k == 2) assert_int_equal(hit, (int64_t)(0.9 * 256) / 64 * 64);
+    }
+    json_decref(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_jsonl),
         cmocka_unit_test(test_bench_engine_mock),
+        cmocka_unit_test(test_bench_shared_prefix),
         cmocka_unit_test(test_run_usage_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

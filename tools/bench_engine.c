@@ -25,10 +25,11 @@
  *
  * --shared-prefix R measures the prefix cache (engine/prefix_cache.h) instead: N prompts of P tokens
  * whose first ⌊q·P⌋ tokens are common, for hit ratios q = 0, R/2 and R, are prefilled one after
- * another through the cached session runner with the prefix cache off and on (a request's blocks
- * are stored at its release, so the first request always misses). Reported per ratio: prefill wall
- * time, positions computed (a hit costs the bounded replay of keep tokens plus the rest of the
- * prompt), tokens served from the cache. Prefill only: no decode, no scheduler. */
+ * another through the engine core (scheduler, executor) over the cached session runner, with the
+ * prefix cache off and on; each request generates one token, so the run is its prefill. Reported
+ * per ratio: wall time, prefill work — the positions the scheduler sent through the model: a hit of
+ * P tokens costs the bounded replay of [r, P) plus the rest of the prompt, r = P − keep rounded
+ * down to the compress ratios' lcm — its saving, tokens served from the cache and replayed. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,10 +106,14 @@ static void print_row(const char *label, const di_engine_bench_result *r) {
            1e3 * r->itl_s[1], 1e3 * r->itl_s[2], 1e3 * r->e2e_s[0], 1e3 * r->e2e_s[2], (long long)r->steps);
 }
 
-/* One prefill pass of n prompts (ids int32 [n, p]) through a fresh session runner. */
+/* One pass of n prompts (ids int32 [n, p]) through a fresh engine core over the cached session
+ * runner, one request after another, each generating one token (its prefill), so request i can
+ * hit what requests < i stored. */
 typedef struct prefix_run {
     double wall_s;
-    int64_t positions, hit_tokens, replayed;
+    int64_t work;      /* positions the scheduler sent through the model (the prefill work) */
+    int64_t positions; /* positions the runner computed (the same, counted on the other side) */
+    int64_t hit_tokens, replayed;
 } prefix_run;
 
 static int prefix_pass(di_model *m, di_backend *be, const int32_t *ids, int64_t n, int64_t p, bool on, prefix_run *out,
@@ -118,21 +123,30 @@ static int prefix_pass(di_model *m, di_backend *be, const int32_t *ids, int64_t 
     enum { BLOCK = 16 };
     int rc = di_session_runner_new(m, be, p + 1, BLOCK, (int32_t)((p + BLOCK) / BLOCK), &sr, &it, err);
     if (rc) return rc;
-    if (on) rc = di_session_runner_enable_prefix(sr, 0, (int64_t)1 << 32, err);
-    float *logits = malloc(sizeof(float) * (size_t)m->cfg.vocab_size); /* f32 [V] */
-    if (!rc && !logits) rc = di_error_set(err, DI_ERR_NOMEM, "bench engine: logits row");
+    if (on) rc = di_session_runner_enable_prefix(sr, &it, 0, (int64_t)1 << 32, err);
+    di_core *c = NULL;
+    const int32_t chunk = p < 4096 ? (int32_t)p : 4096;
+    di_core_options co = {.sched = {.max_seqs = 1, .max_step_tokens = chunk, .prefill_chunk = chunk}};
+    if (!rc) rc = di_core_new(&it, &co, &c, err);
     double t0 = di_now();
+    di_core_delta d[4];
     for (int64_t i = 0; !rc && i < n; i++) {
-        di_step_seq sq = {.req_id = i + 1, .pos0 = 0, .n_tokens = (int32_t)p, .tokens = ids + i * p, .logits_row = 0};
-        di_step_batch b = {.step = (uint64_t)i + 1, .n_seqs = 1, .seqs = &sq, .n_tokens = p, .n_logits_rows = 1};
-        rc = it.forward(it.ctx, &b, logits, err);
-        it.release(it.ctx, i + 1);
+        di_seq_params sp = {.sampling = di_sampling_params_default(), .max_tokens = 1, .ignore_eos = 1};
+        sp.sampling.temperature = 0;
+        rc = di_core_add(c, i, ids + i * p, p, &sp, err);
+        while (!rc && di_core_busy(c)) {
+            rc = di_core_step(c, err);
+            for (int32_t k; !rc && (k = di_core_poll(c, d, 4)) > 0;)
+                for (int32_t j = 0; j < k; j++)
+                    if (d[j].finish == DI_FINISH_REASON_ERROR) rc = di_error_set(err, DI_ERR_INTERNAL, "bench: %s", d[j].error);
+        }
     }
     out->wall_s = di_now() - t0;
+    if (c) out->work = di_core_get_stats(c)->scheduled_tokens;
     out->positions = sr->n_positions;
     out->hit_tokens = sr->n_hit_tokens;
     out->replayed = sr->n_replayed;
-    free(logits);
+    di_core_free(c);
     di_session_runner_free(sr);
     return rc;
 }
@@ -169,25 +183,26 @@ static int bench_shared_prefix(const di_cli *cli, const char *model_dir, int thr
     if (cli->json) {
         json_t *rows = json_array();
         for (int k = 0; k < 3; k++)
-            json_array_append_new(rows, json_pack("{s:f,s:f,s:f,s:I,s:I,s:I,s:I}", "ratio", ratios[k], "off_s",
-                                                  res[k][0].wall_s, "on_s", res[k][1].wall_s, "off_positions",
-                                                  (json_int_t)res[k][0].positions, "on_positions",
-                                                  (json_int_t)res[k][1].positions, "hit_tokens",
+            json_array_append_new(rows, json_pack("{s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "ratio", ratios[k], "off_s",
+                                                  res[k][0].wall_s, "on_s", res[k][1].wall_s, "off_work",
+                                                  (json_int_t)res[k][0].work, "on_work", (json_int_t)res[k][1].work,
+                                                  "on_positions", (json_int_t)res[k][1].positions, "hit_tokens",
                                                   (json_int_t)res[k][1].hit_tokens, "replayed",
                                                   (json_int_t)res[k][1].replayed));
         return cli_emit(cli, json_pack("{s:s,s:s?,s:I,s:I,s:o}", "command", "bench engine --shared-prefix", "preset",
                                        preset, "requests", (json_int_t)n, "prompt_tokens", (json_int_t)p, "ratios",
                                        rows));
     }
-    printf("prefix cache bench: %lld prompts x %lld tokens, prefill only, cached session runner (CPU)%s%s\n",
-           (long long)n, (long long)p, preset ? ", preset " : "", preset ? preset : "");
-    printf("%-6s %10s %10s %8s  %12s %12s  %10s %9s\n", "ratio", "off s", "on s", "speedup", "off positions",
-           "on positions", "hit tokens", "replayed");
+    printf("prefix cache bench: %lld prompts x %lld tokens, one after another, prefill + 1 token each, cached "
+           "session runner (CPU)%s%s\n", (long long)n, (long long)p, preset ? ", preset " : "", preset ? preset : "");
+    printf("%-6s %10s %10s %8s  %10s %10s %7s  %10s %9s\n", "ratio", "off s", "on s", "speedup", "off work",
+           "on work", "saved", "hit tokens", "replayed");
     for (int k = 0; k < 3; k++)
-        printf("%-6.2f %10.3f %10.3f %7.2fx  %12lld %12lld  %10lld %9lld\n", ratios[k], res[k][0].wall_s,
+        printf("%-6.2f %10.3f %10.3f %7.2fx  %10lld %10lld %6.1f%%  %10lld %9lld\n", ratios[k], res[k][0].wall_s,
                res[k][1].wall_s, res[k][1].wall_s > 0 ? res[k][0].wall_s / res[k][1].wall_s : 0.0,
-               (long long)res[k][0].positions, (long long)res[k][1].positions, (long long)res[k][1].hit_tokens,
-               (long long)res[k][1].replayed);
+               (long long)res[k][0].work, (long long)res[k][1].work,
+               res[k][0].work > 0 ? 100.0 * (double)(res[k][0].work - res[k][1].work) / (double)res[k][0].work : 0.0,
+               (long long)res[k][1].hit_tokens, (long long)res[k][1].replayed);
     return 0;
 }
 

@@ -20,9 +20,11 @@
  * Messages, rendered by src/text/sse.h) or, for raw prompts, a text_completion object with the
  * token ids. A line that cannot run gets status_code 400 (or 500) and the API's error body, and
  * "error": {"code", "message"}; the other lines run regardless. With --prefix-cache-mb N (cached
- * runner) a request's prompt blocks already computed for an earlier, finished request are restored
- * instead of recomputed; usage.cache_hit_tokens (and the body's cached-token fields) count them.
- * Requests that run side by side do not share blocks: a block is stored when its request ends.
+ * runner) a request's prompt blocks already computed for an earlier request are restored instead of
+ * recomputed (SWA bounded replay of keep = W + margin tokens, 140 for V4.1); usage.cache_hit_tokens
+ * (and the body's cached-token fields) count them. A block is stored as soon as its request's
+ * prefill has computed it, so a line admitted while an earlier one with the same system prompt is
+ * still running shares it; lines admitted in the same step do not.
  *
  * Requests enter the engine in input order, at most 4 · max_seqs outstanding, so a file of any
  * length runs in bounded memory. Progress (requests done, tokens/s) goes to stderr. */

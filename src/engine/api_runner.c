@@ -6,95 +6,69 @@
 
 #include "engine/prefix_cache.h"
 
-/* A request's fed tokens, for matching pieces against the prefix cache and storing its blocks at
- * release. */
-typedef struct sr_fed {
-    int32_t *ids; /* [cap] int32: positions 0 … n−1 */
-    int64_t n, cap;
-    int64_t hit;  /* deepest prefix hit restored */
-    int streak;   /* the last match reached the end of its piece: the next piece may go deeper */
-} sr_fed;
+/* A live request: its session and the prefix hit it was restored from (0: none). */
+typedef struct sr_req {
+    di_session *s;
+    int64_t hit;
+} sr_req;
 
-static sr_fed *fed_for(di_session_runner *r, int64_t id) {
-    sr_fed *f = di_idmap_get(&r->fed, id);
-    if (f) return f;
-    if (!(f = calloc(1, sizeof *f))) return NULL;
-    f->streak = 1;
-    if (di_idmap_put(&r->fed, id, f)) {
-        free(f);
-        return NULL;
+static int req_for(di_session_runner *r, int64_t id, sr_req **out, di_error *err) {
+    *out = di_idmap_get(&r->live, id);
+    if (*out) return DI_OK;
+    sr_req *q = calloc(1, sizeof *q);
+    if (!q) return di_error_set(err, DI_ERR_NOMEM, "session runner: out of memory for request %lld", (long long)id);
+    if (r->n_spare) {
+        q->s = r->spare[--r->n_spare];
+    } else {
+        di_session_opts so = {.max_tokens = r->max_context, .spec_margin = -1, .dspark = false};
+        int rc = di_session_create(r->model, r->be, &so, &q->s, err);
+        if (rc) {
+            free(q);
+            return di_error_wrap(err, "session runner: request %lld", (long long)id);
+        }
+        r->n_sessions++;
     }
-    return f;
-}
-
-static int fed_append(sr_fed *f, const int32_t *ids, int64_t n) {
-    if (f->n + n > f->cap) {
-        int64_t cap = f->cap ? f->cap : 256;
-        while (cap < f->n + n) cap *= 2;
-        int32_t *g = realloc(f->ids, sizeof(int32_t) * (size_t)cap);
-        if (!g) return -1;
-        f->ids = g, f->cap = cap;
+    if (di_idmap_put(&r->live, id, q)) {
+        di_session_destroy(q->s);
+        free(q);
+        return di_error_set(err, DI_ERR_NOMEM, "session runner: out of memory for request %lld", (long long)id);
     }
-    memcpy(f->ids + f->n, ids, sizeof(int32_t) * (size_t)n);
-    f->n += n;
-    return 0;
-}
-
-/* With the prefix cache on, a piece [pos0, end) whose tokens the cached blocks cover to H > pos0 +
- * keep is served by restoring the session at H (bounded replay of keep tokens; what the session had
- * computed is dropped) and running only [H, end). Tried on a request's first piece and, in a chunked
- * prefill, on each next piece while the previous match reached its piece's end (a match stopped by
- * the tree cannot go deeper later). *done = 1 when it ran the piece. The piece's tokens are already
- * in f. */
-static int prefix_piece(di_session_runner *r, di_session *s, const di_step_seq *p, float *row, sr_fed *f, int *done,
-                        di_error *err) {
-    *done = 0;
-    if (!f->streak) return DI_OK;
-    int64_t end = p->pos0 + p->n_tokens, keep = di_prefix_cache_keep(r->prefix, s);
-    int64_t block = di_prefix_cache_block(r->prefix);
-    di_prefix_hit hit;
-    int rc = di_prefix_cache_match(r->prefix, f->ids, end, keep, &hit, err);
-    if (rc) return rc;
-    f->streak = hit.matched == (end - 1) / block * block;
-    int64_t H = hit.tokens;
-    if (H - p->pos0 <= keep) { /* nothing cached, or less than the replay would cost */
-        di_prefix_cache_release(r->prefix, &hit);
-        return DI_OK;
-    }
-    int64_t align = di_cache_prefix_align(s->cache);
-    int64_t replayed = H - (H - keep > 0 ? (H - keep) / align * align : 0);
-    rc = di_prefix_cache_restore(r->prefix, &hit, s, f->ids, keep, NULL, err);
-    di_prefix_cache_release(r->prefix, &hit);
-    if (!rc) rc = di_session_forward(s, f->ids + H, end - H, false, row, NULL, err);
-    if (rc) {
-        di_session_reset(s);
-        return rc;
-    }
-    r->n_hit_tokens += H - p->pos0;
-    r->n_replayed += replayed;
-    r->n_positions += replayed + end - H;
-    f->hit = H;
-    *done = 1;
+    *out = q;
     return DI_OK;
 }
 
-static int session_for(di_session_runner *r, int64_t id, di_session **out, di_error *err) {
-    *out = di_idmap_get(&r->live, id);
-    if (*out) return DI_OK;
-    di_session *s = NULL;
-    if (r->n_spare) {
-        s = r->spare[--r->n_spare];
+/* A piece that starts at the replay start of a prefix hit of P tokens: restore [0, P) (bounded replay
+ * of [pos0, P)), then run [P, end). A hit whose blocks were never filled (a failed fill) is computed
+ * instead — exact, just not saved. */
+static int restore_piece(di_session_runner *r, sr_req *q, const di_step_seq *p, float *row, di_error *err) {
+    const di_prefix_hit *hit = p->restore;
+    const int64_t P = hit->tokens, end = p->pos0 + p->n_tokens, keep = di_prefix_cache_keep(r->prefix, q->s);
+    const int64_t start = di_prefix_replay_start(P, keep, di_cache_prefix_align(q->s->cache));
+    if (di_session_len(q->s) != 0 || p->pos0 != start || P >= end)
+        return di_error_set(err, DI_ERR_INTERNAL,
+                            "session runner: request %lld restores a %lld-token hit with a piece [%lld, %lld) on a "
+                            "session of %lld (expected the replay start %lld and a token past the hit)",
+                            (long long)p->req_id, (long long)P, (long long)p->pos0, (long long)end,
+                            (long long)di_session_len(q->s), (long long)start);
+    int rc;
+    if (di_prefix_hit_ready(hit)) {
+        rc = di_prefix_cache_restore(r->prefix, hit, q->s, p->restore_ids, keep, NULL, err);
+        if (!rc) {
+            q->hit = P;
+            r->n_hit_tokens += P;
+            r->n_replayed += P - start;
+            r->n_positions += P - start;
+        }
     } else {
-        di_session_opts so = {.max_tokens = r->max_context, .spec_margin = -1, .dspark = false};
-        int rc = di_session_create(r->model, r->be, &so, &s, err);
-        if (rc) return di_error_wrap(err, "session runner: request %lld", (long long)id);
-        r->n_sessions++;
+        rc = di_session_forward(q->s, p->restore_ids, P, false, NULL, NULL, err);
+        if (!rc) r->n_positions += P;
     }
-    if (di_idmap_put(&r->live, id, s)) {
-        di_session_destroy(s);
-        return di_error_set(err, DI_ERR_NOMEM, "session runner: out of memory for request %lld", (long long)id);
+    if (!rc) rc = di_session_forward(q->s, p->tokens + (P - p->pos0), end - P, false, row, NULL, err);
+    if (rc) {
+        di_session_reset(q->s);
+        return rc;
     }
-    *out = s;
+    r->n_positions += end - P;
     return DI_OK;
 }
 
@@ -103,46 +77,53 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
     const size_t V = (size_t)r->model->cfg.vocab_size;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const di_step_seq *p = &b->seqs[i];
-        di_session *s;
-        int rc = session_for(r, p->req_id, &s, err);
+        sr_req *q;
+        int rc = req_for(r, p->req_id, &q, err);
         if (rc) return rc;
-        if (p->pos0 != di_session_len(s))
-            return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
-                                (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(s));
         float *row = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL; /* f32 [V] */
-        if (r->prefix) {
-            sr_fed *f = fed_for(r, p->req_id);
-            if (!f || fed_append(f, p->tokens, p->n_tokens))
-                return di_error_set(err, DI_ERR_NOMEM, "session runner: request %lld tokens", (long long)p->req_id);
-            int done = 0;
-            if ((rc = prefix_piece(r, s, p, row, f, &done, err)))
+        if (p->restore) {
+            if (!r->prefix)
+                return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld restores a prefix hit, the "
+                                    "prefix cache is off", (long long)p->req_id);
+            if ((rc = restore_piece(r, q, p, row, err)))
                 return di_error_wrap(err, "session runner: request %lld prefix hit", (long long)p->req_id);
-            if (done) continue;
+            continue;
         }
-        rc = di_session_forward(s, p->tokens, p->n_tokens, false, row, NULL, err);
-        if (rc)
+        if (p->pos0 != di_session_len(q->s))
+            return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
+                                (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(q->s));
+        rc = di_session_forward(q->s, p->tokens, p->n_tokens, false, row, NULL, err);
+        if (rc) {
+            di_session_reset(q->s); /* the step fails its requests; no fill may export a half-run piece */
             return di_error_wrap(err, "session runner: request %lld, positions [%lld, %lld)", (long long)p->req_id,
                                  (long long)p->pos0, (long long)(p->pos0 + p->n_tokens));
+        }
         r->n_positions += p->n_tokens;
     }
     return DI_OK;
 }
 
+/* Blocks are exact to export once computed: the compressed entries of [t0, t0 + block) never change
+ * after their positions ran (only windows roll). A missing session (a failed request) leaves the
+ * node unready; the scheduler marks it dead. */
+static void sr_prefix_fill(void *ctx, const di_step_fill *fills, int32_t n) {
+    di_session_runner *r = ctx;
+    for (int32_t i = 0; i < n; i++) {
+        const sr_req *q = di_idmap_get(&r->live, fills[i].req_id);
+        di_error ignored;
+        if (q && di_session_len(q->s) >= fills[i].t0 + di_prefix_cache_block(r->prefix) &&
+            !di_prefix_cache_fill(r->prefix, fills[i].node, q->s->cache, fills[i].t0, &ignored))
+            r->n_filled++;
+    }
+}
+
 static void sr_release(void *ctx, int64_t id) {
     di_session_runner *r = ctx;
-    di_session *s = di_idmap_get(&r->live, id);
-    if (!s) return;
+    sr_req *q = di_idmap_get(&r->live, id);
+    if (!q) return;
     di_idmap_del(&r->live, id);
-    sr_fed *f = di_idmap_get(&r->fed, id);
-    if (f) {
-        /* store its blocks; failure only means they are not cached */
-        di_error ignored;
-        int64_t n = f->n < di_session_len(s) ? f->n : di_session_len(s);
-        di_prefix_cache_insert(r->prefix, f->ids, n, s->cache, NULL, &ignored);
-        di_idmap_del(&r->fed, id);
-        free(f->ids);
-        free(f);
-    }
+    di_session *s = q->s;
+    free(q);
     if (r->n_spare == r->cap_spare) {
         int32_t cap = r->cap_spare ? 2 * r->cap_spare : 8;
         di_session **g = realloc(r->spare, (size_t)cap * sizeof *g);
@@ -174,7 +155,6 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
     r->be = be;
     r->max_context = max_context;
     di_idmap_init(&r->live);
-    di_idmap_init(&r->fed);
     memset(iface, 0, sizeof *iface);
     iface->ctx = r;
     iface->n_vocab = model->cfg.vocab_size;
@@ -190,28 +170,50 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
 
 void di_session_runner_free(di_session_runner *r) {
     if (!r) return;
-    for (int64_t i = 0; i < r->live.cap; i++) di_session_destroy(r->live.vals[i]);
+    for (int64_t i = 0; i < r->live.cap; i++) {
+        sr_req *q = r->live.vals[i];
+        if (q) di_session_destroy(q->s), free(q);
+    }
     for (int32_t i = 0; i < r->n_spare; i++) di_session_destroy(r->spare[i]);
     free(r->spare);
     di_idmap_destroy(&r->live);
-    for (int64_t i = 0; i < r->fed.cap; i++) {
-        sr_fed *f = r->fed.vals[i];
-        if (f) free(f->ids), free(f);
-    }
-    di_idmap_destroy(&r->fed);
     di_prefix_cache_destroy(r->prefix);
     free(r);
 }
 
-int di_session_runner_enable_prefix(di_session_runner *r, int32_t block_tokens, int64_t budget_bytes, di_error *err) {
+int di_session_runner_enable_prefix(di_session_runner *r, di_model_runner *iface, int32_t block_tokens,
+                                    int64_t budget_bytes, di_error *err) {
     if (r->prefix) return DI_OK;
-    di_prefix_cache_opts o = {.block_tokens = block_tokens > 0 ? block_tokens : DI_PREFIX_BLOCK_DEFAULT,
-                              .budget_bytes = budget_bytes};
-    return di_prefix_cache_create(&o, &r->prefix, err);
+    /* keep, alignment and block bytes are properties of a session's cache: read them off a spare */
+    di_session_opts so = {.max_tokens = r->max_context, .spec_margin = -1, .dspark = false};
+    di_session *s;
+    int rc = di_session_create(r->model, r->be, &so, &s, err);
+    if (rc) return di_error_wrap(err, "session runner: prefix cache");
+    r->n_sessions++;
+    const int block = block_tokens > 0 ? block_tokens : DI_PREFIX_BLOCK_DEFAULT, align = di_cache_prefix_align(s->cache);
+    di_prefix_cache_opts o = {.block_tokens = block,
+                              .budget_bytes = budget_bytes,
+                              .keep = di_session_replay_keep(s),
+                              .align = align,
+                              .block_bytes = di_cache_prefix_span_bytes(s->cache, 0, block)};
+    if (block % align)
+        rc = di_error_set(err, DI_ERR_INVALID, "session runner: prefix block of %d tokens is not a multiple of the "
+                          "compress ratios' lcm %d", block, align);
+    if (!rc) rc = di_prefix_cache_create(&o, &r->prefix, err);
+    if (!rc && r->n_spare == r->cap_spare) {
+        di_session **g = realloc(r->spare, (size_t)(r->cap_spare + 8) * sizeof *g);
+        if (g) r->spare = g, r->cap_spare += 8;
+    }
+    if (r->n_spare < r->cap_spare) r->spare[r->n_spare++] = s;
+    else di_session_destroy(s);
+    if (rc) return rc;
+    iface->prefix = r->prefix;
+    iface->prefix_fill = sr_prefix_fill;
+    return DI_OK;
 }
 
 int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id) {
     if (!r->prefix) return -1;
-    const sr_fed *f = di_idmap_get(&r->fed, req_id);
-    return f ? f->hit : -1;
+    const sr_req *q = di_idmap_get(&r->live, req_id);
+    return q ? q->hit : -1;
 }

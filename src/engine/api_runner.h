@@ -2,7 +2,8 @@
  * so a decode step costs one position instead of the whole history (the recompute runner's O(T²)).
  *
  * A piece [pos0, pos0 + n) is appended to its request's session with di_session_forward; the
- * scheduler sends a request's pieces in order, so pos0 always equals the session's length (checked).
+ * scheduler sends a request's pieces in order, so pos0 equals the session's length (checked) — except
+ * for a piece that restores a prefix hit, which starts at its replay start on an empty session (below).
  * A release returns the session to a free list (reset, memory kept) for the next request. Chunk
  * boundaries are the request's own (scheduler.h) and every session is independent of the others, so
  * a request's logits do not depend on the batch. A chunked prefill and token-by-token decode agree
@@ -13,17 +14,16 @@
  * Cache accounting toward the scheduler is nominal (blocks of block_tokens positions), as in the
  * recompute runner: each session holds the compact cache for max_context positions.
  *
- * Prefix cache (off unless di_session_runner_enable_prefix): a request's tokens are matched against
- * the blocks of earlier requests (engine/prefix_cache.h); when the cached blocks reach H tokens, more
- * than a replay beyond what the session has computed, the session is restored at H with an SWA
- * bounded replay of keep tokens and only the rest of the piece is run (a piece [pos0, end) costs
- * keep + end − H positions instead of end − pos0). In a chunked prefill each next piece may go
- * deeper while the previous match reached its piece's end; the scheduler still budgets the pieces
- * at full size (it does not know about hits). A released request's fed tokens are stored (its whole
- * blocks) before its session is reset. A continuation after a hit is inexact by the replay's
- * bounded error (prefix_cache.h; tests/test_prefix_cache.c), and the blocks it stores carry that
- * error on. The interface's cache_hit hook reports a request's deepest hit (0 with the cache off);
- * the executor calls it on the forward's thread (tests/test_prefix_engine.c). */
+ * Prefix cache (off unless di_session_runner_enable_prefix): the tree is the scheduler's
+ * (scheduler.h, engine/prefix_cache.h); the runner does the two things that need a session. A piece
+ * that carries a hit of P tokens (di_step_seq.restore) starts at the replay start r: the session is
+ * restored at P from the hit's blocks with an SWA bounded replay of [r, P), and [P, end) runs as
+ * usual — P − r + end − P = end − r positions, the piece's own size, which is what the scheduler
+ * budgeted. A fill (di_step_fill) exports a computed block of a live request's cache into its tree
+ * node. A continuation after a hit is inexact by the replay's bounded error (prefix_cache.h;
+ * tests/test_prefix_cache.c), and the blocks it stores carry that error on. The interface's
+ * cache_hit hook reports a request's hit (0 without one); the executor calls it on the forward's
+ * thread (tests/test_prefix_engine.c). */
 #ifndef DI_ENGINE_API_RUNNER_H
 #define DI_ENGINE_API_RUNNER_H
 
@@ -38,24 +38,27 @@ typedef struct di_session_runner {
     const di_model *model;
     const di_backend *be;
     int64_t max_context;
-    di_idmap live;          /* request id → di_session* */
+    di_idmap live;          /* request id → its session and hit (api_runner.c sr_req) */
     di_session **spare;     /* [n_spare] released sessions, reset, ready for reuse */
     int32_t n_spare, cap_spare;
     int64_t n_sessions;     /* sessions created */
     int64_t n_positions;    /* positions computed (replayed ones included) */
     /* prefix cache (NULL = off) */
     struct di_prefix_cache *prefix;
-    di_idmap fed;           /* request id → its fed tokens (sr_fed), kept while the prefix cache is on */
-    int64_t n_hit_tokens;   /* positions served from the prefix cache instead of computed */
+    int64_t n_hit_tokens;   /* positions restored from the prefix cache instead of computed */
     int64_t n_replayed;     /* positions re-run by bounded replays (part of n_positions) */
+    int64_t n_filled;       /* blocks written into the prefix cache */
 } di_session_runner;
 
 /* model and be must outlive the runner. */
 int di_session_runner_new(const di_model *model, const di_backend *be, int64_t max_context, int32_t block_tokens,
                           int32_t n_blocks, di_session_runner **out, di_model_runner *iface, di_error *err);
 void di_session_runner_free(di_session_runner *r);
-/* Turn the prefix cache on (block_tokens ≤ 0 = 64, budget in bytes of stored spans). */
-int di_session_runner_enable_prefix(di_session_runner *r, int32_t block_tokens, int64_t budget_bytes, di_error *err);
+/* Turn the prefix cache on (block_tokens ≤ 0 = 64, budget in bytes of stored spans) and announce it in
+ * iface (the one di_session_runner_new filled), before a scheduler is built on it. Its keep is the
+ * sessions' di_session_replay_keep: W + the config's default margin (di_prefix_default_keep). */
+int di_session_runner_enable_prefix(di_session_runner *r, di_model_runner *iface, int32_t block_tokens,
+                                    int64_t budget_bytes, di_error *err);
 /* Tokens of a live request restored from the prefix cache (0: none, −1: unknown request or cache off). */
 int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id);
 

@@ -4,8 +4,9 @@
  *   model      di_model_open + the CPU backend + a model runner, chosen in open_runner() alone:
  *              the cached session runner (api_runner.h) or the exact cache-free recompute runner;
  *              nothing above the di_model_runner interface knows which. The cached runner gets the
- *              prefix cache when prefix_cache_bytes > 0; its per-request hits come back through the
- *              runner's cache_hit hook with the step results (runner.h) into di_delta.
+ *              prefix cache when prefix_cache_bytes > 0 (before the core is built: the scheduler
+ *              owns its tree, scheduler.h); its per-request hits come back through the runner's
+ *              cache_hit hook with the step results (runner.h) into di_delta.
  *   tokenizer  the checkpoint's tokenizer.json when present: text prompts, the detokenizer the core
  *              uses for text deltas and stop strings, and the grammar vocabulary.
  *   grammar    compiled once per request, one matcher per choice, plugged into the core as the
@@ -127,7 +128,7 @@ static int open_runner(di_engine *e, di_error *err) {
         rc = di_session_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->sr,
                                    &e->runner, err);
         if (!rc && o->prefix_cache_bytes > 0)
-            rc = di_session_runner_enable_prefix(e->sr, o->prefix_block, o->prefix_cache_bytes, err);
+            rc = di_session_runner_enable_prefix(e->sr, &e->runner, o->prefix_block, o->prefix_cache_bytes, err);
         return rc;
     }
     return di_recompute_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->rr,

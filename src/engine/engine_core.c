@@ -137,11 +137,13 @@ static void fail_request(di_core *c, di_seq *r, const di_error *e) {
 static int process(di_core *c, const di_step_result *res, di_error *err) {
     const di_step_plan *p = res->plan;
     if (!p) return DI_OK;
+    di_sched_step_done(&c->sched, p);
     c->stats.forward_s += res->forward_s;
     c->stats.sample_s += res->sample_s;
     for (int32_t i = 0; i < p->n_items; i++) {
         di_seq *r = p->items[i].req;
         r->inflight--;
+        c->stats.scheduled_tokens += p->items[i].n_tokens;
         if (!p->items[i].samples) c->stats.prefill_tokens += p->items[i].n_tokens;
         else c->stats.prefill_tokens += p->items[i].n_tokens - 1;
         if (res->status != DI_OK) {
@@ -190,7 +192,7 @@ int di_core_step(di_core *c, di_error *err) {
     }
     if (rc) return rc;
     const di_step_result *prev = di_executor_wait(c->exec);
-    if (p->n_items || p->n_release) {
+    if (p->n_items || p->n_release || p->n_fills) {
         di_executor_submit(c->exec, p);
         c->next_plan ^= 1;
         if (p->n_items) c->stats.steps++;

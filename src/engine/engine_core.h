@@ -37,6 +37,8 @@ typedef struct di_core_options {
 typedef struct di_core_stats {
     int64_t steps;
     int64_t prefill_tokens;  /* positions computed that did not sample (incl. recompute) */
+    int64_t scheduled_tokens; /* positions of every piece run (Σ piece sizes: a prefix hit's replay
+                               * counts, its restored prefix does not) */
     int64_t sampled;         /* tokens delivered to requests */
     int64_t wasted_samples;  /* sampled after the request had finished (async lag, cancellation) */
     int64_t preemptions;

@@ -124,6 +124,8 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
     res->err.code = 0;
     res->err.msg[0] = 0;
     res->n_samples = 0;
+    /* fills before releases: a finished request's last blocks are written before its cache goes */
+    if (p->n_fills && m->prefix_fill) m->prefix_fill(m->ctx, p->fills, p->n_fills);
     for (int32_t i = 0; i < p->n_release; i++)
         if (m->release) m->release(m->ctx, p->release[i]);
     if (p->n_items == 0) return;
@@ -159,7 +161,9 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
                                           .blocks = p->blocks + it->block_off,
                                           .n_blocks = it->n_blocks,
                                           .logits_row = it->samples ? rows++ : -1,
-                                          .fed_back = it->pos0 >= r->n_prompt && it->pos0 == r->n_prompt + r->n_dev_out - 1};
+                                          .fed_back = it->pos0 >= r->n_prompt && it->pos0 == r->n_prompt + r->n_dev_out - 1,
+                                          .restore = it->restores ? &r->prefix_hit : NULL,
+                                          .restore_ids = it->restores ? r->prompt : NULL};
         off += it->n_tokens;
     }
     di_step_batch batch = {p->step, n_seqs, e->seqs, off, rows};

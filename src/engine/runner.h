@@ -21,6 +21,10 @@
 
 #include "util/error.h"
 
+struct di_prefix_cache; /* engine/prefix_cache.h */
+struct di_prefix_node;
+struct di_prefix_hit;
+
 typedef struct di_step_seq {
     int64_t req_id;
     int64_t pos0;          /* position of tokens[0] in the request's sequence */
@@ -32,7 +36,20 @@ typedef struct di_step_seq {
     int32_t fed_back;      /* tokens[0] is the token sampled for this request by the previous step.
                             * The executor fills it in from its own copy; a runner that samples on the
                             * device may read its device copy instead and skip the host round trip */
+    /* Prefix-cache hit (NULL: none). The request resumes at P = restore->tokens from these pinned
+     * blocks: the runner replays [pos0, P) (pos0 is the replay start, di_prefix_replay_start) to
+     * rebuild the windows, then runs [P, pos0 + n_tokens) as usual. restore_ids: the request's ids
+     * [0, P) (the replay's Engram history reaches below pos0). The piece's cost is its n_tokens. */
+    const struct di_prefix_hit *restore;
+    const int32_t *restore_ids;
 } di_step_seq;
+
+/* A prefix-cache block to write from a request's computed cache: positions [t0, t0 + block). */
+typedef struct di_step_fill {
+    int64_t req_id;
+    int64_t t0;
+    struct di_prefix_node *node; /* pending, pinned until the step's result is processed */
+} di_step_fill;
 
 typedef struct di_step_batch {
     uint64_t step;         /* engine step number, for logs */
@@ -60,6 +77,14 @@ typedef struct di_model_runner {
      * the batch, so the answer travels back with the step's results and the host never reads the
      * runner's state. NULL: the runner caches no prefixes (always 0). */
     int64_t (*cache_hit)(void *ctx, int64_t req_id);
+    /* Prefix cache (NULL: none). The tree belongs to the scheduler's (host) thread; the runner only
+     * writes the spans of the blocks it is asked to fill and reads those of the hits it restores
+     * (engine/prefix_cache.h). The cache's keep, align and block size are the runner's. */
+    struct di_prefix_cache *prefix;
+    /* Writes fills[0..n) from the live requests' caches, on the forward's thread, before the
+     * step's releases and forward (so a block is filled before any piece restores from it and
+     * before its request's cache is dropped). A fill that fails leaves its node unready. */
+    void (*prefix_fill)(void *ctx, const di_step_fill *fills, int32_t n);
 } di_model_runner;
 
 #endif

@@ -71,6 +71,7 @@ void di_step_plan_destroy(di_step_plan *p) {
     free(p->items);
     free(p->blocks);
     free(p->release);
+    free(p->fills);
     memset(p, 0, sizeof *p);
 }
 
@@ -91,7 +92,8 @@ int di_sched_init(di_scheduler *s, const di_sched_config *cfg, const di_model_ru
     if (rc) return rc;
     s->running = calloc((size_t)cfg->max_seqs, sizeof *s->running);
     s->cap_running = cfg->max_seqs;
-    if (!s->running) {
+    if (runner->prefix) s->block_ids = malloc(sizeof(int32_t) * (size_t)di_prefix_cache_block(runner->prefix));
+    if (!s->running || (runner->prefix && !s->block_ids)) {
         di_sched_destroy(s);
         return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory");
     }
@@ -103,6 +105,8 @@ void di_sched_destroy(di_scheduler *s) {
     free(s->waiting);
     free(s->running);
     free(s->release);
+    free(s->fills);
+    free(s->block_ids);
     memset(s, 0, sizeof *s);
 }
 
@@ -139,6 +143,91 @@ static int push_release(di_scheduler *s, int64_t id) {
     return DI_OK;
 }
 
+/* ---- prefix cache (the policy is at the top of scheduler.h) ---- */
+
+/* Claims in the tree every block of r that is computed and whose ids are known, queueing a fill for
+ * each new one. A full cache only stops this round; the next schedule tries again. */
+static int publish(di_scheduler *s, di_seq *r, di_error *err) {
+    di_prefix_cache *pc = s->runner->prefix;
+    if (!pc) return DI_OK;
+    const int64_t B = di_prefix_cache_block(pc);
+    int64_t known = r->n_prompt + r->n_out;
+    if (known > r->n_cached) known = r->n_cached;
+    while ((r->prefix_blocks + 1) * B <= known) {
+        const int64_t t0 = r->prefix_blocks * B;
+        const int32_t *ids = r->prompt + t0;
+        if (t0 + B > r->n_prompt) {
+            for (int64_t i = 0; i < B; i++)
+                s->block_ids[i] = t0 + i < r->n_prompt ? r->prompt[t0 + i] : r->out[t0 + i - r->n_prompt];
+            ids = s->block_ids;
+        }
+        di_prefix_node *n;
+        int created;
+        int rc = di_prefix_cache_claim(pc, r->prefix_tail, ids, &n, &created, err);
+        if (rc) return di_error_wrap(err, "scheduler: request %lld, prefix block at %lld", (long long)r->id, (long long)t0);
+        if (!n) return DI_OK;
+        if (created) {
+            if (grow_arr((void **)&s->fills, &s->cap_fills, s->n_fills + 1, sizeof *s->fills)) {
+                di_prefix_cache_settle(pc, n); /* never filled: dead, as a failed fill */
+                return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for prefix fills");
+            }
+            s->fills[s->n_fills++] = (di_step_fill){.req_id = r->id, .t0 = t0, .node = n};
+            di_prefix_cache_pin(n); /* the claim's pin stays with the fill, this one with the path */
+        }
+        if (r->prefix_tail) di_prefix_cache_unpin(r->prefix_tail);
+        r->prefix_tail = n;
+        r->prefix_blocks++;
+    }
+    return DI_OK;
+}
+
+/* r's cache is about to be dropped: publish what it computed, then let go of its path. */
+static int prefix_leave(di_scheduler *s, di_seq *r, di_error *err) {
+    if (!s->runner->prefix) return DI_OK;
+    int rc = publish(s, r, err);
+    if (r->prefix_tail) di_prefix_cache_unpin(r->prefix_tail);
+    r->prefix_tail = NULL;
+    r->prefix_blocks = 0;
+    return rc;
+}
+
+/* Looks up a request about to be admitted from position 0: on a usable hit it is pinned in
+ * r->prefix_hit and r->n_cached moves to the replay start. */
+static int prefix_lookup(di_scheduler *s, di_seq *r, di_error *err) {
+    di_prefix_cache *pc = s->runner->prefix;
+    if (!pc || r->n_cached) return DI_OK;
+    const int64_t keep = di_prefix_cache_keep(pc, NULL);
+    int rc = di_prefix_cache_match(pc, r->prompt, r->n_prompt, keep, &r->prefix_hit, err);
+    if (rc) return di_error_wrap(err, "scheduler: request %lld", (long long)r->id);
+    const int64_t P = r->prefix_hit.tokens, start = di_prefix_replay_start(P, keep, di_prefix_cache_align(pc));
+    if (P > 0 && P - start >= r->chunk) di_prefix_cache_release(pc, &r->prefix_hit); /* the replay needs one chunk */
+    if (r->prefix_hit.tokens > 0) r->n_cached = start;
+    return DI_OK;
+}
+
+/* Admission did not happen after all: the hit goes back. */
+static void prefix_unlookup(di_scheduler *s, di_seq *r) {
+    if (!r->prefix_hit.n_blocks) return;
+    di_prefix_cache_release(s->runner->prefix, &r->prefix_hit);
+    r->n_cached = 0;
+}
+
+/* r is admitted with its hit: its path starts at the hit's deepest block. */
+static void prefix_admit(di_scheduler *s, di_seq *r) {
+    if (!r->prefix_hit.n_blocks) return;
+    r->prefix_tail = r->prefix_hit.nodes[r->prefix_hit.n_blocks - 1];
+    di_prefix_cache_pin(r->prefix_tail);
+    r->prefix_blocks = r->prefix_hit.n_blocks;
+}
+
+void di_sched_step_done(di_scheduler *s, const di_step_plan *p) {
+    di_prefix_cache *pc = s->runner->prefix;
+    if (!pc) return;
+    for (int32_t i = 0; i < p->n_fills; i++) di_prefix_cache_settle(pc, p->fills[i].node);
+    for (int32_t i = 0; i < p->n_items; i++)
+        if (p->items[i].restores) di_prefix_cache_release(pc, &p->items[i].req->prefix_hit);
+}
+
 static void free_blocks(di_scheduler *s, di_seq *r) {
     di_block_pool_release(&s->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
@@ -161,10 +250,14 @@ static void running_remove(di_scheduler *s, int32_t i) {
     s->n_running--;
 }
 
-/* The newest running request goes back to the front of the waiting queue with no cache. */
-static int preempt_newest(di_scheduler *s) {
+/* The newest running request goes back to the front of the waiting queue with no cache (what it
+ * computed published to the prefix cache first). */
+static int preempt_newest(di_scheduler *s, di_error *err) {
     di_seq *v = s->running[s->n_running - 1];
-    if (waiting_reserve(s) || push_release(s, v->id)) return DI_ERR_NOMEM;
+    int rc = prefix_leave(s, v, err);
+    if (rc) return rc;
+    if (waiting_reserve(s) || push_release(s, v->id))
+        return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory while preempting");
     free_blocks(s, v);
     s->n_running--;
     waiting_push_front(s, v);
@@ -197,7 +290,7 @@ static int reserve(di_scheduler *s, di_seq *r, int64_t upto, int *nomem) {
     return 0;
 }
 
-static int plan_add(di_scheduler *s, di_step_plan *p, di_seq *r, int32_t n, int32_t samples) {
+static int plan_add(di_scheduler *s, di_step_plan *p, di_seq *r, int32_t n, int32_t samples, int32_t restores) {
     int32_t nb = di_sched_blocks_for(s, r->n_cached + n);
     if (grow_arr((void **)&p->blocks, &p->cap_blocks, (int64_t)p->n_blocks + nb, sizeof *p->blocks)) return DI_ERR_NOMEM;
     di_sched_item *it = &p->items[p->n_items++];
@@ -205,6 +298,7 @@ static int plan_add(di_scheduler *s, di_step_plan *p, di_seq *r, int32_t n, int3
     it->pos0 = r->n_cached;
     it->n_tokens = n;
     it->samples = samples;
+    it->restores = restores;
     it->block_off = p->n_blocks;
     it->n_blocks = nb;
     if (nb) memcpy(p->blocks + p->n_blocks, r->blocks, (size_t)nb * sizeof *p->blocks);
@@ -220,7 +314,12 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
     p->n_samples = 0;
     p->n_blocks = 0;
     p->n_release = 0;
+    p->n_fills = 0;
     di_sched_reap(s);
+    for (int32_t i = 0; i < s->n_running; i++) {
+        int rc = publish(s, s->running[i], err);
+        if (rc) return rc;
+    }
     int64_t budget = s->cfg.max_step_tokens;
     int nomem = 0;
 
@@ -235,27 +334,36 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
             if (nomem) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for block tables");
             if (s->running[s->n_running - 1]->inflight > 0) return DI_SCHED_NEED_SYNC;
             self_preempted = s->running[s->n_running - 1] == r;
-            if (preempt_newest(s)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory while preempting");
+            int rc = preempt_newest(s, err);
+            if (rc) return rc;
             if (self_preempted) break;
         }
         if (self_preempted) break; /* r was the newest: nothing after it */
-        if (plan_add(s, p, r, n, samples)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the plan");
+        if (plan_add(s, p, r, n, samples, 0)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the plan");
         budget -= n;
     }
 
-    /* 2. waiting, strictly FIFO */
+    /* 2. waiting, strictly FIFO; a prefix hit moves the first piece to the replay start */
     while (s->n_waiting > 0 && p->n_items < s->cfg.max_seqs && s->n_running < s->cfg.max_seqs) {
         di_seq *r = waiting_at(s, 0);
+        int rc = prefix_lookup(s, r, err);
+        if (rc) return rc;
         int32_t samples, n = next_piece(s, r, &samples);
-        if (n == 0 || n > budget) break;
-        if (reserve(s, r, n, &nomem)) {
+        if (n == 0 || n > budget) {
+            prefix_unlookup(s, r);
+            break;
+        }
+        if (reserve(s, r, r->n_cached + n, &nomem)) {
+            prefix_unlookup(s, r);
             if (nomem) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for block tables");
             break;
         }
         waiting_pop_front(s);
         r->state = DI_REQ_RUNNING;
         running_insert(s, r);
-        if (plan_add(s, p, r, n, samples)) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the plan");
+        prefix_admit(s, r);
+        if (plan_add(s, p, r, n, samples, r->prefix_hit.n_blocks > 0))
+            return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the plan");
         budget -= n;
     }
 
@@ -271,6 +379,11 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
     if (s->n_release) memcpy(p->release, s->release, (size_t)s->n_release * sizeof *p->release);
     p->n_release = s->n_release;
     s->n_release = 0;
+    if (grow_arr((void **)&p->fills, &p->cap_fills, s->n_fills, sizeof *p->fills))
+        return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for prefix fills");
+    if (s->n_fills) memcpy(p->fills, s->fills, (size_t)s->n_fills * sizeof *p->fills);
+    p->n_fills = s->n_fills;
+    s->n_fills = 0;
     p->step = s->next_step++;
     if (p->n_items) s->n_steps++;
     return DI_OK;
@@ -284,6 +397,8 @@ int32_t di_sched_reap(di_scheduler *s) {
             i++;
             continue;
         }
+        di_error ignored;
+        prefix_leave(s, r, &ignored); /* on failure its last blocks are just not cached */
         push_release(s, r->id); /* on failure the runner just keeps a dead entry until it is reused */
         free_blocks(s, r);
         r->state = DI_REQ_FINISHED;

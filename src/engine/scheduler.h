@@ -26,6 +26,30 @@
  * decode); otherwise the continuation may drift after a preemption. Swapping to host memory is not
  * implemented.
  *
+ * Prefix cache (runner->prefix, engine/prefix_cache.h). The tree is this thread's:
+ *   admission  a request that starts from position 0 looks its prompt up; a hit of P tokens (more
+ *              than keep, whole blocks) makes it start at the replay start r = P − keep rounded
+ *              down to the compress ratios' lcm (n_cached = r), and its first piece [r, r + chunk)
+ *              carries the hit: the runner restores [0, P) from the blocks and replays [r, P). So
+ *              the budget, the admission test and the cache blocks all see the work that is done —
+ *              prompt − r positions (prompt − P + keep when P − keep is aligned) — not the prompt.
+ *              A hit whose replay would not fit one chunk with a token to spare is declined. The
+ *              later chunks are the request's own [r + c, r + 2c), …: they depend on the hit, which
+ *              depends on what earlier requests stored (as the replay's numerics do).
+ *   publish    at every schedule, and before a request's cache is dropped (finish, preemption),
+ *              each whole block of its sequence that is computed (< n_cached, steps ≤ the one in
+ *              flight) and whose ids the host knows (prompt and seen outputs) is claimed in the tree
+ *              and sent with the plan as a fill; the runner writes it before the step's releases and
+ *              pieces. So a request admitted while another with the same system prompt is still
+ *              decoding hits the blocks the first one has computed so far. Prompt blocks are
+ *              claimed at the same step in sync and async mode; blocks that reach into the outputs
+ *              wait for the host to see their tokens, one step later in async mode.
+ *   preemption a preempted request has published its blocks, so its readmission restores its own
+ *              prompt blocks (bounded replay) instead of recomputing them: cheaper, and inexact by
+ *              the replay's bound where the plain recompute below is exact.
+ * Every pin the worker relies on (hits being restored, blocks being filled) is dropped in
+ * di_sched_step_done, once the step that used it is back.
+ *
  * Async mode: requests in a step still running on the worker cannot be preempted (their cache is
  * being written). When the only way to make room is such a request, di_sched_schedule returns
  * DI_SCHED_NEED_SYNC without changing anything; the caller waits for the step in flight, processes
@@ -53,6 +77,7 @@ typedef struct di_sched_item {
     int64_t pos0;       /* first position */
     int32_t n_tokens;
     int32_t samples;    /* the piece reaches the end of the known sequence: a token is sampled */
+    int32_t restores;   /* the piece starts at the replay start of req->prefix_hit (see the top) */
     int32_t block_off;  /* this piece's block table: plan->blocks[block_off .. block_off + n_blocks) */
     int32_t n_blocks;
 } di_sched_item;
@@ -69,6 +94,8 @@ typedef struct di_step_plan {
     int32_t n_blocks, cap_blocks;
     int64_t *release;       /* [cap_release] request ids whose cache the runner may drop, before this step */
     int32_t n_release, cap_release;
+    di_step_fill *fills;    /* [cap_fills] prefix-cache blocks to write before the releases */
+    int32_t n_fills, cap_fills;
 } di_step_plan;
 
 typedef struct di_scheduler {
@@ -83,6 +110,9 @@ typedef struct di_scheduler {
     uint64_t next_step;
     int64_t *release;       /* [cap_release] ids to hand to the runner with the next plan */
     int32_t n_release, cap_release;
+    di_step_fill *fills;    /* [cap_fills] prefix blocks to hand to the runner with the next plan */
+    int32_t n_fills, cap_fills;
+    int32_t *block_ids;     /* [prefix block] int32 scratch: a block's ids across prompt and output */
     /* counters */
     int64_t n_preemptions;
     int64_t n_steps;
@@ -105,6 +135,10 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *plan, di_error *err);
  * the runner hears of it with the next plan. Requests leave the queues here; the caller keeps
  * ownership of the di_seq (for polling) and frees it. Returns how many left. */
 int32_t di_sched_reap(di_scheduler *s);
+
+/* The step of plan p is back (successful or not): drops the prefix-cache pins it held. Call once per
+ * submitted plan, after waiting for it (di_core does it when it processes the step's result). */
+void di_sched_step_done(di_scheduler *s, const di_step_plan *p);
 
 /* Marks a request finished with `why` wherever it is (a waiting one leaves the queue at once). */
 void di_sched_finish(di_scheduler *s, di_seq *r, di_finish_reason why);

@@ -27,6 +27,7 @@ void di_seq_free(di_seq *r) {
     free(r->blocks);
     free(r->text);
     free(r->dev_out);
+    free(r->prefix_hit.nodes); /* the pins belong to the scheduler, which is done with them */
     free(r);
 }
 

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 
 typedef enum di_req_state { DI_REQ_WAITING = 0, DI_REQ_RUNNING = 1, DI_REQ_FINISHED = 2 } di_req_state;
@@ -87,6 +88,10 @@ typedef struct di_seq {
     int32_t cancel_requested;
     int32_t preemptions;
     int64_t cache_hit;           /* deepest prefix-cache hit the runner reported (copied from step results) */
+    /* prefix cache (scheduler.c; all zero without one) */
+    di_prefix_hit prefix_hit;    /* matched at admission, pinned until the step that restores it is done */
+    di_prefix_node *prefix_tail; /* deepest tree node of this request's sequence (pinned; NULL = root) */
+    int64_t prefix_blocks;       /* blocks of the sequence on that path: [0, prefix_blocks · block) */
     char *text;                  /* [cap_text] detokenized output, cut at a stop string */
     size_t n_text, cap_text;
     int64_t n_out_emitted;       /* streaming cursors */

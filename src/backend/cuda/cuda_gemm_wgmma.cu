@@ -1,0 +1,561 @@
+/* Block-scaled FP8 / MXFP4 GEMM y = x · Wᵀ on Hopper's FP8 tensor cores (wgmma + TMA, sm_90a), CUDA C
+ * with inline PTX.
+ *
+ * Contract (backend.h linear_fp8 / linear_fp4, spec §5.2): x is act-quantized per 32 inputs (E8M0 scale,
+ * e4m3 codes; the existing cuda_quant.cu pass); per 32-wide K block b the code products are summed,
+ * P_b, then y = bf16(Σ_b↑ (P_b·s_x)·s_w) in f32, blocks in ascending K order.
+ *
+ * How the kernel maps it: one wgmma m64n128k32 (e4m3 × e4m3 → f32) is exactly one K block for a 64 × 128
+ * sub-tile, issued with a zero accumulator (scale-d = 0), so its result is P_b for every output. The
+ * promotion then runs on the CUDA cores: acc = fma(P_b, s_x·s_w, acc), ascending b. That fused form is
+ * the CPU's three roundings: s_x, s_w are powers of two, so while both lie in [2^-50, 2^50] (every real
+ * activation and weight scale; checked per stage) P_b·s_x, P_b·s_x·s_w and s_x·s_w are exact f32
+ * values and fma rounds once where the CPU's add does. A stage holding any scale outside that range
+ * (inputs near 1e37, E8M0 0 or 254) takes the literal __fmul_rn, __fmul_rn, __fadd_rn sequence instead;
+ * NaN scales propagate the same either way. FP4 weights: E2M1 values are e4m3 values, so the packed
+ * nibbles are rewritten as e4m3 codes on their way into shared memory and the same wgmma runs; the
+ * per-row weight scale is applied per output column in the promotion.
+ *
+ * The one difference from the CPU — P_b itself. The CPU forms P_b exactly (f64) and rounds it once to
+ * f32; the tensor core does not. Measured on an H200 with one block in isolation (di_cuda_wgmma_block_dot,
+ * tests/cuda/test_cuda_gemm_fast.c; bench/NOTES-gpu.md): its P_b differs from the correctly rounded sum
+ * on 71 % of 32-term blocks of quantized Gaussian data (all but 0.03 % of full-range random codes),
+ * always by less than 2^-9 of the largest product's binade 2^(e_x + e_w); a model that truncates each
+ * product toward zero 13 bits below that binade reproduces about two thirds of the values exactly (the
+ * rest of the rule is not identified). After the bf16 rounding of y, about 2.6 % of FP8 outputs (1.4 % of
+ * FP4) differ from the CPU, nearly all by one bf16 ulp; larger ulp distances occur only where the
+ * exact result nearly cancels. Everything after P_b — scales, order, rounding points — is the CPU's, and
+ * P_b does not depend on the other rows of the call: results are batch invariant (tested).
+ *
+ * Kernel: one CTA per 128 × 128 output tile, three warpgroups. Warpgroup 0 produces: one thread issues
+ * the TMA copies of each stage (4 K blocks = 128 bytes per row, 128-byte swizzle, zero fill past M, N, K)
+ * and all 128 threads load the stage's scales (one stage ahead, from registers) and, for FP4, rewrite the
+ * packed weights TMA landed as swizzled e4m3. Warpgroups 1 and 2 consume rows 0–63 and 64–127: per K
+ * block one wgmma, wait, promote; while one promotes on the CUDA cores the other's wgmma runs.
+ * Stages hand over through mbarriers (full: producer → consumers, empty: back).
+ *
+ * Decode-sized calls (M ≤ 16 with fewer tiles than SMs) split K over more CTAs: each stores its blocks'
+ * exact terms (P_b·s_x)·s_w into an f32 scratch [KB, M, N] and split_sum_kernel adds them in ascending K
+ * — the unsplit f32 sequence, so both paths give the same bits.
+ *
+ * Speed on an H200 (bench/NOTES-gpu.md): ~340–455 TFLOP/s FP8 and ~240–255 FP4 at M = 8192 (24–32 % of
+ * the 1,445 TFLOP/s FP8 peak; the per-32 promotion serializes wgmma latency with CUDA-core work in each
+ * consumer), 0.2–1.1 TB/s at decode (latency-bound serial block chains). */
+#include <cuda.h>         /* CUtensorMap and its enums; the encoder is fetched at run time (no -lcuda) */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_wgmma.h"
+#include "backend/cuda/cuda_ops.h"
+
+#define QB 32       /* quantization block along K */
+#define TM 128      /* output rows per CTA (two consumer warpgroups × 64) */
+#define TN 128      /* output columns per CTA = wgmma N */
+#define TKB 4       /* K blocks per stage */
+#define ROWB 128    /* bytes per smem tile row: TKB blocks of 32 e4m3 codes, one 128B swizzle row */
+#define STAGES 4
+#define THREADS 384 /* warpgroup 0 producer, 1–2 consumers */
+
+/* One pipeline stage in shared memory; 1024-byte aligned (the 128B swizzle pattern repeats every 8 rows). */
+typedef struct __align__(1024) stage {
+    uint8_t a[TM * ROWB];       /* e4m3 [128 rows][128 B], 128B-swizzled (TMA) */
+    uint8_t b[TN * ROWB];       /* e4m3 [128 weight rows][128 B], 128B-swizzled (TMA, or the FP4 rewrite) */
+    uint8_t packed[TN * ROWB / 2]; /* FP4 only: packed E2M1 [128 rows][64 B] as TMA lands it */
+    float sx[TKB][TM];          /* f32 activation scales of the 4 blocks (0 past M, K) */
+    float sw[TKB][TN];          /* f32 weight scales: per column (FP4) or per 32-column group in [0..3] (FP8) */
+    int unsafe[4];              /* per producer warp: a scale outside the fused-promotion range */
+    uint64_t full;              /* mbarrier: 128 producer arrivals + the TMA bytes */
+    uint64_t empty;             /* mbarrier: 256 consumer arrivals */
+    uint64_t packed_full;       /* mbarrier: the FP4 TMA bytes */
+} stage;
+#define SMEM_BYTES (STAGES * sizeof(stage) + 1024)
+
+typedef struct gemm_params {
+    CUtensorMap ta;  /* xq e4m3 [M, K]: box 128 B × 128 rows, 128B swizzle */
+    CUtensorMap tb;  /* FP8 w [N, K]: same box; FP4 packed w [N, K/2]: box 64 B × 128 rows, no swizzle */
+    const uint8_t *xs, *wsc; /* E8M0 [M, K/32]; [ceil(N/32), K/32] (FP8) or [N, K/32] (FP4) */
+    int M, N, K, KB;
+    int split_stages; /* stages per CTA along K (gridDim.z CTAs share one tile's K range) */
+    uint16_t *y;      /* bf16 [M, N] (unsplit) */
+    float *part;      /* split: f32 [KB, M, N], each block's scaled partial (P_b·s_x)·s_w; else NULL */
+} gemm_params;
+
+/* ---------------- PTX wrappers ---------------- */
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* generic-proxy shared-memory writes (st.shared) made visible to the tensor cores' async proxy */
+static __device__ __forceinline__ void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+static __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+/* one arrival that also announces `bytes` of TMA data the phase must wait for */
+static __device__ __forceinline__ void mbar_arrive_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(bytes) : "memory");
+}
+/* Wait for the completion of the phase with this parity (a fresh barrier counts parity 1 as done). A
+ * protocol bug would otherwise hang the GPU: after 10 s of waiting the kernel traps, and the launch
+ * reports an error. */
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done, tries = 0;
+    uint64_t t0 = 0;
+    for (;;) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+        if (done) return;
+        if ((++tries & 1023u) == 0) {
+            uint64_t now;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            if (!t0) t0 = now;
+            else if (now - t0 > 10000000000ull) __trap();
+        }
+    }
+}
+
+/* TMA: the box at (c0 = byte column, c1 = row) of the tensor map into dst, completing on bar */
+static __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+/* Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row core groups 1024 bytes apart (SBO);
+ * LBO is unused for a swizzled K-major operand whose K extent fits the swizzle row. Moving along K
+ * inside the 128-byte row is a plain start-address offset (the swizzle is a function of the address). */
+static __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+#define F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define F16(i) F4(i), F4(i + 4), F4(i + 8), F4(i + 12)
+#define F64 F16(0), F16(16), F16(32), F16(48)
+
+/* d[64] = A(64×32) · B(128×32)ᵀ with a zero accumulator (scale-d false): one K block of the sub-tile.
+ * Fragment: d[4j + h] is row (warp%4)·16 + lane/4 + 8·(h/2), column 8j + 2·(lane%4) + h%2. */
+static __device__ __forceinline__ void mma_block(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1;\n}\n"
+                 : F64
+                 : "l"(da), "l"(db));
+}
+static __device__ __forceinline__ void mma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void mma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Wait for every committed group; d (the set they wrote) is named so that no read of it is scheduled
+ * before the wait. */
+static __device__ __forceinline__ void mma_wait0(float *d) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" : F64 :: "memory"); }
+
+/* ---------------- FP4 → e4m3 ----------------
+ * Four E2M1 nibbles (value i in bits 4i..4i+3) → four e4m3 bytes. Magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 are
+ * the e4m3 codes 00 30 38 3C 40 44 48 4C: one byte permute over that 8-byte table, then the sign bits. */
+static __device__ __forceinline__ uint32_t e2m1x4_to_e4m3(uint32_t h) {
+    uint32_t mag = __byte_perm(0x3c383000u, 0x4c484440u, h & 0x7777u);
+    uint32_t s = h & 0x8888u;
+    return mag | ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
+}
+
+/* ---------------- scales ---------------- */
+/* E8M0 exponents whose scale lies in [2^-50, 2^50], or NaN: the fused promotion is exact (file comment) */
+static __device__ __forceinline__ int scale_unsafe(uint32_t e) { return (e < 127 - 50 || e > 127 + 50) && e != 255; }
+
+/* Four consecutive E8M0 bytes p[0..n) (n ≤ 4, the rest zero) as one word */
+static __device__ __forceinline__ uint32_t load_scale4(const uint8_t *p, int n, int aligned) {
+    if (aligned && n == 4) return __ldg((const unsigned int *)p);
+    uint32_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint32_t)__ldg(p + i) << (8 * i);
+    return v;
+}
+
+/* Producer thread tid's scales of stage t: activation row tid, and weight column tid (FP4) or 32-column
+ * group tid (FP8, tid < 4). Loaded a stage ahead so the latency hides behind the wait for a free slot. */
+typedef struct stage_scales {
+    uint32_t x, w;    /* 4 E8M0 bytes each (blocks kb0 .. kb0+3) */
+    int x_ok, w_ok;   /* the row / column exists */
+} stage_scales;
+
+static __device__ __forceinline__ stage_scales scales_load(const gemm_params *p, bool fp4, int t, int m0, int n0, int tid) {
+    const int kb0 = t * TKB, nkb = min(TKB, p->KB - kb0), aligned = (p->KB & 3) == 0;
+    stage_scales s = {0, 0, 0, 0};
+    if (m0 + tid < p->M) s.x = load_scale4(p->xs + (int64_t)(m0 + tid) * p->KB + kb0, nkb, aligned), s.x_ok = 1;
+    if (fp4) {
+        if (n0 + tid < p->N) s.w = load_scale4(p->wsc + (int64_t)(n0 + tid) * p->KB + kb0, nkb, aligned), s.w_ok = 1;
+    } else if (tid < TN / QB && n0 + tid * QB < p->N) {
+        s.w = load_scale4(p->wsc + (int64_t)(n0 / QB + tid) * p->KB + kb0, nkb, aligned), s.w_ok = 1;
+    }
+    return s;
+}
+
+/* Store as f32 (0 for missing rows/columns/blocks); returns 1 if a present scale is out of range. */
+static __device__ __forceinline__ int scales_store(const stage_scales *s, bool fp4, stage *st, int nkb, int tid) {
+    int unsafe = 0;
+#pragma unroll
+    for (int q = 0; q < TKB; q++) {
+        const uint32_t ex = (s->x >> (8 * q)) & 0xffu, ew = (s->w >> (8 * q)) & 0xffu;
+        const bool xl = s->x_ok && q < nkb, wl = s->w_ok && q < nkb;
+        st->sx[q][tid] = xl ? d_e8m0((uint8_t)ex) : 0.0f;
+        if (fp4 || tid < TN / QB) st->sw[q][tid] = wl ? d_e8m0((uint8_t)ew) : 0.0f;
+        unsafe |= (xl && scale_unsafe(ex)) | (wl && scale_unsafe(ew));
+    }
+    return unsafe;
+}
+
+/* FP4: weight row tid of the stage, 64 packed bytes as TMA landed them → 128 e4m3 codes in the
+ * swizzled B tile (zeros past N or K stay zeros: TMA zero-filled them). */
+static __device__ __forceinline__ void fp4_rewrite(stage *st, int r) {
+    const uint4 *src = (const uint4 *)(st->packed + r * (ROWB / 2));
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* 16 packed bytes = one K block = two 16-byte chunks of e4m3 */
+        const uint4 v = src[i];
+        const uint4 lo = make_uint4(e2m1x4_to_e4m3(v.x & 0xffffu), e2m1x4_to_e4m3(v.x >> 16), e2m1x4_to_e4m3(v.y & 0xffffu),
+                                    e2m1x4_to_e4m3(v.y >> 16));
+        const uint4 hi = make_uint4(e2m1x4_to_e4m3(v.z & 0xffffu), e2m1x4_to_e4m3(v.z >> 16), e2m1x4_to_e4m3(v.w & 0xffffu),
+                                    e2m1x4_to_e4m3(v.w >> 16));
+        *(uint4 *)(st->b + r * ROWB + (((2 * i) ^ (r & 7)) << 4)) = lo;
+        *(uint4 *)(st->b + r * ROWB + (((2 * i + 1) ^ (r & 7)) << 4)) = hi;
+    }
+}
+
+/* ---------------- producer (warpgroup 0) ---------------- */
+/* stages t0 .. t1−1 of the tile's K range (the whole range unless split) */
+static __device__ __forceinline__ void produce(const gemm_params *p, bool fp4, stage *stages, int m0, int n0, int t0, int t1) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    stage_scales cur = scales_load(p, fp4, t0, m0, n0, tid);
+    for (int t = t0; t < t1; t++) {
+        const int s = (t - t0) % STAGES;
+        const uint32_t ph = (uint32_t)((t - t0) / STAGES) & 1u;
+        stage *st = &stages[s];
+        stage_scales nxt = cur;
+        if (t + 1 < t1) nxt = scales_load(p, fp4, t + 1, m0, n0, tid);
+        mbar_wait(&st->empty, ph ^ 1u); /* the consumers are done with this slot's previous stage */
+        if (fp4 && tid == 0) {
+            mbar_arrive_tx(&st->packed_full, TN * ROWB / 2);
+            tma_load(st->packed, &p->tb, t * TKB * QB / 2, n0, &st->packed_full);
+        }
+        const int unsafe = scales_store(&cur, fp4, st, min(TKB, p->KB - t * TKB), tid);
+        const unsigned any = __any_sync(0xffffffffu, unsafe);
+        if (lane == 0) st->unsafe[tid >> 5] = (int)any;
+        if (fp4) {
+            mbar_wait(&st->packed_full, ph);
+            fp4_rewrite(st, tid);
+            fence_proxy_async(); /* the rewritten codes are read by wgmma (async proxy) */
+        }
+        if (tid == 0) {
+            mbar_arrive_tx(&st->full, fp4 ? TM * ROWB : (TM + TN) * ROWB);
+            tma_load(st->a, &p->ta, t * TKB * QB, m0, &st->full);
+            if (!fp4) tma_load(st->b, &p->tb, t * TKB * QB, n0, &st->full);
+        } else {
+            mbar_arrive(&st->full);
+        }
+        cur = nxt;
+    }
+}
+
+/* ---------------- consumers (warpgroups 1, 2) ---------------- */
+/* acc += P_b·s_x·s_w for block kb of the stage (see the file comment for why the fma is exact). */
+static __device__ __forceinline__ void promote(float *acc, const float *p, const stage *st, int kb, bool fp4, int unsafe,
+                                               int r0) {
+    const int q = threadIdx.x & 3;
+    const float sx0 = st->sx[kb][r0], sx1 = st->sx[kb][r0 + 8];
+    if (!unsafe) {
+        if (fp4) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const float2 sw = *(const float2 *)&st->sw[kb][8 * j + 2 * q];
+                acc[4 * j + 0] = __fmaf_rn(p[4 * j + 0], __fmul_rn(sx0, sw.x), acc[4 * j + 0]);
+                acc[4 * j + 1] = __fmaf_rn(p[4 * j + 1], __fmul_rn(sx0, sw.y), acc[4 * j + 1]);
+                acc[4 * j + 2] = __fmaf_rn(p[4 * j + 2], __fmul_rn(sx1, sw.x), acc[4 * j + 2]);
+                acc[4 * j + 3] = __fmaf_rn(p[4 * j + 3], __fmul_rn(sx1, sw.y), acc[4 * j + 3]);
+            }
+        } else {
+#pragma unroll
+            for (int g = 0; g < 4; g++) { /* columns 32g .. 32g+31 share one weight scale */
+                const float sw = st->sw[kb][g], s0 = __fmul_rn(sx0, sw), s1 = __fmul_rn(sx1, sw);
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    const int j = 4 * g + jj;
+                    acc[4 * j + 0] = __fmaf_rn(p[4 * j + 0], s0, acc[4 * j + 0]);
+                    acc[4 * j + 1] = __fmaf_rn(p[4 * j + 1], s0, acc[4 * j + 1]);
+                    acc[4 * j + 2] = __fmaf_rn(p[4 * j + 2], s1, acc[4 * j + 2]);
+                    acc[4 * j + 3] = __fmaf_rn(p[4 * j + 3], s1, acc[4 * j + 3]);
+                }
+            }
+        }
+        return;
+    }
+    /* the CPU's literal sequence: f32(P·s_x), then ·s_w, then the add */
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int c = 8 * j + 2 * q;
+        const float swa = fp4 ? st->sw[kb][c] : st->sw[kb][c / QB], swb = fp4 ? st->sw[kb][c + 1] : swa;
+        acc[4 * j + 0] = __fadd_rn(acc[4 * j + 0], __fmul_rn(__fmul_rn(p[4 * j + 0], sx0), swa));
+        acc[4 * j + 1] = __fadd_rn(acc[4 * j + 1], __fmul_rn(__fmul_rn(p[4 * j + 1], sx0), swb));
+        acc[4 * j + 2] = __fadd_rn(acc[4 * j + 2], __fmul_rn(__fmul_rn(p[4 * j + 2], sx1), swa));
+        acc[4 * j + 3] = __fadd_rn(acc[4 * j + 3], __fmul_rn(__fmul_rn(p[4 * j + 3], sx1), swb));
+    }
+}
+
+/* Split K: store block kb's scaled partials (P·s_x)·s_w — the exact f32 term the CPU adds — for the
+ * rows < M; the ordered sum happens in split_sum_kernel. */
+static __device__ __forceinline__ void store_partials(const gemm_params *p, const float *P, const stage *st, int kb, int kbg,
+                                                      bool fp4, int r0, int m0, int n0) {
+    const int q = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = m0 + r0 + 8 * h;
+        if (r >= p->M) continue;
+        const float sx = st->sx[kb][r0 + 8 * h];
+        float *dst = p->part + ((int64_t)kbg * p->M + r) * p->N;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int cl = 8 * j + 2 * q, c = n0 + cl;
+            const float swa = fp4 ? st->sw[kb][cl] : st->sw[kb][cl / QB], swb = fp4 ? st->sw[kb][cl + 1] : swa;
+            const float v0 = __fmul_rn(__fmul_rn(P[4 * j + 2 * h], sx), swa);
+            const float v1 = __fmul_rn(__fmul_rn(P[4 * j + 2 * h + 1], sx), swb);
+            if ((p->N & 1) == 0 && c + 1 < p->N) {
+                *(float2 *)(dst + c) = make_float2(v0, v1);
+            } else {
+                if (c < p->N) dst[c] = v0;
+                if (c + 1 < p->N) dst[c + 1] = v1;
+            }
+        }
+    }
+}
+
+static __device__ __forceinline__ void consume(const gemm_params *p, bool fp4, stage *stages, int m0, int n0, int t0, int t1) {
+    const int cw = (threadIdx.x >> 7) - 1, wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
+    const int r0 = cw * 64 + (wtid >> 5) * 16 + (lane >> 2); /* this thread's first tile row */
+    float acc[64], part[64]; /* f32 running sums; one block's partials (fragment layout of mma_block) */
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    /* a warp whose 16 rows all lie past M has nothing to store in split mode, but it still takes part in
+     * the warpgroup's wgmma (.aligned) */
+    for (int t = t0; t < t1; t++) {
+        stage *st = &stages[(t - t0) % STAGES];
+        mbar_wait(&st->full, (uint32_t)((t - t0) / STAGES) & 1u);
+        const int4 u = *(const int4 *)st->unsafe;
+        const int unsafe = u.x | u.y | u.z | u.w, nkb = min(TKB, p->KB - t * TKB);
+        const uint32_t a = smem_u32(st->a) + cw * 64 * ROWB, b = smem_u32(st->b);
+#pragma unroll
+        for (int kb = 0; kb < TKB; kb++) {
+            if (kb >= nkb) break;
+            mma_fence();
+            mma_block(part, desc_sw128(a + kb * QB), desc_sw128(b + kb * QB));
+            mma_commit();
+            mma_wait0(part);
+            if (p->part) store_partials(p, part, st, kb, t * TKB + kb, fp4, r0, m0, n0);
+            else promote(acc, part, st, kb, fp4, unsafe, r0);
+        }
+        mbar_arrive(&st->empty);
+    }
+    if (p->part) return;
+
+    const bool pairs = (p->N & 1) == 0; /* two bf16 per 32-bit store when rows stay 4-byte aligned */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = m0 + r0 + 8 * h;
+        if (r >= p->M) continue;
+        uint16_t *yr = p->y + (int64_t)r * p->N;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int c = n0 + 8 * j + 2 * (lane & 3);
+            const uint16_t lo = d_to_bf16(acc[4 * j + 2 * h]), hi = d_to_bf16(acc[4 * j + 2 * h + 1]);
+            if (pairs && c + 1 < p->N) {
+                *(uint32_t *)(yr + c) = (uint32_t)lo | ((uint32_t)hi << 16);
+            } else {
+                if (c < p->N) yr[c] = lo;
+                if (c + 1 < p->N) yr[c + 1] = hi;
+            }
+        }
+    }
+}
+
+static __device__ __forceinline__ void qgemm_body(const gemm_params *p, bool fp4) {
+    extern __shared__ uint8_t smem_raw[];
+    /* keep a shared-space derivation (no integer round trip) so the compiler emits LDS/STS */
+    stage *stages = (stage *)(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+    const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TN, NT = (p->KB + TKB - 1) / TKB;
+    const int t0 = blockIdx.z * p->split_stages, t1 = min(NT, t0 + p->split_stages);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&stages[s].full, 128);
+            mbar_init(&stages[s].empty, 256);
+            mbar_init(&stages[s].packed_full, 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    /* No setmaxnreg: the whole kernel fits the 168 registers a 384-thread CTA gets, and an increase the
+     * CTA's pool cannot cover would block forever. */
+    if (threadIdx.x < 128) produce(p, fp4, stages, m0, n0, t0, t1);
+    else consume(p, fp4, stages, m0, n0, t0, t1);
+}
+
+__global__ void __launch_bounds__(THREADS, 1) qgemm_fp8_kernel(const __grid_constant__ gemm_params p) { qgemm_body(&p, false); }
+__global__ void __launch_bounds__(THREADS, 1) qgemm_fp4_kernel(const __grid_constant__ gemm_params p) { qgemm_body(&p, true); }
+
+/* Split K, second pass: y = bf16(Σ_b part[b]) in ascending b, one thread per output — the f32 sequence
+ * of the unsplit promotion (fma(P, s, acc) = acc + p exactly, file comment), hence the same bits. */
+__global__ void __launch_bounds__(256) split_sum_kernel(const float *part, int64_t MN, int KB, uint16_t *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= MN) return;
+    float acc = 0.0f;
+    for (int b = 0; b < KB; b++) acc = __fadd_rn(acc, part[(int64_t)b * MN + i]);
+    y[i] = d_to_bf16(acc);
+}
+
+/* ---------------- host side ---------------- */
+/* How many CTAs share one tile's K range. Decode-sized calls leave most of the 132 SMs idle with one CTA
+ * per 128 × 128 tile and a serial chain of K blocks in each; splitting K over ~2 waves of CTAs fixes
+ * that at the price of f32 partials [KB, M, N] through L2/HBM (4·M bytes per weight block column: worth
+ * it up to M = 16). */
+static int split_count(int64_t m, int64_t n, int64_t k) {
+    const int64_t tiles = ((n + TN - 1) / TN) * ((m + TM - 1) / TM), nt = (k / QB + TKB - 1) / TKB;
+    if (m > 16 || tiles >= 132 || nt < 4) return 1;
+    int64_t s = (264 + tiles - 1) / tiles;
+    if (s > nt / 2) s = nt / 2;
+    return (int)s;
+}
+static size_t split_bytes(int64_t m, int64_t n, int64_t k) {
+    return split_count(m, n, k) > 1 ? sizeof(float) * (size_t)(k / QB) * (size_t)m * (size_t)n : 0;
+}
+
+/* A 2-D uint8 tensor map over rows × row_bytes (row-major), box box_cols bytes × 128 rows. */
+static int make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t row_bytes, uint32_t box_cols, int swizzle,
+                    const char *op, di_error *err) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        void *fn = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !fn)
+            return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda %s: the driver has no cuTensorMapEncodeTiled", op);
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+    const cuuint32_t box[2] = {box_cols, 128}, estr[2] = {1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)base, dims, strides, box, estr,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: tensor map [%lld, %lld] bytes rejected (CUresult %d)", op,
+                            (long long)rows, (long long)row_bytes, (int)r);
+    return DI_OK;
+}
+
+extern "C" size_t di_cuda_qgemm_wgmma_scratch(int64_t m, int64_t n, int64_t k) { return split_bytes(m, n, k); }
+
+extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
+                                   const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                                   void *stream, di_error *err) {
+    const char *op = fp4 ? "qgemm_wgmma fp4" : "qgemm_wgmma fp8";
+    if (m < 0 || n < 0 || k <= 0 || k % QB || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX ||
+        (m + TM - 1) / TM > 65535)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld (K a positive multiple of %d)", op,
+                            (long long)m, (long long)n, (long long)k, QB);
+    if ((uintptr_t)w % 16 || (uintptr_t)xq % 16)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight or code pointer not 16-byte aligned", op);
+    if (m == 0 || n == 0) return DI_OK;
+    static int attr_set[2];
+    void (*kern)(gemm_params) = fp4 ? qgemm_fp4_kernel : qgemm_fp8_kernel;
+    if (!attr_set[fp4 != 0]) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES);
+        if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory: %s", op, cudaGetErrorString(e));
+        attr_set[fp4 != 0] = 1;
+    }
+    gemm_params p;
+    memset(&p, 0, sizeof p);
+    int rc = make_map(&p.ta, xq, m, k, ROWB, 1, op, err);
+    if (!rc) rc = fp4 ? make_map(&p.tb, w, n, k / 2, ROWB / 2, 0, op, err) : make_map(&p.tb, w, n, k, ROWB, 1, op, err);
+    if (rc) return rc;
+    p.xs = xs, p.wsc = ws, p.M = (int)m, p.N = (int)n, p.K = (int)k, p.KB = (int)(k / QB), p.y = y;
+    const int nt = (p.KB + TKB - 1) / TKB;
+    int splits = split_count(m, n, k);
+    if (splits > 1 && (!scratch || scratch_bytes < split_bytes(m, n, k) || (uintptr_t)scratch % 8)) splits = 1;
+    p.split_stages = (nt + splits - 1) / splits;
+    splits = (nt + p.split_stages - 1) / p.split_stages; /* no CTA without a stage */
+    p.part = splits > 1 ? (float *)scratch : NULL;
+    dim3 grid(di_cuda_blocks(n, TN), di_cuda_blocks(m, TM), (unsigned)splits);
+    kern<<<grid, THREADS, SMEM_BYTES, (cudaStream_t)stream>>>(p);
+    rc = di_cuda_launched(op, err);
+    if (rc || splits == 1) return rc;
+    split_sum_kernel<<<di_cuda_blocks(m * n, 256), 256, 0, (cudaStream_t)stream>>>(p.part, m * n, p.KB, y);
+    return di_cuda_launched(op, err);
+}
+
+static int qlinear_wgmma(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                         const uint8_t *wsc, int64_t n, uint16_t *y, di_error *err) {
+    const char *op = fp4 ? "linear_fp4" : "linear_fp8";
+    if (m < 0 || n < 0 || k <= 0 || k % QB)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: K = %lld must be a positive multiple of %d (M %lld, N %lld)",
+                            op, (long long)k, QB, (long long)m, (long long)n);
+    if (m == 0 || n == 0) return DI_OK;
+    void *wsp;
+    const size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = ((size_t)(m * (k / QB)) + 15) & ~(size_t)15;
+    const size_t part = split_bytes(m, n, k);
+    int rc = di_cuda_workspace(be, codes + scales + part, &wsp, err);
+    if (rc) return rc;
+    uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
+    cudaStream_t st = di_cuda_state(be)->stream;
+    rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
+    if (rc) return rc;
+    return di_cuda_qgemm_wgmma(xq, xs, m, k, w, wsc, fp4, n, y, xs + scales, part, st, err);
+}
+
+extern "C" int di_cuda_linear_fp8_wgmma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                                        const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    return qlinear_wgmma(be, 0, x, m, k, w, ws, n, y, err);
+}
+
+extern "C" int di_cuda_linear_fp4_wgmma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                                        const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    return qlinear_wgmma(be, 1, x, m, k, w, ws, n, y, err);
+}
+
+/* ---------------- test hook: one K block ---------------- */
+/* a e4m3 [64, 32], b e4m3 [128, 32] → d f32 [64, 128]; one warpgroup, the GEMM's smem layout and wgmma */
+__global__ void __launch_bounds__(128) block_dot_kernel(const uint8_t *a, const uint8_t *b, float *dout) {
+    __shared__ __align__(1024) uint8_t sa[64 * ROWB];
+    __shared__ __align__(1024) uint8_t sb[128 * ROWB];
+    const int t = threadIdx.x, lane = t & 31;
+    { /* 64 rows × 2 chunks of a, 128 × 2 of b */
+        int r = t >> 1, c = t & 1;
+        *(uint4 *)(sa + r * ROWB + ((c ^ (r & 7)) << 4)) = *(const uint4 *)(a + r * QB + c * 16);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int i = t + 128 * j;
+            r = i >> 1, c = i & 1;
+            *(uint4 *)(sb + r * ROWB + ((c ^ (r & 7)) << 4)) = *(const uint4 *)(b + r * QB + c * 16);
+        }
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) d[i] = 0.0f;
+    mma_fence();
+    mma_block(d, desc_sw128(smem_u32(sa)), desc_sw128(smem_u32(sb)));
+    mma_commit();
+    mma_wait0(d);
+    const int r0 = (t >> 5) * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int c = 8 * j + 2 * (lane & 3);
+        dout[r0 * 128 + c] = d[4 * j], dout[r0 * 128 + c + 1] = d[4 * j + 1];
+        dout[(r0 + 8) * 128 + c] = d[4 * j + 2], dout[(r0 + 8) * 128 + c + 1] = d[4 * j + 3];
+    }
+}
+
+extern "C" int di_cuda_wgmma_block_dot(const uint8_t *a, const uint8_t *b, float *d, void *stream, di_error *err) {
+    block_dot_kernel<<<1, 128, 0, (cudaStream_t)stream>>>(a, b, d);
+    return di_cuda_launched("wgmma_block_dot", err);
+}

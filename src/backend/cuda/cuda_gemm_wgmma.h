@@ -1,0 +1,45 @@
+/* Tensor-core (wgmma, sm_90a) block-scaled FP8 / MXFP4 GEMMs: the fast path for the linear_fp8 and
+ * linear_fp4 slots of backend.h. Numerics and their one difference from the CPU reference are in the
+ * header comment of cuda_gemm_wgmma.cu; tests/cuda/test_cuda_gemm_fast.c measures it.
+ *
+ * All pointers are device pointers. The slot-shaped entry points take the same arguments as
+ * di_cuda_linear_fp8 / di_cuda_linear_fp4 (cuda_ops.h) and use the backend's stream and workspace. */
+#ifndef DI_BACKEND_CUDA_CUDA_GEMM_WGMMA_H
+#define DI_BACKEND_CUDA_CUDA_GEMM_WGMMA_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The backend slots: x bf16 [m, k] is act-quantized (cuda_quant.cu) into the workspace, then one GEMM.
+ *   linear_fp8: w e4m3 [n, k], ws E8M0 [ceil(n/32), k/32];  linear_fp4: w packed E2M1 [n, k/2],
+ *   ws E8M0 [n, k/32];  y bf16 [m, n].  k % 32 == 0, w 16-byte aligned. */
+int di_cuda_linear_fp8_wgmma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                             const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+int di_cuda_linear_fp4_wgmma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                             const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+
+/* The GEMM alone, on already quantized activations (what a fused quantizer or an expert dispatcher
+ * hands over): xq e4m3 [m, k], xs E8M0 [m, k/32]; weights as above (fp4 selects the format);
+ * y bf16 [m, n]. stream: a cudaStream_t. scratch: device memory, 8-byte aligned, of at least
+ * di_cuda_qgemm_wgmma_scratch(m, n, k) bytes, used by decode-sized calls to split K over more CTAs
+ * (same bits either way); with less (or NULL) the call runs unsplit. */
+size_t di_cuda_qgemm_wgmma_scratch(int64_t m, int64_t n, int64_t k);
+int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
+                        const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                        void *stream, di_error *err);
+
+/* Test hook: the raw f32 result of ONE wgmma k = 32 step with a zero accumulator, the quantity the GEMM
+ * scales and accumulates per K block. a e4m3 [64, 32], b e4m3 [128, 32], d f32 [64, 128] with
+ * d[i][j] = Σ_k a[i][k]·b[j][k] as the tensor core computes it. */
+int di_cuda_wgmma_block_dot(const uint8_t *a, const uint8_t *b, float *d, void *stream, di_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
