@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "model/cache.h"
+#include "model/cache_pool.h"
 #include "util/error.h"
 
 #define ALIGN 64
@@ -34,7 +35,9 @@ typedef struct plan {
  * one (m = 0: the reference's single block). */
 static int state_blocks_for(int ratio, int margin) { return 1 + (ratio + margin - 2) / ratio; }
 
-static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, di_error *err) {
+/* paged: the compressed KV and index keys live in a pool's pages (cache_pool.h), not in the arena:
+ * their sections are left out (offsets −1) while the sizes still report them. */
+static int make_plan(const di_config *cfg, const di_cache_opts *opts, int paged, plan *p, di_error *err) {
     memset(p, 0, sizeof *p);
     if (!cfg) return di_error_set(err, DI_ERR_INVALID, "cache: no config");
     int64_t max_tokens = opts ? opts->max_tokens : cfg->max_position_embeddings;
@@ -80,10 +83,12 @@ static int make_plan(const di_config *cfg, const di_cache_opts *opts, plan *p, d
         p->max_entries[st] = max_tokens / r;
         s->cmp_entry_bytes = fp.compressed_entry_bytes;
         s->index_key_bytes = fp.index_key_bytes;
-        p->cmp_off[st] = off;
-        off = align_up(off + p->max_entries[st] * s->cmp_entry_bytes);
-        p->ikey_off[st] = off;
-        off = align_up(off + p->max_entries[st] * s->index_key_bytes);
+        if (!paged) {
+            p->cmp_off[st] = off;
+            off = align_up(off + p->max_entries[st] * s->cmp_entry_bytes);
+            p->ikey_off[st] = off;
+            off = align_up(off + p->max_entries[st] * s->index_key_bytes);
+        }
         s->compressed_bytes += p->max_entries[st] * (s->cmp_entry_bytes + s->index_key_bytes);
         s->per_token_bytes += fp.per_token_bytes;
         if (r >= 2) {
@@ -115,7 +120,15 @@ int di_cache_default_margin(const di_config *cfg) {
 
 int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_size *out, di_error *err) {
     plan p;
-    int rc = make_plan(cfg, opts, &p, err);
+    int rc = make_plan(cfg, opts, 0, &p, err);
+    if (rc) return rc;
+    *out = p.size;
+    return DI_OK;
+}
+
+int di_cache_slot_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_size *out, di_error *err) {
+    plan p;
+    int rc = make_plan(cfg, opts, 1, &p, err);
     if (rc) return rc;
     *out = p.size;
     return DI_OK;
@@ -134,6 +147,7 @@ int di_cache_arena_write(const di_cache *c, void *dst, const void *src, size_t b
 }
 
 void di_cache_reset(di_cache *c) {
+    if (c->pool && !c->pool->external_pages) di_cache_pool_drop_pages(c); /* re-taken as the sequence grows */
     c->n = c->n_max = 0;
     c->engram_hi = c->engram_n = 0;
     c->win_floor = 0;
@@ -164,9 +178,9 @@ void di_cache_reset(di_cache *c) {
 }
 
 static int cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,
-                      const di_backend *be, int32_t *engram_host, di_error *err) {
+                      const di_backend *be, int32_t *engram_host, int paged, di_error *err) {
     plan p;
-    int rc = make_plan(cfg, opts, &p, err);
+    int rc = make_plan(cfg, opts, paged, &p, err);
     if (rc) return rc;
     if (!c || !arena || (uintptr_t)arena % ALIGN || arena_bytes < (size_t)p.size.total_bytes)
         return di_error_set(err, DI_ERR_INVALID,
@@ -198,6 +212,7 @@ static int cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *op
         s->ikey = p.ikey_off[st] >= 0 ? base + p.ikey_off[st] : NULL;
         s->state = p.state_off[st] >= 0 ? (float *)(base + p.state_off[st]) : NULL;
         s->state_blocks = p.state_blocks[st];
+        s->page_entries = p.max_entries[st];
     }
     /* the history is host bookkeeping (the hash runs on the host): with a backend arena its section
      * stays reserved (sizes are the same for every backend) and the ring lives in engram_host */
@@ -213,7 +228,12 @@ int di_cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, 
     if (opts && opts->be)
         return di_error_set(err, DI_ERR_INVALID,
                             "cache: a backend arena is built by di_cache_create, not in caller memory");
-    return cache_init(c, cfg, opts, arena, arena_bytes, NULL, NULL, err);
+    return cache_init(c, cfg, opts, arena, arena_bytes, NULL, NULL, 0, err);
+}
+
+int di_cache_init_slot(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *slot, size_t slot_bytes,
+                       int32_t *engram_host, di_error *err) {
+    return cache_init(c, cfg, opts, slot, slot_bytes, opts ? opts->be : NULL, engram_host, 1, err);
 }
 
 int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **out, di_error *err) {
@@ -240,7 +260,7 @@ int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **
         return di_error_set(err, DI_ERR_NOMEM, "cache: cannot allocate %lld bytes%s%s", (long long)sz.total_bytes,
                             be ? " of backend memory on " : "", be ? be->name : "");
     }
-    rc = cache_init(c, cfg, opts, arena, (size_t)sz.total_bytes, be, engram_host, err);
+    rc = cache_init(c, cfg, opts, arena, (size_t)sz.total_bytes, be, engram_host, 0, err);
     c->owns_arena = 1, c->arena_raw = raw, c->be = be, c->engram_host = engram_host;
     if (rc) {
         di_cache_destroy(c);
@@ -252,6 +272,10 @@ int di_cache_create(const di_config *cfg, const di_cache_opts *opts, di_cache **
 
 void di_cache_destroy(di_cache *c) {
     if (!c) return;
+    if (c->pool) {
+        di_cache_pool_put(c);
+        return;
+    }
     if (c->owns_arena && c->be)
         c->be->mem_free(c->be, c->arena_raw);
     else if (c->owns_arena)
@@ -267,6 +291,10 @@ int di_cache_extend(di_cache *c, int64_t k, di_error *err) {
         return di_error_set(err, k < 0 ? DI_ERR_INVALID : DI_ERR_LIMIT,
                             "cache: cannot append %lld tokens to %lld (capacity %lld)", (long long)k, (long long)c->n,
                             (long long)c->max_tokens);
+    if (c->pool) {
+        int rc = di_cache_pool_cover(c, c->n + k, err);
+        if (rc) return rc;
+    }
     c->n += k;
     if (c->n > c->n_max) c->n_max = c->n;
     return DI_OK;
@@ -292,14 +320,18 @@ int di_cache_rollback(di_cache *c, int64_t k, di_error *err) {
         if (c->cmp_n[st] > e0) c->cmp_n[st] = e0;
         if (c->ikey_n[st] > e0) c->ikey_n[st] = e0;
         if (c->cmp_frozen[st] > e0) c->cmp_frozen[st] = e0; /* re-appended entries are the sequence's own */
-        if (e1 > e0 && c->be) {
-            size_t nc = (size_t)((e1 - e0) * c->cmp_entry_bytes), nk = (size_t)((e1 - e0) * c->index_key_bytes);
-            int rc = c->be->mem_set(c->be, s->cmp + e0 * c->cmp_entry_bytes, 0, nc, err);
-            if (!rc) rc = c->be->mem_set(c->be, s->ikey + e0 * c->index_key_bytes, 0, nk, err);
-            if (rc) return rc;
-        } else if (e1 > e0) {
-            memset(s->cmp + e0 * c->cmp_entry_bytes, 0, (size_t)((e1 - e0) * c->cmp_entry_bytes));
-            memset(s->ikey + e0 * c->index_key_bytes, 0, (size_t)((e1 - e0) * c->index_key_bytes));
+        for (int64_t e = e0, run; e < e1; e += run) { /* one run per page of a paged cache */
+            run = di_cache_entry_run(c, st, e, e1);
+            size_t nc = (size_t)(run * c->cmp_entry_bytes), nk = (size_t)(run * c->index_key_bytes);
+            uint8_t *pc = di_cache_cmp_at(c, st, e), *pk = di_cache_ikey_at(c, st, e);
+            if (c->be) {
+                int rc = c->be->mem_set(c->be, pc, 0, nc, err);
+                if (!rc) rc = c->be->mem_set(c->be, pk, 0, nk, err);
+                if (rc) return rc;
+            } else {
+                memset(pc, 0, nc);
+                memset(pk, 0, nk);
+            }
         }
     }
     if (c->engram_n > p) c->engram_n = p;
@@ -338,8 +370,14 @@ static void image_walk(const di_cache *c, uint8_t *out, int64_t cap, int64_t *po
             put_arena(c, out, cap, pos, s->window + (q % c->ring_slots) * c->window_slot_bytes, c->window_slot_bytes);
         if (!s->ratio) continue;
         int64_t ne = c->n / s->ratio;
-        put_arena(c, out, cap, pos, s->cmp, ne * c->cmp_entry_bytes);
-        put_arena(c, out, cap, pos, s->ikey, ne * c->index_key_bytes);
+        for (int64_t e = 0, run; e < ne; e += run) {
+            run = di_cache_entry_run(c, st, e, ne);
+            put_arena(c, out, cap, pos, di_cache_cmp_at(c, st, e), run * c->cmp_entry_bytes);
+        }
+        for (int64_t e = 0, run; e < ne; e += run) {
+            run = di_cache_entry_run(c, st, e, ne);
+            put_arena(c, out, cap, pos, di_cache_ikey_at(c, st, e), run * c->index_key_bytes);
+        }
         if (!s->state) continue;
         int64_t g = c->n / s->ratio, pending = c->n % s->ratio, rows = (int64_t)s->ratio * c->head_dim;
         const float *kv = s->state + (g % s->state_blocks) * 2 * rows;

@@ -125,7 +125,14 @@ typedef struct di_cache_stage {
     int64_t max_entries;  /* ⌊max_tokens / ratio⌋ */
     float *state;         /* [state_blocks, 2, ratio, hd] f32 (ratio ≥ 2 sources): kv rows, score rows */
     int state_blocks;     /* nb = 1 + ⌊(ratio + m − 2)/ratio⌋; 0 without state */
+    /* Paged caches (cache_pool.h): cmp / ikey are the pool's row arrays, entry e lives at row
+     * pages[e / page_entries] · page_rows + row0 + e mod page_entries. A contiguous cache has one
+     * implicit page: page_entries = max_entries, row0 = 0, the row is e. */
+    int64_t page_entries; /* page_tokens / ratio */
+    int64_t cmp_row0, ikey_row0; /* this source's first row inside a page */
 } di_cache_stage;
+
+struct di_cache_pool;
 
 typedef struct di_cache {
     /* ---- shape (copied from the config) ---- */
@@ -168,6 +175,18 @@ typedef struct di_cache {
     size_t arena_bytes;
     int owns_arena;               /* di_cache_create'd: arena_raw is freed by di_cache_destroy */
     void *arena_raw;
+
+    /* ---- paging (cache_pool.h; pool NULL: one contiguous arena, the fields below are 0) ----
+     * The arena is then the pool's fixed slot of this cache (window rings, compressor rings); the
+     * compressed KV and index keys live in pages listed in the block table. */
+    struct di_cache_pool *pool;
+    int32_t slot;                 /* the pool's fixed slot this cache occupies */
+    int64_t page_tokens;          /* positions per page (a multiple of every compress ratio) */
+    int64_t cmp_page_rows;        /* compressed-KV rows of one page, all sources (the page stride) */
+    int64_t ikey_page_rows;       /* index-key rows of one page */
+    int32_t *pages;               /* [cap_pages] int32 block table: page i holds positions
+                                   * [i·page_tokens, (i+1)·page_tokens) of every source */
+    int32_t n_pages, cap_pages;
 } di_cache;
 
 /* Sizes for a config and options (opts NULL = max_position_embeddings tokens, default margin). */
@@ -176,6 +195,32 @@ int di_cache_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_s
 /* ---- internal to cache*.c: arena access where the arena lives (host or backend memory) ---- */
 int di_cache_arena_read(const di_cache *c, void *dst, const void *src, size_t bytes, di_error *err);
 int di_cache_arena_write(const di_cache *c, void *dst, const void *src, size_t bytes, di_error *err);
+/* Row of entry e of a kv source in its cmp (ikey = 0) or ikey (ikey = 1) array (the block table's
+ * translation for a paged cache, e itself otherwise); e must be covered by the table. */
+static inline int64_t di_cache_entry_row(const di_cache *c, int stage, int64_t e, int ikey) {
+    const di_cache_stage *s = &c->stage[stage];
+    if (!c->pool) return e;
+    int64_t page = c->pages[e / s->page_entries], off = e % s->page_entries;
+    return ikey ? page * c->ikey_page_rows + s->ikey_row0 + off : page * c->cmp_page_rows + s->cmp_row0 + off;
+}
+/* Entries from e on (< e1) that sit in consecutive rows: up to the end of e's page. */
+static inline int64_t di_cache_entry_run(const di_cache *c, int stage, int64_t e, int64_t e1) {
+    if (!c->pool) return e1 - e;
+    int64_t pe = c->stage[stage].page_entries, end = (e / pe + 1) * pe;
+    return (end < e1 ? end : e1) - e;
+}
+static inline uint8_t *di_cache_cmp_at(const di_cache *c, int stage, int64_t e) {
+    return c->stage[stage].cmp + di_cache_entry_row(c, stage, e, 0) * c->cmp_entry_bytes;
+}
+static inline uint8_t *di_cache_ikey_at(const di_cache *c, int stage, int64_t e) {
+    return c->stage[stage].ikey + di_cache_entry_row(c, stage, e, 1) * c->index_key_bytes;
+}
+/* Builds c over a fixed slot of a pool (cache_pool.c): the window / compressor / Engram sections
+ * only, in the slot's memory (backend memory when opts->be); the caller fills the paging fields. */
+int di_cache_init_slot(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *slot, size_t slot_bytes,
+                       int32_t *engram_host, di_error *err);
+/* The fixed-section sizes of a paged cache: total_bytes = the slot (no compressed sections). */
+int di_cache_slot_size_of(const di_config *cfg, const di_cache_opts *opts, di_cache_size *out, di_error *err);
 
 /* Build a cache in caller host memory (≥ di_cache_size_of().total_bytes, 64-byte aligned; opts->be must
  * be NULL: a backend arena comes from di_cache_create). The memory
@@ -190,11 +235,15 @@ void di_cache_destroy(di_cache *c); /* frees a di_cache_create'd cache; NULL is 
 
 /* Start a new sequence in the same memory: n = 0, compressor state and history reset, O(fixed).
  * The compressed arrays keep the old sequence's bytes beyond what the new one writes; no read and
- * no image reaches them (only a fresh zero-filled arena gives zeros there). */
+ * no image reaches them (only a fresh zero-filled arena gives zeros there). A paged cache
+ * (cache_pool.h) in own mode returns its pages to the pool; in external mode it keeps its block
+ * table until di_cache_set_pages gives the next sequence's. */
 void di_cache_reset(di_cache *c);
 
 /* ---- positions ---- */
-int di_cache_extend(di_cache *c, int64_t k, di_error *err);   /* append positions [n, n+k) */
+/* Append positions [n, n+k). A paged cache first covers them with pages (cache_pool.h): DI_ERR_LIMIT
+ * when its pool is exhausted (own mode) or its block table is short (external mode); n is unchanged then. */
+int di_cache_extend(di_cache *c, int64_t k, di_error *err);
 int di_cache_rollback(di_cache *c, int64_t k, di_error *err); /* drop the newest k (exact, O(k)) */
 static inline int64_t di_cache_len(const di_cache *c) { return c->n; }
 /* How many of the newest tokens can be rolled back exactly now. */

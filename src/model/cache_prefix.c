@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/cache.h"
+#include "model/cache_pool.h"
 #include "util/error.h"
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
@@ -49,13 +50,14 @@ int di_cache_prefix_export(const di_cache *c, int64_t t0, int64_t t1, uint8_t *o
             return di_error_set(err, DI_ERR_INVALID,
                                 "cache prefix export: stage %d entries [%lld, %lld) not all written (%lld / %lld)", st,
                                 (long long)e0, (long long)e1, (long long)c->cmp_n[st], (long long)c->ikey_n[st]);
-        rc = di_cache_arena_read(c, out + pos, s->cmp + e0 * c->cmp_entry_bytes,
-                                 (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
-        pos += (e1 - e0) * c->cmp_entry_bytes;
-        if (!rc)
-            rc = di_cache_arena_read(c, out + pos, s->ikey + e0 * c->index_key_bytes,
-                                     (size_t)((e1 - e0) * c->index_key_bytes), err);
-        pos += (e1 - e0) * c->index_key_bytes;
+        for (int64_t e = e0, run; !rc && e < e1; e += run, pos += run * c->cmp_entry_bytes) {
+            run = di_cache_entry_run(c, st, e, e1); /* one copy per page of a paged cache */
+            rc = di_cache_arena_read(c, out + pos, di_cache_cmp_at(c, st, e), (size_t)(run * c->cmp_entry_bytes), err);
+        }
+        for (int64_t e = e0, run; !rc && e < e1; e += run, pos += run * c->index_key_bytes) {
+            run = di_cache_entry_run(c, st, e, e1);
+            rc = di_cache_arena_read(c, out + pos, di_cache_ikey_at(c, st, e), (size_t)(run * c->index_key_bytes), err);
+        }
         if (rc) return rc;
     }
     return DI_OK;
@@ -70,6 +72,10 @@ int di_cache_prefix_begin(di_cache *c, int64_t boundary, int64_t replay_start, d
                             "<= %lld, multiples of %d)",
                             (long long)boundary, (long long)replay_start, (long long)c->max_tokens, a);
     di_cache_reset(c);
+    if (c->pool) { /* the imports fill entries up to the boundary: pages must cover it */
+        int rc = di_cache_pool_cover(c, boundary, err);
+        if (rc) return rc;
+    }
     c->n = c->n_max = replay_start;
     c->win_floor = replay_start;
     c->engram_hi = c->engram_n = 0; /* the caller puts the history of [r − (G−1), r) */
@@ -104,13 +110,16 @@ int di_cache_prefix_import(di_cache *c, int64_t t0, int64_t t1, const uint8_t *s
             return di_error_set(err, DI_ERR_INVALID,
                                 "cache prefix import: stage %d span starts at entry %lld, %lld imported so far", st,
                                 (long long)e0, (long long)c->cmp_n[st]);
-        rc = di_cache_arena_write(c, s->cmp + e0 * c->cmp_entry_bytes, src + pos,
-                                  (size_t)((e1 - e0) * c->cmp_entry_bytes), err);
-        pos += (e1 - e0) * c->cmp_entry_bytes;
-        if (!rc)
-            rc = di_cache_arena_write(c, s->ikey + e0 * c->index_key_bytes, src + pos,
-                                      (size_t)((e1 - e0) * c->index_key_bytes), err);
-        pos += (e1 - e0) * c->index_key_bytes;
+        if (c->pool && (rc = di_cache_pool_cover(c, t1, err))) return rc; /* the boundary may lie past n */
+        for (int64_t e = e0, run; !rc && e < e1; e += run, pos += run * c->cmp_entry_bytes) {
+            run = di_cache_entry_run(c, st, e, e1);
+            rc = di_cache_arena_write(c, di_cache_cmp_at(c, st, e), src + pos, (size_t)(run * c->cmp_entry_bytes), err);
+        }
+        for (int64_t e = e0, run; !rc && e < e1; e += run, pos += run * c->index_key_bytes) {
+            run = di_cache_entry_run(c, st, e, e1);
+            rc = di_cache_arena_write(c, di_cache_ikey_at(c, st, e), src + pos, (size_t)(run * c->index_key_bytes),
+                                      err);
+        }
         if (rc) return rc;
         c->cmp_n[st] = c->ikey_n[st] = e1;
     }

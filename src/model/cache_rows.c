@@ -240,7 +240,7 @@ int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_
     rc = entry_range(c, stage, e, e + 1, -1, "compressed put", err);
     if (rc) return rc;
     if (e < c->cmp_frozen[stage]) return DI_OK; /* restored from the prefix cache: keep the exact entry */
-    rc = encode(c, KV_CODEC, row, 1, c->head_dim, c->stage[stage].cmp + e * c->cmp_entry_bytes, err);
+    rc = encode(c, KV_CODEC, row, 1, c->head_dim, di_cache_cmp_at(c, stage, e), err);
     if (rc) return rc;
     if (e + 1 > c->cmp_n[stage]) c->cmp_n[stage] = e + 1;
     return DI_OK;
@@ -252,7 +252,7 @@ int di_cache_ikey_put(di_cache *c, int stage, int64_t e, const uint16_t *key, di
     rc = entry_range(c, stage, e, e + 1, -1, "index key put", err);
     if (rc) return rc;
     if (e < c->cmp_frozen[stage]) return DI_OK; /* restored from the prefix cache: keep the exact entry */
-    rc = encode(c, KEY_CODEC, key, 1, c->index_head_dim, c->stage[stage].ikey + e * c->index_key_bytes, err);
+    rc = encode(c, KEY_CODEC, key, 1, c->index_head_dim, di_cache_ikey_at(c, stage, e), err);
     if (rc) return rc;
     if (e + 1 > c->ikey_n[stage]) c->ikey_n[stage] = e + 1;
     return DI_OK;
@@ -262,17 +262,24 @@ int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint
     int rc = source_stage(c, stage, "compressed read", err);
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, c->cmp_n[stage], "compressed read", err);
-    if (rc) return rc;
-    return decode(c, KV_CODEC, c->stage[stage].cmp + e0 * c->cmp_entry_bytes, NULL, e1 - e0, c->head_dim, rows, err);
+    for (int64_t e = e0, run; !rc && e < e1; e += run) { /* one decode per page of a paged cache */
+        run = di_cache_entry_run(c, stage, e, e1);
+        rc = decode(c, KV_CODEC, di_cache_cmp_at(c, stage, e), NULL, run, c->head_dim, rows + (e - e0) * c->head_dim,
+                    err);
+    }
+    return rc;
 }
 
 int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err) {
     int rc = source_stage(c, stage, "index key read", err);
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, c->ikey_n[stage], "index key read", err);
-    if (rc) return rc;
-    return decode(c, KEY_CODEC, c->stage[stage].ikey + e0 * c->index_key_bytes, NULL, e1 - e0, c->index_head_dim, keys,
-                  err);
+    for (int64_t e = e0, run; !rc && e < e1; e += run) {
+        run = di_cache_entry_run(c, stage, e, e1);
+        rc = decode(c, KEY_CODEC, di_cache_ikey_at(c, stage, e), NULL, run, c->index_head_dim,
+                    keys + (e - e0) * c->index_head_dim, err);
+    }
+    return rc;
 }
 
 int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_t count, uint16_t *rows,
@@ -284,7 +291,15 @@ int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_
         int rc = entry_range(c, stage, ent[i], (int64_t)ent[i] + 1, c->cmp_n[stage], "compressed gather", err);
         if (rc) return rc;
     }
-    return decode(c, KV_CODEC, c->stage[stage].cmp, ent, count, c->head_dim, rows, err);
+    if (!c->pool) return decode(c, KV_CODEC, c->stage[stage].cmp, ent, count, c->head_dim, rows, err);
+    /* paged: the ids become rows of the pool's array through the block table (page's first row +
+     * offset), so the one gather still reads every selected entry wherever its page is */
+    int32_t *prow = malloc(sizeof(int32_t) * (size_t)(count > 0 ? count : 1)); /* int32 [count] pool rows, −1: none */
+    if (!prow) return di_error_set(err, DI_ERR_NOMEM, "cache compressed gather: %lld ids", (long long)count);
+    for (int64_t i = 0; i < count; i++) prow[i] = ent[i] < 0 ? -1 : (int32_t)di_cache_entry_row(c, stage, ent[i], 0);
+    rc = decode(c, KV_CODEC, c->stage[stage].cmp, prow, count, c->head_dim, rows, err);
+    free(prow);
+    return rc;
 }
 
 /* ---------------- compressor state ---------------- */
