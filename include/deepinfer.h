@@ -131,6 +131,9 @@ typedef struct di_engine_options {
     uint64_t seed;             /* seeds requests that bring none (0 = from the clock) */
     int64_t prefix_cache_bytes; /* prefix cache budget (cached runner only); 0 = off (default) */
     int32_t prefix_block;      /* tokens per prefix-cache block; 0 = 64 */
+    int64_t cache_bytes;       /* cached runner: the paged cache pool's budget in bytes (pages + one fixed
+                                * slot per sequence, allocated at open); admission and preemption count its
+                                * pages. 0 = cache_tokens positions of pages */
 } di_engine_options;
 
 void di_engine_options_default(di_engine_options *o);

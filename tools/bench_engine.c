@@ -3,7 +3,7 @@
  *   deepinfer bench engine [--preset tiny|small | --model DIR | --mock] [--requests N]
  *                          [--prompt-tokens P] [--output-tokens O] [--temperature T] [--seed S]
  *                          [--max-seqs M] [--prefill-chunk C] [--threads K] [--sync]
- *                          [--runner cached|recompute] [--mock-step-ms MS] [--mock-vocab V] [--json]
+ *                          [--runner cached|recompute] [--mock-step-ms MS] [--mock-vocab V] [--cache-mb N] [--json]
  *   deepinfer bench engine --shared-prefix R [--preset tiny | --model DIR] [--requests N] [--prompt-tokens P]
  *
  * All N requests arrive at once, each with P random prompt ids and exactly O generated tokens (EOS
@@ -42,6 +42,7 @@
 #include "engine/engine_bench.h"
 #include "engine/mock_runner.h"
 #include "engine/recompute_runner.h"
+#include "model/cache_pool.h"
 #include "model/mkmodel.h"
 #include "model/weights.h"
 #include "util/log.h"
@@ -66,7 +67,7 @@ static void runner_free(bench_runner *r) {
 
 /* A fresh runner per run, so the N-request and 1-request runs start from the same state. */
 static int runner_open(bench_runner *r, const char *model_dir, bool recompute, double mock_step_s, int32_t mock_vocab,
-                       int64_t max_context, int32_t max_seqs, int threads, di_error *err) {
+                       int64_t max_context, int32_t max_seqs, int threads, int64_t cache_bytes, di_error *err) {
     memset(r, 0, sizeof *r);
     enum { BLOCK = 16 };
     int32_t n_blocks = (int32_t)((max_context * max_seqs + BLOCK - 1) / BLOCK);
@@ -78,7 +79,15 @@ static int runner_open(bench_runner *r, const char *model_dir, bool recompute, d
     int rc = di_model_open(model_dir, &r->model, err);
     if (!rc) rc = di_backend_cpu_create(threads, &r->be, err);
     if (!rc && recompute) rc = di_recompute_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->rr, &r->iface, err);
-    else if (!rc) rc = di_session_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->sr, &r->iface, err);
+    else if (!rc) {
+        /* the cached runner's sessions live in one paged pool (model/cache_pool.h) of cache_bytes
+         * (0: max_seqs · max_context positions of pages) */
+        di_cache_pool_opts po = {.max_tokens = max_context, .spec_margin = -1, .page_tokens = BLOCK,
+                                 .n_slots = max_seqs + 1};
+        if (cache_bytes > 0) rc = di_cache_pool_pages_for(&r->model->cfg, &po, cache_bytes, &n_blocks, err);
+        if (!rc) rc = di_session_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->sr, &r->iface, err);
+        if (!rc) rc = di_session_runner_use_pool(r->sr, &r->iface, max_seqs + 1, err);
+    }
     if (rc) runner_free(r);
     return rc;
 }
@@ -213,7 +222,7 @@ int bench_engine(int argc, char **argv) {
     const char *preset = cli_str(&a, "preset", NULL), *model = cli_str(&a, "model", NULL);
     const char *runner_name = cli_str(&a, "runner", "cached");
     bool mock = cli_flag(&a, "mock"), sync = cli_flag(&a, "sync");
-    long long n, p, o, seed, max_seqs, chunk, threads, mock_vocab;
+    long long n, p, o, seed, max_seqs, chunk, threads, mock_vocab, cache_mb;
     double temp, step_ms, shared_prefix;
     bool ok = cli_int(&cli, &a, "requests", 8, 1, 100000, &n) && cli_int(&cli, &a, "prompt-tokens", 32, 1, 1 << 20, &p) &&
               cli_int(&cli, &a, "output-tokens", 16, 1, 1 << 20, &o) && cli_int(&cli, &a, "seed", 1, 0, INT64_MAX, &seed) &&
@@ -222,6 +231,7 @@ int bench_engine(int argc, char **argv) {
               cli_int(&cli, &a, "threads", 0, 0, 1024, &threads) && cli_double(&cli, &a, "temperature", 0.8, &temp) &&
               cli_double(&cli, &a, "mock-step-ms", 2.0, &step_ms) &&
               cli_int(&cli, &a, "mock-vocab", 4096, 16, 1 << 20, &mock_vocab) &&
+              cli_int(&cli, &a, "cache-mb", 0, 0, 1 << 24, &cache_mb) &&
               cli_double(&cli, &a, "shared-prefix", -1.0, &shared_prefix) && cli_check_unused(&cli, &a);
     cli_args_free(&a);
     if (!ok) return 1;
@@ -272,7 +282,7 @@ int bench_engine(int argc, char **argv) {
     for (int run = 0; !rc && run < 2; run++) {
         bench_runner r;
         rc = runner_open(&r, mock ? NULL : model, recompute, step_ms * 1e-3, (int32_t)mock_vocab, max_context,
-                         (int32_t)max_seqs, (int)threads, &err);
+                         (int32_t)max_seqs, (int)threads, (int64_t)cache_mb << 20, &err);
         if (rc) break;
         bo.n_requests = run == 0 ? (int32_t)n : 1;
         fprintf(stderr, "bench engine: %d request(s) x (%lld + %lld) tokens...\n", bo.n_requests, p, o);

@@ -2,7 +2,7 @@
  *
  *   deepinfer run --model DIR --input requests.jsonl --output results.jsonl
  *                 [--max-seqs N] [--max-context N] [--prefill-chunk N] [--threads N] [--seed S]
- *                 [--runner cached|recompute] [--prefix-cache-mb N] [--device cpu] [--quiet] [--json]
+ *                 [--runner cached|recompute] [--prefix-cache-mb N] [--cache-mb N] [--device cpu] [--quiet] [--json]
  *
  * Input: one JSON object per line (blank lines are skipped), any of
  *   {"custom_id": "a", "url": "/v1/chat/completions", "body": {...}}   OpenAI batch-file line
@@ -471,13 +471,14 @@ int cmd_run(int argc, char **argv) {
     di_cli cli = {.cmd = "run", .json = cli_flag(&a, "json")};
     const char *model = cli_str(&a, "model", NULL), *in = cli_str(&a, "input", NULL), *outp = cli_str(&a, "output", NULL);
     const char *device = "cpu", *runner = cli_str(&a, "runner", "cached");
-    long long max_seqs = 16, max_ctx = 0, chunk = 512, threads = 0, seed = 0, prefix_mb = 0;
+    long long max_seqs = 16, max_ctx = 0, chunk = 512, threads = 0, seed = 0, prefix_mb = 0, cache_mb = 0;
     bool quiet = cli_flag(&a, "quiet");
     bool ok = cli_device(&cli, &a, &device) && cli_int(&cli, &a, "max-seqs", 16, 1, 4096, &max_seqs) &&
               cli_int(&cli, &a, "max-context", 0, 0, 1 << 24, &max_ctx) &&
               cli_int(&cli, &a, "prefill-chunk", 512, 1, 1 << 20, &chunk) &&
               cli_int(&cli, &a, "threads", 0, 0, 1024, &threads) &&
-              cli_int(&cli, &a, "prefix-cache-mb", 0, 0, 1 << 24, &prefix_mb) && cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) &&
+              cli_int(&cli, &a, "prefix-cache-mb", 0, 0, 1 << 24, &prefix_mb) &&
+              cli_int(&cli, &a, "cache-mb", 0, 0, 1 << 24, &cache_mb) && cli_int(&cli, &a, "seed", 0, 0, INT64_MAX, &seed) &&
               cli_check_unused(&cli, &a);
     cli_args_free(&a);
     if (!ok) return 1;
@@ -496,6 +497,7 @@ int cmd_run(int argc, char **argv) {
     eo.n_threads = (int32_t)threads;
     eo.seed = (uint64_t)seed;
     eo.prefix_cache_bytes = (int64_t)prefix_mb << 20;
+    eo.cache_bytes = (int64_t)cache_mb << 20;
     di_error err = {0};
     run_state s = {.progress = quiet ? 0 : isatty(2) ? 1 : 2};
     if (di_engine_open(model, &eo, &s.e, &err)) {

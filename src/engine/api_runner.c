@@ -5,12 +5,31 @@
 #include <string.h>
 
 #include "engine/prefix_cache.h"
+#include "model/cache_pool.h"
 
 /* A live request: its session and the prefix hit it was restored from (0: none). */
 typedef struct sr_req {
     di_session *s;
     int64_t hit;
 } sr_req;
+
+/* A fresh session: a private cache for max_context positions, or (di_session_runner_use_pool) a paged
+ * cache in the pool's next slot. The session API builds its own cache, so a pooled session is made
+ * with a one-position cache that is swapped for the pool's. */
+static int new_session(di_session_runner *r, di_session **out, di_error *err) {
+    di_session_opts so = {.max_tokens = r->pool ? 1 : r->max_context, .spec_margin = -1, .dspark = false};
+    int rc = di_session_create(r->model, r->be, &so, out, err);
+    if (rc || !r->pool) return rc;
+    di_cache *c;
+    if ((rc = di_cache_pool_cache(r->pool, &c, err))) {
+        di_session_destroy(*out);
+        *out = NULL;
+        return rc;
+    }
+    di_cache_destroy((*out)->cache);
+    (*out)->cache = c;
+    return DI_OK;
+}
 
 static int req_for(di_session_runner *r, int64_t id, sr_req **out, di_error *err) {
     *out = di_idmap_get(&r->live, id);
@@ -20,8 +39,7 @@ static int req_for(di_session_runner *r, int64_t id, sr_req **out, di_error *err
     if (r->n_spare) {
         q->s = r->spare[--r->n_spare];
     } else {
-        di_session_opts so = {.max_tokens = r->max_context, .spec_margin = -1, .dspark = false};
-        int rc = di_session_create(r->model, r->be, &so, &q->s, err);
+        int rc = new_session(r, &q->s, err);
         if (rc) {
             free(q);
             return di_error_wrap(err, "session runner: request %lld", (long long)id);
@@ -80,6 +98,8 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         sr_req *q;
         int rc = req_for(r, p->req_id, &q, err);
         if (rc) return rc;
+        if (r->pool && (rc = di_cache_set_pages(q->s->cache, p->blocks, p->n_blocks, err)))
+            return di_error_wrap(err, "session runner: request %lld block table", (long long)p->req_id);
         float *row = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL; /* f32 [V] */
         if (p->restore) {
             if (!r->prefix)
@@ -178,6 +198,7 @@ void di_session_runner_free(di_session_runner *r) {
     free(r->spare);
     di_idmap_destroy(&r->live);
     di_prefix_cache_destroy(r->prefix);
+    di_cache_pool_destroy(r->pool); /* after the sessions: their caches live in it */
     free(r);
 }
 
@@ -185,9 +206,8 @@ int di_session_runner_enable_prefix(di_session_runner *r, di_model_runner *iface
                                     int64_t budget_bytes, di_error *err) {
     if (r->prefix) return DI_OK;
     /* keep, alignment and block bytes are properties of a session's cache: read them off a spare */
-    di_session_opts so = {.max_tokens = r->max_context, .spec_margin = -1, .dspark = false};
     di_session *s;
-    int rc = di_session_create(r->model, r->be, &so, &s, err);
+    int rc = new_session(r, &s, err);
     if (rc) return di_error_wrap(err, "session runner: prefix cache");
     r->n_sessions++;
     const int block = block_tokens > 0 ? block_tokens : DI_PREFIX_BLOCK_DEFAULT, align = di_cache_prefix_align(s->cache);
@@ -216,4 +236,14 @@ int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id) 
     if (!r->prefix) return -1;
     const sr_req *q = di_idmap_get(&r->live, req_id);
     return q ? q->hit : -1;
+}
+
+int di_session_runner_use_pool(di_session_runner *r, const di_model_runner *iface, int32_t n_slots, di_error *err) {
+    if (r->pool || r->n_sessions)
+        return di_error_set(err, DI_ERR_INVALID, "session runner: the cache pool must be set up before any session");
+    di_cache_pool_opts po = {.be = r->be, .max_tokens = r->max_context, .spec_margin = -1,
+                             .page_tokens = iface->block_tokens, .n_pages = iface->n_blocks, .n_slots = n_slots,
+                             .external_pages = 1};
+    int rc = di_cache_pool_create(&r->model->cfg, &po, &r->pool, err);
+    return rc ? di_error_wrap(err, "session runner: cache pool") : DI_OK;
 }

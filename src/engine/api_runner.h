@@ -48,6 +48,7 @@ typedef struct di_session_runner {
     int64_t n_hit_tokens;   /* positions restored from the prefix cache instead of computed */
     int64_t n_replayed;     /* positions re-run by bounded replays (part of n_positions) */
     int64_t n_filled;       /* blocks written into the prefix cache */
+    struct di_cache_pool *pool; /* paged caches (NULL: a private cache per session) */
 } di_session_runner;
 
 /* model and be must outlive the runner. */
@@ -59,6 +60,12 @@ void di_session_runner_free(di_session_runner *r);
  * sessions' di_session_replay_keep: W + the config's default margin (di_prefix_default_keep). */
 int di_session_runner_enable_prefix(di_session_runner *r, di_model_runner *iface, int32_t block_tokens,
                                     int64_t budget_bytes, di_error *err);
+/* Paged caches (model/cache_pool.h): every session takes a fixed slot of one pool of iface->n_blocks
+ * pages of iface->block_tokens positions (a multiple of the compress ratios), and the block ids the
+ * scheduler hands out (engine/block_pool.h, sent with every piece) are the pages its compressed KV
+ * and index keys live in — so the scheduler's block budget is the real memory. n_slots: sessions
+ * alive at once (max_seqs, + 1 with the prefix cache). Call before enable_prefix and any forward. */
+int di_session_runner_use_pool(di_session_runner *r, const di_model_runner *iface, int32_t n_slots, di_error *err);
 /* Tokens of a live request restored from the prefix cache (0: none, −1: unknown request or cache off). */
 int64_t di_session_runner_cache_hit(const di_session_runner *r, int64_t req_id);
 

@@ -31,6 +31,7 @@
 #include "engine/idmap.h"
 #include "engine/recompute_runner.h"
 #include "grammar/grammar.h"
+#include "model/cache_pool.h"
 #include "model/weights.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -125,8 +126,22 @@ static int open_runner(di_engine *e, di_error *err) {
     int64_t n_blocks = (cache + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
     if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
     if (!o->runner || !strcmp(o->runner, "cached")) {
-        rc = di_session_runner_new(e->model, e->be, o->max_context, BLOCK_TOKENS, (int32_t)n_blocks, &e->sr,
-                                   &e->runner, err);
+        /* one paged pool (model/cache_pool.h): the scheduler's blocks are its pages; a slot per
+         * sequence (+ the prefix cache's probe session); a block is a multiple of the ratios */
+        int32_t block = BLOCK_TOKENS, align = di_cache_pool_align(&e->model->cfg), n_slots = o->max_seqs + 1;
+        if (block % align) block = (block + align - 1) / align * align;
+        n_blocks = (cache + block - 1) / block;
+        if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+        if (o->cache_bytes > 0) {
+            di_cache_pool_opts po = {.be = e->be, .max_tokens = o->max_context, .spec_margin = -1,
+                                     .page_tokens = block, .n_slots = n_slots, .external_pages = 1};
+            int32_t np;
+            rc = di_cache_pool_pages_for(&e->model->cfg, &po, o->cache_bytes, &np, err);
+            if (rc) return di_error_wrap(err, "engine: cache_bytes");
+            n_blocks = np;
+        }
+        rc = di_session_runner_new(e->model, e->be, o->max_context, block, (int32_t)n_blocks, &e->sr, &e->runner, err);
+        if (!rc) rc = di_session_runner_use_pool(e->sr, &e->runner, n_slots, err);
         if (!rc && o->prefix_cache_bytes > 0)
             rc = di_session_runner_enable_prefix(e->sr, &e->runner, o->prefix_block, o->prefix_cache_bytes, err);
         return rc;
@@ -157,6 +172,8 @@ int di_engine_open(const char *dir, const di_engine_options *opt, di_engine **ou
                           "engine: max_seqs %d, prefill_chunk %d, max_step_tokens %lld; expected max_seqs >= 1 and "
                           "max_step_tokens >= prefill_chunk >= 1",
                           o->max_seqs, o->prefill_chunk, (long long)o->max_step_tokens);
+    if (!rc && o->cache_bytes < 0)
+        rc = di_error_set(err, DI_ERR_INVALID, "engine: cache_bytes %lld; expected >= 0", (long long)o->cache_bytes);
     if (!rc && (o->prefix_cache_bytes < 0 || o->prefix_block < 0))
         rc = di_error_set(err, DI_ERR_INVALID, "engine: prefix_cache_bytes %lld, prefix_block %d; expected >= 0",
                           (long long)o->prefix_cache_bytes, o->prefix_block);
