@@ -28,8 +28,8 @@
  * cold L2 (a 256 MB scratch is rewritten before each launch, as other layers' weights would in a
  * decode step), CUDA events around the op alone.
  *
- * Usage: test_cuda_attn_fast [ignored] ; DI_QUICK=1 skips the 64K context and the prefill. Exit
- * status 1 if any check fails. */
+ * Usage: test_cuda_attn_fast ; DI_QUICK=1 skips the 64K context and the prefill; DI_BENCH_ONLY=1 runs
+ * only the fast kernel's timings (for a profiler). Exit status 1 if any check fails. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -109,35 +109,48 @@ static uint16_t *rand_bf16(int64_t n, double sd) {
     return p;
 }
 
-/* ---------------- comparison ---------------- */
+/* ---------------- comparison ----------------
+ * Distances are measured in ulps of the (query, head) row's scale: ulp_bf16(max_j |cpu[row, j]|). A
+ * flipped bf16 probability moves every output of its row by ≤ 2^-7·(p/l)·|v| ≤ 2^-7·max|v|, so the
+ * row scale is the natural unit; a plain per-element ulp count explodes on outputs near 0 (an output of
+ * 1e-6 is 2^-7 of a 1.3e-4-wide row ulp, yet thousands of its own ulps from its neighbour). */
 typedef struct stats {
-    double max_abs, max_ulp, frac;
+    double max_abs, max_rulp, frac;
     int64_t n_diff;
 } stats;
 
-static int64_t ord16(uint16_t u) { return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u; }
+static double bf16_ulp(double x) { /* ulp of a bf16 of magnitude x (8 significant bits) */
+    if (x <= 0) return 0x1p-133;
+    return ldexp(1.0, ilogb(x) - 7);
+}
 
-static stats cmp_bf16(const uint16_t *g, const uint16_t *c, int64_t n) {
+/* n elements in rows of `row` */
+static stats cmp_bf16(const uint16_t *g, const uint16_t *c, int64_t n, int64_t row) {
     stats s = {0, 0, 0, 0};
-    for (int64_t i = 0; i < n; i++) {
-        if (g[i] == c[i]) continue;
-        float a = di_bf16_to_f32(g[i]), b = di_bf16_to_f32(c[i]);
-        s.n_diff++;
-        double u = isnan(a) || isnan(b) ? INFINITY : (double)llabs(ord16(g[i]) - ord16(c[i]));
-        double d = isnan(a) || isnan(b) ? INFINITY : fabs((double)a - (double)b);
-        if (u > s.max_ulp) s.max_ulp = u;
-        if (d > s.max_abs) s.max_abs = d;
+    for (int64_t r0 = 0; r0 < n; r0 += row) {
+        double scale = 0;
+        for (int64_t i = r0; i < r0 + row; i++) scale = fmax(scale, fabs((double)di_bf16_to_f32(c[i])));
+        const double ulp = bf16_ulp(scale);
+        for (int64_t i = r0; i < r0 + row; i++) {
+            if (g[i] == c[i]) continue;
+            float a = di_bf16_to_f32(g[i]), b = di_bf16_to_f32(c[i]);
+            s.n_diff++;
+            double d = isnan(a) || isnan(b) ? INFINITY : fabs((double)a - (double)b);
+            s.max_abs = fmax(s.max_abs, d);
+            s.max_rulp = fmax(s.max_rulp, d / ulp);
+        }
     }
     s.frac = n ? (double)s.n_diff / (double)n : 0;
     return s;
 }
 
-#define TOL_ULP 2
-#define TOL_FRAC 2e-3
+#define TOL_RULP 2.0
+#define TOL_FRAC 2e-2
 static void row(const char *what, const char *shape, stats s, int exact) {
-    int ok = exact ? s.n_diff == 0 : (s.max_ulp <= TOL_ULP && s.frac <= TOL_FRAC);
-    printf("%-24s %-44s %10.3g %5.0f %10lld %10.3g  %-18s %s\n", what, shape, s.max_abs, s.max_ulp,
-           (long long)s.n_diff, s.frac, exact ? "exact" : "<=2 ulp on <=2e-3", ok ? "PASS" : "FAIL");
+    int ok = exact ? s.n_diff == 0 : (s.max_rulp <= TOL_RULP && s.frac <= TOL_FRAC);
+    printf("%-24s %-44s %10.3g %6.2f %10lld %10.3g  %-22s %s\n", what, shape, s.max_abs, s.max_rulp,
+           (long long)s.n_diff, s.frac, exact ? "exact" : "<=2 row-ulp on <=2e-2", ok ? "PASS" : "FAIL");
+    printf("# attn_fast %s %s: mismatch %.3g, max row-ulp %.2f\n", what, shape, s.frac, s.max_rulp);
     fflush(stdout);
     ok ? n_pass++ : n_fail++;
 }
@@ -292,7 +305,7 @@ static void bench(const char *name, const problem *p, int scalar_reps) {
 }
 
 int main(void) {
-    int quick = getenv("DI_QUICK") != NULL;
+    int quick = getenv("DI_QUICK") != NULL, bench_only = getenv("DI_BENCH_ONLY") != NULL;
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (di_cuda_device_count() < 1) {
         printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
@@ -315,24 +328,25 @@ int main(void) {
     problem dec[2][4];
     char sh[96];
 
-    printf("%-24s %-44s %10s %5s %10s %10s  %-18s %s\n", "check", "shape", "max|d|", "ulp", "mismatch", "fraction",
+    printf("%-24s %-44s %10s %6s %10s %10s  %-22s %s\n", "check", "shape", "max|d|", "r-ulp", "mismatch", "fraction",
            "tolerance", "result");
     for (int c = 0; c < (quick ? 1 : 2); c++)
+        for (int k = 0; k < 4; k++) dec[c][k] = decode_problem(ms[k], ctxs[c], 0);
+    for (int c = 0; c < (bench_only ? 0 : quick ? 1 : 2); c++)
         for (int k = 0; k < 4; k++) {
             problem *p = &dec[c][k];
-            *p = decode_problem(ms[k], ctxs[c], 0);
             RUN(fast(p, 0));
             uint16_t *g = down(p->dout, sizeof *g * (size_t)(p->m * NH * DIM)), *r = cpu_rows(p, 0, p->m);
             snprintf(sh, sizeof sh, "decode q[%lld,64,512] idx 640 ctx %lldK", (long long)p->m,
                      (long long)(ctxs[c] >> 10));
-            row("fast vs cpu", sh, cmp_bf16(g, r, p->m * NH * DIM), 0);
+            row("fast vs cpu", sh, cmp_bf16(g, r, p->m * NH * DIM, DIM), 0);
             free(g), free(r);
         }
-    { /* −1 holes everywhere and one all-(−1) row; a list that is not a multiple of 64 */
+    if (!bench_only) { /* −1 holes everywhere and one all-(−1) row; a list that is not a multiple of 64 */
         problem p = decode_problem(8, 4096, 2);
         RUN(fast(&p, 0));
         uint16_t *g = down(p.dout, sizeof *g * (size_t)(p.m * NH * DIM)), *r = cpu_rows(&p, 0, p.m);
-        row("fast vs cpu", "decode q[8] idx 640, 1/16 -1, row 0 all -1", cmp_bf16(g, r, p.m * NH * DIM), 0);
+        row("fast vs cpu", "decode q[8] idx 640, 1/16 -1, row 0 all -1", cmp_bf16(g, r, p.m * NH * DIM, DIM), 0);
         int zero = 1;
         for (int i = 0; i < NH * DIM; i++) zero &= g[i] == 0;
         stats z = {0, 0, 0, !zero};
@@ -344,11 +358,11 @@ int main(void) {
         CU(cudaDeviceSynchronize());
         RUN(fast(&p, 0));
         g = down(p.dout, sizeof *g * (size_t)(p.m * NH * DIM)), r = cpu_rows(&p, 0, p.m);
-        row("fast vs cpu", "decode q[8] idx 100 (partial block)", cmp_bf16(g, r, p.m * NH * DIM), 0);
+        row("fast vs cpu", "decode q[8] idx 100 (partial block)", cmp_bf16(g, r, p.m * NH * DIM, DIM), 0);
         free(g), free(r);
         problem_free(&p);
     }
-    { /* invariance: column splits, and batch vs alone */
+    if (!bench_only) { /* invariance: column splits, and batch vs alone */
         problem *p = &dec[0][1];
         uint16_t *ref = NULL;
         const int cols[4] = {512, 256, 128, 64};
@@ -360,7 +374,7 @@ int main(void) {
                 continue;
             }
             snprintf(sh, sizeof sh, "q[8] cols %d vs 512", cols[k]);
-            row("split invariance", sh, cmp_bf16(g, ref, p->m * NH * DIM), 1);
+            row("split invariance", sh, cmp_bf16(g, ref, p->m * NH * DIM, DIM), 1);
             free(g);
         }
         free(ref);
@@ -372,10 +386,10 @@ int main(void) {
         one.dout = dev_poison(sizeof *gb * NH * DIM);
         RUN(fast(&one, 0));
         uint16_t *g1 = down(one.dout, sizeof *g1 * NH * DIM);
-        row("batch invariance", "row 77 of q[256] vs alone", cmp_bf16(g1, gb + 77 * NH * DIM, NH * DIM), 1);
+        row("batch invariance", "row 77 of q[256] vs alone", cmp_bf16(g1, gb + 77 * NH * DIM, NH * DIM, DIM), 1);
         free(gb), free(g1), cudaFree(one.dout);
     }
-    { /* other shapes go to the scalar kernel: bit-identical to it */
+    if (!bench_only) { /* other shapes go to the scalar kernel: bit-identical to it */
         problem p = decode_problem(2, 4096, 1);
         uint16_t *qh = rand_bf16(2 * 8 * 128, 1.0);
         uint16_t *dq = dup_dev(qh, sizeof *qh * 2 * 8 * 128), *o1 = dev_poison(2 * 2 * 8 * 128), *o2 = dev_poison(2 * 2 * 8 * 128);
@@ -387,26 +401,26 @@ int main(void) {
         RUN(di_cuda_sparse_attn_fast(gpu, dq, 2, 8, 128, dkv, 512, dkv + 512 * 128, 512, p.dsink, dix, 64, 0.088f, o1, E));
         RUN(gpu->sparse_attn(gpu, dq, 2, 8, 128, dkv, 512, dkv + 512 * 128, 512, p.dsink, dix, 64, 0.088f, o2, E));
         uint16_t *g1 = down(o1, 2 * 2 * 8 * 128), *g2 = down(o2, 2 * 2 * 8 * 128);
-        row("fallback = scalar", "q[2, 8, 128] idx 64", cmp_bf16(g1, g2, 2 * 8 * 128), 1);
+        row("fallback = scalar", "q[2, 8, 128] idx 64", cmp_bf16(g1, g2, 2 * 8 * 128, 128), 1);
         free(qh), free(ix), free(g1), free(g2), cudaFree(dq), cudaFree(o1), cudaFree(o2), cudaFree(dix);
         problem_free(&p);
     }
     problem pre = {0};
-    if (!quick) { /* prefill 8192: every row vs the scalar kernel, 256 spread rows (and the first 128) vs CPU */
-        pre = prefill_problem(8192);
+    if (!quick) pre = prefill_problem(8192);
+    if (!quick && !bench_only) { /* prefill 8192: every row vs the scalar kernel; rows 0 … 127 and every 32nd vs CPU */
         RUN(fast(&pre, 0));
         uint16_t *g = down(pre.dout, sizeof *g * (size_t)(pre.m * NH * DIM));
         RUN(scalar(&pre));
         uint16_t *s = down(pre.dout, sizeof *s * (size_t)(pre.m * NH * DIM));
-        row("fast vs scalar cuda", "prefill q[8192,64,512] idx 640", cmp_bf16(g, s, pre.m * NH * DIM), 0);
+        row("fast vs scalar cuda", "prefill q[8192,64,512] idx 640", cmp_bf16(g, s, pre.m * NH * DIM, DIM), 0);
         stats worst = {0, 0, 0, 0};
         int64_t n = 0;
         for (int64_t r0 = 0; r0 < pre.m; r0 += r0 == 0 ? 128 : 32) {
             const int64_t cnt = r0 == 0 ? 128 : 1; /* rows 0 … 127 (1 … 128 valid keys), then every 32nd */
             uint16_t *r = cpu_rows(&pre, r0, cnt);
-            stats st = cmp_bf16(g + r0 * NH * DIM, r, cnt * NH * DIM);
+            stats st = cmp_bf16(g + r0 * NH * DIM, r, cnt * NH * DIM, DIM);
             worst.n_diff += st.n_diff;
-            worst.max_ulp = st.max_ulp > worst.max_ulp ? st.max_ulp : worst.max_ulp;
+            worst.max_rulp = fmax(worst.max_rulp, st.max_rulp);
             worst.max_abs = st.max_abs > worst.max_abs ? st.max_abs : worst.max_abs;
             n += cnt;
             free(r);
@@ -426,11 +440,11 @@ int main(void) {
     for (int c = 0; c < (quick ? 1 : 2); c++)
         for (int k = 0; k < 4; k++) {
             snprintf(sh, sizeof sh, "decode m=%lld ctx %lldK", (long long)ms[k], (long long)(ctxs[c] >> 10));
-            bench(sh, &dec[c][k], ms[k] >= 64 ? 3 : 7);
+            bench(sh, &dec[c][k], bench_only ? 0 : ms[k] >= 64 ? 3 : 7);
             problem_free(&dec[c][k]);
         }
     if (!quick) {
-        bench("prefill m=8192 (T=8192)", &pre, 1);
+        bench("prefill m=8192 (T=8192)", &pre, bench_only ? 0 : 1);
         problem_free(&pre);
     }
     di_backend_cuda_destroy(gpu);

@@ -52,7 +52,7 @@
 #define FA_KV_BYTES (FA_BLOCK * FA_ROW * 2)
 #define FA_S_BYTES (FA_HEADS * FA_SROW * 4)
 #define FA_P_BYTES (FA_HEADS * FA_PROW * 2)
-#define FA_SMEM (FA_Q_BYTES + 2 * FA_KV_BYTES + FA_S_BYTES + FA_P_BYTES + 2 * FA_HEADS * 4 + 2 * FA_BLOCK)
+#define FA_SMEM (FA_Q_BYTES + 2 * FA_KV_BYTES + FA_S_BYTES + FA_P_BYTES + 2 * FA_HEADS * 4 + 2 * FA_BLOCK * 4 + 2 * FA_BLOCK)
 
 /* ---- PTX wrappers ---- */
 static __device__ __forceinline__ uint32_t fa_smem_addr(const void *p) {
@@ -94,16 +94,17 @@ static __device__ __forceinline__ const uint16_t *fa_row(int32_t id, const uint1
     return NULL;
 }
 
-/* Queue the gather of list entries [b0, b0 + 64) into kv (bf16 [64][FA_ROW]); valid[k] = row exists.
- * A skipped row is zero-filled (src size 0; `dummy` is any 16-byte-aligned device address, never read).
- * Thread t copies 16-byte chunk t mod 64 of rows t/64, t/64 + 4, …: a warp moves 512 contiguous bytes. */
-static __device__ __forceinline__ void fa_gather(uint16_t *kv, uint8_t *valid, const int32_t *ix, int64_t b0,
-                                                 int64_t n_idx, const uint16_t *kv_win, int64_t n_win,
-                                                 const uint16_t *kv_cmp, int64_t n_cmp, const uint16_t *dummy) {
+/* Queue the gather of one step's 64 list entries ids (shared int32 [64], −1 past the list end) into kv
+ * (bf16 [64][FA_ROW]); valid[k] = row exists. A skipped row is zero-filled (src size 0; `dummy` is any
+ * 16-byte-aligned device address, never read). Thread t copies 16-byte chunk t mod 64 of rows t/64,
+ * t/64 + 4, …: a warp moves 512 contiguous bytes. */
+static __device__ __forceinline__ void fa_gather(uint16_t *kv, uint8_t *valid, const int32_t *ids,
+                                                 const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
+                                                 int64_t n_cmp, const uint16_t *dummy) {
     const int t = threadIdx.x, c = t & 63;
-#pragma unroll 4
+#pragma unroll
     for (int r = t >> 6; r < FA_BLOCK; r += FA_THREADS / 64) {
-        const uint16_t *row = b0 + r < n_idx ? fa_row(ix[b0 + r], kv_win, n_win, kv_cmp, n_cmp) : NULL;
+        const uint16_t *row = fa_row(ids[r], kv_win, n_win, kv_cmp, n_cmp);
         fa_cp16(kv + r * FA_ROW + c * 8, row ? row + c * 8 : dummy, row ? 16 : 0);
         if (c == 0) valid[r] = row != NULL;
     }
@@ -123,7 +124,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     uint16_t *ps = (uint16_t *)((unsigned char *)ss + FA_S_BYTES);        /* bf16 [64][FA_PROW] */
     float *alpha_s = (float *)((unsigned char *)ps + FA_P_BYTES);         /* f32 [64] this step's α */
     float *lfin_s = alpha_s + FA_HEADS;                                   /* f32 [64] final denominator */
-    uint8_t *valid_s = (uint8_t *)(lfin_s + FA_HEADS);                    /* [2][64] */
+    int32_t *ids_s = (int32_t *)(lfin_s + FA_HEADS);                      /* int32 [2][64] list entries per buffer */
+    uint8_t *valid_s = (uint8_t *)(ids_s + 2 * FA_BLOCK);                 /* [2][64] */
 
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int rg = w & 3, half = w >> 2; /* head rows 16·rg …; keys (QK) / columns (PV) half */
@@ -138,9 +140,11 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const int c = t & 63;
         for (int r = t >> 6; r < FA_HEADS; r += FA_THREADS / 64) fa_cp16(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
     }
-    fa_gather(kvs, valid_s, ix, 0, n_idx, kv_win, n_win, kv_cmp, n_cmp, q);
+    if (t < 2 * FA_BLOCK) ids_s[t] = t < n_idx ? ix[t] : -1;
+    __syncthreads();
+    fa_gather(kvs, valid_s, ids_s, kv_win, n_win, kv_cmp, n_cmp, q);
     fa_cp_commit();
-    if (nblk > 1) fa_gather(kvs + FA_BLOCK * FA_ROW, valid_s + FA_BLOCK, ix, FA_BLOCK, n_idx, kv_win, n_win, kv_cmp, n_cmp, q);
+    fa_gather(kvs + FA_BLOCK * FA_ROW, valid_s + FA_BLOCK, ids_s + FA_BLOCK, kv_win, n_win, kv_cmp, n_cmp, q);
     fa_cp_commit();
 
     float o[NT][4]; /* f32 O[16 rows][NC/2 cols] of this warp, m16n8 accumulator layout */
@@ -156,6 +160,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const uint8_t *valid = valid_s + buf * FA_BLOCK;
         fa_cp_wait1(); /* every group but the newest: this step's rows (and Q) have landed */
         __syncthreads();
+        /* the list entries of step b + 2, loaded now so that their latency hides behind this step */
+        const int32_t next_id = t < FA_BLOCK && (b + 2) * FA_BLOCK + t < n_idx ? ix[(b + 2) * FA_BLOCK + t] : -1;
 
         { /* 2. S[16 rows][32 keys] of this warp over 512 channels */
             float acc[4][4];
@@ -222,6 +228,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             m_run = m_new;
             if (c == 0) alpha_s[sh] = alpha;
         }
+        if (t < FA_BLOCK) ids_s[buf * FA_BLOCK + t] = next_id; /* step b's gather (two steps ago) is done */
         __syncthreads();
 
         { /* 4. O = O·α + P·V for rows 16·rg …, columns col0 … col0 + NC/2 */
@@ -248,11 +255,12 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         }
         __syncthreads(); /* this buffer, S, P and α are free */
         if (b + 2 < nblk)
-            fa_gather(kvs + buf * (FA_BLOCK * FA_ROW), valid_s + buf * FA_BLOCK, ix, (b + 2) * FA_BLOCK, n_idx, kv_win,
-                      n_win, kv_cmp, n_cmp, q);
+            fa_gather(kvs + buf * (FA_BLOCK * FA_ROW), valid_s + buf * FA_BLOCK, ids_s + buf * FA_BLOCK, kv_win, n_win,
+                      kv_cmp, n_cmp, q);
         fa_cp_commit(); /* one group per step (possibly empty) keeps wait_group 1 meaning "step b+1 pending" */
     }
 
+    asm volatile("cp.async.wait_all;\n" ::); /* the empty trailing groups (and Q when the list is empty) */
     if ((t & 3) == 0) lfin_s[sh] = __fadd_rn(l_run, d_expf(__fsub_rn(sink[sh], m_run)));
     __syncthreads();
     const float l_lo = lfin_s[rg * 16 + g], l_hi = lfin_s[rg * 16 + g + 8];
