@@ -15,8 +15,8 @@
  * Finally out = bf16(O / (l + exp(sink − M))).
  *
  * Exactness (tests/cuda/test_cuda_attn_fast.c measures it): steps 1 and 3 and the final division are
- * the CPU's operations in the CPU's order (exp is the f64 function rounded once, d_expf, as in every
- * CUDA op here). Steps 2 and 4 are tensor-core sums: the bf16×bf16 products are exact, but the f32
+ * the CPU's operations in the CPU's order (exp is the f64 function rounded once, as d_expf in every
+ * CUDA op here, in a branch-free form: di_fa_expf in cuda_attn_fast.h). Steps 2 and 4 are tensor-core sums: the bf16×bf16 products are exact, but the f32
  * accumulation order inside an MMA is the hardware's, not the CPU's 8 strided lanes, and step 4 adds
  * O·α and the block's P·V in one accumulation where the CPU rounds Σ p·v first (the reference's
  * tilelang kernel, like this one, accumulates P·V into the rescaled O). Scores therefore differ by a
@@ -52,7 +52,7 @@
 #define FA_KV_BYTES (FA_BLOCK * FA_ROW * 2)
 #define FA_S_BYTES (FA_HEADS * FA_SROW * 4)
 #define FA_P_BYTES (FA_HEADS * FA_PROW * 2)
-#define FA_SMEM (FA_Q_BYTES + 2 * FA_KV_BYTES + FA_S_BYTES + FA_P_BYTES + 2 * FA_HEADS * 4 + 2 * FA_BLOCK * 4 + 2 * FA_BLOCK)
+#define FA_SMEM (FA_Q_BYTES + 2 * FA_KV_BYTES + FA_S_BYTES + FA_P_BYTES + 2 * FA_HEADS * 4 + 2 * FA_BLOCK * 8 + 2 * FA_BLOCK)
 
 /* ---- PTX wrappers ---- */
 static __device__ __forceinline__ uint32_t fa_smem_addr(const void *p) {
@@ -94,17 +94,16 @@ static __device__ __forceinline__ const uint16_t *fa_row(int32_t id, const uint1
     return NULL;
 }
 
-/* Queue the gather of one step's 64 list entries ids (shared int32 [64], −1 past the list end) into kv
+/* Queue the gather of one step's 64 KV rows (shared [64] row pointers, NULL = skipped) into kv
  * (bf16 [64][FA_ROW]); valid[k] = row exists. A skipped row is zero-filled (src size 0; `dummy` is any
  * 16-byte-aligned device address, never read). Thread t copies 16-byte chunk t mod 64 of rows t/64,
  * t/64 + 4, …: a warp moves 512 contiguous bytes. */
-static __device__ __forceinline__ void fa_gather(uint16_t *kv, uint8_t *valid, const int32_t *ids,
-                                                 const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
-                                                 int64_t n_cmp, const uint16_t *dummy) {
+static __device__ __forceinline__ void fa_gather(uint16_t *kv, uint8_t *valid, const uint16_t *const *rows,
+                                                 const uint16_t *dummy) {
     const int t = threadIdx.x, c = t & 63;
 #pragma unroll
     for (int r = t >> 6; r < FA_BLOCK; r += FA_THREADS / 64) {
-        const uint16_t *row = fa_row(ids[r], kv_win, n_win, kv_cmp, n_cmp);
+        const uint16_t *row = rows[r];
         fa_cp16(kv + r * FA_ROW + c * 8, row ? row + c * 8 : dummy, row ? 16 : 0);
         if (c == 0) valid[r] = row != NULL;
     }
@@ -124,8 +123,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     uint16_t *ps = (uint16_t *)((unsigned char *)ss + FA_S_BYTES);        /* bf16 [64][FA_PROW] */
     float *alpha_s = (float *)((unsigned char *)ps + FA_P_BYTES);         /* f32 [64] this step's α */
     float *lfin_s = alpha_s + FA_HEADS;                                   /* f32 [64] final denominator */
-    int32_t *ids_s = (int32_t *)(lfin_s + FA_HEADS);                      /* int32 [2][64] list entries per buffer */
-    uint8_t *valid_s = (uint8_t *)(ids_s + 2 * FA_BLOCK);                 /* [2][64] */
+    const uint16_t **rows_s = (const uint16_t **)(lfin_s + FA_HEADS);     /* [2][64] KV row per buffer slot */
+    uint8_t *valid_s = (uint8_t *)(rows_s + 2 * FA_BLOCK);                /* [2][64] */
 
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int rg = w & 3, half = w >> 2; /* head rows 16·rg …; keys (QK) / columns (PV) half */
@@ -140,11 +139,11 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const int c = t & 63;
         for (int r = t >> 6; r < FA_HEADS; r += FA_THREADS / 64) fa_cp16(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
     }
-    if (t < 2 * FA_BLOCK) ids_s[t] = t < n_idx ? ix[t] : -1;
+    if (t < 2 * FA_BLOCK) rows_s[t] = fa_row(t < n_idx ? ix[t] : -1, kv_win, n_win, kv_cmp, n_cmp);
     __syncthreads();
-    fa_gather(kvs, valid_s, ids_s, kv_win, n_win, kv_cmp, n_cmp, q);
+    fa_gather(kvs, valid_s, rows_s, q);
     fa_cp_commit();
-    fa_gather(kvs + FA_BLOCK * FA_ROW, valid_s + FA_BLOCK, ids_s + FA_BLOCK, kv_win, n_win, kv_cmp, n_cmp, q);
+    fa_gather(kvs + FA_BLOCK * FA_ROW, valid_s + FA_BLOCK, rows_s + FA_BLOCK, q);
     fa_cp_commit();
 
     float o[NT][4]; /* f32 O[16 rows][NC/2 cols] of this warp, m16n8 accumulator layout */
@@ -210,13 +209,13 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             float o2 = __shfl_xor_sync(0xffffffffu, bmax, 2);
             bmax = o2 > bmax ? o2 : bmax;
             const float m_new = bmax > m_run ? bmax : m_run;
-            const float alpha = d_expf(__fsub_rn(m_run, m_new));
+            const float alpha = di_fa_expf(__fsub_rn(m_run, m_new));
             float lane0 = 0.0f, lane1 = 0.0f; /* CPU sum_f32 lanes 2c and 2c+1, keys ascending */
             uint32_t *prow = (uint32_t *)(ps + sh * FA_PROW);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const float p0 = d_expf(__fsub_rn(sv[2 * j], m_new)); /* −inf → 0 */
-                const float p1 = d_expf(__fsub_rn(sv[2 * j + 1], m_new));
+                const float p0 = di_fa_expf(__fsub_rn(sv[2 * j], m_new)); /* −inf → 0 */
+                const float p1 = di_fa_expf(__fsub_rn(sv[2 * j + 1], m_new));
                 lane0 = __fadd_rn(lane0, p0);
                 lane1 = __fadd_rn(lane1, p1);
                 prow[j * 4 + c] = (uint32_t)d_to_bf16(p0) | ((uint32_t)d_to_bf16(p1) << 16);
@@ -228,7 +227,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             m_run = m_new;
             if (c == 0) alpha_s[sh] = alpha;
         }
-        if (t < FA_BLOCK) ids_s[buf * FA_BLOCK + t] = next_id; /* step b's gather (two steps ago) is done */
+        if (t < FA_BLOCK) /* step b's gather (two steps ago) is done with this slot */
+            rows_s[buf * FA_BLOCK + t] = fa_row(next_id, kv_win, n_win, kv_cmp, n_cmp);
         __syncthreads();
 
         { /* 4. O = O·α + P·V for rows 16·rg …, columns col0 … col0 + NC/2 */
@@ -255,13 +255,12 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         }
         __syncthreads(); /* this buffer, S, P and α are free */
         if (b + 2 < nblk)
-            fa_gather(kvs + buf * (FA_BLOCK * FA_ROW), valid_s + buf * FA_BLOCK, ids_s + buf * FA_BLOCK, kv_win, n_win,
-                      kv_cmp, n_cmp, q);
+            fa_gather(kvs + buf * (FA_BLOCK * FA_ROW), valid_s + buf * FA_BLOCK, rows_s + buf * FA_BLOCK, q);
         fa_cp_commit(); /* one group per step (possibly empty) keeps wait_group 1 meaning "step b+1 pending" */
     }
 
     asm volatile("cp.async.wait_all;\n" ::); /* the empty trailing groups (and Q when the list is empty) */
-    if ((t & 3) == 0) lfin_s[sh] = __fadd_rn(l_run, d_expf(__fsub_rn(sink[sh], m_run)));
+    if ((t & 3) == 0) lfin_s[sh] = __fadd_rn(l_run, di_fa_expf(__fsub_rn(sink[sh], m_run)));
     __syncthreads();
     const float l_lo = lfin_s[rg * 16 + g], l_hi = lfin_s[rg * 16 + g + 8];
     uint16_t *olo = out + (qi * FA_HEADS + rg * 16 + g) * FA_DIM + col0 + 2 * c4;
