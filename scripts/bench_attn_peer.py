@@ -10,8 +10,8 @@ The same op and shapes, written the way a fast PyTorch implementation would: gat
 Shapes: q [m, 64, 512] bf16, 640 indices per query (128 window ring slots + 512 ascending compressed
 entries), decode m = 1, 8, 64, 256 at contexts 4K / 64K (ratio-2 pools of ctx/2 entries per sequence,
 inside a 256 MB pool), and an 8192-token prefill (window p−127 … p, top-512 of (p+1)/2 visible entries,
-−1 padding). Timing: CUDA events around the op alone, median, with a 256 MB buffer rewritten before
-each launch (cold L2), as in the C benchmark. Bytes: q + valid gathered rows + idx + out.
+−1 padding). Timing: CUDA events around the op alone, median, with a 256 MB buffer read before each
+launch (a cold L2 of clean lines), as in the C benchmark. Bytes: q + valid gathered rows + idx + out.
 
 Usage: python3 scripts/bench_attn_peer.py   (needs a CUDA GPU; prints one table)
 """
@@ -24,7 +24,7 @@ dev = "cuda"
 gen = torch.Generator(device=dev).manual_seed(1)
 POOL_CMP = 262144
 pool = torch.randn(POOL_CMP + 256 * 128, DIM, device=dev, generator=gen).to(torch.bfloat16)
-flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+flush = torch.zeros(64 << 20, dtype=torch.float32, device=dev)  # 256 MB, READ before each launch (clean cold L2)
 
 
 def decode_idx(m, ctx):
@@ -74,7 +74,7 @@ def median_ms(fn, reps):
     torch.cuda.synchronize()
     ts = []
     for r in range(reps):
-        flush.fill_(r & 0xFF)
+        flush.sum()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()

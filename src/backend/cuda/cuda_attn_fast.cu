@@ -15,8 +15,8 @@
  * Finally out = bf16(O / (l + exp(sink − M))).
  *
  * Exactness (tests/cuda/test_cuda_attn_fast.c measures it): steps 1 and 3 and the final division are
- * the CPU's operations in the CPU's order (exp is the f64 function rounded once, as d_expf in every
- * CUDA op here, in a branch-free form: di_fa_expf in cuda_attn_fast.h). Steps 2 and 4 are tensor-core sums: the bf16×bf16 products are exact, but the f32
+ * the CPU's operations in the CPU's order (exp is the f64 function rounded once, d_expf, as in every
+ * CUDA op here). Steps 2 and 4 are tensor-core sums: the bf16×bf16 products are exact, but the f32
  * accumulation order inside an MMA is the hardware's, not the CPU's 8 strided lanes, and step 4 adds
  * O·α and the block's P·V in one accumulation where the CPU rounds Σ p·v first (the reference's
  * tilelang kernel, like this one, accumulates P·V into the rescaled O). Scores therefore differ by a
@@ -209,13 +209,13 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             float o2 = __shfl_xor_sync(0xffffffffu, bmax, 2);
             bmax = o2 > bmax ? o2 : bmax;
             const float m_new = bmax > m_run ? bmax : m_run;
-            const float alpha = di_fa_expf(__fsub_rn(m_run, m_new));
+            const float alpha = d_expf(__fsub_rn(m_run, m_new));
             float lane0 = 0.0f, lane1 = 0.0f; /* CPU sum_f32 lanes 2c and 2c+1, keys ascending */
             uint32_t *prow = (uint32_t *)(ps + sh * FA_PROW);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const float p0 = di_fa_expf(__fsub_rn(sv[2 * j], m_new)); /* −inf → 0 */
-                const float p1 = di_fa_expf(__fsub_rn(sv[2 * j + 1], m_new));
+                const float p0 = d_expf(__fsub_rn(sv[2 * j], m_new)); /* −inf → 0 */
+                const float p1 = d_expf(__fsub_rn(sv[2 * j + 1], m_new));
                 lane0 = __fadd_rn(lane0, p0);
                 lane1 = __fadd_rn(lane1, p1);
                 prow[j * 4 + c] = (uint32_t)d_to_bf16(p0) | ((uint32_t)d_to_bf16(p1) << 16);
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     }
 
     asm volatile("cp.async.wait_all;\n" ::); /* the empty trailing groups (and Q when the list is empty) */
-    if ((t & 3) == 0) lfin_s[sh] = __fadd_rn(l_run, di_fa_expf(__fsub_rn(sink[sh], m_run)));
+    if ((t & 3) == 0) lfin_s[sh] = __fadd_rn(l_run, d_expf(__fsub_rn(sink[sh], m_run)));
     __syncthreads();
     const float l_lo = lfin_s[rg * 16 + g], l_hi = lfin_s[rg * 16 + g + 8];
     uint16_t *olo = out + (qi * FA_HEADS + rg * 16 + g) * FA_DIM + col0 + 2 * c4;
