@@ -4,6 +4,7 @@
 The same op and shapes, written the way a fast PyTorch implementation would: gather the listed KV rows
 (one shared 512-wide latent head), then either
   matmul  bf16 Q·Kᵀ (f32 scores), −inf for −1 slots, the sink as an extra logit column, softmax, bf16 P·V;
+  graph   the matmul version captured in one CUDA graph (no launch gaps: its GPU time alone);
   sdpa    F.scaled_dot_product_attention over the gathered rows plus one zero row whose additive mask
           is the sink (exp(sink) joins the denominator, its value row is 0), enable_gqa for the single
           KV head.
@@ -69,6 +70,20 @@ def attn_sdpa(q, idx, sink):
     return o[:, :, 0]
 
 
+def graphed(fn, q, idx, sink):
+    """fn(q, idx, sink) captured in a CUDA graph (no launch gaps between its kernels): the replay callable."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(q, idx, sink)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(q, idx, sink)
+    return g.replay
+
+
 def median_ms(fn, reps):
     fn()
     torch.cuda.synchronize()
@@ -88,6 +103,7 @@ def median_ms(fn, reps):
 def main():
     print(f"# device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'shape':34s} {'bytes':>11s} | {'matmul us':>10s} {'GB/s':>7s} {'TFLOP/s':>7s} | "
+          f"{'graph us':>10s} {'GB/s':>7s} {'TFLOP/s':>7s} | "
           f"{'sdpa us':>10s} {'GB/s':>7s} {'TFLOP/s':>7s} | max|matmul-sdpa|")
     cases = [(f"decode m={m} ctx {ctx >> 10}K", m, ctx) for ctx in (4096, 65536) for m in (1, 8, 64, 256)]
     cases.append(("prefill m=8192 (T=8192)", 8192, 0))
@@ -101,13 +117,21 @@ def main():
         reps = 5 if m > 256 else 21
         row = [f"{name:34s} {nbytes / 1e6:8.1f} MB"]
         outs = []
-        for fn in (attn_matmul, attn_sdpa):
+        for fn in (attn_matmul, "graph", attn_sdpa):
             try:
+                if fn == "graph":  # the matmul version as one CUDA graph replay
+                    replay = graphed(attn_matmul, q, idx, sink)
+                    t = median_ms(replay, reps)
+                    del replay
+                    torch.cuda.empty_cache()
+                    row.append(f"{t * 1e3:10.1f} {nbytes / (t * 1e-3) / 1e9:7.0f} {flop / (t * 1e-3) / 1e12:7.2f}")
+                    continue
                 t = median_ms(lambda: fn(q, idx, sink), reps)
                 outs.append(fn(q, idx, sink).float())
                 row.append(f"{t * 1e3:10.1f} {nbytes / (t * 1e-3) / 1e9:7.0f} {flop / (t * 1e-3) / 1e12:7.2f}")
             except Exception as e:  # e.g. out of memory or no SDPA kernel for this shape
-                outs.append(None)
+                if fn != "graph":
+                    outs.append(None)
                 row.append(f"{'failed':>10s} {type(e).__name__:>15s}")
         diff = (outs[0] - outs[1]).abs().max().item() if outs[0] is not None and outs[1] is not None else float("nan")
         print(" | ".join(row) + f" | {diff:.3g}", flush=True)
