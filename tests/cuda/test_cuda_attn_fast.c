@@ -19,7 +19,7 @@
  * the same 640 keys; the prefill rows with 1 … 640 valid keys are checked too).
  *
  * Invariance (exact, 0 mismatches): the same query gives the same bits alone (m = 1) and inside a
- * batch (m = 256), and for every forced column split (64 … 512 columns per block). The fallback for
+ * batch (m = 256), and for every forced work split (64 … 512 columns × 64 or 16 heads per block). The fallback for
  * other shapes (64 heads × 512 only) must equal the scalar CUDA kernel bit for bit.
  *
  * Speed: per shape the fast kernel, the scalar CUDA kernel (cuda_attn.cu) and the bytes that must move
@@ -243,10 +243,12 @@ static problem prefill_problem(int64_t T) {
     return p;
 }
 
-static int fast(const problem *p, int cols) {
-    return di_cuda_sparse_attn_fast_cols(gpu, p->dq, p->m, NH, DIM, p->dwin, p->n_win, p->dcmp, p->n_cmp, p->dsink,
-                                         p->didx, p->n_idx, SCALE, p->dout, cols, E);
+/* cols × heads per block forced, or 0 × 0 (the op's own choice) */
+static int fast_split(const problem *p, int cols, int heads) {
+    return di_cuda_sparse_attn_fast_split(gpu, p->dq, p->m, NH, DIM, p->dwin, p->n_win, p->dcmp, p->n_cmp, p->dsink,
+                                          p->didx, p->n_idx, SCALE, p->dout, cols, heads, E);
 }
+static int fast(const problem *p, int cols) { return fast_split(p, cols, 0); }
 static int scalar(const problem *p) {
     return gpu->sparse_attn(gpu, p->dq, p->m, NH, DIM, p->dwin, p->n_win, p->dcmp, p->n_cmp, p->dsink, p->didx,
                             p->n_idx, SCALE, p->dout, E);
@@ -375,26 +377,26 @@ int main(void) {
         free(g), free(r);
         problem_free(&p);
     }
-    if (!bench_only) { /* invariance: column splits, and batch vs alone */
+    if (!bench_only) { /* invariance: every work split, and batch vs alone */
         problem *p = &dec[0][1];
         uint16_t *ref = NULL;
-        const int cols[4] = {512, 256, 128, 64};
-        for (int k = 0; k < 4; k++) {
-            RUN(fast(p, cols[k]));
+        const int split[7][2] = {{512, 64}, {256, 64}, {128, 64}, {64, 64}, {512, 16}, {256, 16}, {128, 16}};
+        for (int k = 0; k < 7; k++) {
+            RUN(fast_split(p, split[k][0], split[k][1]));
             uint16_t *g = down(p->dout, sizeof *g * (size_t)(p->m * NH * DIM));
             if (!ref) {
                 ref = g;
                 continue;
             }
-            snprintf(sh, sizeof sh, "q[8] cols %d vs 512", cols[k]);
+            snprintf(sh, sizeof sh, "q[8] %d cols x %d heads vs 512 x 64", split[k][0], split[k][1]);
             row("split invariance", sh, cmp_bf16(g, ref, p->m * NH * DIM, DIM), 1);
             free(g);
         }
         free(ref);
         problem *b = &dec[0][3];
-        RUN(fast(b, 0)); /* m = 256: 512 columns per block */
+        RUN(fast(b, 0)); /* m = 256: 512 columns × 64 heads per block */
         uint16_t *gb = down(b->dout, sizeof *gb * (size_t)(b->m * NH * DIM));
-        problem one = *b; /* row 77 alone: m = 1, 64 columns per block */
+        problem one = *b; /* row 77 alone: m = 1, 128 columns × 16 heads per block */
         one.m = 1, one.dq = b->dq + 77 * NH * DIM, one.didx = b->didx + 77 * 640;
         one.dout = dev_poison(sizeof *gb * NH * DIM);
         RUN(fast(&one, 0));

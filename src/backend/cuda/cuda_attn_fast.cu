@@ -73,6 +73,11 @@ static __device__ __forceinline__ void fa_ldsm_x4(uint32_t r[4], const void *p) 
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(fa_smem_addr(p)));
 }
+static __device__ __forceinline__ void fa_ldsm_x2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(fa_smem_addr(p)));
+}
 static __device__ __forceinline__ void fa_ldsm_x4_t(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -110,13 +115,22 @@ static __device__ __forceinline__ void fa_gather(uint16_t *kv, uint8_t *valid, c
     }
 }
 
-/* One block = one query × NC output columns (blockIdx.y selects the slice). */
-template <int NC>
+/* One block = one query × NC output columns (blockIdx.y selects the slice) × HPB heads (blockIdx.z
+ * selects the group: 64 = all heads, the normal case; 16 for batches of ≤ #SMs/16 queries, whose time
+ * is the latency of one block's ten serial steps, not bandwidth). Warp w owns head rows
+ * 16·(w mod RG) … and key group / column group w div RG. */
+template <int NC, int HPB>
 __global__ void __launch_bounds__(FA_THREADS, 1)
     sparse_attn_fast_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_win, int64_t n_win,
                             const uint16_t *__restrict__ kv_cmp, int64_t n_cmp, const float *__restrict__ sink,
                             const int32_t *__restrict__ idx, int64_t n_idx, float scale, uint16_t *__restrict__ out) {
-    constexpr int NT = NC / 16; /* n8 column tiles per warp: the warp owns NC/2 columns */
+    constexpr int RG = HPB / 16;              /* 16-row groups: 4 or 1 */
+    constexpr int WPR = 8 / RG;               /* warps per row group: 2 or 8 */
+    constexpr int KW = FA_BLOCK / WPR;        /* keys of S per warp: 32 or 8 */
+    constexpr int NT = NC / WPR / 8;          /* n8 column tiles of O per warp */
+    constexpr int TPH = HPB == 64 ? 4 : 8;    /* softmax threads per head */
+    constexpr int LPT = 8 / TPH;              /* CPU sum lanes per softmax thread: 2 or 1 */
+    static_assert(NT % 2 == 0 && (KW == 8 || KW % 16 == 0), "tile pairs");
     extern __shared__ __align__(128) unsigned char fa_smem[];
     uint16_t *qs = (uint16_t *)fa_smem;                                   /* bf16 [64][FA_ROW] */
     uint16_t *kvs = (uint16_t *)(fa_smem + FA_Q_BYTES);                   /* bf16 [2][64][FA_ROW] */
@@ -128,17 +142,18 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     uint8_t *valid_s = (uint8_t *)(rows_s + 2 * FA_BLOCK);                /* [2][64] */
 
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
-    const int rg = w & 3, half = w >> 2; /* head rows 16·rg …; keys (QK) / columns (PV) half */
+    const int rg = w % RG, kg = w / RG; /* head rows 16·rg …; key group (QK) / column group (PV) */
     const int g = lane >> 2, c4 = lane & 3;
     const int64_t qi = blockIdx.x;
-    const int col0 = (int)blockIdx.y * NC + half * (NC / 2);
+    const int col0 = (int)blockIdx.y * NC + kg * (NC / WPR);
+    const int head0 = (int)blockIdx.z * HPB;
     const int32_t *ix = idx + qi * n_idx;
     const int64_t nblk = (n_idx + FA_BLOCK - 1) / FA_BLOCK;
 
     { /* Q (64 KB) with gather 0 as the first copy group, gather 1 as the second */
-        const uint16_t *qv = q + qi * (FA_HEADS * FA_DIM);
+        const uint16_t *qv = q + (qi * FA_HEADS + head0) * FA_DIM;
         const int c = t & 63;
-        for (int r = t >> 6; r < FA_HEADS; r += FA_THREADS / 64) fa_cp16(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
+        for (int r = t >> 6; r < HPB; r += FA_THREADS / 64) fa_cp16(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
     }
     if (t < 2 * FA_BLOCK) rows_s[t] = fa_row(t < n_idx ? ix[t] : -1, kv_win, n_win, kv_cmp, n_cmp);
     __syncthreads();
@@ -147,11 +162,12 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     fa_gather(kvs + FA_BLOCK * FA_ROW, valid_s + FA_BLOCK, rows_s + FA_BLOCK, q);
     fa_cp_commit();
 
-    float o[NT][4]; /* f32 O[16 rows][NC/2 cols] of this warp, m16n8 accumulator layout */
+    float o[NT][4]; /* f32 O[16 rows][NC/WPR cols] of this warp, m16n8 accumulator layout */
 #pragma unroll
     for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    /* softmax state of head t/4, replicated on its 4 threads */
-    const int sh = t >> 2;
+    /* softmax state of head t/TPH (threads t < HPB·TPH), replicated on its TPH threads */
+    const int sh = t / TPH;
+    const bool soft = t < HPB * TPH;
     float m_run = -1e30f, l_run = 0.0f;
 
     for (int64_t b = 0; b < nblk; b++) {
@@ -163,26 +179,33 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         /* the list entries of step b + 2, loaded now so that their latency hides behind this step */
         const int32_t next_id = t < FA_BLOCK && (b + 2) * FA_BLOCK + t < n_idx ? ix[(b + 2) * FA_BLOCK + t] : -1;
 
-        { /* 2. S[16 rows][32 keys] of this warp over 512 channels */
-            float acc[4][4];
+        { /* 2. S[16 rows][KW keys] of this warp over 512 channels */
+            float acc[KW / 8][4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            for (int j = 0; j < KW / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
             const uint16_t *qa = qs + (rg * 16 + (lane & 15)) * FA_ROW + (lane >> 4) * 8;
-            const uint16_t *kb = kv + (half * 32 + (lane & 7) + ((lane >> 4) << 3)) * FA_ROW + ((lane >> 3) & 1) * 8;
+            const uint16_t *kb = kv + (kg * KW + (lane & 7) + ((lane >> 4) << 3)) * FA_ROW + ((lane >> 3) & 1) * 8;
 #pragma unroll 4
             for (int k0 = 0; k0 < FA_DIM; k0 += 16) {
-                uint32_t a[4], b0[4], b1[4];
+                uint32_t a[4];
                 fa_ldsm_x4(a, qa + k0);
-                fa_ldsm_x4(b0, kb + k0);
-                fa_ldsm_x4(b1, kb + 16 * FA_ROW + k0);
-                fa_mma(acc[0], a, b0[0], b0[1]);
-                fa_mma(acc[1], a, b0[2], b0[3]);
-                fa_mma(acc[2], a, b1[0], b1[1]);
-                fa_mma(acc[3], a, b1[2], b1[3]);
+                if (KW == 8) { /* one n8 tile: lanes 0–15 address its two k halves */
+                    uint32_t bk[2];
+                    fa_ldsm_x2(bk, kb + k0);
+                    fa_mma(acc[0], a, bk[0], bk[1]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j + 1 < KW / 8; j += 2) {
+                        uint32_t bk[4];
+                        fa_ldsm_x4(bk, kb + j * 8 * FA_ROW + k0);
+                        fa_mma(acc[j], a, bk[0], bk[1]);
+                        fa_mma(acc[j + 1], a, bk[2], bk[3]);
+                    }
+                }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int key = half * 32 + j * 8 + 2 * c4;
+            for (int j = 0; j < KW / 8; j++) {
+                const int key = kg * KW + j * 8 + 2 * c4;
                 const bool v0 = valid[key], v1 = valid[key + 1];
                 float2 lo = make_float2(v0 ? __fmul_rn(acc[j][0], scale) : -INFINITY,
                                         v1 ? __fmul_rn(acc[j][1], scale) : -INFINITY);
@@ -194,36 +217,51 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         }
         __syncthreads();
 
-        { /* 3. online softmax of head sh: this thread holds CPU lanes 2·c4 and 2·c4 + 1 (keys ≡ 2c4, 2c4+1 mod 8) */
-            const int c = t & 3;
-            float sv[16];
+        if (soft) { /* 3. online softmax of head sh: thread c = t mod TPH holds the CPU's sum lanes c·LPT …
+                     * c·LPT + LPT − 1, i.e. the keys 8j + c·LPT + l (j = 0 … 7) */
+            const int c = t % TPH;
+            float sv[8][LPT];
             float bmax = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                float2 v = *(const float2 *)(ss + sh * FA_SROW + j * 8 + 2 * c);
-                sv[2 * j] = v.x, sv[2 * j + 1] = v.y;
-                bmax = v.x > bmax ? v.x : bmax;
-                bmax = v.y > bmax ? v.y : bmax;
+                if (LPT == 2) {
+                    const float2 v = *(const float2 *)(ss + sh * FA_SROW + j * 8 + 2 * c);
+                    sv[j][0] = v.x, sv[j][LPT - 1] = v.y;
+                } else {
+                    sv[j][0] = ss[sh * FA_SROW + j * 8 + c];
+                }
+#pragma unroll
+                for (int l = 0; l < LPT; l++) bmax = sv[j][l] > bmax ? sv[j][l] : bmax;
             }
-            float o1 = __shfl_xor_sync(0xffffffffu, bmax, 1);
-            bmax = o1 > bmax ? o1 : bmax;
-            float o2 = __shfl_xor_sync(0xffffffffu, bmax, 2);
-            bmax = o2 > bmax ? o2 : bmax;
+#pragma unroll
+            for (int off = 1; off < TPH; off <<= 1) {
+                const float other = __shfl_xor_sync(0xffffffffu, bmax, off);
+                bmax = other > bmax ? other : bmax;
+            }
             const float m_new = bmax > m_run ? bmax : m_run;
             const float alpha = d_expf(__fsub_rn(m_run, m_new));
-            float lane0 = 0.0f, lane1 = 0.0f; /* CPU sum_f32 lanes 2c and 2c+1, keys ascending */
-            uint32_t *prow = (uint32_t *)(ps + sh * FA_PROW);
+            float lanes[LPT]; /* CPU sum_f32 lanes, keys ascending */
+#pragma unroll
+            for (int l = 0; l < LPT; l++) lanes[l] = 0.0f;
+            uint16_t *prow = ps + sh * FA_PROW + c * LPT;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const float p0 = d_expf(__fsub_rn(sv[2 * j], m_new)); /* −inf → 0 */
-                const float p1 = d_expf(__fsub_rn(sv[2 * j + 1], m_new));
-                lane0 = __fadd_rn(lane0, p0);
-                lane1 = __fadd_rn(lane1, p1);
-                prow[j * 4 + c] = (uint32_t)d_to_bf16(p0) | ((uint32_t)d_to_bf16(p1) << 16);
+                float p[LPT];
+#pragma unroll
+                for (int l = 0; l < LPT; l++) {
+                    p[l] = d_expf(__fsub_rn(sv[j][l], m_new)); /* −inf → 0 */
+                    lanes[l] = __fadd_rn(lanes[l], p[l]);
+                }
+                if (LPT == 2)
+                    *(uint32_t *)(prow + j * 8) = (uint32_t)d_to_bf16(p[0]) | ((uint32_t)d_to_bf16(p[LPT - 1]) << 16);
+                else
+                    prow[j * 8] = d_to_bf16(p[0]);
             }
-            float s = __fadd_rn(lane0, lane1);                          /* (l2c + l2c+1) */
-            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));      /* ((0+1)+(2+3)), ((4+5)+(6+7)) */
-            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));      /* the two halves */
+            /* ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): the in-thread pair, then xor 1, 2 (, 4) across threads
+             * (a + b = b + a, so every thread of the head ends with the CPU's total) */
+            float s = LPT == 2 ? __fadd_rn(lanes[0], lanes[LPT - 1]) : lanes[0];
+#pragma unroll
+            for (int off = 1; off < TPH; off <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
             l_run = __fadd_rn(__fmul_rn(l_run, alpha), s);
             m_run = m_new;
             if (c == 0) alpha_s[sh] = alpha;
@@ -232,7 +270,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             rows_s[buf * FA_BLOCK + t] = fa_row(next_id, kv_win, n_win, kv_cmp, n_cmp);
         __syncthreads();
 
-        { /* 4. O = O·α + P·V for rows 16·rg …, columns col0 … col0 + NC/2 */
+        { /* 4. O = O·α + P·V for rows 16·rg …, columns col0 … col0 + NC/WPR */
             const float a_lo = alpha_s[rg * 16 + g], a_hi = alpha_s[rg * 16 + g + 8];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
@@ -261,10 +299,10 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     }
 
     asm volatile("cp.async.wait_all;\n" ::); /* the empty trailing groups (and Q when the list is empty) */
-    if ((t & 3) == 0) lfin_s[sh] = __fadd_rn(l_run, d_expf(__fsub_rn(sink[sh], m_run)));
+    if (soft && t % TPH == 0) lfin_s[sh] = __fadd_rn(l_run, d_expf(__fsub_rn(sink[head0 + sh], m_run)));
     __syncthreads();
     const float l_lo = lfin_s[rg * 16 + g], l_hi = lfin_s[rg * 16 + g + 8];
-    uint16_t *olo = out + (qi * FA_HEADS + rg * 16 + g) * FA_DIM + col0 + 2 * c4;
+    uint16_t *olo = out + (qi * FA_HEADS + head0 + rg * 16 + g) * FA_DIM + col0 + 2 * c4;
     uint16_t *ohi = olo + 8 * FA_DIM;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -275,58 +313,75 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     }
 }
 
-template <int NC>
+template <int NC, int HPB>
 static int fa_launch(const di_backend *be, const uint16_t *q, int64_t m, const uint16_t *kv_win, int64_t n_win,
                      const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx,
                      float scale, uint16_t *out, di_error *err) {
     static int smem_set; /* the >48 KB dynamic shared-memory opt-in, once per instantiation */
     if (!smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(sparse_attn_fast_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, FA_SMEM);
+        cudaError_t e = cudaFuncSetAttribute(sparse_attn_fast_kernel<NC, HPB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             FA_SMEM);
         if (e != cudaSuccess)
             return di_error_set(err, DI_ERR_INTERNAL, "cuda sparse_attn_fast: %d B of shared memory: %s", FA_SMEM,
                                 cudaGetErrorString(e));
         smem_set = 1;
     }
-    dim3 grid((unsigned)m, FA_DIM / NC);
-    sparse_attn_fast_kernel<NC><<<grid, FA_THREADS, FA_SMEM, di_cuda_state(be)->stream>>>(
+    dim3 grid((unsigned)m, FA_DIM / NC, FA_HEADS / HPB);
+    sparse_attn_fast_kernel<NC, HPB><<<grid, FA_THREADS, FA_SMEM, di_cuda_state(be)->stream>>>(
         q, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
     return di_cuda_launched("sparse_attn_fast", err);
 }
 
-extern "C" int di_cuda_sparse_attn_fast_cols(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
-                                             const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
-                                             int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx,
-                                             float scale, uint16_t *out, int cols, di_error *err) {
+extern "C" int di_cuda_sparse_attn_fast_split(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
+                                              const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
+                                              int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx,
+                                              float scale, uint16_t *out, int cols, int heads, di_error *err) {
     if (nh != FA_HEADS || d != FA_DIM) /* not the V4.1 shape: the general scalar kernel */
         return di_cuda_sparse_attn(be, q, m, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+    const bool auto_split = cols == 0 && heads == 0;
     if (m < 0 || m > 0x7fffffff || n_win < 0 || n_cmp < 0 || n_idx < 0 || (n_cmp > 0 && !kv_cmp) ||
-        (cols != 0 && cols != 64 && cols != 128 && cols != 256 && cols != 512))
+        (!auto_split && !((heads == 64 && (cols == 64 || cols == 128 || cols == 256 || cols == 512)) ||
+                          (heads == 16 && (cols == 128 || cols == 256 || cols == 512)))))
         return di_error_set(err, DI_ERR_INVALID,
-                            "cuda sparse_attn_fast: n_q %lld, n_win %lld, n_cmp %lld, n_idx %lld, cols %d (0, 64, "
-                            "128, 256 or 512)",
-                            (long long)m, (long long)n_win, (long long)n_cmp, (long long)n_idx, cols);
+                            "cuda sparse_attn_fast: n_q %lld, n_win %lld, n_cmp %lld, n_idx %lld, split %d columns × "
+                            "%d heads (expected 0 × 0, 64/128/256/512 × 64 or 128/256/512 × 16)",
+                            (long long)m, (long long)n_win, (long long)n_cmp, (long long)n_idx, cols, heads);
     if (m == 0) return DI_OK;
-    if (cols == 0) {
+    if (auto_split) {
         /* A block's time hardly depends on its columns (the score and softmax steps are the same for all
          * NC; measured 55 µs for NC = 64 vs 72 µs for 512 over 640 indices): take the most column splits
-         * that still fit ONE wave of blocks (m·512/NC ≤ #SMs), else 512. The bits do not depend on it. */
+         * that still fit ONE wave of blocks (blocks ≤ #SMs), else 512. Batches of ≤ #SMs/16 queries are
+         * latency-bound (one block's ten serial steps): they also split the heads in 4 groups of 16, which
+         * shortens each step ~4× at the price of reading each KV row 4× (from L2). The bits do not depend
+         * on the split. */
         int sms = 132;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, di_cuda_state(be)->device);
+        heads = m * 16 <= sms ? 16 : 64;
+        const int min_cols = heads == 16 ? 128 : 64;
         cols = 512;
-        while (cols > 64 && m * (FA_DIM / (cols / 2)) <= sms) cols /= 2;
+        while (cols > min_cols && m * (FA_HEADS / heads) * (FA_DIM / (cols / 2)) <= sms) cols /= 2;
+    }
+#define FA_ARGS be, q, m, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err
+    if (heads == 16) {
+        switch (cols) {
+        case 128: return fa_launch<128, 16>(FA_ARGS);
+        case 256: return fa_launch<256, 16>(FA_ARGS);
+        default: return fa_launch<512, 16>(FA_ARGS);
+        }
     }
     switch (cols) {
-    case 64: return fa_launch<64>(be, q, m, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
-    case 128: return fa_launch<128>(be, q, m, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
-    case 256: return fa_launch<256>(be, q, m, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
-    default: return fa_launch<512>(be, q, m, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+    case 64: return fa_launch<64, 64>(FA_ARGS);
+    case 128: return fa_launch<128, 64>(FA_ARGS);
+    case 256: return fa_launch<256, 64>(FA_ARGS);
+    default: return fa_launch<512, 64>(FA_ARGS);
     }
+#undef FA_ARGS
 }
 
 extern "C" int di_cuda_sparse_attn_fast(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
                                         const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp,
                                         const float *sink, const int32_t *idx, int64_t n_idx, float scale,
                                         uint16_t *out, di_error *err) {
-    return di_cuda_sparse_attn_fast_cols(be, q, m, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out,
-                                         0, err);
+    return di_cuda_sparse_attn_fast_split(be, q, m, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale,
+                                          out, 0, 0, err);
 }

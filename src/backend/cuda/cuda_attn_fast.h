@@ -11,8 +11,9 @@
  * CPU by 1 bf16 ulp on a small fraction of elements; see the test's header for the measured bound.
  *
  * Batch invariance: a query's output depends only on its own q row and index list. Small batches
- * split the 512 output columns over several blocks per query; every split computes the same scores
- * and the same per-column sums, so the bits do not depend on m. */
+ * split the 512 output columns (and, for ≤ #SMs/16 queries, the 64 heads) over several blocks per
+ * query; every split computes the same scores and the same per-column sums, so the bits do not depend
+ * on m. */
 #ifndef DI_BACKEND_CUDA_CUDA_ATTN_FAST_H
 #define DI_BACKEND_CUDA_CUDA_ATTN_FAST_H
 
@@ -30,12 +31,13 @@ int di_cuda_sparse_attn_fast(const di_backend *be, const uint16_t *q, int64_t m,
                              const float *sink, const int32_t *idx, int64_t n_idx, float scale, uint16_t *out,
                              di_error *err);
 
-/* The same with the output columns per thread block forced (64, 128, 256 or 512; 0 = choose from m).
- * For the invariance test: every choice must give the same bits. */
-int di_cuda_sparse_attn_fast_cols(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
-                                  const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp,
-                                  const float *sink, const int32_t *idx, int64_t n_idx, float scale, uint16_t *out,
-                                  int cols, di_error *err);
+/* The same with the work split forced: output columns per thread block (64, 128, 256 or 512) × heads
+ * per block (64; or 16 with 128+ columns); 0 × 0 = choose from m. For the invariance test: every split
+ * must give the same bits. */
+int di_cuda_sparse_attn_fast_split(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
+                                   const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp,
+                                   const float *sink, const int32_t *idx, int64_t n_idx, float scale, uint16_t *out,
+                                   int cols, int heads, di_error *err);
 
 #ifdef __cplusplus
 }
