@@ -84,9 +84,10 @@ static __device__ __forceinline__ void fa_ldsm_x4_t(uint32_t r[4], const void *p
                  : "r"(fa_smem_addr(p)));
 }
 
-/* d += a·b, m16n8k16, bf16 inputs, f32 accumulators (in place). */
+/* d += a·b, m16n8k16, bf16 inputs, f32 accumulators (in place). Not volatile: a pure register
+ * operation, so the compiler may issue the next k-step's ldmatrix (volatile, kept in order) before it. */
 static __device__ __forceinline__ void fa_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     /* softmax state of head t/TPH (threads t < HPB·TPH), replicated on its TPH threads */
     const int sh = t / TPH;
-    const bool soft = t < HPB * TPH;
+    const bool soft = HPB * TPH >= FA_THREADS || t < HPB * TPH;
     float m_run = -1e30f, l_run = 0.0f;
 
     for (int64_t b = 0; b < nblk; b++) {
