@@ -9,12 +9,15 @@
  * 64 in list order, running max from −1e30, bf16 probabilities against the running max, the f32
  * probability sum in the CPU's 8-lane order, f64-rounded exp like the scalar CUDA kernel), but its two
  * dot products run on the tensor cores: the bf16 products are exact, the f32 accumulation order is the
- * MMA's (not the CPU's 8 strided lanes), and P·V is accumulated into O·α in one MMA chain where the CPU
- * rounds Σ p·v first. A score that differs in its last f32 bits flips a bf16 probability now and then
- * (p within ~1e-7 of a bf16 rounding boundary), which moves an output by a small fraction of a bf16
- * ulp and flips its rounding sometimes. Expected (and measured, bench/NOTES-gpu.md): ≤ 1 bf16 ulp,
- * on ~1e-4 of the outputs. Tolerance: ≤ 2 ulp on ≤ 2e-3 of the elements (a 2-ulp row would mean a
- * probability flip at a dominant key AND an f32 difference in the same output, seen never so far).
+ * MMA's (not the CPU's 8 strided lanes, and each MMA adds its 16 products to the running sum with the
+ * tensor core's own rounding; the kernel keeps 4 chains for S to shorten that), and P·V is accumulated
+ * into O·α in one MMA chain where the CPU rounds Σ p·v first. A score that differs in its last f32 bits
+ * flips a bf16 probability when p lies that close to a bf16 rounding boundary, and a flip moves the
+ * outputs of its (query, head) row by ≤ 2^-7·(p/l)·|v|, flipping an output's bf16 rounding now and
+ * then. Measured (bench/NOTES-gpu.md): ≤ 1 row-ulp (see cmp_bf16) on ~0.1–0.3 % of the outputs with
+ * 4 chains (0.5–0.9 % with one 32-long chain: the tensor-core sum error is the cause). Tolerance:
+ * ≤ 2 row-ulp on ≤ 1 % of the outputs (2 row-ulp: one flip at a dominant key plus the output's own
+ * rounding).
  * No drift: the CPU-vs-fast difference does not grow with the list length (contexts 4K vs 64K have
  * the same 640 keys; the prefill rows with 1 … 640 valid keys are checked too).
  *
@@ -145,11 +148,11 @@ static stats cmp_bf16(const uint16_t *g, const uint16_t *c, int64_t n, int64_t r
 }
 
 #define TOL_RULP 2.0
-#define TOL_FRAC 2e-2
+#define TOL_FRAC 1e-2
 static void row(const char *what, const char *shape, stats s, int exact) {
     int ok = exact ? s.n_diff == 0 : (s.max_rulp <= TOL_RULP && s.frac <= TOL_FRAC);
     printf("%-24s %-44s %10.3g %6.2f %10lld %10.3g  %-22s %s\n", what, shape, s.max_abs, s.max_rulp,
-           (long long)s.n_diff, s.frac, exact ? "exact" : "<=2 row-ulp on <=2e-2", ok ? "PASS" : "FAIL");
+           (long long)s.n_diff, s.frac, exact ? "exact" : "<=2 row-ulp on <=1e-2", ok ? "PASS" : "FAIL");
     printf("# attn_fast %s %s: mismatch %.3g, max row-ulp %.2f\n", what, shape, s.frac, s.max_rulp);
     fflush(stdout);
     ok ? n_pass++ : n_fail++;
@@ -375,6 +378,25 @@ int main(void) {
         g = down(p.dout, sizeof *g * (size_t)(p.m * NH * DIM)), r = cpu_rows(&p, 0, p.m);
         row("fast vs cpu", "decode q[8] idx 100 (partial block)", cmp_bf16(g, r, p.m * NH * DIM, DIM), 0);
         free(g), free(r);
+        p.n_idx = 0; /* empty lists: only the sink, so exactly 0 */
+        RUN(fast(&p, 0));
+        g = down(p.dout, sizeof *g * (size_t)(p.m * NH * DIM)), r = cpu_rows(&p, 0, p.m);
+        row("fast vs cpu", "decode q[8] idx 0 (empty lists)", cmp_bf16(g, r, p.m * NH * DIM, DIM), 1);
+        free(g), free(r);
+        { /* kv_cmp not 16-byte aligned (one element off): the scalar kernel's path, bit-identical to it */
+            problem u = p;
+            u.n_idx = 100, u.dcmp = p.dcmp + 1, u.n_cmp = p.n_cmp - 1;
+            for (int64_t i = 0; i < u.m * 100; i++) /* keep every index inside the shortened pool */
+                if (u.idx[i] >= u.n_win + u.n_cmp) u.idx[i] = -1;
+            CU(cudaMemcpy(u.didx, u.idx, sizeof *u.idx * (size_t)(u.m * 100), cudaMemcpyHostToDevice));
+            CU(cudaDeviceSynchronize());
+            RUN(fast(&u, 0));
+            uint16_t *g1 = down(u.dout, sizeof *g1 * (size_t)(u.m * NH * DIM));
+            RUN(scalar(&u));
+            uint16_t *g2 = down(u.dout, sizeof *g2 * (size_t)(u.m * NH * DIM));
+            row("unaligned = scalar", "decode q[8] idx 100, kv_cmp + 1 element", cmp_bf16(g1, g2, u.m * NH * DIM, DIM), 1);
+            free(g1), free(g2);
+        }
         problem_free(&p);
     }
     if (!bench_only) { /* invariance: every work split, and batch vs alone */

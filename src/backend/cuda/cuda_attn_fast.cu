@@ -5,8 +5,8 @@
  * Per query (and output-column slice, below), per 64-index step b of its index list:
  *   1. gather: the 64 listed KV rows (bf16, 1 KB each) go to shared memory with cp.async, one step
  *      ahead (double buffer); a −1 or out-of-range index is a zero row flagged invalid;
- *   2. S = Q·Kᵀ: [64 heads × 64 keys] over the 512 latent channels, mma.sync m16n8k16 bf16 → f32;
- *      s = S·scale, −inf for invalid keys;
+ *   2. S = Q·Kᵀ: [64 heads × 64 keys] over the 512 latent channels, mma.sync m16n8k16 bf16 → f32 in
+ *      four accumulator chains (k-step mod 4) added at the end; s = S·scale, −inf for invalid keys;
  *   3. the reference's online-softmax step (sparse_attn.c), per head on 4 threads: block max, new
  *      running max M (from −1e30), α = exp(M_old − M), p = exp(s − M), l = l·α + Σp with Σp in the
  *      CPU's 8 strided lanes combined ((0+1)+(2+3))+((4+5)+(6+7)), and P = bf16(p);
@@ -21,7 +21,7 @@
  * O·α and the block's P·V in one accumulation where the CPU rounds Σ p·v first (the reference's
  * tilelang kernel, like this one, accumulates P·V into the rescaled O). Scores therefore differ by a
  * few f32 ulps, which flips a bf16 probability now and then; measured: ≤ 1 bf16 ulp of the (query,
- * head) row's scale on 0.5–0.9 % of the outputs (bench/NOTES-gpu.md).
+ * head) row's scale on ~0.1–0.3 % of the outputs (bench/NOTES-gpu.md).
  *
  * Work split and batch invariance: a block computes the score matrix of its query's HPB heads and the
  * output columns [slice·NC, slice·NC + NC). Small batches use NC < 512 (up to 8 blocks per query, each
@@ -182,37 +182,52 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const int32_t next_id = t < FA_BLOCK && (b + 2) * FA_BLOCK + t < n_idx ? ix[(b + 2) * FA_BLOCK + t] : -1;
 
         { /* 2. S[16 rows][KW keys] of this warp over 512 channels */
-            float acc[KW / 8][4];
+            /* Four accumulator chains (k-step mod 4), summed ((0+1)+(2+3)) at the end: an MMA adds its
+             * 16 products to the running f32 sum with the tensor core's own rounding, so the error grows
+             * with the chain length; 4 chains of 8 instead of 1 of 32 cut the outputs that differ from the
+             * CPU from ~0.7 % to ~0.2 % (measured: 1 chain 0.71 %, 2 chains 0.35 %, 4 chains 0.22 % at
+             * m = 256) at no measurable cost. */
+            float acc[4][KW / 8][4];
 #pragma unroll
-            for (int j = 0; j < KW / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            for (int h = 0; h < 4; h++)
+#pragma unroll
+                for (int j = 0; j < KW / 8; j++) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.0f;
             const uint16_t *qa = qs + (rg * 16 + (lane & 15)) * FA_ROW + (lane >> 4) * 8;
             const uint16_t *kb = kv + (kg * KW + (lane & 7) + ((lane >> 4) << 3)) * FA_ROW + ((lane >> 3) & 1) * 8;
-#pragma unroll 4
-            for (int k0 = 0; k0 < FA_DIM; k0 += 16) {
-                uint32_t a[4];
-                fa_ldsm_x4(a, qa + k0);
-                if (KW == 8) { /* one n8 tile: lanes 0–15 address its two k halves */
-                    uint32_t bk[2];
-                    fa_ldsm_x2(bk, kb + k0);
-                    fa_mma(acc[0], a, bk[0], bk[1]);
-                } else {
+#pragma unroll 1
+            for (int k0 = 0; k0 < FA_DIM; k0 += 64) {
 #pragma unroll
-                    for (int j = 0; j + 1 < KW / 8; j += 2) {
-                        uint32_t bk[4];
-                        fa_ldsm_x4(bk, kb + j * 8 * FA_ROW + k0);
-                        fa_mma(acc[j], a, bk[0], bk[1]);
-                        fa_mma(acc[j + 1], a, bk[2], bk[3]);
+                for (int h = 0; h < 4; h++) {
+                    uint32_t a[4];
+                    fa_ldsm_x4(a, qa + k0 + 16 * h);
+                    if (KW == 8) {
+                        uint32_t bk[2];
+                        fa_ldsm_x2(bk, kb + k0 + 16 * h);
+                        fa_mma(acc[h][0], a, bk[0], bk[1]);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j + 1 < KW / 8; j += 2) {
+                            uint32_t bk[4];
+                            fa_ldsm_x4(bk, kb + j * 8 * FA_ROW + k0 + 16 * h);
+                            fa_mma(acc[h][j], a, bk[0], bk[1]);
+                            fa_mma(acc[h][j + 1], a, bk[2], bk[3]);
+                        }
                     }
                 }
             }
 #pragma unroll
+            for (int j = 0; j < KW / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[0][j][e] = __fadd_rn(__fadd_rn(acc[0][j][e], acc[1][j][e]), __fadd_rn(acc[2][j][e], acc[3][j][e]));
+#pragma unroll
             for (int j = 0; j < KW / 8; j++) {
                 const int key = kg * KW + j * 8 + 2 * c4;
                 const bool v0 = valid[key], v1 = valid[key + 1];
-                float2 lo = make_float2(v0 ? __fmul_rn(acc[j][0], scale) : -INFINITY,
-                                        v1 ? __fmul_rn(acc[j][1], scale) : -INFINITY);
-                float2 hi = make_float2(v0 ? __fmul_rn(acc[j][2], scale) : -INFINITY,
-                                        v1 ? __fmul_rn(acc[j][3], scale) : -INFINITY);
+                float2 lo = make_float2(v0 ? __fmul_rn(acc[0][j][0], scale) : -INFINITY,
+                                        v1 ? __fmul_rn(acc[0][j][1], scale) : -INFINITY);
+                float2 hi = make_float2(v0 ? __fmul_rn(acc[0][j][2], scale) : -INFINITY,
+                                        v1 ? __fmul_rn(acc[0][j][3], scale) : -INFINITY);
                 *(float2 *)(ss + (rg * 16 + g) * FA_SROW + key) = lo;
                 *(float2 *)(ss + (rg * 16 + g + 8) * FA_SROW + key) = hi;
             }
@@ -338,7 +353,8 @@ extern "C" int di_cuda_sparse_attn_fast_split(const di_backend *be, const uint16
                                               const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
                                               int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx,
                                               float scale, uint16_t *out, int cols, int heads, di_error *err) {
-    if (nh != FA_HEADS || d != FA_DIM) /* not the V4.1 shape: the general scalar kernel */
+    /* Not the V4.1 shape, or rows not 16-byte aligned for cp.async: the general scalar kernel. */
+    if (nh != FA_HEADS || d != FA_DIM || (((uintptr_t)q | (uintptr_t)kv_win | (uintptr_t)kv_cmp | (uintptr_t)out) & 15))
         return di_cuda_sparse_attn(be, q, m, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
     const bool auto_split = cols == 0 && heads == 0;
     if (m < 0 || m > 0x7fffffff || n_win < 0 || n_cmp < 0 || n_idx < 0 || (n_cmp > 0 && !kv_cmp) ||

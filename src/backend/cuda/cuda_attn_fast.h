@@ -1,6 +1,7 @@
 /* Tensor-core sparse attention with the attention sink for Hopper (cuda_attn_fast.cu): the
  * backend.h sparse_attn contract, for the V4.1 shape (64 query heads sharing one 512-wide latent KV
- * head). Other head counts or widths fall back to the scalar kernel (cuda_attn.cu).
+ * head). Other head counts or widths, and pointers not 16-byte aligned, fall back to the scalar
+ * kernel (cuda_attn.cu).
  *
  * Numerics against the CPU reference (src/backend/cpu/sparse_attn.c), measured by
  * tests/cuda/test_cuda_attn_fast.c: the online-softmax steps are the reference's (blocks of 64
