@@ -89,9 +89,9 @@ static __device__ __forceinline__ void fa_ldsm_x4_t(uint32_t r[4], const void *p
  * operation, so the compiler may issue the next k-step's ldmatrix (volatile, kept in order) before it. */
 static __device__ __forceinline__ void fa_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* The KV row of list entry id, or NULL (skipped) for −1 and anything outside [0, n_win + n_cmp). */
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     const int32_t *ix = idx + qi * n_idx;
     const int64_t nblk = (n_idx + FA_BLOCK - 1) / FA_BLOCK;
 
-    { /* Q (64 KB) with gather 0 as the first copy group, gather 1 as the second */
+    { /* Q rows of the block's heads (1 KB each) with gather 0 as the first copy group, gather 1 the second */
         const uint16_t *qv = q + (qi * FA_HEADS + head0) * FA_DIM;
         const int c = t & 63;
         for (int r = t >> 6; r < HPB; r += FA_THREADS / 64) fa_cp16(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
