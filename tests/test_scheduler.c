@@ -667,6 +667,49 @@ static void test_fifo_admission(void **state) {
     job_free(jobs, N);
 }
 
+/* Admission by pages (scheduler.h): a waiting request whose first chunk would fit but whose whole
+ * prompt would not is held back instead of admitted into a pool it would then drain (preempting
+ * itself chunk after chunk); it runs once the older request's blocks are back, without preemption. */
+static void test_admission_by_pages(void **state) {
+    (void)state;
+    job jobs[2];
+    make_jobs(jobs, 2, 1, 1);
+    const int64_t n_prompt[2] = {100, 80}, max_tokens[2] = {40, 8}, add_at[2] = {0, 7};
+    for (int i = 0; i < 2; i++) {
+        free(jobs[i].prompt);
+        jobs[i].n_prompt = n_prompt[i];
+        jobs[i].prompt = malloc((size_t)n_prompt[i] * sizeof *jobs[i].prompt);
+        for (int64_t t = 0; t < n_prompt[i]; t++) jobs[i].prompt[t] = (int32_t)(5 + (t * 7 + i) % 500);
+        jobs[i].p.max_tokens = max_tokens[i];
+        jobs[i].p.ignore_eos = 1;
+        jobs[i].p.prefill_chunk = 16;
+        jobs[i].add_at = add_at[i];
+    }
+    /* 10 blocks of 16: A (100 + 40 = 9 blocks) holds 7 once its prompt is in; B's prompt needs 5 */
+    di_mock_options mo = mock_opts();
+    mo.n_blocks = 10;
+    di_core_options co = core_opts(0, 4, 48, 16);
+    outcome got[2];
+    run_info info;
+    run_jobs(&mo, &co, jobs, 2, got, &info, 1);
+    uint64_t a_last = 0, b_first = UINT64_MAX;
+    for (int64_t l = 0; l < info.mock->n_log; l++) {
+        const int64_t id = info.mock->log[l].req_id;
+        if (id == 0 && info.mock->log[l].step > a_last) a_last = info.mock->log[l].step;
+        if (id == 1 && info.mock->log[l].step < b_first) b_first = info.mock->log[l].step;
+    }
+    tu_report("admission by pages: A's last piece at step %llu, B's first at %llu, %lld preemptions",
+              (unsigned long long)a_last, (unsigned long long)b_first, (long long)info.stats.preemptions);
+    assert_int_equal(info.stats.preemptions, 0);
+    assert_true(b_first > a_last);
+    assert_int_equal(got[0].n, 40);
+    assert_int_equal(got[1].n, 8);
+    assert_int_equal(info.pool_free_end, 10);
+    di_mock_runner_free(info.mock);
+    outcome_free(got, 2);
+    job_free(jobs, 2);
+}
+
 /* ---- async vs sync ---- */
 
 static void test_async_matches_sync(void **state) {
@@ -1026,6 +1069,7 @@ int main(void) {
         cmocka_unit_test(test_text_ready),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_fifo_admission),
+        cmocka_unit_test(test_admission_by_pages),
         cmocka_unit_test(test_async_matches_sync),
         cmocka_unit_test(test_constraint_hook),
         cmocka_unit_test(test_errors_are_per_request),

@@ -276,6 +276,17 @@ static int32_t next_piece(const di_scheduler *s, const di_seq *r, int32_t *sampl
     return n;
 }
 
+/* Admission by pages: the pool's free blocks must hold r's whole known sequence (prompt, plus the
+ * outputs of a preempted request), not just its first chunk — admitting on the first chunk alone
+ * lets a long prompt in that then preempts the running requests (or itself) chunk after chunk.
+ * (No extra headroom block: two prompts that exactly fill the pool are both admitted, and the
+ * first output block is then taken by preemption as before.) */
+static int admission_fits(const di_scheduler *s, const di_seq *r) {
+    int64_t len = di_seq_len(r);
+    if (len > s->runner->max_context) len = s->runner->max_context;
+    return di_sched_blocks_for(s, len) - r->n_blocks <= s->pool.n_free;
+}
+
 /* Grows r's block table to cover `upto` positions. 0, or -1 when the pool is short. */
 static int reserve(di_scheduler *s, di_seq *r, int64_t upto, int *nomem) {
     int32_t want = di_sched_blocks_for(s, upto);
@@ -349,7 +360,7 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
         int rc = prefix_lookup(s, r, err);
         if (rc) return rc;
         int32_t samples, n = next_piece(s, r, &samples);
-        if (n == 0 || n > budget) {
+        if (n == 0 || n > budget || !admission_fits(s, r)) {
             prefix_unlookup(s, r);
             break;
         }

@@ -4,9 +4,10 @@
  *   1. running requests, oldest admission first: the next piece of each — one decode token, or its
  *      next prefill chunk — if it fits the remaining budget; cache blocks are reserved for it, and
  *      if the pool is empty the NEWEST running request is preempted (possibly the one asking);
- *   2. waiting requests, strictly first-in first-out: admitted while a sequence slot, the budget
- *      and the cache allow their first chunk; the first one that does not fit stops admission, so
- *      a long prompt is never overtaken by later short ones.
+ *   2. waiting requests, strictly first-in first-out: admitted while a sequence slot and the budget
+ *      allow their first chunk and the pool's free blocks hold their whole known sequence (prompt,
+ *      or prompt + outputs after a preemption); the first one that does not fit stops admission,
+ *      so a long prompt is never overtaken by later short ones.
  * Decodes and prefill chunks share one step (chunked prefill mixed with decode).
  *
  * Chunk boundaries are a function of the request alone (batch invariance, issue 7 item 5): a
