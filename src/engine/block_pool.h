@@ -1,11 +1,15 @@
-/* Cache budget: a fixed pool of cache blocks of `block_tokens` positions each.
+/* Cache budget: a fixed pool of cache blocks of `block_tokens` positions each — the allocator of the
+ * paged cache.
  *
- * This is the accounting half of the paged cache: which block ids are free and who holds which. The
- * memory behind an id (window KV, compressed KV, indexer keys — one page per cache kind) belongs to
- * the model runner, which maps (block id, offset) to its own layouts; the scheduler only ever sees
- * ids and counts. Allocation is all-or-nothing so a failed reservation never leaves a request
- * half-grown. Free ids are handed out LIFO, which keeps recently freed (cache-warm) pages in use; the
- * model's results never depend on which ids a request got. */
+ * The scheduler owns it and decides which ids a request holds (admission, growth, preemption); the
+ * memory behind an id belongs to the model runner. The cached session runner's caches are paged
+ * (model/cache_pool.h): block id b IS page b of its pool — the compressed KV entries and index keys
+ * of positions [i·block_tokens, (i+1)·block_tokens) of every kv source of the request whose table
+ * lists b at index i — and the runner receives each request's table with every piece
+ * (runner.h di_step_seq.blocks), so the counts here are the real memory. Allocation is
+ * all-or-nothing so a failed reservation never leaves a request half-grown. Free ids are handed out
+ * LIFO, which keeps recently freed (cache-warm) pages in use; the model's results never depend on
+ * which ids a request got (tests/test_cache_pool.c, test_cache_pool_engine.c). */
 #ifndef DI_ENGINE_BLOCK_POOL_H
 #define DI_ENGINE_BLOCK_POOL_H
 

@@ -64,6 +64,11 @@
  * With m = 0 these are the §7.2 compact numbers (config.h di_cache_footprint_of gives the unit
  * sizes): 66 KiB per window, 178 B/token per ratio-2 source, 356 B/token for the ratio-1 source,
  * 890 B/token and 0.87 GiB at 1M tokens in total for the released config.
+ * That arena is reserved at max_tokens up front. A paged cache (model/cache_pool.h) instead takes the
+ * fixed parts (window, compressor, Engram) from a slot of a shared pool and the compressed KV and index
+ * keys from fixed-size pages listed in a block table, allocated as the sequence grows: entry reads
+ * and writes translate through the table (di_cache_entry_row), everything else — rollback, image,
+ * prefix export / import — is unchanged and byte-identical to the contiguous cache.
  *
  * Thread safety: none; one sequence is written by one forward at a time. Distinct caches are
  * independent. The cache keeps no pointer to the di_config it was built from. */
