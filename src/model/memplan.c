@@ -197,6 +197,10 @@ static int plan_run(const di_config *c, di_memplan *p, int64_t s, int64_t t, di_
     int rc = di_cache_size_of(c, &co, &p->cache, err);
     if (rc) return rc;
     p->caches_dev = s * p->cache.total_bytes;
+    di_cache_pool_opts po = {.max_tokens = t, .spec_margin = o->spec_margin, .n_pages = 1, .n_slots = 1};
+    if ((rc = di_cache_pool_size_of(c, &po, &p->pool, err))) return rc;
+    p->pool_pages = s * ((t + DI_CACHE_PAGE_TOKENS_DEFAULT - 1) / DI_CACHE_PAGE_TOKENS_DEFAULT);
+    p->pool_bytes = s * p->pool.slot_bytes + p->pool_pages * p->pool.page_bytes;
     plan_workspace(c, o, s, t, &p->ws);
     p->staging_dev = 0;
     if (o->device == DI_PLAN_CUDA && o->experts_on_host) {
@@ -428,6 +432,11 @@ void di_memplan_print(const di_memplan *p, FILE *f) {
     gb(p->cache.total_bytes, a);
     snprintf(note, sizeof note, "%s per sequence (%.0f B/token + fixed)", a, p->cache.per_token_bytes);
     row(f, "caches", p->caches_dev, cuda ? 0 : -1, note);
+    gb(p->pool.page_bytes, a);
+    gb(p->pool.slot_bytes, b);
+    snprintf(note, sizeof note, "paged: %lld pages of %d tokens (%s each) + %lld slots of %s", (long long)p->pool_pages,
+             DI_CACHE_PAGE_TOKENS_DEFAULT, a, (long long)o->max_seqs, b);
+    row(f, "  as a pool", p->pool_bytes, cuda ? 0 : -1, note); /* the same caches: not added to the total */
     gb(p->ws.logits, a);
     gb(p->ws.attention > p->ws.moe ? p->ws.attention : p->ws.moe, b);
     snprintf(note, sizeof note, "%lld tokens/step: logits %s, widest phase (%s) %s", (long long)p->ws.tokens, a,

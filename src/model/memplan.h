@@ -57,6 +57,7 @@
 
 #include "deepinfer.h"
 #include "model/cache.h"
+#include "model/cache_pool.h"
 #include "model/config.h"
 #include "model/inventory.h"
 
@@ -114,6 +115,11 @@ typedef struct di_memplan {
     /* ---- per-run state ---- */
     di_cache_size cache;                  /* one sequence */
     int64_t caches_dev;                   /* max_seqs · cache.total_bytes */
+    /* the same caches paged (cache_pool.h, pages of DI_CACHE_PAGE_TOKENS_DEFAULT): one fixed slot per
+     * sequence + the pages max_seqs full sequences hold — what the engine's --cache-mb must give for
+     * this run never to preempt (shorter sequences share the pages) */
+    di_cache_pool_size pool;              /* unit sizes (n_pages = n_slots = 1) */
+    int64_t pool_pages, pool_bytes;
     di_plan_workspace ws;
     int64_t staging_dev;                  /* host-expert double buffer (cuda, experts on host) */
     int64_t reserve_dev;
