@@ -14,6 +14,7 @@
 #include "model/cache.h"
 #include "model/cache_pool.h"
 #include "model/config.h"
+#include "model/memplan.h"
 #include "testutil.h"
 
 #define OK(call)                                                                                                     \
@@ -373,6 +374,27 @@ static void test_sizes(void **state) {
     free(cfg);
 }
 
+/* memplan (deepinfer plan) reports the run's caches as a pool: one slot per sequence and the pages
+ * of max_seqs full sequences, within a page per sequence of the contiguous caches' bytes. */
+static void test_memplan_pool(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-flash-config");
+    di_memplan_opts o;
+    di_memplan_opts_default(&o, DI_PLAN_CUDA);
+    o.max_seqs = 8;
+    o.max_tokens = 100000;
+    di_memplan p;
+    OK(di_memplan_compute(cfg, &o, &p, E));
+    const int64_t P = DI_CACHE_PAGE_TOKENS_DEFAULT, pages = 8 * ((100000 + P - 1) / P);
+    assert_int_equal(p.pool_pages, pages);
+    assert_int_equal(p.pool_bytes, 8 * p.pool.slot_bytes + pages * p.pool.page_bytes);
+    assert_true(p.pool_bytes >= p.caches_dev - 8 * 64 * DI_MAX_STAGES && p.pool_bytes <= p.caches_dev + 8 * p.pool.page_bytes);
+    tu_report("plan: 8 x 100000 tokens: contiguous caches %lld B, as a pool %lld B (%lld pages)", (long long)p.caches_dev,
+              (long long)p.pool_bytes, (long long)p.pool_pages);
+    di_config_free(cfg);
+    free(cfg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous),
@@ -380,6 +402,7 @@ int main(void) {
         cmocka_unit_test(test_exhaustion),
         cmocka_unit_test(test_external_tables),
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_memplan_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "deepinfer.h"
 #include "engine/api_runner.h"
 #include "engine/engine_core.h"
 #include "model/cache_pool.h"
@@ -157,10 +158,33 @@ static void test_budget_too_small(void **state) {
     di_model_close(m);
 }
 
+/* The public option: cache_bytes sizes the pool at open; a budget below the fixed slots and one page
+ * is refused at open with both sizes named, nothing leaked. */
+static void test_engine_cache_bytes(void **state) {
+    (void)state;
+    di_engine_options eo;
+    di_engine_options_default(&eo);
+    eo.max_seqs = 2;
+    eo.max_context = 64;
+    eo.cache_bytes = 1024;
+    di_engine *e = NULL;
+    di_error err = {0};
+    assert_int_equal(di_engine_open(tu_data("v41-tiny-nosel"), &eo, &e, &err), DI_ERR_LIMIT);
+    tu_report("cache_bytes 1024: %s", err.msg);
+    assert_non_null(strstr(err.msg, "budget of 1024 bytes"));
+    assert_null(e);
+    eo.cache_bytes = 8 << 20;
+    if (di_engine_open(tu_data("v41-tiny-nosel"), &eo, &e, &err)) fail_msg("%s", err.msg);
+    di_engine_close(e);
+    eo.cache_bytes = -1;
+    assert_int_equal(di_engine_open(tu_data("v41-tiny-nosel"), &eo, &e, &err), DI_ERR_INVALID);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption_exact),
         cmocka_unit_test(test_budget_too_small),
+        cmocka_unit_test(test_engine_cache_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
