@@ -11,8 +11,10 @@
  * after a preemption (recomputed as chunks) a continuation may drift; the recompute runner stays
  * the exact baseline (di_engine_options.runner = "recompute").
  *
- * Cache accounting toward the scheduler is nominal (blocks of block_tokens positions), as in the
- * recompute runner: each session holds the compact cache for max_context positions.
+ * Cache accounting: with di_session_runner_use_pool (what di_engine_open sets up) the scheduler's
+ * blocks are the pages of one paged pool and each session's compressed KV lives in the pages its
+ * request holds, so the block budget is the real memory; without it the accounting is nominal, as
+ * in the recompute runner, and each session holds a private compact cache for max_context positions.
  *
  * Prefix cache (off unless di_session_runner_enable_prefix): the tree is the scheduler's
  * (scheduler.h, engine/prefix_cache.h); the runner does the two things that need a session. A piece
