@@ -84,7 +84,9 @@ int di_cache_pool_pages_for(const di_config *cfg, const di_cache_pool_opts *opts
     int rc = unit_sizes(cfg, opts, &z, &cs, err);
     if (rc) return rc;
     int64_t rest = budget_bytes - (int64_t)opts->n_slots * z.slot_bytes - 2 * ALIGN; /* 2 section paddings */
-    int64_t n = z.page_bytes > 0 ? rest / z.page_bytes : rest > 0 ? INT32_MAX : 0;
+    /* without a kv source pages hold nothing: as many as every slot's full sequence needs */
+    int64_t full = (int64_t)opts->n_slots * ((opts->max_tokens + page_tokens_of(opts) - 1) / page_tokens_of(opts));
+    int64_t n = z.page_bytes > 0 ? rest / z.page_bytes : rest >= 0 ? full : 0;
     if (n < 1)
         return di_error_set(err, DI_ERR_LIMIT,
                             "cache pool: a budget of %lld bytes does not hold %d fixed slots of %lld bytes and one "
