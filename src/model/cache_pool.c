@@ -268,12 +268,6 @@ void di_cache_pool_drop_pages(di_cache *c) {
     c->n_pages = 0;
 }
 
-void di_cache_release_pages(di_cache *c) {
-    if (!c || !c->pool) return;
-    di_cache_pool_drop_pages(c);
-    di_cache_reset(c);
-}
-
 void di_cache_pool_put(di_cache *c) {
     di_cache_pool *p = c->pool;
     di_cache_pool_drop_pages(c);

@@ -12,18 +12,20 @@
  *   slots   n_slots fixed slots, one per live sequence: its window rings, compressor rings and (host
  *           caches) Engram history, the parts whose size does not depend on the length.
  *
- * Page size P (positions): a multiple of every compress ratio, so no entry straddles two pages and
- * every page boundary is a prefix-cache alignment point. The engine uses its scheduler's block size
- * (engine/block_pool.h: the same ids); DI_CACHE_PAGE_TOKENS_DEFAULT = 64 otherwise. 64 positions of
- * the released config are 57 KB (890 B/position, all sources), against ≈ 3 MB of fixed parts per
- * sequence, so the internal fragmentation of a sequence's last page stays under 2% of what it holds,
- * while a request is admitted at a granularity fine enough for short prompts; 64 is also the prefix
- * cache's default block, so a prefix block is exactly one page.
+ * Page size P (positions): a multiple of every compress ratio (V4.1: 1 and 2), so no entry straddles
+ * two pages and every page boundary is a prefix-cache alignment point. The trade-off is internal
+ * fragmentation (a sequence's last page is on average half empty) against table length and the
+ * number of page runs a range read decodes. At 890 B/position (released config, all sources) a page
+ * of 64 positions is 57 KB and one of 16 is 14 KB, both small against the ≈ 3.35 MB of fixed parts
+ * a sequence holds anyway, so the waste stays under 1–2% of a sequence's memory even for short
+ * ones. DI_CACHE_PAGE_TOKENS_DEFAULT = 64 (the prefix cache's default block: one block = one page);
+ * the engine uses its scheduler's block of 16 positions (engine_api.c), so admission and growth
+ * are counted at the granularity the scheduler already plans chunks in.
  *
  * Who allocates the page ids:
  *   own       (opts.external_pages = 0) the pool's free list: di_cache_extend takes the pages a
  *             sequence grows into (DI_ERR_LIMIT "pool exhausted" when none is left) and
- *             di_cache_reset / di_cache_release_pages / di_cache_destroy give them back;
+ *             di_cache_reset (the sequence is over) and di_cache_destroy give them back;
  *   external  (= 1) the caller's allocator (the engine's scheduler, engine/block_pool.h) hands out
  *             ids in [0, n_pages) and sends each sequence's block table with every step: the runner
  *             calls di_cache_set_pages before the forward; di_cache_extend then only checks that the
@@ -110,8 +112,6 @@ static inline int32_t di_cache_pool_pages_for_tokens(const di_cache_pool *p, int
  * table only grows: the current table must be a prefix of ids — unless c holds no sequence (created
  * or reset, nothing appended since), when ids replace it. Pages that join are zeroed. */
 int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err);
-/* The sequence is over: drops the block table (own mode: the pages go back to the pool) and resets c. */
-void di_cache_release_pages(di_cache *c);
 
 /* ---- internal to cache*.c ---- */
 /* Makes c's table cover positions [0, upto): own mode takes pages, external mode checks. */
