@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/memplan.h"
 #include "testutil.h"
+#include "util/log.h"
 
 #define OK(call)                                                                                                     \
     do {                                                                                                             \
@@ -395,6 +396,51 @@ static void test_memplan_pool(void **state) {
     free(cfg);
 }
 
+/* The indexer's every-step read of all index keys (forward_block.c): a paged cache gathers them in
+ * one decode through the block table; its cost against the contiguous range decode. */
+static void test_read_throughput(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-flash-config");
+    const int64_t T = 8192;
+    di_cache_opts co = {.max_tokens = T, .spec_margin = -1};
+    di_cache_pool_opts po = {.max_tokens = T, .spec_margin = -1, .page_tokens = 16, .n_pages = (int32_t)(T / 16),
+                             .n_slots = 1};
+    di_cache *a, *b;
+    di_cache_pool *pool;
+    OK(di_cache_create(cfg, &co, &a, E));
+    OK(di_cache_pool_create(cfg, &po, &pool, E));
+    OK(di_cache_pool_cache(pool, &b, E));
+    int st = 0;
+    while (a->stage[st].ratio != 1) st++;
+    OK(di_cache_extend(a, T, E));
+    OK(di_cache_extend(b, T, E));
+    uint16_t key[128];
+    uint64_t s = 5;
+    for (int64_t e = 0; e < T; e++) {
+        for (int i = 0; i < a->index_head_dim; i++) key[i] = rand_bf16(&s);
+        OK(di_cache_ikey_put(a, st, e, key, E));
+        OK(di_cache_ikey_put(b, st, e, key, E));
+    }
+    uint16_t *ka = malloc((size_t)T * 128 * 2), *kb = malloc((size_t)T * 128 * 2); /* bf16 [T, ihd] */
+    double t[2] = {0, 0};
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = di_now();
+        OK(di_cache_ikey_rows(a, st, 0, T, ka, E));
+        double t1 = di_now();
+        OK(di_cache_ikey_rows(b, st, 0, T, kb, E));
+        t[0] += t1 - t0, t[1] += di_now() - t1;
+    }
+    assert_memory_equal(ka, kb, (size_t)T * 128 * 2);
+    tu_report("index keys [0, %lld) read: contiguous %.1f ns/key, paged (16-token pages, one gather) %.1f ns/key",
+              (long long)T, 1e9 * t[0] / (5.0 * T), 1e9 * t[1] / (5.0 * T));
+    free(ka), free(kb);
+    di_cache_destroy(a);
+    di_cache_destroy(b);
+    di_cache_pool_destroy(pool);
+    di_config_free(cfg);
+    free(cfg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous),
@@ -403,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_external_tables),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_memplan_pool),
+        cmocka_unit_test(test_read_throughput),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -234,6 +234,27 @@ static int entry_range(const di_cache *c, int stage, int64_t e0, int64_t e1, int
     return DI_OK;
 }
 
+/* Entries [e0, e1) of the compressed KV (ikey = 0) or index keys (1), dequantized into out. A range
+ * within one page (or a contiguous cache) is one decode of consecutive rows; a range over several
+ * pages is one gathered decode through the block table (one kernel launch on a device, whatever the
+ * number of pages: the indexer reads all keys every step). */
+static int decode_entries(const di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, uint16_t *out,
+                          di_error *err) {
+    const di_row_codec codec = ikey ? KEY_CODEC : KV_CODEC;
+    const int64_t d = ikey ? c->index_head_dim : c->head_dim;
+    if (e1 <= e0) return DI_OK;
+    if (di_cache_entry_run(c, stage, e0, e1) == e1 - e0)
+        return decode(c, codec, ikey ? di_cache_ikey_at(c, stage, e0) : di_cache_cmp_at(c, stage, e0), NULL, e1 - e0,
+                      d, out, err);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(e1 - e0)); /* int32 [e1−e0] rows of the pool's array */
+    if (!ids) return di_error_set(err, DI_ERR_NOMEM, "cache read: %lld entries", (long long)(e1 - e0));
+    for (int64_t e = e0; e < e1; e++) ids[e - e0] = (int32_t)di_cache_entry_row(c, stage, e, ikey);
+    const di_cache_stage *s = &c->stage[stage];
+    int rc = decode(c, codec, ikey ? s->ikey : s->cmp, ids, e1 - e0, d, out, err);
+    free(ids);
+    return rc;
+}
+
 int di_cache_cmp_put(di_cache *c, int stage, int64_t e, const uint16_t *row, di_error *err) {
     int rc = source_stage(c, stage, "compressed put", err);
     if (rc) return rc;
@@ -262,24 +283,14 @@ int di_cache_cmp_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint
     int rc = source_stage(c, stage, "compressed read", err);
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, c->cmp_n[stage], "compressed read", err);
-    for (int64_t e = e0, run; !rc && e < e1; e += run) { /* one decode per page of a paged cache */
-        run = di_cache_entry_run(c, stage, e, e1);
-        rc = decode(c, KV_CODEC, di_cache_cmp_at(c, stage, e), NULL, run, c->head_dim, rows + (e - e0) * c->head_dim,
-                    err);
-    }
-    return rc;
+    return rc ? rc : decode_entries(c, stage, 0, e0, e1, rows, err);
 }
 
 int di_cache_ikey_rows(const di_cache *c, int stage, int64_t e0, int64_t e1, uint16_t *keys, di_error *err) {
     int rc = source_stage(c, stage, "index key read", err);
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, c->ikey_n[stage], "index key read", err);
-    for (int64_t e = e0, run; !rc && e < e1; e += run) {
-        run = di_cache_entry_run(c, stage, e, e1);
-        rc = decode(c, KEY_CODEC, di_cache_ikey_at(c, stage, e), NULL, run, c->index_head_dim,
-                    keys + (e - e0) * c->index_head_dim, err);
-    }
-    return rc;
+    return rc ? rc : decode_entries(c, stage, 1, e0, e1, keys, err);
 }
 
 int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_t count, uint16_t *rows,
