@@ -20,9 +20,55 @@ typedef struct di_trie_node {
     int32_t tok;    /* a token whose bytes end exactly here, or -1 (more in vocab->dup_next) */
     uint16_t depth; /* number of bytes from the root */
     uint8_t byte;   /* edge byte from the parent */
-    uint8_t dup;    /* 1 if more tokens share these bytes (vocab->dup_next); keeps the walk off
-                       that array, whose random reads dominated the walk before */
+    uint8_t flags;  /* DI_TRIE_* */
+    uint32_t ascii; /* ASCII bytes of the subtree (its own byte included) as di_ascii_bucket bits */
 } di_trie_node;
+
+/* The 128 ASCII bytes in 26 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
+ * that grammars tell apart (JSON structure, string escapes, number characters, whitespace) get
+ * their own bucket, the rest are grouped. A bucket counts as allowed only if all its bytes are,
+ * so a test on buckets can only be stricter than one on bytes. */
+static inline unsigned di_ascii_bucket(uint8_t b) {
+    switch (b) {
+    case '\t': return 1;
+    case '\n': return 2;
+    case '\r': return 3;
+    case ' ': return 4;
+    case '"': return 5;
+    case '\\': return 6;
+    case '+': return 7;
+    case ',': return 8;
+    case '-': return 9;
+    case '.': return 10;
+    case '0': return 11;
+    case ':': return 12;
+    case 'E': return 13;
+    case '[': return 14;
+    case ']': return 15;
+    case 'e': return 16;
+    case '{': return 17;
+    case '}': return 18;
+    }
+    if (b < 0x20) return 0;
+    if (b < 0x30) return 19;              /* ! # $ % & ' ( ) * / */
+    if (b <= '9') return 20;              /* 1-9 */
+    if (b < 'A') return 21;               /* ; < = > ? @ */
+    if (b <= 'Z') return 22;              /* A-Z but E */
+    if (b < 'a') return 23;               /* ^ _ ` */
+    if (b <= 'z') return 24;              /* a-z but e */
+    return 25;                            /* | ~ DEL */
+}
+
+/* DI_TRIE_DUP: more tokens share these bytes (vocab->dup_next); keeps the walk off that array,
+ * whose random reads dominated the walk before.
+ * DI_TRIE_UTF8: every path of the subtree, read from this node's byte on, is a prefix of valid
+ * UTF-8 (starts at a character boundary, continuation bytes only where a lead byte needs them).
+ * DI_TRIE_HIGH: some byte of the subtree is >= 0x80.
+ * With di_trie_node.ascii these let the walk accept a whole subtree at once from a state that loops on
+ * its characters (matcher.c: loop summaries). */
+#define DI_TRIE_DUP 1u
+#define DI_TRIE_UTF8 2u
+#define DI_TRIE_HIGH 4u
 
 struct di_grammar_vocab {
     uint32_t n_vocab;
@@ -34,6 +80,10 @@ struct di_grammar_vocab {
     di_trie_node *nodes;    /* [n_nodes] preorder trie over non-special, non-empty tokens */
     uint32_t n_nodes;
     int32_t *dup_next;      /* [n_vocab] next token with identical bytes, or -1 */
+    int32_t *pre_tok;       /* [n_pre] text tokens in trie preorder, duplicates included */
+    uint32_t *tok_start;    /* [n_nodes + 1] first pre_tok index of each subtree: the tokens under
+                               node i are pre_tok[tok_start[i] .. tok_start[nodes[i].end]) */
+    uint32_t n_pre;
     uint32_t max_len;       /* longest token in bytes */
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */

@@ -309,6 +309,142 @@ int di_grammar_matcher_rollback(di_grammar_matcher *m, size_t k, di_error *err) 
 static inline void set_bit(uint32_t *mask, int32_t t) { mask[t >> 5] |= 1u << (t & 31); }
 static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u << (t & 31)); }
 
+/* Bytes that act exactly like b on the current (top) Earley set: a push adds the items whose
+ * class holds the byte, and nothing else about the byte survives into the new set. So every byte
+ * accepted by the same scan items gives an identical set, hence the same successor state, and
+ * one Earley push fills the transitions of all of them (inside a JSON string, the ~95 printable
+ * ASCII bytes other than '"' and '\\' share one push). */
+static void byte_equiv(const di_earley *e, uint8_t b, di_cfg_class *same) {
+    const di_cfg *g = e->g;
+    size_t top = e->n_sets - 1;
+    memset(same->bits, 0xff, sizeof same->bits);
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        int32_t s = g->psym[e->items[x].pos];
+        if (s >= 0 || s == DI_CFG_END) continue;
+        const di_cfg_class *c = &g->cls[-1 - s];
+        if (di_cfg_class_has(c, b))
+            for (int w = 0; w < 8; w++) same->bits[w] &= c->bits[w];
+        else
+            for (int w = 0; w < 8; w++) same->bits[w] &= ~c->bits[w];
+    }
+}
+
+static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class *bytes, int32_t next) {
+    for (int w = 0; w < 8; w++)
+        for (uint32_t x = bytes->bits[w]; x; x &= x - 1)
+            di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
+}
+
+static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
+
+/* ---- loop summaries: accepting a token subtree without walking it ----
+ * Inside a JSON string (or any run of "any character but a few") most of the vocabulary is
+ * allowed, and walking its ~275k trie nodes node by node was the cost of a cold mask. A state
+ * that returns to itself on a set of ASCII bytes, and on every multi-byte UTF-8 character, accepts
+ * every token subtree whose bytes are those ASCII bytes and valid UTF-8: the trie knows both
+ * facts per subtree (DI_TRIE_UTF8/HIGH, di_trie_node.ascii), so one test accepts the subtree. */
+
+#define LOOP_MIN_BYTES 8 /* states scanning fewer bytes do not loop on enough of them to pay */
+#define SKIP_MIN_NODES 4 /* smaller subtrees are walked: the test costs about as much as a node */
+#define SKIP_SUMMARY_NODES 64 /* a summary costs ~10-40 Earley pushes: only for a subtree this large */
+#define SKIP_REPLAY_NODES 256 /* from here a missing summary is worth replaying the path for */
+
+/* UTF-8 characters by lead-byte range: the byte ranges of each position (RFC 3629 table 3-7). */
+static const uint8_t utf8_seq[8][5][2] = {
+    {{0xC2, 0xDF}, {0x80, 0xBF}},
+    {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+    {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+    {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
+};
+static const int utf8_seq_len[8] = {2, 3, 3, 3, 3, 4, 4, 4};
+
+static bool class_covers(const di_cfg_class *c, unsigned lo, unsigned hi) {
+    for (unsigned b = lo; b <= hi; b++)
+        if (!di_cfg_class_has(c, (uint8_t)b)) return false;
+    return true;
+}
+
+/* Does pushing every byte sequence of ranges r[0..n) from the top set lead back to state `self`
+ * through live states? Each range must act as one byte (byte_equiv) so that one push stands for
+ * all of its bytes. Leaves the sets as it found them. */
+static int returns_to(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig128 self, bool *yes, di_error *err) {
+    di_earley *e = &m->e;
+    size_t top = e->n_sets;
+    int rc = DI_OK;
+    *yes = false;
+    int k = 0;
+    for (; k < n; k++) {
+        di_cfg_class same;
+        byte_equiv(e, r[k][0], &same);
+        if (!class_covers(&same, r[k][0], r[k][1])) break;
+        rc = di_earley_push(e, r[k][0], err);
+        if (rc <= 0) break;
+        if ((rc = update_sigs(m, err))) break;
+    }
+    if (k == n && rc >= 0) *yes = sig_eq(state_key(m), self);
+    di_earley_pop_to(e, top);
+    m->n_sig = e->n_sets;
+    return rc < 0 ? rc : DI_OK;
+}
+
+/* Loop summary of the state whose Earley sets are on top (sets materialized, signatures current). */
+static int loop_summary(di_grammar_matcher *m, di_gcache_loop *out, di_error *err) {
+    di_earley *e = &m->e;
+    memset(out, 0, sizeof *out);
+    di_cfg_class scan = *di_earley_next_bytes(e);
+    int n_bytes = 0;
+    for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
+    if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
+    sig128 self = state_key(m);
+    di_cfg_class done = {{0}}, loop = {{0}};
+    for (unsigned b = 0; b < 128; b++) {
+        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
+        di_cfg_class same;
+        byte_equiv(e, (uint8_t)b, &same);
+        for (int w = 0; w < 4; w++) done.bits[w] |= same.bits[w];
+        uint8_t one[1][2] = {{(uint8_t)b, (uint8_t)b}};
+        bool loops = false;
+        int rc = returns_to(m, (const uint8_t(*)[2])one, 1, self, &loops, err);
+        if (rc) return rc;
+        if (loops)
+            for (int w = 0; w < 4; w++) loop.bits[w] |= same.bits[w];
+    }
+    uint32_t partial = 0; /* buckets with a byte outside the loop */
+    for (unsigned b = 0; b < 128; b++)
+        if (!di_cfg_class_has(&loop, (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
+    out->ascii = ~partial;
+    bool all = class_covers(&scan, 0xC2, 0xF4);
+    for (int s = 0; s < 8 && all; s++) {
+        int rc = returns_to(m, utf8_seq[s], utf8_seq_len[s], self, &all, err);
+        if (rc) return rc;
+    }
+    out->utf8 = all;
+    return DI_OK;
+}
+
+/* Every path below node nd stays alive from a state with summary s (see loop_summary). */
+static inline bool loop_accepts(const di_trie_node *nd, const di_gcache_loop *s) {
+    if ((nd->flags & DI_TRIE_HIGH) && (!s->utf8 || !(nd->flags & DI_TRIE_UTF8))) return false;
+    return !(nd->ascii & ~s->ascii);
+}
+
+/* Push the path bytes of depths md+1..upto so that the Earley sets of depths 0..upto exist. Each
+ * prefix of a trie path the walk reached was viable, so each push succeeds. */
+static int replay(di_grammar_matcher *m, size_t *md, size_t upto, di_error *err) {
+    while (*md < upto) {
+        int rc = di_earley_push(&m->e, m->path[*md + 1], err);
+        if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
+        if (rc < 0) return rc;
+        (*md)++;
+        if ((rc = update_sigs(m, err))) return rc;
+    }
+    return DI_OK;
+}
+
 /* Lazily built automaton over parse states (shared per grammar, state_cache.h). A state is a
  * structural key (state_key) interned to a small id; its transition on a byte is the successor
  * id, DEAD, or UNKNOWN until first needed. Because keys are structural, a transition learned at
@@ -318,7 +454,8 @@ static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u <
 /* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: follow the
  * transition table; where it is unknown, materialize the Earley sets along the current path
  * (only as deep as needed), push the byte and record the outcome. A dead edge skips its subtree,
- * so the work follows the number of viable prefixes, not V. */
+ * so the work follows the number of viable prefixes, not V; a subtree that the parent state's
+ * loop summary accepts whole is added without walking it. */
 static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_error *err) {
     const di_grammar_vocab *v = m->v;
     const di_trie_node *nodes = v->nodes;
@@ -331,6 +468,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     m->vid[0] = di_gcache_intern(c, tab, root_key);
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
+        __builtin_prefetch(&nodes[nd->end]); /* the next node when this subtree is skipped */
         uint32_t d = nd->depth;
         if (md > d - 1) { /* sets deeper than the parent belong to a finished subtree */
             md = d - 1;
@@ -339,35 +477,45 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
         }
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
+        if (parent > 0 && nd->end - i >= SKIP_MIN_NODES) {
+            di_gcache_loop ls;
+            bool have = di_gcache_loop_get(tab, parent, &ls);
+            if (!have && nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES)) {
+                if ((rc = replay(m, &md, d - 1, err)) || (rc = loop_summary(m, &ls, err))) goto out;
+                di_gcache_loop_put(c, tab, parent, &ls);
+                have = true;
+            }
+            if (have && loop_accepts(nd, &ls)) {
+                for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
+                i = nd->end;
+                continue;
+            }
+        }
         int32_t next = parent > 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
         if (next == DI_ST_DEAD) {
             i = nd->end;
             continue;
         }
         if (next == DI_ST_UNKNOWN) {
-            while (md < d - 1) { /* replay the path: each prefix was viable, so each push succeeds */
-                rc = di_earley_push(e, m->path[md + 1], err);
-                if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
-                if (rc < 0) goto out;
-                md++;
-                if ((rc = update_sigs(m, err))) goto out;
-            }
+            if ((rc = replay(m, &md, d - 1, err))) goto out;
+            di_cfg_class same;
+            if (parent > 0) byte_equiv(e, nd->byte, &same);
             rc = di_earley_push(e, nd->byte, err);
             if (rc < 0) goto out;
             if (rc == 0) {
-                if (parent > 0) di_gcache_set_next(tab, parent, nd->byte, DI_ST_DEAD);
+                if (parent > 0) set_next_all(tab, parent, &same, DI_ST_DEAD);
                 i = nd->end;
                 continue;
             }
             md = d;
             if ((rc = update_sigs(m, err))) goto out;
             next = di_gcache_intern(c, tab, state_key(m));
-            if (parent > 0 && next != DI_ST_NONE) di_gcache_set_next(tab, parent, nd->byte, next);
+            if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
         }
         m->vid[d] = next;
         if (nd->tok >= 0) {
             set_bit(mask, nd->tok);
-            if (nd->dup)
+            if (nd->flags & DI_TRIE_DUP)
                 for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
         }
         i++;

@@ -19,6 +19,8 @@ int di_gcache_new(di_grammar_cache **out, di_error *err) {
 static void table_free(di_gcache_table *t) {
     if (!t) return;
     free(t->rows);
+    free(t->loop);
+    free(t->loop_ready);
     free(t->key);
     free(t->hash);
     free(t);
@@ -32,9 +34,11 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
     /* large: a fresh mapping, zero without a memset; pages are committed as states are added */
     t->rows = calloc((size_t)t->cap + 1, sizeof *t->rows);
+    t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
+    t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
     t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);
     t->hash = malloc(t->hcap * sizeof *t->hash);
-    if (!t->rows || !t->key || !t->hash) {
+    if (!t->rows || !t->loop || !t->loop_ready || !t->key || !t->hash) {
         table_free(t);
         return NULL;
     }
@@ -110,6 +114,16 @@ int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
     int32_t id = intern_locked(c, t, k);
     pthread_mutex_unlock(&c->lock);
     return id;
+}
+
+void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s) {
+    if (!t || id <= 0 || id > t->cap) return;
+    pthread_mutex_lock(&c->lock);
+    if (!atomic_load_explicit(&t->loop_ready[id], memory_order_relaxed)) {
+        t->loop[id] = *s;
+        atomic_store_explicit(&t->loop_ready[id], 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* The first vocabulary that stores a mask owns the mask cache; a matcher with another one

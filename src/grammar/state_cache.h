@@ -39,9 +39,21 @@ typedef struct di_sig128 {
 
 typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
 
-/* One generation of the automaton. Everything but rows is accessed under the cache's lock. */
+/* What a state does on whole characters, for accepting token subtrees without walking them
+ * (matcher.c: loop_summary). ascii: the ASCII buckets (di_ascii_bucket) all of whose bytes b have
+ * next(state, b) == state. utf8: every valid multi-byte UTF-8 character leads back to the state
+ * through live states. */
+typedef struct di_gcache_loop {
+    uint32_t ascii;
+    uint8_t utf8;
+} di_gcache_loop;
+
+/* One generation of the automaton. Everything but rows and the published loop summaries is
+ * accessed under the cache's lock. */
 typedef struct di_gcache_table {
     di_gcache_row *rows; /* [cap + 1] zero-filled; row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
+    _Atomic uint8_t *loop_ready; /* [cap + 1] */
     di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
     size_t hcap;         /* power of two >= 2 * cap */
@@ -83,6 +95,15 @@ static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8
 static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
     atomic_store_explicit(&t->rows[id][b], next, memory_order_relaxed);
 }
+
+/* Loop summary of state id, if some walk has computed it (lock-free: published with release). */
+static inline bool di_gcache_loop_get(const di_gcache_table *t, int32_t id, di_gcache_loop *out) {
+    if (!atomic_load_explicit(&t->loop_ready[id], memory_order_acquire)) return false;
+    *out = t->loop[id];
+    return true;
+}
+/* Publish the loop summary of state id (racing walks compute the same summary; the first wins). */
+void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s);
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
 bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask);
