@@ -24,6 +24,10 @@ typedef struct di_trie_node {
     uint32_t ascii; /* ASCII bytes of the subtree (its own byte included) as di_ascii_bucket bits */
 } di_trie_node;
 
+#define DI_CLASS_BAD_UTF8 26
+#define DI_CLASS_HIGH 27
+#define DI_N_CLASSES 28
+
 /* The 128 ASCII bytes in 26 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
  * that grammars tell apart (JSON structure, string escapes, number characters, whitespace) get
  * their own bucket, the rest are grouped. A bucket counts as allowed only if all its bytes are,
@@ -84,6 +88,18 @@ struct di_grammar_vocab {
     uint32_t *tok_start;    /* [n_nodes + 1] first pre_tok index of each subtree: the tokens under
                                node i are pre_tok[tok_start[i] .. tok_start[nodes[i].end]) */
     uint32_t n_pre;
+    /* Token classes for masks of character-loop states (matcher.c: loop_mask): by_class[k]
+     * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < 26), that are
+     * not valid UTF-8 (DI_CLASS_BAD_UTF8) or that contain a byte >= 0x80 (DI_CLASS_HIGH);
+     * class_tok[class_off[k] .. class_off[k + 1]) lists the same tokens. text: all text tokens. */
+    uint32_t *by_class;     /* [DI_N_CLASSES * words] */
+    uint32_t *text;         /* [words] */
+    uint32_t *class_off;    /* [DI_N_CLASSES + 1] */
+    int32_t *class_tok;     /* ascending token ids per class */
+    uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
+    uint8_t *blob;          /* all token bytes back to back in id order, so that walking a class's
+                               ascending ids reads them forward instead of chasing pointers */
+    uint32_t *blob_off;     /* [n_vocab + 1] */
     uint32_t max_len;       /* longest token in bytes */
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */

@@ -42,6 +42,20 @@ struct di_grammar_matcher {
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
+    uint64_t n_block_masks, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
+    /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
+     * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
+     * value, valid when lstamp[i] == lgen. */
+    sig128 *lsig;                   /* [cap_sig] */
+    uint32_t *lstamp;               /* [cap_sig] */
+    uint32_t lgen;
+    size_t lb;
+    uint8_t *lmode;                 /* [max token length + 1] 1: vid[d] is a context-free state */
+    struct ctx_memo {               /* per walk: context-free state + byte -> state in this context */
+        uint32_t gen;
+        int32_t from, to;
+        uint8_t byte;
+    } memo[256];
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
@@ -85,7 +99,8 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     }
     m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
     m->path = malloc((size_t)v->max_len + 1);
-    if (!m->vid || !m->path) {
+    m->lmode = malloc((size_t)v->max_len + 1);
+    if (!m->vid || !m->path || !m->lmode) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -126,6 +141,9 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
     free(m->set_sig);
+    free(m->lsig);
+    free(m->lstamp);
+    free(m->lmode);
     free(m->vid);
     free(m->path);
     free(m->hist);
@@ -204,11 +222,17 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         size_t cap = m->cap_sig ? m->cap_sig : 256;
         while (cap < e->n_sets) cap *= 2;
         sig128 *p = realloc(m->set_sig, cap * sizeof *p);
-        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
-        m->set_sig = p;
+        if (p) m->set_sig = p;
+        sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
+        if (q) m->lsig = q;
+        uint32_t *st = q ? realloc(m->lstamp, cap * sizeof *st) : NULL;
+        if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
+        memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
+        m->lstamp = st;
         m->cap_sig = cap;
     }
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
+        m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
         sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
         for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
             di_earley_item it = e->items[x];
@@ -236,6 +260,93 @@ static sig128 state_key(const di_grammar_matcher *m) {
     return h;
 }
 
+/* ---- context-free keys ----
+ * The same lexical situation recurs in many contexts: every string value of a JSON document
+ * starts the same "inside a string" parse, but its Earley items point back (origins) to sets that
+ * differ per property, nesting level and request, so the structural key above differs and every
+ * new context re-learned the automaton and re-walked the trie. The walk therefore keys states
+ * relative to a boundary set lb: sets below lb (the context) are opaque. Two states with equal
+ * context-free keys evolve identically until a completion reaches an opaque set (the Earley
+ * recogniser counts those: opaque_hits); such a byte gets the transition DI_ST_CONTEXT, and only
+ * the trie subtrees under it are walked with full keys. So the bulk of a walk (all tokens inside
+ * the string) is shared across contexts, and only tokens that close it (`",` `"}` ...) depend on
+ * where the string is. */
+
+#define OPAQUE_SIG ((sig128){3, 4})
+#define LOCAL_DOMAIN 0xC2B2AE3D27D4EB4Full /* context-free keys never equal full keys */
+#define LSIG_MAX_DEPTH 256                /* origin chains deeper than this: walk with full keys */
+
+/* Context-free signature of set i (see lsig). Origins point to earlier sets, so the recursion
+ * ends; its depth is bounded and *ok cleared beyond it. */
+static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
+    if (i < m->lb) return OPAQUE_SIG;
+    if (m->lstamp[i] == m->lgen) return m->lsig[i];
+    if (depth > LSIG_MAX_DEPTH) {
+        *ok = false;
+        return OPAQUE_SIG;
+    }
+    const di_earley *e = &m->e;
+    sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
+    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (m->g->cfg->psym[it.pos] < 0) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, depth + 1, ok));
+    }
+    m->lsig[i] = h;
+    m->lstamp[i] = m->lgen;
+    return h;
+}
+
+/* Context-free key of the current state (as state_key, over lsig). */
+static sig128 local_key(di_grammar_matcher *m, bool *ok) {
+    const di_earley *e = &m->e;
+    size_t i = e->n_sets - 1;
+    sig128 h = lsig_of(m, i, 0, ok);
+    h.a ^= 0xA5A5A5A5A5A5A5A5ull;
+    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+        di_earley_item it = e->items[x];
+        int32_t sym = m->g->cfg->psym[it.pos];
+        if (sym >= 0 || sym == DI_CFG_END) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, 1, ok));
+    }
+    h.b ^= LOCAL_DOMAIN;
+    return h;
+}
+
+static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
+
+/* Boundary for a walk from the current state: just above the oldest origin of an item still in
+ * progress, so the construct being written (a string, a key, a number, a statement) is inside
+ * and what encloses it is context. A repetition item (X* / X+) whose element is not in progress
+ * completes at the next element, so it must be inside too. Any choice is sound (keys stay exact);
+ * this one decides how much is shared. 0 = no boundary (full keys). */
+static size_t walk_boundary(const di_grammar_matcher *m) {
+    const di_earley *e = &m->e;
+    const di_cfg *g = m->g->cfg;
+    size_t top = e->n_sets - 1, b = SIZE_MAX;
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (g->psym[it.pos] == DI_CFG_END || it.origin == top || loop_rule(g, it.pos)) continue;
+        if (it.origin + 1 < b) b = it.origin + 1;
+    }
+    if (b == SIZE_MAX) return 0;
+    for (bool again = true; again;) {
+        again = false;
+        for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+            di_earley_item it = e->items[x];
+            if (g->psym[it.pos] == DI_CFG_END || it.origin >= b || !loop_rule(g, it.pos)) continue;
+            bool inner = false; /* an item started after the loop's: its element is in progress */
+            for (size_t y = e->set_off[top]; y < e->set_off[top + 1] && !inner; y++)
+                inner = e->items[y].origin > it.origin && e->items[y].origin < top && !loop_rule(g, e->items[y].pos);
+            if (!inner) {
+                b = it.origin;
+                again = true;
+            }
+        }
+    }
+    return b <= 1 ? 0 : b;
+}
+
 static bool is_eos(const di_grammar_vocab *v, int32_t t) {
     for (size_t i = 0; i < v->n_eos; i++)
         if (v->eos[i] == t) return true;
@@ -251,6 +362,11 @@ bool di_grammar_matcher_can_end(const di_grammar_matcher *m) {
 void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits, uint64_t *misses) {
     *hits = m->cache_hits;
     *misses = m->cache_misses;
+}
+
+void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
+    *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
+                                 .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -368,68 +484,158 @@ static bool class_covers(const di_cfg_class *c, unsigned lo, unsigned hi) {
     return true;
 }
 
-/* Does pushing every byte sequence of ranges r[0..n) from the top set lead back to state `self`
- * through live states? Each range must act as one byte (byte_equiv) so that one push stands for
- * all of its bytes. Leaves the sets as it found them. */
-static int returns_to(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig128 self, bool *yes, di_error *err) {
+/* Key of the current (top) state in the walk's mode: context-free (local) or full. A context-free
+ * key needs signatures deeper than LSIG_MAX_DEPTH only in pathological grammars; *ok tells. */
+static sig128 walk_key(di_grammar_matcher *m, bool local, bool *ok) { return local ? local_key(m, ok) : state_key(m); }
+
+/* Push b with the context watch of the mode; returns the push result, and in *ctx whether the
+ * byte completed into the context (context-free mode only). */
+static int watched_push(di_grammar_matcher *m, uint8_t b, bool local, bool *ctx, di_error *err) {
+    di_earley *e = &m->e;
+    e->opaque_below = local ? (uint32_t)m->lb : 0;
+    e->opaque_hits = 0;
+    int rc = di_earley_push(e, b, err);
+    *ctx = e->opaque_hits != 0;
+    e->opaque_below = 0;
+    return rc;
+}
+
+/* Push the byte sequence of ranges r[0..n) (one byte per range, each range acting as one byte:
+ * byte_equiv) from the top set. *key: the state reached, *alive false if a byte is rejected,
+ * touches the context or a range is not uniform. Leaves the sets as it found them. */
+static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, bool local, sig128 *key, bool *alive,
+                      di_error *err) {
     di_earley *e = &m->e;
     size_t top = e->n_sets;
     int rc = DI_OK;
-    *yes = false;
+    bool ctx = false, ok = true;
+    *alive = false;
     int k = 0;
     for (; k < n; k++) {
         di_cfg_class same;
         byte_equiv(e, r[k][0], &same);
         if (!class_covers(&same, r[k][0], r[k][1])) break;
-        rc = di_earley_push(e, r[k][0], err);
-        if (rc <= 0) break;
+        rc = watched_push(m, r[k][0], local, &ctx, err);
+        if (rc <= 0 || ctx) break;
         if ((rc = update_sigs(m, err))) break;
     }
-    if (k == n && rc >= 0) *yes = sig_eq(state_key(m), self);
+    if (k == n && rc >= 0) {
+        *key = walk_key(m, local, &ok);
+        *alive = ok;
+    }
     di_earley_pop_to(e, top);
     m->n_sig = e->n_sets;
     return rc < 0 ? rc : DI_OK;
 }
 
-/* Loop summary of the state whose Earley sets are on top (sets materialized, signatures current). */
-static int loop_summary(di_grammar_matcher *m, di_gcache_loop *out, di_error *err) {
+/* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
+ * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
+ * continuation range shape. When most characters lead to another state T (the first character
+ * of a string), T's own summary is computed too (with_next), so a walk can accept tokens whose
+ * first character goes to T and whose others loop in T. */
+static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t self_id, bool local, bool with_next,
+                        di_gcache_loop *out, di_error *err) {
     di_earley *e = &m->e;
+    di_grammar_cache *c = m->g->cache;
     memset(out, 0, sizeof *out);
     di_cfg_class scan = *di_earley_next_bytes(e);
     int n_bytes = 0;
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
     if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
-    sig128 self = state_key(m);
-    di_cfg_class done = {{0}}, loop = {{0}};
+    bool ok = true;
+    sig128 self = walk_key(m, local, &ok);
+    if (!ok) return DI_OK;
+    enum { MAXK = 8 };
+    sig128 keys[MAXK];
+    di_cfg_class to[MAXK]; /* ASCII bytes leading to keys[k] */
+    int nk = 0;
+    di_cfg_class done = {{0}};
     for (unsigned b = 0; b < 128; b++) {
         if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
         di_cfg_class same;
         byte_equiv(e, (uint8_t)b, &same);
         for (int w = 0; w < 4; w++) done.bits[w] |= same.bits[w];
         uint8_t one[1][2] = {{(uint8_t)b, (uint8_t)b}};
-        bool loops = false;
-        int rc = returns_to(m, (const uint8_t(*)[2])one, 1, self, &loops, err);
+        sig128 k;
+        bool alive = false;
+        int rc = push_chars(m, (const uint8_t(*)[2])one, 1, local, &k, &alive, err);
         if (rc) return rc;
-        if (loops)
-            for (int w = 0; w < 4; w++) loop.bits[w] |= same.bits[w];
+        if (!alive) continue;
+        int x = 0;
+        while (x < nk && !sig_eq(keys[x], k)) x++;
+        if (x == nk) {
+            if (nk == MAXK) continue;
+            keys[nk] = k;
+            memset(&to[nk], 0, sizeof to[nk]);
+            nk++;
+        }
+        for (int w = 0; w < 4; w++) to[x].bits[w] |= same.bits[w];
     }
-    uint32_t partial = 0; /* buckets with a byte outside the loop */
+    if (!nk) return DI_OK;
+    int best = 0, best_n = -1;
+    for (int x = 0; x < nk; x++) {
+        int cnt = 0;
+        for (int w = 0; w < 4; w++) cnt += __builtin_popcount(to[x].bits[w]);
+        if (cnt > best_n) best = x, best_n = cnt;
+    }
+    sig128 target = keys[best];
+    uint32_t partial = 0; /* buckets with a byte that does not lead to the target */
     for (unsigned b = 0; b < 128; b++)
-        if (!di_cfg_class_has(&loop, (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
+        if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
     out->ascii = ~partial;
     bool all = class_covers(&scan, 0xC2, 0xF4);
-    for (int s = 0; s < 8 && all; s++) {
-        int rc = returns_to(m, utf8_seq[s], utf8_seq_len[s], self, &all, err);
+    for (int q = 0; q < 8 && all; q++) {
+        sig128 k;
+        int rc = push_chars(m, utf8_seq[q], utf8_seq_len[q], local, &k, &all, err);
         if (rc) return rc;
+        all = all && sig_eq(k, target);
     }
     out->utf8 = all;
+    if (sig_eq(target, self)) {
+        out->next = self_id;
+        return DI_OK;
+    }
+    out->next = di_gcache_intern(c, tab, target);
+    if (out->next <= 0) {
+        out->next = 0;
+        return DI_OK;
+    }
+    di_gcache_loop tl;
+    if (!with_next || di_gcache_loop_get(tab, out->next, &tl)) return DI_OK;
+    /* T's sets: push one byte that leads there */
+    unsigned rep = 0;
+    while (rep < 128 && !di_cfg_class_has(&to[best], (uint8_t)rep)) rep++;
+    size_t top = e->n_sets;
+    bool ctx = false;
+    int rc = watched_push(m, (uint8_t)rep, local, &ctx, err);
+    bool there = rc == 1 && !ctx;
+    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, local, false, &tl, err);
+    di_earley_pop_to(e, top);
+    m->n_sig = e->n_sets;
+    if (rc < 0) return rc;
+    if (there) di_gcache_loop_put(c, tab, out->next, &tl);
     return DI_OK;
 }
 
-/* Every path below node nd stays alive from a state with summary s (see loop_summary). */
-static inline bool loop_accepts(const di_trie_node *nd, const di_gcache_loop *s) {
-    if ((nd->flags & DI_TRIE_HIGH) && (!s->utf8 || !(nd->flags & DI_TRIE_UTF8))) return false;
-    return !(nd->ascii & ~s->ascii);
+/* Characters accepted as a block from a state with summary s: ASCII buckets and whether every
+ * valid multi-byte character is. True when every character from the state leads to a state that
+ * loops on the same characters (s itself, or s->next with its own summary). */
+static bool loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8) {
+    if (s->next <= 0) return false;
+    if (s->next == id) {
+        *ascii = s->ascii, *utf8 = s->utf8;
+        return true;
+    }
+    di_gcache_loop t;
+    if (!di_gcache_loop_get(tab, s->next, &t) || t.next != s->next) return false;
+    *ascii = s->ascii & t.ascii, *utf8 = s->utf8 && t.utf8;
+    return true;
+}
+
+/* Every path below node nd stays alive from a state accepting these characters as a block. */
+static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool utf8) {
+    if ((nd->flags & DI_TRIE_HIGH) && (!utf8 || !(nd->flags & DI_TRIE_UTF8))) return false;
+    return !(nd->ascii & ~ascii);
 }
 
 /* Push the path bytes of depths md+1..upto so that the Earley sets of depths 0..upto exist. Each
@@ -445,18 +651,158 @@ static int replay(di_grammar_matcher *m, size_t *md, size_t upto, di_error *err)
     return DI_OK;
 }
 
+/* Per walk: the state a context-free state reaches on a context byte, in this walk's context. */
+static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint8_t byte) {
+    uint32_t h = (uint32_t)(mix64((uint64_t)(uint32_t)from << 8 | byte) & 255);
+    for (int k = 0; k < 8; k++) {
+        struct ctx_memo *s = &m->memo[(h + (uint32_t)k) & 255];
+        if (s->gen != m->lgen || (s->from == from && s->byte == byte)) return s;
+    }
+    return NULL; /* crowded: not memoized */
+}
+
+/* One edge of a walk: the state after byte path[d] from the state at depth d - 1 (vid, lmode).
+ * Follows the transition table; where it is unknown, materializes the Earley sets of the path
+ * (only as deep as needed), pushes the byte and records the outcome for every byte that acts
+ * the same. Context-free states stay context-free down to the first byte that completes into
+ * the context; that byte's state, in this walk's context, is memoized per walk and has a full
+ * key. Returns 1 (vid[d], lmode[d] set), 0 (dead) or a negative status. */
+static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t d, di_error *err) {
+    di_earley *e = &m->e;
+    di_grammar_cache *c = m->g->cache;
+    uint8_t byte = m->path[d];
+    int32_t parent = m->vid[d - 1];
+    bool local = m->lmode[d - 1], pushed = false;
+    int32_t next = parent > 0 ? di_gcache_next(tab, parent, byte) : DI_ST_UNKNOWN;
+    if (next == DI_ST_DEAD) return 0;
+    int rc;
+    if (next == DI_ST_UNKNOWN) {
+        if ((rc = replay(m, md, d - 1, err))) return rc;
+        di_cfg_class same;
+        if (parent > 0) byte_equiv(e, byte, &same);
+        bool ctx = false;
+        rc = watched_push(m, byte, local, &ctx, err);
+        if (rc < 0) return rc;
+        if (rc == 0) {
+            if (parent > 0) set_next_all(tab, parent, &same, DI_ST_DEAD);
+            return 0;
+        }
+        *md = d;
+        pushed = true;
+        if ((rc = update_sigs(m, err))) return rc;
+        bool ok = true;
+        sig128 k = ctx ? (sig128){0, 0} : walk_key(m, local, &ok);
+        if (ctx || !ok) { /* !ok: signatures too deep, leave context-free mode here */
+            if (parent > 0 && ctx) set_next_all(tab, parent, &same, DI_ST_CONTEXT);
+            next = DI_ST_CONTEXT;
+        } else {
+            next = di_gcache_intern(c, tab, k);
+            if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
+        }
+    }
+    if (next == DI_ST_CONTEXT) {
+        m->n_ctx_edges++;
+        local = false;
+        struct ctx_memo *slot = parent > 0 ? memo_slot(m, parent, byte) : NULL;
+        if (slot && slot->gen == m->lgen) {
+            next = slot->to;
+        } else {
+            if (!pushed) {
+                if ((rc = replay(m, md, d - 1, err))) return rc;
+                rc = di_earley_push(e, byte, err);
+                if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a context transition was rejected");
+                if (rc < 0) return rc;
+                *md = d;
+                if ((rc = update_sigs(m, err))) return rc;
+            }
+            next = di_gcache_intern(c, tab, state_key(m));
+            if (slot) *slot = (struct ctx_memo){.gen = m->lgen, .from = parent, .to = next, .byte = byte};
+        }
+    }
+    m->vid[d] = next;
+    m->lmode[d] = local;
+    return 1;
+}
+
+/* Pop the walk's Earley sets back to depth `depth` (the sets of depths 0..depth stay). */
+static inline void walk_pop(di_grammar_matcher *m, size_t base, size_t *md, size_t depth) {
+    if (*md > depth) {
+        *md = depth;
+        di_earley_pop_to(&m->e, base + depth);
+        m->n_sig = m->e.n_sets;
+    }
+}
+
+/* Mask from a root state that takes a block of characters (loop_chars): every token made only
+ * of them is allowed at once with bitset algebra over the vocabulary's token classes, and only
+ * the tokens of the other classes (in a JSON string: those holding '"', '\\', control bytes or
+ * broken UTF-8, ~2,000 of 129,280) are walked one by one. Returns 1 if done, 0 if the root is
+ * not such a state (or too many tokens would be left to walk), <0 on error. */
+#define LOOP_MASK_MAX_REST 12000
+static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, uint32_t *mask, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    int32_t root = m->vid[0];
+    di_gcache_loop s;
+    uint32_t ascii = 0;
+    bool utf8 = false;
+    if (root <= 0) return 0;
+    if (!di_gcache_loop_get(tab, root, &s)) {
+        int rc = loop_summary(m, tab, root, m->lmode[0], true, &s, err);
+        if (rc) return rc;
+        di_gcache_loop_put(m->g->cache, tab, root, &s);
+    }
+    if (!loop_chars(tab, root, &s, &ascii, &utf8)) return 0;
+    uint32_t bad = ~ascii & ((1u << 26) - 1);
+    bad |= 1u << (utf8 ? DI_CLASS_BAD_UTF8 : DI_CLASS_HIGH);
+    size_t rest = 0;
+    for (int k = 0; k < DI_N_CLASSES; k++)
+        if ((bad >> k) & 1) rest += v->class_off[k + 1] - v->class_off[k];
+    if (rest > LOOP_MASK_MAX_REST) return 0;
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    memcpy(mask, v->text, words * sizeof *mask);
+    for (int k = 0; k < DI_N_CLASSES; k++)
+        if ((bad >> k) & 1) {
+            const uint32_t *cb = v->by_class + (size_t)k * words;
+            for (size_t w = 0; w < words; w++) mask[w] &= ~cb[w];
+        }
+    size_t md = 0;
+    for (int k = 0; k < DI_N_CLASSES; k++) {
+        if (!((bad >> k) & 1)) continue;
+        for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
+            int32_t t = v->class_tok[x];
+            if (v->tok_class[t] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
+            const uint8_t *tb = v->blob + v->blob_off[t];
+            uint32_t len = v->blob_off[t + 1] - v->blob_off[t], d = 1;
+            /* keep the sets of the prefix this token shares with the previous one */
+            size_t keep = 0;
+            while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            walk_pop(m, base, &md, keep);
+            int rc = 1;
+            for (; d <= len && rc == 1; d++) {
+                m->path[d] = tb[d - 1];
+                rc = walk_edge(m, tab, &md, d, err);
+            }
+            if (rc < 0) return rc;
+            if (rc == 1) set_bit(mask, t);
+        }
+    }
+    walk_pop(m, base, &md, 0);
+    m->n_block_masks++;
+    return 1;
+}
+
 /* Lazily built automaton over parse states (shared per grammar, state_cache.h). A state is a
- * structural key (state_key) interned to a small id; its transition on a byte is the successor
- * id, DEAD, or UNKNOWN until first needed. Because keys are structural, a transition learned at
- * one position holds at every other one, in later masks and in other requests: inside a JSON
- * string the trie walk soon runs on table lookups alone and materializes Earley sets only where
- * a transition is still unknown. */
-/* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: follow the
- * transition table; where it is unknown, materialize the Earley sets along the current path
- * (only as deep as needed), push the byte and record the outcome. A dead edge skips its subtree,
- * so the work follows the number of viable prefixes, not V; a subtree that the parent state's
- * loop summary accepts whole is added without walking it. */
-static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_error *err) {
+ * structural key interned to a small id; its transition on a byte is the successor id, DEAD,
+ * CONTEXT (context-free states only) or UNKNOWN until first needed. Because keys are structural,
+ * a transition learned at one position holds at every other one, in later masks and in other
+ * requests: the trie walk soon runs on table lookups alone and materializes Earley sets only
+ * where a transition is still unknown.
+ *
+ * Walk the trie (preorder, see di_trie_node) from the current state, one walk_edge per edge. A
+ * dead edge skips its subtree, so the work follows the number of viable prefixes, not V; a
+ * subtree that the parent state accepts as a block of characters (loop summaries) is added
+ * without walking it, and a root that takes such a block uses loop_mask instead. */
+static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     const di_grammar_vocab *v = m->v;
     const di_trie_node *nodes = v->nodes;
     di_earley *e = &m->e;
@@ -465,54 +811,47 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     int rc = DI_OK;
     size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
-    m->vid[0] = di_gcache_intern(c, tab, root_key);
+    if (++m->lgen == 0) m->lgen = 1; /* also retires the memo */
+    m->lb = walk_boundary(m);
+    bool ok = true;
+    sig128 root = m->lb ? local_key(m, &ok) : state_key(m);
+    if (!ok) m->lb = 0, root = state_key(m);
+    m->lmode[0] = m->lb != 0;
+    m->vid[0] = di_gcache_intern(c, tab, root);
+    rc = loop_mask(m, tab, base, mask, err);
+    if (rc) goto out; /* done (1) or failed (< 0) */
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
         __builtin_prefetch(&nodes[nd->end]); /* the next node when this subtree is skipped */
         uint32_t d = nd->depth;
-        if (md > d - 1) { /* sets deeper than the parent belong to a finished subtree */
-            md = d - 1;
-            di_earley_pop_to(e, base + md);
-            m->n_sig = e->n_sets;
-        }
+        walk_pop(m, base, &md, d - 1); /* sets deeper than the parent belong to a finished subtree */
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
         if (parent > 0 && nd->end - i >= SKIP_MIN_NODES) {
             di_gcache_loop ls;
             bool have = di_gcache_loop_get(tab, parent, &ls);
             if (!have && nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES)) {
-                if ((rc = replay(m, &md, d - 1, err)) || (rc = loop_summary(m, &ls, err))) goto out;
+                if ((rc = replay(m, &md, d - 1, err)) ||
+                    (rc = loop_summary(m, tab, parent, m->lmode[d - 1], true, &ls, err)))
+                    goto out;
                 di_gcache_loop_put(c, tab, parent, &ls);
                 have = true;
             }
-            if (have && loop_accepts(nd, &ls)) {
+            uint32_t ascii;
+            bool utf8;
+            if (have && loop_chars(tab, parent, &ls, &ascii, &utf8) && block_accepts(nd, ascii, utf8)) {
                 for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
+                m->n_blocks++;
                 i = nd->end;
                 continue;
             }
         }
-        int32_t next = parent > 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
-        if (next == DI_ST_DEAD) {
+        rc = walk_edge(m, tab, &md, d, err);
+        if (rc < 0) goto out;
+        if (rc == 0) {
             i = nd->end;
             continue;
         }
-        if (next == DI_ST_UNKNOWN) {
-            if ((rc = replay(m, &md, d - 1, err))) goto out;
-            di_cfg_class same;
-            if (parent > 0) byte_equiv(e, nd->byte, &same);
-            rc = di_earley_push(e, nd->byte, err);
-            if (rc < 0) goto out;
-            if (rc == 0) {
-                if (parent > 0) set_next_all(tab, parent, &same, DI_ST_DEAD);
-                i = nd->end;
-                continue;
-            }
-            md = d;
-            if ((rc = update_sigs(m, err))) goto out;
-            next = di_gcache_intern(c, tab, state_key(m));
-            if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
-        }
-        m->vid[d] = next;
         if (nd->tok >= 0) {
             set_bit(mask, nd->tok);
             if (nd->flags & DI_TRIE_DUP)
@@ -525,7 +864,8 @@ out:
     di_gcache_release(c, tab);
     di_earley_pop_to(e, base);
     m->n_sig = e->n_sets;
-    return rc;
+    m->lb = 0;
+    return rc < 0 ? rc : DI_OK;
 }
 
 int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
@@ -554,7 +894,7 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
     } else {
         m->cache_misses++;
         memset(mask, 0, words * sizeof *mask);
-        rc = walk_trie(m, mask, key, err);
+        rc = walk_trie(m, mask, err);
         if (rc) return rc;
         di_gcache_mask_put(m->g->cache, v, key, mask);
     }

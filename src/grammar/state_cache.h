@@ -33,17 +33,20 @@ typedef struct di_sig128 {
 
 #define DI_ST_UNKNOWN 0 /* state ids start at 1 */
 #define DI_ST_DEAD (-1)
+#define DI_ST_CONTEXT (-2)         /* from a context-free state: the byte completes into the context */
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
 #define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
 
 typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
 
-/* What a state does on whole characters, for accepting token subtrees without walking them
- * (matcher.c: loop_summary). ascii: the ASCII buckets (di_ascii_bucket) all of whose bytes b have
- * next(state, b) == state. utf8: every valid multi-byte UTF-8 character leads back to the state
- * through live states. */
+/* What a state does on whole characters, for accepting tokens without walking them
+ * (matcher.c: loop_summary). next: the state most characters lead to (the state itself for a
+ * loop such as "inside a string"), or 0. ascii: the ASCII buckets (di_ascii_bucket) all of whose
+ * bytes lead to next. utf8: every valid multi-byte UTF-8 character leads to next through live
+ * states. */
 typedef struct di_gcache_loop {
+    int32_t next;
     uint32_t ascii;
     uint8_t utf8;
 } di_gcache_loop;

@@ -16,6 +16,13 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->nodes);
     free(v->pre_tok);
     free(v->tok_start);
+    free(v->by_class);
+    free(v->text);
+    free(v->class_off);
+    free(v->class_tok);
+    free(v->tok_class);
+    free(v->blob);
+    free(v->blob_off);
     free(v->dup_next);
     free(v);
 }
@@ -63,6 +70,67 @@ static int u8_next(int st, uint8_t b) {
     return -1;
 }
 
+/* Classes of each text token (see di_grammar_vocab.by_class), as bitsets and as lists. */
+static uint32_t token_class_bits(const di_grammar_vocab *v, int32_t t) {
+    uint32_t bits = 0;
+    int st = U8_START;
+    for (uint32_t k = 0; k < v->lens[t]; k++) {
+        uint8_t b = v->bytes[t][k];
+        if (b < 0x80) bits |= 1u << di_ascii_bucket(b);
+        else bits |= 1u << DI_CLASS_HIGH;
+        if (st >= 0) st = u8_next(st, b);
+    }
+    if (st < 0) bits |= 1u << DI_CLASS_BAD_UTF8;
+    return bits;
+}
+
+static int token_classes(di_grammar_vocab *v) {
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    v->by_class = calloc((size_t)DI_N_CLASSES * words, sizeof *v->by_class);
+    v->text = calloc(words, sizeof *v->text);
+    v->class_off = calloc(DI_N_CLASSES + 1, sizeof *v->class_off);
+    if (!v->by_class || !v->text || !v->class_off) return DI_ERR_NOMEM;
+    v->tok_class = calloc(v->n_vocab, sizeof *v->tok_class);
+    v->blob_off = malloc(((size_t)v->n_vocab + 1) * sizeof *v->blob_off);
+    if (!v->tok_class || !v->blob_off) return DI_ERR_NOMEM;
+    size_t total = 0, nb = 0;
+    for (uint32_t t = 0; t < v->n_vocab; t++) {
+        v->blob_off[t] = (uint32_t)nb;
+        nb += v->lens[t];
+    }
+    v->blob_off[v->n_vocab] = (uint32_t)nb;
+    if (nb > UINT32_MAX || !(v->blob = malloc(nb + 1))) return DI_ERR_NOMEM;
+    for (uint32_t t = 0; t < v->n_vocab; t++)
+        if (v->lens[t]) memcpy(v->blob + v->blob_off[t], v->bytes[t], v->lens[t]);
+    for (uint32_t t = 0; t < v->n_vocab; t++) {
+        if (v->special[t] || !v->lens[t]) continue;
+        v->text[t >> 5] |= 1u << (t & 31);
+        uint32_t bits = token_class_bits(v, (int32_t)t);
+        v->tok_class[t] = bits;
+        for (int k = 0; k < DI_N_CLASSES; k++)
+            if ((bits >> k) & 1) {
+                v->by_class[(size_t)k * words + (t >> 5)] |= 1u << (t & 31);
+                v->class_off[k + 1]++;
+                total++;
+            }
+    }
+    for (int k = 0; k < DI_N_CLASSES; k++) v->class_off[k + 1] += v->class_off[k];
+    v->class_tok = malloc((total + 1) * sizeof *v->class_tok);
+    uint32_t *fill = malloc(DI_N_CLASSES * sizeof *fill);
+    if (!v->class_tok || !fill) {
+        free(fill);
+        return DI_ERR_NOMEM;
+    }
+    memcpy(fill, v->class_off, DI_N_CLASSES * sizeof *fill);
+    for (uint32_t t = 0; t < v->n_vocab; t++) {
+        uint32_t bits = v->tok_class[t];
+        for (int k = 0; k < DI_N_CLASSES; k++)
+            if ((bits >> k) & 1) v->class_tok[fill[k]++] = (int32_t)t;
+    }
+    free(fill);
+    return DI_OK;
+}
+
 /* Per-subtree summaries (DI_TRIE_UTF8 / DI_TRIE_HIGH flags, ASCII byte sets) and the tokens in
  * preorder. Children follow their parent in preorder, so one backward pass sees every child
  * before its parent. */
@@ -103,7 +171,7 @@ static int summarize(di_grammar_vocab *v, uint32_t n_text) {
         if (mine & 1) nd->flags |= DI_TRIE_UTF8;
     }
     free(ok);
-    return DI_OK;
+    return token_classes(v);
 }
 
 int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const uint32_t *lens, const uint8_t *special,
