@@ -49,10 +49,12 @@ struct di_grammar_matcher {
     sig128 *lsig;                   /* [cap_sig] */
     uint32_t *lstamp;               /* [cap_sig] */
     uint32_t lgen;
-    size_t lb;
-    uint8_t *lmode;                 /* [max token length + 1] 1: vid[d] is a context-free state */
+    size_t lb;                      /* boundary in effect (use_boundary); 0 = full keys */
+    uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
+    uint32_t mgen;                  /* walk generation of the memo */
+    size_t wbase;                   /* Earley sets below the walk (its real context) */
     struct ctx_memo {               /* per walk: context-free state + byte -> state in this context */
-        uint32_t gen;
+        uint32_t gen, bnd;
         int32_t from, to;
         uint8_t byte;
     } memo[256];
@@ -99,8 +101,8 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     }
     m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
     m->path = malloc((size_t)v->max_len + 1);
-    m->lmode = malloc((size_t)v->max_len + 1);
-    if (!m->vid || !m->path || !m->lmode) {
+    m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
+    if (!m->vid || !m->path || !m->lbd) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -143,7 +145,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->set_sig);
     free(m->lsig);
     free(m->lstamp);
-    free(m->lmode);
+    free(m->lbd);
     free(m->vid);
     free(m->path);
     free(m->hist);
@@ -484,15 +486,23 @@ static bool class_covers(const di_cfg_class *c, unsigned lo, unsigned hi) {
     return true;
 }
 
-/* Key of the current (top) state in the walk's mode: context-free (local) or full. A context-free
- * key needs signatures deeper than LSIG_MAX_DEPTH only in pathological grammars; *ok tells. */
-static sig128 walk_key(di_grammar_matcher *m, bool local, bool *ok) { return local ? local_key(m, ok) : state_key(m); }
+/* Switch the boundary the context-free signatures are computed for (their cache is per boundary). */
+static inline void use_boundary(di_grammar_matcher *m, size_t b) {
+    if (m->lb == b) return;
+    m->lb = b;
+    if (++m->lgen == 0) m->lgen = 1;
+}
 
-/* Push b with the context watch of the mode; returns the push result, and in *ctx whether the
- * byte completed into the context (context-free mode only). */
-static int watched_push(di_grammar_matcher *m, uint8_t b, bool local, bool *ctx, di_error *err) {
+/* Key of the current (top) state relative to the boundary in effect (0: the full key). A
+ * context-free key needs signatures deeper than LSIG_MAX_DEPTH only in pathological grammars;
+ * *ok tells. */
+static sig128 walk_key(di_grammar_matcher *m, bool *ok) { return m->lb ? local_key(m, ok) : state_key(m); }
+
+/* Push b watching the context below the boundary in effect; returns the push result, and in
+ * *ctx whether the byte completed into the context. */
+static int watched_push(di_grammar_matcher *m, uint8_t b, bool *ctx, di_error *err) {
     di_earley *e = &m->e;
-    e->opaque_below = local ? (uint32_t)m->lb : 0;
+    e->opaque_below = (uint32_t)m->lb;
     e->opaque_hits = 0;
     int rc = di_earley_push(e, b, err);
     *ctx = e->opaque_hits != 0;
@@ -503,8 +513,7 @@ static int watched_push(di_grammar_matcher *m, uint8_t b, bool local, bool *ctx,
 /* Push the byte sequence of ranges r[0..n) (one byte per range, each range acting as one byte:
  * byte_equiv) from the top set. *key: the state reached, *alive false if a byte is rejected,
  * touches the context or a range is not uniform. Leaves the sets as it found them. */
-static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, bool local, sig128 *key, bool *alive,
-                      di_error *err) {
+static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig128 *key, bool *alive, di_error *err) {
     di_earley *e = &m->e;
     size_t top = e->n_sets;
     int rc = DI_OK;
@@ -515,12 +524,12 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, bool 
         di_cfg_class same;
         byte_equiv(e, r[k][0], &same);
         if (!class_covers(&same, r[k][0], r[k][1])) break;
-        rc = watched_push(m, r[k][0], local, &ctx, err);
+        rc = watched_push(m, r[k][0], &ctx, err);
         if (rc <= 0 || ctx) break;
         if ((rc = update_sigs(m, err))) break;
     }
     if (k == n && rc >= 0) {
-        *key = walk_key(m, local, &ok);
+        *key = walk_key(m, &ok);
         *alive = ok;
     }
     di_earley_pop_to(e, top);
@@ -533,7 +542,7 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, bool 
  * continuation range shape. When most characters lead to another state T (the first character
  * of a string), T's own summary is computed too (with_next), so a walk can accept tokens whose
  * first character goes to T and whose others loop in T. */
-static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t self_id, bool local, bool with_next,
+static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t self_id, bool with_next,
                         di_gcache_loop *out, di_error *err) {
     di_earley *e = &m->e;
     di_grammar_cache *c = m->g->cache;
@@ -543,7 +552,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
     if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
     bool ok = true;
-    sig128 self = walk_key(m, local, &ok);
+    sig128 self = walk_key(m, &ok);
     if (!ok) return DI_OK;
     enum { MAXK = 8 };
     sig128 keys[MAXK];
@@ -558,7 +567,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         uint8_t one[1][2] = {{(uint8_t)b, (uint8_t)b}};
         sig128 k;
         bool alive = false;
-        int rc = push_chars(m, (const uint8_t(*)[2])one, 1, local, &k, &alive, err);
+        int rc = push_chars(m, (const uint8_t(*)[2])one, 1, &k, &alive, err);
         if (rc) return rc;
         if (!alive) continue;
         int x = 0;
@@ -586,7 +595,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     bool all = class_covers(&scan, 0xC2, 0xF4);
     for (int q = 0; q < 8 && all; q++) {
         sig128 k;
-        int rc = push_chars(m, utf8_seq[q], utf8_seq_len[q], local, &k, &all, err);
+        int rc = push_chars(m, utf8_seq[q], utf8_seq_len[q], &k, &all, err);
         if (rc) return rc;
         all = all && sig_eq(k, target);
     }
@@ -607,9 +616,9 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     while (rep < 128 && !di_cfg_class_has(&to[best], (uint8_t)rep)) rep++;
     size_t top = e->n_sets;
     bool ctx = false;
-    int rc = watched_push(m, (uint8_t)rep, local, &ctx, err);
+    int rc = watched_push(m, (uint8_t)rep, &ctx, err);
     bool there = rc == 1 && !ctx;
-    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, local, false, &tl, err);
+    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, false, &tl, err);
     di_earley_pop_to(e, top);
     m->n_sig = e->n_sets;
     if (rc < 0) return rc;
@@ -656,23 +665,26 @@ static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint8_t b
     uint32_t h = (uint32_t)(mix64((uint64_t)(uint32_t)from << 8 | byte) & 255);
     for (int k = 0; k < 8; k++) {
         struct ctx_memo *s = &m->memo[(h + (uint32_t)k) & 255];
-        if (s->gen != m->lgen || (s->from == from && s->byte == byte)) return s;
+        if (s->gen != m->mgen || (s->from == from && s->byte == byte)) return s;
     }
     return NULL; /* crowded: not memoized */
 }
 
-/* One edge of a walk: the state after byte path[d] from the state at depth d - 1 (vid, lmode).
+/* One edge of a walk: the state after byte path[d] from the state at depth d - 1 (vid, lbd).
  * Follows the transition table; where it is unknown, materializes the Earley sets of the path
  * (only as deep as needed), pushes the byte and records the outcome for every byte that acts
- * the same. Context-free states stay context-free down to the first byte that completes into
- * the context; that byte's state, in this walk's context, is memoized per walk and has a full
- * key. Returns 1 (vid[d], lmode[d] set), 0 (dead) or a negative status. */
+ * the same. A state's successors are keyed relative to its boundary down to a byte that
+ * completes into the context below it; the state after that byte (found with the real context,
+ * memoized per walk) gets the boundary of its own construct (walk_boundary), so that what
+ * follows a closed string or array is shared across contexts too. Returns 1 (vid[d], lbd[d]
+ * set), 0 (dead) or a negative status. */
 static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t d, di_error *err) {
     di_earley *e = &m->e;
     di_grammar_cache *c = m->g->cache;
     uint8_t byte = m->path[d];
     int32_t parent = m->vid[d - 1];
-    bool local = m->lmode[d - 1], pushed = false;
+    bool pushed = false;
+    use_boundary(m, m->lbd[d - 1]);
     int32_t next = parent > 0 ? di_gcache_next(tab, parent, byte) : DI_ST_UNKNOWN;
     if (next == DI_ST_DEAD) return 0;
     int rc;
@@ -681,7 +693,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         di_cfg_class same;
         if (parent > 0) byte_equiv(e, byte, &same);
         bool ctx = false;
-        rc = watched_push(m, byte, local, &ctx, err);
+        rc = watched_push(m, byte, &ctx, err);
         if (rc < 0) return rc;
         if (rc == 0) {
             if (parent > 0) set_next_all(tab, parent, &same, DI_ST_DEAD);
@@ -691,7 +703,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         pushed = true;
         if ((rc = update_sigs(m, err))) return rc;
         bool ok = true;
-        sig128 k = ctx ? (sig128){0, 0} : walk_key(m, local, &ok);
+        sig128 k = ctx ? (sig128){0, 0} : walk_key(m, &ok);
         if (ctx || !ok) { /* !ok: signatures too deep, leave context-free mode here */
             if (parent > 0 && ctx) set_next_all(tab, parent, &same, DI_ST_CONTEXT);
             next = DI_ST_CONTEXT;
@@ -700,12 +712,16 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
         }
     }
+    uint32_t bnd = m->lbd[d - 1];
     if (next == DI_ST_CONTEXT) {
         m->n_ctx_edges++;
-        local = false;
-        struct ctx_memo *slot = parent > 0 ? memo_slot(m, parent, byte) : NULL;
-        if (slot && slot->gen == m->lgen) {
+        /* memoized only for a boundary below the walk: then the context is the same real sets
+         * for every node of the walk, whereas a boundary inside the trie path has a context that
+         * differs from path to path */
+        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, byte) : NULL;
+        if (slot && slot->gen == m->mgen) {
             next = slot->to;
+            bnd = slot->bnd;
         } else {
             if (!pushed) {
                 if ((rc = replay(m, md, d - 1, err))) return rc;
@@ -715,12 +731,21 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 *md = d;
                 if ((rc = update_sigs(m, err))) return rc;
             }
-            next = di_gcache_intern(c, tab, state_key(m));
-            if (slot) *slot = (struct ctx_memo){.gen = m->lgen, .from = parent, .to = next, .byte = byte};
+            bnd = (uint32_t)walk_boundary(m);
+            use_boundary(m, bnd);
+            bool ok = true;
+            sig128 k = walk_key(m, &ok);
+            if (!ok) {
+                bnd = 0;
+                use_boundary(m, 0);
+                k = state_key(m);
+            }
+            next = di_gcache_intern(c, tab, k);
+            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = byte};
         }
     }
     m->vid[d] = next;
-    m->lmode[d] = local;
+    m->lbd[d] = bnd;
     return 1;
 }
 
@@ -747,7 +772,8 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
     bool utf8 = false;
     if (root <= 0) return 0;
     if (!di_gcache_loop_get(tab, root, &s)) {
-        int rc = loop_summary(m, tab, root, m->lmode[0], true, &s, err);
+        use_boundary(m, m->lbd[0]);
+        int rc = loop_summary(m, tab, root, true, &s, err);
         if (rc) return rc;
         di_gcache_loop_put(m->g->cache, tab, root, &s);
     }
@@ -766,23 +792,27 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
             for (size_t w = 0; w < words; w++) mask[w] &= ~cb[w];
         }
     size_t md = 0;
+    uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
             int32_t t = v->class_tok[x];
             if (v->tok_class[t] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
             const uint8_t *tb = v->blob + v->blob_off[t];
-            uint32_t len = v->blob_off[t + 1] - v->blob_off[t], d = 1;
-            /* keep the sets of the prefix this token shares with the previous one */
-            size_t keep = 0;
-            while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            uint32_t len = v->blob_off[t + 1] - v->blob_off[t];
+            /* the prefix this token shares with the previous one keeps its states (and the sets
+             * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
+            uint32_t keep = 0;
+            while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
             walk_pop(m, base, &md, keep);
             int rc = 1;
-            for (; d <= len && rc == 1; d++) {
+            uint32_t d = keep + 1;
+            for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
-                rc = walk_edge(m, tab, &md, d, err);
+                if ((rc = walk_edge(m, tab, &md, d, err)) != 1) break;
             }
             if (rc < 0) return rc;
+            valid = d - 1;
             if (rc == 1) set_bit(mask, t);
         }
     }
@@ -811,12 +841,14 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     int rc = DI_OK;
     size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
-    if (++m->lgen == 0) m->lgen = 1; /* also retires the memo */
+    if (++m->mgen == 0) m->mgen = 1; /* retires the memo */
+    m->wbase = base;
+    if (++m->lgen == 0) m->lgen = 1; /* the sets changed since the last walk */
     m->lb = walk_boundary(m);
     bool ok = true;
     sig128 root = m->lb ? local_key(m, &ok) : state_key(m);
-    if (!ok) m->lb = 0, root = state_key(m);
-    m->lmode[0] = m->lb != 0;
+    if (!ok) use_boundary(m, 0), root = state_key(m);
+    m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
     rc = loop_mask(m, tab, base, mask, err);
     if (rc) goto out; /* done (1) or failed (< 0) */
@@ -832,7 +864,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
             bool have = di_gcache_loop_get(tab, parent, &ls);
             if (!have && nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES)) {
                 if ((rc = replay(m, &md, d - 1, err)) ||
-                    (rc = loop_summary(m, tab, parent, m->lmode[d - 1], true, &ls, err)))
+                    (use_boundary(m, m->lbd[d - 1]), rc = loop_summary(m, tab, parent, true, &ls, err)))
                     goto out;
                 di_gcache_loop_put(c, tab, parent, &ls);
                 have = true;
