@@ -26,7 +26,9 @@ typedef struct di_trie_node {
 
 #define DI_CLASS_BAD_UTF8 26
 #define DI_CLASS_HIGH 27
-#define DI_N_CLASSES 28
+#define DI_CLASS_LONG 28 /* more than DI_CHAIN_CHARS characters */
+#define DI_N_CLASSES 29
+#define DI_CHAIN_CHARS 16
 
 /* The 128 ASCII bytes in 26 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
  * that grammars tell apart (JSON structure, string escapes, number characters, whitespace) get
@@ -90,7 +92,8 @@ struct di_grammar_vocab {
     uint32_t n_pre;
     /* Token classes for masks of character-loop states (matcher.c: loop_mask): by_class[k]
      * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < 26), that are
-     * not valid UTF-8 (DI_CLASS_BAD_UTF8) or that contain a byte >= 0x80 (DI_CLASS_HIGH);
+     * not valid UTF-8 (DI_CLASS_BAD_UTF8), that contain a byte >= 0x80 (DI_CLASS_HIGH) or that
+     * hold more than DI_CHAIN_CHARS characters (lead bytes and ASCII; DI_CLASS_LONG);
      * class_tok[class_off[k] .. class_off[k + 1]) lists the same tokens. text: all text tokens. */
     uint32_t *by_class;     /* [DI_N_CLASSES * words] */
     uint32_t *text;         /* [words] */

@@ -269,7 +269,7 @@ static sig128 state_key(const di_grammar_matcher *m) {
  * new context re-learned the automaton and re-walked the trie. The walk therefore keys states
  * relative to a boundary set lb: sets below lb (the context) are opaque. Two states with equal
  * context-free keys evolve identically until a completion reaches an opaque set (the Earley
- * recogniser counts those: opaque_hits); such a byte gets the transition DI_ST_CONTEXT, and only
+ * recogniser counts those: opaque_hits); such a byte gets a context transition, and only
  * the trie subtrees under it are walked with full keys. So the bulk of a walk (all tokens inside
  * the string) is shared across contexts, and only tokens that close it (`",` `"}` ...) depend on
  * where the string is. */
@@ -540,9 +540,10 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
 /* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
  * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
  * continuation range shape. When most characters lead to another state T (the first character
- * of a string), T's own summary is computed too (with_next), so a walk can accept tokens whose
- * first character goes to T and whose others loop in T. */
-static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t self_id, bool with_next,
+ * of a string, or a count in a length-bounded string), the summaries of T and its successors
+ * are computed too, `chain` deep, so a walk can accept the tokens whose characters all lead
+ * along that chain (loop_chars). */
+static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t self_id, int chain,
                         di_gcache_loop *out, di_error *err) {
     di_earley *e = &m->e;
     di_grammar_cache *c = m->g->cache;
@@ -592,6 +593,8 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     for (unsigned b = 0; b < 128; b++)
         if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
     out->ascii = ~partial;
+    for (unsigned b = 1; b < 128 && !out->rep; b++)
+        if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
     bool all = class_covers(&scan, 0xC2, 0xF4);
     for (int q = 0; q < 8 && all; q++) {
         sig128 k;
@@ -610,7 +613,10 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         return DI_OK;
     }
     di_gcache_loop tl;
-    if (!with_next || di_gcache_loop_get(tab, out->next, &tl)) return DI_OK;
+    /* only a state that takes most characters alike starts a chain worth following */
+    if (chain <= 0 || (__builtin_popcount(out->ascii & ((1u << 26) - 1)) < 8 && !out->utf8) ||
+        di_gcache_loop_get(tab, out->next, &tl))
+        return DI_OK;
     /* T's sets: push one byte that leads there */
     unsigned rep = 0;
     while (rep < 128 && !di_cfg_class_has(&to[best], (uint8_t)rep)) rep++;
@@ -618,7 +624,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     bool ctx = false;
     int rc = watched_push(m, (uint8_t)rep, &ctx, err);
     bool there = rc == 1 && !ctx;
-    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, false, &tl, err);
+    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, chain - 1, &tl, err);
     di_earley_pop_to(e, top);
     m->n_sig = e->n_sets;
     if (rc < 0) return rc;
@@ -626,19 +632,52 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     return DI_OK;
 }
 
-/* Characters accepted as a block from a state with summary s: ASCII buckets and whether every
- * valid multi-byte character is. True when every character from the state leads to a state that
- * loops on the same characters (s itself, or s->next with its own summary). */
-static bool loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8) {
-    if (s->next <= 0) return false;
-    if (s->next == id) {
-        *ascii = s->ascii, *utf8 = s->utf8;
-        return true;
+/* Characters accepted as a block from state id with summary s: ASCII buckets and whether every
+ * valid multi-byte character is, such that any run of them stays alive: every character leads
+ * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
+ * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
+static bool loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8,
+                       bool *any_length) {
+    uint32_t a = ~0u;
+    bool u = true;
+    di_gcache_loop cur = *s;
+    for (int k = 0; k < DI_CHAIN_CHARS; k++) {
+        if (cur.next <= 0) return false;
+        a &= cur.ascii, u = u && cur.utf8;
+        if (cur.next == id) { /* a loop: any number of characters */
+            *ascii = a, *utf8 = u, *any_length = true;
+            return a != 0 || u;
+        }
+        id = cur.next;
+        if (!di_gcache_loop_get(tab, id, &cur)) return false;
     }
-    di_gcache_loop t;
-    if (!di_gcache_loop_get(tab, s->next, &t) || t.next != s->next) return false;
-    *ascii = s->ascii & t.ascii, *utf8 = s->utf8 && t.utf8;
-    return true;
+    *ascii = a, *utf8 = u, *any_length = false;
+    return a != 0 || u;
+}
+
+/* Summaries along the chain of character successors of state id (whose sets are on top), as far
+ * as loop_chars looks: each missing one is computed on the sets reached by pushing one character
+ * per link, so a length-bounded string adds one summary per mask, not a chain. */
+static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id, di_error *err) {
+    di_earley *e = &m->e;
+    size_t top = e->n_sets;
+    int rc = DI_OK;
+    for (int k = 0; k < DI_CHAIN_CHARS; k++) {
+        di_gcache_loop s;
+        if (!di_gcache_loop_get(tab, id, &s)) {
+            if ((rc = loop_summary(m, tab, id, 1, &s, err))) break;
+            di_gcache_loop_put(m->g->cache, tab, id, &s);
+        }
+        if (s.next <= 0 || s.next == id || !s.rep || (__builtin_popcount(s.ascii & ((1u << 26) - 1)) < 8 && !s.utf8))
+            break;
+        bool ctx = false;
+        rc = watched_push(m, s.rep, &ctx, err);
+        if (rc != 1 || ctx || (rc = update_sigs(m, err))) break;
+        id = s.next;
+    }
+    di_earley_pop_to(e, top);
+    m->n_sig = e->n_sets;
+    return rc < 0 ? rc : DI_OK;
 }
 
 /* Every path below node nd stays alive from a state accepting these characters as a block. */
@@ -688,6 +727,11 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
     int32_t next = parent > 0 ? di_gcache_next(tab, parent, byte) : DI_ST_UNKNOWN;
     if (next == DI_ST_DEAD) return 0;
     int rc;
+    uint8_t like = byte; /* the byte this one acts like (the memo shares context edges by class) */
+    if (next <= DI_ST_CONTEXT_0) {
+        like = (uint8_t)(DI_ST_CONTEXT_0 - next);
+        next = DI_ST_CONTEXT;
+    }
     if (next == DI_ST_UNKNOWN) {
         if ((rc = replay(m, md, d - 1, err))) return rc;
         di_cfg_class same;
@@ -705,7 +749,15 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         bool ok = true;
         sig128 k = ctx ? (sig128){0, 0} : walk_key(m, &ok);
         if (ctx || !ok) { /* !ok: signatures too deep, leave context-free mode here */
-            if (parent > 0 && ctx) set_next_all(tab, parent, &same, DI_ST_CONTEXT);
+            if (parent > 0 && ctx) {
+                like = byte;
+                for (unsigned b = 0; b < 256; b++) /* the class's lowest byte, so all of it shares a memo slot */
+                    if (di_cfg_class_has(&same, (uint8_t)b)) {
+                        like = (uint8_t)b;
+                        break;
+                    }
+                set_next_all(tab, parent, &same, DI_ST_CONTEXT_0 - like);
+            }
             next = DI_ST_CONTEXT;
         } else {
             next = di_gcache_intern(c, tab, k);
@@ -718,7 +770,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         /* memoized only for a boundary below the walk: then the context is the same real sets
          * for every node of the walk, whereas a boundary inside the trie path has a context that
          * differs from path to path */
-        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, byte) : NULL;
+        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, like) : NULL;
         if (slot && slot->gen == m->mgen) {
             next = slot->to;
             bnd = slot->bnd;
@@ -741,7 +793,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 k = state_key(m);
             }
             next = di_gcache_intern(c, tab, k);
-            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = byte};
+            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
     m->vid[d] = next;
@@ -771,15 +823,15 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
     uint32_t ascii = 0;
     bool utf8 = false;
     if (root <= 0) return 0;
-    if (!di_gcache_loop_get(tab, root, &s)) {
-        use_boundary(m, m->lbd[0]);
-        int rc = loop_summary(m, tab, root, true, &s, err);
-        if (rc) return rc;
-        di_gcache_loop_put(m->g->cache, tab, root, &s);
-    }
-    if (!loop_chars(tab, root, &s, &ascii, &utf8)) return 0;
+    use_boundary(m, m->lbd[0]);
+    int rc = ensure_chain(m, tab, root, err);
+    if (rc) return rc;
+    if (!di_gcache_loop_get(tab, root, &s)) return 0;
+    bool any_length = false;
+    if (!loop_chars(tab, root, &s, &ascii, &utf8, &any_length)) return 0;
     uint32_t bad = ~ascii & ((1u << 26) - 1);
     bad |= 1u << (utf8 ? DI_CLASS_BAD_UTF8 : DI_CLASS_HIGH);
+    if (!any_length) bad |= 1u << DI_CLASS_LONG;
     size_t rest = 0;
     for (int k = 0; k < DI_N_CLASSES; k++)
         if ((bad >> k) & 1) rest += v->class_off[k + 1] - v->class_off[k];
@@ -864,14 +916,15 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
             bool have = di_gcache_loop_get(tab, parent, &ls);
             if (!have && nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES)) {
                 if ((rc = replay(m, &md, d - 1, err)) ||
-                    (use_boundary(m, m->lbd[d - 1]), rc = loop_summary(m, tab, parent, true, &ls, err)))
+                    (use_boundary(m, m->lbd[d - 1]), rc = loop_summary(m, tab, parent, 1, &ls, err)))
                     goto out;
                 di_gcache_loop_put(c, tab, parent, &ls);
                 have = true;
             }
             uint32_t ascii;
-            bool utf8;
-            if (have && loop_chars(tab, parent, &ls, &ascii, &utf8) && block_accepts(nd, ascii, utf8)) {
+            bool utf8, any_length; /* a trie subtree may hold long tokens: loops only */
+            if (have && loop_chars(tab, parent, &ls, &ascii, &utf8, &any_length) && any_length &&
+                block_accepts(nd, ascii, utf8)) {
                 for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
                 m->n_blocks++;
                 i = nd->end;

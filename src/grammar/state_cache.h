@@ -34,6 +34,7 @@ typedef struct di_sig128 {
 #define DI_ST_UNKNOWN 0 /* state ids start at 1 */
 #define DI_ST_DEAD (-1)
 #define DI_ST_CONTEXT (-2)         /* from a context-free state: the byte completes into the context */
+#define DI_ST_CONTEXT_0 (-16)      /* DI_ST_CONTEXT_0 - b: as DI_ST_CONTEXT, and the byte acts like b */
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
 #define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
@@ -49,6 +50,7 @@ typedef struct di_gcache_loop {
     int32_t next;
     uint32_t ascii;
     uint8_t utf8;
+    uint8_t rep; /* an ASCII byte that leads to next (0: none) */
 } di_gcache_loop;
 
 /* One generation of the automaton. Everything but rows and the published loop summaries is

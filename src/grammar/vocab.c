@@ -72,15 +72,17 @@ static int u8_next(int st, uint8_t b) {
 
 /* Classes of each text token (see di_grammar_vocab.by_class), as bitsets and as lists. */
 static uint32_t token_class_bits(const di_grammar_vocab *v, int32_t t) {
-    uint32_t bits = 0;
+    uint32_t bits = 0, chars = 0;
     int st = U8_START;
     for (uint32_t k = 0; k < v->lens[t]; k++) {
         uint8_t b = v->bytes[t][k];
+        chars += (b & 0xC0) != 0x80;
         if (b < 0x80) bits |= 1u << di_ascii_bucket(b);
         else bits |= 1u << DI_CLASS_HIGH;
         if (st >= 0) st = u8_next(st, b);
     }
     if (st < 0) bits |= 1u << DI_CLASS_BAD_UTF8;
+    if (chars > DI_CHAIN_CHARS) bits |= 1u << DI_CLASS_LONG;
     return bits;
 }
 
