@@ -69,12 +69,13 @@ static inline unsigned di_ascii_bucket(uint8_t b) {
  * whose random reads dominated the walk before.
  * DI_TRIE_UTF8: every path of the subtree, read from this node's byte on, is a prefix of valid
  * UTF-8 (starts at a character boundary, continuation bytes only where a lead byte needs them).
- * DI_TRIE_HIGH: some byte of the subtree is >= 0x80.
+ * DI_TRIE_HIGH: some byte of the subtree is >= 0x80. DI_TRIE_LONG: see below.
  * With di_trie_node.ascii these let the walk accept a whole subtree at once from a state that loops on
  * its characters (matcher.c: loop summaries). */
 #define DI_TRIE_DUP 1u
 #define DI_TRIE_UTF8 2u
 #define DI_TRIE_HIGH 4u
+#define DI_TRIE_LONG 8u /* some token of the subtree has more than DI_CHAIN_CHARS characters */
 
 struct di_grammar_vocab {
     uint32_t n_vocab;

@@ -593,6 +593,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     for (unsigned b = 0; b < 128; b++)
         if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
     out->ascii = ~partial;
+    out->nohigh = !(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]);
     for (unsigned b = 1; b < 128 && !out->rep; b++)
         if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
     bool all = class_covers(&scan, 0xC2, 0xF4);
@@ -614,7 +615,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     }
     di_gcache_loop tl;
     /* only a state that takes most characters alike starts a chain worth following */
-    if (chain <= 0 || (__builtin_popcount(out->ascii & ((1u << 26) - 1)) < 8 && !out->utf8) ||
+    if (chain <= 0 || (__builtin_popcount(out->ascii & ((1u << 26) - 1)) < 4 && !out->utf8) ||
         di_gcache_loop_get(tab, out->next, &tl))
         return DI_OK;
     /* T's sets: push one byte that leads there */
@@ -637,21 +638,22 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
  * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
  * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
 static bool loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8,
-                       bool *any_length) {
+                       bool *any_length, bool *nohigh) {
     uint32_t a = ~0u;
-    bool u = true;
+    bool u = true, nh = true;
     di_gcache_loop cur = *s;
     for (int k = 0; k < DI_CHAIN_CHARS; k++) {
         if (cur.next <= 0) return false;
-        a &= cur.ascii, u = u && cur.utf8;
+        a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh;
         if (cur.next == id) { /* a loop: any number of characters */
-            *ascii = a, *utf8 = u, *any_length = true;
+            *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh;
             return a != 0 || u;
         }
         id = cur.next;
         if (!di_gcache_loop_get(tab, id, &cur)) return false;
     }
-    *ascii = a, *utf8 = u, *any_length = false;
+    /* the chain's last state must take no high byte either (a token may end its ASCII there) */
+    *ascii = a, *utf8 = u, *any_length = false, *nohigh = nh && cur.nohigh;
     return a != 0 || u;
 }
 
@@ -668,7 +670,7 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
             if ((rc = loop_summary(m, tab, id, 1, &s, err))) break;
             di_gcache_loop_put(m->g->cache, tab, id, &s);
         }
-        if (s.next <= 0 || s.next == id || !s.rep || (__builtin_popcount(s.ascii & ((1u << 26) - 1)) < 8 && !s.utf8))
+        if (s.next <= 0 || s.next == id || !s.rep || (__builtin_popcount(s.ascii & ((1u << 26) - 1)) < 4 && !s.utf8))
             break;
         bool ctx = false;
         rc = watched_push(m, s.rep, &ctx, err);
@@ -680,9 +682,11 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
     return rc < 0 ? rc : DI_OK;
 }
 
-/* Every path below node nd stays alive from a state accepting these characters as a block. */
-static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool utf8) {
+/* Every path below node nd stays alive from a state accepting these characters as a block (for
+ * up to DI_CHAIN_CHARS characters unless any_length). */
+static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool utf8, bool any_length) {
     if ((nd->flags & DI_TRIE_HIGH) && (!utf8 || !(nd->flags & DI_TRIE_UTF8))) return false;
+    if (!any_length && (nd->flags & DI_TRIE_LONG)) return false;
     return !(nd->ascii & ~ascii);
 }
 
@@ -827,10 +831,12 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
     int rc = ensure_chain(m, tab, root, err);
     if (rc) return rc;
     if (!di_gcache_loop_get(tab, root, &s)) return 0;
-    bool any_length = false;
-    if (!loop_chars(tab, root, &s, &ascii, &utf8, &any_length)) return 0;
-    uint32_t bad = ~ascii & ((1u << 26) - 1);
-    bad |= 1u << (utf8 ? DI_CLASS_BAD_UTF8 : DI_CLASS_HIGH);
+    bool any_length = false, nohigh = false;
+    if (!loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh)) return 0;
+    uint32_t bad = ~ascii & ((1u << 26) - 1), dead = 0;
+    if (utf8) bad |= 1u << DI_CLASS_BAD_UTF8;
+    else if (nohigh) dead = 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
+    else bad |= 1u << DI_CLASS_HIGH;
     if (!any_length) bad |= 1u << DI_CLASS_LONG;
     size_t rest = 0;
     for (int k = 0; k < DI_N_CLASSES; k++)
@@ -839,7 +845,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
     size_t words = di_grammar_mask_words(v->n_vocab);
     memcpy(mask, v->text, words * sizeof *mask);
     for (int k = 0; k < DI_N_CLASSES; k++)
-        if ((bad >> k) & 1) {
+        if (((bad | dead) >> k) & 1) {
             const uint32_t *cb = v->by_class + (size_t)k * words;
             for (size_t w = 0; w < words; w++) mask[w] &= ~cb[w];
         }
@@ -922,9 +928,9 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 have = true;
             }
             uint32_t ascii;
-            bool utf8, any_length; /* a trie subtree may hold long tokens: loops only */
-            if (have && loop_chars(tab, parent, &ls, &ascii, &utf8, &any_length) && any_length &&
-                block_accepts(nd, ascii, utf8)) {
+            bool utf8, any_length, nohigh;
+            if (have && loop_chars(tab, parent, &ls, &ascii, &utf8, &any_length, &nohigh) &&
+                block_accepts(nd, ascii, utf8, any_length)) {
                 for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
                 m->n_blocks++;
                 i = nd->end;

@@ -50,7 +50,8 @@ typedef struct di_gcache_loop {
     int32_t next;
     uint32_t ascii;
     uint8_t utf8;
-    uint8_t rep; /* an ASCII byte that leads to next (0: none) */
+    uint8_t rep;    /* an ASCII byte that leads to next (0: none) */
+    uint8_t nohigh; /* the state takes no byte >= 0x80 at all */
 } di_gcache_loop;
 
 /* One generation of the automaton. Everything but rows and the published loop summaries is

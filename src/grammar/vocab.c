@@ -152,6 +152,18 @@ static int summarize(di_grammar_vocab *v, uint32_t n_text) {
     }
     v->tok_start[n] = np;
     v->n_pre = np;
+    uint32_t *chars = malloc(((size_t)v->max_len + 1) * sizeof *chars); /* characters along the path */
+    if (!chars) {
+        free(ok);
+        return DI_ERR_NOMEM;
+    }
+    chars[0] = 0;
+    for (uint32_t i = 1; i < n; i++) { /* tokens with more than DI_CHAIN_CHARS characters */
+        di_trie_node *nd = &v->nodes[i];
+        chars[nd->depth] = chars[nd->depth - 1] + ((nd->byte & 0xC0) != 0x80);
+        if (nd->tok >= 0 && chars[nd->depth] > DI_CHAIN_CHARS) nd->flags |= DI_TRIE_LONG;
+    }
+    free(chars);
     for (uint32_t i = n; i-- > 1;) {
         di_trie_node *nd = &v->nodes[i];
         uint32_t asc = nd->byte < 0x80 ? 1u << di_ascii_bucket(nd->byte) : 0;
@@ -160,6 +172,7 @@ static int summarize(di_grammar_vocab *v, uint32_t n_text) {
         for (uint32_t c = i + 1; c < nd->end; c = v->nodes[c].end) {
             asc |= v->nodes[c].ascii;
             high |= (v->nodes[c].flags & DI_TRIE_HIGH) != 0;
+            nd->flags |= v->nodes[c].flags & DI_TRIE_LONG;
             child_ok &= ok[c];
         }
         uint8_t mine = 0;
