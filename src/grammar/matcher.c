@@ -325,28 +325,21 @@ static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_
 static size_t walk_boundary(const di_grammar_matcher *m) {
     const di_earley *e = &m->e;
     const di_cfg *g = m->g->cfg;
-    size_t top = e->n_sets - 1, b = SIZE_MAX;
+    size_t top = e->n_sets - 1, b = SIZE_MAX, inner = 0; /* inner: latest start of a non-repetition item */
     for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
         di_earley_item it = e->items[x];
         if (g->psym[it.pos] == DI_CFG_END || it.origin == top || loop_rule(g, it.pos)) continue;
         if (it.origin + 1 < b) b = it.origin + 1;
+        if (it.origin > inner) inner = it.origin;
     }
     if (b == SIZE_MAX) return 0;
-    for (bool again = true; again;) {
-        again = false;
-        for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
-            di_earley_item it = e->items[x];
-            if (g->psym[it.pos] == DI_CFG_END || it.origin >= b || !loop_rule(g, it.pos)) continue;
-            bool inner = false; /* an item started after the loop's: its element is in progress */
-            for (size_t y = e->set_off[top]; y < e->set_off[top + 1] && !inner; y++)
-                inner = e->items[y].origin > it.origin && e->items[y].origin < top && !loop_rule(g, e->items[y].pos);
-            if (!inner) {
-                b = it.origin;
-                again = true;
-            }
-        }
+    size_t lowest = b; /* one pass suffices: lowering b only removes candidates above it */
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (g->psym[it.pos] == DI_CFG_END || it.origin >= b || !loop_rule(g, it.pos)) continue;
+        if (inner <= it.origin && it.origin < lowest) lowest = it.origin; /* no element in progress */
     }
-    return b <= 1 ? 0 : b;
+    return lowest <= 1 ? 0 : lowest;
 }
 
 static bool is_eos(const di_grammar_vocab *v, int32_t t) {
