@@ -1,6 +1,7 @@
 /* Per-grammar state automaton and mask cache shared by matchers (see state_cache.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "grammar/state_cache.h"
 
@@ -18,7 +19,7 @@ int di_gcache_new(di_grammar_cache **out, di_error *err) {
 
 static void table_free(di_gcache_table *t) {
     if (!t) return;
-    free(t->rows);
+    if (t->rows) munmap(t->rows, t->rows_bytes);
     free(t->loop);
     free(t->loop_ready);
     free(t->key);
@@ -32,8 +33,12 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     t->cap = c->max_states;
     t->hcap = 16;
     while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
-    /* large: a fresh mapping, zero without a memset; pages are committed as states are added */
-    t->rows = calloc((size_t)t->cap + 1, sizeof *t->rows);
+    /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
+     * and is cleared there, once glibc's mmap threshold has grown past it: ~1 ms on every new
+     * grammar's first mask); pages are committed as states are added */
+    t->rows_bytes = ((size_t)t->cap + 1) * sizeof *t->rows;
+    void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    t->rows = rows == MAP_FAILED ? NULL : rows;
     t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
     t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
     t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);

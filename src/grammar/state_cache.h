@@ -57,7 +57,8 @@ typedef struct di_gcache_loop {
 /* One generation of the automaton. Everything but rows and the published loop summaries is
  * accessed under the cache's lock. */
 typedef struct di_gcache_table {
-    di_gcache_row *rows; /* [cap + 1] zero-filled; row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    di_gcache_row *rows; /* [cap + 1] zero-filled (mmap); row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    size_t rows_bytes;
     di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
     _Atomic uint8_t *loop_ready; /* [cap + 1] */
     di_sig128 *key;      /* [cap + 1] interned keys */
