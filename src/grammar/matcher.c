@@ -630,41 +630,49 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
  * valid multi-byte character is, such that any run of them stays alive: every character leads
  * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
  * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
-static bool loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8,
-                       bool *any_length, bool *nohigh) {
+static inline bool chain_link(const di_gcache_loop *s) {
+    return s->next > 0 && (__builtin_popcount(s->ascii & ((1u << 26) - 1)) >= 4 || s->utf8);
+}
+
+/* Returns 1 with the block filled in, 0 if the state does not take a block of characters, -1 if
+ * a summary along its chain is not computed yet (ensure_chain). */
+static int loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8,
+                      bool *any_length, bool *nohigh) {
     uint32_t a = ~0u;
     bool u = true, nh = true;
     di_gcache_loop cur = *s;
     for (int k = 0; k < DI_CHAIN_CHARS; k++) {
-        if (cur.next <= 0) return false;
-        a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh;
         if (cur.next == id) { /* a loop: any number of characters */
+            a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh;
             *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh;
-            return a != 0 || u;
+            return (a & ((1u << 26) - 1)) || u;
         }
+        if (!chain_link(&cur)) return 0;
+        a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh;
         id = cur.next;
-        if (!di_gcache_loop_get(tab, id, &cur)) return false;
+        if (!di_gcache_loop_get(tab, id, &cur)) return -1;
     }
     /* the chain's last state must take no high byte either (a token may end its ASCII there) */
     *ascii = a, *utf8 = u, *any_length = false, *nohigh = nh && cur.nohigh;
-    return a != 0 || u;
+    return 1;
 }
 
 /* Summaries along the chain of character successors of state id (whose sets are on top), as far
  * as loop_chars looks: each missing one is computed on the sets reached by pushing one character
  * per link, so a length-bounded string adds one summary per mask, not a chain. */
-static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id, di_error *err) {
+static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id, int *budget, di_error *err) {
     di_earley *e = &m->e;
     size_t top = e->n_sets;
     int rc = DI_OK;
     for (int k = 0; k < DI_CHAIN_CHARS; k++) {
         di_gcache_loop s;
         if (!di_gcache_loop_get(tab, id, &s)) {
+            if (*budget <= 0) break;
+            --*budget;
             if ((rc = loop_summary(m, tab, id, 1, &s, err))) break;
             di_gcache_loop_put(m->g->cache, tab, id, &s);
         }
-        if (s.next <= 0 || s.next == id || !s.rep || (__builtin_popcount(s.ascii & ((1u << 26) - 1)) < 4 && !s.utf8))
-            break;
+        if (!chain_link(&s) || s.next == id || !s.rep) break;
         bool ctx = false;
         rc = watched_push(m, s.rep, &ctx, err);
         if (rc != 1 || ctx || (rc = update_sigs(m, err))) break;
@@ -821,11 +829,12 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
     bool utf8 = false;
     if (root <= 0) return 0;
     use_boundary(m, m->lbd[0]);
-    int rc = ensure_chain(m, tab, root, err);
+    int budget = DI_CHAIN_CHARS + 1;
+    int rc = ensure_chain(m, tab, root, &budget, err);
     if (rc) return rc;
     if (!di_gcache_loop_get(tab, root, &s)) return 0;
     bool any_length = false, nohigh = false;
-    if (!loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh)) return 0;
+    if (loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh) != 1) return 0;
     uint32_t bad = ~ascii & ((1u << 26) - 1), dead = 0;
     if (utf8) bad |= 1u << DI_CLASS_BAD_UTF8;
     else if (nohigh) dead = 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
@@ -903,6 +912,10 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     m->vid[0] = di_gcache_intern(c, tab, root);
     rc = loop_mask(m, tab, base, mask, err);
     if (rc) goto out; /* done (1) or failed (< 0) */
+    int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
+    int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */
+    uint32_t blk_ascii = 0;
+    bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
         __builtin_prefetch(&nodes[nd->end]); /* the next node when this subtree is skipped */
@@ -911,19 +924,28 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
         if (parent > 0 && nd->end - i >= SKIP_MIN_NODES) {
-            di_gcache_loop ls;
-            bool have = di_gcache_loop_get(tab, parent, &ls);
-            if (!have && nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES)) {
-                if ((rc = replay(m, &md, d - 1, err)) ||
-                    (use_boundary(m, m->lbd[d - 1]), rc = loop_summary(m, tab, parent, 1, &ls, err)))
-                    goto out;
-                di_gcache_loop_put(c, tab, parent, &ls);
-                have = true;
+            if (parent != blk_of) { /* siblings share their parent's block (one chain lookup) */
+                di_gcache_loop ls;
+                bool have = di_gcache_loop_get(tab, parent, &ls);
+                blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh) : -2;
+                bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
+                if (big && blk < 0 && summaries_left > 0) { /* no summary yet, or a chain to extend */
+                    if ((rc = replay(m, &md, d - 1, err))) goto out;
+                    use_boundary(m, m->lbd[d - 1]);
+                    if (blk == -2) {
+                        summaries_left--;
+                        rc = loop_summary(m, tab, parent, 1, &ls, err);
+                        if (!rc) di_gcache_loop_put(c, tab, parent, &ls);
+                    } else {
+                        rc = ensure_chain(m, tab, parent, &summaries_left, err);
+                    }
+                    if (rc) goto out;
+                    have = di_gcache_loop_get(tab, parent, &ls);
+                    blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh) : 0;
+                }
+                if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
-            uint32_t ascii;
-            bool utf8, any_length, nohigh;
-            if (have && loop_chars(tab, parent, &ls, &ascii, &utf8, &any_length, &nohigh) &&
-                block_accepts(nd, ascii, utf8, any_length)) {
+            if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
                 for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
                 m->n_blocks++;
                 i = nd->end;
