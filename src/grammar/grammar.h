@@ -108,6 +108,7 @@ typedef struct di_grammar_walk_stats {
     uint64_t cached;      /* served from the grammar's mask cache */
     uint64_t walks;       /* computed by a trie walk */
     uint64_t block_masks; /* of those, computed from a character-loop state by token classes */
+    uint64_t block_hits;  /* of those, from a block cached by an earlier walk (another context) */
     uint64_t blocks;      /* token subtrees accepted whole during trie walks */
     uint64_t ctx_edges;   /* context-free walk edges that completed into the context */
 } di_grammar_walk_stats;

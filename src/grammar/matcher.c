@@ -42,7 +42,7 @@ struct di_grammar_matcher {
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
-    uint64_t n_block_masks, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
+    uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
      * value, valid when lstamp[i] == lgen. */
@@ -58,6 +58,8 @@ struct di_grammar_matcher {
         int32_t from, to;
         uint8_t byte;
     } memo[256];
+    uint32_t *ctxd;                 /* [max token length + 1] depth of the path's first context edge (0: none) */
+    di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
@@ -102,7 +104,8 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
     m->path = malloc((size_t)v->max_len + 1);
     m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
-    if (!m->vid || !m->path || !m->lbd) {
+    m->ctxd = malloc(((size_t)v->max_len + 1) * sizeof *m->ctxd);
+    if (!m->vid || !m->path || !m->lbd || !m->ctxd) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -146,6 +149,8 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->lsig);
     free(m->lstamp);
     free(m->lbd);
+    free(m->ctxd);
+    free(m->cent);
     free(m->vid);
     free(m->path);
     free(m->hist);
@@ -361,7 +366,7 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
-                                 .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges};
+                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -821,7 +826,35 @@ static inline void walk_pop(di_grammar_matcher *m, size_t base, size_t *md, size
  * broken UTF-8, ~2,000 of 129,280) are walked one by one. Returns 1 if done, 0 if the root is
  * not such a state (or too many tokens would be left to walk), <0 on error. */
 #define LOOP_MASK_MAX_REST 12000
-static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, uint32_t *mask, di_error *err) {
+
+/* Walk the context tokens of a cached block again in this walk's context: each continues from
+ * its recorded context-free state and context edge (memoized per walk, so a context byte costs
+ * one push per walk, not per token). */
+static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t base, uint32_t *mask,
+                           const di_gcache_ctxtok *ent, uint32_t n, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    size_t md = 0;
+    for (uint32_t x = 0; x < n; x++) {
+        const di_gcache_ctxtok *e = &ent[x];
+        const uint8_t *tb = v->blob + v->blob_off[e->tok];
+        uint32_t len = v->blob_off[e->tok + 1] - v->blob_off[e->tok];
+        uint32_t keep = 0; /* sets materialized for the prefix shared with the previous token */
+        while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+        walk_pop(m, base, &md, keep);
+        for (uint32_t k = keep; k < len; k++) m->path[k + 1] = tb[k];
+        m->vid[e->depth - 1] = e->parent;
+        m->lbd[e->depth - 1] = m->lbd[0];
+        int rc = 1;
+        for (uint32_t d = e->depth; d <= len && rc == 1; d++) rc = walk_edge(m, tab, &md, d, err);
+        if (rc < 0) return rc;
+        if (rc == 1) set_bit(mask, e->tok);
+    }
+    walk_pop(m, base, &md, 0);
+    return DI_OK;
+}
+
+static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, sig128 root_key, uint32_t *mask,
+                     di_error *err) {
     const di_grammar_vocab *v = m->v;
     int32_t root = m->vid[0];
     di_gcache_loop s;
@@ -844,6 +877,17 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
     for (int k = 0; k < DI_N_CLASSES; k++)
         if ((bad >> k) & 1) rest += v->class_off[k + 1] - v->class_off[k];
     if (rest > LOOP_MASK_MAX_REST) return 0;
+    if (!m->cent && !(m->cent = malloc(LOOP_MASK_MAX_REST * sizeof *m->cent)))
+        return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for a block mask");
+    uint32_t n_ent = 0;
+    if (m->lbd[0] && di_gcache_block_get(m->g->cache, v, tab->serial, root_key, mask, m->cent, LOOP_MASK_MAX_REST, &n_ent)) {
+        rc = walk_ctx_tokens(m, tab, base, mask, m->cent, n_ent, err);
+        if (rc) return rc;
+        m->n_block_masks++;
+        m->n_block_hits++;
+        return 1;
+    }
+    bool cacheable = m->lbd[0] != 0; /* a context-free root: the block holds in every context */
     size_t words = di_grammar_mask_words(v->n_vocab);
     memcpy(mask, v->text, words * sizeof *mask);
     for (int k = 0; k < DI_N_CLASSES; k++)
@@ -867,16 +911,29 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, u
             walk_pop(m, base, &md, keep);
             int rc = 1;
             uint32_t d = keep + 1;
+            m->ctxd[0] = 0;
             for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
+                uint64_t before = m->n_ctx_edges;
                 if ((rc = walk_edge(m, tab, &md, d, err)) != 1) break;
+                m->ctxd[d] = m->ctxd[d - 1] ? m->ctxd[d - 1] : m->n_ctx_edges != before ? d : 0;
             }
             if (rc < 0) return rc;
             valid = d - 1;
-            if (rc == 1) set_bit(mask, t);
+            uint32_t c1 = m->ctxd[valid]; /* first context edge on the live part of the path */
+            if (!c1) {
+                if (rc == 1) set_bit(mask, t); /* decided without the context */
+            } else {
+                if (m->vid[c1 - 1] <= 0) cacheable = false; /* an uninterned state: no id to record */
+                m->cent[n_ent++] = (di_gcache_ctxtok){.tok = t, .parent = m->vid[c1 - 1], .depth = (uint16_t)c1,
+                                                      .byte = m->path[c1], .accepted = rc == 1};
+            }
         }
     }
     walk_pop(m, base, &md, 0);
+    if (cacheable) di_gcache_block_put(m->g->cache, v, tab->serial, root_key, mask, m->cent, n_ent);
+    for (uint32_t x = 0; x < n_ent; x++)
+        if (m->cent[x].accepted) set_bit(mask, m->cent[x].tok);
     m->n_block_masks++;
     return 1;
 }
@@ -910,7 +967,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
-    rc = loop_mask(m, tab, base, mask, err);
+    rc = loop_mask(m, tab, base, root, mask, err);
     if (rc) goto out; /* done (1) or failed (< 0) */
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
     int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */

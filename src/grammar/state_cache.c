@@ -48,7 +48,7 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
         return NULL;
     }
     memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
-    c->n_tables++;
+    t->serial = ++c->n_tables;
     return t;
 }
 
@@ -61,6 +61,10 @@ void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
 void di_gcache_free(di_grammar_cache *c) {
     if (!c) return;
     table_free(c->cur); /* retired tables were freed by their last walk */
+    for (int i = 0; i < DI_GCACHE_BLOCKS; i++) {
+        free(c->blocks[i].mask);
+        free(c->blocks[i].ent);
+    }
     free(c->masks);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -156,6 +160,44 @@ bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
             }
     pthread_mutex_unlock(&c->lock);
     return hit;
+}
+
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n) {
+    bool hit = false;
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v))
+        for (int i = 0; i < DI_GCACHE_BLOCKS && !hit; i++) {
+            di_gcache_block *b = &c->blocks[i];
+            if (!b->used || b->table != table || b->key.a != k.a || b->key.b != k.b || b->n_ent > cap) continue;
+            memcpy(mask, b->mask, c->words * sizeof *mask);
+            memcpy(ent, b->ent, b->n_ent * sizeof *ent);
+            *n = b->n_ent;
+            hit = true;
+        }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
+                         const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n) {
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v)) {
+        di_gcache_block *b = &c->blocks[c->bnext++ % DI_GCACHE_BLOCKS];
+        uint32_t *bm = b->mask ? b->mask : malloc(c->words * sizeof *bm);
+        di_gcache_ctxtok *be = realloc(b->ent, (n ? n : 1) * sizeof *be);
+        if (bm) b->mask = bm;
+        if (be) b->ent = be;
+        b->used = bm && be;
+        if (b->used) {
+            memcpy(b->mask, mask, c->words * sizeof *mask);
+            memcpy(b->ent, ent, n * sizeof *ent);
+            b->n_ent = n;
+            b->key = k;
+            b->table = table;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask) {

@@ -38,6 +38,7 @@ typedef struct di_sig128 {
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
 #define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
+#define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
 
 typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
 
@@ -66,7 +67,27 @@ typedef struct di_gcache_table {
     size_t hcap;         /* power of two >= 2 * cap */
     int32_t n, cap;      /* interned states (ids 1..n), capacity */
     int32_t refs;        /* walks using this table */
+    uint64_t serial;     /* which generation (state ids mean nothing across tables) */
 } di_gcache_table;
+
+/* A token of a block mask whose walk reached the context: from context-free state `parent` (at
+ * `depth` - 1), byte `byte` completes into the context (matcher.c: loop_mask). */
+typedef struct di_gcache_ctxtok {
+    int32_t tok, parent;
+    uint16_t depth;
+    uint8_t byte, accepted; /* accepted: scratch for the walk that records it */
+} di_gcache_ctxtok;
+
+/* The context-free part of a block mask of one context-free root state: the tokens decided
+ * without the context, and the tokens that reach it (walked again per context). */
+typedef struct di_gcache_block {
+    di_sig128 key;
+    uint64_t table;
+    uint32_t *mask;
+    di_gcache_ctxtok *ent;
+    uint32_t n_ent;
+    uint8_t used;
+} di_gcache_block;
 
 struct di_grammar_cache {
     pthread_mutex_t lock;
@@ -81,6 +102,8 @@ struct di_grammar_cache {
     di_sig128 mkey[DI_GCACHE_MASKS];
     uint8_t mused[DI_GCACHE_MASKS];
     uint32_t mnext;                       /* round-robin replacement */
+    di_gcache_block blocks[DI_GCACHE_BLOCKS];
+    uint32_t bnext;
 };
 
 int di_gcache_new(di_grammar_cache **out, di_error *err);
@@ -111,6 +134,14 @@ static inline bool di_gcache_loop_get(const di_gcache_table *t, int32_t id, di_g
 }
 /* Publish the loop summary of state id (racing walks compute the same summary; the first wins). */
 void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s);
+
+/* The cached block of context-free root k in table generation `table`: its mask into mask and its
+ * context tokens into ent (at most cap); false if absent or larger than cap. */
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
+/* Remember a block (best effort, as di_gcache_mask_put). */
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
+                         const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n);
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
 bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask);
