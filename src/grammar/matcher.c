@@ -592,6 +592,8 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
     out->ascii = ~partial;
     out->nohigh = !(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]);
+    for (unsigned b = 0; b < 128; b++)
+        if (di_cfg_class_has(&scan, (uint8_t)b)) out->scanned |= 1u << di_ascii_bucket((uint8_t)b);
     for (unsigned b = 1; b < 128 && !out->rep; b++)
         if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
     bool all = class_covers(&scan, 0xC2, 0xF4);
@@ -642,23 +644,23 @@ static inline bool chain_link(const di_gcache_loop *s) {
 /* Returns 1 with the block filled in, 0 if the state does not take a block of characters, -1 if
  * a summary along its chain is not computed yet (ensure_chain). */
 static int loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8,
-                      bool *any_length, bool *nohigh) {
-    uint32_t a = ~0u;
+                      bool *any_length, bool *nohigh, uint32_t *scanned) {
+    uint32_t a = ~0u, sc = 0;
     bool u = true, nh = true;
     di_gcache_loop cur = *s;
     for (int k = 0; k < DI_CHAIN_CHARS; k++) {
         if (cur.next == id) { /* a loop: any number of characters */
-            a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh;
-            *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh;
+            a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
+            *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh, *scanned = sc;
             return (a & ((1u << 26) - 1)) || u;
         }
         if (!chain_link(&cur)) return 0;
-        a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh;
+        a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
         id = cur.next;
         if (!di_gcache_loop_get(tab, id, &cur)) return -1;
     }
     /* the chain's last state must take no high byte either (a token may end its ASCII there) */
-    *ascii = a, *utf8 = u, *any_length = false, *nohigh = nh && cur.nohigh;
+    *ascii = a, *utf8 = u, *any_length = false, *nohigh = nh && cur.nohigh, *scanned = sc | cur.scanned;
     return 1;
 }
 
@@ -867,10 +869,13 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     if (rc) return rc;
     if (!di_gcache_loop_get(tab, root, &s)) return 0;
     bool any_length = false, nohigh = false;
-    if (loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh) != 1) return 0;
-    uint32_t bad = ~ascii & ((1u << 26) - 1), dead = 0;
+    uint32_t scanned = 0;
+    if (loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh, &scanned) != 1) return 0;
+    /* a byte outside the block that no state of the chain takes at all ends a token wherever it
+     * comes (the characters before it stay in the chain): such tokens are cleared, not walked */
+    uint32_t bad = ~ascii & scanned & ((1u << 26) - 1), dead = ~ascii & ~scanned & ((1u << 26) - 1);
     if (utf8) bad |= 1u << DI_CLASS_BAD_UTF8;
-    else if (nohigh) dead = 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
+    else if (nohigh) dead |= 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
     else bad |= 1u << DI_CLASS_HIGH;
     if (!any_length) bad |= 1u << DI_CLASS_LONG;
     size_t rest = 0;
@@ -971,7 +976,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     if (rc) goto out; /* done (1) or failed (< 0) */
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
     int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */
-    uint32_t blk_ascii = 0;
+    uint32_t blk_ascii = 0, blk_scanned = 0;
     bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
@@ -984,7 +989,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
             if (parent != blk_of) { /* siblings share their parent's block (one chain lookup) */
                 di_gcache_loop ls;
                 bool have = di_gcache_loop_get(tab, parent, &ls);
-                blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh) : -2;
+                blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned) : -2;
                 bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
                 if (big && blk < 0 && summaries_left > 0) { /* no summary yet, or a chain to extend */
                     if ((rc = replay(m, &md, d - 1, err))) goto out;
@@ -998,7 +1003,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                     }
                     if (rc) goto out;
                     have = di_gcache_loop_get(tab, parent, &ls);
-                    blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh) : 0;
+                    blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned) : 0;
                 }
                 if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
