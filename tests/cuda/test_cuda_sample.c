@@ -9,8 +9,10 @@
  * forms), their combinations, penalties with repeated ids, logit bias, grammar masks, raw and
  * processed logprobs with 0–20 top entries, random seeds / 64-bit positions / choices. Edge groups:
  * every token masked but one, top_k 1, top_p tiny, temperature just above and below the greedy cut.
- * Each group is also sampled a second time with its rows reversed and, for a few rows, alone: a row's
- * result must not depend on its batch.
+ * Rows with raw logprobs also compare the f64 mass Z (di_cuda_sampler_last_mass) with the contract's
+ * id-order sum restated here, bit for bit: the one place where a summation-order error would show
+ * more than rarely. Each group is also sampled a second time with its rows reversed and, for a few
+ * rows, alone: a row's result must not depend on its batch.
  *
  * One table line per group: rows, rows differing from the CPU (token / logprob bits / top entries),
  * rows differing between batch layouts, GPU ms of one batch (host packing and copy-back included),
@@ -29,6 +31,34 @@
 
 #include "backend/cuda/cuda_sample.h"
 #include "engine/sampler.h"
+
+#ifdef DI_SAMPLE_EMU
+/* The host emulation build (see the header): a CUDA runtime over host memory, for the emulated
+ * di_cuda_sampler and for this file's own uploads. */
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "host emulation (1 thread per block)");
+    p->multiProcessorCount = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d) { *v = 1; return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t n) { return (*p = malloc(n ? n : 1)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
+cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemset(void *p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t st) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t e) { return "host emulation error"; }
+#endif
 
 #define V 129280
 #define WORDS ((V + 31) / 32)
@@ -94,6 +124,15 @@ static int32_t argmax_lowest(const float *x) {
             b = t;
         }
     return b;
+}
+
+/* The contract's raw-logprob normaliser, restated: Σ di_sampler_exp(x − x_max) in f64, id order. */
+static double ref_mass_id_order(const float *x) {
+    const float x_max = x[argmax_lowest(x)];
+    double z = 0.0;
+    for (int t = 0; t < V; t++)
+        if (x[t] > -INFINITY) z += (double)di_sampler_exp(x[t] - x_max);
+    return z;
 }
 
 /* ---- modes: what a group sets on each row ---- */
@@ -290,6 +329,15 @@ static void run_group(const group *g, int n, di_sampler *cs, di_cuda_sampler *gs
                     printf("#   %s row %d: CPU token %d logprob %a (top %d) vs GPU token %d logprob %a (top %d)\n", g->name,
                            i, cpu[i].token, cpu[i].logprob, cpu[i].n_top, gpu[i].token, gpu[i].logprob, gpu[i].n_top);
             }
+        /* The ordered sum itself, bit for bit, where the test can restate it (raw logprobs): an order
+         * error moves Z by ~1e-16 relative, which the f32 logprobs above show only rarely. */
+        for (int i = 0; i < n; i++) {
+            if (!rows[i].p.logprobs || rows[i].p.logprobs_mode != DI_LOGPROBS_RAW) continue;
+            double zr = ref_mass_id_order(rows[i].logits), zg = di_cuda_sampler_last_mass(gs, i);
+            if (memcmp(&zr, &zg, sizeof zr)) {
+                if (gpu_bad++ < 3) printf("#   %s row %d: raw mass %a (restated CPU) vs %a (GPU)\n", g->name, i, zr, zg);
+            }
+        }
         /* batch invariance: reversed batch, and the first two rows alone */
         for (int i = 0; i < n; i++) order[i] = n - 1 - i;
         gpu_run(gs, rows, order, n, d_logits, rev);

@@ -32,12 +32,52 @@
  * chunk from its checkpoint — the same additions in the same order as the CPU's walk from 0.
  *
  * The final log(Z) and the logprob subtractions run on the host (cuda_sample.h says why). */
-#include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifndef DI_CUDA_SAMPLE_EMULATE
+#include <cuda_runtime.h>
+#else
+/* Host emulation (built with a C++ compiler, -DDI_CUDA_SAMPLE_EMULATE, -ffp-contract=off): every block
+ * is run by one thread, blocks one after another, against the runtime API of whatever the program
+ * links (tests/cuda/test_cuda_sample.c provides a host-memory one). It runs the kernel's own source —
+ * stage order, selections, checkpointed sums, walks, slot reuse — on a machine without a GPU; what it
+ * cannot check is the interplay of threads (races, barriers), which the GPU run does. The intrinsics
+ * below are the IEEE operations they name. */
+#include <cuda_runtime_api.h>
+#undef __global__
+#undef __device__
+#undef __shared__
+#undef __forceinline__
+#undef __launch_bounds__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define SAMPLE_NT 1
+struct emu_dim { unsigned x; };
+static emu_dim threadIdx = {0}, blockIdx = {0}, gridDim = {1};
+static inline void __syncthreads(void) {}
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
+static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
+static inline int atomicMin(int *p, int v) { int o = *p; *p = v < o ? v : o; return o; }
+static inline int atomicExch(int *p, int v) { int o = *p; *p = v; return o; }
+static inline unsigned atomicOr(unsigned *p, unsigned v) { unsigned o = *p; *p = o | v; return o; }
+static inline unsigned long long __shfl_xor_sync(unsigned, unsigned long long v, int) { return v; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+#endif
 
 extern "C" {
 #include "backend/cuda/cuda_sample.h"
@@ -46,6 +86,9 @@ extern "C" {
 }
 
 #define SAMPLE_THREADS 512
+#ifndef SAMPLE_NT
+#define SAMPLE_NT SAMPLE_THREADS /* threads that share a block's loops (1 in the host emulation) */
+#endif
 #define SAMPLE_CK 1024          /* terms between two checkpoints of an ordered sum */
 #define SAMPLE_SORT_SHARED 4096 /* records sorted in shared memory; larger sorts run in global memory */
 #define SAMPLE_TOP_P_FIRST 64   /* the CPU's first top-p prefix (DI_SAMPLER_TOP_P_FIRST); grows ×8 */
@@ -95,6 +138,7 @@ struct di_cuda_sampler {
     size_t h_in_bytes;
     row_out *d_out, *h_out;    /* [cap_rows] device / pinned host */
     int32_t cap_rows;
+    int32_t last_rows;         /* rows of the last call, whose results h_out holds */
 };
 
 /* Shared-memory state of one block. */
@@ -168,14 +212,14 @@ static __device__ unsigned long long block_max_u64(unsigned long long v, block_s
     if ((threadIdx.x & 31) == 0) sh->red[threadIdx.x >> 5] = v;
     __syncthreads();
     v = 0;
-    for (int i = 0; i < SAMPLE_THREADS / 32; i++) v = sh->red[i] > v ? sh->red[i] : v;
+    for (int i = 0; i < (SAMPLE_NT + 31) / 32; i++) v = sh->red[i] > v ? sh->red[i] : v;
     return v;
 }
 
 /* Best entry of x[0..V), lowest id on ties (the CPU's argmax_lowest); -1 when every entry is −inf. */
 static __device__ int32_t block_argmax(const float *x, int32_t V, block_state *sh) {
     unsigned long long best = 0;
-    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) {
+    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) {
         float v = x[t];
         if (!(v > -INFINITY)) continue;
         unsigned long long rec = ((unsigned long long)d_order_key(v) << 32) | (uint32_t)~(uint32_t)t;
@@ -189,7 +233,7 @@ static __device__ int32_t block_argmax(const float *x, int32_t V, block_state *s
 static __device__ void bitonic_sort(unsigned long long *d, int P) {
     for (int k = 2; k <= P; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < P; i += SAMPLE_THREADS) {
+            for (int i = threadIdx.x; i < P; i += SAMPLE_NT) {
                 int l = i ^ j;
                 if (l > i) {
                     unsigned long long a = d[i], b = d[l];
@@ -210,12 +254,12 @@ static __device__ void sort_records(unsigned long long *rec, int n, unsigned lon
     int P = 1;
     while (P < n) P <<= 1;
     if (P <= SAMPLE_SORT_SHARED) {
-        for (int i = threadIdx.x; i < P; i += SAMPLE_THREADS) sbuf[i] = i < n ? rec[i] : ~0ull;
+        for (int i = threadIdx.x; i < P; i += SAMPLE_NT) sbuf[i] = i < n ? rec[i] : ~0ull;
         __syncthreads();
         bitonic_sort(sbuf, P);
-        for (int i = threadIdx.x; i < n; i += SAMPLE_THREADS) rec[i] = sbuf[i];
+        for (int i = threadIdx.x; i < n; i += SAMPLE_NT) rec[i] = sbuf[i];
     } else {
-        for (int i = n + threadIdx.x; i < P; i += SAMPLE_THREADS) rec[i] = ~0ull;
+        for (int i = n + threadIdx.x; i < P; i += SAMPLE_NT) rec[i] = ~0ull;
         __syncthreads();
         bitonic_sort(rec, P);
     }
@@ -230,7 +274,7 @@ static __device__ int select_top(const float *x, int32_t V, int m, unsigned long
     if (threadIdx.x == 0) sh->i0 = 0;
     __syncthreads();
     int c = 0;
-    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) c += x[t] > -INFINITY;
+    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) c += x[t] > -INFINITY;
     atomicAdd(&sh->i0, c);
     __syncthreads();
     const int n_fin = sh->i0;
@@ -239,11 +283,11 @@ static __device__ int select_top(const float *x, int32_t V, int m, unsigned long
     if (n_fin > m) {
         uint32_t prefix = 0;
         for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int i = threadIdx.x; i < 256; i += SAMPLE_THREADS) sh->hist[i] = 0;
+            for (int i = threadIdx.x; i < 256; i += SAMPLE_NT) sh->hist[i] = 0;
             if (shift == 24 && threadIdx.x == 0) sh->need = m;
             __syncthreads();
             const uint32_t hi_mask = shift == 24 ? 0u : ~0u << (shift + 8);
-            for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) {
+            for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) {
                 float v = x[t];
                 if (!(v > -INFINITY)) continue;
                 uint32_t k = d_order_key(v);
@@ -266,7 +310,7 @@ static __device__ int select_top(const float *x, int32_t V, int m, unsigned long
     }
     if (threadIdx.x == 0) sh->i1 = 0;
     __syncthreads();
-    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) {
+    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) {
         float v = x[t];
         if (!(v > -INFINITY)) continue;
         uint32_t k = d_order_key(v);
@@ -324,7 +368,7 @@ static __device__ int chain_first(const float *e, int n, const double *ck, doubl
     const int nch = (n + SAMPLE_CK - 1) / SAMPLE_CK;
     if (threadIdx.x == 0) sh->i1 = INT_MAX;
     __syncthreads();
-    for (int c = threadIdx.x; c + 1 < nch; c += SAMPLE_THREADS) {
+    for (int c = threadIdx.x; c + 1 < nch; c += SAMPLE_NT) {
         double s = ck[c + 1];
         if (strict ? s > target : s >= target) atomicMin(&sh->i1, c);
     }
@@ -356,7 +400,7 @@ static __device__ void logprobs_full(const float *x, int32_t V, int32_t token, i
                                      unsigned long long *rec, unsigned long long *sbuf, block_state *sh, row_out *o) {
     const int32_t best = block_argmax(x, V, sh);
     const float x_max = x[best];
-    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) ew[t] = d_sampler_exp(__fsub_rn(x[t], x_max));
+    for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) ew[t] = d_sampler_exp(__fsub_rn(x[t], x_max));
     __syncthreads();
     const double z = chain_build(ew, V, ck, sh);
     const int n = select_top(x, V, n_top, rec, sbuf, sh);
@@ -375,7 +419,7 @@ static __device__ void logprobs_full(const float *x, int32_t V, int32_t token, i
 
 /* ---------------- the kernel ---------------- */
 
-__global__ void __launch_bounds__(SAMPLE_THREADS)
+__global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
               int32_t V, int32_t n_rows, const row_args *__restrict__ args, const int32_t *__restrict__ ids,
               const di_token_bias *__restrict__ bias, const uint32_t *__restrict__ masks, scratch_layout lay,
@@ -398,7 +442,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
         /* copy; the lowest id of a NaN / +inf logit is the CPU's error */
         if (threadIdx.x == 0) sh.i0 = INT_MAX;
         __syncthreads();
-        for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) {
+        for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) {
             float l = x_raw[t];
             if (isnan(l) || l == INFINITY) atomicMin(&sh.i0, t);
             w[t] = l;
@@ -418,7 +462,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
         const float rp = a.repetition;
         if (rp != 0.0f && rp != 1.0f) {
             const int64_t n = a.n_prompt + a.n_output;
-            for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
+            for (int64_t i = threadIdx.x; i < n; i += SAMPLE_NT) {
                 int32_t t = i < a.n_prompt ? prompt[i] : output[i - a.n_prompt];
                 uint32_t bit = 1u << (t & 31);
                 if (atomicOr(&seen[t >> 5], bit) & bit) continue;
@@ -426,16 +470,16 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
                 w[t] = l > 0.0f ? __fdiv_rn(l, rp) : __fmul_rn(l, rp);
             }
             __syncthreads();
-            for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
+            for (int64_t i = threadIdx.x; i < n; i += SAMPLE_NT) {
                 int32_t t = i < a.n_prompt ? prompt[i] : output[i - a.n_prompt];
                 seen[t >> 5] = 0;
             }
             __syncthreads();
         }
         if (a.frequency != 0.0f || a.presence != 0.0f) {
-            for (int64_t i = threadIdx.x; i < a.n_output; i += SAMPLE_THREADS) atomicAdd(&cnt[output[i]], 1);
+            for (int64_t i = threadIdx.x; i < a.n_output; i += SAMPLE_NT) atomicAdd(&cnt[output[i]], 1);
             __syncthreads();
-            for (int64_t i = threadIdx.x; i < a.n_output; i += SAMPLE_THREADS) {
+            for (int64_t i = threadIdx.x; i < a.n_output; i += SAMPLE_NT) {
                 int32_t t = output[i], c = atomicExch(&cnt[t], 0);
                 if (!c) continue;
                 w[t] = __fsub_rn(__fsub_rn(w[t], __fmul_rn(a.frequency, (float)c)), a.presence);
@@ -451,7 +495,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
         __syncthreads();
         if (a.mask_off >= 0) {
             const uint32_t *mask = masks + a.mask_off;
-            for (int32_t i = threadIdx.x; i < (V + 31) / 32; i += SAMPLE_THREADS) {
+            for (int32_t i = threadIdx.x; i < (V + 31) / 32; i += SAMPLE_NT) {
                 uint32_t m = mask[i];
                 if (m == 0xffffffffu) continue;
                 for (int b = 0; b < 32; b++) {
@@ -470,6 +514,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
         if (threadIdx.x == 0) {
             o->status = ROW_OK;
             o->n_top = 0;
+            o->z = 0.0;
         }
 
         /* 4. greedy */
@@ -481,7 +526,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
             continue;
         }
         if (a.temperature != 1.0f) {
-            for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) w[t] = __fdiv_rn(w[t], a.temperature);
+            for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) w[t] = __fdiv_rn(w[t], a.temperature);
             __syncthreads();
         }
         const float x_max = w[best];
@@ -496,7 +541,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
         if (list_form) {
             double z_in = 0.0;
             if (!(a.top_k > 0)) { /* top-p alone normalises by the whole row's id-order mass */
-                for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) ew[t] = d_sampler_exp(__fsub_rn(w[t], x_max));
+                for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) ew[t] = d_sampler_exp(__fsub_rn(w[t], x_max));
                 __syncthreads();
                 z_in = chain_build(ew, V, ck, &sh);
             }
@@ -506,7 +551,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
             int m = a.top_k > 0 ? a.top_k : SAMPLE_TOP_P_FIRST;
             for (;;) {
                 n_cand = select_top(w, V, m, rec, sbuf, &sh);
-                for (int i = threadIdx.x; i < n_cand; i += SAMPLE_THREADS)
+                for (int i = threadIdx.x; i < n_cand; i += SAMPLE_NT)
                     ew[i] = d_sampler_exp(__fsub_rn(w[(uint32_t)rec[i]], x_max));
                 __syncthreads();
                 const double s = chain_build(ew, n_cand, ck, &sh);
@@ -517,13 +562,14 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
                     n_cand = i + 1;
                     break;
                 }
-                if (a.top_k > 0 || n_cand < m) break; /* every candidate kept: rounding left the target uncovered */
+                /* every candidate kept: rounding left the target uncovered (the CPU keeps them all too) */
+                if (a.top_k > 0 || n_cand < m || m >= V) break;
                 m = m > V / 8 ? V : m * 8;
             }
             if (a.min_p > 0.0f) { /* first position ≥ 1 whose weight falls below min_p */
                 if (threadIdx.x == 0) sh.i1 = n_cand;
                 __syncthreads();
-                for (int i = 1 + threadIdx.x; i < n_cand; i += SAMPLE_THREADS)
+                for (int i = 1 + threadIdx.x; i < n_cand; i += SAMPLE_NT)
                     if (ew[i] < a.min_p) atomicMin(&sh.i1, i);
                 __syncthreads();
                 n_cand = sh.i1;
@@ -534,7 +580,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
             token = (int32_t)(uint32_t)rec[i >= 0 ? i : n_cand - 1];
         } else {
             const float min_w = a.min_p > 0.0f ? a.min_p : 0.0f;
-            for (int32_t t = threadIdx.x; t < V; t += SAMPLE_THREADS) {
+            for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) {
                 float e = d_sampler_exp(__fsub_rn(w[t], x_max));
                 ew[t] = e < min_w ? 0.0f : e;
             }
@@ -650,6 +696,7 @@ static int check_ids(const int32_t *t, int64_t n, int32_t V, const char *what, i
 
 extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits, int32_t n_rows, const di_sample_row *rows,
                                       di_sample_result *out, void *stream, di_error *err) {
+    s->last_rows = 0;
     if (n_rows <= 0) return DI_OK;
     const int32_t V = s->n_vocab;
     const int64_t words = (V + 31) / 32;
@@ -739,14 +786,21 @@ extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits,
     if ((e = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, st)) != cudaSuccess)
         return cuda_fail("argument upload", e, err);
     const unsigned grid = (unsigned)(n_rows < s->n_slots ? n_rows : s->n_slots);
+#ifdef DI_CUDA_SAMPLE_EMULATE
+    for (blockIdx.x = 0, gridDim.x = grid; blockIdx.x < grid; blockIdx.x++)
+        sample_kernel(d_logits, V, n_rows, (const row_args *)d, (const int32_t *)(d + off_ids),
+                      (const di_token_bias *)(d + off_bias), (const uint32_t *)(d + off_mask), s->lay, s->d_out);
+#else
     sample_kernel<<<grid, SAMPLE_THREADS, 0, st>>>(d_logits, V, n_rows, (const row_args *)d, (const int32_t *)(d + off_ids),
                                                    (const di_token_bias *)(d + off_bias), (const uint32_t *)(d + off_mask),
                                                    s->lay, s->d_out);
+#endif
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_fail("sample kernel launch", e, err);
     if ((e = cudaMemcpyAsync(s->h_out, s->d_out, (size_t)n_rows * sizeof(row_out), cudaMemcpyDeviceToHost, st)) != cudaSuccess)
         return cuda_fail("result download", e, err);
     if ((e = cudaStreamSynchronize(st)) != cudaSuccess) return cuda_fail("sample kernel", e, err);
 
+    s->last_rows = n_rows;
     /* finish on the host: log(Z) with the C library's log, as di_sampler_sample */
     for (int32_t r = 0; r < n_rows; r++) {
         const row_out *o = &s->h_out[r];
@@ -770,4 +824,9 @@ extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits,
         }
     }
     return DI_OK;
+}
+
+extern "C" double di_cuda_sampler_last_mass(const di_cuda_sampler *s, int32_t r) {
+    if (r < 0 || r >= s->last_rows) return 0.0;
+    return s->h_out[r].status == ROW_OK ? s->h_out[r].z : 0.0;
 }

@@ -39,4 +39,9 @@ void di_cuda_sampler_free(di_cuda_sampler *s);
 int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits, int32_t n_rows, const di_sample_row *rows,
                            di_sample_result *out, void *stream, di_error *err);
 
+/* The f64 mass row r's logprobs were normalised by in the last call (0 if it asked for none), for
+ * tests that check the ordered sum bit for bit: a summation-order error moves Z by ~1e-16 relative
+ * and flips a returned f32 logprob only rarely. */
+double di_cuda_sampler_last_mass(const di_cuda_sampler *s, int32_t r);
+
 #endif
