@@ -18,9 +18,18 @@
  * rows differing between batch layouts, GPU ms of one batch (host packing and copy-back included),
  * PASS/FAIL; last line "N passed, N failed". Exit status 1 if any line fails.
  *
- * Without a GPU (this is the CPU side, runnable on the build machine): DI_CPU_ONLY=1 runs the CPU
- * reference on every group and checks the edge groups' known answers (masked-but-one, top_k 1, tiny
- * top_p, tiny temperature must give the allowed token / the argmax), which keeps the generator honest.
+ * Without a GPU, two ways:
+ *  - DI_CPU_ONLY=1 runs the CPU reference on every group and checks the edge groups' known answers
+ *    (masked-but-one, top_k 1, tiny top_p, tiny temperature give the allowed token / the argmax);
+ *  - the host-emulation build runs this whole file against the kernel's own source executed one
+ *    thread per block on the CPU (cuda_sample.cu, DI_CUDA_SAMPLE_EMULATE) over a host-memory runtime
+ *    defined below (DI_SAMPLE_EMU): every comparison above except the thread-level ones (races,
+ *    barriers), which need the GPU. Build (CUDA headers only, no GPU):
+ *      g++ -std=c++17 -O2 -ffp-contract=off -DDI_CUDA_SAMPLE_EMULATE -x c++ -Iinclude -Isrc \
+ *          -I$CUDA_HOME/include -c src/backend/cuda/cuda_sample.cu -o cuda_sample_emu.o
+ *      cc -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -DDI_SAMPLE_EMU -Iinclude -Isrc -I$CUDA_HOME/include \
+ *          -o test_cuda_sample_emu tests/cuda/test_cuda_sample.c cuda_sample_emu.o build/libdeepinfer.a \
+ *          -ljansson -lpcre2-8 -lutf8proc -lstdc++ -lm -lpthread
  * Usage: [DI_SEED=n] [DI_QUICK=1] [DI_CPU_ONLY=1] test_cuda_sample   (DI_QUICK: 4 rows per group) */
 #include <cuda_runtime_api.h>
 #include <math.h>

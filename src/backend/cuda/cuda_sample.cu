@@ -90,9 +90,13 @@ extern "C" {
 #define SAMPLE_NT SAMPLE_THREADS /* threads that share a block's loops (1 in the host emulation) */
 #endif
 #define SAMPLE_CK 1024          /* terms between two checkpoints of an ordered sum */
+#define SAMPLE_STAGE 4096       /* terms staged in shared memory per step of an ordered sum (a multiple of CK) */
 #define SAMPLE_SORT_SHARED 4096 /* records sorted in shared memory; larger sorts run in global memory */
 #define SAMPLE_TOP_P_FIRST 64   /* the CPU's first top-p prefix (DI_SAMPLER_TOP_P_FIRST); grows ×8 */
 #define SAMPLE_GREEDY_EPS 1e-5f /* the CPU's DI_SAMPLER_GREEDY_EPS */
+static_assert(SAMPLE_STAGE % SAMPLE_CK == 0, "a staged step holds whole checkpoint intervals");
+static_assert(2 * SAMPLE_STAGE * sizeof(float) <= SAMPLE_SORT_SHARED * sizeof(unsigned long long),
+              "the two staging buffers share the sort buffer");
 
 enum { ROW_OK = 0, ROW_BAD_LOGIT = 1, ROW_NO_TOKEN = 2 };
 
@@ -326,22 +330,37 @@ static __device__ int select_top(const float *x, int32_t V, int m, unsigned long
 /* ---------------- ordered sums with checkpoints ---------------- */
 
 /* S_i = Σ_{j<i} e[j] in f64, j ascending, one dependent chain (the CPU's order). Stores
- * ck[c] = S_{c·CK} for c ≤ n/CK and ck[ceil(n/CK)] = S_n; returns S_n to every thread. */
-static __device__ double chain_build(const float *e, int n, double *ck, block_state *sh) {
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        int nch = (n + SAMPLE_CK - 1) / SAMPLE_CK;
-        for (int c = 0; c < nch; c++) {
-            ck[c] = s;
-            const int i0 = c * SAMPLE_CK, i1 = min(i0 + SAMPLE_CK, n);
-#pragma unroll 16
-            for (int i = i0; i < i1; i++) s = __dadd_rn(s, (double)e[i]);
+ * ck[c] = S_{c·CK} for c < ceil(n/CK) and ck[ceil(n/CK)] = S_n; returns S_n to every thread.
+ * Thread 0 adds; warps 1.. stage the next SAMPLE_STAGE terms into shared memory meanwhile, so the chain
+ * waits on f64 adds, not on global loads. stage: [2][SAMPLE_STAGE] f32 shared. */
+static __device__ double chain_build(const float *e, int n, double *ck, float *stage, block_state *sh) {
+    const int n_stage = (n + SAMPLE_STAGE - 1) / SAMPLE_STAGE;
+    const int c0 = SAMPLE_NT == 1 ? 0 : 32, cn = SAMPLE_NT - c0; /* the stagers */
+    double s = 0.0;                                              /* the running sum (thread 0) */
+    for (int c = 0; c <= n_stage; c++) {
+        if (c < n_stage && (int)threadIdx.x >= c0) {
+            float *dst = stage + (c & 1) * SAMPLE_STAGE;
+            const int base = c * SAMPLE_STAGE, len = min(SAMPLE_STAGE, n - base);
+            for (int i = (int)threadIdx.x - c0; i < len; i += cn) dst[i] = e[base + i];
         }
-        ck[nch] = s;
+        if (threadIdx.x == 0 && c > 0) {
+            const float *src = stage + ((c - 1) & 1) * SAMPLE_STAGE;
+            const int base = (c - 1) * SAMPLE_STAGE, len = min(SAMPLE_STAGE, n - base);
+            for (int k = 0; k < len; k += SAMPLE_CK) {
+                ck[(base + k) / SAMPLE_CK] = s;
+                const int k1 = min(k + SAMPLE_CK, len);
+#pragma unroll 16
+                for (int i = k; i < k1; i++) s = __dadd_rn(s, (double)src[i]);
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        ck[(n + SAMPLE_CK - 1) / SAMPLE_CK] = s;
         sh->d0 = s;
     }
     __syncthreads();
-    double s = sh->d0;
+    s = sh->d0;
     __syncthreads();
     return s;
 }
@@ -402,7 +421,7 @@ static __device__ void logprobs_full(const float *x, int32_t V, int32_t token, i
     const float x_max = x[best];
     for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) ew[t] = d_sampler_exp(__fsub_rn(x[t], x_max));
     __syncthreads();
-    const double z = chain_build(ew, V, ck, sh);
+    const double z = chain_build(ew, V, ck, (float *)sbuf, sh);
     const int n = select_top(x, V, n_top, rec, sbuf, sh);
     if (threadIdx.x == 0) {
         o->z = z;
@@ -425,7 +444,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
               const di_token_bias *__restrict__ bias, const uint32_t *__restrict__ masks, scratch_layout lay,
               row_out *__restrict__ out) {
     __shared__ block_state sh;
-    __shared__ unsigned long long sbuf[SAMPLE_SORT_SHARED]; /* [4096] u64 sort records */
+    __shared__ unsigned long long sbuf[SAMPLE_SORT_SHARED]; /* [4096] u64 sort records, or [2][4096] f32 sum staging */
     char *slot = lay.base + lay.stride * blockIdx.x;
     float *w = (float *)(slot + lay.w);                          /* [V] f32 the row after each stage */
     float *ew = (float *)(slot + lay.ew);                        /* [V] f32 weights of the current sum */
@@ -543,7 +562,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
             if (!(a.top_k > 0)) { /* top-p alone normalises by the whole row's id-order mass */
                 for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) ew[t] = d_sampler_exp(__fsub_rn(w[t], x_max));
                 __syncthreads();
-                z_in = chain_build(ew, V, ck, &sh);
+                z_in = chain_build(ew, V, ck, (float *)sbuf, &sh);
             }
             /* Candidates best first with their weights and a chain over them. Top-p without top-k grows
              * the list ×8 until the mass is covered or every finite entry is in (the CPU's loop; the
@@ -554,7 +573,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
                 for (int i = threadIdx.x; i < n_cand; i += SAMPLE_NT)
                     ew[i] = d_sampler_exp(__fsub_rn(w[(uint32_t)rec[i]], x_max));
                 __syncthreads();
-                const double s = chain_build(ew, n_cand, ck, &sh);
+                const double s = chain_build(ew, n_cand, ck, (float *)sbuf, &sh);
                 if (!top_p_on) break;
                 if (a.top_k > 0) z_in = s;
                 const int i = chain_first(ew, n_cand, ck, __dmul_rn((double)a.top_p, z_in), false, &sh);
@@ -585,7 +604,7 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
                 ew[t] = e < min_w ? 0.0f : e;
             }
             __syncthreads();
-            z = chain_build(ew, V, ck, &sh);
+            z = chain_build(ew, V, ck, (float *)sbuf, &sh);
             const int i = chain_first(ew, V, ck, __dmul_rn(u, z), true, &sh);
             token = i >= 0 ? i : best;
         }
