@@ -11,8 +11,9 @@
  * every token masked but one, top_k 1, top_p tiny, temperature just above and below the greedy cut.
  * Rows with raw logprobs also compare the f64 mass Z (di_cuda_sampler_last_mass) with the contract's
  * id-order sum restated here, bit for bit: the one place where a summation-order error would show
- * more than rarely. Each group is also sampled a second time with its rows reversed and, for a few
- * rows, alone: a row's result must not depend on its batch.
+ * more than rarely. Each group is also sampled again with its rows reversed, for two rows alone, and
+ * through a sampler with 3 scratch slots (blocks loop over rows, reusing slots within one launch): a
+ * row's result must not depend on its batch or on the slot it ran in.
  *
  * One table line per group: rows, rows differing from the CPU (token / logprob bits / top entries),
  * rows differing between batch layouts, GPU ms of one batch (host packing and copy-back included),
@@ -312,6 +313,8 @@ static double gpu_run(di_cuda_sampler *gs, test_row *rows, const int *order, int
     return (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
 }
 
+static di_cuda_sampler *gs_few; /* 3 scratch slots: blocks loop over rows, reusing slots within a launch */
+
 static void run_group(const group *g, int n, di_sampler *cs, di_cuda_sampler *gs, float *d_logits) {
     test_row rows[MAX_ROWS];
     di_sample_result cpu[MAX_ROWS], gpu[MAX_ROWS], rev[MAX_ROWS], alone;
@@ -356,6 +359,9 @@ static void run_group(const group *g, int n, di_sampler *cs, di_cuda_sampler *gs
             gpu_run(gs, rows, order, 1, d_logits, &alone);
             inv_bad += !same_result(&gpu[i], &alone, rows[i].p.logprobs);
         }
+        for (int i = 0; i < n; i++) order[i] = i;
+        gpu_run(gs_few, rows, order, n, d_logits, rev);
+        for (int i = 0; i < n; i++) inv_bad += !same_result(&gpu[i], &rev[i], rows[i].p.logprobs);
         char gb[16], ib[16];
         snprintf(gb, sizeof gb, "%d", gpu_bad);
         snprintf(ib, sizeof ib, "%d", inv_bad);
@@ -418,6 +424,7 @@ int main(void) {
         printf("# device: %s, %d SMs; V %d, %d rows per group; seed %s\n", prop.name, prop.multiProcessorCount, V, n_rows,
                seed ? seed : "default");
         if (di_cuda_sampler_new(V, 0, &gs, &err) != DI_OK) die("di_cuda_sampler_new", err.msg);
+        if (di_cuda_sampler_new(V, 3, &gs_few, &err) != DI_OK) die("di_cuda_sampler_new", err.msg);
         CU(cudaMalloc((void **)&d_logits, (size_t)MAX_ROWS * V * sizeof(float)));
     } else {
         printf("# CPU side only (DI_CPU_ONLY): CPU reference and known answers; V %d, %d rows per group; seed %s\n", V,
@@ -428,6 +435,7 @@ int main(void) {
     run_errors(cs, gs, d_logits);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_cuda_sampler_free(gs);
+    di_cuda_sampler_free(gs_few);
     if (d_logits) cudaFree(d_logits);
     di_sampler_free(cs);
     return n_fail ? 1 : 0;
