@@ -24,9 +24,13 @@
  * order, over a candidate list in best-first order. Rounded f64 addition is not associative, so no
  * tree or warp reduction gives those bits (the terms span 2^-126..1 and Z reaches 2^17: ~170 bits
  * would be needed for the exact sum, so the rounding is real, not a corner case). The kernel therefore
- * runs the sum as one dependent chain in one thread, exactly the CPU's order — ~V dependent DADDs,
- * the cost of exactness (see the report in the test's header and bench numbers there). While it runs,
- * it stores the running sum every SAMPLE_CK terms. The partial sums of non-negative terms never
+ * runs the sum as one dependent chain in one thread, exactly the CPU's order, while the other warps
+ * stage the next terms into shared memory. That is the cost of exactness: a whole-vocabulary sum is
+ * 129,280 dependent f64 adds, ~0.3–0.5 ms at 4–8 cycles each (estimate, to be measured), up to three
+ * per row (top-p's normaliser, the draw, raw logprobs); rows run in parallel, so it is a latency per
+ * step, not per row, and greedy rows without logprobs have none. A blocked order in the contract would
+ * remove it (proposal in the CUDA sampler's report). While it runs, the chain stores the running sum
+ * every SAMPLE_CK terms. The partial sums of non-negative terms never
  * decrease, so "the first term where the running sum exceeds a target" (top-p's cut, the
  * inverse-CDF walk) is found by a parallel search over the checkpoints followed by a walk of one
  * chunk from its checkpoint — the same additions in the same order as the CPU's walk from 0.
