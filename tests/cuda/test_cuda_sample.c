@@ -8,7 +8,8 @@
  * radix path … more than V), top-p (without top-k: the ×8-growing prefix), min-p (list and full-row
  * forms), their combinations, penalties with repeated ids, logit bias, grammar masks, raw and
  * processed logprobs with 0–20 top entries, random seeds / 64-bit positions / choices. Edge groups:
- * every token masked but one, top_k 1, top_p tiny, temperature just above and below the greedy cut.
+ * every token masked but one, top_k 1, top_p tiny, temperature just above and below the greedy cut,
+ * extreme rows (one 129,280-way tie, 5 finite entries, ±0 everywhere, logits ×2000).
  * Rows with raw logprobs also compare the f64 mass Z (di_cuda_sampler_last_mass) with the contract's
  * id-order sum restated here, bit for bit: the one place where a summation-order error would show
  * more than rarely. Each group is also sampled again with its rows reversed, for two rows alone, and
@@ -241,6 +242,38 @@ static void m_temp_tiny(test_row *r, int i) {
     if (i % 2) r->expect = argmax_lowest(r->logits);
 }
 
+/* Extreme rows: every logit equal (one 129,280-way tie), a handful of finite entries (fewer than the
+ * top-logprob count), ±0 everywhere, huge magnitudes (weights underflow to 0 below e^-87). */
+static void m_extreme(test_row *r, int i) {
+    switch (i % 4) {
+    case 0:
+        for (int t = 0; t < V; t++) r->logits[t] = 0.75f;
+        break;
+    case 1:
+        for (int t = 0; t < V; t++) r->logits[t] = -INFINITY;
+        for (int j = 0; j < 5; j++) r->logits[below(V)] = (float)below(4);
+        break;
+    case 2:
+        for (int t = 0; t < V; t++) r->logits[t] = below(2) ? 0.0f : -0.0f;
+        r->logits[below(V)] = -1.0f;
+        break;
+    default:
+        for (int t = 0; t < V; t++)
+            if (r->logits[t] > -INFINITY) r->logits[t] *= 2000.0f;
+        break;
+    }
+    const int sub = (i / 4) % 4; /* greedy, temperature, list form, min-p */
+    r->p.temperature = sub == 0 ? 0.0f : 0.9f;
+    if (sub == 2) {
+        r->p.top_k = (int[]){3, 3000, 0}[(i / 16) % 3];
+        r->p.top_p = 0.7f;
+    }
+    if (sub == 3) r->p.min_p = 0.5f;
+    r->p.logprobs = 1;
+    r->p.n_top_logprobs = 20;
+    r->p.logprobs_mode = (i / 2) % 2 ? DI_LOGPROBS_PROCESSED : DI_LOGPROBS_RAW;
+}
+
 typedef struct group {
     const char *name;
     mode_fn fn;
@@ -261,6 +294,7 @@ static const group groups[] = {
     {"edge: top_k 1", m_top1},
     {"edge: top_p 1e-7", m_topp_tiny},
     {"edge: temperature ~1e-5", m_temp_tiny},
+    {"edge: ties,few,+-0,huge", m_extreme},
 };
 
 static void make_row(test_row *r, mode_fn fn, int i) {

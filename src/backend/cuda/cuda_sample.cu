@@ -275,7 +275,7 @@ static __device__ void sort_records(unsigned long long *rec, int n, unsigned lon
 }
 
 /* di_sampler_select_top: the m best finite entries of x, best first, as records in rec[0..return).
- * rec: [next pow2 ≥ V] u64 scratch. */
+ * rec: [next pow2 ≥ V] u64 scratch; sbuf: the block's shared sort buffer. */
 static __device__ int select_top(const float *x, int32_t V, int m, unsigned long long *rec, unsigned long long *sbuf,
                                  block_state *sh) {
     if (m <= 0) return 0;
@@ -318,17 +318,46 @@ static __device__ int select_top(const float *x, int32_t V, int m, unsigned long
     }
     if (threadIdx.x == 0) sh->i1 = 0;
     __syncthreads();
+    /* every finite entry above the threshold (all of them when n_fin <= m: thr = 0) */
+    const bool ties = n_fin > m;
     for (int32_t t = threadIdx.x; t < V; t += SAMPLE_NT) {
         float v = x[t];
         if (!(v > -INFINITY)) continue;
         uint32_t k = d_order_key(v);
-        if (k >= thr) rec[atomicAdd(&sh->i1, 1)] = ((unsigned long long)~k << 32) | (uint32_t)t;
+        if (ties ? k > thr : k >= thr) rec[atomicAdd(&sh->i1, 1)] = ((unsigned long long)~k << 32) | (uint32_t)t;
+    }
+    if (ties) {
+        /* and the `need` lowest ids among the entries equal to the threshold: each thread counts the ties
+         * of a contiguous id range, an exclusive scan ranks the ranges, and each thread takes its ties
+         * while their rank is below `need` — so a row of 100k equal logits sorts m records, not 100k */
+        int *rank = (int *)sbuf; /* [SAMPLE_NT] i32 */
+        const int32_t seg = (V + SAMPLE_NT - 1) / SAMPLE_NT, t0 = (int32_t)threadIdx.x * seg, t1 = min(t0 + seg, V);
+        int c = 0;
+        for (int32_t t = t0; t < t1; t++) c += x[t] > -INFINITY && d_order_key(x[t]) == thr;
+        rank[threadIdx.x] = c;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int i = 0, acc = 0; i < SAMPLE_NT; i++) {
+                int ci = rank[i];
+                rank[i] = acc;
+                acc += ci;
+            }
+        __syncthreads();
+        const int need = sh->need;
+        int my = rank[threadIdx.x];
+        for (int32_t t = t0; t < t1 && my < need; t++) {
+            float v = x[t];
+            if (v > -INFINITY && d_order_key(v) == thr) {
+                rec[atomicAdd(&sh->i1, 1)] = ((unsigned long long)~thr << 32) | (uint32_t)t;
+                my++;
+            }
+        }
     }
     __syncthreads();
     const int n = sh->i1;
     __syncthreads();
     sort_records(rec, n, sbuf);
-    return n < m ? n : m;
+    return n; /* min(m, n_fin) */
 }
 
 /* ---------------- ordered sums with checkpoints ---------------- */
