@@ -342,7 +342,7 @@ static double gpu_run(di_cuda_sampler *gs, test_row *rows, const int *order, int
     di_error err;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (di_cuda_sampler_sample(gs, d_logits, n, br, res, NULL, &err) != DI_OK) die("di_cuda_sampler_sample", err.msg);
+    if (di_cuda_sampler_sample(gs, d_logits, n, br, res, NULL, NULL, &err) != DI_OK) die("di_cuda_sampler_sample", err.msg);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     return (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
 }
@@ -404,36 +404,59 @@ static void run_group(const group *g, int n, di_sampler *cs, di_cuda_sampler *gs
     for (int i = 0; i < n; i++) free_row(&rows[i]);
 }
 
-/* Errors: a NaN logit, and a row whose mask and logits leave nothing, must fail on both. */
+/* Errors, in one batch with good rows: a NaN logit, a row whose mask and logits leave nothing, bad
+ * params (top_p 2), an output id out of range. The CPU fails each; the GPU with per-row errors must
+ * fail exactly those rows and sample the good rows as the CPU does, and without them fail the call. */
 static void run_errors(di_sampler *cs, di_cuda_sampler *gs, float *d_logits) {
-    for (int c = 0; c < 2; c++) {
-        test_row r;
-        make_row(&r, m_combo, c);
-        if (c == 0) {
-            r.logits[777] = NAN;
-        } else {
-            r.mask = calloc(WORDS, sizeof *r.mask);
-            r.mask[10] = 1u;
-            r.logits[320] = -INFINITY;
-            r.row.mask = r.mask;
+    enum { N = 6 };
+    static const char *what[N] = {"good", "NaN logit", "nothing allowed", "good", "top_p 2", "output id V"};
+    test_row rows[N];
+    di_sample_result cpu[N], gpu[N];
+    int cpu_rc[N];
+    for (int i = 0; i < N; i++) {
+        make_row(&rows[i], m_combo, i);
+        if (i == 1) rows[i].logits[777] = NAN;
+        if (i == 2) {
+            rows[i].mask = calloc(WORDS, sizeof *rows[i].mask);
+            rows[i].mask[10] = 1u;
+            rows[i].logits[320] = -INFINITY;
+            rows[i].row.mask = rows[i].mask;
         }
-        di_sample_result res;
+        if (i == 4) rows[i].p.top_p = 2.0f;
+        if (i == 5) {
+            rows[i].output[0] = V;
+            rows[i].row.n_output = 1;
+        }
         di_error err;
-        int cpu_rc = di_sampler_sample(cs, &r.row, &res, &err);
-        int ok = cpu_rc == DI_ERR_INVALID;
-        char gb[16] = "-";
-        if (gs) {
-            di_sample_row br = r.row;
-            CU(cudaMemcpy(d_logits, r.logits, V * sizeof(float), cudaMemcpyHostToDevice));
-            CU(cudaDeviceSynchronize());
-            int gpu_rc = di_cuda_sampler_sample(gs, d_logits, 1, &br, &res, NULL, &err);
-            printf("#   error case %d: %s\n", c, gpu_rc ? err.msg : "(no error)");
-            snprintf(gb, sizeof gb, "%s", gpu_rc == cpu_rc ? "0" : "1");
-            ok = ok && gpu_rc == cpu_rc;
-        }
-        print_row(c == 0 ? "error: NaN logit" : "error: nothing allowed", 1, cpu_rc != DI_ERR_INVALID, gb, "-", -1.0, ok);
-        free_row(&r);
+        cpu_rc[i] = di_sampler_sample(cs, &rows[i].row, &cpu[i], &err);
     }
+    int cpu_ok = 1;
+    for (int i = 0; i < N; i++) cpu_ok &= (cpu_rc[i] == DI_OK) == (i == 0 || i == 3);
+    char gb[16] = "-";
+    int gpu_ok = 1;
+    if (gs) {
+        di_sample_row br[N];
+        di_error row_err[N], err;
+        for (int i = 0; i < N; i++) {
+            br[i] = rows[i].row;
+            CU(cudaMemcpy(d_logits + (size_t)i * V, rows[i].logits, V * sizeof(float), cudaMemcpyHostToDevice));
+        }
+        CU(cudaDeviceSynchronize());
+        int rc = di_cuda_sampler_sample(gs, d_logits, N, br, gpu, row_err, NULL, &err);
+        int bad = rc != DI_OK;
+        for (int i = 0; i < N && !rc; i++) {
+            printf("#   error batch row %d (%s): %s\n", i, what[i], row_err[i].code ? row_err[i].msg : "sampled");
+            bad += row_err[i].code != cpu_rc[i];
+            if (!cpu_rc[i]) bad += !same_result(&cpu[i], &gpu[i], rows[i].p.logprobs);
+        }
+        rc = di_cuda_sampler_sample(gs, d_logits, N, br, gpu, NULL, NULL, &err);
+        printf("#   error batch without per-row errors: %s\n", rc ? err.msg : "(no error)");
+        bad += rc != DI_ERR_INVALID;
+        snprintf(gb, sizeof gb, "%d", bad);
+        gpu_ok = bad == 0;
+    }
+    print_row("errors in a batch", N, !cpu_ok, gb, "-", -1.0, cpu_ok && gpu_ok);
+    for (int i = 0; i < N; i++) free_row(&rows[i]);
 }
 
 int main(void) {

@@ -102,13 +102,14 @@ static_assert(SAMPLE_STAGE % SAMPLE_CK == 0, "a staged step holds whole checkpoi
 static_assert(2 * SAMPLE_STAGE * sizeof(float) <= SAMPLE_SORT_SHARED * sizeof(unsigned long long),
               "the two staging buffers share the sort buffer");
 
-enum { ROW_OK = 0, ROW_BAD_LOGIT = 1, ROW_NO_TOKEN = 2 };
+enum { ROW_OK = 0, ROW_BAD_LOGIT = 1, ROW_NO_TOKEN = 2, ROW_SKIPPED = 3 };
 
 /* One row's parameters as the kernel reads them: offsets into the batch's packed id / bias / mask arrays. */
 typedef struct row_args {
     float temperature, top_p, min_p, presence, frequency, repetition;
     int32_t top_k, logprobs, n_top, mode; /* mode: di_logprobs_mode */
     int32_t n_bias;
+    int32_t skip; /* the host rejected the row (bad params or ids): nothing to do */
     uint32_t choice;
     uint64_t seed;
     int64_t position;
@@ -488,6 +489,10 @@ sample_kernel(const float *__restrict__ logits, /* [n_rows, V] f32 */
 
     for (int32_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const row_args a = args[r];
+        if (a.skip) {
+            if (threadIdx.x == 0) out[r].status = ROW_SKIPPED;
+            continue;
+        }
         const float *x_raw = logits + (size_t)r * V;
         row_out *o = out + r;
 
@@ -747,7 +752,7 @@ static int check_ids(const int32_t *t, int64_t n, int32_t V, const char *what, i
 }
 
 extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits, int32_t n_rows, const di_sample_row *rows,
-                                      di_sample_result *out, void *stream, di_error *err) {
+                                      di_sample_result *out, di_error *row_err, void *stream, di_error *err) {
     s->last_rows = 0;
     if (n_rows <= 0) return DI_OK;
     const int32_t V = s->n_vocab;
@@ -757,10 +762,14 @@ extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits,
     int64_t n_ids = 0, n_bias = 0, n_masks = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         const di_sample_row *row = &rows[r];
-        int rc = di_sampling_params_check(row->params, V, err);
-        if (!rc) rc = check_ids(row->prompt, row->n_prompt, V, "prompt", r, err);
-        if (!rc) rc = check_ids(row->output, row->n_output, V, "output", r, err);
-        if (rc) return rc;
+        di_error *e_row = row_err ? &row_err[r] : err;
+        if (row_err) di_error_clear(e_row);
+        int rc = di_sampling_params_check(row->params, V, e_row);
+        if (rc) di_error_wrap(e_row, "cuda sampler: row %d", r);
+        if (!rc) rc = check_ids(row->prompt, row->n_prompt, V, "prompt", r, e_row);
+        if (!rc) rc = check_ids(row->output, row->n_output, V, "output", r, e_row);
+        if (rc && !row_err) return rc;
+        if (rc) continue; /* packed as a skipped row below */
         n_ids += row->n_prompt + row->n_output;
         n_bias += row->params->n_logit_bias;
         n_masks += row->mask ? 1 : 0;
@@ -801,6 +810,12 @@ extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits,
         const di_sampling_params *p = row->params;
         row_args a;
         memset(&a, 0, sizeof a);
+        a.mask_off = -1;
+        if (row_err && row_err[r].code) {
+            a.skip = 1;
+            ha[r] = a;
+            continue;
+        }
         a.temperature = p->temperature;
         a.top_p = p->top_p;
         a.min_p = p->min_p;
@@ -859,12 +874,17 @@ extern "C" int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits,
         const di_sampling_params *p = rows[r].params;
         di_sample_result *res = &out[r];
         memset(res, 0, sizeof *res);
+        if (row_err && row_err[r].code) continue; /* rejected on the host */
+        int rc = DI_OK;
+        di_error *e_row = row_err ? &row_err[r] : err;
         if (o->status == ROW_BAD_LOGIT)
-            return di_error_set(err, DI_ERR_INVALID, "cuda sampler: row %d: logit of token %d is NaN or +inf, expected "
-                                "finite or -inf", r, o->detail);
-        if (o->status == ROW_NO_TOKEN)
-            return di_error_set(err, DI_ERR_INVALID, "cuda sampler: row %d: no token is allowed at position %lld (mask, "
-                                "bias or logits leave every logit at -inf)", r, (long long)rows[r].position);
+            rc = di_error_set(e_row, DI_ERR_INVALID, "cuda sampler: row %d: logit of token %d is NaN or +inf, expected "
+                              "finite or -inf", r, o->detail);
+        else if (o->status == ROW_NO_TOKEN)
+            rc = di_error_set(e_row, DI_ERR_INVALID, "cuda sampler: row %d: no token is allowed at position %lld (mask, "
+                              "bias or logits leave every logit at -inf)", r, (long long)rows[r].position);
+        if (rc && !row_err) return rc;
+        if (rc) continue;
         res->token = o->token;
         if (!p->logprobs) continue;
         const double log_z = log(o->z);

@@ -34,10 +34,14 @@ void di_cuda_sampler_free(di_cuda_sampler *s);
 /* Samples n_rows rows. d_logits: [n_rows, n_vocab] f32 in device memory. rows: [n_rows] host
  * descriptors (row.logits unused). out: [n_rows] host results. stream: a cudaStream_t (NULL = the
  * legacy default stream); the call returns when the results are on the host.
- * Errors as di_sampler_sample's (bad params, an id out of range, a NaN/+inf logit, no token left after
- * the mask), naming the row; on error `out` is unspecified. */
+ * row_err: [n_rows] per-row errors, or NULL. A bad row — bad params, an id out of range, a NaN/+inf
+ * logit, no token left after the mask (di_sampler_sample's errors) — gets its code and message in
+ * row_err[r] (out[r] zeroed) while every other row is still sampled, so one request never fails its
+ * batch; rows that succeed get code 0, and the call itself fails only on a device error. Without
+ * row_err a bad row fails the call (the message names it; rows rejected on the host — params, ids —
+ * are reported before a device-side error; `out` is then unspecified). */
 int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits, int32_t n_rows, const di_sample_row *rows,
-                           di_sample_result *out, void *stream, di_error *err);
+                           di_sample_result *out, di_error *row_err, void *stream, di_error *err);
 
 /* The f64 mass row r's logprobs were normalised by in the last call (0 if it asked for none), for
  * tests that check the ordered sum bit for bit: a summation-order error moves Z by ~1e-16 relative
