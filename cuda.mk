@@ -52,3 +52,15 @@ deepinfer-cuda: $(BUILD)/deepinfer-cuda
 
 $(BUILD)/deepinfer-cuda: $(TOOL_OBJ) $(CUDA_OBJ) $(BUILD)/libdeepinfer.a
 	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(CUDA_OBJ) $(BUILD)/libdeepinfer.a $(CUDA_TEST_LIBS)
+
+# ---- host emulation of the CUDA sampler (no GPU needed) ----
+# The kernel's own source compiled for the host, one thread per block (DI_CUDA_SAMPLE_EMULATE), checked
+# against the CPU sampler bit for bit by tests/cuda/test_cuda_sample.c; CI runs it (tests/all.sh).
+.PHONY: cuda-sample-emu
+cuda-sample-emu: $(BUILD)/emu/test_cuda_sample_emu
+$(BUILD)/emu/cuda_sample_emu.o: src/backend/cuda/cuda_sample.cu src/backend/cuda/cuda_sample.h src/engine/sampler.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -g -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -D_GNU_SOURCE \
+	    -DDI_CUDA_SAMPLE_EMULATE -x c++ -Iinclude -Isrc $(CUDA_INC) -c $< -o $@
+$(BUILD)/emu/test_cuda_sample_emu: tests/cuda/test_cuda_sample.c $(BUILD)/emu/cuda_sample_emu.o $(BUILD)/libdeepinfer.a
+	$(CC) $(CFLAGS) $(CUDA_INC) -DDI_SAMPLE_EMU -o $@ $< $(BUILD)/emu/cuda_sample_emu.o $(BUILD)/libdeepinfer.a $(LDLIBS) -lstdc++

@@ -6,7 +6,9 @@ bench directory is a grammar (NAME.json = JSON Schema, NAME.regex, NAME.gbnf) pl
 valid output. The instance is tokenized with the same tokenizer.json (plain BPE, no special tokens)
 and replayed token by token: the full next-token bitmask is computed and timed before each token,
 then the token is consumed. Compile time is the median of --repeat compilations. deepinfer's own
-numbers come from `deepinfer bench grammar --json` run on the same inputs in the same process tree.
+numbers come from `deepinfer bench grammar --json` run on the same inputs in the same process tree
+(the first request on each compiled grammar, "cold"; the "(warm)" line is the second request). With
+--json the report can be fed back: `deepinfer bench grammar --peers FILE` prints the ratios per input.
 
 usage: scripts/bench_grammar_peers.py [--deepinfer build/deepinfer] [--tokenizer PATH] [--inputs DIR]
                                       [--steps N] [--repeat N] [--json]
@@ -238,6 +240,7 @@ def main():
         doc = json.loads(p.stdout)
         for r in doc.get("inputs", []):
             ours[r["name"]] = {"compile_ms": r["compile_ms"], "p50_us": r["mask_p50_us"], "p99_us": r["mask_p99_us"],
+                               "warm_p50_us": r["warm_mask_p50_us"], "warm_p99_us": r["warm_mask_p99_us"],
                                "tokens": r["tokens"]} if r.get("ok") else {"error": r.get("error", "?")}
         if not doc.get("ok", True):
             print("deepinfer bench grammar:", doc.get("error"), file=sys.stderr)
@@ -257,6 +260,8 @@ def main():
         if a.json:
             continue
         o = ours.get(name) or {"error": "missing"}
+        if "error" not in o:  # the second request on the grammar (state table and masks shared), for reference
+            print(f"{name:18} {'(warm)':11} {'':>10} {o['warm_p50_us']:10.1f} {o['warm_p99_us']:10.1f}")
         for eng, r in (("deepinfer", o), ("llguidance", llg.get(name)), ("xgrammar", xgr.get(name))):
             if not r or "error" in r:
                 print(f"{name:18} {eng:11} error: {(r or {}).get('error', 'missing')}")

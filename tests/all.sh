@@ -37,6 +37,8 @@ one "fuzz smoke" make -s fuzz-smoke FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 if command -v nvcc >/dev/null 2>&1; then
     echo "== CUDA compile (sm_90a)"
     one "cuda build" make -s -j"$jobs" cuda cuda-tests deepinfer-cuda
+    # the CUDA sampler's kernel source run on the host (one thread per block) against the CPU sampler
+    one "cuda sampler (host emulation)" sh -c 'make -s cuda-sample-emu && DI_QUICK=1 build/emu/test_cuda_sample_emu | tail -1 | grep -q " 0 failed"'
 fi
 rm -f "$sum"
 echo "$total_p passed, $total_f failed"

@@ -11,7 +11,8 @@
 #include "testutil.h"
 
 #define GT_EOS 0
-static uint64_t gt_cache_hits; /* masks served from the matcher's cache during gt_walk (all brute-force checked) */ /* token 0 is EOS; tokens 1..256 are the single bytes 0..255 */
+static uint64_t gt_cache_hits; /* masks served from the matcher's cache during gt_walk (all brute-force checked) */
+static di_grammar_walk_stats gt_stats; /* summed over gt_walk's matchers: which mask paths the checks covered */ /* token 0 is EOS; tokens 1..256 are the single bytes 0..255 */
 
 static uint64_t gt_rng(uint64_t *s) {
     *s ^= *s << 13;
@@ -134,6 +135,11 @@ static inline int gt_walk(const di_grammar *g, const di_grammar_vocab *v, const 
     uint64_t hits, misses;
     di_grammar_matcher_cache_stats(m, &hits, &misses);
     gt_cache_hits += hits;
+    di_grammar_walk_stats ws;
+    di_grammar_matcher_walk_stats(m, &ws);
+    gt_stats.cached += ws.cached, gt_stats.walks += ws.walks, gt_stats.block_masks += ws.block_masks;
+    gt_stats.block_hits += ws.block_hits;
+    gt_stats.blocks += ws.blocks, gt_stats.ctx_edges += ws.ctx_edges;
     free(mask);
     free(hist);
     free(allowed);

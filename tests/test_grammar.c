@@ -201,6 +201,56 @@ static void test_regex_masks(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* The fast mask paths against brute force on a vocabulary with large token subtrees (4,000
+ * multi-byte tokens of JSON pieces, UTF-8 and partial UTF-8): masks of character-loop states by
+ * token classes (block masks, and their context-free part cached and reused in another
+ * context), trie subtrees accepted whole (blocks), and context-free states shared across contexts (strings in different properties, nesting levels and requests, with
+ * length bounds that make each count a state), each of which must have run. */
+static void test_fast_paths(void **state) {
+    (void)state;
+    static const char *schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"array\","
+        "\"items\":{\"type\":\"string\"}},\"c\":{\"type\":\"object\",\"properties\":{\"d\":{\"type\":"
+        "\"string\"},\"e\":{\"type\":\"string\",\"maxLength\":5}}}}}",
+        "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+        "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}}}},\"$ref\":\"#/$defs/n\"}",
+    };
+    gt_bytes tb = gt_vocab_bytes(4000);
+    for (uint32_t i = 257; i < tb.n; i += 97) /* a few partial UTF-8 tokens: "中" cut after 2 bytes */
+        if (tb.l[i] >= 3) memcpy(tb.b[i] + tb.l[i] - 2, "\xe4\xb8", 2);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    int checked = 0;
+    memset(&gt_stats, 0, sizeof gt_stats);
+    for (size_t i = 0; i < 2 * sizeof schemas / sizeof schemas[0]; i++) {
+        const char *sc = schemas[i % 2];
+        di_grammar *g = NULL;
+        if (di_grammar_from_json_schema(sc, strlen(sc), NULL, &g, &err)) fail_msg("%s", err.msg);
+        if (i >= 2) di_gcache_set_max_states(g->cache, 8); /* full tables: uninterned states on every path */
+        for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 104729 + i, 40, sc);
+        di_grammar_free(g);
+    }
+    /* a bounded character loop as a regex (each count its own state) and a plain loop */
+    static const char *pats[] = {"[a-z0-9._%+-]{1,12}@[a-z]{2,6}", "\"([^\"\\\\]|\\\\.)*\"[,}]"};
+    for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) {
+        di_grammar *g = regex_or_fail(pats[i]);
+        for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 7727, 30, pats[i]);
+        di_grammar_free(g);
+    }
+    tu_report("fast-path masks checked against brute force: %d (walks %llu, block masks %llu of which %llu cached, "
+              "blocks %llu, context edges %llu, cached %llu)",
+              checked, (unsigned long long)gt_stats.walks, (unsigned long long)gt_stats.block_masks,
+              (unsigned long long)gt_stats.block_hits, (unsigned long long)gt_stats.blocks,
+              (unsigned long long)gt_stats.ctx_edges, (unsigned long long)gt_stats.cached);
+    assert_true(checked > 200);
+    assert_true(gt_stats.block_masks > 0);
+    assert_true(gt_stats.block_hits > 0); /* a block cached in one context served another */
+    assert_true(gt_stats.blocks > 0);
+    assert_true(gt_stats.ctx_edges > 0);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -503,7 +553,8 @@ static void test_shared_cache_race(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
-        cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_rollback_and_eos),
+        cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths),
+        cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),
     };

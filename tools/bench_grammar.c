@@ -12,6 +12,8 @@
  * what every later request of a server sees.
  *
  * --verify N: every Nth mask is also compared with brute force over the whole vocabulary.
+ * --peers FILE: the JSON written by `scripts/bench_grammar_peers.py --json` on the same inputs;
+ *   each input then also prints its ratios to llguidance and xgrammar (compile, mask p50, p99).
  * --schemas DIR: compliance mode over MaskBench/JSONSchemaBench files (see run_compliance). */
 #include <dirent.h>
 #include <stdio.h>
@@ -239,6 +241,38 @@ done:
     free(text);
 }
 
+/* Ratios ours / peer for one input from the peers script's JSON (its own run, same inputs): added
+ * to o as "vs_<peer>" and printed when `print`. */
+static void peer_ratios(json_t *peers, const result *r, json_t *o, bool print) {
+    json_t *in;
+    size_t i;
+    if (!peers) return;
+    json_array_foreach(json_object_get(peers, "inputs"), i, in) {
+        const char *nm = json_string_value(json_object_get(in, "name"));
+        if (!nm || strcmp(nm, r->name)) continue;
+        static const char *names[] = {"llguidance", "xgrammar"};
+        for (int k = 0; k < 2; k++) {
+            json_t *p = json_object_get(in, names[k]);
+            double c = json_number_value(json_object_get(p, "compile_ms")), p50 = json_number_value(json_object_get(p, "p50_us")),
+                   p99 = json_number_value(json_object_get(p, "p99_us"));
+            if (!p || json_object_get(p, "error") || c <= 0 || p50 <= 0 || p99 <= 0) continue;
+            json_t *q = json_object();
+            json_object_set_new(q, "compile", json_real(r->compile_ms / c));
+            json_object_set_new(q, "mask_p50", json_real(r->p50_us / p50));
+            json_object_set_new(q, "mask_p99", json_real(r->p99_us / p99));
+            json_object_set_new(q, "warm_mask_p50", json_real(r->warm_p50_us / p50));
+            json_object_set_new(q, "warm_mask_p99", json_real(r->warm_p99_us / p99));
+            char key[32];
+            snprintf(key, sizeof key, "vs_%s", names[k]);
+            json_object_set_new(o, key, q);
+            if (print)
+                printf("%-20s   vs %-10s compile x%.2f  mask p50 x%.2f  p99 x%.2f  (warm p50 x%.2f  p99 x%.2f)\n", "",
+                       names[k], r->compile_ms / c, r->p50_us / p50, r->p99_us / p99, r->warm_p50_us / p50,
+                       r->warm_p99_us / p99);
+        }
+    }
+}
+
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* ---- compliance: MaskBench / JSONSchemaBench files ({"schema": ..., "tests": [{"data", "valid"}]}) ----
@@ -394,6 +428,7 @@ int bench_grammar(int argc, char **argv) {
     const char *dir = cli_str(&a, "inputs", DEFAULT_INPUTS);
     const char *only = cli_str(&a, "only", NULL);
     const char *schemas = cli_str(&a, "schemas", NULL);
+    const char *peers_path = cli_str(&a, "peers", NULL);
     long long repeat = 0, steps = 0, limit = 0, verify = 0;
     if (!cli_int(&cli, &a, "repeat", 5, 1, 16, &repeat) || !cli_int(&cli, &a, "steps", 256, 1, 1 << 20, &steps) ||
         !cli_int(&cli, &a, "limit", 0, 0, 1 << 30, &limit) || !cli_int(&cli, &a, "verify", 0, 0, 1 << 20, &verify) ||
@@ -434,6 +469,19 @@ int bench_grammar(int argc, char **argv) {
     }
     closedir(d);
     qsort(files, nf, sizeof *files, cmp_str);
+    json_t *peers = NULL;
+    if (peers_path) {
+        json_error_t je;
+        peers = json_load_file(peers_path, 0, &je);
+        if (!peers || !json_is_array(json_object_get(peers, "inputs"))) {
+            json_decref(peers);
+            for (size_t i = 0; i < nf; i++) free(files[i]);
+            di_grammar_vocab_free(v);
+            di_tok_free(tok);
+            return cli_fail(&cli, "--peers %s: expected the JSON of scripts/bench_grammar_peers.py --json (%s)",
+                            peers_path, je.text);
+        }
+    }
     json_t *doc = json_object(), *arr = json_array();
     json_object_set_new(doc, "command", json_string("bench grammar"));
     json_object_set_new(doc, "tokenizer", json_string(tpath));
@@ -464,6 +512,7 @@ int bench_grammar(int argc, char **argv) {
             if (!cli.json)
                 printf("%-20s %-11s %10.3f %7zu %10.1f %10.1f %10.1f %10.1f %10.1f %8zu\n", r.name, r.kind, r.compile_ms,
                        r.n_tokens, r.p50_us, r.p99_us, r.max_us, r.warm_p50_us, r.warm_p99_us, r.allowed_p50);
+            peer_ratios(peers, &r, o, !cli.json);
         } else {
             failures++;
             json_object_set_new(o, "error", json_string(r.err));
@@ -473,6 +522,7 @@ int bench_grammar(int argc, char **argv) {
         free(files[i]);
     }
     json_object_set_new(doc, "inputs", arr);
+    json_decref(peers);
     di_grammar_vocab_free(v);
     di_tok_free(tok);
     if (failures) {

@@ -176,6 +176,7 @@ static int close_set(di_earley *m, di_error *err) {
             int32_t lhs = g->plhs[it.pos];
             /* set j == cur only for empty derivations; the nullable shortcut in prediction
              * already advanced everything that waits on a nullable symbol (Aycock-Horspool). */
+            if (it.origin < m->opaque_below) m->opaque_hits++;
             if (it.origin == cur) continue;
             const uint32_t *w = m->wait + m->wait_off[it.origin];
             size_t nw = m->wait_off[it.origin + 1] - m->wait_off[it.origin];

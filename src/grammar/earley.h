@@ -46,6 +46,11 @@ typedef struct di_earley {
     size_t hcap;
     uint32_t stamp;
     uint32_t work;            /* add_item calls for the byte being pushed */
+    /* Context watch for the matcher's context-independent walk: a completion of an item whose
+     * origin set is below opaque_below (the walk's boundary) reads sets the walk treats as
+     * unknown context; such completions are counted in opaque_hits. 0 = no watch. */
+    uint32_t opaque_below;
+    uint32_t opaque_hits;
 } di_earley;
 
 /* Set up and create set 0. Returns DI_OK or an error (memory/limit). */

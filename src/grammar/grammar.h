@@ -103,6 +103,17 @@ size_t di_grammar_matcher_n_accepted(const di_grammar_matcher *m);
  * trie walk). */
 void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits, uint64_t *misses);
 
+/* How this matcher's masks were made, for tests and benchmarks. */
+typedef struct di_grammar_walk_stats {
+    uint64_t cached;      /* served from the grammar's mask cache */
+    uint64_t walks;       /* computed by a trie walk */
+    uint64_t block_masks; /* of those, computed from a character-loop state by token classes */
+    uint64_t block_hits;  /* of those, from a block cached by an earlier walk (another context) */
+    uint64_t blocks;      /* token subtrees accepted whole during trie walks */
+    uint64_t ctx_edges;   /* context-free walk edges that completed into the context */
+} di_grammar_walk_stats;
+void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s);
+
 /* Test helper and slow path: would these raw bytes be accepted as the next text? (no state change) */
 bool di_grammar_matcher_try_bytes(di_grammar_matcher *m, const uint8_t *b, size_t n);
 

@@ -20,9 +20,62 @@ typedef struct di_trie_node {
     int32_t tok;    /* a token whose bytes end exactly here, or -1 (more in vocab->dup_next) */
     uint16_t depth; /* number of bytes from the root */
     uint8_t byte;   /* edge byte from the parent */
-    uint8_t dup;    /* 1 if more tokens share these bytes (vocab->dup_next); keeps the walk off
-                       that array, whose random reads dominated the walk before */
+    uint8_t flags;  /* DI_TRIE_* */
+    uint32_t ascii; /* ASCII bytes of the subtree (its own byte included) as di_ascii_bucket bits */
 } di_trie_node;
+
+#define DI_CLASS_BAD_UTF8 26
+#define DI_CLASS_HIGH 27
+#define DI_CLASS_LONG 28 /* more than DI_CHAIN_CHARS characters */
+#define DI_N_CLASSES 29
+#define DI_CHAIN_CHARS 16
+
+/* The 128 ASCII bytes in 26 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
+ * that grammars tell apart (JSON structure, string escapes, number characters, whitespace) get
+ * their own bucket, the rest are grouped. A bucket counts as allowed only if all its bytes are,
+ * so a test on buckets can only be stricter than one on bytes. */
+static inline unsigned di_ascii_bucket(uint8_t b) {
+    switch (b) {
+    case '\t': return 1;
+    case '\n': return 2;
+    case '\r': return 3;
+    case ' ': return 4;
+    case '"': return 5;
+    case '\\': return 6;
+    case '+': return 7;
+    case ',': return 8;
+    case '-': return 9;
+    case '.': return 10;
+    case '0': return 11;
+    case ':': return 12;
+    case 'E': return 13;
+    case '[': return 14;
+    case ']': return 15;
+    case 'e': return 16;
+    case '{': return 17;
+    case '}': return 18;
+    }
+    if (b < 0x20) return 0;
+    if (b < 0x30) return 19;              /* ! # $ % & ' ( ) * / */
+    if (b <= '9') return 20;              /* 1-9 */
+    if (b < 'A') return 21;               /* ; < = > ? @ */
+    if (b <= 'Z') return 22;              /* A-Z but E */
+    if (b < 'a') return 23;               /* ^ _ ` */
+    if (b <= 'z') return 24;              /* a-z but e */
+    return 25;                            /* | ~ DEL */
+}
+
+/* DI_TRIE_DUP: more tokens share these bytes (vocab->dup_next); keeps the walk off that array,
+ * whose random reads dominated the walk before.
+ * DI_TRIE_UTF8: every path of the subtree, read from this node's byte on, is a prefix of valid
+ * UTF-8 (starts at a character boundary, continuation bytes only where a lead byte needs them).
+ * DI_TRIE_HIGH: some byte of the subtree is >= 0x80. DI_TRIE_LONG: see below.
+ * With di_trie_node.ascii these let the walk accept a whole subtree at once from a state that loops on
+ * its characters (matcher.c: loop summaries). */
+#define DI_TRIE_DUP 1u
+#define DI_TRIE_UTF8 2u
+#define DI_TRIE_HIGH 4u
+#define DI_TRIE_LONG 8u /* some token of the subtree has more than DI_CHAIN_CHARS characters */
 
 struct di_grammar_vocab {
     uint32_t n_vocab;
@@ -34,6 +87,23 @@ struct di_grammar_vocab {
     di_trie_node *nodes;    /* [n_nodes] preorder trie over non-special, non-empty tokens */
     uint32_t n_nodes;
     int32_t *dup_next;      /* [n_vocab] next token with identical bytes, or -1 */
+    int32_t *pre_tok;       /* [n_pre] text tokens in trie preorder, duplicates included */
+    uint32_t *tok_start;    /* [n_nodes + 1] first pre_tok index of each subtree: the tokens under
+                               node i are pre_tok[tok_start[i] .. tok_start[nodes[i].end]) */
+    uint32_t n_pre;
+    /* Token classes for masks of character-loop states (matcher.c: loop_mask): by_class[k]
+     * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < 26), that are
+     * not valid UTF-8 (DI_CLASS_BAD_UTF8), that contain a byte >= 0x80 (DI_CLASS_HIGH) or that
+     * hold more than DI_CHAIN_CHARS characters (lead bytes and ASCII; DI_CLASS_LONG);
+     * class_tok[class_off[k] .. class_off[k + 1]) lists the same tokens. text: all text tokens. */
+    uint32_t *by_class;     /* [DI_N_CLASSES * words] */
+    uint32_t *text;         /* [words] */
+    uint32_t *class_off;    /* [DI_N_CLASSES + 1] */
+    int32_t *class_tok;     /* ascending token ids per class */
+    uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
+    uint8_t *blob;          /* all token bytes back to back in id order, so that walking a class's
+                               ascending ids reads them forward instead of chasing pointers */
+    uint32_t *blob_off;     /* [n_vocab + 1] */
     uint32_t max_len;       /* longest token in bytes */
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */

@@ -42,6 +42,24 @@ struct di_grammar_matcher {
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
+    uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
+    /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
+     * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
+     * value, valid when lstamp[i] == lgen. */
+    sig128 *lsig;                   /* [cap_sig] */
+    uint32_t *lstamp;               /* [cap_sig] */
+    uint32_t lgen;
+    size_t lb;                      /* boundary in effect (use_boundary); 0 = full keys */
+    uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
+    uint32_t mgen;                  /* walk generation of the memo */
+    size_t wbase;                   /* Earley sets below the walk (its real context) */
+    struct ctx_memo {               /* per walk: context-free state + byte -> state in this context */
+        uint32_t gen, bnd;
+        int32_t from, to;
+        uint8_t byte;
+    } memo[256];
+    uint32_t *ctxd;                 /* [max token length + 1] depth of the path's first context edge (0: none) */
+    di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
@@ -85,7 +103,9 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     }
     m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
     m->path = malloc((size_t)v->max_len + 1);
-    if (!m->vid || !m->path) {
+    m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
+    m->ctxd = malloc(((size_t)v->max_len + 1) * sizeof *m->ctxd);
+    if (!m->vid || !m->path || !m->lbd || !m->ctxd) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -126,6 +146,11 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
     free(m->set_sig);
+    free(m->lsig);
+    free(m->lstamp);
+    free(m->lbd);
+    free(m->ctxd);
+    free(m->cent);
     free(m->vid);
     free(m->path);
     free(m->hist);
@@ -204,11 +229,17 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         size_t cap = m->cap_sig ? m->cap_sig : 256;
         while (cap < e->n_sets) cap *= 2;
         sig128 *p = realloc(m->set_sig, cap * sizeof *p);
-        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
-        m->set_sig = p;
+        if (p) m->set_sig = p;
+        sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
+        if (q) m->lsig = q;
+        uint32_t *st = q ? realloc(m->lstamp, cap * sizeof *st) : NULL;
+        if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
+        memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
+        m->lstamp = st;
         m->cap_sig = cap;
     }
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
+        m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
         sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
         for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
             di_earley_item it = e->items[x];
@@ -236,6 +267,86 @@ static sig128 state_key(const di_grammar_matcher *m) {
     return h;
 }
 
+/* ---- context-free keys ----
+ * The same lexical situation recurs in many contexts: every string value of a JSON document
+ * starts the same "inside a string" parse, but its Earley items point back (origins) to sets that
+ * differ per property, nesting level and request, so the structural key above differs and every
+ * new context re-learned the automaton and re-walked the trie. The walk therefore keys states
+ * relative to a boundary set lb: sets below lb (the context) are opaque. Two states with equal
+ * context-free keys evolve identically until a completion reaches an opaque set (the Earley
+ * recogniser counts those: opaque_hits); such a byte gets a context transition, and only
+ * the trie subtrees under it are walked with full keys. So the bulk of a walk (all tokens inside
+ * the string) is shared across contexts, and only tokens that close it (`",` `"}` ...) depend on
+ * where the string is. */
+
+#define OPAQUE_SIG ((sig128){3, 4})
+#define LOCAL_DOMAIN 0xC2B2AE3D27D4EB4Full /* context-free keys never equal full keys */
+#define LSIG_MAX_DEPTH 256                /* origin chains deeper than this: walk with full keys */
+
+/* Context-free signature of set i (see lsig). Origins point to earlier sets, so the recursion
+ * ends; its depth is bounded and *ok cleared beyond it. */
+static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
+    if (i < m->lb) return OPAQUE_SIG;
+    if (m->lstamp[i] == m->lgen) return m->lsig[i];
+    if (depth > LSIG_MAX_DEPTH) {
+        *ok = false;
+        return OPAQUE_SIG;
+    }
+    const di_earley *e = &m->e;
+    sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
+    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (m->g->cfg->psym[it.pos] < 0) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, depth + 1, ok));
+    }
+    m->lsig[i] = h;
+    m->lstamp[i] = m->lgen;
+    return h;
+}
+
+/* Context-free key of the current state (as state_key, over lsig). */
+static sig128 local_key(di_grammar_matcher *m, bool *ok) {
+    const di_earley *e = &m->e;
+    size_t i = e->n_sets - 1;
+    sig128 h = lsig_of(m, i, 0, ok);
+    h.a ^= 0xA5A5A5A5A5A5A5A5ull;
+    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+        di_earley_item it = e->items[x];
+        int32_t sym = m->g->cfg->psym[it.pos];
+        if (sym >= 0 || sym == DI_CFG_END) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, 1, ok));
+    }
+    h.b ^= LOCAL_DOMAIN;
+    return h;
+}
+
+static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
+
+/* Boundary for a walk from the current state: just above the oldest origin of an item still in
+ * progress, so the construct being written (a string, a key, a number, a statement) is inside
+ * and what encloses it is context. A repetition item (X* / X+) whose element is not in progress
+ * completes at the next element, so it must be inside too. Any choice is sound (keys stay exact);
+ * this one decides how much is shared. 0 = no boundary (full keys). */
+static size_t walk_boundary(const di_grammar_matcher *m) {
+    const di_earley *e = &m->e;
+    const di_cfg *g = m->g->cfg;
+    size_t top = e->n_sets - 1, b = SIZE_MAX, inner = 0; /* inner: latest start of a non-repetition item */
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (g->psym[it.pos] == DI_CFG_END || it.origin == top || loop_rule(g, it.pos)) continue;
+        if (it.origin + 1 < b) b = it.origin + 1;
+        if (it.origin > inner) inner = it.origin;
+    }
+    if (b == SIZE_MAX) return 0;
+    size_t lowest = b; /* one pass suffices: lowering b only removes candidates above it */
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (g->psym[it.pos] == DI_CFG_END || it.origin >= b || !loop_rule(g, it.pos)) continue;
+        if (inner <= it.origin && it.origin < lowest) lowest = it.origin; /* no element in progress */
+    }
+    return lowest <= 1 ? 0 : lowest;
+}
+
 static bool is_eos(const di_grammar_vocab *v, int32_t t) {
     for (size_t i = 0; i < v->n_eos; i++)
         if (v->eos[i] == t) return true;
@@ -251,6 +362,11 @@ bool di_grammar_matcher_can_end(const di_grammar_matcher *m) {
 void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits, uint64_t *misses) {
     *hits = m->cache_hits;
     *misses = m->cache_misses;
+}
+
+void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
+    *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
+                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -309,17 +425,536 @@ int di_grammar_matcher_rollback(di_grammar_matcher *m, size_t k, di_error *err) 
 static inline void set_bit(uint32_t *mask, int32_t t) { mask[t >> 5] |= 1u << (t & 31); }
 static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u << (t & 31)); }
 
+/* Bytes that act exactly like b on the current (top) Earley set: a push adds the items whose
+ * class holds the byte, and nothing else about the byte survives into the new set. So every byte
+ * accepted by the same scan items gives an identical set, hence the same successor state, and
+ * one Earley push fills the transitions of all of them (inside a JSON string, the ~95 printable
+ * ASCII bytes other than '"' and '\\' share one push). */
+static void byte_equiv(const di_earley *e, uint8_t b, di_cfg_class *same) {
+    const di_cfg *g = e->g;
+    size_t top = e->n_sets - 1;
+    memset(same->bits, 0xff, sizeof same->bits);
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        int32_t s = g->psym[e->items[x].pos];
+        if (s >= 0 || s == DI_CFG_END) continue;
+        const di_cfg_class *c = &g->cls[-1 - s];
+        if (di_cfg_class_has(c, b))
+            for (int w = 0; w < 8; w++) same->bits[w] &= c->bits[w];
+        else
+            for (int w = 0; w < 8; w++) same->bits[w] &= ~c->bits[w];
+    }
+}
+
+static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class *bytes, int32_t next) {
+    for (int w = 0; w < 8; w++)
+        for (uint32_t x = bytes->bits[w]; x; x &= x - 1)
+            di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
+}
+
+static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
+
+/* ---- loop summaries: accepting a token subtree without walking it ----
+ * Inside a JSON string (or any run of "any character but a few") most of the vocabulary is
+ * allowed, and walking its ~275k trie nodes node by node was the cost of a cold mask. A state
+ * that returns to itself on a set of ASCII bytes, and on every multi-byte UTF-8 character, accepts
+ * every token subtree whose bytes are those ASCII bytes and valid UTF-8: the trie knows both
+ * facts per subtree (DI_TRIE_UTF8/HIGH, di_trie_node.ascii), so one test accepts the subtree. */
+
+#define LOOP_MIN_BYTES 8 /* states scanning fewer bytes do not loop on enough of them to pay */
+#define SKIP_MIN_NODES 4 /* smaller subtrees are walked: the test costs about as much as a node */
+#define SKIP_SUMMARY_NODES 64 /* a summary costs ~10-40 Earley pushes: only for a subtree this large */
+#define SKIP_REPLAY_NODES 256 /* from here a missing summary is worth replaying the path for */
+
+/* UTF-8 characters by lead-byte range: the byte ranges of each position (RFC 3629 table 3-7). */
+static const uint8_t utf8_seq[8][5][2] = {
+    {{0xC2, 0xDF}, {0x80, 0xBF}},
+    {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+    {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+    {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
+};
+static const int utf8_seq_len[8] = {2, 3, 3, 3, 3, 4, 4, 4};
+
+static bool class_covers(const di_cfg_class *c, unsigned lo, unsigned hi) {
+    for (unsigned b = lo; b <= hi; b++)
+        if (!di_cfg_class_has(c, (uint8_t)b)) return false;
+    return true;
+}
+
+/* Switch the boundary the context-free signatures are computed for (their cache is per boundary). */
+static inline void use_boundary(di_grammar_matcher *m, size_t b) {
+    if (m->lb == b) return;
+    m->lb = b;
+    if (++m->lgen == 0) m->lgen = 1;
+}
+
+/* Key of the current (top) state relative to the boundary in effect (0: the full key). A
+ * context-free key needs signatures deeper than LSIG_MAX_DEPTH only in pathological grammars;
+ * *ok tells. */
+static sig128 walk_key(di_grammar_matcher *m, bool *ok) { return m->lb ? local_key(m, ok) : state_key(m); }
+
+/* Push b watching the context below the boundary in effect; returns the push result, and in
+ * *ctx whether the byte completed into the context. */
+static int watched_push(di_grammar_matcher *m, uint8_t b, bool *ctx, di_error *err) {
+    di_earley *e = &m->e;
+    e->opaque_below = (uint32_t)m->lb;
+    e->opaque_hits = 0;
+    int rc = di_earley_push(e, b, err);
+    *ctx = e->opaque_hits != 0;
+    e->opaque_below = 0;
+    return rc;
+}
+
+/* Push the byte sequence of ranges r[0..n) (one byte per range, each range acting as one byte:
+ * byte_equiv) from the top set. *key: the state reached, *alive false if a byte is rejected,
+ * touches the context or a range is not uniform. Leaves the sets as it found them. */
+static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig128 *key, bool *alive, di_error *err) {
+    di_earley *e = &m->e;
+    size_t top = e->n_sets;
+    int rc = DI_OK;
+    bool ctx = false, ok = true;
+    *alive = false;
+    int k = 0;
+    for (; k < n; k++) {
+        di_cfg_class same;
+        byte_equiv(e, r[k][0], &same);
+        if (!class_covers(&same, r[k][0], r[k][1])) break;
+        rc = watched_push(m, r[k][0], &ctx, err);
+        if (rc <= 0 || ctx) break;
+        if ((rc = update_sigs(m, err))) break;
+    }
+    if (k == n && rc >= 0) {
+        *key = walk_key(m, &ok);
+        *alive = ok;
+    }
+    di_earley_pop_to(e, top);
+    m->n_sig = e->n_sets;
+    return rc < 0 ? rc : DI_OK;
+}
+
+/* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
+ * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
+ * continuation range shape. When most characters lead to another state T (the first character
+ * of a string, or a count in a length-bounded string), the summaries of T and its successors
+ * are computed too, `chain` deep, so a walk can accept the tokens whose characters all lead
+ * along that chain (loop_chars). */
+static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t self_id, int chain,
+                        di_gcache_loop *out, di_error *err) {
+    di_earley *e = &m->e;
+    di_grammar_cache *c = m->g->cache;
+    memset(out, 0, sizeof *out);
+    di_cfg_class scan = *di_earley_next_bytes(e);
+    int n_bytes = 0;
+    for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
+    if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
+    bool ok = true;
+    sig128 self = walk_key(m, &ok);
+    if (!ok) return DI_OK;
+    enum { MAXK = 8 };
+    sig128 keys[MAXK];
+    di_cfg_class to[MAXK]; /* ASCII bytes leading to keys[k] */
+    int nk = 0;
+    di_cfg_class done = {{0}};
+    for (unsigned b = 0; b < 128; b++) {
+        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
+        di_cfg_class same;
+        byte_equiv(e, (uint8_t)b, &same);
+        for (int w = 0; w < 4; w++) done.bits[w] |= same.bits[w];
+        uint8_t one[1][2] = {{(uint8_t)b, (uint8_t)b}};
+        sig128 k;
+        bool alive = false;
+        int rc = push_chars(m, (const uint8_t(*)[2])one, 1, &k, &alive, err);
+        if (rc) return rc;
+        if (!alive) continue;
+        int x = 0;
+        while (x < nk && !sig_eq(keys[x], k)) x++;
+        if (x == nk) {
+            if (nk == MAXK) continue;
+            keys[nk] = k;
+            memset(&to[nk], 0, sizeof to[nk]);
+            nk++;
+        }
+        for (int w = 0; w < 4; w++) to[x].bits[w] |= same.bits[w];
+    }
+    if (!nk) return DI_OK;
+    int best = 0, best_n = -1;
+    for (int x = 0; x < nk; x++) {
+        int cnt = 0;
+        for (int w = 0; w < 4; w++) cnt += __builtin_popcount(to[x].bits[w]);
+        if (cnt > best_n) best = x, best_n = cnt;
+    }
+    sig128 target = keys[best];
+    uint32_t partial = 0; /* buckets with a byte that does not lead to the target */
+    for (unsigned b = 0; b < 128; b++)
+        if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
+    out->ascii = ~partial;
+    out->nohigh = !(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]);
+    for (unsigned b = 0; b < 128; b++)
+        if (di_cfg_class_has(&scan, (uint8_t)b)) out->scanned |= 1u << di_ascii_bucket((uint8_t)b);
+    for (unsigned b = 1; b < 128 && !out->rep; b++)
+        if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
+    bool all = class_covers(&scan, 0xC2, 0xF4);
+    for (int q = 0; q < 8 && all; q++) {
+        sig128 k;
+        int rc = push_chars(m, utf8_seq[q], utf8_seq_len[q], &k, &all, err);
+        if (rc) return rc;
+        all = all && sig_eq(k, target);
+    }
+    out->utf8 = all;
+    if (sig_eq(target, self)) {
+        out->next = self_id;
+        return DI_OK;
+    }
+    out->next = di_gcache_intern(c, tab, target);
+    if (out->next <= 0) {
+        out->next = 0;
+        return DI_OK;
+    }
+    di_gcache_loop tl;
+    /* only a state that takes most characters alike starts a chain worth following */
+    if (chain <= 0 || (__builtin_popcount(out->ascii & ((1u << 26) - 1)) < 4 && !out->utf8) ||
+        di_gcache_loop_get(tab, out->next, &tl))
+        return DI_OK;
+    /* T's sets: push one byte that leads there */
+    unsigned rep = 0;
+    while (rep < 128 && !di_cfg_class_has(&to[best], (uint8_t)rep)) rep++;
+    size_t top = e->n_sets;
+    bool ctx = false;
+    int rc = watched_push(m, (uint8_t)rep, &ctx, err);
+    bool there = rc == 1 && !ctx;
+    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, chain - 1, &tl, err);
+    di_earley_pop_to(e, top);
+    m->n_sig = e->n_sets;
+    if (rc < 0) return rc;
+    if (there) di_gcache_loop_put(c, tab, out->next, &tl);
+    return DI_OK;
+}
+
+/* Characters accepted as a block from state id with summary s: ASCII buckets and whether every
+ * valid multi-byte character is, such that any run of them stays alive: every character leads
+ * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
+ * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
+static inline bool chain_link(const di_gcache_loop *s) {
+    return s->next > 0 && (__builtin_popcount(s->ascii & ((1u << 26) - 1)) >= 4 || s->utf8);
+}
+
+/* Returns 1 with the block filled in, 0 if the state does not take a block of characters, -1 if
+ * a summary along its chain is not computed yet (ensure_chain). */
+static int loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_loop *s, uint32_t *ascii, bool *utf8,
+                      bool *any_length, bool *nohigh, uint32_t *scanned) {
+    uint32_t a = ~0u, sc = 0;
+    bool u = true, nh = true;
+    di_gcache_loop cur = *s;
+    for (int k = 0; k < DI_CHAIN_CHARS; k++) {
+        if (cur.next == id) { /* a loop: any number of characters */
+            a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
+            *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh, *scanned = sc;
+            return (a & ((1u << 26) - 1)) || u;
+        }
+        if (!chain_link(&cur)) return 0;
+        a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
+        id = cur.next;
+        if (!di_gcache_loop_get(tab, id, &cur)) return -1;
+    }
+    /* the chain's last state must take no high byte either (a token may end its ASCII there) */
+    *ascii = a, *utf8 = u, *any_length = false, *nohigh = nh && cur.nohigh, *scanned = sc | cur.scanned;
+    return 1;
+}
+
+/* Summaries along the chain of character successors of state id (whose sets are on top), as far
+ * as loop_chars looks: each missing one is computed on the sets reached by pushing one character
+ * per link, so a length-bounded string adds one summary per mask, not a chain. */
+static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id, int *budget, di_error *err) {
+    di_earley *e = &m->e;
+    size_t top = e->n_sets;
+    int rc = DI_OK;
+    for (int k = 0; k < DI_CHAIN_CHARS; k++) {
+        di_gcache_loop s;
+        if (!di_gcache_loop_get(tab, id, &s)) {
+            if (*budget <= 0) break;
+            --*budget;
+            if ((rc = loop_summary(m, tab, id, 1, &s, err))) break;
+            di_gcache_loop_put(m->g->cache, tab, id, &s);
+        }
+        if (!chain_link(&s) || s.next == id || !s.rep) break;
+        bool ctx = false;
+        rc = watched_push(m, s.rep, &ctx, err);
+        if (rc != 1 || ctx || (rc = update_sigs(m, err))) break;
+        id = s.next;
+    }
+    di_earley_pop_to(e, top);
+    m->n_sig = e->n_sets;
+    return rc < 0 ? rc : DI_OK;
+}
+
+/* Every path below node nd stays alive from a state accepting these characters as a block (for
+ * up to DI_CHAIN_CHARS characters unless any_length). */
+static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool utf8, bool any_length) {
+    if ((nd->flags & DI_TRIE_HIGH) && (!utf8 || !(nd->flags & DI_TRIE_UTF8))) return false;
+    if (!any_length && (nd->flags & DI_TRIE_LONG)) return false;
+    return !(nd->ascii & ~ascii);
+}
+
+/* Push the path bytes of depths md+1..upto so that the Earley sets of depths 0..upto exist. Each
+ * prefix of a trie path the walk reached was viable, so each push succeeds. */
+static int replay(di_grammar_matcher *m, size_t *md, size_t upto, di_error *err) {
+    while (*md < upto) {
+        int rc = di_earley_push(&m->e, m->path[*md + 1], err);
+        if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
+        if (rc < 0) return rc;
+        (*md)++;
+        if ((rc = update_sigs(m, err))) return rc;
+    }
+    return DI_OK;
+}
+
+/* Per walk: the state a context-free state reaches on a context byte, in this walk's context. */
+static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint8_t byte) {
+    uint32_t h = (uint32_t)(mix64((uint64_t)(uint32_t)from << 8 | byte) & 255);
+    for (int k = 0; k < 8; k++) {
+        struct ctx_memo *s = &m->memo[(h + (uint32_t)k) & 255];
+        if (s->gen != m->mgen || (s->from == from && s->byte == byte)) return s;
+    }
+    return NULL; /* crowded: not memoized */
+}
+
+/* One edge of a walk: the state after byte path[d] from the state at depth d - 1 (vid, lbd).
+ * Follows the transition table; where it is unknown, materializes the Earley sets of the path
+ * (only as deep as needed), pushes the byte and records the outcome for every byte that acts
+ * the same. A state's successors are keyed relative to its boundary down to a byte that
+ * completes into the context below it; the state after that byte (found with the real context,
+ * memoized per walk) gets the boundary of its own construct (walk_boundary), so that what
+ * follows a closed string or array is shared across contexts too. Returns 1 (vid[d], lbd[d]
+ * set), 0 (dead) or a negative status. */
+static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t d, di_error *err) {
+    di_earley *e = &m->e;
+    di_grammar_cache *c = m->g->cache;
+    uint8_t byte = m->path[d];
+    int32_t parent = m->vid[d - 1];
+    bool pushed = false;
+    use_boundary(m, m->lbd[d - 1]);
+    int32_t next = parent > 0 ? di_gcache_next(tab, parent, byte) : DI_ST_UNKNOWN;
+    if (next == DI_ST_DEAD) return 0;
+    int rc;
+    uint8_t like = byte; /* the byte this one acts like (the memo shares context edges by class) */
+    if (next <= DI_ST_CONTEXT_0) {
+        like = (uint8_t)(DI_ST_CONTEXT_0 - next);
+        next = DI_ST_CONTEXT;
+    }
+    if (next == DI_ST_UNKNOWN) {
+        if ((rc = replay(m, md, d - 1, err))) return rc;
+        di_cfg_class same;
+        if (parent > 0) byte_equiv(e, byte, &same);
+        bool ctx = false;
+        rc = watched_push(m, byte, &ctx, err);
+        if (rc < 0) return rc;
+        if (rc == 0) {
+            if (parent > 0) set_next_all(tab, parent, &same, DI_ST_DEAD);
+            return 0;
+        }
+        *md = d;
+        pushed = true;
+        if ((rc = update_sigs(m, err))) return rc;
+        bool ok = true;
+        sig128 k = ctx ? (sig128){0, 0} : walk_key(m, &ok);
+        if (ctx || !ok) { /* !ok: signatures too deep, leave context-free mode here */
+            if (parent > 0 && ctx) {
+                like = byte;
+                for (unsigned b = 0; b < 256; b++) /* the class's lowest byte, so all of it shares a memo slot */
+                    if (di_cfg_class_has(&same, (uint8_t)b)) {
+                        like = (uint8_t)b;
+                        break;
+                    }
+                set_next_all(tab, parent, &same, DI_ST_CONTEXT_0 - like);
+            }
+            next = DI_ST_CONTEXT;
+        } else {
+            next = di_gcache_intern(c, tab, k);
+            if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
+        }
+    }
+    uint32_t bnd = m->lbd[d - 1];
+    if (next == DI_ST_CONTEXT) {
+        m->n_ctx_edges++;
+        /* memoized only for a boundary below the walk: then the context is the same real sets
+         * for every node of the walk, whereas a boundary inside the trie path has a context that
+         * differs from path to path */
+        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, like) : NULL;
+        if (slot && slot->gen == m->mgen) {
+            next = slot->to;
+            bnd = slot->bnd;
+        } else {
+            if (!pushed) {
+                if ((rc = replay(m, md, d - 1, err))) return rc;
+                rc = di_earley_push(e, byte, err);
+                if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a context transition was rejected");
+                if (rc < 0) return rc;
+                *md = d;
+                if ((rc = update_sigs(m, err))) return rc;
+            }
+            bnd = (uint32_t)walk_boundary(m);
+            use_boundary(m, bnd);
+            bool ok = true;
+            sig128 k = walk_key(m, &ok);
+            if (!ok) {
+                bnd = 0;
+                use_boundary(m, 0);
+                k = state_key(m);
+            }
+            next = di_gcache_intern(c, tab, k);
+            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
+        }
+    }
+    m->vid[d] = next;
+    m->lbd[d] = bnd;
+    return 1;
+}
+
+/* Pop the walk's Earley sets back to depth `depth` (the sets of depths 0..depth stay). */
+static inline void walk_pop(di_grammar_matcher *m, size_t base, size_t *md, size_t depth) {
+    if (*md > depth) {
+        *md = depth;
+        di_earley_pop_to(&m->e, base + depth);
+        m->n_sig = m->e.n_sets;
+    }
+}
+
+/* Mask from a root state that takes a block of characters (loop_chars): every token made only
+ * of them is allowed at once with bitset algebra over the vocabulary's token classes, and only
+ * the tokens of the other classes (in a JSON string: those holding '"', '\\', control bytes or
+ * broken UTF-8, ~2,000 of 129,280) are walked one by one. Returns 1 if done, 0 if the root is
+ * not such a state (or too many tokens would be left to walk), <0 on error. */
+#define LOOP_MASK_MAX_REST 12000
+
+/* Walk the context tokens of a cached block again in this walk's context: each continues from
+ * its recorded context-free state and context edge (memoized per walk, so a context byte costs
+ * one push per walk, not per token). */
+static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t base, uint32_t *mask,
+                           const di_gcache_ctxtok *ent, uint32_t n, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    size_t md = 0;
+    for (uint32_t x = 0; x < n; x++) {
+        const di_gcache_ctxtok *e = &ent[x];
+        const uint8_t *tb = v->blob + v->blob_off[e->tok];
+        uint32_t len = v->blob_off[e->tok + 1] - v->blob_off[e->tok];
+        uint32_t keep = 0; /* sets materialized for the prefix shared with the previous token */
+        while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+        walk_pop(m, base, &md, keep);
+        for (uint32_t k = keep; k < len; k++) m->path[k + 1] = tb[k];
+        m->vid[e->depth - 1] = e->parent;
+        m->lbd[e->depth - 1] = m->lbd[0];
+        int rc = 1;
+        for (uint32_t d = e->depth; d <= len && rc == 1; d++) rc = walk_edge(m, tab, &md, d, err);
+        if (rc < 0) return rc;
+        if (rc == 1) set_bit(mask, e->tok);
+    }
+    walk_pop(m, base, &md, 0);
+    return DI_OK;
+}
+
+static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, sig128 root_key, uint32_t *mask,
+                     di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    int32_t root = m->vid[0];
+    di_gcache_loop s;
+    uint32_t ascii = 0;
+    bool utf8 = false;
+    if (root <= 0) return 0;
+    use_boundary(m, m->lbd[0]);
+    int budget = DI_CHAIN_CHARS + 1;
+    int rc = ensure_chain(m, tab, root, &budget, err);
+    if (rc) return rc;
+    if (!di_gcache_loop_get(tab, root, &s)) return 0;
+    bool any_length = false, nohigh = false;
+    uint32_t scanned = 0;
+    if (loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh, &scanned) != 1) return 0;
+    /* a byte outside the block that no state of the chain takes at all ends a token wherever it
+     * comes (the characters before it stay in the chain): such tokens are cleared, not walked */
+    uint32_t bad = ~ascii & scanned & ((1u << 26) - 1), dead = ~ascii & ~scanned & ((1u << 26) - 1);
+    if (utf8) bad |= 1u << DI_CLASS_BAD_UTF8;
+    else if (nohigh) dead |= 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
+    else bad |= 1u << DI_CLASS_HIGH;
+    if (!any_length) bad |= 1u << DI_CLASS_LONG;
+    size_t rest = 0;
+    for (int k = 0; k < DI_N_CLASSES; k++)
+        if ((bad >> k) & 1) rest += v->class_off[k + 1] - v->class_off[k];
+    if (rest > LOOP_MASK_MAX_REST) return 0;
+    if (!m->cent && !(m->cent = malloc(LOOP_MASK_MAX_REST * sizeof *m->cent)))
+        return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for a block mask");
+    uint32_t n_ent = 0;
+    if (m->lbd[0] && di_gcache_block_get(m->g->cache, v, tab->serial, root_key, mask, m->cent, LOOP_MASK_MAX_REST, &n_ent)) {
+        rc = walk_ctx_tokens(m, tab, base, mask, m->cent, n_ent, err);
+        if (rc) return rc;
+        m->n_block_masks++;
+        m->n_block_hits++;
+        return 1;
+    }
+    bool cacheable = m->lbd[0] != 0; /* a context-free root: the block holds in every context */
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    memcpy(mask, v->text, words * sizeof *mask);
+    for (int k = 0; k < DI_N_CLASSES; k++)
+        if (((bad | dead) >> k) & 1) {
+            const uint32_t *cb = v->by_class + (size_t)k * words;
+            for (size_t w = 0; w < words; w++) mask[w] &= ~cb[w];
+        }
+    size_t md = 0;
+    uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
+    for (int k = 0; k < DI_N_CLASSES; k++) {
+        if (!((bad >> k) & 1)) continue;
+        for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
+            int32_t t = v->class_tok[x];
+            if (v->tok_class[t] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
+            const uint8_t *tb = v->blob + v->blob_off[t];
+            uint32_t len = v->blob_off[t + 1] - v->blob_off[t];
+            /* the prefix this token shares with the previous one keeps its states (and the sets
+             * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
+            uint32_t keep = 0;
+            while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            walk_pop(m, base, &md, keep);
+            int rc = 1;
+            uint32_t d = keep + 1;
+            m->ctxd[0] = 0;
+            for (; d <= len; d++) {
+                m->path[d] = tb[d - 1];
+                uint64_t before = m->n_ctx_edges;
+                if ((rc = walk_edge(m, tab, &md, d, err)) != 1) break;
+                m->ctxd[d] = m->ctxd[d - 1] ? m->ctxd[d - 1] : m->n_ctx_edges != before ? d : 0;
+            }
+            if (rc < 0) return rc;
+            valid = d - 1;
+            uint32_t c1 = m->ctxd[valid]; /* first context edge on the live part of the path */
+            if (!c1) {
+                if (rc == 1) set_bit(mask, t); /* decided without the context */
+            } else {
+                if (m->vid[c1 - 1] <= 0) cacheable = false; /* an uninterned state: no id to record */
+                m->cent[n_ent++] = (di_gcache_ctxtok){.tok = t, .parent = m->vid[c1 - 1], .depth = (uint16_t)c1,
+                                                      .byte = m->path[c1], .accepted = rc == 1};
+            }
+        }
+    }
+    walk_pop(m, base, &md, 0);
+    if (cacheable) di_gcache_block_put(m->g->cache, v, tab->serial, root_key, mask, m->cent, n_ent);
+    for (uint32_t x = 0; x < n_ent; x++)
+        if (m->cent[x].accepted) set_bit(mask, m->cent[x].tok);
+    m->n_block_masks++;
+    return 1;
+}
+
 /* Lazily built automaton over parse states (shared per grammar, state_cache.h). A state is a
- * structural key (state_key) interned to a small id; its transition on a byte is the successor
- * id, DEAD, or UNKNOWN until first needed. Because keys are structural, a transition learned at
- * one position holds at every other one, in later masks and in other requests: inside a JSON
- * string the trie walk soon runs on table lookups alone and materializes Earley sets only where
- * a transition is still unknown. */
-/* Walk the trie (preorder, see di_trie_node) from the current state. Per edge: follow the
- * transition table; where it is unknown, materialize the Earley sets along the current path
- * (only as deep as needed), push the byte and record the outcome. A dead edge skips its subtree,
- * so the work follows the number of viable prefixes, not V. */
-static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_error *err) {
+ * structural key interned to a small id; its transition on a byte is the successor id, DEAD,
+ * CONTEXT (context-free states only) or UNKNOWN until first needed. Because keys are structural,
+ * a transition learned at one position holds at every other one, in later masks and in other
+ * requests: the trie walk soon runs on table lookups alone and materializes Earley sets only
+ * where a transition is still unknown.
+ *
+ * Walk the trie (preorder, see di_trie_node) from the current state, one walk_edge per edge. A
+ * dead edge skips its subtree, so the work follows the number of viable prefixes, not V; a
+ * subtree that the parent state accepts as a block of characters (loop summaries) is added
+ * without walking it, and a root that takes such a block uses loop_mask instead. */
+static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     const di_grammar_vocab *v = m->v;
     const di_trie_node *nodes = v->nodes;
     di_earley *e = &m->e;
@@ -328,46 +963,66 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, sig128 root_key, di_
     int rc = DI_OK;
     size_t base = e->n_sets; /* depth d of the walk lives in set index base - 1 + d */
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
-    m->vid[0] = di_gcache_intern(c, tab, root_key);
+    if (++m->mgen == 0) m->mgen = 1; /* retires the memo */
+    m->wbase = base;
+    if (++m->lgen == 0) m->lgen = 1; /* the sets changed since the last walk */
+    m->lb = walk_boundary(m);
+    bool ok = true;
+    sig128 root = m->lb ? local_key(m, &ok) : state_key(m);
+    if (!ok) use_boundary(m, 0), root = state_key(m);
+    m->lbd[0] = (uint32_t)m->lb;
+    m->vid[0] = di_gcache_intern(c, tab, root);
+    rc = loop_mask(m, tab, base, root, mask, err);
+    if (rc) goto out; /* done (1) or failed (< 0) */
+    int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
+    int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */
+    uint32_t blk_ascii = 0, blk_scanned = 0;
+    bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
         const di_trie_node *nd = &nodes[i];
+        __builtin_prefetch(&nodes[nd->end]); /* the next node when this subtree is skipped */
         uint32_t d = nd->depth;
-        if (md > d - 1) { /* sets deeper than the parent belong to a finished subtree */
-            md = d - 1;
-            di_earley_pop_to(e, base + md);
-            m->n_sig = e->n_sets;
-        }
+        walk_pop(m, base, &md, d - 1); /* sets deeper than the parent belong to a finished subtree */
         m->path[d] = nd->byte;
         int32_t parent = m->vid[d - 1];
-        int32_t next = parent > 0 ? di_gcache_next(tab, parent, nd->byte) : DI_ST_UNKNOWN;
-        if (next == DI_ST_DEAD) {
-            i = nd->end;
-            continue;
-        }
-        if (next == DI_ST_UNKNOWN) {
-            while (md < d - 1) { /* replay the path: each prefix was viable, so each push succeeds */
-                rc = di_earley_push(e, m->path[md + 1], err);
-                if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
-                if (rc < 0) goto out;
-                md++;
-                if ((rc = update_sigs(m, err))) goto out;
+        if (parent > 0 && nd->end - i >= SKIP_MIN_NODES) {
+            if (parent != blk_of) { /* siblings share their parent's block (one chain lookup) */
+                di_gcache_loop ls;
+                bool have = di_gcache_loop_get(tab, parent, &ls);
+                blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned) : -2;
+                bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
+                if (big && blk < 0 && summaries_left > 0) { /* no summary yet, or a chain to extend */
+                    if ((rc = replay(m, &md, d - 1, err))) goto out;
+                    use_boundary(m, m->lbd[d - 1]);
+                    if (blk == -2) {
+                        summaries_left--;
+                        rc = loop_summary(m, tab, parent, 1, &ls, err);
+                        if (!rc) di_gcache_loop_put(c, tab, parent, &ls);
+                    } else {
+                        rc = ensure_chain(m, tab, parent, &summaries_left, err);
+                    }
+                    if (rc) goto out;
+                    have = di_gcache_loop_get(tab, parent, &ls);
+                    blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned) : 0;
+                }
+                if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
-            rc = di_earley_push(e, nd->byte, err);
-            if (rc < 0) goto out;
-            if (rc == 0) {
-                if (parent > 0) di_gcache_set_next(tab, parent, nd->byte, DI_ST_DEAD);
+            if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
+                for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
+                m->n_blocks++;
                 i = nd->end;
                 continue;
             }
-            md = d;
-            if ((rc = update_sigs(m, err))) goto out;
-            next = di_gcache_intern(c, tab, state_key(m));
-            if (parent > 0 && next != DI_ST_NONE) di_gcache_set_next(tab, parent, nd->byte, next);
         }
-        m->vid[d] = next;
+        rc = walk_edge(m, tab, &md, d, err);
+        if (rc < 0) goto out;
+        if (rc == 0) {
+            i = nd->end;
+            continue;
+        }
         if (nd->tok >= 0) {
             set_bit(mask, nd->tok);
-            if (nd->dup)
+            if (nd->flags & DI_TRIE_DUP)
                 for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
         }
         i++;
@@ -377,7 +1032,8 @@ out:
     di_gcache_release(c, tab);
     di_earley_pop_to(e, base);
     m->n_sig = e->n_sets;
-    return rc;
+    m->lb = 0;
+    return rc < 0 ? rc : DI_OK;
 }
 
 int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
@@ -406,7 +1062,7 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
     } else {
         m->cache_misses++;
         memset(mask, 0, words * sizeof *mask);
-        rc = walk_trie(m, mask, key, err);
+        rc = walk_trie(m, mask, err);
         if (rc) return rc;
         di_gcache_mask_put(m->g->cache, v, key, mask);
     }

@@ -1,6 +1,7 @@
 /* Per-grammar state automaton and mask cache shared by matchers (see state_cache.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "grammar/state_cache.h"
 
@@ -18,7 +19,9 @@ int di_gcache_new(di_grammar_cache **out, di_error *err) {
 
 static void table_free(di_gcache_table *t) {
     if (!t) return;
-    free(t->rows);
+    if (t->rows) munmap(t->rows, t->rows_bytes);
+    free(t->loop);
+    free(t->loop_ready);
     free(t->key);
     free(t->hash);
     free(t);
@@ -30,16 +33,22 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     t->cap = c->max_states;
     t->hcap = 16;
     while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
-    /* large: a fresh mapping, zero without a memset; pages are committed as states are added */
-    t->rows = calloc((size_t)t->cap + 1, sizeof *t->rows);
+    /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
+     * and is cleared there, once glibc's mmap threshold has grown past it: ~1 ms on every new
+     * grammar's first mask); pages are committed as states are added */
+    t->rows_bytes = ((size_t)t->cap + 1) * sizeof *t->rows;
+    void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    t->rows = rows == MAP_FAILED ? NULL : rows;
+    t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
+    t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
     t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);
     t->hash = malloc(t->hcap * sizeof *t->hash);
-    if (!t->rows || !t->key || !t->hash) {
+    if (!t->rows || !t->loop || !t->loop_ready || !t->key || !t->hash) {
         table_free(t);
         return NULL;
     }
     memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
-    c->n_tables++;
+    t->serial = ++c->n_tables;
     return t;
 }
 
@@ -52,6 +61,10 @@ void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
 void di_gcache_free(di_grammar_cache *c) {
     if (!c) return;
     table_free(c->cur); /* retired tables were freed by their last walk */
+    for (int i = 0; i < DI_GCACHE_BLOCKS; i++) {
+        free(c->blocks[i].mask);
+        free(c->blocks[i].ent);
+    }
     free(c->masks);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -112,6 +125,16 @@ int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
     return id;
 }
 
+void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s) {
+    if (!t || id <= 0 || id > t->cap) return;
+    pthread_mutex_lock(&c->lock);
+    if (!atomic_load_explicit(&t->loop_ready[id], memory_order_relaxed)) {
+        t->loop[id] = *s;
+        atomic_store_explicit(&t->loop_ready[id], 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* The first vocabulary that stores a mask owns the mask cache; a matcher with another one
  * (identified by content, not by address, which a later vocabulary could reuse) runs uncached. */
 static bool vocab_ok(di_grammar_cache *c, const di_grammar_vocab *v) {
@@ -137,6 +160,44 @@ bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
             }
     pthread_mutex_unlock(&c->lock);
     return hit;
+}
+
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n) {
+    bool hit = false;
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v))
+        for (int i = 0; i < DI_GCACHE_BLOCKS && !hit; i++) {
+            di_gcache_block *b = &c->blocks[i];
+            if (!b->used || b->table != table || b->key.a != k.a || b->key.b != k.b || b->n_ent > cap) continue;
+            memcpy(mask, b->mask, c->words * sizeof *mask);
+            memcpy(ent, b->ent, b->n_ent * sizeof *ent);
+            *n = b->n_ent;
+            hit = true;
+        }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
+                         const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n) {
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v)) {
+        di_gcache_block *b = &c->blocks[c->bnext++ % DI_GCACHE_BLOCKS];
+        uint32_t *bm = b->mask ? b->mask : malloc(c->words * sizeof *bm);
+        di_gcache_ctxtok *be = realloc(b->ent, (n ? n : 1) * sizeof *be);
+        if (bm) b->mask = bm;
+        if (be) b->ent = be;
+        b->used = bm && be;
+        if (b->used) {
+            memcpy(b->mask, mask, c->words * sizeof *mask);
+            memcpy(b->ent, ent, n * sizeof *ent);
+            b->n_ent = n;
+            b->key = k;
+            b->table = table;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask) {

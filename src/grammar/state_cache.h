@@ -33,21 +33,62 @@ typedef struct di_sig128 {
 
 #define DI_ST_UNKNOWN 0 /* state ids start at 1 */
 #define DI_ST_DEAD (-1)
+#define DI_ST_CONTEXT (-2)         /* from a context-free state: the byte completes into the context */
+#define DI_ST_CONTEXT_0 (-16)      /* DI_ST_CONTEXT_0 - b: as DI_ST_CONTEXT, and the byte acts like b */
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
 #define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
+#define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
 
 typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
 
-/* One generation of the automaton. Everything but rows is accessed under the cache's lock. */
+/* What a state does on whole characters, for accepting tokens without walking them
+ * (matcher.c: loop_summary). next: the state most characters lead to (the state itself for a
+ * loop such as "inside a string"), or 0. ascii: the ASCII buckets (di_ascii_bucket) all of whose
+ * bytes lead to next. utf8: every valid multi-byte UTF-8 character leads to next through live
+ * states. */
+typedef struct di_gcache_loop {
+    int32_t next;
+    uint32_t ascii;
+    uint8_t utf8;
+    uint8_t rep;    /* an ASCII byte that leads to next (0: none) */
+    uint8_t nohigh; /* the state takes no byte >= 0x80 at all */
+    uint32_t scanned; /* ASCII buckets with a byte the state takes at all */
+} di_gcache_loop;
+
+/* One generation of the automaton. Everything but rows and the published loop summaries is
+ * accessed under the cache's lock. */
 typedef struct di_gcache_table {
-    di_gcache_row *rows; /* [cap + 1] zero-filled; row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    di_gcache_row *rows; /* [cap + 1] zero-filled (mmap); row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    size_t rows_bytes;
+    di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
+    _Atomic uint8_t *loop_ready; /* [cap + 1] */
     di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
     size_t hcap;         /* power of two >= 2 * cap */
     int32_t n, cap;      /* interned states (ids 1..n), capacity */
     int32_t refs;        /* walks using this table */
+    uint64_t serial;     /* which generation (state ids mean nothing across tables) */
 } di_gcache_table;
+
+/* A token of a block mask whose walk reached the context: from context-free state `parent` (at
+ * `depth` - 1), byte `byte` completes into the context (matcher.c: loop_mask). */
+typedef struct di_gcache_ctxtok {
+    int32_t tok, parent;
+    uint16_t depth;
+    uint8_t byte, accepted; /* accepted: scratch for the walk that records it */
+} di_gcache_ctxtok;
+
+/* The context-free part of a block mask of one context-free root state: the tokens decided
+ * without the context, and the tokens that reach it (walked again per context). */
+typedef struct di_gcache_block {
+    di_sig128 key;
+    uint64_t table;
+    uint32_t *mask;
+    di_gcache_ctxtok *ent;
+    uint32_t n_ent;
+    uint8_t used;
+} di_gcache_block;
 
 struct di_grammar_cache {
     pthread_mutex_t lock;
@@ -62,6 +103,8 @@ struct di_grammar_cache {
     di_sig128 mkey[DI_GCACHE_MASKS];
     uint8_t mused[DI_GCACHE_MASKS];
     uint32_t mnext;                       /* round-robin replacement */
+    di_gcache_block blocks[DI_GCACHE_BLOCKS];
+    uint32_t bnext;
 };
 
 int di_gcache_new(di_grammar_cache **out, di_error *err);
@@ -83,6 +126,23 @@ static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8
 static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
     atomic_store_explicit(&t->rows[id][b], next, memory_order_relaxed);
 }
+
+/* Loop summary of state id, if some walk has computed it (lock-free: published with release). */
+static inline bool di_gcache_loop_get(const di_gcache_table *t, int32_t id, di_gcache_loop *out) {
+    if (!atomic_load_explicit(&t->loop_ready[id], memory_order_acquire)) return false;
+    *out = t->loop[id];
+    return true;
+}
+/* Publish the loop summary of state id (racing walks compute the same summary; the first wins). */
+void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s);
+
+/* The cached block of context-free root k in table generation `table`: its mask into mask and its
+ * context tokens into ent (at most cap); false if absent or larger than cap. */
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
+/* Remember a block (best effort, as di_gcache_mask_put). */
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
+                         const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n);
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
 bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask);

@@ -1,4 +1,5 @@
 /* Token vocabulary as a byte trie (see di_trie_node in grammar_impl.h). */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,15 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->special);
     free(v->eos);
     free(v->nodes);
+    free(v->pre_tok);
+    free(v->tok_start);
+    free(v->by_class);
+    free(v->text);
+    free(v->class_off);
+    free(v->class_tok);
+    free(v->tok_class);
+    free(v->blob);
+    free(v->blob_off);
     free(v->dup_next);
     free(v);
 }
@@ -31,6 +41,152 @@ static int cmp_tok(const void *a, const void *b) {
     if (c) return c;
     if (lx != ly) return lx < ly ? -1 : 1;
     return x < y ? -1 : x > y;
+}
+
+/* UTF-8 decoder states for the DI_TRIE_UTF8 flag: what the next byte must be. */
+enum { U8_START, U8_CONT1, U8_CONT2, U8_E0, U8_ED, U8_CONT3, U8_F0, U8_F4, U8_STATES };
+
+/* Next decoder state after byte b in state st, or -1 if b is not valid there. */
+static int u8_next(int st, uint8_t b) {
+    switch (st) {
+    case U8_START:
+        if (b < 0x80) return U8_START;
+        if (b >= 0xC2 && b <= 0xDF) return U8_CONT1;
+        if (b == 0xE0) return U8_E0;
+        if (b == 0xED) return U8_ED;
+        if (b >= 0xE1 && b <= 0xEF) return U8_CONT2;
+        if (b == 0xF0) return U8_F0;
+        if (b >= 0xF1 && b <= 0xF3) return U8_CONT3;
+        if (b == 0xF4) return U8_F4;
+        return -1;
+    case U8_CONT1: return b >= 0x80 && b <= 0xBF ? U8_START : -1;
+    case U8_CONT2: return b >= 0x80 && b <= 0xBF ? U8_CONT1 : -1;
+    case U8_E0: return b >= 0xA0 && b <= 0xBF ? U8_CONT1 : -1;
+    case U8_ED: return b >= 0x80 && b <= 0x9F ? U8_CONT1 : -1;
+    case U8_CONT3: return b >= 0x80 && b <= 0xBF ? U8_CONT2 : -1;
+    case U8_F0: return b >= 0x90 && b <= 0xBF ? U8_CONT2 : -1;
+    case U8_F4: return b >= 0x80 && b <= 0x8F ? U8_CONT2 : -1;
+    }
+    return -1;
+}
+
+/* Classes of each text token (see di_grammar_vocab.by_class), as bitsets and as lists. */
+static uint32_t token_class_bits(const di_grammar_vocab *v, int32_t t) {
+    uint32_t bits = 0, chars = 0;
+    int st = U8_START;
+    for (uint32_t k = 0; k < v->lens[t]; k++) {
+        uint8_t b = v->bytes[t][k];
+        chars += (b & 0xC0) != 0x80;
+        if (b < 0x80) bits |= 1u << di_ascii_bucket(b);
+        else bits |= 1u << DI_CLASS_HIGH;
+        if (st >= 0) st = u8_next(st, b);
+    }
+    if (st < 0) bits |= 1u << DI_CLASS_BAD_UTF8;
+    if (chars > DI_CHAIN_CHARS) bits |= 1u << DI_CLASS_LONG;
+    return bits;
+}
+
+static int token_classes(di_grammar_vocab *v) {
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    v->by_class = calloc((size_t)DI_N_CLASSES * words, sizeof *v->by_class);
+    v->text = calloc(words, sizeof *v->text);
+    v->class_off = calloc(DI_N_CLASSES + 1, sizeof *v->class_off);
+    if (!v->by_class || !v->text || !v->class_off) return DI_ERR_NOMEM;
+    v->tok_class = calloc(v->n_vocab, sizeof *v->tok_class);
+    v->blob_off = malloc(((size_t)v->n_vocab + 1) * sizeof *v->blob_off);
+    if (!v->tok_class || !v->blob_off) return DI_ERR_NOMEM;
+    size_t total = 0, nb = 0;
+    for (uint32_t t = 0; t < v->n_vocab; t++) {
+        v->blob_off[t] = (uint32_t)nb;
+        nb += v->lens[t];
+    }
+    v->blob_off[v->n_vocab] = (uint32_t)nb;
+    if (nb > UINT32_MAX || !(v->blob = malloc(nb + 1))) return DI_ERR_NOMEM;
+    for (uint32_t t = 0; t < v->n_vocab; t++)
+        if (v->lens[t]) memcpy(v->blob + v->blob_off[t], v->bytes[t], v->lens[t]);
+    for (uint32_t t = 0; t < v->n_vocab; t++) {
+        if (v->special[t] || !v->lens[t]) continue;
+        v->text[t >> 5] |= 1u << (t & 31);
+        uint32_t bits = token_class_bits(v, (int32_t)t);
+        v->tok_class[t] = bits;
+        for (int k = 0; k < DI_N_CLASSES; k++)
+            if ((bits >> k) & 1) {
+                v->by_class[(size_t)k * words + (t >> 5)] |= 1u << (t & 31);
+                v->class_off[k + 1]++;
+                total++;
+            }
+    }
+    for (int k = 0; k < DI_N_CLASSES; k++) v->class_off[k + 1] += v->class_off[k];
+    v->class_tok = malloc((total + 1) * sizeof *v->class_tok);
+    uint32_t *fill = malloc(DI_N_CLASSES * sizeof *fill);
+    if (!v->class_tok || !fill) {
+        free(fill);
+        return DI_ERR_NOMEM;
+    }
+    memcpy(fill, v->class_off, DI_N_CLASSES * sizeof *fill);
+    for (uint32_t t = 0; t < v->n_vocab; t++) {
+        uint32_t bits = v->tok_class[t];
+        for (int k = 0; k < DI_N_CLASSES; k++)
+            if ((bits >> k) & 1) v->class_tok[fill[k]++] = (int32_t)t;
+    }
+    free(fill);
+    return DI_OK;
+}
+
+/* Per-subtree summaries (DI_TRIE_UTF8 / DI_TRIE_HIGH flags, ASCII byte sets) and the tokens in
+ * preorder. Children follow their parent in preorder, so one backward pass sees every child
+ * before its parent. */
+static int summarize(di_grammar_vocab *v, uint32_t n_text) {
+    uint32_t n = v->n_nodes;
+    v->tok_start = malloc(((size_t)n + 1) * sizeof *v->tok_start);
+    v->pre_tok = malloc(((size_t)n_text + 1) * sizeof *v->pre_tok);
+    uint8_t *ok = malloc(n); /* bit st: the subtree is valid UTF-8 when entered in decoder state st */
+    if (!v->tok_start || !v->pre_tok || !ok) {
+        free(ok);
+        return DI_ERR_NOMEM;
+    }
+    uint32_t np = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        v->tok_start[i] = np;
+        for (int32_t t = v->nodes[i].tok; t >= 0; t = v->dup_next[t]) v->pre_tok[np++] = t;
+    }
+    v->tok_start[n] = np;
+    v->n_pre = np;
+    uint32_t *chars = malloc(((size_t)v->max_len + 1) * sizeof *chars); /* characters along the path */
+    if (!chars) {
+        free(ok);
+        return DI_ERR_NOMEM;
+    }
+    chars[0] = 0;
+    for (uint32_t i = 1; i < n; i++) { /* tokens with more than DI_CHAIN_CHARS characters */
+        di_trie_node *nd = &v->nodes[i];
+        chars[nd->depth] = chars[nd->depth - 1] + ((nd->byte & 0xC0) != 0x80);
+        if (nd->tok >= 0 && chars[nd->depth] > DI_CHAIN_CHARS) nd->flags |= DI_TRIE_LONG;
+    }
+    free(chars);
+    for (uint32_t i = n; i-- > 1;) {
+        di_trie_node *nd = &v->nodes[i];
+        uint32_t asc = nd->byte < 0x80 ? 1u << di_ascii_bucket(nd->byte) : 0;
+        bool high = nd->byte >= 0x80;
+        uint8_t child_ok = 0xFF; /* states in which every child subtree is valid */
+        for (uint32_t c = i + 1; c < nd->end; c = v->nodes[c].end) {
+            asc |= v->nodes[c].ascii;
+            high |= (v->nodes[c].flags & DI_TRIE_HIGH) != 0;
+            nd->flags |= v->nodes[c].flags & DI_TRIE_LONG;
+            child_ok &= ok[c];
+        }
+        uint8_t mine = 0;
+        for (int st = 0; st < U8_STATES; st++) {
+            int nx = u8_next(st, nd->byte);
+            if (nx >= 0 && ((child_ok >> nx) & 1)) mine |= (uint8_t)(1u << st);
+        }
+        ok[i] = mine;
+        nd->ascii = asc;
+        if (high) nd->flags |= DI_TRIE_HIGH;
+        if (mine & 1) nd->flags |= DI_TRIE_UTF8;
+    }
+    free(ok);
+    return token_classes(v);
 }
 
 int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const uint32_t *lens, const uint8_t *special,
@@ -86,7 +242,7 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
         goto oom;
     }
     uint32_t nn = 1, depth = 0;
-    v->nodes[0] = (di_trie_node){.end = 0, .tok = -1, .depth = 0, .byte = 0};
+    v->nodes[0] = (di_trie_node){.end = 0, .tok = -1, .depth = 0, .byte = 0, .flags = 0, .ascii = 0};
     path[0] = 0;
     int32_t prev = -1;
     for (uint32_t i = 0; i < n_text; i++) {
@@ -98,7 +254,7 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
         }
         while (depth > l) v->nodes[path[depth--]].end = nn;
         for (uint32_t k = l; k < v->lens[t]; k++) {
-            v->nodes[nn] = (di_trie_node){.end = 0, .tok = -1, .depth = (uint16_t)(k + 1), .byte = v->bytes[t][k], .dup = 0};
+            v->nodes[nn] = (di_trie_node){.end = 0, .tok = -1, .depth = (uint16_t)(k + 1), .byte = v->bytes[t][k], .flags = 0, .ascii = 0};
             path[++depth] = nn++;
         }
         di_trie_node *leaf = &v->nodes[path[depth]];
@@ -108,13 +264,14 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
             int32_t x = leaf->tok;
             while (v->dup_next[x] >= 0) x = v->dup_next[x];
             v->dup_next[x] = t;
-            leaf->dup = 1;
+            leaf->flags |= DI_TRIE_DUP;
         }
         prev = t;
     }
     while (depth > 0) v->nodes[path[depth--]].end = nn;
     v->nodes[0].end = nn;
     v->n_nodes = nn;
+    if (summarize(v, n_text)) goto oom;
     /* FNV-1a over lengths, bytes and flags of every token, then the EOS ids */
     uint64_t fp = 0xCBF29CE484222325ull;
     for (uint32_t t = 0; t < n_vocab; t++) {
