@@ -322,6 +322,18 @@ static void test_external_tables(void **state) {
     OK(append(ref, 1, 9, 0, E));
     uint64_t rng = 7;
     assert_same(ref, a, &rng, "external", 0);
+    /* an allocator mistake is refused, nothing changed: a page listed twice, a page of live a */
+    const int32_t dup[] = {0, 1, 0}, alias[] = {0, 7};
+    assert_int_equal(di_cache_set_pages(b, dup, 3, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "listed twice"));
+    assert_int_equal(di_cache_set_pages(b, alias, 2, &err), DI_ERR_INVALID);
+    tu_report("aliasing refused: %s", err.msg);
+    assert_non_null(strstr(err.msg, "another live sequence"));
+    assert_int_equal(b->n_pages, 0);
+    const int32_t t3[] = {6, 2, 7, 7};
+    assert_int_equal(di_cache_set_pages(a, t3, 4, &err), DI_ERR_INVALID); /* growing by a page it holds */
+    assert_int_equal(a->n_pages, 3);
+    assert_same(ref, a, &rng, "external after refusals", 0);
     /* b takes a's pages for a new sequence after a is done (the scheduler recycled them): zeroed */
     di_cache_reset(a);
     OK(di_cache_set_pages(b, t2, 3, E));

@@ -116,6 +116,8 @@ int di_cache_pool_create(const di_config *cfg, const di_cache_pool_opts *opts, d
     p->engram_slots = cs.engram_bytes / (int64_t)sizeof(int32_t);
     p->free_pages = malloc(sizeof(int32_t) * (size_t)p->n_pages);
     p->free_slots = malloc(sizeof(int32_t) * (size_t)p->n_slots);
+    p->page_owner = malloc(sizeof(int32_t) * (size_t)p->n_pages);
+    p->slot_cache = calloc((size_t)p->n_slots, sizeof *p->slot_cache);
     if (opts->be) p->engram_host = calloc((size_t)(p->n_slots * p->engram_slots) + 1, sizeof(int32_t));
     if (opts->be && p->engram_host) {
         p->mem = p->mem_raw = opts->be->mem_alloc(opts->be, (size_t)z.total_bytes, err); /* zero-filled */
@@ -123,7 +125,7 @@ int di_cache_pool_create(const di_config *cfg, const di_cache_pool_opts *opts, d
         p->mem_raw = calloc(1, (size_t)z.total_bytes + ALIGN);
         p->mem = p->mem_raw ? (void *)(((uintptr_t)p->mem_raw + ALIGN - 1) / ALIGN * ALIGN) : NULL;
     }
-    if (!p->mem || !p->free_pages || !p->free_slots) {
+    if (!p->mem || !p->free_pages || !p->free_slots || !p->page_owner || !p->slot_cache) {
         di_cache_pool_destroy(p);
         return di_error_set(err, DI_ERR_NOMEM, "cache pool: cannot allocate %lld bytes (%d pages of %lld, %d slots of "
                             "%lld)%s%s", (long long)z.total_bytes, opts->n_pages, (long long)z.page_bytes,
@@ -136,6 +138,7 @@ int di_cache_pool_create(const di_config *cfg, const di_cache_pool_opts *opts, d
     /* page 0 / slot 0 on top: a fresh pool hands out 0, 1, 2, … (as engine/block_pool.h) */
     for (int32_t i = 0; i < p->n_pages; i++) p->free_pages[i] = p->n_pages - 1 - i;
     for (int32_t i = 0; i < p->n_slots; i++) p->free_slots[i] = p->n_slots - 1 - i;
+    for (int32_t i = 0; i < p->n_pages; i++) p->page_owner[i] = -1;
     p->n_free_pages = p->n_pages;
     p->n_free_slots = p->n_slots;
     *out = p;
@@ -149,6 +152,8 @@ void di_cache_pool_destroy(di_cache_pool *p) {
     free(p->engram_host);
     free(p->free_pages);
     free(p->free_slots);
+    free(p->page_owner);
+    free(p->slot_cache);
     free(p);
 }
 
@@ -172,6 +177,7 @@ int di_cache_pool_cache(di_cache_pool *p, di_cache **out, di_error *err) {
         return rc;
     }
     p->n_free_slots--;
+    p->slot_cache[slot] = c;
     c->pool = p;
     c->slot = slot;
     c->page_tokens = p->page_tokens;
@@ -226,11 +232,15 @@ int di_cache_pool_cover(di_cache *c, int64_t upto, di_error *err) {
     while (c->n_pages < want) {
         int32_t id = p->free_pages[--p->n_free_pages];
         c->pages[c->n_pages++] = id;
+        p->page_owner[id] = c->slot;
         int rc = zero_page(p, id, err);
         if (rc) return rc;
     }
     return DI_OK;
 }
+
+/* A cache holds a sequence: something was appended since its creation or reset. */
+static int live(const di_cache *c) { return c->n_max > 0 || c->n > 0; }
 
 int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err) {
     di_cache_pool *p = c->pool;
@@ -242,7 +252,7 @@ int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err
         if (ids[i] < 0 || ids[i] >= p->n_pages)
             return di_error_set(err, DI_ERR_INVALID, "cache: block table entry %d is page %d (pool of %d pages)", i,
                                 ids[i], p->n_pages);
-    int fresh = c->n_max == 0 && c->n == 0; /* no sequence: any table may replace the old one */
+    const int fresh = !live(c); /* no sequence: any table may replace the old one */
     if (!fresh) {
         for (int32_t i = 0; i < c->n_pages; i++)
             if (i >= n || ids[i] != c->pages[i])
@@ -251,7 +261,27 @@ int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err
                                     "%d pages given, %d held)",
                                     i, i < n ? ids[i] : -1, c->pages[i], n, c->n_pages);
     }
-    for (int32_t i = fresh ? 0 : c->n_pages; i < n; i++) {
+    /* Pages that join must belong to no live sequence and appear once: two sequences writing one
+     * page would corrupt each other silently, so the allocator's mistake is caught here. Joining
+     * pages are marked −2 − slot while checking, and the marks undone on a refusal. */
+    const int32_t i0 = fresh ? 0 : c->n_pages, mark = -2 - c->slot;
+    if (fresh)
+        for (int32_t i = 0; i < c->n_pages; i++)
+            if (p->page_owner[c->pages[i]] == c->slot) p->page_owner[c->pages[i]] = -1;
+    int32_t bad = -1, owner = -1;
+    for (int32_t i = i0; i < n && bad < 0; i++) {
+        int32_t o = p->page_owner[ids[i]];
+        if (o == mark || o == c->slot || (o >= 0 && p->slot_cache[o] && live(p->slot_cache[o])))
+            bad = i, owner = o;
+        else
+            p->page_owner[ids[i]] = mark;
+    }
+    for (int32_t i = i0; i < n; i++)
+        if (p->page_owner[ids[i]] == mark) p->page_owner[ids[i]] = bad < 0 ? c->slot : -1;
+    if (bad >= 0)
+        return di_error_set(err, DI_ERR_INVALID, "cache: block table entry %d, page %d, is %s", bad, ids[bad],
+                            owner == mark || owner == c->slot ? "listed twice" : "held by another live sequence");
+    for (int32_t i = i0; i < n; i++) {
         int rc = zero_page(p, ids[i], err);
         if (rc) return rc;
     }
@@ -263,8 +293,10 @@ int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err
 /* Own mode: the pages go back to the free list, in reverse (the next sequence gets the same ids). */
 void di_cache_pool_drop_pages(di_cache *c) {
     di_cache_pool *p = c->pool;
-    if (!p->external_pages)
-        for (int32_t i = c->n_pages - 1; i >= 0; i--) p->free_pages[p->n_free_pages++] = c->pages[i];
+    for (int32_t i = c->n_pages - 1; i >= 0; i--) {
+        if (p->page_owner[c->pages[i]] == c->slot) p->page_owner[c->pages[i]] = -1;
+        if (!p->external_pages) p->free_pages[p->n_free_pages++] = c->pages[i];
+    }
     c->n_pages = 0;
 }
 
@@ -272,6 +304,7 @@ void di_cache_pool_put(di_cache *c) {
     di_cache_pool *p = c->pool;
     di_cache_pool_drop_pages(c);
     p->free_slots[p->n_free_slots++] = c->slot;
+    p->slot_cache[c->slot] = NULL;
     free(c->pages);
     free(c);
 }

@@ -80,6 +80,8 @@ typedef struct di_cache_pool {
     int32_t *free_pages;     /* [n_pages] own mode: free ids, top of the stack last */
     int32_t n_free_pages;
     int32_t *free_slots;     /* [n_slots] */
+    int32_t *page_owner;     /* [n_pages] slot of the cache that took the page last, −1: none */
+    di_cache **slot_cache;   /* [n_slots] the cache in each slot (NULL: free) */
     int32_t n_free_slots;
     int64_t pages_zeroed;    /* pages that joined a table (counter for tests / stats) */
 } di_cache_pool;
@@ -110,7 +112,8 @@ static inline int32_t di_cache_pool_pages_for_tokens(const di_cache_pool *p, int
 
 /* External mode: c's block table becomes ids[0..n) (ids in [0, n_pages), distinct). A sequence's
  * table only grows: the current table must be a prefix of ids — unless c holds no sequence (created
- * or reset, nothing appended since), when ids replace it. Pages that join are zeroed. */
+ * or reset, nothing appended since), when ids replace it. Pages that join are zeroed; a page listed
+ * twice or still in the table of another live sequence is refused (DI_ERR_INVALID), nothing changed. */
 int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err);
 
 /* ---- internal to cache*.c ---- */
