@@ -67,6 +67,7 @@ class EngineOptions(ctypes.Structure):
         ("seed", ctypes.c_uint64),
         ("prefix_cache_bytes", ctypes.c_int64),
         ("prefix_block", ctypes.c_int32),
+        ("cache_bytes", ctypes.c_int64),
     ]
 
 
