@@ -37,10 +37,11 @@ static int req_for(di_session_runner *r, int64_t id, sr_req **out, di_error *err
     return DI_OK;
 }
 
-/* A piece that starts at the replay start of a prefix hit of P tokens: restore [0, P) (bounded replay
- * of [pos0, P)), then run [P, end). A hit whose blocks were never filled (a failed fill) is computed
- * instead — exact, just not saved. */
-static int restore_piece(di_session_runner *r, sr_req *q, const di_step_seq *p, float *row, di_error *err) {
+/* The first part of a piece that starts at the replay start of a prefix hit of P tokens: restore
+ * [0, P) (bounded replay of [pos0, P)); the step's batched forward then runs [P, end). A hit whose
+ * blocks were never filled (a failed fill) is computed instead — exact, just not saved. The replay is
+ * a pass of its own (its session appears again in the step's batch, after it). */
+static int restore_prefix(di_session_runner *r, sr_req *q, const di_step_seq *p, di_error *err) {
     const di_prefix_hit *hit = p->restore;
     const int64_t P = hit->tokens, end = p->pos0 + p->n_tokens, keep = di_prefix_cache_keep(r->prefix, q->s);
     const int64_t start = di_prefix_replay_start(P, keep, di_cache_prefix_align(q->s->cache));
@@ -63,43 +64,54 @@ static int restore_piece(di_session_runner *r, sr_req *q, const di_step_seq *p, 
         rc = di_session_forward(q->s, p->restore_ids, P, false, NULL, NULL, err);
         if (!rc) r->n_positions += P;
     }
-    if (!rc) rc = di_session_forward(q->s, p->tokens + (P - p->pos0), end - P, false, row, NULL, err);
-    if (rc) {
-        di_session_reset(q->s);
-        return rc;
-    }
-    r->n_positions += end - P;
-    return DI_OK;
+    if (rc) di_session_reset(q->s);
+    return rc;
 }
 
+/* The step's pieces as one batched forward (model/session.h di_session_forward_batch): every piece
+ * becomes a chunk of its request's session, so the weights are read once per step whatever the mix
+ * of decode tokens and prefill chunks. */
 static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error *err) {
     di_session_runner *r = ctx;
     const size_t V = (size_t)r->model->cfg.vocab_size;
+    if (b->n_seqs < 1) return DI_OK;
+    if (b->n_seqs > r->cap_chunks) {
+        di_session_chunk *g = realloc(r->chunks, (size_t)b->n_seqs * sizeof *g);
+        if (!g) return di_error_set(err, DI_ERR_NOMEM, "session runner: step %llu of %d pieces",
+                                    (unsigned long long)b->step, b->n_seqs);
+        r->chunks = g, r->cap_chunks = b->n_seqs;
+    }
+    int64_t positions = 0;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const di_step_seq *p = &b->seqs[i];
         sr_req *q;
         int rc = req_for(r, p->req_id, &q, err);
         if (rc) return rc;
-        float *row = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL; /* f32 [V] */
+        int64_t skip = 0; /* leading positions of the piece the prefix restore ran */
         if (p->restore) {
             if (!r->prefix)
                 return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld restores a prefix hit, the "
                                     "prefix cache is off", (long long)p->req_id);
-            if ((rc = restore_piece(r, q, p, row, err)))
+            if ((rc = restore_prefix(r, q, p, err)))
                 return di_error_wrap(err, "session runner: request %lld prefix hit", (long long)p->req_id);
-            continue;
-        }
-        if (p->pos0 != di_session_len(q->s))
+            skip = p->restore->tokens - p->pos0;
+        } else if (p->pos0 != di_session_len(q->s)) {
             return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
                                 (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(q->s));
-        rc = di_session_forward(q->s, p->tokens, p->n_tokens, false, row, NULL, err);
-        if (rc) {
-            di_session_reset(q->s); /* the step fails its requests; no fill may export a half-run piece */
-            return di_error_wrap(err, "session runner: request %lld, positions [%lld, %lld)", (long long)p->req_id,
-                                 (long long)p->pos0, (long long)(p->pos0 + p->n_tokens));
         }
-        r->n_positions += p->n_tokens;
+        r->chunks[i] = (di_session_chunk){.s = q->s, .ids = p->tokens + skip, .n = p->n_tokens - skip,
+                                          .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL};
+        positions += p->n_tokens - skip;
     }
+    int rc = di_session_forward_batch(r->chunks, b->n_seqs, NULL, err);
+    if (rc) {
+        /* the step fails its requests; no fill may export a half-run piece */
+        for (int32_t i = 0; i < b->n_seqs; i++) di_session_reset(r->chunks[i].s);
+        return di_error_wrap(err, "session runner: step %llu, one forward over %d pieces (%lld positions; first request %lld)",
+                             (unsigned long long)b->step, b->n_seqs, (long long)positions, (long long)b->seqs[0].req_id);
+    }
+    r->n_positions += positions;
+    r->n_forwards++;
     return DI_OK;
 }
 
@@ -176,6 +188,7 @@ void di_session_runner_free(di_session_runner *r) {
     }
     for (int32_t i = 0; i < r->n_spare; i++) di_session_destroy(r->spare[i]);
     free(r->spare);
+    free(r->chunks);
     di_idmap_destroy(&r->live);
     di_prefix_cache_destroy(r->prefix);
     free(r);
