@@ -202,15 +202,15 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, qrk = cfg->q_lora_rank;
     int R = lc->compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
-    bool any = false;
+    int64_t n_top = 0; /* Σ T_i·k_i: the pass's top-k lists, back to back in sequence order */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
         int64_t ncmp = (q->ck.s0 + q->ck.T) / R;
         q->pub[L].topk_k = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
         if (c->out) c->out->topk_k[L] = q->pub[L].topk_k, c->out->n_keys[L] = ncmp;
-        any = any || q->pub[L].topk_k > 0;
+        n_top += q->ck.T * q->pub[L].topk_k;
     }
-    if (!any) return DI_OK; /* nothing visible yet: empty compressed lists */
+    if (!n_top) return DI_OK; /* nothing visible yet: empty compressed lists */
 
     uint16_t *qi, *iw; /* bf16 [T, ih, ihd], bf16 [T, ih] */
     ALLOC(qi, T * ih * ihd, 0);
@@ -223,24 +223,26 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
     /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
     float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
+    int32_t *vis_h, *vis; /* int32 [T] compressed entries visible to each row's query (host, backend) */
+    int32_t *top, *top_h; /* int32 [n_top] (backend; host copy of pass lifetime: reuse layers read it) */
+    HALLOC(vis_h, T, 0);
+    ALLOC(top, n_top, 0);
+    HALLOC(top_h, n_top, 1);
+    for (int i = 0; i < c->n_seq; i++)
+        for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
+    UPLOAD(vis, vis_h, T, 0);
 
+    int64_t o = 0; /* sequence i's top-k lists are top[o_i …] */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
         int64_t Ti = q->ck.T, ncmp = (q->ck.s0 + Ti) / R;
         int ksel = q->pub[L].topk_k;
         if (ksel == 0) continue;
         if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
-        uint16_t *keys;       /* bf16 [ncmp, ihd] */
-        int32_t *vis_h, *vis; /* int32 [Ti] visible compressed entries per query (host, backend) */
-        float *scores;        /* f32 [Ti, ncmp] */
-        int32_t *top, *top_h; /* int32 [Ti, ksel] (backend; host copy of pass lifetime: reuse layers read it) */
+        uint16_t *keys; /* bf16 [ncmp, ihd] */
+        float *scores;  /* f32 [Ti, ncmp] */
         ALLOC(keys, ncmp * ihd, 0);
         ALLOC(scores, Ti * ncmp, 0);
-        ALLOC(top, Ti * ksel, 0);
-        HALLOC(top_h, Ti * ksel, 1);
-        HALLOC(vis_h, Ti, 0);
-        for (int64_t t = 0; t < Ti; t++) vis_h[t] = (int32_t)((q->ck.s0 + t + 1) / R);
-        UPLOAD(vis, vis_h, Ti, 0);
         if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
             c->out->index_scores[L] = calloc((size_t)(Ti * ncmp), sizeof(float));
             c->out->topk[L] = calloc((size_t)(Ti * ksel), sizeof(int32_t));
@@ -260,7 +262,8 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
                                     (long long)cs->n_cand, (long long)ncmp);
             cand = cs->cand;
         }
-        CK(be->indexer_scores(be, qi + q->r0 * ih * ihd, iw + q->r0 * ih, w_scale, keys, Ti, ih, ihd, ncmp, vis, cand,
+        const int32_t *vi = vis + q->r0; /* int32 [Ti] */
+        CK(be->indexer_scores(be, qi + q->r0 * ih * ihd, iw + q->r0 * ih, w_scale, keys, Ti, ih, ihd, ncmp, vi, cand,
                               scores, c->err));
         DUMP("attn.index_scores", DI_F32, scores, 2, Ti, ncmp, 0);
         if (c->out) CK(fwd_download(c, c->out->index_scores[L], scores, sizeof(float) * (size_t)(Ti * ncmp)));
@@ -271,21 +274,22 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
             float *ws;     /* f32 [ceil(ncmp / blk)] */
             ALLOC(mask, Ti * ncmp, 1);
             ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
-            CK(be->candidate_mask(be, scores, Ti, ncmp, vis, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
+            CK(be->candidate_mask(be, scores, Ti, ncmp, vi, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
             DUMP("attn.candidates", DI_I8, mask, 2, Ti, ncmp, 0);
             q->pub[L].cand = mask;
             q->pub[L].n_cand = ncmp;
         }
-        CK(be->topk(be, scores, Ti, ncmp, vis, ksel, 0, top, c->err));
-        /* the gather of the selected entries is planned on the host (attn_compressed): one download per
-         * index layer and sequence, a synchronisation point of the pass */
-        CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)(Ti * ksel)));
-        DUMP("attn.topk", DI_I32, top, 2, Ti, ksel, 0);
-        q->pub[L].topk = top_h;
-        if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
-            for (int64_t j = 0; j < Ti * ksel; j++)
-                c->out->topk[L][j] = top_h[j] < 0 ? -1 : top_h[j] + (int32_t)q->n_win_rows;
+        CK(be->topk(be, scores, Ti, ncmp, vi, ksel, 0, top + o, c->err));
+        DUMP("attn.topk", DI_I32, top + o, 2, Ti, ksel, 0);
+        q->pub[L].topk = top_h + o;
+        o += Ti * ksel;
     }
+    /* the gathers of the selected entries are planned on the host (gather_compressed): one download
+     * per index layer for the whole pass, a synchronisation point */
+    CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)n_top));
+    if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
+        for (int64_t j = 0; j < n_top; j++)
+            c->out->topk[L][j] = top_h[j] < 0 ? -1 : top_h[j] + (int32_t)c->seq[0].n_win_rows;
     return DI_OK;
 }
 
@@ -490,15 +494,20 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
         CK(be->fill_f32(be, ninf, H, -INFINITY, c->err));
         sink = ninf;
     }
+    /* every sequence's index lists back to back, one upload for the pass */
+    int64_t n_all = 0;
+    for (int i = 0; i < c->n_seq; i++) n_all += c->seq[i].ck.T * sa[i].n_idx;
+    int32_t *idx_h, *idx_d; /* int32 [Σ T_i·n_idx_i] (host, backend) */
+    HALLOC(idx_h, n_all, 0);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
+        memcpy(idx_h + off, sa[i].idx, sizeof(int32_t) * (size_t)(c->seq[i].ck.T * sa[i].n_idx));
+    UPLOAD(idx_d, idx_h, n_all, 0);
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    for (int i = 0; i < c->n_seq; i++) {
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
         const fwd_seq *s = &c->seq[i];
-        int64_t Ti = s->ck.T;
-        int32_t *idx_d; /* int32 [T_i, n_idx] */
-        UPLOAD(idx_d, sa[i].idx, Ti * sa[i].n_idx, 0);
-        CK(be->sparse_attn(be, q + s->r0 * H * hd, Ti, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp, sa[i].n_cmp, sink,
-                           idx_d, sa[i].n_idx, (float)pow((double)hd, -0.5), o + s->r0 * H * hd, c->err));
+        CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp, sa[i].n_cmp,
+                           sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5), o + s->r0 * H * hd, c->err));
     }
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);
