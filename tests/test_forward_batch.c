@@ -211,16 +211,19 @@ static void test_random_batches_nosel(void **state) {
 
 /* The engine's cached runner: three requests whose pieces (prefill chunks, then decode tokens, mixed
  * in one step) go through its forward hook; one batched forward per step, logits rows equal to the
- * same pieces on sessions alone. */
+ * same pieces on sessions alone — and to the serial runner (one forward per piece, the baseline of
+ * `bench engine --runner serial`). */
 static void test_runner_step_is_one_forward(void **state) {
     (void)state;
     model_env e;
     env_open(&e, "v41-tiny-sel");
     const int64_t V = e.V;
-    di_session_runner *r;
-    di_model_runner it;
+    di_session_runner *r, *rs;
+    di_model_runner it, its;
     di_error err = {0};
     assert_int_equal(di_session_runner_new(e.m, e.be, 128, 16, 64, &r, &it, &err), DI_OK);
+    assert_int_equal(di_session_runner_new(e.m, e.be, 128, 16, 64, &rs, &its, &err), DI_OK);
+    rs->serial = true;
     enum { NR = 3, LEN = 40 };
     int32_t ids[NR][LEN];
     di_session *ref[NR];
@@ -231,9 +234,10 @@ static void test_runner_step_is_one_forward(void **state) {
     /* per step, each request's piece length (0 = absent): prefills of different sizes, then decode */
     static const int plan[][NR] = {{7, 0, 20}, {9, 11, 1}, {1, 13, 1}, {1, 1, 1}, {0, 1, 1}, {1, 1, 0}, {1, 1, 1}};
     const int n_steps = (int)(sizeof plan / sizeof plan[0]);
-    int64_t pos[NR] = {0};
-    float *lg = malloc(sizeof(float) * (size_t)(NR * V)), *la = malloc(sizeof(float) * (size_t)V);
-    assert_true(lg && la);
+    int64_t pos[NR] = {0}, pieces = 0;
+    float *lg = malloc(sizeof(float) * (size_t)(NR * V)), *ls = malloc(sizeof(float) * (size_t)(NR * V));
+    float *la = malloc(sizeof(float) * (size_t)V);
+    assert_true(lg && ls && la);
     for (int st = 0; st < n_steps; st++) {
         di_step_seq seqs[NR];
         int n = 0;
@@ -247,6 +251,9 @@ static void test_runner_step_is_one_forward(void **state) {
         int64_t before = r->n_forwards;
         assert_int_equal(it.forward(it.ctx, &b, lg, &err), DI_OK);
         assert_int_equal(r->n_forwards, before + 1);
+        assert_int_equal(its.forward(its.ctx, &b, ls, &err), DI_OK);
+        assert_memory_equal(lg, ls, sizeof(float) * (size_t)(n * V));
+        pieces += n;
         for (int k = 0; k < n; k++) {
             int q = (int)(seqs[k].req_id - 100);
             assert_int_equal(di_session_forward(ref[q], seqs[k].tokens, seqs[k].n_tokens, false, la, NULL, &err), DI_OK);
@@ -256,17 +263,19 @@ static void test_runner_step_is_one_forward(void **state) {
         }
     }
     assert_int_equal(r->n_forwards, n_steps);
+    assert_int_equal(rs->n_forwards, pieces);
     assert_int_equal(r->n_positions, pos[0] + pos[1] + pos[2]);
     /* a piece that does not continue its session fails the step */
     di_step_seq bad = {.req_id = 100, .pos0 = pos[0] + 1, .n_tokens = 1, .tokens = ids[0], .logits_row = 0};
     di_step_batch bb = {.step = 99, .n_seqs = 1, .seqs = &bad, .n_logits_rows = 1};
     assert_int_equal(it.forward(it.ctx, &bb, lg, &err), DI_ERR_INTERNAL);
-    tu_report("cached runner: %d steps of 1-3 mixed pieces, one forward each, logits rows bit-identical to the pieces "
-              "alone",
-              n_steps);
+    tu_report("cached runner: %d steps of 1-3 mixed pieces, one forward each (serial: %lld), logits rows bit-identical "
+              "to the pieces alone",
+              n_steps, (long long)pieces);
     for (int q = 0; q < NR; q++) di_session_destroy(ref[q]);
-    free(lg), free(la);
+    free(lg), free(ls), free(la);
     di_session_runner_free(r);
+    di_session_runner_free(rs);
     env_close(&e);
 }
 

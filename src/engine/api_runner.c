@@ -103,7 +103,15 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
                                           .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL};
         positions += p->n_tokens - skip;
     }
-    int rc = di_session_forward_batch(r->chunks, b->n_seqs, NULL, err);
+    int rc = DI_OK;
+    if (!r->serial) {
+        rc = di_session_forward_batch(r->chunks, b->n_seqs, NULL, err);
+        r->n_forwards++;
+    }
+    for (int32_t i = 0; r->serial && i < b->n_seqs && !rc; i++) {
+        rc = di_session_forward_batch(&r->chunks[i], 1, NULL, err);
+        r->n_forwards++;
+    }
     if (rc) {
         /* the step fails its requests; no fill may export a half-run piece */
         for (int32_t i = 0; i < b->n_seqs; i++) di_session_reset(r->chunks[i].s);
@@ -111,7 +119,6 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
                              (unsigned long long)b->step, b->n_seqs, (long long)positions, (long long)b->seqs[0].req_id);
     }
     r->n_positions += positions;
-    r->n_forwards++;
     return DI_OK;
 }
 

@@ -47,7 +47,10 @@ typedef struct di_session_runner {
     int32_t n_spare, cap_spare;
     int64_t n_sessions;     /* sessions created */
     int64_t n_positions;    /* positions computed (replayed ones included) */
-    int64_t n_forwards;     /* batched forwards run (one per step with pieces) */
+    int64_t n_forwards;     /* forwards run: one per step with pieces (one per piece when serial) */
+    /* Run each piece as its own forward, one after another — the behaviour before batching, kept as
+     * the baseline of `deepinfer bench engine --runner serial`. Same logits bit for bit. */
+    bool serial;
     di_session_chunk *chunks; /* [cap_chunks] the step's chunks (scratch, reused) */
     int32_t cap_chunks;
     /* prefix cache (NULL = off) */

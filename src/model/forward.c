@@ -1,6 +1,8 @@
-/* The pass over a chunk: state setup (positions, RoPE tables, window index lists, Engram hashes from
- * the cache's history), the backbone loop with its DSpark features and head, and the one-shot
- * prefill drivers (free-running and teacher-forced) built on it. The block is in forward_block.c. */
+/* The pass over a batch of chunks (one per sequence; a single-sequence forward is the batch of one):
+ * state setup (rows, positions, RoPE tables, each sequence's window index lists and Engram hashes
+ * from its cache's history), the backbone loop with its DSpark features, the head over the packed
+ * head rows of every sequence, and the one-shot prefill drivers (free-running and teacher-forced)
+ * built on it. The block is in forward_block.c. */
 #include "model/forward.h"
 
 #include <math.h>
@@ -348,7 +350,7 @@ int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache 
     return fwd_ctx_init(c, m, be, &k, 1, opts, err);
 }
 
-/* ---------------- the backbone over a chunk ---------------- */
+/* ---------------- the backbone over the pass ---------------- */
 
 int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
     const di_config *cfg = c->cfg;
