@@ -115,7 +115,7 @@ typedef struct di_token_logprobs {
 typedef struct di_engine di_engine;
 
 typedef struct di_engine_options {
-    const char *device;        /* "cpu" (default; the only device today) */
+    const char *device;        /* "cpu" (default) or "cuda" (a build with the CUDA backend: deepinfer-cuda) */
     const char *runner;        /* "cached" (default): per-request compact caches, one position per decode
                                 * step; "recompute": re-runs the one-shot prefill over the whole history
                                 * for every token — O(T²), the exact baseline the cached runner is

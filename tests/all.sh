@@ -36,7 +36,7 @@ one "fuzz smoke" make -s fuzz-smoke FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 
 if command -v nvcc >/dev/null 2>&1; then
     echo "== CUDA compile (sm_90a)"
-    one "cuda build" make -s -j"$jobs" cuda cuda-tests
+    one "cuda build" make -s -j"$jobs" cuda cuda-tests deepinfer-cuda
 fi
 rm -f "$sum"
 echo "$total_p passed, $total_f failed"

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "deepinfer.h"
+#include "backend/backend.h"
 #include "model/mkmodel.h"
 #include "testutil.h"
 
@@ -218,8 +219,16 @@ static void test_cancel_and_errors(void **state) {
     di_engine_options_default(&eo);
     eo.device = "tpu";
     di_engine *e2 = NULL;
-    assert_int_equal(di_engine_open(tu_data("v41-tiny-nosel"), &eo, &e2, &err), DI_ERR_UNSUPPORTED);
+    assert_int_equal(di_engine_open(tu_data("v41-tiny-nosel"), &eo, &e2, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "tpu"));
     assert_null(e2);
+    /* the test binaries link the CPU backend only: "cuda" is refused with the reason, nothing leaks */
+    eo.device = "cuda";
+    if (!di_backend_cuda_available()) {
+        assert_int_equal(di_engine_open(tu_data("v41-tiny-nosel"), &eo, &e2, &err), DI_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, "without CUDA"));
+        assert_null(e2);
+    }
     assert_int_not_equal(di_engine_open("/nonexistent-model-dir", NULL, &e2, &err), DI_OK);
 }
 

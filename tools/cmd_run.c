@@ -2,7 +2,7 @@
  *
  *   deepinfer run --model DIR --input requests.jsonl --output results.jsonl
  *                 [--max-seqs N] [--max-context N] [--prefill-chunk N] [--threads N] [--seed S]
- *                 [--runner cached|recompute] [--prefix-cache-mb N] [--device cpu] [--quiet] [--json]
+ *                 [--runner cached|recompute] [--prefix-cache-mb N] [--device cpu|cuda] [--quiet] [--json]
  *
  * Input: one JSON object per line (blank lines are skipped), any of
  *   {"custom_id": "a", "url": "/v1/chat/completions", "body": {...}}   OpenAI batch-file line

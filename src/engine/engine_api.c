@@ -1,7 +1,7 @@
 /* Public engine API (include/deepinfer.h) over the engine core.
  *
  * The pieces it wires together:
- *   model      di_model_open + the CPU backend + a model runner, chosen in open_runner() alone:
+ *   model      di_model_open + the backend (cpu or cuda) + a model runner, chosen in open_runner() alone:
  *              the cached session runner (api_runner.h) or the exact cache-free recompute runner;
  *              nothing above the di_model_runner interface knows which. The cached runner gets the
  *              prefix cache when prefix_cache_bytes > 0 (before the core is built: the scheduler
@@ -118,7 +118,11 @@ static int open_runner(di_engine *e, di_error *err) {
     const di_engine_options *o = &e->opt;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int n_threads = o->n_threads > 0 ? o->n_threads : (ncpu > 0 ? (int)ncpu : 1);
-    int rc = di_backend_cpu_create(n_threads, &e->be, err);
+    /* "cuda" reaches the CUDA backend when this binary links it (deepinfer-cuda); a CPU-only build
+     * answers "built without CUDA". The weights then move to backend memory once, before any session
+     * allocates its caches there (model/weights.h). */
+    int rc = di_backend_create(o->device ? o->device : "cpu", n_threads, &e->be, err);
+    if (!rc) rc = di_model_to_backend(e->model, e->be, err);
     if (rc) return rc;
     enum { BLOCK_TOKENS = 16 };
     int64_t cache = o->cache_tokens > 0 ? o->cache_tokens : (int64_t)o->max_seqs * o->max_context;
@@ -146,9 +150,8 @@ int di_engine_open(const char *dir, const di_engine_options *opt, di_engine **ou
     di_idmap_init(&e->reqs);
     e->t_open = di_now();
     int rc = DI_OK;
-    if (o->device && strcmp(o->device, "cpu"))
-        rc = di_error_set(err, DI_ERR_UNSUPPORTED, "engine: device \"%s\" is not available, expected \"cpu\"",
-                          o->device);
+    if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
+        rc = di_error_set(err, DI_ERR_INVALID, "engine: device \"%s\", expected \"cpu\" or \"cuda\"", o->device);
     if (!rc && o->runner && strcmp(o->runner, "cached") && strcmp(o->runner, "recompute"))
         rc = di_error_set(err, DI_ERR_INVALID, "engine: runner \"%s\", expected \"cached\" or \"recompute\"",
                           o->runner);
@@ -215,8 +218,8 @@ void di_engine_close(di_engine *e) {
     di_core_free(e->core); /* releases the matchers of requests still held */
     di_recompute_runner_free(e->rr);
     di_session_runner_free(e->sr);
+    if (e->model) di_model_close(e->model); /* device weights live in backend memory: free them first */
     if (e->be) di_backend_destroy(e->be);
-    if (e->model) di_model_close(e->model);
     di_grammar_vocab_free(e->gvocab);
     di_tok_free(e->tok);
     for (int64_t i = 0; i < e->reqs.cap; i++) free(e->reqs.vals[i]);
