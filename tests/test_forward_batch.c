@@ -24,10 +24,10 @@
 /* Positions per lane: past the window (16) and the top-k width (8 entries of ratio 2). Under a
  * sanitizer (~5x slower) the lanes are shorter; every kind of chunk and batch still occurs. */
 #if defined(__SANITIZE_ADDRESS__)
-#define MAX_LEN 40
+#define MAX_LEN 32
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define MAX_LEN 40
+#define MAX_LEN 32
 #endif
 #endif
 #ifndef MAX_LEN

@@ -414,7 +414,7 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
         HALLOC(idx, T * n_idx, 0);
         for (int64_t t = 0; t < T; t++) {
             memcpy(idx + t * n_idx, q->win_idx + t * q->n_win, sizeof(int32_t) * (size_t)q->n_win);
-            memcpy(idx + t * n_idx + q->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
+            if (kc) memcpy(idx + t * n_idx + q->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
         }
         sa[i].idx = idx, sa[i].n_idx = n_idx;
     }
