@@ -238,6 +238,14 @@ static void test_prefill_and_verify(void **state) {
     side p, g;
     open_side(&p, dir, false);
     open_side(&g, dir, true);
+    {   /* the weights are in g's memory now: moving them again is a no-op, to another backend an error */
+        di_error err;
+        assert_int_equal(di_model_to_backend(g.m, g.be, &err), DI_OK);
+        di_backend *other = guarded();
+        assert_int_equal(di_model_to_backend(g.m, other, &err), DI_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "another backend"));
+        di_backend_destroy(other);
+    }
     di_error err;
     di_golden *gold = NULL;
     char path[512];

@@ -465,6 +465,22 @@ static void test_claim_settle(void **st) {
     assert_int_equal(ps.evictions, 1);
     assert_int_equal(ps.bytes, 2000);
     di_prefix_cache_settle(pc, c);
+    /* a dead, unpinned node is revived by the next claim: a failed fill is retried, not permanent */
+    di_prefix_node *again;
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, other, &again, &created, &err), DI_OK);
+    assert_ptr_equal(again, c);
+    assert_true(created);
+    di_prefix_node *second;
+    assert_int_equal(di_prefix_cache_claim(pc, NULL, other, &second, &created, &err), DI_OK);
+    assert_ptr_equal(second, c);
+    assert_false(created); /* pending and pinned: only the first claimer fills it */
+    di_prefix_cache_unpin(second);
+    int32_t longer[2 * BLOCK]; /* a prompt that continues past the block (the last token is always computed) */
+    for (int i = 0; i < 2 * BLOCK; i++) longer[i] = i < BLOCK ? other[i] : 9000 + i;
+    assert_int_equal(di_prefix_cache_match(pc, longer, 2 * BLOCK, 0, &hit, &err), DI_OK);
+    assert_int_equal(hit.matched, BLOCK); /* matched again (pending, filled before any restore reads it) */
+    di_prefix_cache_release(pc, &hit);
+    di_prefix_cache_settle(pc, again);
     /* bad options */
     di_prefix_cache *bad;
     di_prefix_cache_opts bo = {.block_tokens = 6, .budget_bytes = 1, .align = 4};

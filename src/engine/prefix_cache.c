@@ -271,6 +271,14 @@ int di_prefix_cache_claim(di_prefix_cache *pc, di_prefix_node *parent, const int
         }
         *created = 1;
         pc->st.claimed++;
+    } else if (n->dead && n->refs == 0) {
+        /* A failed fill is not permanent: once nobody holds the dead node, the next request that
+         * computes this block claims it afresh (otherwise the prefix would stay uncacheable until
+         * memory pressure happened to evict it). */
+        n->dead = false;
+        n->ready = false;
+        *created = 1;
+        pc->st.claimed++;
     }
     if (n->dead) return DI_OK;
     n->last_use = pc->tick;

@@ -111,8 +111,10 @@ int di_prefix_cache_insert(di_prefix_cache *pc, const int32_t *ids, int64_t n, c
 
 /* ---- engine use: claim on the host, fill on the worker, settle on the host ----
  * claim: the child of parent (NULL = the root) labelled block_ids[0..block), created pending when
- * missing (evicting to make room for opts.block_bytes). *out is pinned once for the caller (NULL when
- * there was no room or the parent is dead); *created = 1 when the caller must have it filled. */
+ * missing (evicting to make room for opts.block_bytes), or revived when it is dead and unpinned (a
+ * failed fill is retried by the next request that computes the block). *out is pinned once for the
+ * caller (NULL when there was no room or the parent is dead); *created = 1 when the caller must have
+ * it filled. */
 int di_prefix_cache_claim(di_prefix_cache *pc, di_prefix_node *parent, const int32_t *block_ids, di_prefix_node **out,
                           int *created, di_error *err);
 void di_prefix_cache_pin(di_prefix_node *n);
@@ -120,7 +122,7 @@ void di_prefix_cache_unpin(di_prefix_node *n);
 /* Worker: export the block [t0, t0 + block) of c into a pending node (ready on success). */
 int di_prefix_cache_fill(const di_prefix_cache *pc, di_prefix_node *n, const di_cache *c, int64_t t0, di_error *err);
 /* Host, after the step that filled n was waited for: unpins the claim, and a node left unready is
- * marked dead (never matched again; evicted like any leaf). */
+ * marked dead (not matched; evicted first, or revived by a later claim once unpinned). */
 void di_prefix_cache_settle(di_prefix_cache *pc, di_prefix_node *n);
 
 void di_prefix_cache_stats(const di_prefix_cache *pc, di_prefix_stats *out);

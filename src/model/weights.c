@@ -251,6 +251,10 @@ int di_weights_bind(const di_config *cfg, const di_checkpoint *ck, di_weights *o
 }
 
 int di_weights_to_backend(di_weights *w, const di_backend *be, di_error *err) {
+    if (w->be && w->be != be)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "weights: already moved to the memory of another backend (%s); open the model again",
+                            w->be->name);
     if (!be || be->host_memory || w->be) return DI_OK;
     int64_t total = 0;
     for (int64_t i = 0; i < w->n_slots; i++)

@@ -22,6 +22,14 @@ int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *
         if (e == cudaSuccess && c->ws) e = cudaFree(c->ws);
         c->ws = NULL, c->ws_bytes = 0;
         if (e == cudaSuccess) e = cudaMalloc(&c->ws, bytes);
+        if (e == cudaErrorMemoryAllocation) {
+            /* backend memory is a stream-ordered pool that keeps freed blocks (create below): hand
+             * them back to the driver and try once more before calling it out of memory */
+            cudaGetLastError();
+            cudaMemPool_t pool;
+            if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+                e = cudaMalloc(&c->ws, bytes);
+        }
         if (e != cudaSuccess)
             return di_error_set(err, DI_ERR_NOMEM, "cuda backend: %zu bytes of workspace: %s", bytes, cudaGetErrorString(e));
         c->ws_bytes = bytes;

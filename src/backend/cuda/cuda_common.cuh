@@ -23,6 +23,7 @@
 extern "C" {
 #include "backend/backend.h"
 #include "util/error.h"
+#include "util/log.h"
 }
 
 /* ---- host plumbing ---- */

@@ -81,6 +81,9 @@ extern "C" int di_cuda_mem_map_host(const di_backend *be, const void *host, size
         cudaHostUnregister((void *)host);
     }
     cudaGetLastError(); /* clear the refusal */
+    /* visible: the memory plan counted these bytes as host-resident */
+    DI_WARN("cuda backend: cannot map %zu bytes of host memory (%s); copying them to device memory", bytes,
+            cudaGetErrorString(e));
     void *d = di_cuda_mem_alloc(be, bytes, err);
     if (!d) return err ? err->code : DI_ERR_NOMEM;
     int rc = di_cuda_mem_upload(be, d, host, bytes, err);
