@@ -1,7 +1,7 @@
 /* The batched multi-sequence forward (model/session.h di_session_forward_batch) against the same
  * chunks run one sequence at a time, on the golden tiny models (tests/data/v41-tiny-sel, -nosel:
  * window 16, ratio-2 and ratio-1 kv sources, index top-k 8 / 128, candidate blocks, Engram, DSpark):
- *  - random batches of 1–16 sequences mixing decode steps, prefill chunks of 2–24 tokens and DSpark
+ *  - random batches of 1–16 sequences (on a 3-thread backend; the sequences alone on 1 thread) mixing decode steps, prefill chunks of 2–24 tokens and DSpark
  *    verify blocks (block + 1 tokens, then a rollback of the rejected ones), head rows on the last or
  *    every position or none: every logits row BIT-IDENTICAL (memcmp) to the sequence's own pass, the
  *    DSpark drafts after a verify block too, and every cache's canonical image byte-identical at the
@@ -54,14 +54,16 @@ typedef struct lane {
 
 typedef struct model_env {
     di_model *m;
-    di_backend *be;
+    di_backend *be;  /* 1 thread: the sequences alone */
+    di_backend *be3; /* 3 threads: the batches (the kernels split work by thread count, never a row's sums) */
     int64_t V;
     int B; /* DSpark block */
 } model_env;
 
 static void env_open(model_env *e, const char *name) {
     di_error err = {0};
-    if (di_model_open(tu_data(name), &e->m, &err) || di_backend_cpu_create(1, &e->be, &err))
+    if (di_model_open(tu_data(name), &e->m, &err) || di_backend_cpu_create(1, &e->be, &err) ||
+        di_backend_cpu_create(3, &e->be3, &err))
         fail_msg("%s: %s", name, err.msg);
     e->V = e->m->cfg.vocab_size;
     e->B = e->m->cfg.dspark_block_size;
@@ -69,14 +71,15 @@ static void env_open(model_env *e, const char *name) {
 
 static void env_close(model_env *e) {
     di_backend_destroy(e->be);
+    di_backend_destroy(e->be3);
     di_model_close(e->m);
 }
 
-static di_session *new_session(const model_env *e, bool dspark) {
+static di_session *new_session(const model_env *e, const di_backend *be, bool dspark) {
     di_session_opts so = {.max_tokens = MAX_LEN, .spec_margin = -1, .dspark = dspark};
     di_session *s = NULL;
     di_error err = {0};
-    if (di_session_create(e->m, e->be, &so, &s, &err)) fail_msg("session: %s", err.msg);
+    if (di_session_create(e->m, be, &so, &s, &err)) fail_msg("session: %s", err.msg);
     return s;
 }
 
@@ -104,8 +107,8 @@ static void random_batches(const char *name) {
     lane lanes[N_LANES];
     for (int i = 0; i < N_LANES; i++) {
         lanes[i].dspark = i % 3 == 0;
-        lanes[i].alone = new_session(&e, lanes[i].dspark);
-        lanes[i].batched = new_session(&e, lanes[i].dspark);
+        lanes[i].alone = new_session(&e, e.be, lanes[i].dspark);
+        lanes[i].batched = new_session(&e, e.be3, lanes[i].dspark);
         for (int t = 0; t < MAX_LEN; t++) lanes[i].ids[t] = (int32_t)rnd_in(3, V - 1);
     }
     di_session_chunk ck[N_LANES];
@@ -221,7 +224,7 @@ static void test_runner_step_is_one_forward(void **state) {
     di_session_runner *r, *rs;
     di_model_runner it, its;
     di_error err = {0};
-    assert_int_equal(di_session_runner_new(e.m, e.be, 128, 16, 64, &r, &it, &err), DI_OK);
+    assert_int_equal(di_session_runner_new(e.m, e.be3, 128, 16, 64, &r, &it, &err), DI_OK);
     assert_int_equal(di_session_runner_new(e.m, e.be, 128, 16, 64, &rs, &its, &err), DI_OK);
     rs->serial = true;
     enum { NR = 3, LEN = 40 };
@@ -229,7 +232,7 @@ static void test_runner_step_is_one_forward(void **state) {
     di_session *ref[NR];
     for (int q = 0; q < NR; q++) {
         for (int t = 0; t < LEN; t++) ids[q][t] = (int32_t)rnd_in(3, V - 1);
-        ref[q] = new_session(&e, false);
+        ref[q] = new_session(&e, e.be, false);
     }
     /* per step, each request's piece length (0 = absent): prefills of different sizes, then decode */
     static const int plan[][NR] = {{7, 0, 20}, {9, 11, 1}, {1, 13, 1}, {1, 1, 1}, {0, 1, 1}, {1, 1, 0}, {1, 1, 1}};
@@ -286,7 +289,7 @@ static void test_bad_batches(void **state) {
     model_env e;
     env_open(&e, "v41-tiny-sel");
     const int64_t V = e.V;
-    di_session *a = new_session(&e, false), *b = new_session(&e, false), *ref = new_session(&e, false);
+    di_session *a = new_session(&e, e.be, false), *b = new_session(&e, e.be, false), *ref = new_session(&e, e.be, false);
     di_error err = {0};
     int32_t ids[MAX_LEN + 1];
     for (int t = 0; t <= MAX_LEN; t++) ids[t] = (int32_t)rnd_in(3, V - 1);
