@@ -2,8 +2,9 @@
  *
  *   deepinfer bench engine [--preset tiny|small | --model DIR | --mock] [--requests N]
  *                          [--prompt-tokens P] [--output-tokens O] [--temperature T] [--seed S]
- *                          [--max-seqs M] [--prefill-chunk C] [--threads K] [--sync]
- *                          [--runner cached|recompute] [--mock-step-ms MS] [--mock-vocab V] [--cache-mb N] [--json]
+ *                          [--max-seqs M] [--prefill-chunk C] [--threads K] [--sync] [--device cpu|cuda]
+ *                          [--runner cached|serial|recompute] [--mock-step-ms MS] [--mock-vocab V] [--cache-mb N]
+ *                          [--json]
  *   deepinfer bench engine --shared-prefix R [--preset tiny | --model DIR] [--requests N] [--prompt-tokens P]
  *
  * All N requests arrive at once, each with P random prompt ids and exactly O generated tokens (EOS
@@ -12,11 +13,13 @@
  * inter-token latency and end-to-end latency come from src/engine/engine_bench.h.
  *
  * Runners: --preset writes a random-weight checkpoint of that preset to a temporary directory
- * (removed afterwards); --model uses an existing checkpoint; both run the real model on the CPU
- * through the cached session runner (engine/api_runner.h) or, with --runner recompute, the exact
- * cache-free one (every token re-runs the whole history). Both run a step's pieces one after
- * another, one model session per request, so on the CPU batching saves scheduling and sampling
- * overhead, not model time: the ratio stays near 1 until a runner batches pieces into one forward.
+ * (removed afterwards); --model uses an existing checkpoint; both run the real model on --device
+ * (CPU by default; cuda in a CUDA-enabled build) through the cached session runner
+ * (engine/api_runner.h), which runs each step as ONE batched forward over all its pieces, so the
+ * weights are read once per step and the ratio grows with N until the step is compute-bound.
+ * --runner serial is the same runner running a step's pieces one forward after another (the
+ * behaviour before batching: identical tokens, the baseline of the batching gain); --runner
+ * recompute is the exact cache-free one (every token re-runs the whole history, pieces serially).
  * --mock runs the scheduler, executor and sampler over the mock runner (a fixed sleep per
  * step standing in for device time), which isolates the engine's own overhead and shows the
  * batching gain. The mock computes each logits row serially on the CPU (a hash per vocabulary
@@ -66,8 +69,9 @@ static void runner_free(bench_runner *r) {
 }
 
 /* A fresh runner per run, so the N-request and 1-request runs start from the same state. */
-static int runner_open(bench_runner *r, const char *model_dir, bool recompute, double mock_step_s, int32_t mock_vocab,
-                       int64_t max_context, int32_t max_seqs, int threads, int64_t cache_bytes, di_error *err) {
+static int runner_open(bench_runner *r, const char *model_dir, const char *device, const char *runner, double mock_step_s,
+                       int32_t mock_vocab, int64_t max_context, int32_t max_seqs, int threads, int64_t cache_bytes,
+                       di_error *err) {
     memset(r, 0, sizeof *r);
     enum { BLOCK = 16 };
     int32_t n_blocks = (int32_t)((max_context * max_seqs + BLOCK - 1) / BLOCK);
@@ -77,8 +81,10 @@ static int runner_open(bench_runner *r, const char *model_dir, bool recompute, d
         return di_mock_runner_new(&mo, &r->mock, &r->iface, err);
     }
     int rc = di_model_open(model_dir, &r->model, err);
-    if (!rc) rc = di_backend_cpu_create(threads, &r->be, err);
-    if (!rc && recompute) rc = di_recompute_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->rr, &r->iface, err);
+    if (!rc) rc = di_backend_create(device, threads, &r->be, err);
+    if (!rc) rc = di_model_to_backend(r->model, r->be, err);
+    if (!rc && !strcmp(runner, "recompute"))
+        rc = di_recompute_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->rr, &r->iface, err);
     else if (!rc) {
         /* the cached runner's sessions live in one paged pool (model/cache_pool.h) of cache_bytes
          * (0: max_seqs · max_context positions of pages) */
@@ -88,6 +94,7 @@ static int runner_open(bench_runner *r, const char *model_dir, bool recompute, d
         if (!rc) rc = di_session_runner_new(r->model, r->be, max_context, BLOCK, n_blocks, &r->sr, &r->iface, err);
         if (!rc) rc = di_session_runner_use_pool(r->sr, &r->iface, max_seqs + 1, err);
     }
+    if (!rc && r->sr) r->sr->serial = !strcmp(runner, "serial");
     if (rc) runner_free(r);
     return rc;
 }
@@ -220,7 +227,7 @@ int bench_engine(int argc, char **argv) {
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench engine", .json = cli_flag(&a, "json")};
     const char *preset = cli_str(&a, "preset", NULL), *model = cli_str(&a, "model", NULL);
-    const char *runner_name = cli_str(&a, "runner", "cached");
+    const char *runner_name = cli_str(&a, "runner", "cached"), *device = NULL;
     bool mock = cli_flag(&a, "mock"), sync = cli_flag(&a, "sync");
     long long n, p, o, seed, max_seqs, chunk, threads, mock_vocab, cache_mb;
     double temp, step_ms, shared_prefix;
@@ -232,17 +239,19 @@ int bench_engine(int argc, char **argv) {
               cli_double(&cli, &a, "mock-step-ms", 2.0, &step_ms) &&
               cli_int(&cli, &a, "mock-vocab", 4096, 16, 1 << 20, &mock_vocab) &&
               cli_int(&cli, &a, "cache-mb", 0, 0, 1 << 24, &cache_mb) &&
-              cli_double(&cli, &a, "shared-prefix", -1.0, &shared_prefix) && cli_check_unused(&cli, &a);
+              cli_double(&cli, &a, "shared-prefix", -1.0, &shared_prefix) && cli_device(&cli, &a, &device) &&
+              cli_check_unused(&cli, &a);
     cli_args_free(&a);
     if (!ok) return 1;
     if ((mock != 0) + (preset != NULL) + (model != NULL) > 1)
         return cli_fail(&cli, "give one of --preset, --model and --mock");
     if (!mock && !model && !preset) preset = "tiny";
-    if (strcmp(runner_name, "cached") && strcmp(runner_name, "recompute"))
-        return cli_fail(&cli, "--runner expects cached or recompute, got '%s'", runner_name);
+    if (strcmp(runner_name, "cached") && strcmp(runner_name, "serial") && strcmp(runner_name, "recompute"))
+        return cli_fail(&cli, "--runner expects cached, serial or recompute, got '%s'", runner_name);
     const bool recompute = !strcmp(runner_name, "recompute");
-    if (shared_prefix != -1.0 && (mock || shared_prefix < 0 || shared_prefix > 1 || recompute))
+    if (shared_prefix != -1.0 && (mock || shared_prefix < 0 || shared_prefix > 1 || strcmp(runner_name, "cached")))
         return cli_fail(&cli, "--shared-prefix expects a ratio in [0, 1] and a real model with the cached runner");
+    if (shared_prefix != -1.0 && strcmp(device, "cpu")) return cli_fail(&cli, "--shared-prefix runs on --device cpu");
     if (threads == 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         threads = c > 0 ? c : 1;
@@ -281,7 +290,7 @@ int bench_engine(int argc, char **argv) {
     int rc = DI_OK;
     for (int run = 0; !rc && run < 2; run++) {
         bench_runner r;
-        rc = runner_open(&r, mock ? NULL : model, recompute, step_ms * 1e-3, (int32_t)mock_vocab, max_context,
+        rc = runner_open(&r, mock ? NULL : model, device, runner_name, step_ms * 1e-3, (int32_t)mock_vocab, max_context,
                          (int32_t)max_seqs, (int)threads, (int64_t)cache_mb << 20, &err);
         if (rc) break;
         bo.n_requests = run == 0 ? (int32_t)n : 1;
@@ -296,7 +305,14 @@ int bench_engine(int argc, char **argv) {
     }
     if (rc) return cli_fail_err(&cli, &err);
     double ratio = one.output_tok_per_s > 0 ? many.output_tok_per_s / one.output_tok_per_s : 0.0;
-    const char *runner = mock ? "mock" : recompute ? "recompute (cache-free, CPU)" : "cached (sessions, CPU)";
+    char runner[96];
+    if (mock)
+        snprintf(runner, sizeof runner, "mock");
+    else
+        snprintf(runner, sizeof runner, "%s (%s, %s)", runner_name,
+                 recompute ? "cache-free" : !strcmp(runner_name, "serial") ? "sessions, one forward per piece"
+                                                                           : "sessions, one forward per step",
+                 device);
     if (cli.json) {
         json_t *doc = json_pack("{s:s,s:s,s:s?,s:I,s:I,s:I,s:f,s:b,s:I,s:o,s:o,s:f}", "command", "bench engine", "runner",
                                 runner, "preset", preset, "requests", (json_int_t)n, "prompt_tokens", (json_int_t)p,

@@ -17,18 +17,12 @@ typedef struct sr_req {
  * cache in the pool's next slot. The session API builds its own cache, so a pooled session is made
  * with a one-position cache that is swapped for the pool's. */
 static int new_session(di_session_runner *r, di_session **out, di_error *err) {
-    di_session_opts so = {.max_tokens = r->pool ? 1 : r->max_context, .spec_margin = -1, .dspark = false};
-    int rc = di_session_create(r->model, r->be, &so, out, err);
-    if (rc || !r->pool) return rc;
-    di_cache *c;
-    if ((rc = di_cache_pool_cache(r->pool, &c, err))) {
-        di_session_destroy(*out);
-        *out = NULL;
-        return rc;
+    di_session_opts so = {.max_tokens = r->max_context, .spec_margin = -1, .dspark = false};
+    if (r->pool) {
+        int rc = di_cache_pool_cache(r->pool, &so.cache, err); /* a slot of the paged pool */
+        if (rc) return rc;
     }
-    di_cache_destroy((*out)->cache);
-    (*out)->cache = c;
-    return DI_OK;
+    return di_session_create(r->model, r->be, &so, out, err);
 }
 
 static int req_for(di_session_runner *r, int64_t id, sr_req **out, di_error *err) {
@@ -55,10 +49,11 @@ static int req_for(di_session_runner *r, int64_t id, sr_req **out, di_error *err
     return DI_OK;
 }
 
-/* A piece that starts at the replay start of a prefix hit of P tokens: restore [0, P) (bounded replay
- * of [pos0, P)), then run [P, end). A hit whose blocks were never filled (a failed fill) is computed
- * instead — exact, just not saved. */
-static int restore_piece(di_session_runner *r, sr_req *q, const di_step_seq *p, float *row, di_error *err) {
+/* The first part of a piece that starts at the replay start of a prefix hit of P tokens: restore
+ * [0, P) (bounded replay of [pos0, P)); the step's batched forward then runs [P, end). A hit whose
+ * blocks were never filled (a failed fill) is computed instead — exact, just not saved. The replay is
+ * a pass of its own (its session appears again in the step's batch, after it). */
+static int restore_prefix(di_session_runner *r, sr_req *q, const di_step_seq *p, di_error *err) {
     const di_prefix_hit *hit = p->restore;
     const int64_t P = hit->tokens, end = p->pos0 + p->n_tokens, keep = di_prefix_cache_keep(r->prefix, q->s);
     const int64_t start = di_prefix_replay_start(P, keep, di_cache_prefix_align(q->s->cache));
@@ -81,18 +76,24 @@ static int restore_piece(di_session_runner *r, sr_req *q, const di_step_seq *p, 
         rc = di_session_forward(q->s, p->restore_ids, P, false, NULL, NULL, err);
         if (!rc) r->n_positions += P;
     }
-    if (!rc) rc = di_session_forward(q->s, p->tokens + (P - p->pos0), end - P, false, row, NULL, err);
-    if (rc) {
-        di_session_reset(q->s);
-        return rc;
-    }
-    r->n_positions += end - P;
-    return DI_OK;
+    if (rc) di_session_reset(q->s);
+    return rc;
 }
 
+/* The step's pieces as one batched forward (model/session.h di_session_forward_batch): every piece
+ * becomes a chunk of its request's session, so the weights are read once per step whatever the mix
+ * of decode tokens and prefill chunks. */
 static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error *err) {
     di_session_runner *r = ctx;
     const size_t V = (size_t)r->model->cfg.vocab_size;
+    if (b->n_seqs < 1) return DI_OK;
+    if (b->n_seqs > r->cap_chunks) {
+        di_session_chunk *g = realloc(r->chunks, (size_t)b->n_seqs * sizeof *g);
+        if (!g) return di_error_set(err, DI_ERR_NOMEM, "session runner: step %llu of %d pieces",
+                                    (unsigned long long)b->step, b->n_seqs);
+        r->chunks = g, r->cap_chunks = b->n_seqs;
+    }
+    int64_t positions = 0;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const di_step_seq *p = &b->seqs[i];
         sr_req *q;
@@ -100,26 +101,38 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         if (rc) return rc;
         if (r->pool && (rc = di_cache_set_pages(q->s->cache, p->blocks, p->n_blocks, err)))
             return di_error_wrap(err, "session runner: request %lld block table", (long long)p->req_id);
-        float *row = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL; /* f32 [V] */
+        int64_t skip = 0; /* leading positions of the piece the prefix restore ran */
         if (p->restore) {
             if (!r->prefix)
                 return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld restores a prefix hit, the "
                                     "prefix cache is off", (long long)p->req_id);
-            if ((rc = restore_piece(r, q, p, row, err)))
+            if ((rc = restore_prefix(r, q, p, err)))
                 return di_error_wrap(err, "session runner: request %lld prefix hit", (long long)p->req_id);
-            continue;
-        }
-        if (p->pos0 != di_session_len(q->s))
+            skip = p->restore->tokens - p->pos0;
+        } else if (p->pos0 != di_session_len(q->s)) {
             return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
                                 (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(q->s));
-        rc = di_session_forward(q->s, p->tokens, p->n_tokens, false, row, NULL, err);
-        if (rc) {
-            di_session_reset(q->s); /* the step fails its requests; no fill may export a half-run piece */
-            return di_error_wrap(err, "session runner: request %lld, positions [%lld, %lld)", (long long)p->req_id,
-                                 (long long)p->pos0, (long long)(p->pos0 + p->n_tokens));
         }
-        r->n_positions += p->n_tokens;
+        r->chunks[i] = (di_session_chunk){.s = q->s, .ids = p->tokens + skip, .n = p->n_tokens - skip,
+                                          .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL};
+        positions += p->n_tokens - skip;
     }
+    int rc = DI_OK;
+    if (!r->serial) {
+        rc = di_session_forward_batch(r->chunks, b->n_seqs, NULL, err);
+        r->n_forwards++;
+    }
+    for (int32_t i = 0; r->serial && i < b->n_seqs && !rc; i++) {
+        rc = di_session_forward_batch(&r->chunks[i], 1, NULL, err);
+        r->n_forwards++;
+    }
+    if (rc) {
+        /* the step fails its requests; no fill may export a half-run piece */
+        for (int32_t i = 0; i < b->n_seqs; i++) di_session_reset(r->chunks[i].s);
+        return di_error_wrap(err, "session runner: step %llu, one forward over %d pieces (%lld positions; first request %lld)",
+                             (unsigned long long)b->step, b->n_seqs, (long long)positions, (long long)b->seqs[0].req_id);
+    }
+    r->n_positions += positions;
     return DI_OK;
 }
 
@@ -196,6 +209,7 @@ void di_session_runner_free(di_session_runner *r) {
     }
     for (int32_t i = 0; i < r->n_spare; i++) di_session_destroy(r->spare[i]);
     free(r->spare);
+    free(r->chunks);
     di_idmap_destroy(&r->live);
     di_prefix_cache_destroy(r->prefix);
     di_cache_pool_destroy(r->pool); /* after the sessions: their caches live in it */

@@ -1,12 +1,15 @@
 /* The cached model runner behind the public API: one model session (model/session.h) per request,
  * so a decode step costs one position instead of the whole history (the recompute runner's O(T²)).
  *
- * A piece [pos0, pos0 + n) is appended to its request's session with di_session_forward; the
- * scheduler sends a request's pieces in order, so pos0 equals the session's length (checked) — except
- * for a piece that restores a prefix hit, which starts at its replay start on an empty session (below).
- * A release returns the session to a free list (reset, memory kept) for the next request. Chunk
- * boundaries are the request's own (scheduler.h) and every session is independent of the others, so
- * a request's logits do not depend on the batch. A chunked prefill and token-by-token decode agree
+ * A step is ONE batched forward (di_session_forward_batch): each piece [pos0, pos0 + n) — a decode
+ * token or a prefill chunk — is a chunk appended to its request's session, and the token-parallel
+ * work of all pieces (every GEMM, the experts, the head) runs once over their concatenated rows, so
+ * the weights are read once per step instead of once per request. The scheduler sends a request's
+ * pieces in order, so pos0 equals the session's length (checked) — except for a piece that restores a
+ * prefix hit, which starts at its replay start on an empty session (below). A release returns the
+ * session to a free list (reset, memory kept) for the next request. Chunk boundaries are the request's
+ * own (scheduler.h) and every op of the pass is row-wise batch invariant, so a request's logits are
+ * bit-identical whatever else shares its step (tests/test_batch_invariance.c). A chunked prefill and token-by-token decode agree
  * with the one-shot prefill within the reference's own noise (model/forward.h), not bit for bit, so
  * after a preemption (recomputed as chunks) a continuation may drift; the recompute runner stays
  * the exact baseline (di_engine_options.runner = "recompute").
@@ -21,7 +24,8 @@
  * that carries a hit of P tokens (di_step_seq.restore) starts at the replay start r: the session is
  * restored at P from the hit's blocks with an SWA bounded replay of [r, P), and [P, end) runs as
  * usual — P − r + end − P = end − r positions, the piece's own size, which is what the scheduler
- * budgeted. A fill (di_step_fill) exports a computed block of a live request's cache into its tree
+ * budgeted. The restore and its replay run before the step's batched forward, which then carries
+ * [P, end) with the other pieces. A fill (di_step_fill) exports a computed block of a live request's cache into its tree
  * node. A continuation after a hit is inexact by the replay's bounded error (prefix_cache.h;
  * tests/test_prefix_cache.c), and the blocks it stores carry that error on. The interface's
  * cache_hit hook reports a request's hit (0 without one); the executor calls it on the forward's
@@ -45,6 +49,12 @@ typedef struct di_session_runner {
     int32_t n_spare, cap_spare;
     int64_t n_sessions;     /* sessions created */
     int64_t n_positions;    /* positions computed (replayed ones included) */
+    int64_t n_forwards;     /* forwards run: one per step with pieces (one per piece when serial) */
+    /* Run each piece as its own forward, one after another — the behaviour before batching, kept as
+     * the baseline of `deepinfer bench engine --runner serial`. Same logits bit for bit. */
+    bool serial;
+    di_session_chunk *chunks; /* [cap_chunks] the step's chunks (scratch, reused) */
+    int32_t cap_chunks;
     /* prefix cache (NULL = off) */
     struct di_prefix_cache *prefix;
     int64_t n_hit_tokens;   /* positions restored from the prefix cache instead of computed */

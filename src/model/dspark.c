@@ -37,7 +37,12 @@ int fwd_dspark_fill(fwd_ctx *c) {
     int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, F = (int64_t)cfg->n_dspark_target_layer_ids * D;
     float eps = (float)cfg->rms_norm_eps;
     if (cfg->n_dspark <= 0) return DI_OK;
+    bool any = false;
+    for (int i = 0; i < c->n_seq; i++) any = any || c->seq[i].ck.dspark;
+    if (!any) return DI_OK;
     if (!c->main_hidden) return di_error_set(c->err, DI_ERR_INTERNAL, "dspark: no target-layer features recorded");
+    /* the projections run over every row of the pass (row-wise: the DSpark rows get their own bits);
+     * only the sequences that keep DSpark windows store theirs */
     const di_layer_w *w0 = &c->m->w.layers[cfg->n_layers];
     uint16_t *mx, *kv; /* bf16 [T, D], bf16 [T, hd] */
     ALLOC(mx, T * D);
@@ -51,7 +56,11 @@ int fwd_dspark_fill(fwd_ctx *c) {
         CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, eps, kv, c->err));
         CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
                     c->err));
-        CK(di_cache_window_put_rows(c->cache, L, c->s0, T, kv, c->err)); /* the cache applies the FP8 QDQ */
+        for (int i = 0; i < c->n_seq; i++) {
+            const fwd_seq *q = &c->seq[i];
+            if (q->ck.dspark) /* the cache applies the FP8 QDQ */
+                CK(di_cache_window_put_rows(q->ck.cache, L, q->ck.s0, q->ck.T, kv + q->r0 * hd, c->err));
+        }
     }
     fwd_free_tmp(c);
     return DI_OK;
@@ -70,7 +79,9 @@ int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sampl
     const di_backend *be = c->be;
     int64_t B = c->T, D = cfg->hidden_size, hd = cfg->head_dim, V = cfg->vocab_size, Rm = cfg->dspark_markov_rank;
     int hc = cfg->hc_mult;
-    int64_t i = c->s0 - 1; /* the main position the drafts continue */
+    if (c->n_seq != 1) return di_error_set(c->err, DI_ERR_INTERNAL, "dspark: a draft pass over %d sequences", c->n_seq);
+    di_cache *cache = c->seq[0].ck.cache;
+    int64_t i = c->seq[0].ck.s0 - 1; /* the main position the drafts continue */
     if (cfg->n_dspark <= 0 || B != cfg->dspark_block_size)
         return di_error_set(c->err, DI_ERR_INVALID, "dspark: the model has no draft stages (block %d)", cfg->dspark_block_size);
     if (token < 0 || token >= V)
@@ -101,7 +112,7 @@ int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sampl
     CK(fwd_embed_streams(c, din, x, pre));
     for (int S = 0; S < cfg->n_dspark; S++) {
         int L = cfg->n_layers + S;
-        CK(di_cache_dspark_gather(c->cache, L, i, win, &c->n_draft_win, c->err));
+        CK(di_cache_dspark_gather(cache, L, i, win, &c->n_draft_win, c->err));
         c->draft_win = win;
         CK(fwd_block(c, L, x, pre, pre_next));
         fwd_free_tmp(c);

@@ -1,6 +1,8 @@
-/* The pass over a chunk: state setup (positions, RoPE tables, window index lists, Engram hashes from
- * the cache's history), the backbone loop with its DSpark features and head, and the one-shot
- * prefill drivers (free-running and teacher-forced) built on it. The block is in forward_block.c. */
+/* The pass over a batch of chunks (one per sequence; a single-sequence forward is the batch of one):
+ * state setup (rows, positions, RoPE tables, each sequence's window index lists and Engram hashes
+ * from its cache's history), the backbone loop with its DSpark features, the head over the packed
+ * head rows of every sequence, and the one-shot prefill drivers (free-running and teacher-forced)
+ * built on it. The block is in forward_block.c. */
 #include "model/forward.h"
 
 #include <math.h>
@@ -217,85 +219,109 @@ static int out_init(const di_config *cfg, int64_t T, di_prefill_out *o, di_error
         if (rc) goto done;   \
     } while (0)
 
-/* Window index lists (§5.3). Rows of the key set are positions win_base … s0+T−1. A decode step
- * (one query after position 0) lists the reference's ring oldest first: W entries, entry j =
- * position p−W+1+j, the positions before the sequence start as −1 FIRST. Any other chunk lists each
- * query's window ascending, min(W, s0+T) entries, −1 AFTER position p (the reference's prefill
- * order; for s0 = 0 it is exactly the reference's prefill). The order matters only through the
- * 64-index blocking of the attention kernel. */
-static int window_lists(fwd_ctx *c) {
-    int64_t W = c->cfg->sliding_window, s0 = c->s0, T = c->T;
-    int64_t floor = c->opts->window_floor;
-    c->win_base = s0 - W + 1 > 0 ? s0 - W + 1 : 0;
-    if (c->win_base < floor) c->win_base = floor > s0 ? s0 : floor; /* rows below the floor are never read */
-    c->n_win_rows = s0 + T - c->win_base;
+/* Window index lists of one sequence (§5.3). Rows of its key set are positions win_base … s0+T−1.
+ * A decode step (one query after position 0) lists the reference's ring oldest first: W entries,
+ * entry j = position p−W+1+j, the positions before the sequence start as −1 FIRST. Any other chunk
+ * lists each query's window ascending, min(W, s0+T) entries, −1 AFTER position p (the reference's
+ * prefill order; for s0 = 0 it is exactly the reference's prefill). The order matters only through
+ * the 64-index blocking of the attention kernel. */
+static int window_lists(fwd_ctx *c, fwd_seq *q) {
+    int64_t W = c->cfg->sliding_window, s0 = q->ck.s0, T = q->ck.T;
+    int64_t floor = q->ck.window_floor;
+    q->win_base = s0 - W + 1 > 0 ? s0 - W + 1 : 0;
+    if (q->win_base < floor) q->win_base = floor > s0 ? s0 : floor; /* rows below the floor are never read */
+    q->n_win_rows = s0 + T - q->win_base;
     bool decode = T == 1 && s0 > 0;
-    c->n_win = decode ? W : (s0 + T < W ? s0 + T : W);
-    if (!(c->win_idx = fwd_halloc(c, sizeof(int32_t) * (size_t)(T * c->n_win), 1))) return c->err->code;
+    q->n_win = decode ? W : (s0 + T < W ? s0 + T : W);
+    if (!(q->win_idx = fwd_halloc(c, sizeof(int32_t) * (size_t)(T * q->n_win), 1))) return c->err->code;
     for (int64_t t = 0; t < T; t++) {
         int64_t p = s0 + t, first = decode ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
-        for (int64_t j = 0; j < c->n_win; j++) {
-            int64_t q = first + j;
-            bool hide = q < 0 || q > p || q < floor || (c->opts->faults.window_no_history && q < s0);
-            c->win_idx[t * c->n_win + j] = hide ? -1 : (int32_t)(q - c->win_base);
+        for (int64_t j = 0; j < q->n_win; j++) {
+            int64_t k = first + j;
+            bool hide = k < 0 || k > p || k < floor || (c->opts->faults.window_no_history && k < s0);
+            q->win_idx[t * q->n_win + j] = hide ? -1 : (int32_t)(k - q->win_base);
         }
     }
     return DI_OK;
 }
 
-/* Engram hashes of the chunk: the history of the previous positions comes from the cache. */
-static int engram_hashes(fwd_ctx *c, const int32_t *ids) {
+/* Engram hashes of every row: each sequence's history of previous positions comes from its cache. */
+static int engram_hashes(fwd_ctx *c) {
     const di_config *cfg = c->cfg;
     const di_engram_consts *eg = &c->m->eg;
     int ne = cfg->n_engram_layers, cols = (cfg->engram_max_ngram_size - 1) * cfg->engram_n_heads;
     if (ne <= 0) return DI_OK;
     if (!eg->token_map) return di_error_set(c->err, DI_ERR_UNSUPPORTED, "engram: no compressed-token map loaded");
-    int64_t hist = cfg->engram_max_ngram_size - 1, T = c->T;
-    int64_t *cid = fwd_halloc(c, sizeof(int64_t) * (size_t)(hist + T), 0); /* int64 [hist + T] */
-    int32_t *h = fwd_halloc(c, sizeof(int32_t) * (size_t)(hist + 1), 0);    /* int32 [hist] lookback order */
-    if (!cid || !h) return c->err->code;
-    if (hist > 0) {
-        int rc = di_cache_engram_history(c->cache, c->s0, h, c->err);
-        if (rc) return rc;
-    }
+    int64_t hist = cfg->engram_max_ngram_size - 1, T = c->T, Tmax = 0;
+    for (int i = 0; i < c->n_seq; i++) Tmax = c->seq[i].ck.T > Tmax ? c->seq[i].ck.T : Tmax;
+    int64_t *cid = fwd_halloc(c, sizeof(int64_t) * (size_t)(hist + Tmax), 0); /* int64 [hist + T_i] */
+    int32_t *h = fwd_halloc(c, sizeof(int32_t) * (size_t)(hist + 1), 0);       /* int32 [hist] lookback order */
+    int64_t *ids_h = fwd_halloc(c, sizeof(int64_t) * (size_t)(T * cols * ne), 0); /* int64 [ne, T, cols] */
+    if (!cid || !h || !ids_h || !(c->eg_ids = fwd_halloc(c, sizeof(int64_t *) * (size_t)ne, 1))) return c->err->code;
     bool forget = c->opts->faults.engram_no_history;
-    for (int64_t i = 0; i < hist; i++) cid[hist - 1 - i] = h[i] < 0 || forget ? -1 : h[i]; /* NONE: before the start */
-    for (int64_t t = 0; t < T; t++) {
-        int rc = engram_cid(eg, ids[t], c->s0 + t, &cid[hist + t], c->err);
-        if (rc) return rc;
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        if (hist > 0) {
+            int rc = di_cache_engram_history(q->ck.cache, q->ck.s0, h, c->err);
+            if (rc) return rc;
+        }
+        for (int64_t k = 0; k < hist; k++) cid[hist - 1 - k] = h[k] < 0 || forget ? -1 : h[k]; /* NONE: before the start */
+        for (int64_t t = 0; t < q->ck.T; t++) {
+            int rc = engram_cid(eg, q->ck.ids[t], q->ck.s0 + t, &cid[hist + t], c->err);
+            if (rc) return rc;
+        }
+        for (int e = 0; e < ne; e++) engram_hash_cids(eg, e, cid, hist, q->ck.T, ids_h + (e * T + q->r0) * cols);
     }
-    int64_t *ids_h = fwd_halloc(c, sizeof(int64_t) * (size_t)(T * cols), 0); /* int64 [T, cols] */
-    if (!ids_h || !(c->eg_ids = fwd_halloc(c, sizeof(int64_t *) * (size_t)ne, 1))) return c->err->code;
-    for (int e = 0; e < ne; e++) {
-        engram_hash_cids(eg, e, cid, hist, T, ids_h);
-        if (!(c->eg_ids[e] = fwd_upload(c, ids_h, sizeof(int64_t) * (size_t)(T * cols), 1))) return c->err->code;
-    }
+    for (int e = 0; e < ne; e++)
+        if (!(c->eg_ids[e] = fwd_upload(c, ids_h + e * T * cols, sizeof(int64_t) * (size_t)(T * cols), 1)))
+            return c->err->code;
     fwd_free_tmp(c);
     return DI_OK;
 }
 
-int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
-                 const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err) {
+int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_chunk *chunks, int n,
+                 const di_fwd_opts *opts, di_error *err) {
     static const di_fwd_opts no_opts;
     const di_config *cfg = &m->cfg;
     memset(c, 0, sizeof *c);
-    c->m = m, c->cfg = cfg, c->be = be, c->opts = opts ? opts : &no_opts, c->err = err, c->T = T, c->s0 = s0;
-    c->cache = cache;
-    if (T <= 0) return di_error_set(err, DI_ERR_INVALID, "forward: empty chunk");
-    if (!cache) return di_error_set(err, DI_ERR_INVALID, "forward: no cache");
-    for (int64_t t = 0; ids && t < T; t++)
-        if (ids[t] < 0 || ids[t] >= cfg->vocab_size)
-            return di_error_set(err, DI_ERR_INVALID, "forward: token %d at position %lld outside the vocabulary (%d)",
-                                ids[t], (long long)(s0 + t), cfg->vocab_size);
-    int half = cfg->qk_rope_head_dim / 2;
-    int64_t *pos = fwd_halloc(c, sizeof(int64_t) * (size_t)T, 0); /* int64 [T] */
-    if (!pos) return err->code;
-    for (int64_t t = 0; t < T; t++) pos[t] = s0 + t;
-    if (!(c->pos = fwd_upload(c, pos, sizeof(int64_t) * (size_t)T, 1))) return err->code;
+    c->m = m, c->cfg = cfg, c->be = be, c->opts = opts ? opts : &no_opts, c->err = err;
+    if (n < 1) return di_error_set(err, DI_ERR_INVALID, "forward: no sequence in the batch");
+    if (!(c->seq = fwd_halloc(c, sizeof *c->seq * (size_t)n, 1))) return err->code;
+    c->n_seq = n;
+    bool with_ids = chunks[0].ids != NULL;
+    for (int i = 0; i < n; i++) {
+        const fwd_chunk *k = &chunks[i];
+        if (k->T <= 0) return di_error_set(err, DI_ERR_INVALID, "forward: sequence %d of the batch: empty chunk", i);
+        if (!k->cache) return di_error_set(err, DI_ERR_INVALID, "forward: sequence %d of the batch: no cache", i);
+        if ((k->ids != NULL) != with_ids)
+            return di_error_set(err, DI_ERR_INVALID, "forward: sequence %d of the batch: ids given for some chunks only", i);
+        for (int j = 0; j < i; j++)
+            if (chunks[j].cache == k->cache)
+                return di_error_set(err, DI_ERR_INVALID, "forward: sequences %d and %d of the batch share one cache", j, i);
+        for (int64_t t = 0; k->ids && t < k->T; t++)
+            if (k->ids[t] < 0 || k->ids[t] >= cfg->vocab_size)
+                return di_error_set(err, DI_ERR_INVALID,
+                                    "forward: sequence %d of the batch: token %d at position %lld outside the vocabulary (%d)",
+                                    i, k->ids[t], (long long)(k->s0 + t), cfg->vocab_size);
+        c->seq[i].ck = *k;
+        c->seq[i].r0 = c->T;
+        c->T += k->T;
+    }
     for (int L = 0; L < cfg->n_stages; L++) {
         int R = cfg->layer[L].compress_ratio;
         if (R > 2) return di_error_set(err, DI_ERR_UNSUPPORTED, "layer %d: compress ratio %d (V4.1 uses 0, 1, 2)", L, R);
     }
+    int64_t T = c->T;
+    int half = cfg->qk_rope_head_dim / 2;
+    int64_t *pos = fwd_halloc(c, sizeof(int64_t) * (size_t)T, 0); /* int64 [T] */
+    if (!pos) return err->code;
+    if (with_ids && !(c->ids = fwd_halloc(c, sizeof(int32_t) * (size_t)T, 1))) return err->code;
+    for (int i = 0; i < n; i++) {
+        const fwd_seq *q = &c->seq[i];
+        for (int64_t t = 0; t < q->ck.T; t++) pos[q->r0 + t] = q->ck.s0 + t;
+        if (with_ids) memcpy(c->ids + q->r0, q->ck.ids, sizeof(int32_t) * (size_t)q->ck.T);
+    }
+    if (!(c->pos = fwd_upload(c, pos, sizeof(int64_t) * (size_t)T, 1))) return err->code;
     /* one frequency table per rope kind, from the first stage of that kind */
     for (int L = 0; L < cfg->n_stages; L++) {
         int k = cfg->layer[L].rope;
@@ -306,15 +332,25 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *
         if (rc) return rc;
         if (!(c->rope_freqs[k] = fwd_upload(c, f, sizeof(float) * (size_t)(half > 0 ? half : 1), 1))) return err->code;
     }
-    if (!(c->pub = fwd_halloc(c, sizeof *c->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1)))
-        return err->code;
-    int rc = window_lists(c);
-    if (!rc && ids) rc = engram_hashes(c, ids); /* for the whole chunk first, as the reference does */
+    int rc = DI_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        fwd_seq *q = &c->seq[i];
+        if (!(q->pub = fwd_halloc(c, sizeof *q->pub * (size_t)(cfg->n_stages > 0 ? cfg->n_stages : 1), 1)))
+            return err->code;
+        rc = window_lists(c, q);
+    }
+    if (!rc && with_ids) rc = engram_hashes(c); /* for the whole chunk first, as the reference does */
     fwd_free_tmp(c);
     return rc;
 }
 
-/* ---------------- the backbone over a chunk ---------------- */
+int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
+                  const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err) {
+    fwd_chunk k = {.cache = cache, .s0 = s0, .T = T, .ids = ids, .window_floor = opts ? opts->window_floor : 0};
+    return fwd_ctx_init(c, m, be, &k, 1, opts, err);
+}
+
+/* ---------------- the backbone over the pass ---------------- */
 
 int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
     const di_config *cfg = c->cfg;
@@ -339,7 +375,7 @@ int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
     return rc;
 }
 
-/* Store block L's result in out. */
+/* Store block L's result in out (a pass of one sequence). */
 static int keep_block(fwd_ctx *c, int L, const uint16_t *x, const float *pre) {
     const di_config *cfg = c->cfg;
     int64_t n = c->T * cfg->hc_mult * cfg->hidden_size;
@@ -363,33 +399,81 @@ static int dspark_feature(fwd_ctx *c, int L, const uint16_t *x) {
     return c->be->stream_mean(c->be, x, c->T, cfg->hc_mult, D, c->main_hidden + slot * D, W, c->err);
 }
 
-/* Compressed ids of the chunk into the cache's Engram history (after the hashes were computed). */
-static int engram_history_put(fwd_ctx *c, const int32_t *ids) {
+/* Compressed ids of every chunk into its cache's Engram history (after the hashes were computed). */
+static int engram_history_put(fwd_ctx *c) {
     if (c->cfg->n_engram_layers <= 0) return DI_OK;
-    /* the history ring keeps only the newest engram_slots ids: older ones of a long chunk are dropped */
-    int64_t t0 = c->T - c->cache->engram_slots > 0 ? c->T - c->cache->engram_slots : 0;
-    for (int64_t t = t0; t < c->T; t++) {
-        int rc = di_cache_engram_put(c->cache, c->s0 + t, c->m->eg.token_map[ids[t]], c->err);
-        if (rc) return rc;
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_chunk *k = &c->seq[i].ck;
+        /* the history ring keeps only the newest engram_slots ids: older ones of a long chunk are dropped */
+        int64_t t0 = k->T - k->cache->engram_slots > 0 ? k->T - k->cache->engram_slots : 0;
+        for (int64_t t = t0; t < k->T; t++) {
+            int rc = di_cache_engram_put(k->cache, k->s0 + t, c->m->eg.token_map[k->ids[t]], c->err);
+            if (rc) return rc;
+        }
     }
     return DI_OK;
 }
 
-int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits) {
+/* Final collapse with the last FFN pre-mix (no hc_head in V4.1), norm and f32 head over the head rows
+ * of every sequence that asks for logits, packed (one head GEMM for the batch), then each sequence's
+ * rows downloaded into its host logits.  x bf16 [T, hc, D];  pre f32 [T, hc] */
+static int head(fwd_ctx *c, const uint16_t *x, const float *pre) {
     const di_config *cfg = c->cfg;
     const di_backend *be = c->be;
     di_error *err = c->err;
-    int64_t T = c->T, D = cfg->hidden_size, V = cfg->vocab_size;
+    int64_t D = cfg->hidden_size, V = cfg->vocab_size, nr = 0;
+    int hc = cfg->hc_mult;
+    for (int i = 0; i < c->n_seq; i++)
+        if (c->seq[i].ck.logits) nr += c->seq[i].ck.all_logits ? c->seq[i].ck.T : 1;
+    if (!nr) return DI_OK;
+    uint16_t *xh, *h; /* bf16 [nr, hc, D], bf16 [nr, D] */
+    float *ph, *lg;   /* f32 [nr, hc], f32 [nr, V] */
+    if (!(xh = fwd_alloc(c, sizeof(uint16_t) * (size_t)(nr * hc * D), 0)) ||
+        !(h = fwd_alloc(c, sizeof(uint16_t) * (size_t)(nr * D), 0)) ||
+        !(ph = fwd_alloc(c, sizeof(float) * (size_t)(nr * hc), 0)) ||
+        !(lg = fwd_alloc(c, sizeof(float) * (size_t)(nr * V), 0)))
+        return err->code;
+    int64_t k = 0; /* packed rows so far */
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        if (!q->ck.logits) continue;
+        int64_t n = q->ck.all_logits ? q->ck.T : 1, r = q->r0 + q->ck.T - n;
+        int rc = be->mem_copy(be, xh + k * hc * D, x + r * hc * D, sizeof(uint16_t) * (size_t)(n * hc * D), err);
+        if (!rc) rc = be->mem_copy(be, ph + k * hc, pre + r * hc, sizeof(float) * (size_t)(n * hc), err);
+        if (rc) return rc;
+        k += n;
+    }
+    int rc = be->hc_collapse(be, xh, ph, nr, hc, D, h, err);
+    if (!rc) rc = be->rmsnorm(be, h, nr, D, c->m->w.norm, (float)cfg->rms_norm_eps, h, err);
+    if (rc) return rc;
+    fwd_dump(c, "final_norm", DI_BF16, h, 2, nr, D, 0);
+    if ((rc = be->linear_f32(be, h, nr, D, c->m->w.head, V, lg, err))) return rc;
+    k = 0;
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        if (!q->ck.logits) continue;
+        int64_t n = q->ck.all_logits ? q->ck.T : 1;
+        if ((rc = fwd_download(c, q->ck.logits, lg + k * V, sizeof(float) * (size_t)(n * V)))) return rc;
+        fwd_dump_host(c, "logits", DI_F32, q->ck.logits, 2, n, V, 0);
+        k += n;
+    }
+    fwd_free_tmp(c);
+    return DI_OK;
+}
+
+int fwd_backbone(fwd_ctx *c) {
+    const di_config *cfg = c->cfg;
+    const di_backend *be = c->be;
+    di_error *err = c->err;
+    int64_t T = c->T, D = cfg->hidden_size;
     int hc = cfg->hc_mult, rc = DI_OK;
-    int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0; /* head rows */
+    if (!c->ids) return di_error_set(err, DI_ERR_INTERNAL, "forward: backbone pass without ids");
     uint16_t *x = fwd_alloc(c, sizeof(uint16_t) * (size_t)(T * hc * D), 1); /* bf16 [T, hc, D] */
-    uint16_t *h = fwd_alloc(c, sizeof(uint16_t) * (size_t)(T * D), 1);      /* bf16 [T, D] */
     float *pre = fwd_alloc(c, sizeof(float) * (size_t)(T * hc), 1);          /* f32 [T, hc] */
     float *pre_next = fwd_alloc(c, sizeof(float) * (size_t)(T * hc), 1);     /* f32 [T, hc] */
-    float *lg = logits ? fwd_alloc(c, sizeof(float) * (size_t)(nr * V), 1) : NULL; /* f32 [nr, V] */
-    if (!x || !h || !pre || !pre_next || (logits && !lg)) return err->code;
-    CK(engram_history_put(c, ids));
-    CK(fwd_embed_streams(c, ids, x, pre));
+    if (!x || !pre || !pre_next) return err->code;
+    CK(engram_history_put(c));
+    CK(fwd_embed_streams(c, c->ids, x, pre));
     for (int L = 0; L < cfg->n_layers; L++) {
         CK(fwd_engram(c, L, x));
         if (cfg->layer[L].dspark_target) CK(dspark_feature(c, L, x));
@@ -398,15 +482,7 @@ int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits)
         CK(be->mem_copy(be, pre, pre_next, sizeof(float) * (size_t)(T * hc), err));
         if (c->out) CK(keep_block(c, L, x, pre));
     }
-    if (logits) {
-        /* final collapse with the last FFN pre-mix (no hc_head in V4.1), norm, f32 head */
-        CK(be->hc_collapse(be, x + r0 * hc * D, pre + r0 * hc, nr, hc, D, h, err));
-        CK(be->rmsnorm(be, h, nr, D, c->m->w.norm, (float)cfg->rms_norm_eps, h, err));
-        fwd_dump(c, "final_norm", DI_BF16, h, 2, nr, D, 0);
-        CK(be->linear_f32(be, h, nr, D, c->m->w.head, V, lg, err));
-        CK(fwd_download(c, logits, lg, sizeof(float) * (size_t)(nr * V)));
-        fwd_dump_host(c, "logits", DI_F32, logits, 2, nr, V, 0);
-    }
+    CK(head(c, x, pre));
 done:
     return rc;
 }
@@ -430,13 +506,16 @@ int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int6
     fwd_ctx c;
     memset(&c, 0, sizeof c);
     di_cache *cache = NULL;
+    fwd_chunk k; /* the one sequence of the pass */
     CK(prefill_cache(cfg, be, T, &cache, err));
-    CK(fwd_ctx_init(&c, m, be, cache, 0, ids, T, opts, err));
-    c.out = out;
     if (!(out->logits = malloc(sizeof(float) * (size_t)(T * cfg->vocab_size))))
         CK(di_error_set(err, DI_ERR_NOMEM, "prompt logits [%lld, %d]", (long long)T, cfg->vocab_size));
+    k = (fwd_chunk){.cache = cache, .s0 = 0, .T = T, .ids = ids, .window_floor = opts ? opts->window_floor : 0,
+                    .all_logits = true, .logits = out->logits};
+    CK(fwd_ctx_init(&c, m, be, &k, 1, opts, err));
+    c.out = out;
     CK(di_cache_extend(cache, T, err));
-    CK(fwd_backbone(&c, ids, true, out->logits));
+    CK(fwd_backbone(&c));
 done:
     fwd_ctx_free(&c);
     di_cache_destroy(cache);
@@ -462,10 +541,10 @@ int di_prefill_teacher_forced(const di_model *m, const di_backend *be, const int
     float *pre = NULL, *pre0 = NULL, *pre_next = NULL; /* f32 [T, hc] (backend) */
     size_t xb = sizeof(uint16_t) * (size_t)(T * hc * D), pb = sizeof(float) * (size_t)(T * hc);
     CK(prefill_cache(cfg, be, T, &cache, err));
-    CK(fwd_ctx_init(&c, m, be, cache, 0, ids, T, opts, err));
+    CK(fwd_ctx_init1(&c, m, be, cache, 0, ids, T, opts, err));
     c.out = out;
     CK(di_cache_extend(cache, T, err));
-    CK(engram_history_put(&c, ids));
+    CK(engram_history_put(&c));
     x = fwd_alloc(&c, xb, 1), x0 = fwd_alloc(&c, xb, 1);
     pre = fwd_alloc(&c, pb, 1), pre0 = fwd_alloc(&c, pb, 1), pre_next = fwd_alloc(&c, pb, 1);
     if (!x || !x0 || !pre || !pre0 || !pre_next) CK(err->code);

@@ -1,7 +1,11 @@
 /* The V4.1 block graph (spec model.md §4.2–§4.6), written as a chain of calls on the backend op
  * interface (backend.h). The pass runs over any chunk [s0, s0+T) of a sequence through its cache
- * (model/cache.h; the per-sequence API is model/session.h); this header also offers the one-shot
- * prefill from position 0 and its teacher-forced variant used by `deepinfer verify`.
+ * (model/cache.h; the per-sequence API is model/session.h), or over a BATCH of such chunks of several
+ * sequences at once (di_session_forward_batch): the token-parallel ops run once over the
+ * concatenated rows of all chunks, the history-dependent ones per sequence on its rows, and every op
+ * being row-wise batch invariant, each sequence gets the bits it would get alone
+ * (forward_internal.h). This header also offers the one-shot prefill from position 0 and its
+ * teacher-forced variant used by `deepinfer verify` (single-sequence passes).
  *
  *   X = repeat_hc(embed(ids));  pre = onehot(stream 0)
  *   for each layer L:  [Engram_L(X)]  X, pre = block_L(X, pre)        (forward_block.c)
@@ -64,7 +68,8 @@ typedef struct di_fwd_opts {
     void *dump_ctx;
     di_graph_faults faults;
     /* SWA bounded replay (engine/prefix_cache.h): window positions below window_floor are invisible
-     * to this chunk's queries and never read from the cache; 0 = the whole window. */
+     * to this chunk's queries and never read from the cache; 0 = the whole window. Single-sequence
+     * passes only (a batch gives each chunk its own floor: di_session_chunk). */
     int64_t window_floor;
 } di_fwd_opts;
 

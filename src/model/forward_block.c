@@ -1,7 +1,10 @@
-/* One V4.1 block over a chunk as a chain of backend ops (spec model.md §4.2–§4.5, §3.11): Engram, the
- * mHC mixes, the attention sub-layer (window ring + shared compressed KV through the sequence cache,
- * indexer, candidates, sparse attention with sink, grouped low-rank output; the DSpark draft
- * variant) and the MoE sub-layer. Stage dump names are "L<i>.<stage>". */
+/* One V4.1 block over the rows of a pass (one chunk per sequence) as a chain of backend ops (spec
+ * model.md §4.2–§4.5, §3.11): Engram, the mHC mixes, the attention sub-layer (window ring + shared
+ * compressed KV through each sequence's cache, indexer, candidates, sparse attention with sink,
+ * grouped low-rank output; the DSpark draft variant) and the MoE sub-layer with the experts grouped
+ * over every row of the pass. Stage dump names are "L<i>.<stage>": token-parallel stages dump all
+ * rows of the pass; per-sequence stages (index scores, candidates, top-k) dump once per sequence, in
+ * row order — a pass of one sequence (the verify path) dumps exactly that sequence's tensors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,35 +71,47 @@ int fwd_engram(fwd_ctx *c, int L, uint16_t *x) {
 
 /* ---------------- attention sub-layer (§3.4, §4.4, §3.11) ---------------- */
 
-/* The publication of source stage `src` for a consumer at layer L, checked to exist (a layer that is
- * its own source reads what it has published so far in this block). */
-static const struct fwd_pub *source(fwd_ctx *c, int L, int src, const char *what) {
-    if (src < 0 || src > L || (src < L && !c->pub[src].done)) {
+/* One sequence's part of a layer's attention (block lifetime). Its rows of the pass are
+ * [r0, r0 + T); its new compressed entries are rows [lat0, lat0 + n_new) of the layer's latent. */
+typedef struct seq_attn {
+    int64_t e0, n_new, lat0;  /* entries [e0, e0 + n_new) its chunk completes (kv sources) */
+    uint16_t *win;            /* bf16 [n_win_rows, hd] window key rows (backend) */
+    int64_t n_kw;
+    const uint16_t *cmp;      /* bf16 [n_cmp, hd] gathered compressed rows or NULL (backend) */
+    int64_t n_cmp;
+    int32_t *idx;             /* int32 [T, n_idx] index lists into [win ‖ cmp] (host) */
+    int64_t n_idx;
+} seq_attn;
+
+/* The publication of source stage `src` for a consumer at layer L in sequence q, checked to exist
+ * (a layer that is its own source reads what it has published so far in this block). */
+static const fwd_pub *source(fwd_ctx *c, const fwd_seq *q, int L, int src, const char *what) {
+    if (src < 0 || src > L || (src < L && !q->pub[src].done)) {
         di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: %s source layer %d has not run in this pass", L, what, src);
         return NULL;
     }
-    return &c->pub[src];
+    return &q->pub[src];
 }
 
-/* Group positions n·R of the compressed entries [e0, e0+n), in backend memory.  out int64 [n] */
-static int64_t *entry_positions(fwd_ctx *c, int64_t e0, int64_t n, int R) {
-    int64_t *p = fwd_halloc(c, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0); /* int64 [n] host */
-    for (int64_t i = 0; p && i < n; i++) p[i] = (e0 + i) * R;
-    return p ? fwd_upload(c, p, sizeof(int64_t) * (size_t)(n > 0 ? n : 1), 0) : NULL;
-}
-
-/* kv sources: the latent, before RoPE, of the compressed entries [s0/R, (s0+T)/R) this chunk
- * completes. Ratio 1: a bf16 projection per token. Ratio R > 1: per-channel softmax pooling of R
- * tokens on f32 projections, streamed through the cache's carry state one group at a time (a chunk
- * may start and end inside a group; the trailing partial group waits in the state). Then the
- * compressor RMSNorm.  u bf16 [T, D];  *lat bf16 [n_new, hd] (block lifetime) */
-static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out, int64_t *n_new_out) {
+/* kv sources: the latent, before RoPE, of the compressed entries [s0/R, (s0+T)/R) each chunk
+ * completes, every sequence's after the previous one's (sa[i].lat0). Ratio 1: a bf16 projection per
+ * token (so the latent rows are the pass rows). Ratio R > 1: f32 projections of all rows in one GEMM
+ * each, then per sequence a per-channel softmax pooling of R tokens, streamed through its cache's
+ * carry state one group at a time (a chunk may start and end inside a group; the trailing partial
+ * group waits in the state). Then the compressor RMSNorm over all new entries.
+ *   u bf16 [T, D];  *lat bf16 [n_new, hd] (block lifetime), n_new = Σ sa[i].n_new */
+static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16_t **lat_out, int64_t *n_new_out) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
-    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, s0 = c->s0;
+    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim;
     int R = cfg->layer[L].compress_ratio;
-    int64_t n_new = (s0 + T) / R - s0 / R;
+    int64_t n_new = 0;
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_chunk *k = &c->seq[i].ck;
+        sa[i].e0 = k->s0 / R, sa[i].n_new = (k->s0 + k->T) / R - k->s0 / R, sa[i].lat0 = n_new;
+        n_new += sa[i].n_new;
+    }
     uint16_t *lat;
     ALLOC(lat, (n_new > 0 ? n_new : 1) * hd, 0);
     if (R == 1) {
@@ -107,21 +122,27 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out, 
         ALLOC(g, T * hd, 0);
         CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
         CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
-        int64_t emitted = 0;
-        for (int64_t t = 0; t < T;) {
-            int64_t p = s0 + t, end = (p / R + 1) * R - s0; /* end of p's group, chunk-relative */
-            if (end > T) end = T;
-            float *kv_state, *score_state; /* f32 [R, hd] each: the group's block in the cache */
-            int64_t n_out = 0;
-            CK(di_cache_cmp_state(c->cache, L, p, &kv_state, &score_state, c->err));
-            CK(be->compress_pool(be, a + t * hd, g + t * hd, end - t, p, R, hd, kv_state, score_state,
-                                 lat + emitted * hd, &n_out, c->err));
-            emitted += n_out;
-            t = end;
+        for (int i = 0; i < c->n_seq; i++) {
+            const fwd_seq *q = &c->seq[i];
+            int64_t s0 = q->ck.s0, Ti = q->ck.T, emitted = 0;
+            const float *ai = a + q->r0 * hd, *gi = g + q->r0 * hd;
+            uint16_t *li = lat + sa[i].lat0 * hd;
+            for (int64_t t = 0; t < Ti;) {
+                int64_t p = s0 + t, end = (p / R + 1) * R - s0; /* end of p's group, chunk-relative */
+                if (end > Ti) end = Ti;
+                float *kv_state, *score_state; /* f32 [R, hd] each: the group's block in the cache */
+                int64_t n_out = 0;
+                CK(di_cache_cmp_state(q->ck.cache, L, p, &kv_state, &score_state, c->err));
+                CK(be->compress_pool(be, ai + t * hd, gi + t * hd, end - t, p, R, hd, kv_state, score_state,
+                                     li + emitted * hd, &n_out, c->err));
+                emitted += n_out;
+                t = end;
+            }
+            if (emitted != sa[i].n_new)
+                return di_error_set(c->err, DI_ERR_INTERNAL,
+                                    "layer %d, sequence %d of the batch: compressor emitted %lld entries, expected %lld", L,
+                                    i, (long long)emitted, (long long)sa[i].n_new);
         }
-        if (emitted != n_new)
-            return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: compressor emitted %lld entries, expected %lld", L,
-                                (long long)emitted, (long long)n_new);
     }
     if (n_new > 0) {
         CK(be->rmsnorm(be, lat, n_new, hd, w->cmp_norm, (float)cfg->rms_norm_eps, lat, c->err));
@@ -132,23 +153,32 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, uint16_t **lat_out, 
     return DI_OK;
 }
 
+/* Group positions n·R of every sequence's new compressed entries, in latent row order (backend).
+ *   out int64 [n_new] */
+static int64_t *entry_positions(fwd_ctx *c, const seq_attn *sa, int64_t n_new, int R) {
+    int64_t *p = fwd_halloc(c, sizeof(int64_t) * (size_t)(n_new > 0 ? n_new : 1), 0); /* int64 [n_new] host */
+    for (int i = 0; p && i < c->n_seq; i++)
+        for (int64_t j = 0; j < sa[i].n_new; j++) p[sa[i].lat0 + j] = (sa[i].e0 + j) * R;
+    return p ? fwd_upload(c, p, sizeof(int64_t) * (size_t)(n_new > 0 ? n_new : 1), 0) : NULL;
+}
+
 /* kv sources: index keys of the new entries from the (unrotated) latent — wk, k_norm, RoPE at the
- * group's first position n·R — stored in the cache, which applies the FP4 QDQ with E8M0 scales per 32
- * (no Hadamard in V4.1).  lat bf16 [n_new, hd] */
-static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new) {
+ * group's first position n·R — stored in each sequence's cache, which applies the FP4 QDQ with E8M0
+ * scales per 32 (no Hadamard in V4.1).  lat bf16 [n_new, hd];  epos int64 [n_new] */
+static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, const int64_t *epos, const seq_attn *sa) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
-    int R = cfg->layer[L].compress_ratio, ihd = cfg->index_head_dim;
-    int64_t hd = cfg->head_dim, e0 = c->s0 / R;
+    int ihd = cfg->index_head_dim;
+    int64_t hd = cfg->head_dim;
     uint16_t *k; /* bf16 [n_new, ihd] */
     ALLOC(k, n_new * ihd, 0);
-    int64_t *epos = entry_positions(c, e0, n_new, R);
-    if (!epos) return c->err->code;
     CK(be->linear_bf16(be, lat, n_new, hd, w->idx_wk, ihd, k, c->err));
     CK(be->rmsnorm(be, k, n_new, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
     CK(be->rope(be, k, n_new, 1, ihd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false, c->err));
-    for (int64_t i = 0; i < n_new; i++) CK(di_cache_ikey_put(c->cache, L, e0 + i, k + i * ihd, c->err));
+    for (int i = 0; i < c->n_seq; i++)
+        for (int64_t j = 0; j < sa[i].n_new; j++)
+            CK(di_cache_ikey_put(c->seq[i].ck.cache, L, sa[i].e0 + j, k + (sa[i].lat0 + j) * ihd, c->err));
     if (c->opts->dump) {
         CK(be->qdq_fp4_e8m0(be, k, n_new, ihd, 32, c->err)); /* the value the cache holds */
         DUMP("attn.index_k", DI_BF16, k, 2, n_new, ihd, 0);
@@ -156,13 +186,15 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new) {
     return DI_OK;
 }
 
-/* Index sources: score every index key visible to the chunk (read back from the key source's cache)
- * with this layer's own queries and weights (bf16 arithmetic), mask by the candidate blocks (re-index
- * layers), publish the candidate mask (the candidate source; its own selection is not masked) and the
- * top-k list of compressed entry ids, ascending, −1 padded. Score rows are (s0+T)/R wide, as the
- * reference's (T/R in its prefill, end/R in decode); the CPU top-k replays torch's selection, whose
- * choice among EXACTLY tied scores depends on that width, so two chunkings of one prompt may pick
- * different entries among ties (never otherwise).  u bf16 [T, D];  qr bf16 [T, qr] */
+/* Index sources: the queries and weights of every row in one projection each, then per sequence:
+ * score every index key visible to its chunk (read back from the key source's cache) with its own
+ * rows (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate mask
+ * (the candidate source; its own selection is not masked) and the top-k list of compressed entry ids,
+ * ascending, −1 padded. Score rows are (s0+T)/R wide, as the reference's (T/R in its prefill, end/R
+ * in decode); the CPU top-k replays torch's selection, whose choice among EXACTLY tied scores
+ * depends on that width, so two chunkings of one prompt may pick different entries among ties (never
+ * otherwise) — a sequence's width is its own, whatever else is in the batch.
+ *   u bf16 [T, D];  qr bf16 [T, qr] */
 static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
@@ -170,92 +202,109 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, qrk = cfg->q_lora_rank;
     int R = lc->compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
-    int64_t ncmp = (c->s0 + T) / R;
-    int ksel = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
-    if (c->out) c->out->topk_k[L] = ksel, c->out->n_keys[L] = ncmp;
-    c->pub[L].topk_k = ksel;
-    if (ksel == 0) return DI_OK; /* nothing visible yet: empty compressed lists */
-    if (!source(c, L, lc->index_key_source, "index-key")) return c->err->code;
+    int64_t n_top = 0; /* Σ T_i·k_i: the pass's top-k lists, back to back in sequence order */
+    for (int i = 0; i < c->n_seq; i++) {
+        fwd_seq *q = &c->seq[i];
+        int64_t ncmp = (q->ck.s0 + q->ck.T) / R;
+        q->pub[L].topk_k = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
+        if (c->out) c->out->topk_k[L] = q->pub[L].topk_k, c->out->n_keys[L] = ncmp;
+        n_top += q->ck.T * q->pub[L].topk_k;
+    }
+    if (!n_top) return DI_OK; /* nothing visible yet: empty compressed lists */
 
-    uint16_t *qi, *iw, *keys; /* bf16 [T, ih, ihd], bf16 [T, ih], bf16 [ncmp, ihd] */
-    int32_t *vis_h, *vis;     /* int32 [T] visible compressed entries per query (host, backend) */
-    float *scores;            /* f32 [T, ncmp] */
-    int32_t *top, *top_h;     /* int32 [T, ksel] (backend; host copy of pass lifetime: reuse layers read it) */
+    uint16_t *qi, *iw; /* bf16 [T, ih, ihd], bf16 [T, ih] */
     ALLOC(qi, T * ih * ihd, 0);
     ALLOC(iw, T * ih, 0);
-    ALLOC(keys, ncmp * ihd, 0);
-    ALLOC(scores, T * ncmp, 0);
-    ALLOC(top, T * ksel, 0);
-    HALLOC(top_h, T * ksel, 1);
-    HALLOC(vis_h, T, 0);
-    for (int64_t t = 0; t < T; t++) vis_h[t] = (int32_t)((c->s0 + t + 1) / R);
-    UPLOAD(vis, vis_h, T, 0);
-    if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
-        c->out->index_scores[L] = calloc((size_t)(T * ncmp), sizeof(float));
-        c->out->topk[L] = calloc((size_t)(T * ksel), sizeof(int32_t));
-        if (!c->out->index_scores[L] || !c->out->topk[L])
-            return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)T,
-                                (long long)ncmp);
-    }
-    CK(di_cache_ikey_rows(c->cache, lc->index_key_source, 0, ncmp, keys, c->err));
     CK(be->linear_fp8(be, qr, T, qrk, w->idx_wq_b.w, w->idx_wq_b.s, (int64_t)ih * ihd, qi, c->err));
     CK(be->rope(be, qi, T, ih, ihd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[lc->rope], false, c->err));
     CK(be->qdq_fp4_e8m0(be, qi, T * ih, ihd, 32, c->err));
     DUMP("attn.index_q", DI_BF16, qi, 3, T, ih, ihd);
     CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
     DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
-
-    const uint8_t *cand = NULL;
-    if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
-        const struct fwd_pub *cs = source(c, L, lc->candidate_source, "candidate");
-        if (!cs) return c->err->code;
-        if (cs->n_cand != ncmp)
-            return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: candidate mask over %lld entries, scores over %lld",
-                                L, (long long)cs->n_cand, (long long)ncmp);
-        cand = cs->cand;
-    }
     /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
     float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
-    CK(be->indexer_scores(be, qi, iw, w_scale, keys, T, ih, ihd, ncmp, vis, cand, scores, c->err));
-    DUMP("attn.index_scores", DI_F32, scores, 2, T, ncmp, 0);
-    if (c->out) CK(fwd_download(c, c->out->index_scores[L], scores, sizeof(float) * (size_t)(T * ncmp)));
+    int32_t *vis_h, *vis; /* int32 [T] compressed entries visible to each row's query (host, backend) */
+    int32_t *top, *top_h; /* int32 [n_top] (backend; host copy of pass lifetime: reuse layers read it) */
+    HALLOC(vis_h, T, 0);
+    ALLOC(top, n_top, 0);
+    HALLOC(top_h, n_top, 1);
+    for (int i = 0; i < c->n_seq; i++)
+        for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
+    UPLOAD(vis, vis_h, T, 0);
 
-    if (lc->is_candidate_source) {
-        int blk = cfg->candidate_block_size;
-        uint8_t *mask; /* uint8 [T, ncmp] */
-        float *ws;     /* f32 [ceil(ncmp / blk)] */
-        ALLOC(mask, T * ncmp, 1);
-        ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
-        CK(be->candidate_mask(be, scores, T, ncmp, vis, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
-        DUMP("attn.candidates", DI_I8, mask, 2, T, ncmp, 0);
-        c->pub[L].cand = mask;
-        c->pub[L].n_cand = ncmp;
+    int64_t o = 0; /* sequence i's top-k lists are top[o_i …] */
+    for (int i = 0; i < c->n_seq; i++) {
+        fwd_seq *q = &c->seq[i];
+        int64_t Ti = q->ck.T, ncmp = (q->ck.s0 + Ti) / R;
+        int ksel = q->pub[L].topk_k;
+        if (ksel == 0) continue;
+        if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
+        uint16_t *keys; /* bf16 [ncmp, ihd] */
+        float *scores;  /* f32 [Ti, ncmp] */
+        ALLOC(keys, ncmp * ihd, 0);
+        ALLOC(scores, Ti * ncmp, 0);
+        if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
+            c->out->index_scores[L] = calloc((size_t)(Ti * ncmp), sizeof(float));
+            c->out->topk[L] = calloc((size_t)(Ti * ksel), sizeof(int32_t));
+            if (!c->out->index_scores[L] || !c->out->topk[L])
+                return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)Ti,
+                                    (long long)ncmp);
+        }
+        CK(di_cache_ikey_rows(q->ck.cache, lc->index_key_source, 0, ncmp, keys, c->err));
+
+        const uint8_t *cand = NULL;
+        if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
+            const fwd_pub *cs = source(c, q, L, lc->candidate_source, "candidate");
+            if (!cs) return c->err->code;
+            if (cs->n_cand != ncmp)
+                return di_error_set(c->err, DI_ERR_INTERNAL,
+                                    "layer %d: candidate mask over %lld entries, scores over %lld", L,
+                                    (long long)cs->n_cand, (long long)ncmp);
+            cand = cs->cand;
+        }
+        const int32_t *vi = vis + q->r0; /* int32 [Ti] */
+        CK(be->indexer_scores(be, qi + q->r0 * ih * ihd, iw + q->r0 * ih, w_scale, keys, Ti, ih, ihd, ncmp, vi, cand,
+                              scores, c->err));
+        DUMP("attn.index_scores", DI_F32, scores, 2, Ti, ncmp, 0);
+        if (c->out) CK(fwd_download(c, c->out->index_scores[L], scores, sizeof(float) * (size_t)(Ti * ncmp)));
+
+        if (lc->is_candidate_source) {
+            int blk = cfg->candidate_block_size;
+            uint8_t *mask; /* uint8 [Ti, ncmp] */
+            float *ws;     /* f32 [ceil(ncmp / blk)] */
+            ALLOC(mask, Ti * ncmp, 1);
+            ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
+            CK(be->candidate_mask(be, scores, Ti, ncmp, vi, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
+            DUMP("attn.candidates", DI_I8, mask, 2, Ti, ncmp, 0);
+            q->pub[L].cand = mask;
+            q->pub[L].n_cand = ncmp;
+        }
+        CK(be->topk(be, scores, Ti, ncmp, vi, ksel, 0, top + o, c->err));
+        DUMP("attn.topk", DI_I32, top + o, 2, Ti, ksel, 0);
+        q->pub[L].topk = top_h + o;
+        o += Ti * ksel;
     }
-    CK(be->topk(be, scores, T, ncmp, vis, ksel, 0, top, c->err));
-    /* the gather of the selected entries is planned on the host (attn_compressed): one download per
-     * index layer, a synchronisation point of the pass */
-    CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)(T * ksel)));
-    DUMP("attn.topk", DI_I32, top, 2, T, ksel, 0);
-    c->pub[L].topk = top_h;
+    /* the gathers of the selected entries are planned on the host (gather_compressed): one download
+     * per index layer for the whole pass, a synchronisation point */
+    CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)n_top));
     if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
-        for (int64_t i = 0; i < T * ksel; i++)
-            c->out->topk[L][i] = top_h[i] < 0 ? -1 : top_h[i] + (int32_t)c->n_win_rows;
+        for (int64_t j = 0; j < n_top; j++)
+            c->out->topk[L][j] = top_h[j] < 0 ? -1 : top_h[j] + (int32_t)c->seq[0].n_win_rows;
     return DI_OK;
 }
 
-/* kv sources: the shared compressed KV of the new entries — the latent rotated at n·R — stored in the
- * cache, which applies the FP4 QDQ with E4M3 scales over groups of 16 (all 512 channels).
- *   lat bf16 [n_new, hd], rotated in place */
-static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new) {
+/* kv sources: the shared compressed KV of the new entries — the latent rotated at n·R — stored in
+ * each sequence's cache, which applies the FP4 QDQ with E4M3 scales over groups of 16 (all 512
+ * channels).  lat bf16 [n_new, hd], rotated in place;  epos int64 [n_new] */
+static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new, const int64_t *epos, const seq_attn *sa) {
     const di_config *cfg = c->cfg;
     const di_backend *be = c->be;
-    int R = cfg->layer[L].compress_ratio;
-    int64_t hd = cfg->head_dim, e0 = c->s0 / R;
-    int64_t *epos = entry_positions(c, e0, n_new, R);
-    if (!epos) return c->err->code;
+    int64_t hd = cfg->head_dim;
     CK(be->rope(be, lat, n_new, 1, (int)hd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false,
                 c->err));
-    for (int64_t i = 0; i < n_new; i++) CK(di_cache_cmp_put(c->cache, L, e0 + i, lat + i * hd, c->err));
+    for (int i = 0; i < c->n_seq; i++)
+        for (int64_t j = 0; j < sa[i].n_new; j++)
+            CK(di_cache_cmp_put(c->seq[i].ck.cache, L, sa[i].e0 + j, lat + (sa[i].lat0 + j) * hd, c->err));
     if (c->opts->dump) {
         CK(be->qdq_fp4_e4m3(be, lat, n_new, hd, 16, c->err)); /* the value the cache holds */
         DUMP("attn.cmp_kv", DI_BF16, lat, 2, n_new, hd, 0);
@@ -263,30 +312,21 @@ static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new) {
     return DI_OK;
 }
 
-/* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
- * latent feeds its index keys BEFORE it is rotated into the compressed KV, and the indexer runs in
- * between. Then the entries this layer attends — the top-k of its index source (itself, or the latest
- * one for reuse layers) over its kv source's compressed KV — are gathered from the cache (the union
- * over the chunk's queries, ascending) and the lists are rewritten to index [window rows ‖ gathered].
- *   u bf16 [T, D];  qr bf16 [T, qr];  *cmp bf16 [n_cmp, hd] (backend);  *cidx int32 [T, kc] (host) */
-static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, uint16_t **cmp, int64_t *n_cmp,
-                           int32_t **cidx, int64_t *kc_out) {
+/* The entries sequence q attends at layer L — the top-k of its index source (itself, or the latest
+ * one for reuse layers) over its kv source's compressed KV — gathered from its cache (the union over
+ * the chunk's queries, ascending); the lists are rewritten to index [window rows ‖ gathered].
+ *   s->cmp bf16 [n_cmp, hd] (backend);  *cidx int32 [T, kc] (host) */
+static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, int32_t **cidx, int64_t *kc_out) {
     const di_layer_cfg *lc = &c->cfg->layer[L];
-    int64_t T = c->T, hd = c->cfg->head_dim;
-    uint16_t *lat = NULL; /* bf16 [n_new, hd] */
-    int64_t n_new = 0;
-    if (lc->is_kv_source) CK(compressor(c, L, u, &lat, &n_new));
-    if (n_new > 0 && lc->has_index_wk) CK(index_keys(c, L, lat, n_new));
-    if (lc->is_index_source) CK(indexer(c, L, u, qr));
-    if (n_new > 0) CK(compressed_kv(c, L, lat, n_new));
-    c->pub[L].done = true;
-    const struct fwd_pub *topp;
-    if (!source(c, L, lc->kv_source, "kv") || !(topp = source(c, L, lc->index_source, "top-k"))) return c->err->code;
+    int64_t T = q->ck.T, hd = c->cfg->head_dim;
+    const fwd_pub *topp;
+    if (!source(c, q, L, lc->kv_source, "kv") || !(topp = source(c, q, L, lc->index_source, "top-k")))
+        return c->err->code;
     int64_t kc = topp->topk ? topp->topk_k : 0;
-    *kc_out = kc, *n_cmp = 0, *cmp = NULL, *cidx = NULL;
+    *kc_out = kc, s->n_cmp = 0, s->cmp = NULL, *cidx = NULL;
     if (!kc) return DI_OK;
 
-    int64_t n_all = (c->s0 + T) / lc->compress_ratio; /* entries visible to the chunk's last query */
+    int64_t n_all = (q->ck.s0 + T) / lc->compress_ratio; /* entries visible to the chunk's last query */
     int32_t *map, *ent; /* int32 [n_all]: entry → gathered row (−1: unused); int32 [n_all] gathered entries (host) */
     int32_t *idx;       /* int32 [T, kc] (host) */
     HALLOC(map, n_all, 0);
@@ -303,44 +343,95 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
         if (map[e] == 0) ent[nu] = (int32_t)e, map[e] = (int32_t)nu++;
     uint16_t *rows; /* bf16 [nu, hd] */
     ALLOC(rows, (nu > 0 ? nu : 1) * hd, 0);
-    CK(di_cache_cmp_gather(c->cache, lc->kv_source, ent, nu, rows, c->err));
+    CK(di_cache_cmp_gather(q->ck.cache, lc->kv_source, ent, nu, rows, c->err));
     for (int64_t i = 0; i < T * kc; i++) {
         int32_t e = topp->topk[i];
-        idx[i] = e < 0 ? -1 : (int32_t)(c->n_win_rows + map[e]);
+        idx[i] = e < 0 ? -1 : (int32_t)(q->n_win_rows + map[e]);
     }
-    *cmp = rows, *n_cmp = nu, *cidx = idx;
+    s->cmp = rows, s->n_cmp = nu, *cidx = idx;
     return DI_OK;
 }
 
-/* The window KV of the chunk (wkv → kv_norm → RoPE → FP8 QDQ of all hd channels, groups of 32) after
- * the previous window rows read from the cache; the chunk's rows are written to the cache (which
- * quantizes them itself) AFTER the read, since a long chunk overwrites ring slots.
- *   u bf16 [T, D];  rows bf16 [n_win_rows, hd] out */
-static int window_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t *rows) {
+/* The window KV of every row (wkv → kv_norm → RoPE → FP8 QDQ of all hd channels, groups of 32), one
+ * projection for the pass; each sequence's key rows are its previous window rows read from its cache
+ * followed by its chunk's rows. The chunk's rows are written to the cache (which quantizes them
+ * itself, from the row before the QDQ) AFTER the read, since a long chunk overwrites ring slots.
+ *   u bf16 [T, D];  sa[i].win bf16 [n_win_rows_i, hd] out (block lifetime) */
+static int window_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
-    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, n_prev = c->s0 - c->win_base;
-    uint16_t *kv = rows + n_prev * hd; /* bf16 [T, hd] */
-    if (n_prev > 0) CK(di_cache_window_rows(c->cache, L, c->win_base, c->s0, rows, c->err));
+    int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim;
+    uint16_t *kv; /* bf16 [T, hd] */
+    ALLOC(kv, T * hd, 0);
     CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
     CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, (float)cfg->rms_norm_eps, kv, c->err));
     CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
                 c->err));
-    CK(di_cache_window_put_rows(c->cache, L, c->s0, T, kv, c->err));
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        int64_t n_prev = q->ck.s0 - q->win_base;
+        ALLOC(sa[i].win, q->n_win_rows * hd, 0);
+        sa[i].n_kw = q->n_win_rows;
+        if (n_prev > 0) CK(di_cache_window_rows(q->ck.cache, L, q->win_base, q->ck.s0, sa[i].win, c->err));
+        CK(di_cache_window_put_rows(q->ck.cache, L, q->ck.s0, q->ck.T, kv + q->r0 * hd, c->err));
+    }
     CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        int64_t n_prev = q->ck.s0 - q->win_base;
+        CK(be->mem_copy(be, sa[i].win + n_prev * hd, kv + q->r0 * hd, sizeof(uint16_t) * (size_t)(q->ck.T * hd),
+                        c->err));
+    }
     return DI_OK;
 }
 
-/* DSpark draft block (§4.9): the T draft tokens' own KV (not cached) after the stage window rows the
- * caller gathered in slot order; every draft query sees all of them (bidirectional in the block).
- *   u bf16 [T, D];  *kv bf16 [T, hd];  *idx int32 [T, n_draft_win + T] (host) */
-static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t **kv_out, int32_t **idx_out, int64_t *n_idx) {
+/* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
+ * latent feeds its index keys BEFORE it is rotated into the compressed KV, and the indexer runs in
+ * between; then each sequence's index lists become [window ‖ gathered compressed entries].
+ *   u bf16 [T, D];  qr bf16 [T, qr] */
+static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr, seq_attn *sa) {
+    const di_layer_cfg *lc = &c->cfg->layer[L];
+    uint16_t *lat = NULL; /* bf16 [n_new, hd] */
+    int64_t n_new = 0;
+    const int64_t *epos = NULL; /* int64 [n_new] */
+    if (lc->is_kv_source) {
+        CK(compressor(c, L, u, sa, &lat, &n_new));
+        if (n_new > 0 && !(epos = entry_positions(c, sa, n_new, lc->compress_ratio))) return c->err->code;
+    }
+    if (n_new > 0 && lc->has_index_wk) CK(index_keys(c, L, lat, n_new, epos, sa));
+    if (lc->is_index_source) CK(indexer(c, L, u, qr));
+    if (n_new > 0) CK(compressed_kv(c, L, lat, n_new, epos, sa));
+    for (int i = 0; i < c->n_seq; i++) c->seq[i].pub[L].done = true;
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        int32_t *cidx = NULL; /* int32 [T_i, kc] */
+        int64_t kc = 0, T = q->ck.T;
+        CK(gather_compressed(c, L, q, &sa[i], &cidx, &kc));
+        int32_t *idx; /* int32 [T_i, n_win + kc] */
+        int64_t n_idx = q->n_win + kc;
+        HALLOC(idx, T * n_idx, 0);
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(idx + t * n_idx, q->win_idx + t * q->n_win, sizeof(int32_t) * (size_t)q->n_win);
+            if (kc) memcpy(idx + t * n_idx + q->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
+        }
+        sa[i].idx = idx, sa[i].n_idx = n_idx;
+    }
+    return DI_OK;
+}
+
+/* DSpark draft block (§4.9; a pass of one sequence): the T draft tokens' own KV (not cached) after
+ * the stage window rows the caller gathered in slot order; every draft query sees all of them
+ * (bidirectional in the block).  u bf16 [T, D];  s: cmp = the draft KV bf16 [T, hd], idx int32
+ * [T, n_draft_win + T] (host) */
+static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *s) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim, nw = c->n_draft_win;
+    if (c->n_seq != 1)
+        return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: a DSpark draft pass over %d sequences", L, c->n_seq);
     uint16_t *kv; /* bf16 [T, hd] */
     int32_t *idx; /* int32 [T, nw + T] (host) */
     ALLOC(kv, T * hd, 0);
@@ -354,11 +445,12 @@ static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, uint16_t **kv_out, in
     bool blind = c->opts->faults.window_no_history; /* mutation: the drafts ignore the main model's window */
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < nw + T; j++) idx[t * (nw + T) + j] = blind && j < nw ? -1 : (int32_t)j;
-    *kv_out = kv, *idx_out = idx, *n_idx = nw + T;
+    s->win = (uint16_t *)c->draft_win, s->n_kw = nw, s->cmp = kv, s->n_cmp = T, s->idx = idx, s->n_idx = nw + T;
     return DI_OK;
 }
 
-/* Attention sub-layer: u bf16 [T, D] (normed collapse) → y bf16 [T, D]. */
+/* Attention sub-layer: u bf16 [T, D] (normed collapse) → y bf16 [T, D]. Projections over all rows;
+ * key sets, index lists and the sparse attention per sequence on its rows. */
 static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
@@ -381,32 +473,17 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     CK(be->rope(be, q, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], false, c->err));
     DUMP("attn.q", DI_BF16, q, 3, T, H, hd);
 
-    /* key set and index lists: [window rows ‖ compressed entries], the reference's order */
-    const uint16_t *kv_win, *kv_cmp = NULL; /* bf16 [n_kw, hd], bf16 [n_cmp, hd] */
-    int64_t n_kw, n_cmp = 0, n_idx;
-    int32_t *idx; /* int32 [T, n_idx] (host; uploaded for the attention) */
+    /* key sets and index lists: [window rows ‖ compressed entries], the reference's order */
+    seq_attn *sa; /* [n_seq] (host) */
+    HALLOC(sa, c->n_seq, 0);
     if (lc->is_dspark) {
-        uint16_t *dkv = NULL;
-        idx = NULL, n_idx = 0;
-        CK(dspark_kv(c, L, u, &dkv, &idx, &n_idx));
-        kv_win = c->draft_win, n_kw = c->n_draft_win, kv_cmp = dkv, n_cmp = T;
+        CK(dspark_kv(c, L, u, &sa[0]));
     } else {
-        uint16_t *rows; /* bf16 [n_win_rows, hd] */
-        ALLOC(rows, c->n_win_rows * hd, 0);
-        CK(window_kv(c, L, u, rows));
-        kv_win = rows, n_kw = c->n_win_rows;
-        int32_t *cidx = NULL; /* int32 [T, kc] */
-        int64_t kc = 0;
+        CK(window_kv(c, L, u, sa));
         if (lc->compress_ratio > 0) {
-            uint16_t *cmp;
-            CK(attn_compressed(c, L, u, qa, &cmp, &n_cmp, &cidx, &kc));
-            kv_cmp = cmp;
-        }
-        n_idx = c->n_win + kc;
-        HALLOC(idx, T * n_idx, 0);
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(idx + t * n_idx, c->win_idx + t * c->n_win, sizeof(int32_t) * (size_t)c->n_win);
-            if (kc) memcpy(idx + t * n_idx + c->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
+            CK(attn_compressed(c, L, u, qa, sa));
+        } else {
+            for (int i = 0; i < c->n_seq; i++) sa[i].idx = c->seq[i].win_idx, sa[i].n_idx = c->seq[i].n_win;
         }
     }
 
@@ -417,12 +494,21 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
         CK(be->fill_f32(be, ninf, H, -INFINITY, c->err));
         sink = ninf;
     }
-    int32_t *idx_d; /* int32 [T, n_idx] */
-    UPLOAD(idx_d, idx, T * n_idx, 0);
+    /* every sequence's index lists back to back, one upload for the pass */
+    int64_t n_all = 0;
+    for (int i = 0; i < c->n_seq; i++) n_all += c->seq[i].ck.T * sa[i].n_idx;
+    int32_t *idx_h, *idx_d; /* int32 [Σ T_i·n_idx_i] (host, backend) */
+    HALLOC(idx_h, n_all, 0);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
+        memcpy(idx_h + off, sa[i].idx, sizeof(int32_t) * (size_t)(c->seq[i].ck.T * sa[i].n_idx));
+    UPLOAD(idx_d, idx_h, n_all, 0);
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    CK(be->sparse_attn(be, q, T, H, (int)hd, kv_win, n_kw, kv_cmp, n_cmp, sink, idx_d, n_idx,
-                       (float)pow((double)hd, -0.5), o, c->err));
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+        const fwd_seq *s = &c->seq[i];
+        CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp, sa[i].n_cmp,
+                           sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5), o + s->r0 * H * hd, c->err));
+    }
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);
 

@@ -1,5 +1,13 @@
-/* Private to forward.c / forward_block.c / dspark.c / session.c: the state of one forward pass over a
- * chunk of positions [s0, s0 + T) of one sequence, reading and writing that sequence's cache.
+/* Private to forward.c / forward_block.c / dspark.c / session.c: the state of one forward pass over
+ * a batch of sequences, each bringing its own chunk of positions [s0, s0 + T) and its own cache.
+ *
+ * Rows: the pass works on the CONCATENATION of the chunks — sequence i owns the rows
+ * [r0_i, r0_i + T_i) of every token-parallel tensor (embedding, streams, mixes, every GEMM input and
+ * output, router, expert rows). Every backend op is row-wise batch invariant (backend.h), so running
+ * those ops once over all rows gives each row the bits it would get alone, and the weights are read
+ * once per pass instead of once per sequence. What depends on a sequence's history — cache reads and
+ * writes, window lists, compressor pooling, indexer scores, candidate masks, top-k, the sparse
+ * attention — runs per sequence on its row slice. A single-sequence forward is the batch of one.
  *
  * Memory: tensors the ops read or write live in BACKEND memory (fwd_alloc; device memory for CUDA)
  * and are never dereferenced here; what the graph decides on the host — positions, window and top-k
@@ -16,47 +24,68 @@
 #include "model/cache.h"
 #include "model/forward.h"
 
+/* What a caller hands the pass for one sequence. */
+typedef struct fwd_chunk {
+    di_cache *cache;        /* positions < s0 are read from it, the chunk is written */
+    int64_t s0;             /* first position of the chunk */
+    int64_t T;              /* tokens in the chunk (≥ 1) */
+    const int32_t *ids;     /* int32 [T] (host); NULL for a DSpark draft block */
+    int64_t window_floor;   /* SWA bounded replay: window positions below it are invisible (0 = none) */
+    bool dspark;            /* write the DSpark stage windows of the chunk (fwd_dspark_fill) */
+    bool all_logits;        /* head rows: every position of the chunk, else the last one */
+    float *logits;          /* f32 [T or 1, V] (host) or NULL: no head rows for this sequence */
+} fwd_chunk;
+
+/* Shared attention state published by a source stage for one sequence's queries. The compressed
+ * KV and index keys themselves live in the cache (stage = the kv source); what a pass publishes is
+ * what only its own queries need. */
+typedef struct fwd_pub {
+    const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded (host) */
+    int topk_k;
+    const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) (backend) */
+    int64_t n_cand;
+    bool done;               /* the stage ran in this pass */
+} fwd_pub;
+
+/* One sequence of the pass. */
+typedef struct fwd_seq {
+    fwd_chunk ck;
+    int64_t r0;              /* first row of the chunk in the pass */
+
+    /* Window part of every query's key set (the same for every layer of the pass): the key rows are
+     * the positions [win_base, s0+T) — the previous window read from the cache, then the chunk — and
+     * row t of win_idx lists the rows query s0+t attends, in the reference's order (§5.3). */
+    int64_t win_base;        /* max(0, s0 − W + 1), raised to the window floor */
+    int64_t n_win_rows;      /* s0 + T − win_base */
+    int32_t *win_idx;        /* int32 [T, n_win] (host) */
+    int64_t n_win;
+
+    fwd_pub *pub;            /* [n_stages] read through the config's roles, in layer order */
+} fwd_seq;
+
 typedef struct fwd_ctx {
     const di_model *m;
     const di_config *cfg;
     const di_backend *be;
     const di_fwd_opts *opts;
     di_error *err;
-    di_cache *cache;         /* the sequence: positions < s0 are read from it, the chunk is written */
-    int64_t s0;              /* first position of the chunk */
-    int64_t T;               /* tokens in the chunk (queries of this pass) */
-    int64_t *pos;            /* int64 [T] positions s0 … s0+T−1 (backend) */
+    int n_seq;
+    fwd_seq *seq;            /* [n_seq] in row order */
+    int64_t T;               /* rows of the pass: Σ chunk T */
+    int32_t *ids;            /* int32 [T] the chunks' ids concatenated (host); NULL for a draft block */
+    int64_t *pos;            /* int64 [T] each row's position (backend) */
     float *rope_freqs[2];    /* f32 [rd/2] per di_rope_kind (plain, compress) (backend) */
-
-    /* Window part of every query's key set (the same for every layer of the pass): the key rows are
-     * the positions [win_base, s0+T) — the previous window read from the cache, then the chunk — and
-     * row p of win_idx lists the rows query p attends, in the reference's order (§5.3). */
-    int64_t win_base;        /* max(0, s0 − W + 1) */
-    int64_t n_win_rows;      /* s0 + T − win_base */
-    int32_t *win_idx;        /* int32 [T, n_win] (host) */
-    int64_t n_win;
-    int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids of the chunk (backend) */
-
-    /* Shared attention state of this pass, published per source stage and read through the config's
-     * roles. The compressed KV and index keys themselves live in the cache (stage = the kv source);
-     * what a pass publishes is what only its own queries need. */
-    struct fwd_pub {
-        const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded (host) */
-        int topk_k;
-        const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) (backend) */
-        int64_t n_cand;
-        bool done;               /* the stage ran in this pass */
-    } *pub;                      /* [n_stages] */
+    int64_t **eg_ids;        /* [n_engram_layers] int64 [T, cols] hash row ids of every row (backend) */
 
     /* DSpark features (§4.6): mean over the hc streams of each target layer's input, concatenated in
-     * target order. NULL when not wanted. */
+     * target order, for every row. NULL when no sequence of the pass keeps DSpark windows. */
     uint16_t *main_hidden;   /* bf16 [T, ntgt·D] (backend) */
 
-    /* DSpark draft block (dspark.c): the stage window rows in slot order, for the draft attention. */
+    /* DSpark draft block (dspark.c, a pass of one sequence): the stage window rows in slot order. */
     const uint16_t *draft_win; /* bf16 [n_draft_win, hd] (backend) */
     int64_t n_draft_win;
 
-    di_prefill_out *out;     /* prefill results (layer outputs, index scores, top-k) or NULL */
+    di_prefill_out *out;     /* prefill results (layer outputs, index scores, top-k) or NULL; one sequence */
 
     struct fwd_mem { void *p; bool host; } *keep; /* allocations that live for the whole pass */
     size_t n_keep, cap_keep;
@@ -74,11 +103,14 @@ void *fwd_upload(fwd_ctx *c, const void *host, size_t bytes, int persist);
 int fwd_download(fwd_ctx *c, void *host, const void *src, size_t bytes);
 void fwd_free_tmp(fwd_ctx *c);
 
-/* Pass setup for the chunk [s0, s0+T) of ids (validated against the vocabulary): positions, RoPE
- * tables, window index lists, Engram hashes (from the cache's history). Nothing is written to the
- * cache. ctx_free releases everything. */
-int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
-                 const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
+/* Pass setup for chunks[0..n) (distinct caches; ids validated against the vocabulary): rows,
+ * positions, RoPE tables, window index lists, Engram hashes (from each cache's history). Nothing is
+ * written to the caches. fwd_ctx_free releases everything (also after a failed init). */
+int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_chunk *chunks, int n,
+                 const di_fwd_opts *opts, di_error *err);
+/* The batch of one: the chunk [s0, s0+T) of ids on cache, opts->window_floor applying to it. */
+int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
+                  const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
 void fwd_ctx_free(fwd_ctx *c);
 
 /* Hand a stage tensor to the dump callback (no-op without one), downloaded from backend memory
@@ -88,29 +120,31 @@ void fwd_dump(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int n
 void fwd_dump_host(fwd_ctx *c, const char *name, di_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1,
                    int64_t d2);
 
-/* X = embedding repeated over the hc streams; pre = one-hot stream 0.  ids int32 [T] (host);
- * x bf16 [T, hc, D], pre f32 [T, hc] (backend) */
+/* X = embedding repeated over the hc streams; pre = one-hot stream 0, for all T rows of the pass.
+ * ids int32 [T] (host);  x bf16 [T, hc, D], pre f32 [T, hc] (backend) */
 int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre);
 
 /* Engram update of the streams before block L (no-op for non-Engram layers).  x bf16 [T, hc, D] */
 int fwd_engram(fwd_ctx *c, int L, uint16_t *x);
 
-/* Block L (backbone layer or DSpark stage): x bf16 [T, hc, D] in place; pre_in f32 [T, hc] collapses
- * the attention input; pre_out f32 [T, hc] receives the FFN pre-mix for the next block. Backbone
- * layers write the chunk's window rows / compressed entries into the cache (after reading what the
- * chunk needs from before s0); a DSpark stage attends c->draft_win ‖ the draft block. */
+/* Block L (backbone layer or DSpark stage) over all rows: x bf16 [T, hc, D] in place; pre_in
+ * f32 [T, hc] collapses the attention input; pre_out f32 [T, hc] receives the FFN pre-mix for the next
+ * block. Backbone layers write each chunk's window rows / compressed entries into its cache (after
+ * reading what the chunk needs from before its s0); a DSpark stage (a draft pass, one sequence)
+ * attends c->draft_win ‖ the draft block. */
 int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_out);
 
-/* The whole backbone over the chunk: Engram, blocks, DSpark features; then the final collapse,
- * norm and head on the last position (logits f32 [1, V]) or on every position (f32 [T, V]) when
- * all_logits, downloaded into host `logits` (may be NULL). ids int32 [T] host. Requires
- * di_cache_extend(T) done. */
-int fwd_backbone(fwd_ctx *c, const int32_t *ids, bool all_logits, float *logits);
+/* The whole backbone over the pass: Engram, blocks, DSpark features; then the final collapse, norm
+ * and head, run ONCE over the head rows of every sequence that asks for logits (its last position, or
+ * every position when all_logits) and downloaded into each chunk's host `logits`. Requires
+ * di_cache_extend(T) done on every cache. */
+int fwd_backbone(fwd_ctx *c);
 
-/* DSpark (dspark.c): the stage windows of the chunk's positions from c->main_hidden (all stages). */
+/* DSpark (dspark.c): the stage windows of the chunks' positions from c->main_hidden (all stages), for
+ * the sequences whose chunk has dspark set. */
 int fwd_dspark_fill(fwd_ctx *c);
 
-/* DSpark draft block after main position i = s0 − 1 (c set up for the chunk [i+1, i+1+block) with no
+/* DSpark draft block after main position i = s0 − 1 (c set up for one chunk [i+1, i+1+block) with no
  * ids): token = the main model's output at i. ids int32 [block+1] (ids[0] = token), conf f32 [block],
  * logits f32 [block, V] (may be NULL), all host. sample NULL = greedy (first maximum). */
 int fwd_dspark_draft(fwd_ctx *c, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,

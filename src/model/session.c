@@ -9,19 +9,27 @@
 
 int di_session_create(const di_model *m, const di_backend *be, const di_session_opts *opts, di_session **out,
                       di_error *err) {
-    if (!opts || opts->max_tokens < 1)
-        return di_error_set(err, DI_ERR_INVALID, "session: max_tokens %lld (need ≥ 1)",
-                            (long long)(opts ? opts->max_tokens : 0));
-    if (opts->dspark && m->cfg.n_dspark <= 0)
-        return di_error_set(err, DI_ERR_INVALID, "session: DSpark requested but the model has no draft stages");
-    di_session *s = calloc(1, sizeof *s);
-    if (!s) return di_error_set(err, DI_ERR_NOMEM, "session");
-    di_cache_opts co = {.max_tokens = opts->max_tokens, .be = be,
-                        .spec_margin = opts->spec_margin < 0 ? di_cache_default_margin(&m->cfg) : opts->spec_margin};
-    int rc = di_cache_create(&m->cfg, &co, &s->cache, err);
+    int rc = DI_OK;
+    if (!opts || (opts->max_tokens < 1 && !opts->cache))
+        rc = di_error_set(err, DI_ERR_INVALID, "session: max_tokens %lld (need ≥ 1)",
+                          (long long)(opts ? opts->max_tokens : 0));
+    else if (opts->dspark && m->cfg.n_dspark <= 0)
+        rc = di_error_set(err, DI_ERR_INVALID, "session: DSpark requested but the model has no draft stages");
+    di_session *s = rc ? NULL : calloc(1, sizeof *s);
+    if (!rc && !s) rc = di_error_set(err, DI_ERR_NOMEM, "session");
     if (rc) {
-        free(s);
+        if (opts) di_cache_destroy(opts->cache); /* adopted: ours to release on every path */
         return rc;
+    }
+    if (opts->cache) {
+        s->cache = opts->cache;
+    } else {
+        di_cache_opts co = {.max_tokens = opts->max_tokens, .be = be,
+                            .spec_margin = opts->spec_margin < 0 ? di_cache_default_margin(&m->cfg) : opts->spec_margin};
+        if ((rc = di_cache_create(&m->cfg, &co, &s->cache, err))) {
+            free(s);
+            return rc;
+        }
     }
     s->m = m, s->be = be, s->dspark = opts->dspark;
     *out = s;
@@ -36,29 +44,64 @@ void di_session_destroy(di_session *s) {
 
 void di_session_reset(di_session *s) { di_cache_reset(s->cache); }
 
-int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_logits, float *logits,
-                       const di_fwd_opts *opts, di_error *err) {
+/* Undo the di_cache_extend of chunks[0..n) where the margin allows (else the session needs a reset). */
+static void unwind(const di_session_chunk *chunks, int n) {
+    for (int i = 0; i < n; i++) {
+        di_cache *c = chunks[i].s->cache;
+        di_error ignored;
+        if (chunks[i].n <= di_cache_rollback_limit(c)) di_cache_rollback(c, chunks[i].n, &ignored);
+    }
+}
+
+int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err) {
     di_error local_err; /* the pass reports through err->code: never NULL inside */
     if (!err) err = &local_err;
-    const di_config *cfg = &s->m->cfg;
-    int64_t s0 = di_cache_len(s->cache);
+    if (n_chunks < 1 || !chunks) return di_error_set(err, DI_ERR_INVALID, "session batch: %d chunks", n_chunks);
+    if (n_chunks > 1 && opts && opts->window_floor)
+        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor is per chunk in a batch of %d", n_chunks);
+    const di_session *s0 = chunks[0].s;
+    const di_config *cfg = &s0->m->cfg;
+    fwd_chunk *ck = calloc((size_t)n_chunks, sizeof *ck); /* [n_chunks] */
+    if (!ck) return di_error_set(err, DI_ERR_NOMEM, "session batch: %d chunks", n_chunks);
+    bool dspark = false;
+    int rc = DI_OK;
+    for (int i = 0; i < n_chunks && !rc; i++) {
+        const di_session_chunk *k = &chunks[i];
+        if (!k->s || k->s->m != s0->m || k->s->be != s0->be)
+            rc = di_error_set(err, DI_ERR_INVALID, "session batch: chunk %d: %s", i,
+                              k->s ? "its session runs another model or backend" : "no session");
+        else if (!k->ids)
+            rc = di_error_set(err, DI_ERR_INVALID, "session batch: chunk %d: no ids", i);
+        ck[i] = (fwd_chunk){.cache = k->s ? k->s->cache : NULL, .s0 = k->s ? di_cache_len(k->s->cache) : 0, .T = k->n,
+                            .ids = k->ids, .window_floor = k->window_floor, .dspark = k->s && k->s->dspark,
+                            .all_logits = k->all_logits, .logits = k->logits};
+        dspark = dspark || ck[i].dspark;
+    }
     fwd_ctx c;
-    int rc = fwd_ctx_init(&c, s->m, s->be, s->cache, s0, ids, n, opts, err);
-    if (!rc && s->dspark) {
-        c.main_hidden = fwd_alloc(&c, sizeof(uint16_t) * (size_t)(n * cfg->n_dspark_target_layer_ids * cfg->hidden_size), 1);
+    memset(&c, 0, sizeof c);
+    if (!rc) rc = fwd_ctx_init(&c, s0->m, s0->be, ck, n_chunks, opts, err); /* checks sizes, ids, distinct caches */
+    if (!rc && dspark) {
+        c.main_hidden = fwd_alloc(&c, sizeof(uint16_t) * (size_t)(c.T * cfg->n_dspark_target_layer_ids * cfg->hidden_size), 1);
         if (!c.main_hidden) rc = err->code;
     }
-    if (!rc) rc = di_cache_extend(s->cache, n, err);
-    if (!rc) {
-        rc = fwd_backbone(&c, ids, all_logits, logits);
-        if (!rc && s->dspark) rc = fwd_dspark_fill(&c);
-        if (rc && n <= di_cache_rollback_limit(s->cache)) {
-            di_error ignored;
-            di_cache_rollback(s->cache, n, &ignored); /* leave the sequence as it was */
-        }
+    int extended = 0;
+    while (!rc && extended < n_chunks) {
+        rc = di_cache_extend(ck[extended].cache, ck[extended].T, err);
+        if (!rc) extended++;
     }
+    if (!rc) rc = fwd_backbone(&c);
+    if (!rc && dspark) rc = fwd_dspark_fill(&c);
+    if (rc) unwind(chunks, extended); /* leave the sequences as they were */
     fwd_ctx_free(&c);
+    free(ck);
     return rc;
+}
+
+int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_logits, float *logits,
+                       const di_fwd_opts *opts, di_error *err) {
+    di_session_chunk k = {.s = s, .ids = ids, .n = n, .all_logits = all_logits, .logits = logits,
+                          .window_floor = opts ? opts->window_floor : 0};
+    return di_session_forward_batch(&k, 1, opts, err);
 }
 
 int di_session_rollback(di_session *s, int64_t k, di_error *err) { return di_cache_rollback(s->cache, k, err); }
@@ -71,7 +114,7 @@ int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sa
     int64_t len = di_cache_len(s->cache);
     if (len < 1) return di_error_set(err, DI_ERR_INVALID, "session: draft before any token");
     fwd_ctx c;
-    int rc = fwd_ctx_init(&c, s->m, s->be, s->cache, len, NULL, s->m->cfg.dspark_block_size, opts, err);
+    int rc = fwd_ctx_init1(&c, s->m, s->be, s->cache, len, NULL, s->m->cfg.dspark_block_size, opts, err);
     if (!rc) rc = fwd_dspark_draft(&c, token, sample, sample_ctx, ids, conf, logits);
     fwd_ctx_free(&c);
     return rc;

@@ -6,6 +6,9 @@
  *   di_session_forward(s, ids, n)   appends positions [len, len+n): every layer reads the window /
  *                                   compressed KV / Engram history of the earlier positions from the
  *                                   cache and writes the chunk's; logits of the last (or every) position
+ *   di_session_forward_batch(...)   the same for several sessions in one pass (continuous batching):
+ *                                   the weights are read once for all of them, each session's logits
+ *                                   bit-identical to its forward alone
  *   di_session_rollback(s, k)       drops the newest k ≤ spec_margin positions; the cache is then
  *                                   byte-identical to never having appended them, so continuing gives
  *                                   identical logits
@@ -29,6 +32,8 @@ typedef struct di_session_opts {
     int64_t max_tokens; /* context capacity (positions 0 … max_tokens−1) */
     int spec_margin;    /* deepest exact rollback (cache.h); < 0 = di_cache_default_margin (cache.h) */
     bool dspark;        /* keep the DSpark stage windows (required for di_session_draft) */
+    di_cache *cache;    /* a cache to adopt (e.g. from a paged pool, model/cache_pool.h), destroyed with the
+                           session even when creation fails; NULL = its own for max_tokens */
 } di_session_opts;
 
 typedef struct di_session {
@@ -49,6 +54,31 @@ static inline int64_t di_session_len(const di_session *s) { return di_cache_len(
  * (the last position); may be NULL. opts: dumps / faults (NULL = none). */
 int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_logits, float *logits,
                        const di_fwd_opts *opts, di_error *err);
+
+/* One sequence's part of a batched forward: n ids appended at s's current length; logits as in
+ * di_session_forward (f32 [n, V] when all_logits, else f32 [1, V]; NULL = none). window_floor: the
+ * chunk's SWA bounded-replay floor (di_fwd_opts.window_floor; 0 = none). */
+typedef struct di_session_chunk {
+    di_session *s;
+    const int32_t *ids; /* int32 [n] */
+    int64_t n;
+    bool all_logits;
+    float *logits;
+    int64_t window_floor;
+} di_session_chunk;
+
+/* Batched forward (continuous batching): every chunk appended to its own session in ONE pass. The
+ * token-parallel work (embedding, Engram, mHC, norms, every projection GEMM, router and the experts
+ * grouped over all rows, the head) runs once over the concatenated rows of all chunks, so each weight
+ * is read once per step; cache reads and writes, window lists, compressor pooling, indexer, top-k and
+ * the sparse attention run per sequence. Every backend op is row-wise batch invariant, so each
+ * chunk's logits (and cache) are bit-identical to its di_session_forward alone, whatever the other
+ * chunks (tests/test_forward_batch.c). Chunks may mix decode steps, prefill chunks and DSpark verify
+ * blocks (a session with DSpark on gets its stage windows written). The sessions must be distinct and
+ * share the model and backend. opts: dumps / faults (NULL = none); opts->window_floor must be 0 (the
+ * floor is per chunk). On failure every chunk is rolled back where the margin allows. */
+int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err);
+
 /* Drop the newest k positions exactly (k ≤ di_cache_rollback_limit). */
 int di_session_rollback(di_session *s, int64_t k, di_error *err);
 
