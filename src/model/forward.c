@@ -475,9 +475,11 @@ int fwd_backbone(fwd_ctx *c) {
     CK(engram_history_put(c));
     CK(fwd_embed_streams(c, c->ids, x, pre));
     for (int L = 0; L < cfg->n_layers; L++) {
+        if (c->opts->block_hook) CK(c->opts->block_hook(c->opts->block_hook_ctx, L, false, err));
         CK(fwd_engram(c, L, x));
         if (cfg->layer[L].dspark_target) CK(dspark_feature(c, L, x));
         CK(fwd_block(c, L, x, pre, pre_next));
+        if (c->opts->block_hook) CK(c->opts->block_hook(c->opts->block_hook_ctx, L, true, err));
         fwd_free_tmp(c);
         CK(be->mem_copy(be, pre, pre_next, sizeof(float) * (size_t)(T * hc), err));
         if (c->out) CK(keep_block(c, L, x, pre));

@@ -63,6 +63,13 @@ typedef struct di_graph_faults {
 typedef void (*di_dump_fn)(void *ctx, const char *name, di_dtype dtype, int ndim, const int64_t *shape,
                            const void *data);
 
+/* Per-block timing hook (`deepinfer bench gpu`): called with after = false just before backbone block
+ * L (its Engram included) and after = true once it returns, with every op of it issued. The forward
+ * never synchronises a device itself: the callback does (e.g. a one-byte mem_download) when it times
+ * the block. A non-zero return aborts the pass with that status (the callback sets err). NULL = no
+ * calls, no cost. */
+typedef int (*di_block_hook_fn)(void *ctx, int layer, bool after, di_error *err);
+
 typedef struct di_fwd_opts {
     di_dump_fn dump; /* NULL = no dumps */
     void *dump_ctx;
@@ -71,6 +78,8 @@ typedef struct di_fwd_opts {
      * to this chunk's queries and never read from the cache; 0 = the whole window. Single-sequence
      * passes only (a batch gives each chunk its own floor: di_session_chunk). */
     int64_t window_floor;
+    di_block_hook_fn block_hook; /* NULL = none */
+    void *block_hook_ctx;
 } di_fwd_opts;
 
 /* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and
