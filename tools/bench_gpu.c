@@ -1,10 +1,604 @@
-/* deepinfer bench gpu — body arrives with issue 10; until then it fails with a clear reason. */
+/* deepinfer bench gpu — per-layer decode and prefill times of one backend next to the memory and
+ * compute rooflines (issue 10 item 3), beside the PyTorch peer (bench/torch_layer.py).
+ *
+ *   deepinfer bench gpu --model DIR [--device cuda|cpu] [--batch 1,8,64,256] [--context 4096,65536]
+ *                       [--prefill 8192] [--iters N] [--warmup N] [--hbm-gbps G] [--fp8-tflops F]
+ *                       [--peer FILE] [--threads N] [--json]
+ *
+ * Layers: the first backbone layer of each role (swa, rR-kv-index-source, rR-kv-index-candidate-source,
+ * rR-reindex, rR-reuse: the names torch_layer.py gives), all timed inside one forward of the whole
+ * model through the forward's per-block hook (forward.h di_fwd_opts.block_hook), which synchronises
+ * the device (a one-byte download) before and after each block; the median of --iters after
+ * --warmup runs.
+ *
+ * Decode (B, C): B sessions, each with a synthetic history of C positions (model/cache_synth.h:
+ * random but well-formed compact rows, read exactly like a real history), one batched forward of one
+ * token per session (di_session_forward_batch), rolled back after each run so every run sees C.
+ * Bytes the layer must read: its weights — attention, mHC, router, shared expert, norms (wo_a at its
+ * bf16 size: it is dequantized at load) — plus the routed experts the batch can activate, bounded by
+ * min(B·top_k, n_experts) experts (an upper bound on the distinct experts, so GB/s is an upper bound
+ * too), plus per sequence the Engram rows of an Engram layer and the cache it reads: min(C, W) window
+ * rows, min(⌊(C+1)/R⌋, index_topk) compressed entries, and the ⌊(C+1)/R⌋ index keys an index source
+ * scans. Achieved GB/s = bytes ÷ time; roofline: --hbm-gbps (default 4470: the measured H200 HBM read)
+ * on cuda, a streaming read measured in the same run on cpu (unless --hbm-gbps is given).
+ *
+ * Prefill (P tokens from position 0, one session): GEMM FLOPs of the layer — 2·P·(elements of every
+ * 2-D weight except the Engram tables, the routed experts at top_k/n_experts of their elements) plus
+ * attention 4·H·hd per (query, key) over the window and the visible compressed entries (≤ index_topk),
+ * plus the indexer 2·Hi·ihd per (query, visible index key) on index sources — ÷ time, next to
+ * --fp8-tflops (default 1445: the H200's dense FP8 peak).
+ *
+ * --peer FILE: the --json document of bench/torch_layer.py on the same checkpoint; its time for the
+ * same role and shape fills the `peer ms` column and peer/ours the `speedup` column. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
 #include "cli.h"
+#include "model/cache_synth.h"
+#include "model/session.h"
+
+#define MAX_LIST 16
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------- cpu roofline: streaming read ---------------- */
+
+typedef struct rd_slice {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} rd_slice;
+
+static void *rd_run(void *arg) {
+    rd_slice *s = arg;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0; /* independent chains: the loads, not the adds, bound it */
+    for (size_t i = 0; i + 4 <= s->n; i += 4) a0 += s->p[i], a1 += s->p[i + 1], a2 += s->p[i + 2], a3 += s->p[i + 3];
+    s->sum = a0 + a1 + a2 + a3;
+    return NULL;
+}
+
+/* Best-of-3 bytes/s of n_threads threads each summing a slice of a 256 MiB buffer. */
+static double cpu_read_bandwidth(int n_threads) {
+    size_t bytes = (size_t)256 << 20, n = bytes / sizeof(uint64_t);
+    uint64_t *buf = malloc(bytes), sink = 0; /* uint64 [n] */
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    rd_slice sl[64];
+    pthread_t th[64];
+    if (n_threads > 64) n_threads = 64;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_s();
+        for (int t = 0; t < n_threads; t++) {
+            sl[t] = (rd_slice){buf + n / n_threads * t, n / n_threads, 0};
+            if (t) pthread_create(&th[t], NULL, rd_run, &sl[t]);
+        }
+        rd_run(&sl[0]);
+        for (int t = 1; t < n_threads; t++) pthread_join(th[t], NULL);
+        double dt = now_s() - t0;
+        for (int t = 0; t < n_threads; t++) sink += sl[t].sum;
+        if (dt > 0 && bytes / dt > best) best = bytes / dt;
+    }
+    free(buf);
+    if (sink == 42) fputc(' ', stderr); /* keeps the sums observable */
+    return best;
+}
+
+/* ---------------- what a layer reads and computes ---------------- */
+
+/* Role name of backbone layer L, as bench/torch_layer.py role_name spells it (the peer join key). */
+static void role_name(const di_config *cfg, int L, char *out, size_t cap) {
+    const di_layer_cfg *lc = &cfg->layer[L];
+    int r = lc->compress_ratio;
+    if (r == 0) snprintf(out, cap, "swa");
+    else if (lc->is_kv_source && lc->is_candidate_source) snprintf(out, cap, "r%d-kv-index-candidate-source", r);
+    else if (lc->is_kv_source) snprintf(out, cap, "r%d-kv-index-source", r);
+    else if (lc->is_index_source) snprintf(out, cap, "r%d-reindex", r);
+    else snprintf(out, cap, "r%d-reuse", r);
+}
+
+typedef struct layer_cost {
+    double dense_bytes;   /* weights a decode step reads in full */
+    double expert_bytes;  /* one routed expert (all its tensors) */
+    double engram_row_bytes; /* Engram rows one token gathers (0 off Engram layers) */
+    double gemm_elems;    /* elements of the dense 2-D weights (one token: 2× this in FLOPs) */
+    double expert_elems;  /* elements of one routed expert */
+} layer_cost;
+
+static bool has(const char *s, const char *part) { return strstr(s, part) != NULL; }
+
+static void count_layer(const di_model *m, int L, layer_cost *lc) {
+    const di_config *cfg = &m->cfg;
+    const di_checkpoint *ck = m->ck;
+    int E = cfg->layer[L].n_experts > 0 ? cfg->layer[L].n_experts : 1;
+    char prefix[32];
+    int pl = snprintf(prefix, sizeof prefix, "layers.%d.", L);
+    memset(lc, 0, sizeof *lc);
+    for (int64_t i = 0; i < ck->n_tensors; i++) {
+        const di_tensor_info *t = ck->entries[i].info;
+        const char *nm = t->name;
+        if (strncmp(nm, prefix, (size_t)pl)) continue;
+        double b = (double)(t->end - t->begin);
+        /* two packed FP4 codes per I8 byte */
+        double el = (double)di_tensor_numel(t) * (t->dtype == DI_I8 ? 2 : 1);
+        bool gemm = t->ndim == 2 && has(nm, ".weight") && !has(nm, "embed");
+        if (has(nm, "engram.embed.")) {
+            double rows = t->shape[0] > 0 ? (double)t->shape[0] : 1;
+            lc->engram_row_bytes += b / rows * (cfg->engram_max_ngram_size - 1) * cfg->engram_n_heads;
+            continue;
+        }
+        if (has(nm, "ffn.experts.")) {
+            lc->expert_bytes += b / E;
+            if (gemm) lc->expert_elems += el / E;
+            continue;
+        }
+        if (has(nm, "attn.wo_a.scale")) continue;
+        lc->dense_bytes += has(nm, "attn.wo_a.weight") ? 2.0 * (double)t->shape[0] * (double)t->shape[1] : b;
+        if (gemm) lc->gemm_elems += el;
+    }
+}
+
+/* Cache bytes one sequence's decode step at context C reads in layer L. */
+static double cache_read_bytes(const di_config *cfg, const di_cache_size *cs, int L, int64_t C) {
+    const di_layer_cfg *lc = &cfg->layer[L];
+    double b = (double)(C < cfg->sliding_window ? C : cfg->sliding_window) * (double)cs->window_slot_bytes;
+    if (lc->compress_ratio > 0) {
+        int64_t n = (C + 1) / lc->compress_ratio;
+        b += (double)(n < cfg->index_topk ? n : cfg->index_topk) * (double)cs->cmp_entry_bytes;
+        if (lc->is_index_source) b += (double)n * (double)cs->index_key_bytes;
+    }
+    return b;
+}
+
+/* FLOPs of layer L over a P-token prefill from position 0. */
+static double prefill_flops(const di_config *cfg, const layer_cost *c, int L, int64_t P) {
+    const di_layer_cfg *lc = &cfg->layer[L];
+    double f = 2.0 * (double)P * (c->gemm_elems + c->expert_elems * lc->n_active_experts);
+    double keys = 0, ikeys = 0; /* Σ over queries of attended keys / scanned index keys */
+    for (int64_t p = 0; p < P; p++) {
+        keys += (double)(p + 1 < cfg->sliding_window ? p + 1 : cfg->sliding_window);
+        if (lc->compress_ratio > 0) {
+            int64_t n = (p + 1) / lc->compress_ratio;
+            keys += (double)(n < cfg->index_topk ? n : cfg->index_topk);
+            if (lc->is_index_source) ikeys += (double)n;
+        }
+    }
+    f += 4.0 * cfg->num_attention_heads * cfg->head_dim * keys;
+    f += 2.0 * cfg->index_n_heads * cfg->index_head_dim * ikeys;
+    return f;
+}
+
+/* ---------------- per-block timing ---------------- */
+
+typedef struct timer {
+    const di_backend *be;
+    void *probe;       /* u8 [64] backend memory: downloading one byte waits for the device */
+    int n_layers;
+    double t0[DI_MAX_STAGES], ms[DI_MAX_STAGES];
+} timer;
+
+static int timer_hook(void *ctx, int L, bool after, di_error *err) {
+    timer *t = ctx;
+    unsigned char b;
+    int rc = t->be->mem_download(t->be, &b, t->probe, 1, err);
+    if (rc || L < 0 || L >= DI_MAX_STAGES) return rc;
+    double now = now_s();
+    if (!after) t->t0[L] = now;
+    else t->ms[L] = 1e3 * (now - t->t0[L]);
+    return DI_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---------------- rows ---------------- */
+
+typedef struct row {
+    char role[48];
+    int layer;
+    bool prefill;
+    int64_t batch, ctx, tokens;
+    double ms;
+    double weight_bytes, expert_bytes, cache_bytes, bytes; int64_t experts_read;
+    double flops;
+    double peer_ms; /* NAN: none */
+} row;
+
+typedef struct bench {
+    const di_model *m;
+    const di_backend *be;
+    int iters, warmup;
+    int n_roles, layer[DI_MAX_STAGES];
+    char role[DI_MAX_STAGES][48];
+    layer_cost cost[DI_MAX_STAGES];
+    timer tm;
+    row *rows;
+    int n_rows, cap_rows;
+} bench;
+
+static row *add_row(bench *b, di_error *err) {
+    if (b->n_rows == b->cap_rows) {
+        int cap = b->cap_rows ? 2 * b->cap_rows : 32;
+        row *r = realloc(b->rows, sizeof(row) * (size_t)cap);
+        if (!r) {
+            di_error_set(err, DI_ERR_NOMEM, "bench gpu: result rows");
+            return NULL;
+        }
+        b->rows = r, b->cap_rows = cap;
+    }
+    row *r = &b->rows[b->n_rows++];
+    memset(r, 0, sizeof *r);
+    r->peer_ms = NAN;
+    return r;
+}
+
+static uint64_t xs(uint64_t *r) {
+    *r ^= *r << 13, *r ^= *r >> 7, *r ^= *r << 17;
+    return *r;
+}
+
+/* Runs fn iters + warmup times, the hook timing each block; ms[i][L] of the measured runs. Then the
+ * median per role layer into out_ms. */
+typedef int (*run_fn)(void *ctx, const di_fwd_opts *o, di_error *err);
+
+static int measure(bench *b, run_fn fn, void *ctx, double *out_ms, di_error *err) {
+    double *v = malloc(sizeof(double) * (size_t)b->iters * DI_MAX_STAGES); /* f64 [iters, stages] */
+    if (!v) return di_error_set(err, DI_ERR_NOMEM, "bench gpu: timings");
+    di_fwd_opts o = {.block_hook = timer_hook, .block_hook_ctx = &b->tm};
+    int rc = DI_OK;
+    for (int it = 0; it < b->warmup + b->iters && !rc; it++) {
+        memset(b->tm.ms, 0, sizeof b->tm.ms);
+        rc = fn(ctx, &o, err);
+        if (it >= b->warmup) memcpy(v + (it - b->warmup) * DI_MAX_STAGES, b->tm.ms, sizeof b->tm.ms);
+    }
+    for (int k = 0; k < b->n_roles && !rc; k++) {
+        double col[4096];
+        int n = b->iters < 4096 ? b->iters : 4096;
+        for (int i = 0; i < n; i++) col[i] = v[i * DI_MAX_STAGES + b->layer[k]];
+        out_ms[k] = median(col, n);
+    }
+    free(v);
+    return rc;
+}
+
+typedef struct decode_ctx {
+    di_session_chunk *chunks; /* [B] */
+    int B;
+} decode_ctx;
+
+static int decode_run(void *ctx, const di_fwd_opts *o, di_error *err) {
+    decode_ctx *d = ctx;
+    int rc = di_session_forward_batch(d->chunks, d->B, o, err);
+    for (int i = 0; i < d->B && !rc; i++) rc = di_session_rollback(d->chunks[i].s, 1, err);
+    return rc;
+}
+
+static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
+    const di_config *cfg = &b->m->cfg;
+    di_session **ss = calloc((size_t)B, sizeof *ss);
+    di_session_chunk *ch = calloc((size_t)B, sizeof *ch);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)B); /* int32 [B] one token per sequence */
+    int rc = DI_OK;
+    if (!ss || !ch || !ids) {
+        rc = di_error_set(err, DI_ERR_NOMEM, "bench gpu: %lld sequences", (long long)B);
+        goto done;
+    }
+    uint64_t r = 0x9E3779B97F4A7C15ull ^ (uint64_t)(B * 131 + C);
+    for (int64_t i = 0; i < B && !rc; i++) {
+        di_session_opts so = {.max_tokens = C + 1, .spec_margin = -1, .dspark = false};
+        rc = di_session_create(b->m, b->be, &so, &ss[i], err);
+        if (!rc) rc = di_cache_fill_synthetic(ss[i]->cache, cfg, C, (uint64_t)i + 1, err);
+        ids[i] = (int32_t)(xs(&r) % (uint64_t)cfg->vocab_size);
+        ch[i] = (di_session_chunk){.s = ss[i], .ids = &ids[i], .n = 1};
+    }
+    double ms[DI_MAX_STAGES];
+    decode_ctx d = {ch, (int)B};
+    if (!rc) rc = measure(b, decode_run, &d, ms, err);
+    di_cache_size cs;
+    di_cache_opts co = {.max_tokens = C + 1, .spec_margin = 0};
+    if (!rc) rc = di_cache_size_of(cfg, &co, &cs, err);
+    for (int k = 0; k < b->n_roles && !rc; k++) {
+        int L = b->layer[k];
+        const layer_cost *c = &b->cost[L];
+        row *w = add_row(b, err);
+        if (!w) {
+            rc = err->code;
+            break;
+        }
+        int64_t E = cfg->layer[L].n_experts, act = B * cfg->layer[L].n_active_experts;
+        snprintf(w->role, sizeof w->role, "%s", b->role[k]);
+        w->layer = L, w->batch = B, w->ctx = C, w->tokens = B, w->ms = ms[k];
+        w->experts_read = act < E ? act : E;
+        w->weight_bytes = c->dense_bytes;
+        w->expert_bytes = c->expert_bytes * (double)w->experts_read;
+        w->cache_bytes = (double)B * (cache_read_bytes(cfg, &cs, L, C) + c->engram_row_bytes);
+        w->bytes = w->weight_bytes + w->expert_bytes + w->cache_bytes;
+    }
+done:
+    for (int64_t i = 0; ss && i < B; i++) di_session_destroy(ss[i]);
+    free(ss), free(ch), free(ids);
+    return rc;
+}
+
+typedef struct prefill_ctx {
+    di_session *s;
+    const int32_t *ids;
+    int64_t P;
+} prefill_ctx;
+
+static int prefill_run(void *ctx, const di_fwd_opts *o, di_error *err) {
+    prefill_ctx *p = ctx;
+    di_session_reset(p->s);
+    return di_session_forward(p->s, p->ids, p->P, false, NULL, o, err);
+}
+
+static int bench_prefill(bench *b, int64_t P, di_error *err) {
+    const di_config *cfg = &b->m->cfg;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)P); /* int32 [P] random prompt */
+    di_session *s = NULL;
+    if (!ids) return di_error_set(err, DI_ERR_NOMEM, "bench gpu: %lld prompt ids", (long long)P);
+    uint64_t r = 0x2545F4914F6CDD1Dull;
+    for (int64_t i = 0; i < P; i++) ids[i] = (int32_t)(xs(&r) % (uint64_t)cfg->vocab_size);
+    di_session_opts so = {.max_tokens = P, .spec_margin = -1, .dspark = false};
+    int rc = di_session_create(b->m, b->be, &so, &s, err);
+    double ms[DI_MAX_STAGES];
+    prefill_ctx p = {s, ids, P};
+    if (!rc) rc = measure(b, prefill_run, &p, ms, err);
+    for (int k = 0; k < b->n_roles && !rc; k++) {
+        row *w = add_row(b, err);
+        if (!w) {
+            rc = err->code;
+            break;
+        }
+        snprintf(w->role, sizeof w->role, "%s", b->role[k]);
+        w->layer = b->layer[k], w->prefill = true, w->batch = 1, w->tokens = P, w->ms = ms[k];
+        w->flops = prefill_flops(cfg, &b->cost[b->layer[k]], b->layer[k], P);
+    }
+    di_session_destroy(s);
+    free(ids);
+    return rc;
+}
+
+/* ---------------- peer (torch_layer.py --json) ---------------- */
+
+static int peer_join(bench *b, const char *path, di_error *err) {
+    json_error_t je;
+    json_t *doc = json_load_file(path, 0, &je);
+    if (!doc) return di_error_set(err, DI_ERR_FORMAT, "--peer %s: %s (line %d)", path, je.text, je.line);
+    json_t *layers = json_object_get(doc, "layers");
+    if (!json_is_array(layers)) {
+        json_decref(doc);
+        return di_error_set(err, DI_ERR_FORMAT, "--peer %s: no \"layers\" array (expected bench/torch_layer.py --json output)",
+                            path);
+    }
+    size_t i, j;
+    json_t *ly, *res;
+    json_array_foreach(layers, i, ly) {
+        const char *role = json_string_value(json_object_get(ly, "role"));
+        if (!role) continue;
+        json_array_foreach(json_object_get(ly, "results"), j, res) {
+            const char *mode = json_string_value(json_object_get(res, "mode"));
+            double ms = json_number_value(json_object_get(res, "time_ms"));
+            if (!mode || !(ms > 0)) continue;
+            bool pre = !strcmp(mode, "prefill");
+            int64_t bt = json_integer_value(json_object_get(res, pre ? "tokens" : "batch"));
+            int64_t cx = pre ? 0 : json_integer_value(json_object_get(res, "ctx"));
+            for (int k = 0; k < b->n_rows; k++) {
+                row *w = &b->rows[k];
+                if (strcmp(w->role, role) || w->prefill != pre) continue;
+                if (pre ? w->tokens == bt : (w->batch == bt && w->ctx == cx)) w->peer_ms = ms;
+            }
+        }
+    }
+    json_decref(doc);
+    return DI_OK;
+}
+
+/* ---------------- CLI ---------------- */
+
+/* "1,8,64" → list; false (after cli_fail) on anything but 1..16 integers in [lo, hi]. */
+static bool parse_list(const di_cli *cli, const char *opt, const char *s, long long lo, long long hi, int64_t *out,
+                       int *n) {
+    *n = 0;
+    if (!s || !*s) return cli_fail(cli, "--%s: expected a comma-separated list of integers", opt), false;
+    for (const char *p = s; *p;) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || (*end && *end != ',') || v < lo || v > hi || *n == MAX_LIST)
+            return cli_fail(cli, "--%s %s: expected up to %d comma-separated integers in [%lld, %lld]", opt, s, MAX_LIST,
+                            lo, hi),
+                   false;
+        out[(*n)++] = v;
+        p = *end ? end + 1 : end;
+    }
+    return true;
+}
+
+static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
+    json_t *o = json_object();
+    json_object_set_new(o, "role", json_string(w->role));
+    json_object_set_new(o, "layer", json_integer(w->layer));
+    json_object_set_new(o, "mode", json_string(w->prefill ? "prefill" : "decode"));
+    json_object_set_new(o, "batch", json_integer(w->batch));
+    json_object_set_new(o, "ctx", json_integer(w->ctx));
+    json_object_set_new(o, "tokens", json_integer(w->tokens));
+    json_object_set_new(o, "time_ms", json_real(w->ms));
+    if (w->prefill) {
+        double tf = w->flops / (w->ms * 1e-3);
+        json_object_set_new(o, "flops", json_real(w->flops));
+        json_object_set_new(o, "tflops", json_real(tf / 1e12));
+        json_object_set_new(o, "peak_fraction", json_real(tf / peak_flops));
+    } else {
+        double bw = w->bytes / (w->ms * 1e-3);
+        json_object_set_new(o, "weight_bytes", json_real(w->weight_bytes));
+        json_object_set_new(o, "experts_read", json_integer(w->experts_read));
+        json_object_set_new(o, "expert_bytes", json_real(w->expert_bytes));
+        json_object_set_new(o, "cache_bytes", json_real(w->cache_bytes));
+        json_object_set_new(o, "bytes", json_real(w->bytes));
+        json_object_set_new(o, "gb_s", json_real(bw / 1e9));
+        json_object_set_new(o, "roofline_fraction", json_real(bw / roof_Bps));
+    }
+    if (!isnan(w->peer_ms)) {
+        json_object_set_new(o, "peer_time_ms", json_real(w->peer_ms));
+        json_object_set_new(o, "peer_speedup", json_real(w->peer_ms / w->ms));
+    }
+    return o;
+}
+
+static void print_table(const bench *b, double roof_Bps, double peak_flops) {
+    printf("%-32s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
+           "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup");
+    for (int k = 0; k < b->n_rows; k++) {
+        const row *w = &b->rows[k];
+        char c1[16] = "-", c2[16] = "-", c3[16] = "-", c4[16] = "-", pm[16] = "-", sp[16] = "-";
+        double s = w->ms * 1e-3;
+        if (w->prefill) {
+            snprintf(c3, sizeof c3, "%.2f", w->flops / s / 1e12);
+            snprintf(c4, sizeof c4, "%.1f%%", 100 * w->flops / s / peak_flops);
+        } else {
+            snprintf(c1, sizeof c1, "%.1f", w->bytes / s / 1e9);
+            snprintf(c2, sizeof c2, "%.1f%%", 100 * w->bytes / s / roof_Bps);
+        }
+        if (!isnan(w->peer_ms)) {
+            snprintf(pm, sizeof pm, "%.3f", w->peer_ms);
+            snprintf(sp, sizeof sp, "%.2fx", w->peer_ms / w->ms);
+        }
+        printf("%-32s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
+               w->prefill ? "prefill" : "decode", (long long)w->batch, (long long)w->ctx, (long long)w->tokens, w->ms,
+               c1, c2, c3, c4, pm, sp);
+    }
+}
 
 int bench_gpu(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench gpu", .json = cli_flag(&a, "json")};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *device = NULL, *model = cli_str(&a, "model", NULL), *peer = cli_str(&a, "peer", NULL);
+    const char *batch_s = cli_str(&a, "batch", "1,8,64,256"), *ctx_s = cli_str(&a, "context", "4096,65536");
+    long long P, iters, warmup, threads;
+    double hbm_gbps, fp8_tflops;
+    int64_t batches[MAX_LIST], ctxs[MAX_LIST];
+    int n_b = 0, n_c = 0, rc = 1;
+    di_model *m = NULL;
+    di_backend *be = NULL;
+    bench b = {0};
+    di_error err = {0};
+    if (!cli_device(&cli, &a, &device) || !cli_int(&cli, &a, "prefill", 8192, 0, 1 << 20, &P) ||
+        !cli_int(&cli, &a, "iters", 10, 1, 4096, &iters) || !cli_int(&cli, &a, "warmup", 2, 0, 1000, &warmup) ||
+        !cli_int(&cli, &a, "threads", ncpu > 0 ? ncpu : 1, 1, 256, &threads) ||
+        !cli_double(&cli, &a, "hbm-gbps", -1, &hbm_gbps) || !cli_double(&cli, &a, "fp8-tflops", 1445, &fp8_tflops) ||
+        !parse_list(&cli, "batch", batch_s, 1, 4096, batches, &n_b) ||
+        !parse_list(&cli, "context", ctx_s, 1, (long long)1 << 24, ctxs, &n_c) || !cli_check_unused(&cli, &a))
+        goto out;
+    if (!model) {
+        cli_fail(&cli, "--model DIR is required (a checkpoint directory, e.g. `deepinfer mkmodel --preset full-layer`)");
+        goto out;
+    }
+    if (!(fp8_tflops > 0) || (hbm_gbps != -1 && !(hbm_gbps > 0))) {
+        cli_fail(&cli, "--hbm-gbps and --fp8-tflops must be positive");
+        goto out;
+    }
+    if (di_model_open(model, &m, &err) || di_backend_create(device, (int)threads, &be, &err) ||
+        di_model_to_backend(m, be, &err)) {
+        cli_fail_err(&cli, &err);
+        goto out;
+    }
+    const di_config *cfg = &m->cfg;
+    for (int i = 0; i < n_c; i++)
+        if (ctxs[i] % 2) { /* the synthetic history needs a multiple of every compress ratio */
+            cli_fail(&cli, "--context %lld: expected a multiple of the compress ratios (2)", (long long)ctxs[i]);
+            goto out;
+        }
+    double roof_Bps = hbm_gbps > 0 ? hbm_gbps * 1e9 : 0;
+    const char *roof_src = hbm_gbps > 0 ? "--hbm-gbps" : "";
+    if (!roof_Bps && !strcmp(device, "cuda")) roof_Bps = 4470e9, roof_src = "H200 measured HBM read (default)";
+    if (!roof_Bps) {
+        fprintf(stderr, "bench gpu: measuring the cpu streaming-read bandwidth (%lld threads)...\n", threads);
+        roof_Bps = cpu_read_bandwidth((int)threads);
+        roof_src = "streaming read measured now";
+        if (!(roof_Bps > 0)) {
+            cli_fail(&cli, "could not measure the memory bandwidth (256 MiB buffer)");
+            goto out;
+        }
+    }
+    b.m = m, b.be = be, b.iters = (int)iters, b.warmup = (int)warmup;
+    b.tm.be = be, b.tm.n_layers = cfg->n_layers;
+    if (!(b.tm.probe = be->mem_alloc(be, 64, &err))) {
+        cli_fail_err(&cli, &err);
+        goto out;
+    }
+    for (int L = 0; L < cfg->n_layers; L++) {
+        char nm[48];
+        role_name(cfg, L, nm, sizeof nm);
+        bool seen = false;
+        for (int k = 0; k < b.n_roles; k++) seen |= !strcmp(b.role[k], nm);
+        count_layer(m, L, &b.cost[L]);
+        if (seen) continue;
+        snprintf(b.role[b.n_roles], sizeof b.role[0], "%s", nm);
+        b.layer[b.n_roles++] = L;
+    }
+    for (int ci = 0; ci < n_c; ci++)
+        for (int bi = 0; bi < n_b; bi++) {
+            fprintf(stderr, "bench gpu: decode B=%lld ctx=%lld\n", (long long)batches[bi], (long long)ctxs[ci]);
+            if (bench_decode(&b, batches[bi], ctxs[ci], &err)) {
+                cli_fail_err(&cli, &err);
+                goto out;
+            }
+        }
+    if (P > 0) {
+        fprintf(stderr, "bench gpu: prefill %lld tokens\n", P);
+        if (bench_prefill(&b, P, &err)) {
+            cli_fail_err(&cli, &err);
+            goto out;
+        }
+    }
+    if (peer && peer_join(&b, peer, &err)) {
+        cli_fail_err(&cli, &err);
+        goto out;
+    }
+    if (cli.json) {
+        json_t *doc = json_object(), *arr = json_array();
+        json_object_set_new(doc, "bench", json_string("deepinfer_bench_gpu"));
+        json_object_set_new(doc, "device", json_string(device));
+        json_object_set_new(doc, "model", json_string(model));
+        json_object_set_new(doc, "iters", json_integer(iters));
+        json_object_set_new(doc, "warmup", json_integer(warmup));
+        json_object_set_new(doc, "roofline_gb_s", json_real(roof_Bps / 1e9));
+        json_object_set_new(doc, "roofline_source", json_string(roof_src));
+        json_object_set_new(doc, "fp8_peak_tflops", json_real(fp8_tflops));
+        if (peer) json_object_set_new(doc, "peer", json_string(peer));
+        for (int k = 0; k < b.n_rows; k++) json_array_append_new(arr, row_json(&b.rows[k], roof_Bps, fp8_tflops * 1e12));
+        json_object_set_new(doc, "rows", arr);
+        cli_emit(&cli, doc);
+    } else {
+        print_table(&b, roof_Bps, fp8_tflops * 1e12);
+        printf("roofline: %.1f GB/s (%s); FP8 peak %.0f TFLOP/s; median of %lld after %lld warm-up; device %s\n",
+               roof_Bps / 1e9, roof_src, fp8_tflops, iters, warmup, device);
+    }
+    rc = 0;
+out:
+    if (b.tm.probe) be->mem_free(be, b.tm.probe);
+    free(b.rows);
+    di_backend_destroy(be);
+    di_model_close(m);
     cli_args_free(&a);
-    return cli_fail(&cli, "not implemented yet (tracked by issue 10)");
+    return rc;
 }
