@@ -1,19 +1,29 @@
 #!/bin/sh
-# Layer benchmarks on the GPU machine (issue 10, item 3): generate the checkpoint, time the PyTorch peer
-# (bench/torch_layer.py), then `deepinfer bench gpu` on the same checkpoint.
+# Layer benchmarks on the GPU machine (issue 10, item 3), one command: write the checkpoint (if absent),
+# time the PyTorch peer (bench/torch_layer.py), then `deepinfer bench gpu --device cuda --peer` on the same
+# checkpoint, which prints the combined table (per role: decode ms, GB/s, % of HBM roofline at each
+# batch x context; prefill TFLOP/s, % of FP8 peak; the peer's ms and peer/ours).
 #   sh scripts/bench_gpu.sh [PRESET] [OUT_DIR]
 #   PRESET   full-layer (default; ~35 GB written to $CKPT) or small (the quick check)
 #   OUT_DIR  where results go (default $OUT, else ./bench-out): gpu.txt, mkmodel.log,
 #            torch_layer-PRESET.json (one JSON document), .partial.json (rewritten after every layer) and
-#            .log, deepinfer_bench_gpu-PRESET.json and .log
+#            .log, deepinfer_bench_gpu-PRESET.json (the rows) and .log (progress + the combined table)
 # Environment:
 #   DEEPINFER   the deepinfer binary (default: first of .carry/deepinfer-static, build/deepinfer-static,
 #               build/deepinfer — the device machine lacks jansson/PCRE2/utf8proc, so carry the static one
 #               built with `make deepinfer-static`)
 #   TORCH_LAYER the peer script (default: bench/torch_layer.py, else .carry/torch_layer.py)
 #   CKPT        checkpoint directory (default /tmp/fl for full-layer, /tmp/sm for small; reused if present)
-#   TORCH_ARGS  extra arguments for torch_layer.py (e.g. --small, --layers 0,2, --no-compile)
-# Exit status: 0 when the checkpoint exists and the PyTorch peer ran every shape.
+#   DEEPINFER_CUDA the CUDA-enabled CLI for `bench gpu` (default: .carry/deepinfer-cuda, build/deepinfer-cuda,
+#               else DEEPINFER)
+#   TORCH_ARGS  extra arguments for torch_layer.py (e.g. --small, --layers 0,2, --no-compile); small
+#               presets should pass --small so both sides time the same shapes
+#   SHAPES      bench gpu's shapes (default: the peer's: full-layer B 1,8,64,256 x ctx 4K,64K + 8K prefill;
+#               otherwise B 1,64 x ctx 4K + 2K prefill, 8 iterations)
+#   DEVICE      bench gpu's --device (default cuda; cpu runs the whole script as a smoke test)
+#   BENCH_ARGS  extra arguments for `deepinfer bench gpu` (e.g. --iters 20, --hbm-gbps 4470)
+#   SKIP_TORCH  1: do not run the peer (an earlier torch_layer-PRESET.json in OUT_DIR is still joined)
+# Exit status: 0 when the checkpoint exists, the PyTorch peer ran every shape and bench gpu succeeded.
 set -u
 PRESET=${1:-full-layer}
 OUTD=${2:-${OUT:-bench-out}}
@@ -49,7 +59,9 @@ fi
 
 # (b) the PyTorch peer
 status=0
-if [ -z "$TL" ]; then
+if [ "${SKIP_TORCH:-0}" = 1 ]; then
+    echo "torch_layer.py: skipped (SKIP_TORCH=1)"
+elif [ -z "$TL" ]; then
     echo "no torch_layer.py (set TORCH_LAYER)"
     status=1
 else
@@ -62,13 +74,32 @@ else
     echo "torch_layer.py: exit $status"
 fi
 
-# (c) our CUDA layer; until `deepinfer bench gpu` exists (issue 10) it reports why and is skipped
-if [ -n "$DI" ]; then
-    if "$DI" bench gpu --json "$CKPT" >"$OUTD/deepinfer_bench_gpu-$PRESET.json" 2>"$OUTD/deepinfer_bench_gpu-$PRESET.log"; then
-        echo "deepinfer bench gpu: done"
-    else
-        echo "deepinfer bench gpu: skipped ($(head -c 300 "$OUTD/deepinfer_bench_gpu-$PRESET.log" | tr '\n' ' '))"
-        rm -f "$OUTD/deepinfer_bench_gpu-$PRESET.json"
-    fi
+# (c) our layers: `deepinfer bench gpu` on the same checkpoint, the peer's times joined in by role and shape
+case $PRESET in
+    full-layer) DEF_SHAPES="--batch 1,8,64,256 --context 4096,65536 --prefill 8192" ;;
+    *) DEF_SHAPES="--batch 1,64 --context 4096 --prefill 2048 --iters 8" ;; # torch_layer.py --small's shapes
+esac
+SHAPES=${SHAPES:-$DEF_SHAPES}
+DICUDA=${DEEPINFER_CUDA:-$(pick .carry/deepinfer-cuda build/deepinfer-cuda)}
+DIB=${DICUDA:-$DI}
+if [ -z "$DIB" ]; then
+    echo "deepinfer bench gpu: skipped (no CUDA CLI: make deepinfer-cuda, or set DEEPINFER_CUDA)"
+    exit 1
 fi
+PEER=""
+for f in "$OUTD/torch_layer-$PRESET.json" "$OUTD/torch_layer-$PRESET.partial.json"; do
+    # an empty or cut-short stdout document falls back to the per-layer partial one
+    if [ -s "$f" ] && python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$f" 2>/dev/null; then
+        PEER="--peer $f"
+        break
+    fi
+done
+# shellcheck disable=SC2086
+"$DIB" bench gpu --model "$CKPT" --device "${DEVICE:-cuda}" $SHAPES $PEER ${BENCH_ARGS:-} --json \
+    >"$OUTD/deepinfer_bench_gpu-$PRESET.json" 2>"$OUTD/deepinfer_bench_gpu-$PRESET.log"
+brc=$?
+# the log holds the progress lines and the combined table (ours | peer ms | speedup = peer / ours)
+cat "$OUTD/deepinfer_bench_gpu-$PRESET.log"
+echo "deepinfer bench gpu: exit $brc"
+[ $brc = 0 ] || status=1
 exit $status

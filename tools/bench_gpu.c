@@ -29,7 +29,10 @@
  * --fp8-tflops (default 1445: the H200's dense FP8 peak).
  *
  * --peer FILE: the --json document of bench/torch_layer.py on the same checkpoint; its time for the
- * same role and shape fills the `peer ms` column and peer/ours the `speedup` column. */
+ * same role and shape fills the `peer ms` column and peer/ours the `speedup` column.
+ *
+ * Output: the table on stdout (on stderr with --json, whose one document, {"rows": [...]}, owns
+ * stdout). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -462,16 +465,16 @@ static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
     return o;
 }
 
-static void print_table(const bench *b, double roof_Bps, double peak_flops) {
-    printf("%-32s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
+static void print_table(FILE *f, const bench *b, double roof_Bps, double peak_flops) {
+    fprintf(f, "%-32s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
            "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup");
     for (int k = 0; k < b->n_rows; k++) {
         const row *w = &b->rows[k];
         char c1[16] = "-", c2[16] = "-", c3[16] = "-", c4[16] = "-", pm[16] = "-", sp[16] = "-";
         double s = w->ms * 1e-3;
         if (w->prefill) {
-            snprintf(c3, sizeof c3, "%.2f", w->flops / s / 1e12);
-            snprintf(c4, sizeof c4, "%.1f%%", 100 * w->flops / s / peak_flops);
+            snprintf(c3, sizeof c3, "%.4g", w->flops / s / 1e12);
+            snprintf(c4, sizeof c4, "%.3g%%", 100 * w->flops / s / peak_flops);
         } else {
             snprintf(c1, sizeof c1, "%.1f", w->bytes / s / 1e9);
             snprintf(c2, sizeof c2, "%.1f%%", 100 * w->bytes / s / roof_Bps);
@@ -480,7 +483,7 @@ static void print_table(const bench *b, double roof_Bps, double peak_flops) {
             snprintf(pm, sizeof pm, "%.3f", w->peer_ms);
             snprintf(sp, sizeof sp, "%.2fx", w->peer_ms / w->ms);
         }
-        printf("%-32s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
+        fprintf(f, "%-32s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
                w->prefill ? "prefill" : "decode", (long long)w->batch, (long long)w->ctx, (long long)w->tokens, w->ms,
                c1, c2, c3, c4, pm, sp);
     }
@@ -574,6 +577,11 @@ int bench_gpu(int argc, char **argv) {
         cli_fail_err(&cli, &err);
         goto out;
     }
+    /* the table always; with --json on stderr (the one document owns stdout) */
+    FILE *tf = cli.json ? stderr : stdout;
+    print_table(tf, &b, roof_Bps, fp8_tflops * 1e12);
+    fprintf(tf, "roofline: %.1f GB/s (%s); FP8 peak %.0f TFLOP/s; median of %lld after %lld warm-up; device %s\n",
+            roof_Bps / 1e9, roof_src, fp8_tflops, iters, warmup, device);
     if (cli.json) {
         json_t *doc = json_object(), *arr = json_array();
         json_object_set_new(doc, "bench", json_string("deepinfer_bench_gpu"));
@@ -588,10 +596,6 @@ int bench_gpu(int argc, char **argv) {
         for (int k = 0; k < b.n_rows; k++) json_array_append_new(arr, row_json(&b.rows[k], roof_Bps, fp8_tflops * 1e12));
         json_object_set_new(doc, "rows", arr);
         cli_emit(&cli, doc);
-    } else {
-        print_table(&b, roof_Bps, fp8_tflops * 1e12);
-        printf("roofline: %.1f GB/s (%s); FP8 peak %.0f TFLOP/s; median of %lld after %lld warm-up; device %s\n",
-               roof_Bps / 1e9, roof_src, fp8_tflops, iters, warmup, device);
     }
     rc = 0;
 out:
