@@ -4,6 +4,7 @@
 #      cache against the host cache), each with its own table;
 #   2. `deepinfer verify --device cuda` on every golden case: op vectors (kernels.safetensors),
 #      free-running prefill within 3x the case's noise floor, teacher-forced blocks within 1.5e-2;
+#      then once more with DI_CUDA_KERNELS=tensor (the tensor-core kernels, same bounds, not bit-exact);
 #   3. `deepinfer generate --device cuda` greedy (plain, chunked prefill, DSpark drafts with rollback)
 #      against `--device cpu` of the same binary on the tiny models: the token ids must be equal.
 #
@@ -71,6 +72,14 @@ if [ -x "$CLI" ]; then
         argmax=$(grep -o 'argmax agrees on [0-9/]* positions' "$TMP/out")
         row "verify cuda $name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
             "worst tf $worst_tf; logits $logits; $argmax"
+        # the opt-in tensor-core kernels (backend_cuda.cu): not bit-exact, must stay within the same bounds
+        DI_CUDA_KERNELS=tensor timeout 300 "$CLI" verify --model "$c" --golden "$c/golden.safetensors" \
+            --kernels "$KERNELS" --device cuda >"$TMP/out" 2>&1
+        rc=$?
+        worst_tf=$(awk '$1 ~ /^[0-9]+$/ && $5 != "-" { if ($5 > m) m = $5 } END { printf "%.3e", m }' "$TMP/out")
+        logits=$(grep '^prompt logits' "$TMP/out" | sed 's/^prompt logits: //; s/;.*//')
+        row "verify cuda (tensor kernels) $name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
+            "worst tf $worst_tf; logits $logits"
         if [ "${DI_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
             compute-sanitizer --tool memcheck --print-limit 10 "$CLI" verify --model "$c" \
                 --golden "$c/golden.safetensors" --no-ops --device cuda >"$TMP/san" 2>&1

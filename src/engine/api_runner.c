@@ -73,7 +73,12 @@ static int restore_prefix(di_session_runner *r, sr_req *q, const di_step_seq *p,
             r->n_positions += P - start;
         }
     } else {
-        rc = di_session_forward(q->s, p->restore_ids, P, false, NULL, NULL, err);
+        /* in passes no longer than the piece the scheduler budgeted, so a long prompt never becomes one
+         * pass of P positions (whose index-score buffers grow as P²/R) */
+        const int64_t chunk = p->n_tokens > 0 ? p->n_tokens : 1;
+        rc = DI_OK;
+        for (int64_t t = 0; !rc && t < P; t += chunk)
+            rc = di_session_forward(q->s, p->restore_ids + t, P - t < chunk ? P - t : chunk, false, NULL, NULL, err);
         if (!rc) r->n_positions += P;
     }
     if (rc) di_session_reset(q->s);

@@ -364,6 +364,13 @@ int di_sched_schedule(di_scheduler *s, di_step_plan *p, di_error *err) {
             prefix_unlookup(s, r);
             break;
         }
+        /* the plan's block list grows before anything changes hands, so running out of memory here
+         * leaves the request waiting with nothing reserved or pinned (plan_add cannot fail below) */
+        if (grow_arr((void **)&p->blocks, &p->cap_blocks, (int64_t)p->n_blocks + di_sched_blocks_for(s, r->n_cached + n),
+                     sizeof *p->blocks)) {
+            prefix_unlookup(s, r);
+            return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for the plan");
+        }
         if (reserve(s, r, r->n_cached + n, &nomem)) {
             prefix_unlookup(s, r);
             if (nomem) return di_error_set(err, DI_ERR_NOMEM, "scheduler: out of memory for block tables");
