@@ -128,8 +128,8 @@ static void test_json_rows(void **state) {
     }
 
     /* hand computation: layer 4 (r1-reuse, no Engram, not an index source), B = 2, C = 256 —
-     * per sequence min(C, W) window slots + min(⌊257/1⌋, topk) compressed entries; the experts
-     * bounded by min(B·top_k, E), each 1/E of the layer's expert tensors */
+     * per sequence min(C, W) window slots + min(⌊257/1⌋, topk) compressed entries; each expert read
+     * is 1/E of the layer's expert tensors */
     int L = 4;
     assert_true(cfg->layer[L].engram_index < 0 && !cfg->layer[L].is_index_source && cfg->layer[L].compress_ratio == 1);
     int64_t hd = cfg->head_dim, W = cfg->sliding_window, topk = cfg->index_topk;
@@ -142,10 +142,30 @@ static void test_json_rows(void **state) {
         const di_tensor_info *t = m->ck->entries[i].info;
         if (!strncmp(t->name, "layers.4.ffn.experts.", 21)) experts += (double)(t->end - t->begin);
     }
-    assert_int_equal((int64_t)num(r, "experts_read"), act < E ? act : E);
-    assert_true(fabs(num(r, "expert_bytes") - experts / (double)E * (double)(act < E ? act : E)) < 0.5);
+    int64_t k = cfg->layer[L].n_active_experts, got = (int64_t)num(r, "experts_read");
+    assert_int_equal((int64_t)num(r, "experts_bound"), act < E ? act : E);
+    assert_true(got >= k && got <= (act < E ? act : E)); /* 2 tokens: top_k … 2·top_k distinct */
+    assert_true(fabs(num(r, "expert_bytes") - experts / (double)E * (double)got) < 0.5);
+    /* one token picks exactly top_k distinct experts (counted from the router ids) */
+    assert_int_equal((int64_t)num(find_row(rows, "r1-reuse", "decode", 1, 256), "experts_read"), k);
     tu_report("bench gpu tiny cpu: r1-reuse B=2 C=256 %.3f ms, %.0f bytes (%.0f cache), %.2f GB/s", num(r, "time_ms"),
               num(r, "bytes"), num(r, "cache_bytes"), num(r, "gb_s"));
+
+    /* prefill FLOPs of layer 0 (swa, no Engram) over P = 64 tokens: 2·P per element of its 2-D
+     * weights (routed experts at top_k/E; FP4 I8 bytes hold two), 4·H·hd per (query, window key) */
+    assert_true(cfg->layer[0].compress_ratio == 0 && cfg->layer[0].engram_index < 0);
+    double dense = 0, expert = 0, keys = 0;
+    for (int64_t i = 0; i < m->ck->n_tensors; i++) {
+        const di_tensor_info *t = m->ck->entries[i].info;
+        if (strncmp(t->name, "layers.0.", 9) || t->ndim != 2 || !strstr(t->name, ".weight")) continue;
+        double el = (double)di_tensor_numel(t) * (t->dtype == DI_I8 ? 2 : 1);
+        if (strstr(t->name, "ffn.experts.")) expert += el;
+        else dense += el;
+    }
+    for (int64_t q = 0; q < 64; q++) keys += (double)(q + 1 < W ? q + 1 : W);
+    double want = 2.0 * 64 * (dense + expert * cfg->layer[0].n_active_experts / cfg->layer[0].n_experts) +
+                  4.0 * cfg->num_attention_heads * hd * keys;
+    assert_true(fabs(num(find_row(rows, "swa", "prefill", 0, 0), "flops") - want) < 1e-9 * want);
 
     /* the peer's times land on the matching rows only */
     json_t *d = find_row(rows, "swa", "decode", 2, 256), *p = find_row(rows, "swa", "prefill", 0, 0);

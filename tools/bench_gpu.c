@@ -15,9 +15,9 @@
  * random but well-formed compact rows, read exactly like a real history), one batched forward of one
  * token per session (di_session_forward_batch), rolled back after each run so every run sees C.
  * Bytes the layer must read: its weights — attention, mHC, router, shared expert, norms (wo_a at its
- * bf16 size: it is dequantized at load) — plus the routed experts the batch can activate, bounded by
- * min(B·top_k, n_experts) experts (an upper bound on the distinct experts, so GB/s is an upper bound
- * too), plus per sequence the Engram rows of an Engram layer and the cache it reads: min(C, W) window
+ * bf16 size: it is dequantized at load) — plus the distinct routed experts the step activates (counted
+ * from the router ids of one more, untimed step with the forward's dumps; JSON also gives the bound
+ * min(B·top_k, n_experts)), plus per sequence the Engram rows of an Engram layer and the cache it reads: min(C, W) window
  * rows, min(⌊(C+1)/R⌋, index_topk) compressed entries, and the ⌊(C+1)/R⌋ index keys an index source
  * scans. Achieved GB/s = bytes ÷ time; roofline: --hbm-gbps (default 4470: the measured H200 HBM read)
  * on cuda, a streaming read measured in the same run on cpu (unless --hbm-gbps is given).
@@ -219,7 +219,9 @@ typedef struct row {
     bool prefill;
     int64_t batch, ctx, tokens;
     double ms;
-    double weight_bytes, expert_bytes, cache_bytes, bytes; int64_t experts_read;
+    double weight_bytes, expert_bytes, cache_bytes, bytes;
+    int64_t experts_read;  /* distinct experts the router picked in the step (one untimed pass) */
+    int64_t experts_bound; /* min(B·top_k, n_experts) */
     double flops;
     double peer_ms; /* NAN: none */
 } row;
@@ -293,11 +295,34 @@ static int decode_run(void *ctx, const di_fwd_opts *o, di_error *err) {
     return rc;
 }
 
+/* Distinct routed experts per layer, from one untimed pass's "L<i>.ffn.route_ids" dumps
+ * (int32 [T, top_k]). */
+#define MAX_EXPERTS 1024
+typedef struct expert_count {
+    unsigned char seen[DI_MAX_STAGES][MAX_EXPERTS];
+} expert_count;
+
+static void count_experts(void *ctx, const char *name, di_dtype dtype, int ndim, const int64_t *shape,
+                          const void *data) {
+    expert_count *ec = ctx;
+    int L, end = 0;
+    if (sscanf(name, "L%d.ffn.route_ids%n", &L, &end) != 1 || name[end] || dtype != DI_I32 || L < 0 ||
+        L >= DI_MAX_STAGES)
+        return;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    for (int64_t i = 0; i < n; i++) {
+        int32_t e = ((const int32_t *)data)[i];
+        if (e >= 0 && e < MAX_EXPERTS) ec->seen[L][e] = 1;
+    }
+}
+
 static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
     const di_config *cfg = &b->m->cfg;
     di_session **ss = calloc((size_t)B, sizeof *ss);
     di_session_chunk *ch = calloc((size_t)B, sizeof *ch);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)B); /* int32 [B] one token per sequence */
+    expert_count *ec = NULL;
     int rc = DI_OK;
     if (!ss || !ch || !ids) {
         rc = di_error_set(err, DI_ERR_NOMEM, "bench gpu: %lld sequences", (long long)B);
@@ -314,6 +339,12 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
     double ms[DI_MAX_STAGES];
     decode_ctx d = {ch, (int)B};
     if (!rc) rc = measure(b, decode_run, &d, ms, err);
+    if (!rc) ec = calloc(1, sizeof *ec);
+    if (!rc && !ec) rc = di_error_set(err, DI_ERR_NOMEM, "bench gpu: expert counts");
+    if (!rc) { /* the same step once more, untimed, to see which experts the router picks */
+        di_fwd_opts o = {.dump = count_experts, .dump_ctx = ec};
+        rc = decode_run(&d, &o, err);
+    }
     di_cache_size cs;
     di_cache_opts co = {.max_tokens = C + 1, .spec_margin = 0};
     if (!rc) rc = di_cache_size_of(cfg, &co, &cs, err);
@@ -328,7 +359,9 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
         int64_t E = cfg->layer[L].n_experts, act = B * cfg->layer[L].n_active_experts;
         snprintf(w->role, sizeof w->role, "%s", b->role[k]);
         w->layer = L, w->batch = B, w->ctx = C, w->tokens = B, w->ms = ms[k];
-        w->experts_read = act < E ? act : E;
+        w->experts_bound = act < E ? act : E;
+        for (int e = 0; e < E && e < MAX_EXPERTS; e++) w->experts_read += ec->seen[L][e];
+        if (!w->experts_read || E > MAX_EXPERTS) w->experts_read = w->experts_bound; /* no dump: the bound */
         w->weight_bytes = c->dense_bytes;
         w->expert_bytes = c->expert_bytes * (double)w->experts_read;
         w->cache_bytes = (double)B * (cache_read_bytes(cfg, &cs, L, C) + c->engram_row_bytes);
@@ -336,7 +369,7 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
     }
 done:
     for (int64_t i = 0; ss && i < B; i++) di_session_destroy(ss[i]);
-    free(ss), free(ch), free(ids);
+    free(ss), free(ch), free(ids), free(ec);
     return rc;
 }
 
@@ -452,6 +485,7 @@ static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
         double bw = w->bytes / (w->ms * 1e-3);
         json_object_set_new(o, "weight_bytes", json_real(w->weight_bytes));
         json_object_set_new(o, "experts_read", json_integer(w->experts_read));
+        json_object_set_new(o, "experts_bound", json_integer(w->experts_bound));
         json_object_set_new(o, "expert_bytes", json_real(w->expert_bytes));
         json_object_set_new(o, "cache_bytes", json_real(w->cache_bytes));
         json_object_set_new(o, "bytes", json_real(w->bytes));
