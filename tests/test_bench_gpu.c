@@ -2,6 +2,7 @@
  * and the bench-only synthetic cache history it decodes after (model/cache_synth.h). Runs the built
  * CLI (build/deepinfer, or $DI_CLI).  di-test: asan */
 #include <jansson.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "model/cache_synth.h"
 #include "model/session.h"
 #include "testutil.h"
+#include "util/error.h"
 
 static char *g_dir; /* tiny preset checkpoint */
 
@@ -269,8 +271,54 @@ static void test_synthetic_cache(void **state) {
     di_model_close(m);
 }
 
+/* The per-block hook: before/after each backbone block in layer order, once per pass; a non-zero
+ * return aborts the pass with that status. */
+typedef struct hook_log {
+    int n, fail_at;
+    int layer[64];
+    bool after[64];
+} hook_log;
+
+static int log_hook(void *ctx, int layer, bool after, di_error *err) {
+    hook_log *h = ctx;
+    if (h->n == h->fail_at) return di_error_set(err, DI_ERR_INTERNAL, "hook refused layer %d", layer);
+    if (h->n < 64) h->layer[h->n] = layer, h->after[h->n] = after;
+    h->n++;
+    return DI_OK;
+}
+
+static void test_block_hook(void **state) {
+    (void)state;
+    di_model *m;
+    di_backend *be;
+    di_session *s;
+    di_error err = {0};
+    assert_int_equal(di_model_open(g_dir, &m, &err), DI_OK);
+    assert_int_equal(di_backend_create("cpu", 1, &be, &err), DI_OK);
+    di_session_opts so = {.max_tokens = 16, .spec_margin = -1};
+    assert_int_equal(di_session_create(m, be, &so, &s, &err), DI_OK);
+    int nl = m->cfg.n_layers;
+    int32_t ids[3] = {5, 6, 7};
+    hook_log h = {.fail_at = -1};
+    di_fwd_opts o = {.block_hook = log_hook, .block_hook_ctx = &h};
+    assert_int_equal(di_session_forward(s, ids, 3, false, NULL, &o, &err), DI_OK);
+    assert_int_equal(h.n, 2 * nl);
+    for (int i = 0; i < 2 * nl; i++) {
+        assert_int_equal(h.layer[i], i / 2);
+        assert_int_equal(h.after[i], i % 2 == 1);
+    }
+    h = (hook_log){.fail_at = 3}; /* after layer 1 */
+    assert_int_equal(di_session_forward(s, ids, 1, false, NULL, &o, &err), DI_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "hook refused layer 1"));
+    assert_int_equal(di_session_len(s), 3); /* the failed chunk was rolled back */
+    di_session_destroy(s);
+    di_backend_destroy(be);
+    di_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_hook),
         cmocka_unit_test(test_synthetic_cache),
         cmocka_unit_test(test_json_rows),
         cmocka_unit_test(test_bad_args),
