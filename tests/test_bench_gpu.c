@@ -82,8 +82,8 @@ static json_t *find_row(json_t *rows, const char *role, const char *mode, int64_
 }
 
 /* The six roles of the tiny preset's six layers (mkmodel.c), in layer order. */
-static const char *const k_roles[] = {"swa", "r2-kv-index-source", "r2-reuse", "r1-kv-index-candidate-source",
-                                      "r1-reuse", "r1-reindex"};
+static const char *const k_roles[] = {"swa", "r2-kv-index-source+engram", "r2-reuse",
+                                      "r1-kv-index-candidate-source+engram", "r1-reuse", "r1-reindex"};
 
 static void test_json_rows(void **state) {
     (void)state;

@@ -6,7 +6,7 @@
  *                       [--peer FILE] [--threads N] [--json]
  *
  * Layers: the first backbone layer of each role (swa, rR-kv-index-source, rR-kv-index-candidate-source,
- * rR-reindex, rR-reuse: the names torch_layer.py gives), all timed inside one forward of the whole
+ * rR-reindex, rR-reuse, "+engram" on Engram layers: the names torch_layer.py gives), all timed inside one forward of the whole
  * model through the forward's per-block hook (forward.h di_fwd_opts.block_hook), which synchronises
  * the device (a one-byte download) before and after each block; the median of --iters after
  * --warmup runs.
@@ -108,6 +108,10 @@ static void role_name(const di_config *cfg, int L, char *out, size_t cap) {
     else if (lc->is_kv_source) snprintf(out, cap, "r%d-kv-index-source", r);
     else if (lc->is_index_source) snprintf(out, cap, "r%d-reindex", r);
     else snprintf(out, cap, "r%d-reuse", r);
+    if (lc->engram_index >= 0) {
+        size_t n = strlen(out);
+        snprintf(out + n, cap - n, "+engram");
+    }
 }
 
 typedef struct layer_cost {
