@@ -563,9 +563,20 @@ int bench_gpu(int argc, char **argv) {
         goto out;
     }
     const di_config *cfg = &m->cfg;
+    int64_t align = 1; /* the synthetic history needs a multiple of every compress ratio (their lcm) */
+    for (int L = 0; L < cfg->n_layers; L++) {
+        int64_t r = cfg->layer[L].compress_ratio, x = align, y = r;
+        if (r <= 0) continue;
+        while (y) { /* x = gcd(align, r) */
+            int64_t t = x % y;
+            x = y, y = t;
+        }
+        align = align / x * r;
+    }
     for (int i = 0; i < n_c; i++)
-        if (ctxs[i] % 2) { /* the synthetic history needs a multiple of every compress ratio */
-            cli_fail(&cli, "--context %lld: expected a multiple of the compress ratios (2)", (long long)ctxs[i]);
+        if (ctxs[i] % align) {
+            cli_fail(&cli, "--context %lld: expected a multiple of the compress ratios' lcm (%lld)", (long long)ctxs[i],
+                     (long long)align);
             goto out;
         }
     double roof_Bps = hbm_gbps > 0 ? hbm_gbps * 1e9 : 0;
