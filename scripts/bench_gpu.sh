@@ -9,9 +9,9 @@
 #            torch_layer-PRESET.json (one JSON document), .partial.json (rewritten after every layer) and
 #            .log, deepinfer_bench_gpu-PRESET.json (the rows) and .log (progress + the combined table)
 # Environment:
-#   DEEPINFER   the deepinfer binary (default: first of .carry/deepinfer-static, build/deepinfer-static,
-#               build/deepinfer — the device machine lacks jansson/PCRE2/utf8proc, so carry the static one
-#               built with `make deepinfer-static`)
+#   DEEPINFER   the deepinfer binary for mkmodel (default: first of .carry/deepinfer-static,
+#               build/deepinfer-static, the CUDA CLI, build/deepinfer — the device machine lacks
+#               jansson/PCRE2/utf8proc, so carry a static one: `make deepinfer-static` or `make deepinfer-cuda`)
 #   TORCH_LAYER the peer script (default: bench/torch_layer.py, else .carry/torch_layer.py)
 #   CKPT        checkpoint directory (default /tmp/fl for full-layer, /tmp/sm for small; reused if present)
 #   DEEPINFER_CUDA the CUDA-enabled CLI for `bench gpu` (default: .carry/deepinfer-cuda, build/deepinfer-cuda,
@@ -23,6 +23,10 @@
 #   DEVICE      bench gpu's --device (default cuda; cpu runs the whole script as a smoke test)
 #   BENCH_ARGS  extra arguments for `deepinfer bench gpu` (e.g. --iters 20, --hbm-gbps 4470)
 #   SKIP_TORCH  1: do not run the peer (an earlier torch_layer-PRESET.json in OUT_DIR is still joined)
+# On the device machine (10 minutes per command): `make deepinfer-cuda` here, then run
+#   sh scripts/bench_gpu.sh full-layer        with carry build/deepinfer-cuda
+# The checkpoint and the peer's per-layer partial JSON survive a cut-short run on a warm machine; run
+# again with SKIP_TORCH=1 to time only our layers against what the peer finished.
 # Exit status: 0 when the checkpoint exists, the PyTorch peer ran every shape and bench gpu succeeded.
 set -u
 PRESET=${1:-full-layer}
@@ -30,7 +34,9 @@ OUTD=${2:-${OUT:-bench-out}}
 mkdir -p "$OUTD"
 
 pick() { for f in "$@"; do [ -e "$f" ] && { echo "$f"; return; }; done; }
-DI=${DEEPINFER:-$(pick .carry/deepinfer-static build/deepinfer-static build/deepinfer)}
+DICUDA=${DEEPINFER_CUDA:-$(pick .carry/deepinfer-cuda build/deepinfer-cuda)}
+# mkmodel runs with any CLI: the static one, else the CUDA one (its libraries are linked in statically)
+DI=${DEEPINFER:-$(pick .carry/deepinfer-static build/deepinfer-static "$DICUDA" build/deepinfer)}
 TL=${TORCH_LAYER:-$(pick bench/torch_layer.py .carry/torch_layer.py)}
 case $PRESET in
     full-layer) CKPT=${CKPT:-/tmp/fl} ;;
@@ -80,7 +86,6 @@ case $PRESET in
     *) DEF_SHAPES="--batch 1,64 --context 4096 --prefill 2048 --iters 8" ;; # torch_layer.py --small's shapes
 esac
 SHAPES=${SHAPES:-$DEF_SHAPES}
-DICUDA=${DEEPINFER_CUDA:-$(pick .carry/deepinfer-cuda build/deepinfer-cuda)}
 DIB=${DICUDA:-$DI}
 if [ -z "$DIB" ]; then
     echo "deepinfer bench gpu: skipped (no CUDA CLI: make deepinfer-cuda, or set DEEPINFER_CUDA)"

@@ -504,7 +504,7 @@ static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
 }
 
 static void print_table(FILE *f, const bench *b, double roof_Bps, double peak_flops) {
-    fprintf(f, "%-32s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
+    fprintf(f, "%-36s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
            "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup");
     for (int k = 0; k < b->n_rows; k++) {
         const row *w = &b->rows[k];
@@ -521,7 +521,7 @@ static void print_table(FILE *f, const bench *b, double roof_Bps, double peak_fl
             snprintf(pm, sizeof pm, "%.3f", w->peer_ms);
             snprintf(sp, sizeof sp, "%.2fx", w->peer_ms / w->ms);
         }
-        fprintf(f, "%-32s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
+        fprintf(f, "%-36s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
                w->prefill ? "prefill" : "decode", (long long)w->batch, (long long)w->ctx, (long long)w->tokens, w->ms,
                c1, c2, c3, c4, pm, sp);
     }
