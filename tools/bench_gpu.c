@@ -190,7 +190,6 @@ static double prefill_flops(const di_config *cfg, const layer_cost *c, int L, in
 typedef struct timer {
     const di_backend *be;
     void *probe;       /* u8 [64] backend memory: downloading one byte waits for the device */
-    int n_layers;
     double t0[DI_MAX_STAGES], ms[DI_MAX_STAGES];
 } timer;
 
@@ -592,7 +591,7 @@ int bench_gpu(int argc, char **argv) {
         }
     }
     b.m = m, b.be = be, b.iters = (int)iters, b.warmup = (int)warmup;
-    b.tm.be = be, b.tm.n_layers = cfg->n_layers;
+    b.tm.be = be;
     if (!(b.tm.probe = be->mem_alloc(be, 64, &err))) {
         cli_fail_err(&cli, &err);
         goto out;
