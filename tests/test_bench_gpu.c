@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "backend/backend.h"
+#include "model/cache_pool.h"
 #include "model/cache_synth.h"
 #include "model/session.h"
 #include "testutil.h"
@@ -247,6 +248,21 @@ static void test_synthetic_cache(void **state) {
     assert_int_equal(di_cache_image(a, ia, n, NULL, &err), DI_OK);
     assert_int_equal(di_cache_image(b, ib, n, NULL, &err), DI_OK);
     assert_memory_equal(ia, ib, (size_t)n);
+    /* a paged cache (entry by entry through the block table) holds the same sequence as the
+     * contiguous one (encoded entries replicated by doubling copies) */
+    di_cache_pool_opts po = {.be = be, .max_tokens = C + 8, .spec_margin = -1, .page_tokens = 32, .n_pages = 16,
+                             .n_slots = 1};
+    di_cache_pool *pool;
+    di_cache *pc;
+    assert_int_equal(di_cache_pool_create(cfg, &po, &pool, &err), DI_OK);
+    assert_int_equal(di_cache_pool_cache(pool, &pc, &err), DI_OK);
+    assert_int_equal(di_cache_fill_synthetic(pc, cfg, C, 5, &err), DI_OK);
+    assert_int_equal(di_cache_image_bytes(pc), n);
+    assert_int_equal(di_cache_image(pc, ib, n, NULL, &err), DI_OK);
+    assert_memory_equal(ia, ib, (size_t)n);
+    di_cache_destroy(pc);
+    di_cache_pool_destroy(pool);
+
     /* bad lengths: odd (ratio 2 pending), beyond capacity, on a non-empty cache */
     di_cache_reset(b);
     assert_int_equal(di_cache_fill_synthetic(b, cfg, 255, 1, &err), DI_ERR_INVALID);
