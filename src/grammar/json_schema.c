@@ -3,6 +3,8 @@
 
 #include <jansson.h>
 #include <math.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -808,7 +810,7 @@ static json_t *merge_allof(js *c, json_t *s) {
                     json_object_set(u, pk, pv);
                 }
                 json_object_set_new(m, k, u);
-            } else if (!json_equal(have, v) && strcmp(k, "title") && strcmp(k, "description")) {
+            } else if (!json_equal(have, v) && constrains(k)) { /* differing annotations: keep the first */
                 json_decref(m);
                 return fail(c, DI_ERR_UNSUPPORTED, "allOf: keyword '%s' appears in more than one part", k), NULL;
             }
@@ -840,20 +842,149 @@ static json_t *merge_allof(js *c, json_t *s) {
     return m;
 }
 
-/* oneOf is compiled as anyOf only when no value can match two branches: every branch states a
- * single type and the types are pairwise different ("integer" and "number" overlap). */
-static bool disjoint_types(json_t *arr) {
-    unsigned seen = 0;
-    static const char *names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-        const char *t = json_string_value(json_object_get(json_array_get(arr, i), "type"));
-        if (!t) return false;
-        unsigned bit = 0;
-        for (unsigned k = 0; k < 7; k++)
-            if (!strcmp(t, names[k])) bit = 1u << (k == 2 ? 1 : k); /* integer shares number's bit */
-        if (!bit || (seen & bit)) return false;
-        seen |= bit;
+/* ---- oneOf: proving that no value matches two branches ---- */
+
+/* Types a schema admits, as bits of k_type_names (integer is a subset of number: its own bit, and
+ * "number" sets both). Without "type", the types of const/enum values, else all. */
+static const char *const k_type_names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
+
+static unsigned value_type_bits(const json_t *v) {
+    unsigned b = 0;
+    for (unsigned k = 0; k < 7; k++)
+        if (value_has_type(v, k_type_names[k])) b |= 1u << k;
+    return b;
+}
+
+static unsigned type_bits(const json_t *s) {
+    if (json_is_false(s)) return 0;
+    if (!json_is_object(s)) return 0x7f;
+    json_t *t = json_object_get(s, "type"), *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    unsigned bits = 0x7f;
+    if (json_is_string(t) || json_is_array(t)) {
+        bits = 0;
+        for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
+            const char *n = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
+            for (unsigned k = 0; n && k < 7; k++)
+                if (!strcmp(n, k_type_names[k])) bits |= (k == 1 ? 6u : 1u << k);
+        }
     }
+    if (cst || json_is_array(en)) {
+        unsigned vb = 0;
+        if (cst) vb = value_type_bits(cst);
+        for (size_t i = 0; !cst && i < json_array_size(en); i++) vb |= value_type_bits(json_array_get(en, i));
+        bits &= vb;
+    }
+    return bits;
+}
+
+/* Follows a chain of $ref (bounded); NULL when it does not resolve locally. */
+static json_t *deref(js *c, json_t *s) {
+    for (int hops = 0; json_is_object(s) && json_is_string(json_object_get(s, "$ref")) && hops < 32; hops++) {
+        const char *r = json_string_value(json_object_get(s, "$ref"));
+        if (r[0] != '#') return NULL;
+        int save = c->rc;
+        s = resolve_ref(c, r);
+        if (!save && c->rc) { /* a probe, not an error: leave the refusal to compilation */
+            c->rc = 0;
+            return NULL;
+        }
+    }
+    return s;
+}
+
+/* Does the JSON string v match the ECMA-262-ish pattern? -1 when PCRE2 cannot decide (bad pattern). */
+static int pattern_matches(const char *pat, const char *v, size_t vn) {
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
+    if (!re) return -1;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = md ? pcre2_match(re, (PCRE2_SPTR)v, vn, 0, 0, md, NULL) : -1000;
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return rc >= 0 ? 1 : rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
+}
+
+/* false only when the value provably fails schema s (type, const/enum, pattern, length, required,
+ * a property's value); true when it matches or when this check cannot tell. */
+static bool may_match(js *c, const json_t *v, json_t *s, int depth) {
+    s = deref(c, s);
+    if (!s || depth > 8) return true;
+    if (json_is_boolean(s)) return json_is_true(s);
+    if (!json_is_object(s)) return true;
+    unsigned tb = type_bits(s), vb = value_type_bits(v);
+    if (!(tb & vb)) return false;
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst && !json_equal(cst, v)) return false;
+    if (json_is_array(en)) {
+        bool in = false;
+        for (size_t i = 0; i < json_array_size(en) && !in; i++) in = json_equal(json_array_get(en, i), v);
+        if (!in) return false;
+    }
+    if (json_is_string(v)) {
+        const char *sv = json_string_value(v);
+        size_t n = json_string_length(v), cps = 0;
+        for (size_t i = 0; i < n; i++) cps += ((uint8_t)sv[i] & 0xC0) != 0x80;
+        json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+        if (json_is_integer(mn) && (json_int_t)cps < json_integer_value(mn)) return false;
+        if (json_is_integer(mx) && (json_int_t)cps > json_integer_value(mx)) return false;
+        json_t *pat = json_object_get(s, "pattern");
+        if (json_is_string(pat) && pattern_matches(json_string_value(pat), sv, n) == 0) return false;
+    }
+    if (json_is_object(v)) {
+        json_t *req = json_object_get(s, "required"), *props = json_object_get(s, "properties");
+        for (size_t i = 0; i < json_array_size(req); i++) {
+            const char *name = json_string_value(json_array_get(req, i));
+            if (name && !json_object_get(v, name)) return false;
+        }
+        const char *k;
+        json_t *pv;
+        json_object_foreach((json_t *)v, k, pv) {
+            json_t *ps = json_object_get(props, k);
+            if (ps && !may_match(c, pv, ps, depth + 1)) return false;
+        }
+    }
+    return true;
+}
+
+/* No value matches both a and b: their types do not overlap, every const/enum value of one fails
+ * the other, or both require a property whose schemas are disjoint (a discriminator). */
+static bool disjoint(js *c, json_t *a, json_t *b, int depth) {
+    a = deref(c, a), b = deref(c, b);
+    if (!a || !b || depth > 8) return false;
+    if (json_is_false(a) || json_is_false(b)) return true;
+    if (!json_is_object(a) || !json_is_object(b)) return false;
+    if (!(type_bits(a) & type_bits(b))) return true;
+    for (int side = 0; side < 2; side++) {
+        json_t *x = side ? b : a, *y = side ? a : b;
+        json_t *cst = json_object_get(x, "const"), *en = json_object_get(x, "enum");
+        if (!cst && !json_is_array(en)) continue;
+        bool all_fail = true;
+        if (cst) all_fail = !may_match(c, cst, y, 0);
+        for (size_t i = 0; !cst && all_fail && i < json_array_size(en); i++)
+            all_fail = !may_match(c, json_array_get(en, i), y, 0);
+        if (all_fail) return true;
+    }
+    /* a required property in both, with disjoint schemas (const/enum tags, types) */
+    json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    if (!(type_bits(a) & ~(1u << 5)) || !(type_bits(b) & ~(1u << 5))) /* both only objects */
+        for (size_t i = 0; i < json_array_size(ra); i++) {
+            const char *name = json_string_value(json_array_get(ra, i));
+            bool in_b = false;
+            for (size_t j = 0; name && j < json_array_size(rb) && !in_b; j++)
+                in_b = json_is_string(json_array_get(rb, j)) && !strcmp(json_string_value(json_array_get(rb, j)), name);
+            json_t *sa = name ? json_object_get(pa, name) : NULL, *sb = name ? json_object_get(pb, name) : NULL;
+            if (in_b && sa && sb && disjoint(c, sa, sb, depth + 1)) return true;
+        }
+    return false;
+}
+
+/* oneOf is compiled as anyOf only when no value can match two branches. */
+static bool pairwise_disjoint(js *c, json_t *arr) {
+    for (size_t i = 0; i < json_array_size(arr); i++)
+        for (size_t j = i + 1; j < json_array_size(arr); j++)
+            if (!disjoint(c, json_array_get(arr, i), json_array_get(arr, j), 0)) return false;
     return true;
 }
 
@@ -878,14 +1009,26 @@ static int32_t schema_body(js *c, json_t *s) {
     json_t *ref = json_object_get(s, "$ref");
     if (ref) {
         if (!json_is_string(ref)) return fail(c, DI_ERR_INVALID, "%s", "$ref is not a string");
-        if (json_object_size(s) > 1) {
-            /* siblings of $ref (2019+) must hold too; accept only annotations beside it */
-            const char *k;
-            json_t *v;
-            json_object_foreach(s, k, v) if (strcmp(k, "$ref") && strcmp(k, "description") && strcmp(k, "title") &&
-                                             strcmp(k, "$defs") && strcmp(k, "definitions") && strcmp(k, "$schema") &&
-                                             strcmp(k, "$id") && strcmp(k, "default") && strcmp(k, "$comment"))
-                return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside $ref", k);
+        /* Constraining siblings of $ref (2019+; draft 7 validators differ, and applying them is
+         * the narrower reading) hold together with the target: compile as allOf(siblings, target). */
+        bool siblings = false;
+        const char *k;
+        json_t *kv;
+        json_object_foreach(s, k, kv) if (constrains(k) && strcmp(k, "$ref")) siblings = true;
+        if (siblings) {
+            json_t *m = json_deep_copy(s);
+            json_t *parts = json_object_get(m, "allOf");
+            if (!m || (parts && !json_is_array(parts))) {
+                json_decref(m);
+                return c->rc ? 0 : fail(c, DI_ERR_INVALID, "%s", "allOf is not an array");
+            }
+            if (!parts) json_object_set_new(m, "allOf", parts = json_array());
+            json_t *part = json_object();
+            json_object_set(part, "$ref", ref);
+            json_array_append_new(parts, part);
+            json_object_del(m, "$ref");
+            json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+            return schema_body(c, m);
         }
         json_t *t = resolve_ref(c, json_string_value(ref));
         return t ? sub(c, t, "$ref", NULL) : 0;
@@ -934,9 +1077,10 @@ static int32_t schema_body(js *c, json_t *s) {
             }
         }
         if (c->rc) return 0;
-        if (one && !c->opts.lenient_oneof && !disjoint_types(branches))
+        if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches))
             return fail(c, DI_ERR_UNSUPPORTED, "%s",
-                        "oneOf whose branches are not distinguishable by type (set lenient_oneof to compile it as anyOf)");
+                        "oneOf whose branches are not provably disjoint by type, const/enum or a required discriminator "
+                        "property (set lenient_oneof to compile it as anyOf)");
         int32_t nt = di_cfg_nt(c->g, NULL);
         for (size_t i = 0; i < json_array_size(branches) && !c->rc; i++) {
             char idx[24];
