@@ -259,7 +259,6 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 
 static const char *const k_unsupported[] = {"not",           "if",           "then",          "else",
                                             "contains",      "minContains",  "maxContains",   "multipleOf",
-                                            "minProperties", "maxProperties", "patternProperties",
                                             "dependentRequired", "dependentSchemas", "dependencies",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
@@ -640,14 +639,79 @@ static int32_t other_key(js *c, json_t *props) {
     return seq(c, (int32_t[]){di_cfg_byte(c->g, '"'), body}, 2);
 }
 
+/* A schema that constrains nothing (true, or only annotations). */
+static bool trivial(const json_t *s) {
+    if (json_is_true(s)) return true;
+    if (!json_is_object(s)) return false;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)s, k, v) if (constrains(k)) return false;
+    return true;
+}
+
+static int pattern_matches(const char *pat, const char *v, size_t vn);
+
+/* A member key matching a patternProperties regex (searched, like "pattern"), as a JSON string. */
+static int32_t pattern_key(js *c, const char *re) {
+    int32_t body;
+    di_regex_info info;
+    if (di_regex_build(c->g, re, strlen(re), DI_REGEX_JSON_STRING, &body, &info, c->err)) {
+        c->rc = di_error_wrap(c->err, "json schema at '%s' patternProperties", c->path[0] ? c->path : "#");
+        return 0;
+    }
+    int32_t star = di_cfg_star(c->g, c->strchar), q = di_cfg_byte(c->g, '"');
+    int32_t parts[5] = {q, info.anchored_start ? empty(c) : star, body, info.anchored_end ? empty(c) : star, q};
+    return seq(c, parts, 5);
+}
+
+/* patternProperties is compiled soundly when at most one distinct non-trivial schema is attached
+ * to its patterns (a key matching two patterns must satisfy both) and every declared name that a
+ * pattern matches (checked with PCRE2) has that pattern's schema, or both are trivial (a generated
+ * pattern key may spell a declared name, and a declared member is also checked by the pattern).
+ * Returns the shared non-trivial schema (NULL when all are trivial); sets c->rc on refusal. */
+static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
+    json_t *shared = NULL;
+    const char *re;
+    json_t *ps;
+    json_object_foreach(pp, re, ps) {
+        if (!json_is_object(ps) && !json_is_boolean(ps))
+            return fail(c, DI_ERR_INVALID, "patternProperties '%s' is not a schema", re), NULL;
+        if (trivial(ps)) continue;
+        if (shared && !json_equal(shared, ps))
+            return fail(c, DI_ERR_UNSUPPORTED, "%s",
+                        "keyword 'patternProperties' with several different non-trivial schemas (a key may match two)"),
+                   NULL;
+        shared = ps;
+    }
+    json_object_foreach(pp, re, ps) {
+        const char *name;
+        json_t *nv;
+        json_object_foreach(props, name, nv) {
+            int m = pattern_matches(re, name, strlen(name));
+            if (m == 0 || json_equal(nv, ps) || (trivial(nv) && trivial(ps))) continue;
+            return fail(c, DI_ERR_UNSUPPORTED,
+                        m < 0 ? "keyword 'patternProperties': pattern '%s' is not understood by PCRE2"
+                              : "keyword 'patternProperties': pattern matches declared property '%s' with another schema",
+                        m < 0 ? re : name),
+                   NULL;
+        }
+    }
+    return shared;
+}
+
 static int32_t object_sym(js *c, json_t *s) {
     di_cfg *g = c->g;
     json_t *props = json_object_get(s, "properties");
     json_t *req = json_object_get(s, "required");
     json_t *addl = json_object_get(s, "additionalProperties");
+    json_t *pp = json_object_get(s, "patternProperties");
+    json_t *mnp = json_object_get(s, "minProperties"), *mxp = json_object_get(s, "maxProperties");
     if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
-    /* a required name without a declared schema is governed by additionalProperties: declare it
-     * with that schema (after the declared ones) so it is generated and excluded from extra keys */
+    if (pp && !json_is_object(pp)) return fail(c, DI_ERR_INVALID, "%s", "patternProperties is not an object");
+    if (!json_object_size(pp)) pp = NULL;
+    /* a required name without a declared schema is governed by the pattern it matches, else by
+     * additionalProperties: declare it with that schema (after the declared ones) so it is
+     * generated and excluded from extra keys */
     json_t *all = NULL;
     for (size_t r = 0; r < json_array_size(req); r++) {
         const char *name = json_string_value(json_array_get(req, r));
@@ -658,31 +722,90 @@ static int32_t object_sym(js *c, json_t *s) {
             json_array_append_new(c->keep, all);
             if (props) json_object_update(all, props);
         }
-        json_object_set(all, name, addl ? addl : json_true());
+        json_t *gov = NULL;
+        const char *re;
+        json_t *ps;
+        json_object_foreach(pp, re, ps) {
+            int m = pattern_matches(re, name, strlen(name));
+            if (m < 0) return fail(c, DI_ERR_UNSUPPORTED, "keyword 'patternProperties': pattern '%s' is not understood by PCRE2", re);
+            if (m && (!gov || trivial(gov))) gov = ps;
+        }
+        json_object_set(all, name, gov ? gov : addl ? addl : json_true());
     }
     if (all) props = all;
     size_t n = props ? json_object_size(props) : 0;
-    /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first) */
-    int32_t(*P)[2] = calloc(n + 1, sizeof *P);
+    json_t *shared = pp ? check_patterns(c, pp, props) : NULL;
+    if (c->rc) return 0;
+    /* min/maxProperties: compiled when implied by required names / the closed member list, and
+     * minProperties 1 by a "nothing written yet" chain; other counts are refused */
+    size_t n_req = 0;
+    json_t *pk;
+    const char *pname;
+    json_object_foreach(props, pname, pk) {
+        for (size_t r = 0; r < json_array_size(req); r++)
+            if (json_is_string(json_array_get(req, r)) && !strcmp(json_string_value(json_array_get(req, r)), pname)) {
+                n_req++;
+                break;
+            }
+    }
+    bool closed = json_is_false(addl) && !pp;
+    bool non_empty = false;
+    if (mnp) {
+        if (!json_is_integer(mnp)) return fail(c, DI_ERR_INVALID, "%s", "minProperties is not an integer");
+        json_int_t m = json_integer_value(mnp);
+        if (m > (json_int_t)n_req) {
+            if (m > 1) return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'minProperties' above 1 and above the required count");
+            non_empty = true;
+        }
+    }
+    if (mxp) {
+        if (!json_is_integer(mxp)) return fail(c, DI_ERR_INVALID, "%s", "maxProperties is not an integer");
+        json_int_t m = json_integer_value(mxp);
+        if (m < (json_int_t)n_req) return nothing(c);
+        if (!closed || (json_int_t)n > m)
+            return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'maxProperties' not implied by a closed property list");
+    }
+    /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first).
+     * Q[k]: members k..n-1 remain, none written yet, at least one must be (minProperties 1). */
+    int32_t(*P)[3] = calloc(n + 1, sizeof *P);
     if (!P) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
-    for (size_t k = 0; k <= n; k++) P[k][0] = di_cfg_nt(g, NULL), P[k][1] = di_cfg_nt(g, NULL);
-    /* tail: additional members */
-    bool extra = !(json_is_false(addl));
-    if (extra) {
+    for (size_t k = 0; k <= n; k++) P[k][0] = di_cfg_nt(g, NULL), P[k][1] = di_cfg_nt(g, NULL), P[k][2] = di_cfg_nt(g, NULL);
+    /* tail: additional members. Free keys (none of the declared names) take additionalProperties;
+     * a free key might match a pattern, so free keys are offered only when every pattern's schema
+     * is trivial. Pattern keys take their pattern's schema. */
+    int32_t member = di_cfg_nt(g, NULL);
+    bool extra = false;
+    bool free_keys = !json_is_false(addl) && !shared;
+    if (free_keys) {
         int32_t av = addl && json_is_object(addl) ? sub(c, addl, "additionalProperties", NULL) : c->value;
         int32_t key = n ? other_key(c, props) : c->string;
-        int32_t member = seq(c, (int32_t[]){key, c->colon, av}, 3);
+        int32_t r[3] = {key, c->colon, av};
+        di_cfg_rule(g, member, r, 3);
+        extra = true;
+    }
+    const char *re;
+    json_t *ps;
+    json_object_foreach(pp, re, ps) {
+        if (c->rc || (free_keys && trivial(ps) && (!addl || trivial(addl)))) continue; /* already covered */
+        int32_t r[3] = {pattern_key(c, re), c->colon, sub(c, ps, "patternProperties", re)};
+        di_cfg_rule(g, member, r, 3);
+        extra = true;
+    }
+    if (extra) {
         int32_t more = di_cfg_star(g, seq(c, (int32_t[]){c->comma, member}, 2));
         di_cfg_rule(g, P[n][1], &more, 1);
-        int32_t first = di_cfg_opt(g, seq(c, (int32_t[]){member, more}, 2));
-        di_cfg_rule(g, P[n][0], &first, 1);
+        int32_t first = seq(c, (int32_t[]){member, more}, 2);
+        di_cfg_rule(g, P[n][2], &first, 1);
+        int32_t opt = di_cfg_opt(g, first);
+        di_cfg_rule(g, P[n][0], &opt, 1);
     } else {
         di_cfg_rule(g, P[n][0], NULL, 0);
         di_cfg_rule(g, P[n][1], NULL, 0);
+        int32_t none = nothing(c);
+        di_cfg_rule(g, P[n][2], &none, 1);
     }
     size_t k = 0;
     const char *key;
-    json_t *ps;
     json_object_foreach(props, key, ps) {
         bool required = false;
         for (size_t r = 0; r < json_array_size(req); r++)
@@ -696,16 +819,19 @@ static int32_t object_sym(js *c, json_t *s) {
             return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         }
         int32_t v = sub(c, ps, "properties", key);
-        int32_t member = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
+        int32_t mem = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
         free(qk);
         for (int e = 0; e < 2; e++) {
-            int32_t with[3] = {c->comma, member, P[k + 1][1]};
+            int32_t with[3] = {c->comma, mem, P[k + 1][1]};
             di_cfg_rule(g, P[k][e], e ? with : with + 1, e ? 3 : 2);
             if (!required) di_cfg_rule(g, P[k][e], &P[k + 1][e], 1);
         }
+        int32_t first[2] = {mem, P[k + 1][1]};
+        di_cfg_rule(g, P[k][2], first, 2);
+        if (!required) di_cfg_rule(g, P[k][2], &P[k + 1][2], 1);
         k++;
     }
-    int32_t body = P[0][0];
+    int32_t body = P[0][non_empty ? 2 : 0];
     free(P);
     return seq(c, (int32_t[]){c->lbrace, body, c->rbrace}, 3);
 }
@@ -1105,7 +1231,8 @@ static int32_t schema_body(js *c, json_t *s) {
     if (type) return fail(c, DI_ERR_INVALID, "%s", "type is not a string or list");
     /* no type: infer from the keywords present; a value of another type is also valid per the
      * spec, but generating one would ignore the keywords, so restrict to the implied type */
-    if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties"))
+    if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties") ||
+        json_object_get(s, "patternProperties") || json_object_get(s, "minProperties") || json_object_get(s, "maxProperties"))
         return object_sym(c, s);
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems") || json_object_get(s, "additionalItems") || json_object_get(s, "uniqueItems"))
