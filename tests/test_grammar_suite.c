@@ -113,7 +113,7 @@ static void test_official_suite(void **state) {
 static void reason_of(const char *msg, char *out, size_t cap) {
     const char *p = strstr(msg, "': ");
     p = p ? p + 3 : msg;
-    bool kw = !strncmp(p, "keyword '", 9) || !strncmp(p, "format '", 8);
+    bool kw = !strncmp(p, "keyword '", 9) || !strncmp(p, "format '", 8) || !strncmp(p, "allOf: keyword '", 16);
     size_t n = 0;
     for (bool in_q = false; *p && n + 2 < cap; p++) {
         if (*p == '\'') {

@@ -323,6 +323,63 @@ static const struct {
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"\\\\<>^`{|}]*"},
 };
 
+/* Shortest match of a regex according to PCRE2 (a lower bound on every match's length in code
+ * points); -1 when PCRE2 does not take the pattern. */
+static int64_t min_match_len(const char *re) {
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
+    if (!code) return -1;
+    uint32_t n = 0;
+    int rc = pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &n);
+    pcre2_code_free(code);
+    return rc ? -1 : (int64_t)n;
+}
+
+/* A pattern ^ATOM QUANT$ with ATOM one character class [...], escape \\x or '.', and QUANT one of
+ * nothing, ?, *, +, {n}, {n,}, {n,m}: returns ATOM's length (0 if the pattern has another form)
+ * and the count range [*qlo, *qhi] (-1 = unbounded). */
+static size_t single_atom(const char *re, int64_t *qlo, int64_t *qhi) {
+    size_t n = strlen(re), i = 1;
+    if (n < 3 || re[0] != '^' || re[n - 1] != '$' || re[n - 2] == '\\') return 0;
+    if (re[i] == '[') {
+        i++;
+        if (re[i] == '^') i++;
+        if (re[i] == ']') i++;
+        while (i < n - 1 && re[i] != ']') i += re[i] == '\\' ? 2 : 1;
+        if (i >= n - 1) return 0;
+        i++;
+    } else if (re[i] == '\\' && i + 1 < n - 1) {
+        if (strchr("uxcpPkb1234567890", re[i + 1])) return 0; /* multi-character escapes, refs, anchors */
+        i += 2;
+    } else if (re[i] == '.') {
+        i++;
+    } else {
+        return 0;
+    }
+    size_t atom = i - 1;
+    const char *q = re + i, *end = re + n - 1;
+    if (q == end) *qlo = 1, *qhi = 1;
+    else if (q + 1 == end && *q == '?') *qlo = 0, *qhi = 1;
+    else if (q + 1 == end && *q == '*') *qlo = 0, *qhi = -1;
+    else if (q + 1 == end && *q == '+') *qlo = 1, *qhi = -1;
+    else if (*q == '{') {
+        char *e;
+        long long a = strtoll(q + 1, &e, 10), b = a;
+        if (e == q + 1 || a < 0) return 0;
+        if (*e == ',') {
+            char *f;
+            b = strtoll(e + 1, &f, 10);
+            if (f == e + 1) b = -1;
+            else if (b < a) return 0;
+            e = f;
+        }
+        if (*e != '}' || e + 1 != end) return 0;
+        *qlo = a, *qhi = b;
+    } else return 0;
+    return atom;
+}
+
 static int32_t string_sym(js *c, json_t *s) {
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
@@ -347,10 +404,31 @@ static int32_t string_sym(js *c, json_t *s) {
         re = json_string_value(pat);
     }
     int32_t q = di_cfg_byte(c->g, '"');
-    if (re) {
-        if ((mn && lo > 0) || (mx && hi >= 0))
+    char bounded[1100];
+    if (re && ((mn && lo > 0) || (mx && hi >= 0))) {
+        /* Length bounds beside a regex: dropped when every match is long enough anyway (PCRE2's
+         * minimum match length, a lower bound), or folded into the count of a pattern that is
+         * one repeated atom, ^[...]*$ with maxLength 8 -> ^[...]{0,8}$. Otherwise refused: the
+         * grammar cannot intersect a regular language with a length. */
+        int64_t qlo = 0, qhi = 0;
+        size_t atom = json_is_string(pat) ? single_atom(re, &qlo, &qhi) : 0;
+        if (hi < 0 && min_match_len(re) >= lo) {
+            mn = mx = NULL;
+        } else if (atom && atom + 32 < sizeof bounded) {
+            int64_t a = lo > qlo ? lo : qlo, b = hi < 0 ? qhi : qhi < 0 ? hi : hi < qhi ? hi : qhi;
+            if (b >= 0 && b < a) return nothing(c);
+            if (a > 100000 || b > 100000) return fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
+            if (b >= 0) snprintf(bounded, sizeof bounded, "^%.*s{%lld,%lld}$", (int)atom, re + 1, (long long)a, (long long)b);
+            else snprintf(bounded, sizeof bounded, "^%.*s{%lld,}$", (int)atom, re + 1, (long long)a);
+            re = bounded;
+            mn = mx = NULL;
+        } else {
             return fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern/format together with minLength/maxLength");
-        if (!json_is_string(pat) && c->fmt_cache[fmt_i] >= 0) return c->fmt_cache[fmt_i];
+        }
+    }
+    if (re) {
+        bool is_pat = json_is_string(pat);
+        if (!is_pat && c->fmt_cache[fmt_i] >= 0) return c->fmt_cache[fmt_i];
         int32_t body;
         di_regex_info info;
         int rc = di_regex_build(c->g, re, strlen(re), DI_REGEX_JSON_STRING, &body, &info, c->err);
@@ -359,13 +437,13 @@ static int32_t string_sym(js *c, json_t *s) {
             return 0;
         }
         /* JSON Schema patterns search (unanchored); format regexes are whole-string */
-        if (json_is_string(pat)) {
+        if (is_pat) {
             int32_t star = di_cfg_star(c->g, c->strchar);
             int32_t parts[3] = {info.anchored_start ? empty(c) : star, body, info.anchored_end ? empty(c) : star};
             body = seq(c, parts, 3);
         }
         int32_t r = seq(c, (int32_t[]){q, body, q}, 3);
-        if (!json_is_string(pat)) c->fmt_cache[fmt_i] = r;
+        if (!is_pat) c->fmt_cache[fmt_i] = r;
         return r;
     }
     if (!mn && !mx) return c->string;
