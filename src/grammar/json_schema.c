@@ -257,9 +257,8 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 
 /* ---- keyword handling ---- */
 
-static const char *const k_unsupported[] = {"not",           "if",           "then",          "else",
+static const char *const k_unsupported[] = {"if",           "then",          "else",
                                             "contains",      "minContains",  "maxContains",   "multipleOf",
-                                            "dependentRequired", "dependentSchemas", "dependencies",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
 
@@ -1059,6 +1058,16 @@ static unsigned value_type_bits(const json_t *v) {
     return b;
 }
 
+static unsigned type_bits_of(const json_t *t) {
+    unsigned bits = 0;
+    for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
+        const char *n = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
+        for (unsigned k = 0; n && k < 7; k++)
+            if (!strcmp(n, k_type_names[k])) bits |= (k == 1 ? 6u : 1u << k);
+    }
+    return bits;
+}
+
 static unsigned type_bits(const json_t *s) {
     if (json_is_false(s)) return 0;
     if (!json_is_object(s)) return 0x7f;
@@ -1203,6 +1212,120 @@ static int32_t typed(js *c, json_t *s, const char *t) {
     return fail(c, DI_ERR_INVALID, "unknown type '%s'", t);
 }
 
+static bool trivial(const json_t *s);
+
+static bool in_required(json_t *req, const char *name) {
+    for (size_t r = 0; r < json_array_size(req); r++)
+        if (json_is_string(json_array_get(req, r)) && !strcmp(json_string_value(json_array_get(req, r)), name)) return true;
+    return false;
+}
+
+/* dependencies / dependentRequired / dependentSchemas and simple forms of "not", rewritten into
+ * keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
+ * - a dependent name list becomes required (exact when the trigger is required, else narrower);
+ * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
+ * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower);
+ *   not {enum/const} removes values from a sibling enum/const; not true = false; not false = true.
+ * Anything else is refused. Returns s itself when nothing applies, NULL after fail(). */
+static json_t *rewrite(js *c, json_t *s) {
+    static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
+    bool any = json_object_get(s, "not") != NULL;
+    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]);
+    if (!any) return s;
+    json_t *m = json_deep_copy(s);
+    if (!m) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+    json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+    for (size_t i = 0; i < 3; i++) {
+        json_t *deps = json_object_get(s, dep_kw[i]);
+        if (!deps) continue;
+        json_object_del(m, dep_kw[i]);
+        if (!json_is_object(deps)) return fail(c, DI_ERR_INVALID, "keyword '%s' is not an object", dep_kw[i]), NULL;
+        const char *a;
+        json_t *v;
+        json_object_foreach(deps, a, v) {
+            json_t *req = json_object_get(m, "required");
+            if (json_is_array(v)) {
+                if (!req) json_object_set_new(m, "required", req = json_array());
+                for (size_t k = 0; k < json_array_size(v); k++)
+                    if (json_is_string(json_array_get(v, k)) && !in_required(req, json_string_value(json_array_get(v, k))))
+                        json_array_append(req, json_array_get(v, k));
+            } else if (trivial(v)) {
+                continue;
+            } else if (in_required(req, a)) {
+                json_t *all = json_object_get(m, "allOf");
+                if (all && !json_is_array(all)) return fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
+                if (!all) json_object_set_new(m, "allOf", all = json_array());
+                json_array_append(all, v);
+            } else {
+                return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' with a schema for an optional property", dep_kw[i]), NULL;
+            }
+        }
+    }
+    json_t *n = json_object_get(s, "not");
+    if (!n) return m;
+    json_object_del(m, "not");
+    if (json_is_object(n) && json_is_string(json_object_get(n, "$ref"))) {
+        json_t *t = resolve_ref(c, json_string_value(json_object_get(n, "$ref")));
+        if (!t) return NULL;
+        if (json_is_object(t) && json_object_size(n) == 1) n = t;
+    }
+    if (json_is_false(n)) return m;
+    if (trivial(n)) return json_false();
+    /* the constraining keywords of the negated schema */
+    const char *only = NULL, *k;
+    json_t *kv;
+    size_t nk = 0;
+    json_object_foreach(n, k, kv) if (constrains(k)) only = k, nk++;
+    if (nk == 1 && !strcmp(only, "type")) {
+        json_t *t = json_object_get(n, "type"), *have = json_object_get(m, "type");
+        unsigned excl = type_bits_of(t), allow = have ? type_bits_of(have) : 0x7f;
+        if (!excl && t) return fail(c, DI_ERR_INVALID, "%s", "not: type is not a type name or list"), NULL;
+        /* bit 2 (integer) lies inside bit 1 (number): excluding integers from numbers is not a type */
+        if ((excl & 4) && !(excl & 2) && (allow & 2))
+            return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {type: integer} beside numbers"), NULL;
+        if (excl & 2) excl |= 4;
+        allow &= ~excl;
+        json_t *list = json_array();
+        for (unsigned b = 0; b < 7; b++)
+            if ((allow >> b) & 1 && !(b == 2 && (allow & 2))) json_array_append_new(list, json_string(k_type_names[b]));
+        if (!json_array_size(list)) {
+            json_decref(list);
+            return json_false();
+        }
+        json_object_set_new(m, "type", list);
+        return m;
+    }
+    if (nk == 1 && !strcmp(only, "required") && json_array_size(json_object_get(n, "required"))) {
+        const char *name = json_string_value(json_array_get(json_object_get(n, "required"), 0));
+        if (!name) return fail(c, DI_ERR_INVALID, "%s", "not: required entry is not a string"), NULL;
+        json_t *props = json_object_get(m, "properties");
+        if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object"), NULL;
+        json_t *np = props ? json_deep_copy(props) : json_object();
+        json_object_set_new(np, name, json_false()); /* an absent or declared name: absent now */
+        json_object_set_new(m, "properties", np);
+        return m;
+    }
+    json_t *en = json_object_get(m, "enum"), *cst = json_object_get(m, "const");
+    json_t *nen = json_object_get(n, "enum"), *ncst = json_object_get(n, "const");
+    if (nk >= 1 && nk <= 2 && (nen || ncst) && (en || cst) && nk == (size_t)(nen != NULL) + (ncst != NULL)) {
+        json_t *vals = json_array();
+        if (cst) json_array_append(vals, cst);
+        for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
+        for (size_t i = json_array_size(vals); i-- > 0;) {
+            json_t *x = json_array_get(vals, i);
+            bool hit = ncst && json_equal(ncst, x);
+            for (size_t j = 0; !hit && j < json_array_size(nen); j++) hit = json_equal(json_array_get(nen, j), x);
+            if (hit) json_array_remove(vals, i);
+        }
+        json_object_del(m, "const");
+        json_object_set_new(m, "enum", vals);
+        return m;
+    }
+    return fail(c, DI_ERR_UNSUPPORTED, "%s",
+                "keyword 'not' other than not-type, not-required, not-enum/const beside enum/const, true/false"),
+           NULL;
+}
+
 static int32_t schema_body(js *c, json_t *s) {
     if (json_is_true(s)) return c->value;
     if (json_is_false(s)) return nothing(c);
@@ -1210,6 +1333,8 @@ static int32_t schema_body(js *c, json_t *s) {
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (json_object_get(s, k_unsupported[i]))
             return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' is not supported", k_unsupported[i]);
+    json_t *rw = rewrite(c, s);
+    if (rw != s) return rw ? schema_body(c, rw) : 0;
     json_t *ref = json_object_get(s, "$ref");
     if (ref) {
         if (!json_is_string(ref)) return fail(c, DI_ERR_INVALID, "%s", "$ref is not a string");
