@@ -322,12 +322,18 @@ static const struct {
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"\\\\<>^`{|}]*"},
 };
 
+/* Compile-time pattern checks use PCRE2 as an over-approximation of the ECMA-262 patterns this
+ * compiler accepts: with UCP, \d \w \s take Unicode (ECMA's \s does; wider \d \w only make a
+ * "no match" answer rarer), ALT_BSUX reads \uHHHH and \xHH as ECMA does. A "no match" is what
+ * soundness relies on, so PCRE2 may accept more but must not accept less. */
+static const uint32_t k_pcre2_opts = PCRE2_UTF | PCRE2_UCP | PCRE2_ALT_BSUX;
+
 /* Shortest match of a regex according to PCRE2 (a lower bound on every match's length in code
  * points); -1 when PCRE2 does not take the pattern. */
 static int64_t min_match_len(const char *re) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, k_pcre2_opts, &ec, &eo, NULL);
     if (!code) return -1;
     uint32_t n = 0;
     int rc = pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &n);
@@ -1109,7 +1115,7 @@ static json_t *deref(js *c, json_t *s) {
 static int pattern_matches(const char *pat, const char *v, size_t vn) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, k_pcre2_opts, &ec, &eo, NULL);
     if (!re) return -1;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     int rc = md ? pcre2_match(re, (PCRE2_SPTR)v, vn, 0, 0, md, NULL) : -1000;
