@@ -13,6 +13,17 @@
 
 /* MaskBench schemas that must compile (issue 6: 7,105 of 8,841 before, 7,817 after) */
 #define MASKBENCH_FLOOR 7817
+/* Under ASan/UBSan the replay is ~5x slower: check every 8th file for soundness only (no floor). */
+#if defined(__SANITIZE_ADDRESS__)
+#define MASKBENCH_STRIDE 8
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MASKBENCH_STRIDE 8
+#endif
+#endif
+#ifndef MASKBENCH_STRIDE
+#define MASKBENCH_STRIDE 1
+#endif
 #define SUITE_DIR "/usr/share/json-schema-test-suite/tests/draft7"
 
 static int full_match(const di_grammar *g, const di_grammar_vocab *v, const char *s) {
@@ -177,6 +188,7 @@ static void test_maskbench(void **state) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
         free(files[f]);
+        if (f % MASKBENCH_STRIDE) continue;
         json_error_t je;
         json_t *doc = json_load_file(path, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
         json_t *sch = doc ? json_object_get(doc, "schema") : NULL;
@@ -226,7 +238,7 @@ static void test_maskbench(void **state) {
               invalid, unsound);
     free(rc_tab);
     assert_int_equal(unsound, 0);
-    assert_true(compiled >= MASKBENCH_FLOOR);
+    if (MASKBENCH_STRIDE == 1) assert_true(compiled >= MASKBENCH_FLOOR);
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }

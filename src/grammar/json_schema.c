@@ -1039,9 +1039,9 @@ static json_t *merge_allof(js *c, json_t *s) {
         const char *pk;
         json_t *pv;
         json_object_foreach(mprops, pk, pv) if (!json_object_get(pp, pk)) {
-            json_decref(m);
-            return fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' is added where another part closes the object", pk),
-                   NULL;
+            fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' is added where another part closes the object", pk);
+            json_decref(m); /* after the message: pk lives in m */
+            return NULL;
         }
     }
     if (c->rc) {
