@@ -258,6 +258,10 @@ static void test_schema_coverage(void **state) {
          {{"\"auto\"", 1}, {"\"12px\"", 1}, {"\"px\"", 0}, {"\"autox\"", 0}}},
         {"{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"oneOf\":[{\"$ref\":\"#/$defs/n\"},{\"type\":\"null\"}]}",
          {{"3", 1}, {"null", 1}, {"\"3\"", 0}}},
+        /* oneOf of required lists: each branch forbids a name another requires (exactly one) */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
+         "\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+         {{"{\"a\":1}", 1}, {"{\"b\":1}", 1}, {"{\"a\":1,\"b\":2}", 0}, {"{}", 0}, {"{\"a\":\"s\"}", 0}}},
         /* $ref with constraining siblings: both hold */
         {"{\"$defs\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"$ref\":\"#/$defs/a\",\"maxItems\":2,"
          "\"x-annotation\":1}",

@@ -1184,6 +1184,16 @@ static bool disjoint(js *c, json_t *a, json_t *b, int depth) {
             all_fail = !may_match(c, json_array_get(en, i), y, 0);
         if (all_fail) return true;
     }
+    /* one forbids a property the other requires (properties: {p: false}), on objects only */
+    for (int side = 0; side < 2; side++) {
+        json_t *x = side ? b : a, *y = side ? a : b;
+        json_t *px = json_object_get(x, "properties"), *ry = json_object_get(y, "required");
+        bool objects_only = !(type_bits(x) & ~(1u << 5)) || !(type_bits(y) & ~(1u << 5));
+        for (size_t i = 0; objects_only && i < json_array_size(ry); i++) {
+            const char *name = json_string_value(json_array_get(ry, i));
+            if (name && json_is_false(json_object_get(px, name))) return true;
+        }
+    }
     /* a required property in both, with disjoint schemas (const/enum tags, types) */
     json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
     json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
@@ -1205,6 +1215,47 @@ static bool pairwise_disjoint(js *c, json_t *arr) {
         for (size_t j = i + 1; j < json_array_size(arr); j++)
             if (!disjoint(c, json_array_get(arr, i), json_array_get(arr, j), 0)) return false;
     return true;
+}
+
+/* oneOf branches that differ by which names they require ({required: [a]} | {required: [b]}):
+ * branch i is narrowed to forbid, for every other branch j, one name j requires and i does not.
+ * The narrowed branch accepts a subset of branch i; it is kept only when it is disjoint from
+ * every *original* other branch, so an accepted value matches exactly one original branch.
+ * Returns the original array when narrowing does not help (the caller then refuses). */
+static bool in_required(json_t *req, const char *name);
+
+static json_t *narrow_oneof(js *c, json_t *branches) {
+    size_t n = json_array_size(branches);
+    json_t *out = json_array();
+    if (!out) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+    json_array_append_new(c->keep, out); /* memo keys are pointers: keep the copies alive */
+    for (size_t i = 0; i < n; i++) {
+        json_t *bi = json_array_get(branches, i);
+        /* deref drops siblings of $ref (wider: fine for proofs, not for a narrowed copy) */
+        if (json_is_object(bi) && json_object_get(bi, "$ref")) bi = json_object_size(bi) == 1 ? deref(c, bi) : NULL;
+        if (!json_is_object(bi)) return branches;
+        json_t *nb = json_deep_copy(bi);
+        json_array_append_new(out, nb);
+        json_t *req = json_object_get(nb, "required"), *props = json_object_get(nb, "properties");
+        if (props && !json_is_object(props)) return branches;
+        for (size_t j = 0; j < n; j++) {
+            json_t *bj = deref(c, json_array_get(branches, j));
+            json_t *rj = json_is_object(bj) ? json_object_get(bj, "required") : NULL;
+            for (size_t r = 0; j != i && r < json_array_size(rj); r++) {
+                const char *name = json_string_value(json_array_get(rj, r));
+                if (!name || in_required(req, name)) continue;
+                if (!props) json_object_set_new(nb, "properties", props = json_object());
+                json_object_set_new(props, name, json_false());
+                /* the forbidden name only separates objects: keep this branch to objects */
+                if (!json_object_get(nb, "type")) json_object_set_new(nb, "type", json_string("object"));
+                break;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            if (i != j && !disjoint(c, json_array_get(out, i), json_array_get(branches, j), 0)) return branches;
+    return out;
 }
 
 static int32_t typed(js *c, json_t *s, const char *t) {
@@ -1412,6 +1463,8 @@ static int32_t schema_body(js *c, json_t *s) {
             }
         }
         if (c->rc) return 0;
+        if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches)) branches = narrow_oneof(c, branches);
+        if (!branches) return 0;
         if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches))
             return fail(c, DI_ERR_UNSUPPORTED, "%s",
                         "oneOf whose branches are not provably disjoint by type, const/enum or a required discriminator "

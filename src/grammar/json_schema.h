@@ -4,7 +4,9 @@
  * Supported: type (single or list), boolean schemas, const, enum (any JSON values; serialized
  * compactly), anyOf, oneOf (as anyOf when no value can match two branches: types that do not
  * overlap, const/enum values that fail every other branch, or a required property whose schemas
- * are disjoint, e.g. a "kind" const discriminator; otherwise rejected unless opts.lenient_oneof),
+ * are disjoint, e.g. a "kind" const discriminator, or one forbids a name the other requires;
+ * branches that differ by required names are narrowed to forbid the others' names first;
+ * otherwise rejected unless opts.lenient_oneof),
  * allOf (merged keyword-wise when the parts do not conflict; differing annotations are ignored),
  * local $ref ("#", "#/$defs/x", "#/definitions/x", any JSON pointer into the document, including
  * recursion; constraining siblings are applied as allOf), objects (properties, required,
