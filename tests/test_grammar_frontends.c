@@ -262,6 +262,10 @@ static void test_schema_coverage(void **state) {
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
          "\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
          {{"{\"a\":1}", 1}, {"{\"b\":1}", 1}, {"{\"a\":1,\"b\":2}", 0}, {"{}", 0}, {"{\"a\":\"s\"}", 0}}},
+        /* allOf parts constraining one property: the property takes allOf of both */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+         "{\"properties\":{\"a\":{\"minimum\":3}},\"required\":[\"a\"]}]}",
+         {{"{\"a\":3}", 1}, {"{\"a\":2}", 0}, {"{\"a\":3.5}", 0}, {"{}", 0}}},
         /* $ref with constraining siblings: both hold */
         {"{\"$defs\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"$ref\":\"#/$defs/a\",\"maxItems\":2,"
          "\"x-annotation\":1}",

@@ -1011,10 +1011,16 @@ static json_t *merge_allof(js *c, json_t *s) {
                 const char *pk;
                 json_t *pv;
                 json_object_foreach(v, pk, pv) {
-                    if (json_object_get(u, pk) && !json_equal(json_object_get(u, pk), pv)) {
-                        json_decref(u);
-                        json_decref(m);
-                        return fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' constrained twice", pk), NULL;
+                    json_t *prev = json_object_get(u, pk);
+                    if (prev && !json_equal(prev, pv)) { /* both constrain the value: allOf of the two */
+                        json_t *both = json_pack("{s:[O,O]}", "allOf", prev, pv);
+                        if (!both) {
+                            json_decref(u);
+                            json_decref(m);
+                            return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+                        }
+                        json_object_set_new(u, pk, both);
+                        continue;
                     }
                     json_object_set(u, pk, pv);
                 }

@@ -7,7 +7,8 @@
  * are disjoint, e.g. a "kind" const discriminator, or one forbids a name the other requires;
  * branches that differ by required names are narrowed to forbid the others' names first;
  * otherwise rejected unless opts.lenient_oneof),
- * allOf (merged keyword-wise when the parts do not conflict; differing annotations are ignored),
+ * allOf (merged keyword-wise when the parts do not conflict; differing annotations are ignored;
+ * a property constrained by two parts takes allOf of both),
  * local $ref ("#", "#/$defs/x", "#/definitions/x", any JSON pointer into the document, including
  * recursion; constraining siblings are applied as allOf), objects (properties, required,
  * additionalProperties true/false/schema, patternProperties when at most one distinct non-trivial
