@@ -220,6 +220,87 @@ static void test_schema_accept(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Keywords added for issue 6 (JSON Schema coverage): each compiles to a subset of the valid
+ * instances and rejects every invalid one listed. */
+static void test_schema_coverage(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    struct {
+        const char *schema;
+        tcase cases[8];
+    } k[] = {
+        /* patternProperties with additionalProperties false: keys must match a pattern */
+        {"{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"patternProperties\":{\"^x-\":{\"type\":\"string\"}},"
+         "\"additionalProperties\":false}",
+         {{"{\"id\":1,\"x-a\":\"s\"}", 1}, {"{\"x-a\":\"s\",\"x-b\":\"t\"}", 1}, {"{\"x-a\":1}", 0}, {"{\"y\":\"s\"}", 0},
+          {"{\"id\":\"s\"}", 0}, {"{}", 1}}},
+        /* patternProperties with a non-trivial schema and open additionalProperties: only pattern keys extra */
+        {"{\"type\":\"object\",\"patternProperties\":{\"^[0-9]+$\":{\"type\":\"boolean\"}}}",
+         {{"{\"12\":true}", 1}, {"{\"12\":1}", 0}, {"{\"1a\":true}", 0 /* valid, but free keys are left out beside a non-trivial pattern: a subset */}, {"{}", 1}}},
+        /* trivial patterns beside an additionalProperties schema */
+        {"{\"type\":\"object\",\"patternProperties\":{\"^x-\":{}},\"additionalProperties\":{\"type\":\"integer\"}}",
+         {{"{\"x-a\":\"s\"}", 1}, {"{\"b\":2}", 1}, {"{\"b\":\"s\"}", 0}}},
+        /* required name governed by a pattern */
+        {"{\"type\":\"object\",\"patternProperties\":{\"^n\":{\"type\":\"null\"}},\"required\":[\"name\"],"
+         "\"additionalProperties\":false}",
+         {{"{\"name\":null}", 1}, {"{\"name\":1}", 0}, {"{}", 0}}},
+        /* minProperties 1 without required names; maxProperties implied by a closed list */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},\"minProperties\":1,"
+         "\"maxProperties\":2,\"additionalProperties\":false}",
+         {{"{}", 0}, {"{\"a\":1}", 1}, {"{\"b\":1}", 1}, {"{\"a\":1,\"b\":2}", 1}, {"{\"c\":1}", 0}}},
+        {"{\"type\":\"object\",\"minProperties\":1}", {{"{}", 0}, {"{\"z\":[]}", 1}}},
+        /* oneOf: disjoint by a const discriminator, by enum vs pattern, by type through $ref */
+        {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{\"type\":\"integer\"}},\"required\":[\"k\"]},"
+         "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"},\"y\":{\"type\":\"string\"}},\"required\":[\"k\"]}]}",
+         {{"{\"k\":\"a\",\"x\":1}", 1}, {"{\"k\":\"b\",\"y\":\"s\"}", 1}, {"{\"k\":\"a\",\"x\":\"s\"}", 0}, {"{\"k\":\"c\"}", 0}}},
+        {"{\"oneOf\":[{\"type\":\"string\",\"enum\":[\"auto\",\"none\"]},{\"type\":\"string\",\"pattern\":\"^[0-9]+px$\"}]}",
+         {{"\"auto\"", 1}, {"\"12px\"", 1}, {"\"px\"", 0}, {"\"autox\"", 0}}},
+        {"{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"oneOf\":[{\"$ref\":\"#/$defs/n\"},{\"type\":\"null\"}]}",
+         {{"3", 1}, {"null", 1}, {"\"3\"", 0}}},
+        /* oneOf of required lists: each branch forbids a name another requires (exactly one) */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
+         "\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+         {{"{\"a\":1}", 1}, {"{\"b\":1}", 1}, {"{\"a\":1,\"b\":2}", 0}, {"{}", 0}, {"{\"a\":\"s\"}", 0}}},
+        /* allOf parts constraining one property: the property takes allOf of both */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+         "{\"properties\":{\"a\":{\"minimum\":3}},\"required\":[\"a\"]}]}",
+         {{"{\"a\":3}", 1}, {"{\"a\":2}", 0}, {"{\"a\":3.5}", 0}, {"{}", 0}}},
+        /* $ref with constraining siblings: both hold */
+        {"{\"$defs\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"$ref\":\"#/$defs/a\",\"maxItems\":2,"
+         "\"x-annotation\":1}",
+         {{"[1,2]", 1}, {"[1,2,3]", 0}, {"[\"a\"]", 0}}},
+        /* dependentRequired / dependencies (names become required: a subset) */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
+         "\"dependentRequired\":{\"a\":[\"b\"]}}",
+         {{"{\"a\":1,\"b\":2}", 1}, {"{\"a\":1}", 0}, {"{\"b\":2}", 1}}},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],"
+         "\"dependencies\":{\"a\":{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}}}",
+         {{"{\"a\":1,\"b\":\"s\"}", 1}, {"{\"a\":1}", 0}, {"{\"a\":1,\"b\":2}", 0}}},
+        /* not: type, required, enum beside enum */
+        {"{\"not\":{\"type\":[\"string\",\"object\",\"array\",\"null\"]}}",
+         {{"1", 1}, {"1.5", 1}, {"true", 1}, {"\"s\"", 0}, {"null", 0}, {"{}", 0}}},
+        {"{\"type\":\"object\",\"not\":{\"required\":[\"secret\"]}}", {{"{\"a\":1}", 1}, {"{\"secret\":1}", 0}}},
+        {"{\"enum\":[\"a\",\"b\",\"c\"],\"not\":{\"enum\":[\"b\"]}}", {{"\"a\"", 1}, {"\"c\"", 1}, {"\"b\"", 0}}},
+        /* length bounds beside patterns: implied minimum, single-atom counts */
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]{3}\",\"minLength\":2}", {{"\"abc\"", 1}, {"\"abcd9\"", 1}, {"\"ab\"", 0}}},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z0-9]+$\",\"maxLength\":3}",
+         {{"\"a1\"", 1}, {"\"abc\"", 1}, {"\"abcd\"", 0}, {"\"\"", 0}, {"\"A\"", 0}}},
+        {"{\"type\":\"string\",\"format\":\"uuid\",\"minLength\":36}",
+         {{"\"123e4567-e89b-12d3-a456-426614174000\"", 1}, {"\"123e4567\"", 0}}},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        di_grammar *g = schema_or_fail(k[i].schema, DI_JSON_WS_COMPACT);
+        size_t n = 0;
+        while (n < 8 && k[i].cases[n].text) n++;
+        check_cases(g, v, k[i].cases, n, k[i].schema);
+        di_grammar_free(g);
+    }
+    tu_report("coverage schemas checked: %zu", sizeof k / sizeof k[0]);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* Integer bounds compile to digit grammars: every integer in a window is accepted iff in range. */
 static void test_schema_int_ranges(void **state) {
     (void)state;
@@ -301,7 +382,18 @@ static void expect_schema_error(const char *src, const char *needle) {
 static void test_schema_errors(void **state) {
     (void)state;
     expect_schema_error("{\"type\":", "not JSON");
-    expect_schema_error("{\"not\":{}}", "'not' is not supported");
+    expect_schema_error("{\"not\":{}}", "matches no string"); /* not {} = false */
+    expect_schema_error("{\"not\":{\"minimum\":3}}", "keyword 'not' other than");
+    expect_schema_error("{\"type\":\"number\",\"not\":{\"type\":\"integer\"}}", "not' {type: integer}");
+    expect_schema_error("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", "not provably disjoint");
+    expect_schema_error("{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"string\"},\"b$\":{\"type\":\"integer\"}}}",
+                        "several different non-trivial");
+    expect_schema_error("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"null\"}},\"patternProperties\":{\"^a\":{\"type\":\"string\"}}}",
+                        "matches declared property 'ab'");
+    expect_schema_error("{\"type\":\"object\",\"minProperties\":2}", "minProperties");
+    expect_schema_error("{\"type\":\"object\",\"maxProperties\":2}", "maxProperties");
+    expect_schema_error("{\"type\":\"object\",\"dependentSchemas\":{\"a\":{\"required\":[\"b\"]}}}", "optional property");
+    expect_schema_error("{\"type\":\"string\",\"pattern\":\"^a+b$\",\"maxLength\":4}", "minLength/maxLength");
     expect_schema_error("{\"properties\":{\"a\":{\"$ref\":\"#/nope\"}}}", "does not resolve");
     expect_schema_error("{\"properties\":{\"a\":{\"$ref\":\"http://x/y\"}}}", "not local");
     expect_schema_error("{\"type\":\"strin\"}", "unknown type");
@@ -396,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks),
         cmocka_unit_test(test_schema_accept), cmocka_unit_test(test_schema_errors), cmocka_unit_test(test_schema_masks),
         cmocka_unit_test(test_schema_hostile), cmocka_unit_test(test_schema_int_ranges),
+        cmocka_unit_test(test_schema_coverage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,8 @@
 
 #include <jansson.h>
 #include <math.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,10 +257,8 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 
 /* ---- keyword handling ---- */
 
-static const char *const k_unsupported[] = {"not",           "if",           "then",          "else",
+static const char *const k_unsupported[] = {"if",           "then",          "else",
                                             "contains",      "minContains",  "maxContains",   "multipleOf",
-                                            "minProperties", "maxProperties", "patternProperties",
-                                            "dependentRequired", "dependentSchemas", "dependencies",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
 
@@ -322,6 +322,69 @@ static const struct {
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"\\\\<>^`{|}]*"},
 };
 
+/* Compile-time pattern checks use PCRE2 as an over-approximation of the ECMA-262 patterns this
+ * compiler accepts: with UCP, \d \w \s take Unicode (ECMA's \s does; wider \d \w only make a
+ * "no match" answer rarer), ALT_BSUX reads \uHHHH and \xHH as ECMA does. A "no match" is what
+ * soundness relies on, so PCRE2 may accept more but must not accept less. */
+static const uint32_t k_pcre2_opts = PCRE2_UTF | PCRE2_UCP | PCRE2_ALT_BSUX;
+
+/* Shortest match of a regex according to PCRE2 (a lower bound on every match's length in code
+ * points); -1 when PCRE2 does not take the pattern. */
+static int64_t min_match_len(const char *re) {
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, k_pcre2_opts, &ec, &eo, NULL);
+    if (!code) return -1;
+    uint32_t n = 0;
+    int rc = pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &n);
+    pcre2_code_free(code);
+    return rc ? -1 : (int64_t)n;
+}
+
+/* A pattern ^ATOM QUANT$ with ATOM one character class [...], escape \\x or '.', and QUANT one of
+ * nothing, ?, *, +, {n}, {n,}, {n,m}: returns ATOM's length (0 if the pattern has another form)
+ * and the count range [*qlo, *qhi] (-1 = unbounded). */
+static size_t single_atom(const char *re, int64_t *qlo, int64_t *qhi) {
+    size_t n = strlen(re), i = 1;
+    if (n < 3 || re[0] != '^' || re[n - 1] != '$' || re[n - 2] == '\\') return 0;
+    if (re[i] == '[') {
+        i++;
+        if (re[i] == '^') i++;
+        if (re[i] == ']') i++;
+        while (i < n - 1 && re[i] != ']') i += re[i] == '\\' ? 2 : 1;
+        if (i >= n - 1) return 0;
+        i++;
+    } else if (re[i] == '\\' && i + 1 < n - 1) {
+        if (strchr("uxcpPkb1234567890", re[i + 1])) return 0; /* multi-character escapes, refs, anchors */
+        i += 2;
+    } else if (re[i] == '.') {
+        i++;
+    } else {
+        return 0;
+    }
+    size_t atom = i - 1;
+    const char *q = re + i, *end = re + n - 1;
+    if (q == end) *qlo = 1, *qhi = 1;
+    else if (q + 1 == end && *q == '?') *qlo = 0, *qhi = 1;
+    else if (q + 1 == end && *q == '*') *qlo = 0, *qhi = -1;
+    else if (q + 1 == end && *q == '+') *qlo = 1, *qhi = -1;
+    else if (*q == '{') {
+        char *e;
+        long long a = strtoll(q + 1, &e, 10), b = a;
+        if (e == q + 1 || a < 0) return 0;
+        if (*e == ',') {
+            char *f;
+            b = strtoll(e + 1, &f, 10);
+            if (f == e + 1) b = -1;
+            else if (b < a) return 0;
+            e = f;
+        }
+        if (*e != '}' || e + 1 != end) return 0;
+        *qlo = a, *qhi = b;
+    } else return 0;
+    return atom;
+}
+
 static int32_t string_sym(js *c, json_t *s) {
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
@@ -346,10 +409,31 @@ static int32_t string_sym(js *c, json_t *s) {
         re = json_string_value(pat);
     }
     int32_t q = di_cfg_byte(c->g, '"');
-    if (re) {
-        if ((mn && lo > 0) || (mx && hi >= 0))
+    char bounded[1100];
+    if (re && ((mn && lo > 0) || (mx && hi >= 0))) {
+        /* Length bounds beside a regex: dropped when every match is long enough anyway (PCRE2's
+         * minimum match length, a lower bound), or folded into the count of a pattern that is
+         * one repeated atom, ^[...]*$ with maxLength 8 -> ^[...]{0,8}$. Otherwise refused: the
+         * grammar cannot intersect a regular language with a length. */
+        int64_t qlo = 0, qhi = 0;
+        size_t atom = json_is_string(pat) ? single_atom(re, &qlo, &qhi) : 0;
+        if (hi < 0 && min_match_len(re) >= lo) {
+            mn = mx = NULL;
+        } else if (atom && atom + 32 < sizeof bounded) {
+            int64_t a = lo > qlo ? lo : qlo, b = hi < 0 ? qhi : qhi < 0 ? hi : hi < qhi ? hi : qhi;
+            if (b >= 0 && b < a) return nothing(c);
+            if (a > 100000 || b > 100000) return fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
+            if (b >= 0) snprintf(bounded, sizeof bounded, "^%.*s{%lld,%lld}$", (int)atom, re + 1, (long long)a, (long long)b);
+            else snprintf(bounded, sizeof bounded, "^%.*s{%lld,}$", (int)atom, re + 1, (long long)a);
+            re = bounded;
+            mn = mx = NULL;
+        } else {
             return fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern/format together with minLength/maxLength");
-        if (!json_is_string(pat) && c->fmt_cache[fmt_i] >= 0) return c->fmt_cache[fmt_i];
+        }
+    }
+    if (re) {
+        bool is_pat = json_is_string(pat);
+        if (!is_pat && c->fmt_cache[fmt_i] >= 0) return c->fmt_cache[fmt_i];
         int32_t body;
         di_regex_info info;
         int rc = di_regex_build(c->g, re, strlen(re), DI_REGEX_JSON_STRING, &body, &info, c->err);
@@ -358,13 +442,13 @@ static int32_t string_sym(js *c, json_t *s) {
             return 0;
         }
         /* JSON Schema patterns search (unanchored); format regexes are whole-string */
-        if (json_is_string(pat)) {
+        if (is_pat) {
             int32_t star = di_cfg_star(c->g, c->strchar);
             int32_t parts[3] = {info.anchored_start ? empty(c) : star, body, info.anchored_end ? empty(c) : star};
             body = seq(c, parts, 3);
         }
         int32_t r = seq(c, (int32_t[]){q, body, q}, 3);
-        if (!json_is_string(pat)) c->fmt_cache[fmt_i] = r;
+        if (!is_pat) c->fmt_cache[fmt_i] = r;
         return r;
     }
     if (!mn && !mx) return c->string;
@@ -638,14 +722,79 @@ static int32_t other_key(js *c, json_t *props) {
     return seq(c, (int32_t[]){di_cfg_byte(c->g, '"'), body}, 2);
 }
 
+/* A schema that constrains nothing (true, or only annotations). */
+static bool trivial(const json_t *s) {
+    if (json_is_true(s)) return true;
+    if (!json_is_object(s)) return false;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)s, k, v) if (constrains(k)) return false;
+    return true;
+}
+
+static int pattern_matches(const char *pat, const char *v, size_t vn);
+
+/* A member key matching a patternProperties regex (searched, like "pattern"), as a JSON string. */
+static int32_t pattern_key(js *c, const char *re) {
+    int32_t body;
+    di_regex_info info;
+    if (di_regex_build(c->g, re, strlen(re), DI_REGEX_JSON_STRING, &body, &info, c->err)) {
+        c->rc = di_error_wrap(c->err, "json schema at '%s' patternProperties", c->path[0] ? c->path : "#");
+        return 0;
+    }
+    int32_t star = di_cfg_star(c->g, c->strchar), q = di_cfg_byte(c->g, '"');
+    int32_t parts[5] = {q, info.anchored_start ? empty(c) : star, body, info.anchored_end ? empty(c) : star, q};
+    return seq(c, parts, 5);
+}
+
+/* patternProperties is compiled soundly when at most one distinct non-trivial schema is attached
+ * to its patterns (a key matching two patterns must satisfy both) and every declared name that a
+ * pattern matches (checked with PCRE2) has that pattern's schema, or both are trivial (a generated
+ * pattern key may spell a declared name, and a declared member is also checked by the pattern).
+ * Returns the shared non-trivial schema (NULL when all are trivial); sets c->rc on refusal. */
+static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
+    json_t *shared = NULL;
+    const char *re;
+    json_t *ps;
+    json_object_foreach(pp, re, ps) {
+        if (!json_is_object(ps) && !json_is_boolean(ps))
+            return fail(c, DI_ERR_INVALID, "patternProperties '%s' is not a schema", re), NULL;
+        if (trivial(ps)) continue;
+        if (shared && !json_equal(shared, ps))
+            return fail(c, DI_ERR_UNSUPPORTED, "%s",
+                        "keyword 'patternProperties' with several different non-trivial schemas (a key may match two)"),
+                   NULL;
+        shared = ps;
+    }
+    json_object_foreach(pp, re, ps) {
+        const char *name;
+        json_t *nv;
+        json_object_foreach(props, name, nv) {
+            int m = pattern_matches(re, name, strlen(name));
+            if (m == 0 || json_equal(nv, ps) || (trivial(nv) && trivial(ps))) continue;
+            return fail(c, DI_ERR_UNSUPPORTED,
+                        m < 0 ? "keyword 'patternProperties': pattern '%s' is not understood by PCRE2"
+                              : "keyword 'patternProperties': pattern matches declared property '%s' with another schema",
+                        m < 0 ? re : name),
+                   NULL;
+        }
+    }
+    return shared;
+}
+
 static int32_t object_sym(js *c, json_t *s) {
     di_cfg *g = c->g;
     json_t *props = json_object_get(s, "properties");
     json_t *req = json_object_get(s, "required");
     json_t *addl = json_object_get(s, "additionalProperties");
+    json_t *pp = json_object_get(s, "patternProperties");
+    json_t *mnp = json_object_get(s, "minProperties"), *mxp = json_object_get(s, "maxProperties");
     if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
-    /* a required name without a declared schema is governed by additionalProperties: declare it
-     * with that schema (after the declared ones) so it is generated and excluded from extra keys */
+    if (pp && !json_is_object(pp)) return fail(c, DI_ERR_INVALID, "%s", "patternProperties is not an object");
+    if (!json_object_size(pp)) pp = NULL;
+    /* a required name without a declared schema is governed by the pattern it matches, else by
+     * additionalProperties: declare it with that schema (after the declared ones) so it is
+     * generated and excluded from extra keys */
     json_t *all = NULL;
     for (size_t r = 0; r < json_array_size(req); r++) {
         const char *name = json_string_value(json_array_get(req, r));
@@ -656,31 +805,90 @@ static int32_t object_sym(js *c, json_t *s) {
             json_array_append_new(c->keep, all);
             if (props) json_object_update(all, props);
         }
-        json_object_set(all, name, addl ? addl : json_true());
+        json_t *gov = NULL;
+        const char *re;
+        json_t *ps;
+        json_object_foreach(pp, re, ps) {
+            int m = pattern_matches(re, name, strlen(name));
+            if (m < 0) return fail(c, DI_ERR_UNSUPPORTED, "keyword 'patternProperties': pattern '%s' is not understood by PCRE2", re);
+            if (m && (!gov || trivial(gov))) gov = ps;
+        }
+        json_object_set(all, name, gov ? gov : addl ? addl : json_true());
     }
     if (all) props = all;
     size_t n = props ? json_object_size(props) : 0;
-    /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first) */
-    int32_t(*P)[2] = calloc(n + 1, sizeof *P);
+    json_t *shared = pp ? check_patterns(c, pp, props) : NULL;
+    if (c->rc) return 0;
+    /* min/maxProperties: compiled when implied by required names / the closed member list, and
+     * minProperties 1 by a "nothing written yet" chain; other counts are refused */
+    size_t n_req = 0;
+    json_t *pk;
+    const char *pname;
+    json_object_foreach(props, pname, pk) {
+        for (size_t r = 0; r < json_array_size(req); r++)
+            if (json_is_string(json_array_get(req, r)) && !strcmp(json_string_value(json_array_get(req, r)), pname)) {
+                n_req++;
+                break;
+            }
+    }
+    bool closed = json_is_false(addl) && !pp;
+    bool non_empty = false;
+    if (mnp) {
+        if (!json_is_integer(mnp)) return fail(c, DI_ERR_INVALID, "%s", "minProperties is not an integer");
+        json_int_t m = json_integer_value(mnp);
+        if (m > (json_int_t)n_req) {
+            if (m > 1) return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'minProperties' above 1 and above the required count");
+            non_empty = true;
+        }
+    }
+    if (mxp) {
+        if (!json_is_integer(mxp)) return fail(c, DI_ERR_INVALID, "%s", "maxProperties is not an integer");
+        json_int_t m = json_integer_value(mxp);
+        if (m < (json_int_t)n_req) return nothing(c);
+        if (!closed || (json_int_t)n > m)
+            return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'maxProperties' not implied by a closed property list");
+    }
+    /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first).
+     * Q[k]: members k..n-1 remain, none written yet, at least one must be (minProperties 1). */
+    int32_t(*P)[3] = calloc(n + 1, sizeof *P);
     if (!P) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
-    for (size_t k = 0; k <= n; k++) P[k][0] = di_cfg_nt(g, NULL), P[k][1] = di_cfg_nt(g, NULL);
-    /* tail: additional members */
-    bool extra = !(json_is_false(addl));
-    if (extra) {
+    for (size_t k = 0; k <= n; k++) P[k][0] = di_cfg_nt(g, NULL), P[k][1] = di_cfg_nt(g, NULL), P[k][2] = di_cfg_nt(g, NULL);
+    /* tail: additional members. Free keys (none of the declared names) take additionalProperties;
+     * a free key might match a pattern, so free keys are offered only when every pattern's schema
+     * is trivial. Pattern keys take their pattern's schema. */
+    int32_t member = di_cfg_nt(g, NULL);
+    bool extra = false;
+    bool free_keys = !json_is_false(addl) && !shared;
+    if (free_keys) {
         int32_t av = addl && json_is_object(addl) ? sub(c, addl, "additionalProperties", NULL) : c->value;
         int32_t key = n ? other_key(c, props) : c->string;
-        int32_t member = seq(c, (int32_t[]){key, c->colon, av}, 3);
+        int32_t r[3] = {key, c->colon, av};
+        di_cfg_rule(g, member, r, 3);
+        extra = true;
+    }
+    const char *re;
+    json_t *ps;
+    json_object_foreach(pp, re, ps) {
+        if (c->rc || (free_keys && trivial(ps) && (!addl || trivial(addl)))) continue; /* already covered */
+        int32_t r[3] = {pattern_key(c, re), c->colon, sub(c, ps, "patternProperties", re)};
+        di_cfg_rule(g, member, r, 3);
+        extra = true;
+    }
+    if (extra) {
         int32_t more = di_cfg_star(g, seq(c, (int32_t[]){c->comma, member}, 2));
         di_cfg_rule(g, P[n][1], &more, 1);
-        int32_t first = di_cfg_opt(g, seq(c, (int32_t[]){member, more}, 2));
-        di_cfg_rule(g, P[n][0], &first, 1);
+        int32_t first = seq(c, (int32_t[]){member, more}, 2);
+        di_cfg_rule(g, P[n][2], &first, 1);
+        int32_t opt = di_cfg_opt(g, first);
+        di_cfg_rule(g, P[n][0], &opt, 1);
     } else {
         di_cfg_rule(g, P[n][0], NULL, 0);
         di_cfg_rule(g, P[n][1], NULL, 0);
+        int32_t none = nothing(c);
+        di_cfg_rule(g, P[n][2], &none, 1);
     }
     size_t k = 0;
     const char *key;
-    json_t *ps;
     json_object_foreach(props, key, ps) {
         bool required = false;
         for (size_t r = 0; r < json_array_size(req); r++)
@@ -694,16 +902,19 @@ static int32_t object_sym(js *c, json_t *s) {
             return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         }
         int32_t v = sub(c, ps, "properties", key);
-        int32_t member = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
+        int32_t mem = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
         free(qk);
         for (int e = 0; e < 2; e++) {
-            int32_t with[3] = {c->comma, member, P[k + 1][1]};
+            int32_t with[3] = {c->comma, mem, P[k + 1][1]};
             di_cfg_rule(g, P[k][e], e ? with : with + 1, e ? 3 : 2);
             if (!required) di_cfg_rule(g, P[k][e], &P[k + 1][e], 1);
         }
+        int32_t first[2] = {mem, P[k + 1][1]};
+        di_cfg_rule(g, P[k][2], first, 2);
+        if (!required) di_cfg_rule(g, P[k][2], &P[k + 1][2], 1);
         k++;
     }
-    int32_t body = P[0][0];
+    int32_t body = P[0][non_empty ? 2 : 0];
     free(P);
     return seq(c, (int32_t[]){c->lbrace, body, c->rbrace}, 3);
 }
@@ -800,15 +1011,21 @@ static json_t *merge_allof(js *c, json_t *s) {
                 const char *pk;
                 json_t *pv;
                 json_object_foreach(v, pk, pv) {
-                    if (json_object_get(u, pk) && !json_equal(json_object_get(u, pk), pv)) {
-                        json_decref(u);
-                        json_decref(m);
-                        return fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' constrained twice", pk), NULL;
+                    json_t *prev = json_object_get(u, pk);
+                    if (prev && !json_equal(prev, pv)) { /* both constrain the value: allOf of the two */
+                        json_t *both = json_pack("{s:[O,O]}", "allOf", prev, pv);
+                        if (!both) {
+                            json_decref(u);
+                            json_decref(m);
+                            return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+                        }
+                        json_object_set_new(u, pk, both);
+                        continue;
                     }
                     json_object_set(u, pk, pv);
                 }
                 json_object_set_new(m, k, u);
-            } else if (!json_equal(have, v) && strcmp(k, "title") && strcmp(k, "description")) {
+            } else if (!json_equal(have, v) && constrains(k)) { /* differing annotations: keep the first */
                 json_decref(m);
                 return fail(c, DI_ERR_UNSUPPORTED, "allOf: keyword '%s' appears in more than one part", k), NULL;
             }
@@ -828,9 +1045,9 @@ static json_t *merge_allof(js *c, json_t *s) {
         const char *pk;
         json_t *pv;
         json_object_foreach(mprops, pk, pv) if (!json_object_get(pp, pk)) {
-            json_decref(m);
-            return fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' is added where another part closes the object", pk),
-                   NULL;
+            fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' is added where another part closes the object", pk);
+            json_decref(m); /* after the message: pk lives in m */
+            return NULL;
         }
     }
     if (c->rc) {
@@ -840,21 +1057,211 @@ static json_t *merge_allof(js *c, json_t *s) {
     return m;
 }
 
-/* oneOf is compiled as anyOf only when no value can match two branches: every branch states a
- * single type and the types are pairwise different ("integer" and "number" overlap). */
-static bool disjoint_types(json_t *arr) {
-    unsigned seen = 0;
-    static const char *names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-        const char *t = json_string_value(json_object_get(json_array_get(arr, i), "type"));
-        if (!t) return false;
-        unsigned bit = 0;
-        for (unsigned k = 0; k < 7; k++)
-            if (!strcmp(t, names[k])) bit = 1u << (k == 2 ? 1 : k); /* integer shares number's bit */
-        if (!bit || (seen & bit)) return false;
-        seen |= bit;
+/* ---- oneOf: proving that no value matches two branches ---- */
+
+/* Types a schema admits, as bits of k_type_names (integer is a subset of number: its own bit, and
+ * "number" sets both). Without "type", the types of const/enum values, else all. */
+static const char *const k_type_names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
+
+static unsigned value_type_bits(const json_t *v) {
+    unsigned b = 0;
+    for (unsigned k = 0; k < 7; k++)
+        if (value_has_type(v, k_type_names[k])) b |= 1u << k;
+    return b;
+}
+
+static unsigned type_bits_of(const json_t *t) {
+    unsigned bits = 0;
+    for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
+        const char *n = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
+        for (unsigned k = 0; n && k < 7; k++)
+            if (!strcmp(n, k_type_names[k])) bits |= (k == 1 ? 6u : 1u << k);
+    }
+    return bits;
+}
+
+static unsigned type_bits(const json_t *s) {
+    if (json_is_false(s)) return 0;
+    if (!json_is_object(s)) return 0x7f;
+    json_t *t = json_object_get(s, "type"), *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    unsigned bits = 0x7f;
+    if (json_is_string(t) || json_is_array(t)) {
+        bits = 0;
+        for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
+            const char *n = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
+            for (unsigned k = 0; n && k < 7; k++)
+                if (!strcmp(n, k_type_names[k])) bits |= (k == 1 ? 6u : 1u << k);
+        }
+    }
+    if (cst || json_is_array(en)) {
+        unsigned vb = 0;
+        if (cst) vb = value_type_bits(cst);
+        for (size_t i = 0; !cst && i < json_array_size(en); i++) vb |= value_type_bits(json_array_get(en, i));
+        bits &= vb;
+    }
+    return bits;
+}
+
+/* Follows a chain of $ref (bounded); NULL when it does not resolve locally. */
+static json_t *deref(js *c, json_t *s) {
+    for (int hops = 0; json_is_object(s) && json_is_string(json_object_get(s, "$ref")) && hops < 32; hops++) {
+        const char *r = json_string_value(json_object_get(s, "$ref"));
+        if (r[0] != '#') return NULL;
+        int save = c->rc;
+        s = resolve_ref(c, r);
+        if (!save && c->rc) { /* a probe, not an error: leave the refusal to compilation */
+            c->rc = 0;
+            return NULL;
+        }
+    }
+    return s;
+}
+
+/* Does the JSON string v match the ECMA-262-ish pattern? -1 when PCRE2 cannot decide (bad pattern). */
+static int pattern_matches(const char *pat, const char *v, size_t vn) {
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, k_pcre2_opts, &ec, &eo, NULL);
+    if (!re) return -1;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = md ? pcre2_match(re, (PCRE2_SPTR)v, vn, 0, 0, md, NULL) : -1000;
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return rc >= 0 ? 1 : rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
+}
+
+/* false only when the value provably fails schema s (type, const/enum, pattern, length, required,
+ * a property's value); true when it matches or when this check cannot tell. */
+static bool may_match(js *c, const json_t *v, json_t *s, int depth) {
+    s = deref(c, s);
+    if (!s || depth > 8) return true;
+    if (json_is_boolean(s)) return json_is_true(s);
+    if (!json_is_object(s)) return true;
+    unsigned tb = type_bits(s), vb = value_type_bits(v);
+    if (!(tb & vb)) return false;
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst && !json_equal(cst, v)) return false;
+    if (json_is_array(en)) {
+        bool in = false;
+        for (size_t i = 0; i < json_array_size(en) && !in; i++) in = json_equal(json_array_get(en, i), v);
+        if (!in) return false;
+    }
+    if (json_is_string(v)) {
+        const char *sv = json_string_value(v);
+        size_t n = json_string_length(v), cps = 0;
+        for (size_t i = 0; i < n; i++) cps += ((uint8_t)sv[i] & 0xC0) != 0x80;
+        json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+        if (json_is_integer(mn) && (json_int_t)cps < json_integer_value(mn)) return false;
+        if (json_is_integer(mx) && (json_int_t)cps > json_integer_value(mx)) return false;
+        json_t *pat = json_object_get(s, "pattern");
+        if (json_is_string(pat) && pattern_matches(json_string_value(pat), sv, n) == 0) return false;
+    }
+    if (json_is_object(v)) {
+        json_t *req = json_object_get(s, "required"), *props = json_object_get(s, "properties");
+        for (size_t i = 0; i < json_array_size(req); i++) {
+            const char *name = json_string_value(json_array_get(req, i));
+            if (name && !json_object_get(v, name)) return false;
+        }
+        const char *k;
+        json_t *pv;
+        json_object_foreach((json_t *)v, k, pv) {
+            json_t *ps = json_object_get(props, k);
+            if (ps && !may_match(c, pv, ps, depth + 1)) return false;
+        }
     }
     return true;
+}
+
+/* No value matches both a and b: their types do not overlap, every const/enum value of one fails
+ * the other, or both require a property whose schemas are disjoint (a discriminator). */
+static bool disjoint(js *c, json_t *a, json_t *b, int depth) {
+    a = deref(c, a), b = deref(c, b);
+    if (!a || !b || depth > 8) return false;
+    if (json_is_false(a) || json_is_false(b)) return true;
+    if (!json_is_object(a) || !json_is_object(b)) return false;
+    if (!(type_bits(a) & type_bits(b))) return true;
+    for (int side = 0; side < 2; side++) {
+        json_t *x = side ? b : a, *y = side ? a : b;
+        json_t *cst = json_object_get(x, "const"), *en = json_object_get(x, "enum");
+        if (!cst && !json_is_array(en)) continue;
+        bool all_fail = true;
+        if (cst) all_fail = !may_match(c, cst, y, 0);
+        for (size_t i = 0; !cst && all_fail && i < json_array_size(en); i++)
+            all_fail = !may_match(c, json_array_get(en, i), y, 0);
+        if (all_fail) return true;
+    }
+    /* one forbids a property the other requires (properties: {p: false}), on objects only */
+    for (int side = 0; side < 2; side++) {
+        json_t *x = side ? b : a, *y = side ? a : b;
+        json_t *px = json_object_get(x, "properties"), *ry = json_object_get(y, "required");
+        bool objects_only = !(type_bits(x) & ~(1u << 5)) || !(type_bits(y) & ~(1u << 5));
+        for (size_t i = 0; objects_only && i < json_array_size(ry); i++) {
+            const char *name = json_string_value(json_array_get(ry, i));
+            if (name && json_is_false(json_object_get(px, name))) return true;
+        }
+    }
+    /* a required property in both, with disjoint schemas (const/enum tags, types) */
+    json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    if (!(type_bits(a) & ~(1u << 5)) || !(type_bits(b) & ~(1u << 5))) /* both only objects */
+        for (size_t i = 0; i < json_array_size(ra); i++) {
+            const char *name = json_string_value(json_array_get(ra, i));
+            bool in_b = false;
+            for (size_t j = 0; name && j < json_array_size(rb) && !in_b; j++)
+                in_b = json_is_string(json_array_get(rb, j)) && !strcmp(json_string_value(json_array_get(rb, j)), name);
+            json_t *sa = name ? json_object_get(pa, name) : NULL, *sb = name ? json_object_get(pb, name) : NULL;
+            if (in_b && sa && sb && disjoint(c, sa, sb, depth + 1)) return true;
+        }
+    return false;
+}
+
+/* oneOf is compiled as anyOf only when no value can match two branches. */
+static bool pairwise_disjoint(js *c, json_t *arr) {
+    for (size_t i = 0; i < json_array_size(arr); i++)
+        for (size_t j = i + 1; j < json_array_size(arr); j++)
+            if (!disjoint(c, json_array_get(arr, i), json_array_get(arr, j), 0)) return false;
+    return true;
+}
+
+/* oneOf branches that differ by which names they require ({required: [a]} | {required: [b]}):
+ * branch i is narrowed to forbid, for every other branch j, one name j requires and i does not.
+ * The narrowed branch accepts a subset of branch i; it is kept only when it is disjoint from
+ * every *original* other branch, so an accepted value matches exactly one original branch.
+ * Returns the original array when narrowing does not help (the caller then refuses). */
+static bool in_required(json_t *req, const char *name);
+
+static json_t *narrow_oneof(js *c, json_t *branches) {
+    size_t n = json_array_size(branches);
+    json_t *out = json_array();
+    if (!out) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+    json_array_append_new(c->keep, out); /* memo keys are pointers: keep the copies alive */
+    for (size_t i = 0; i < n; i++) {
+        json_t *bi = json_array_get(branches, i);
+        /* deref drops siblings of $ref (wider: fine for proofs, not for a narrowed copy) */
+        if (json_is_object(bi) && json_object_get(bi, "$ref")) bi = json_object_size(bi) == 1 ? deref(c, bi) : NULL;
+        if (!json_is_object(bi)) return branches;
+        json_t *nb = json_deep_copy(bi);
+        json_array_append_new(out, nb);
+        json_t *req = json_object_get(nb, "required"), *props = json_object_get(nb, "properties");
+        if (props && !json_is_object(props)) return branches;
+        for (size_t j = 0; j < n; j++) {
+            json_t *bj = deref(c, json_array_get(branches, j));
+            json_t *rj = json_is_object(bj) ? json_object_get(bj, "required") : NULL;
+            for (size_t r = 0; j != i && r < json_array_size(rj); r++) {
+                const char *name = json_string_value(json_array_get(rj, r));
+                if (!name || in_required(req, name)) continue;
+                if (!props) json_object_set_new(nb, "properties", props = json_object());
+                json_object_set_new(props, name, json_false());
+                /* the forbidden name only separates objects: keep this branch to objects */
+                if (!json_object_get(nb, "type")) json_object_set_new(nb, "type", json_string("object"));
+                break;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            if (i != j && !disjoint(c, json_array_get(out, i), json_array_get(branches, j), 0)) return branches;
+    return out;
 }
 
 static int32_t typed(js *c, json_t *s, const char *t) {
@@ -868,6 +1275,120 @@ static int32_t typed(js *c, json_t *s, const char *t) {
     return fail(c, DI_ERR_INVALID, "unknown type '%s'", t);
 }
 
+static bool trivial(const json_t *s);
+
+static bool in_required(json_t *req, const char *name) {
+    for (size_t r = 0; r < json_array_size(req); r++)
+        if (json_is_string(json_array_get(req, r)) && !strcmp(json_string_value(json_array_get(req, r)), name)) return true;
+    return false;
+}
+
+/* dependencies / dependentRequired / dependentSchemas and simple forms of "not", rewritten into
+ * keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
+ * - a dependent name list becomes required (exact when the trigger is required, else narrower);
+ * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
+ * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower);
+ *   not {enum/const} removes values from a sibling enum/const; not true = false; not false = true.
+ * Anything else is refused. Returns s itself when nothing applies, NULL after fail(). */
+static json_t *rewrite(js *c, json_t *s) {
+    static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
+    bool any = json_object_get(s, "not") != NULL;
+    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]);
+    if (!any) return s;
+    json_t *m = json_deep_copy(s);
+    if (!m) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+    json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+    for (size_t i = 0; i < 3; i++) {
+        json_t *deps = json_object_get(s, dep_kw[i]);
+        if (!deps) continue;
+        json_object_del(m, dep_kw[i]);
+        if (!json_is_object(deps)) return fail(c, DI_ERR_INVALID, "keyword '%s' is not an object", dep_kw[i]), NULL;
+        const char *a;
+        json_t *v;
+        json_object_foreach(deps, a, v) {
+            json_t *req = json_object_get(m, "required");
+            if (json_is_array(v)) {
+                if (!req) json_object_set_new(m, "required", req = json_array());
+                for (size_t k = 0; k < json_array_size(v); k++)
+                    if (json_is_string(json_array_get(v, k)) && !in_required(req, json_string_value(json_array_get(v, k))))
+                        json_array_append(req, json_array_get(v, k));
+            } else if (trivial(v)) {
+                continue;
+            } else if (in_required(req, a)) {
+                json_t *all = json_object_get(m, "allOf");
+                if (all && !json_is_array(all)) return fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
+                if (!all) json_object_set_new(m, "allOf", all = json_array());
+                json_array_append(all, v);
+            } else {
+                return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' with a schema for an optional property", dep_kw[i]), NULL;
+            }
+        }
+    }
+    json_t *n = json_object_get(s, "not");
+    if (!n) return m;
+    json_object_del(m, "not");
+    if (json_is_object(n) && json_is_string(json_object_get(n, "$ref"))) {
+        json_t *t = resolve_ref(c, json_string_value(json_object_get(n, "$ref")));
+        if (!t) return NULL;
+        if (json_is_object(t) && json_object_size(n) == 1) n = t;
+    }
+    if (json_is_false(n)) return m;
+    if (trivial(n)) return json_false();
+    /* the constraining keywords of the negated schema */
+    const char *only = NULL, *k;
+    json_t *kv;
+    size_t nk = 0;
+    json_object_foreach(n, k, kv) if (constrains(k)) only = k, nk++;
+    if (nk == 1 && !strcmp(only, "type")) {
+        json_t *t = json_object_get(n, "type"), *have = json_object_get(m, "type");
+        unsigned excl = type_bits_of(t), allow = have ? type_bits_of(have) : 0x7f;
+        if (!excl && t) return fail(c, DI_ERR_INVALID, "%s", "not: type is not a type name or list"), NULL;
+        /* bit 2 (integer) lies inside bit 1 (number): excluding integers from numbers is not a type */
+        if ((excl & 4) && !(excl & 2) && (allow & 2))
+            return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {type: integer} beside numbers"), NULL;
+        if (excl & 2) excl |= 4;
+        allow &= ~excl;
+        json_t *list = json_array();
+        for (unsigned b = 0; b < 7; b++)
+            if ((allow >> b) & 1 && !(b == 2 && (allow & 2))) json_array_append_new(list, json_string(k_type_names[b]));
+        if (!json_array_size(list)) {
+            json_decref(list);
+            return json_false();
+        }
+        json_object_set_new(m, "type", list);
+        return m;
+    }
+    if (nk == 1 && !strcmp(only, "required") && json_array_size(json_object_get(n, "required"))) {
+        const char *name = json_string_value(json_array_get(json_object_get(n, "required"), 0));
+        if (!name) return fail(c, DI_ERR_INVALID, "%s", "not: required entry is not a string"), NULL;
+        json_t *props = json_object_get(m, "properties");
+        if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object"), NULL;
+        json_t *np = props ? json_deep_copy(props) : json_object();
+        json_object_set_new(np, name, json_false()); /* an absent or declared name: absent now */
+        json_object_set_new(m, "properties", np);
+        return m;
+    }
+    json_t *en = json_object_get(m, "enum"), *cst = json_object_get(m, "const");
+    json_t *nen = json_object_get(n, "enum"), *ncst = json_object_get(n, "const");
+    if (nk >= 1 && nk <= 2 && (nen || ncst) && (en || cst) && nk == (size_t)(nen != NULL) + (ncst != NULL)) {
+        json_t *vals = json_array();
+        if (cst) json_array_append(vals, cst);
+        for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
+        for (size_t i = json_array_size(vals); i-- > 0;) {
+            json_t *x = json_array_get(vals, i);
+            bool hit = ncst && json_equal(ncst, x);
+            for (size_t j = 0; !hit && j < json_array_size(nen); j++) hit = json_equal(json_array_get(nen, j), x);
+            if (hit) json_array_remove(vals, i);
+        }
+        json_object_del(m, "const");
+        json_object_set_new(m, "enum", vals);
+        return m;
+    }
+    return fail(c, DI_ERR_UNSUPPORTED, "%s",
+                "keyword 'not' other than not-type, not-required, not-enum/const beside enum/const, true/false"),
+           NULL;
+}
+
 static int32_t schema_body(js *c, json_t *s) {
     if (json_is_true(s)) return c->value;
     if (json_is_false(s)) return nothing(c);
@@ -875,17 +1396,31 @@ static int32_t schema_body(js *c, json_t *s) {
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (json_object_get(s, k_unsupported[i]))
             return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' is not supported", k_unsupported[i]);
+    json_t *rw = rewrite(c, s);
+    if (rw != s) return rw ? schema_body(c, rw) : 0;
     json_t *ref = json_object_get(s, "$ref");
     if (ref) {
         if (!json_is_string(ref)) return fail(c, DI_ERR_INVALID, "%s", "$ref is not a string");
-        if (json_object_size(s) > 1) {
-            /* siblings of $ref (2019+) must hold too; accept only annotations beside it */
-            const char *k;
-            json_t *v;
-            json_object_foreach(s, k, v) if (strcmp(k, "$ref") && strcmp(k, "description") && strcmp(k, "title") &&
-                                             strcmp(k, "$defs") && strcmp(k, "definitions") && strcmp(k, "$schema") &&
-                                             strcmp(k, "$id") && strcmp(k, "default") && strcmp(k, "$comment"))
-                return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside $ref", k);
+        /* Constraining siblings of $ref (2019+; draft 7 validators differ, and applying them is
+         * the narrower reading) hold together with the target: compile as allOf(siblings, target). */
+        bool siblings = false;
+        const char *k;
+        json_t *kv;
+        json_object_foreach(s, k, kv) if (constrains(k) && strcmp(k, "$ref")) siblings = true;
+        if (siblings) {
+            json_t *m = json_deep_copy(s);
+            json_t *parts = json_object_get(m, "allOf");
+            if (!m || (parts && !json_is_array(parts))) {
+                json_decref(m);
+                return c->rc ? 0 : fail(c, DI_ERR_INVALID, "%s", "allOf is not an array");
+            }
+            if (!parts) json_object_set_new(m, "allOf", parts = json_array());
+            json_t *part = json_object();
+            json_object_set(part, "$ref", ref);
+            json_array_append_new(parts, part);
+            json_object_del(m, "$ref");
+            json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+            return schema_body(c, m);
         }
         json_t *t = resolve_ref(c, json_string_value(ref));
         return t ? sub(c, t, "$ref", NULL) : 0;
@@ -934,9 +1469,12 @@ static int32_t schema_body(js *c, json_t *s) {
             }
         }
         if (c->rc) return 0;
-        if (one && !c->opts.lenient_oneof && !disjoint_types(branches))
+        if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches)) branches = narrow_oneof(c, branches);
+        if (!branches) return 0;
+        if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches))
             return fail(c, DI_ERR_UNSUPPORTED, "%s",
-                        "oneOf whose branches are not distinguishable by type (set lenient_oneof to compile it as anyOf)");
+                        "oneOf whose branches are not provably disjoint by type, const/enum or a required discriminator "
+                        "property (set lenient_oneof to compile it as anyOf)");
         int32_t nt = di_cfg_nt(c->g, NULL);
         for (size_t i = 0; i < json_array_size(branches) && !c->rc; i++) {
             char idx[24];
@@ -961,7 +1499,8 @@ static int32_t schema_body(js *c, json_t *s) {
     if (type) return fail(c, DI_ERR_INVALID, "%s", "type is not a string or list");
     /* no type: infer from the keywords present; a value of another type is also valid per the
      * spec, but generating one would ignore the keywords, so restrict to the implied type */
-    if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties"))
+    if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties") ||
+        json_object_get(s, "patternProperties") || json_object_get(s, "minProperties") || json_object_get(s, "maxProperties"))
         return object_sym(c, s);
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems") || json_object_get(s, "additionalItems") || json_object_get(s, "uniqueItems"))
