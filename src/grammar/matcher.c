@@ -337,8 +337,11 @@ static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_
 /* Boundary for a walk from the current state: just above the oldest origin of an item still in
  * progress, so the construct being written (a string, a key, a number, a statement) is inside
  * and what encloses it is context. A repetition item (X* / X+) whose element is not in progress
- * completes at the next element, so it must be inside too. Any choice is sound (keys stay exact);
- * this one decides how much is shared. 0 = no boundary (full keys). */
+ * completes at the next element, so it must be inside too; so must a repetition that has just
+ * completed (X+ = X T, T -> T X | eps: an item T -> T X . means X+ completes again at the next
+ * element; with its origin outside, every character of the email format's local part was a
+ * context edge, learned per walk only). Any choice is sound (keys stay exact); this one decides
+ * how much is shared. 0 = no boundary (full keys). */
 static size_t walk_boundary(const di_grammar_matcher *m) {
     const di_earley *e = &m->e;
     const di_cfg *g = m->g->cfg;
@@ -353,7 +356,7 @@ static size_t walk_boundary(const di_grammar_matcher *m) {
     size_t lowest = b; /* one pass suffices: lowering b only removes candidates above it */
     for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
         di_earley_item it = e->items[x];
-        if (g->psym[it.pos] == DI_CFG_END || it.origin >= b || !loop_rule(g, it.pos)) continue;
+        if (it.origin >= b || !loop_rule(g, it.pos)) continue;
         if (inner <= it.origin && it.origin < lowest) lowest = it.origin; /* no element in progress */
     }
     return lowest <= 1 ? 0 : lowest;
