@@ -251,6 +251,40 @@ static void test_fast_paths(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* A repetition that has just completed stays inside the walk boundary: inside the email format's
+ * local part (`[...]+` right after the opening quote) every character completes the `+` again,
+ * and with its origin outside the boundary each character was a context edge and the state no
+ * block. The mask after `"ada` must be a block mask and equal brute force. */
+static void test_repetition_boundary(void **state) {
+    (void)state;
+    static const char sc[] = "{\"type\":\"string\",\"format\":\"email\"}";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    di_grammar *g = NULL;
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_from_json_schema(sc, strlen(sc), NULL, &g, &err)) fail_msg("%s", err.msg);
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    for (const char *c = "\"ada"; *c; c++) /* token b + 1 is the single byte b */
+        if (di_grammar_matcher_accept_token(m, (int32_t)(uint8_t)*c + 1, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_grammar_walk_stats before, after;
+    di_grammar_matcher_walk_stats(m, &before);
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher_walk_stats(m, &after);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, sc);
+    tu_report("email local part: block masks %llu -> %llu, context edges %llu -> %llu",
+              (unsigned long long)before.block_masks, (unsigned long long)after.block_masks,
+              (unsigned long long)before.ctx_edges, (unsigned long long)after.ctx_edges);
+    assert_int_equal(after.block_masks, before.block_masks + 1);
+    assert_true(gt_bit(mask, 'b' + 1) && gt_bit(mask, '@' + 1) && !gt_bit(mask, ' ' + 1));
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -553,7 +587,7 @@ static void test_shared_cache_race(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
-        cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths),
+        cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

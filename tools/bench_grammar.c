@@ -117,6 +117,8 @@ static size_t verify_mask(di_grammar_matcher *mt, const di_tokenizer *tok, const
     return bad;
 }
 
+static bool trace; /* DI_BENCH_TRACE set: print every cold mask's time to stderr */
+
 static void run_one(const char *dir, const char *file, const di_tokenizer *tok, const di_grammar_vocab *v, int repeat,
                     int max_steps, int verify, result *r) {
     char path[1024], inst[1024];
@@ -194,6 +196,12 @@ static void run_one(const char *dir, const char *file, const di_tokenizer *tok, 
                 }
             }
             int32_t t = ids[i];
+            if (trace && pass == 0) {
+                size_t tl = 0;
+                const char *tb = di_tok_token_bytes(tok, t, &tl);
+                fprintf(stderr, "# %s step %zu: %.1f us, %zu allowed, then \"%.*s\"\n", r->name, i, ts[i] * 1e6,
+                        cnt, (int)tl, tb ? tb : "");
+            }
             if (!((mask[t >> 5] >> (t & 31)) & 1u)) {
                 snprintf(r->err, sizeof r->err, "wrong mask: instance token %zu (id %d) is masked out", i, t);
                 free(allowed);
@@ -438,6 +446,7 @@ int bench_grammar(int argc, char **argv) {
     }
     cli_args_free(&a);
     if (schemas) return run_compliance(&cli, schemas, limit);
+    trace = getenv("DI_BENCH_TRACE") != NULL;
     if (!tpath) {
         FILE *f = fopen(DEFAULT_TOKENIZER, "rb");
         tpath = f ? DEFAULT_TOKENIZER : FALLBACK_TOKENIZER;

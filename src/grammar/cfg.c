@@ -176,6 +176,10 @@ int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max) {
         int32_t r[2] = {tail, s};
         di_cfg_rule(g, tail, NULL, 0);
         di_cfg_rule(g, tail, r, 2);
+        if (!g->err_code) { /* T is X* itself: the matcher's walk boundary treats its items as a loop's */
+            g->nt_loop[tail] = s;
+            g->nt_loop_min[tail] = 0;
+        }
     } else {
         tail = -1;
         for (int64_t k = 0; k < max - min && !g->err_code; k++) {

@@ -21,6 +21,8 @@ typedef struct mstate {
     uint8_t tail[DI_GRAMMAR_MAX_STOP_LEN]; /* last constrained bytes, for stop strings spanning tokens */
 } mstate;
 
+#define BLK_MEMO 1024 /* direct-mapped by state id: a walk revisits its parents' blocks thousands of times */
+
 struct di_grammar_matcher {
     const di_grammar *g;
     const di_grammar_vocab *v;
@@ -58,6 +60,15 @@ struct di_grammar_matcher {
         int32_t from, to;
         uint8_t byte;
     } memo[256];
+    uint32_t bgen;                  /* bumped when this matcher may have published summaries (walk start, mid-walk) */
+    struct blk_memo {               /* loop_chars results by state id for table `serial` (-1 only for generation gen) */
+        uint64_t serial;
+        uint32_t gen;
+        int32_t id;
+        int8_t res;
+        uint8_t utf8, any, nohigh;
+        uint32_t ascii, scanned;
+    } bmemo[BLK_MEMO];
     uint32_t *ctxd;                 /* [max token length + 1] depth of the path's first context edge (0: none) */
     di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
@@ -322,11 +333,15 @@ static sig128 local_key(di_grammar_matcher *m, bool *ok) {
 
 static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
 
+
 /* Boundary for a walk from the current state: just above the oldest origin of an item still in
  * progress, so the construct being written (a string, a key, a number, a statement) is inside
  * and what encloses it is context. A repetition item (X* / X+) whose element is not in progress
- * completes at the next element, so it must be inside too. Any choice is sound (keys stay exact);
- * this one decides how much is shared. 0 = no boundary (full keys). */
+ * completes at the next element, so it must be inside too; so must a repetition that has just
+ * completed (X+ = X T, T -> T X | eps: an item T -> T X . means X+ completes again at the next
+ * element; with its origin outside, every character of the email format's local part was a
+ * context edge, learned per walk only). Any choice is sound (keys stay exact); this one decides
+ * how much is shared. 0 = no boundary (full keys). */
 static size_t walk_boundary(const di_grammar_matcher *m) {
     const di_earley *e = &m->e;
     const di_cfg *g = m->g->cfg;
@@ -341,7 +356,7 @@ static size_t walk_boundary(const di_grammar_matcher *m) {
     size_t lowest = b; /* one pass suffices: lowering b only removes candidates above it */
     for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
         di_earley_item it = e->items[x];
-        if (g->psym[it.pos] == DI_CFG_END || it.origin >= b || !loop_rule(g, it.pos)) continue;
+        if (it.origin >= b || !loop_rule(g, it.pos)) continue;
         if (inner <= it.origin && it.origin < lowest) lowest = it.origin; /* no element in progress */
     }
     return lowest <= 1 ? 0 : lowest;
@@ -690,6 +705,30 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
     return rc < 0 ? rc : DI_OK;
 }
 
+/* loop_chars of state id, or -2 if it has no summary yet. A result of 0 or 1 depends only on
+ * published summaries, which never change within a table, so it is memoized per matcher for the
+ * table's serial; -1 (a chain link still missing) only until this matcher computes summaries
+ * (m->bgen). A summary published meanwhile by another thread is seen later: until then the
+ * state is walked byte by byte, which is never wrong. */
+static int block_of(di_grammar_matcher *m, const di_gcache_table *tab, int32_t id, uint32_t *ascii, bool *utf8,
+                    bool *any_length, bool *nohigh, uint32_t *scanned) {
+    struct blk_memo *bm = &m->bmemo[(uint32_t)id & (BLK_MEMO - 1)];
+    if (bm->serial == tab->serial && bm->id == id && (bm->res >= 0 || bm->gen == m->bgen)) {
+        *ascii = bm->ascii, *utf8 = bm->utf8, *any_length = bm->any, *nohigh = bm->nohigh, *scanned = bm->scanned;
+        return bm->res;
+    }
+    di_gcache_loop ls;
+    if (!di_gcache_loop_get(tab, id, &ls)) return -2;
+    int r = loop_chars(tab, id, &ls, ascii, utf8, any_length, nohigh, scanned);
+    if (r == -1) {
+        *bm = (struct blk_memo){.serial = tab->serial, .gen = m->bgen, .id = id, .res = -1};
+        return r;
+    }
+    *bm = (struct blk_memo){.serial = tab->serial, .gen = m->bgen, .id = id, .res = (int8_t)r, .utf8 = *utf8,
+                            .any = *any_length, .nohigh = *nohigh, .ascii = *ascii, .scanned = *scanned};
+    return r;
+}
+
 /* Every path below node nd stays alive from a state accepting these characters as a block (for
  * up to DI_CHAIN_CHARS characters unless any_length). */
 static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool utf8, bool any_length) {
@@ -973,6 +1012,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
     rc = loop_mask(m, tab, base, root, mask, err);
+    m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
     int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */
@@ -988,8 +1028,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         if (parent > 0 && nd->end - i >= SKIP_MIN_NODES) {
             if (parent != blk_of) { /* siblings share their parent's block (one chain lookup) */
                 di_gcache_loop ls;
-                bool have = di_gcache_loop_get(tab, parent, &ls);
-                blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned) : -2;
+                blk = block_of(m, tab, parent, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned);
                 bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
                 if (big && blk < 0 && summaries_left > 0) { /* no summary yet, or a chain to extend */
                     if ((rc = replay(m, &md, d - 1, err))) goto out;
@@ -1001,9 +1040,10 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                     } else {
                         rc = ensure_chain(m, tab, parent, &summaries_left, err);
                     }
+                    m->bgen++;
                     if (rc) goto out;
-                    have = di_gcache_loop_get(tab, parent, &ls);
-                    blk = have ? loop_chars(tab, parent, &ls, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned) : 0;
+                    blk = block_of(m, tab, parent, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned);
+                    if (blk == -2) blk = 0;
                 }
                 if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
