@@ -272,6 +272,24 @@ static void test_runner_step_is_one_forward(void **state) {
     di_step_seq bad = {.req_id = 100, .pos0 = pos[0] + 1, .n_tokens = 1, .tokens = ids[0], .logits_row = 0};
     di_step_batch bb = {.step = 99, .n_seqs = 1, .seqs = &bad, .n_logits_rows = 1};
     assert_int_equal(it.forward(it.ctx, &bb, lg, &err), DI_ERR_INTERNAL);
+    /* a forward that fails (an id outside the vocabulary) fails its step's requests; a piece of theirs
+     * planned for the next step before the failure was known (async) is dropped, with a zero logits
+     * row, while a newcomer in that step runs as if alone */
+    int32_t badtok[2] = {ids[1][0], (int32_t)V + 5};
+    di_step_seq f1 = {.req_id = 200, .pos0 = 0, .n_tokens = 2, .tokens = badtok, .logits_row = 0};
+    di_step_batch fb = {.step = 100, .n_seqs = 1, .seqs = &f1, .n_logits_rows = 1};
+    assert_int_not_equal(it.forward(it.ctx, &fb, lg, &err), DI_OK);
+    di_step_seq f2[2] = {{.req_id = 200, .pos0 = 2, .n_tokens = 1, .tokens = ids[1], .logits_row = 0},
+                         {.req_id = 201, .pos0 = 0, .n_tokens = 5, .tokens = ids[2], .logits_row = 1}};
+    di_step_batch fb2 = {.step = 101, .n_seqs = 2, .seqs = f2, .n_logits_rows = 2};
+    for (int64_t v = 0; v < 2 * V; v++) lg[v] = 1.0f;
+    assert_int_equal(it.forward(it.ctx, &fb2, lg, &err), DI_OK);
+    for (int64_t v = 0; v < V; v++)
+        if (lg[v] != 0.0f) fail_msg("the dropped piece's logits row is not zero at %lld", (long long)v);
+    di_session *solo = new_session(&e, e.be, false);
+    assert_int_equal(di_session_forward(solo, ids[2], 5, false, la, NULL, &err), DI_OK);
+    assert_memory_equal(la, lg + V, sizeof(float) * (size_t)V);
+    di_session_destroy(solo);
     tu_report("cached runner: %d steps of 1-3 mixed pieces, one forward each (serial: %lld), logits rows bit-identical "
               "to the pieces alone",
               n_steps, (long long)pieces);

@@ -11,6 +11,7 @@
 typedef struct sr_req {
     di_session *s;
     int64_t hit;
+    bool failed; /* a step it was in failed (its session was reset): the engine fails the request */
 } sr_req;
 
 /* A fresh session: a private cache for max_context positions, or (di_session_runner_use_pool) a paged
@@ -99,11 +100,18 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         r->chunks = g, r->cap_chunks = b->n_seqs;
     }
     int64_t positions = 0;
+    int32_t n_ch = 0;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const di_step_seq *p = &b->seqs[i];
         sr_req *q;
         int rc = req_for(r, p->req_id, &q, err);
         if (rc) return rc;
+        if (q->failed) {
+            /* planned (async) before its previous step failed: the engine fails the request with that
+             * step's result; its piece is dropped here so the step's other requests still run */
+            if (p->logits_row >= 0) memset(logits + (size_t)p->logits_row * V, 0, V * sizeof *logits);
+            continue;
+        }
         if (r->pool && (rc = di_cache_set_pages(q->s->cache, p->blocks, p->n_blocks, err)))
             return di_error_wrap(err, "session runner: request %lld block table", (long long)p->req_id);
         int64_t skip = 0; /* leading positions of the piece the prefix restore ran */
@@ -118,22 +126,28 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
             return di_error_set(err, DI_ERR_INTERNAL, "session runner: request %lld piece starts at %lld, session holds %lld",
                                 (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(q->s));
         }
-        r->chunks[i] = (di_session_chunk){.s = q->s, .ids = p->tokens + skip, .n = p->n_tokens - skip,
-                                          .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL};
+        r->chunks[n_ch++] = (di_session_chunk){.s = q->s, .ids = p->tokens + skip, .n = p->n_tokens - skip,
+                                               .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL};
         positions += p->n_tokens - skip;
     }
     int rc = DI_OK;
-    if (!r->serial) {
-        rc = di_session_forward_batch(r->chunks, b->n_seqs, NULL, err);
+    if (!r->serial && n_ch > 0) {
+        rc = di_session_forward_batch(r->chunks, n_ch, NULL, err);
         r->n_forwards++;
     }
-    for (int32_t i = 0; r->serial && i < b->n_seqs && !rc; i++) {
+    for (int32_t i = 0; r->serial && i < n_ch && !rc; i++) {
         rc = di_session_forward_batch(&r->chunks[i], 1, NULL, err);
         r->n_forwards++;
     }
     if (rc) {
-        /* the step fails its requests; no fill may export a half-run piece */
-        for (int32_t i = 0; i < b->n_seqs; i++) di_session_reset(r->chunks[i].s);
+        /* the step fails its requests; no fill may export a half-run piece, and pieces of theirs that
+         * the scheduler already planned for the next step are dropped (sr_req.failed) */
+        for (int32_t i = 0; i < b->n_seqs; i++) {
+            sr_req *q = di_idmap_get(&r->live, b->seqs[i].req_id);
+            if (!q) continue;
+            di_session_reset(q->s);
+            q->failed = true;
+        }
         return di_error_wrap(err, "session runner: step %llu, one forward over %d pieces (%lld positions; first request %lld)",
                              (unsigned long long)b->step, b->n_seqs, (long long)positions, (long long)b->seqs[0].req_id);
     }
