@@ -18,7 +18,6 @@
  * once per chunk (all experts) divided by the prompt length, plus the same cache bytes. The ratio
  * measured / roofline says how far the kernels are from streaming at full bandwidth. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "bench_read.h"
 #include "cli.h"
 #include "model/mkmodel.h"
 #include "model/session.h"
@@ -35,50 +35,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---------------- streaming-read bandwidth ---------------- */
-
-typedef struct bw_slice {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-} bw_slice;
-
-static void *bw_read(void *arg) {
-    bw_slice *s = arg;
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0; /* independent chains: the loads, not the adds, bound it */
-    for (size_t i = 0; i + 4 <= s->n; i += 4) a0 += s->p[i], a1 += s->p[i + 1], a2 += s->p[i + 2], a3 += s->p[i + 3];
-    s->sum = a0 + a1 + a2 + a3;
-    return NULL;
-}
-
-/* Best-of-5 bytes/s of n_threads threads each summing one slice of a 512 MiB buffer. */
-static double measure_bandwidth(int n_threads) {
-    size_t bytes = (size_t)512 << 20, n = bytes / sizeof(uint64_t);
-    uint64_t *buf = malloc(bytes);
-    if (!buf) return 0;
-    for (size_t i = 0; i < n; i++) buf[i] = i; /* touch every page */
-    bw_slice sl[256];
-    pthread_t th[256];
-    if (n_threads > 256) n_threads = 256;
-    double best = 0;
-    uint64_t sink = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
-        for (int t = 0; t < n_threads; t++) {
-            sl[t] = (bw_slice){buf + n / n_threads * t, n / n_threads, 0};
-            if (t) pthread_create(&th[t], NULL, bw_read, &sl[t]);
-        }
-        bw_read(&sl[0]);
-        for (int t = 1; t < n_threads; t++) pthread_join(th[t], NULL);
-        double dt = now_s() - t0;
-        for (int t = 0; t < n_threads; t++) sink += sl[t].sum;
-        if (dt > 0 && bytes / dt > best) best = bytes / dt;
-    }
-    free(buf);
-    if (sink == 42) fputc(' ', stderr); /* keeps the sums observable */
-    return best;
 }
 
 /* ---------------- bytes a token reads ---------------- */
@@ -234,7 +190,7 @@ int bench_cpu(int argc, char **argv) {
         goto out;
     }
     fprintf(stderr, "bench cpu: measuring memory bandwidth (%lld threads)...\n", threads);
-    double bw = measure_bandwidth((int)threads);
+    double bw = bench_read_bandwidth((int)threads, (size_t)512 << 20, 5);
     fprintf(stderr, "bench cpu: streaming read %.2f GB/s\n", bw / 1e9);
     bench_row rows[3];
     di_error err = {0};

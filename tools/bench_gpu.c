@@ -34,7 +34,6 @@
  * Output: the table on stdout (on stderr with --json, whose one document, {"rows": [...]}, owns
  * stdout). */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +41,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "bench_read.h"
 #include "cli.h"
 #include "model/cache_synth.h"
 #include "model/session.h"
@@ -52,49 +52,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---------------- cpu roofline: streaming read ---------------- */
-
-typedef struct rd_slice {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-} rd_slice;
-
-static void *rd_run(void *arg) {
-    rd_slice *s = arg;
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0; /* independent chains: the loads, not the adds, bound it */
-    for (size_t i = 0; i + 4 <= s->n; i += 4) a0 += s->p[i], a1 += s->p[i + 1], a2 += s->p[i + 2], a3 += s->p[i + 3];
-    s->sum = a0 + a1 + a2 + a3;
-    return NULL;
-}
-
-/* Best-of-3 bytes/s of n_threads threads each summing a slice of a 256 MiB buffer. */
-static double cpu_read_bandwidth(int n_threads) {
-    size_t bytes = (size_t)256 << 20, n = bytes / sizeof(uint64_t);
-    uint64_t *buf = malloc(bytes), sink = 0; /* uint64 [n] */
-    if (!buf) return 0;
-    for (size_t i = 0; i < n; i++) buf[i] = i;
-    rd_slice sl[64];
-    pthread_t th[64];
-    if (n_threads > 64) n_threads = 64;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = now_s();
-        for (int t = 0; t < n_threads; t++) {
-            sl[t] = (rd_slice){buf + n / n_threads * t, n / n_threads, 0};
-            if (t) pthread_create(&th[t], NULL, rd_run, &sl[t]);
-        }
-        rd_run(&sl[0]);
-        for (int t = 1; t < n_threads; t++) pthread_join(th[t], NULL);
-        double dt = now_s() - t0;
-        for (int t = 0; t < n_threads; t++) sink += sl[t].sum;
-        if (dt > 0 && bytes / dt > best) best = bytes / dt;
-    }
-    free(buf);
-    if (sink == 42) fputc(' ', stderr); /* keeps the sums observable */
-    return best;
 }
 
 /* ---------------- what a layer reads and computes ---------------- */
@@ -583,7 +540,7 @@ int bench_gpu(int argc, char **argv) {
     if (!roof_Bps && !strcmp(device, "cuda")) roof_Bps = 4470e9, roof_src = "H200 measured HBM read (default)";
     if (!roof_Bps) {
         fprintf(stderr, "bench gpu: measuring the cpu streaming-read bandwidth (%lld threads)...\n", threads);
-        roof_Bps = cpu_read_bandwidth((int)threads);
+        roof_Bps = bench_read_bandwidth((int)threads, (size_t)256 << 20, 3);
         roof_src = "streaming read measured now";
         if (!(roof_Bps > 0)) {
             cli_fail(&cli, "could not measure the memory bandwidth (256 MiB buffer)");
