@@ -111,12 +111,20 @@ int di_cuda_gather_rows(const di_backend *be, const uint16_t *x, int64_t d, cons
                         uint16_t *y, di_error *err);
 int di_cuda_scatter_add_rows(const di_backend *be, const uint16_t *y, int64_t d, const int32_t *rows, int64_t m,
                              float *acc, di_error *err);
+int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,
+                       const int32_t *ids, const float *weights, int k, int n_exp, const di_moe_expert *experts,
+                       float lim, float *acc, di_error *err);
 int di_cuda_f32_to_bf16(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *err);
 int di_cuda_fill_f32(const di_backend *be, float *x, int64_t n, float v, di_error *err);
 int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table, const uint8_t *scale, int64_t rows, int hd,
                           const int64_t *ids, int64_t m, int n_cols, uint16_t *y, di_error *err);
 int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                         const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
+
+/* The part-1 FP8 / MXFP4 linear (one-block-per-column GEMV up to 8 rows, then the tiled kernel), same
+ * contract and results as linear_fp8 / linear_fp4: the "before" of the GEMV bench (cuda_gemm.cu). */
+int di_cuda_linear_q_part1(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                           const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
 
 /* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */
 void *di_cuda_mem_alloc(const di_backend *be, size_t bytes, di_error *err);

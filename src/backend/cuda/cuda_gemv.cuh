@@ -1,0 +1,223 @@
+/* Bandwidth-oriented exact GEMV core for the block-scaled FP8 / MXFP4 linears at decode-sized M
+ * (cuda_gemm.cu's small-M path and cuda_moe.cu's grouped expert GEMVs). Same contract as the CPU op
+ * (linear_q.c): per 32-wide K block the exact value of Σ q_x·q_w is rounded once to f32, multiplied by
+ * s_x then s_w, and the scaled blocks are added to an f32 accumulator in ascending block order.
+ *
+ * Work split. A tile = GV_NCOL output columns × all K for up to MT rows. A weight row is cut into
+ * 8-byte chunks (8 e4m3 codes or 16 E2M1 values); a warp takes a slice of 32 consecutive chunks (256
+ * contiguous bytes per load instruction), the CTA's warps share the slices of K, and each lane holds
+ * its chunk of the MT x rows in registers while it streams the chunk of every column of the tile. A
+ * block's partial sums are combined across the lanes holding it (4 lanes for FP8, 2 for FP4) — exact,
+ * so the combination order does not matter — and its scaled f32 value P_b goes to shared memory; one
+ * thread per (row, column) then adds P_0 … P_{KB−1} in order. CTAs loop over tiles (persistent grid);
+ * each warp loads the next slice's weights before working on the current one, so two slices of loads
+ * are in flight per warp, also across the ordered sum at a tile's end.
+ *
+ * Exact block sums without the f64 conversion cost of the part-1 kernel:
+ *  - FP8 (e4m3 × e4m3): in f64, as before (each product has ≤ 8 significant bits and a block sum needs
+ *    ≤ 41, well inside 53), but the codes become doubles through a 256-entry table of high words (an
+ *    e4m3 value has ≤ 4 significant bits, so the low word is 0), replicated once per lane (entry
+ *    code·32 + lane: lane l always reads bank l, no conflicts): one shared load per code instead of a
+ *    decode plus a float→double conversion, whose unit is a quarter of the FP64 rate.
+ *  - MXFP4 (e4m3 activations × E2M1 weights): in 32-bit integers. X = x·2^9 is an integer with
+ *    |X| ≤ 448·2^9 < 2^18 and W = 2·w one of 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12, so Σ_32 X·W < 2^27 fits an
+ *    int32 exactly; the block value is that sum ·2^-10, rounded to f32 by one int → float conversion.
+ *    X is split into three signed 7-bit digits (X = d0 + 2^7·d1 + 2^14·d2) so that every product runs
+ *    on dp4a (four int8·int8 products per instruction); the weights become signed bytes through two
+ *    byte-permute table lookups per four nibbles. An act-quantized NaN group has scale byte 255 (NaN),
+ *    which makes P_b NaN through s_x like the CPU's f64 NaN does (its codes 0x7F count as finite here). */
+#ifndef DI_BACKEND_CUDA_CUDA_GEMV_CUH
+#define DI_BACKEND_CUDA_CUDA_GEMV_CUH
+
+#include "backend/cuda/cuda_common.cuh"
+
+#define GV_NCOL 8                /* output columns per tile */
+#define GV_WARPS 8               /* most warps per CTA */
+#define GV_TAB_WORDS (256 * 32)  /* e4m3 → f64 high-word table, one copy per lane (32 KiB) */
+
+/* the act-quantized x rows, the weight and the problem */
+typedef struct gv_args {
+    const uint8_t *xq, *xs; /* e4m3 [*, K], E8M0 [*, K/32] */
+    const uint8_t *w, *wsc; /* e4m3 [N, K] + E8M0 [ceil(N/32), K/32], or E2M1 [N, K/2] + E8M0 [N, K/32] */
+    int64_t N, K;
+} gv_args;
+
+static __device__ void gv_fill_tab(uint32_t *tab) {
+    for (int i = threadIdx.x; i < GV_TAB_WORDS; i += blockDim.x)
+        tab[i] = (uint32_t)__double2hiint((double)d_e4m3_decode((uint8_t)(i >> 5)));
+}
+
+static __device__ __forceinline__ double gv_e4m3_f64(const uint32_t *tab, uint32_t code, int lane) {
+    return __hiloint2double((int)tab[((code & 0xffu) << 5) | (uint32_t)lane], 0);
+}
+
+/* 4 E2M1 codes (bits 4i..4i+3 = value i) → 4 signed bytes 2·value (byte i = value i) */
+static __device__ __forceinline__ int gv_e2m1x4_s8(uint32_t nib16) {
+    uint32_t mag = nib16 & 0x7777u;
+    uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, mag); /* 0 1 2 3 4 6 8 12 */
+    uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, mag); /* the same, negated */
+    uint32_t sgn = __byte_perm(0x0000FF00u, 0u, (nib16 >> 3) & 0x1111u); /* 0xFF where the sign bit is set */
+    return (int)((pos & ~sgn) | (neg & sgn));
+}
+
+/* e4m3 code → x·2^9 as an integer: (8 + m)·2^(e−1) for e ≥ 1, m for the subnormals */
+static __device__ __forceinline__ int gv_e4m3_int(uint32_t code) {
+    uint32_t e = (code >> 3) & 15u, m = code & 7u;
+    int mag = e ? (int)((8u | m) << (e - 1)) : (int)m;
+    return (code & 0x80u) ? -mag : mag;
+}
+
+/* 4 e4m3 codes (byte i = value i) → their signed base-128 digits, packed byte i = value i */
+static __device__ __forceinline__ void gv_x_digits(uint32_t codes, int *d0, int *d1, int *d2) {
+    uint32_t p0 = 0, p1 = 0, p2 = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int v = gv_e4m3_int(codes >> (8 * j));
+        uint32_t a = (uint32_t)(v < 0 ? -v : v);
+        uint32_t b0 = a & 127u, b1 = (a >> 7) & 127u, b2 = a >> 14;
+        if (v < 0) b0 = (0u - b0) & 0xffu, b1 = (0u - b1) & 0xffu, b2 = (0u - b2) & 0xffu;
+        p0 |= b0 << (8 * j), p1 |= b1 << (8 * j), p2 |= b2 << (8 * j);
+    }
+    *d0 = (int)p0, *d1 = (int)p1, *d2 = (int)p2;
+}
+
+/* the chunk (slice sl, this lane) of every column of tile `tile`; zeros outside the problem */
+template <int FP4>
+static __device__ __forceinline__ void gv_load(const gv_args &a, int64_t tile, int64_t ntiles, int64_t sl, int lane,
+                                               uint2 *wv) {
+    const int64_t rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, c = sl * 32 + lane, n0 = tile * GV_NCOL;
+    const bool ok = tile < ntiles && c < nch;
+#pragma unroll
+    for (int cc = 0; cc < GV_NCOL; cc++)
+        wv[cc] = ok && n0 + cc < a.N ? __ldcs((const uint2 *)(a.w + (n0 + cc) * rowb + c * 8)) : make_uint2(0u, 0u);
+}
+
+/* The tiles tile0, tile0 + step, … of y = x·Wᵀ for the mt ≤ MT rows whose x rows are xrow(m);
+ * out(m, n, v) receives the f32 result of row m, column n. tab: the e4m3 table (FP8), pb: f32
+ * [MT, GV_NCOL, K/32] shared. Every thread of the CTA calls this (it synchronises). */
+template <int FP4, int MT, class XRow, class Out>
+static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Out out, int64_t tile0, int64_t step,
+                              const uint32_t *tab, float *pb) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, nsl = (nch + 31) / 32;
+    const int64_t ntiles = (a.N + GV_NCOL - 1) / GV_NCOL;
+    uint2 wv[GV_NCOL]; /* the weights of the next (tile, slice) of this warp */
+    gv_load<FP4>(a, tile0, ntiles, warp, lane, wv);
+    for (int64_t tile = tile0; tile < ntiles; tile += step) {
+        const int64_t n0 = tile * GV_NCOL;
+        const int ncol = (int)min((int64_t)GV_NCOL, a.N - n0);
+        for (int64_t sl = warp; sl < nsl; sl += nw) { /* warp-uniform: every lane reaches the shuffles */
+            uint2 cw[GV_NCOL];
+#pragma unroll
+            for (int cc = 0; cc < GV_NCOL; cc++) cw[cc] = wv[cc];
+            if (sl + nw < nsl) gv_load<FP4>(a, tile, ntiles, sl + nw, lane, wv);
+            else gv_load<FP4>(a, tile + step, ntiles, warp, lane, wv);
+
+            const int64_t c = sl * 32 + lane;
+            const bool live = c < nch;
+            const int64_t k0 = FP4 ? c * 16 : c * 8, kb = k0 / 32;
+            const bool lead = live && (FP4 ? (lane & 1) == 0 : (lane & 3) == 0);
+            float sx[MT];
+            if (FP4) {
+                int xd[MT][3][4]; /* signed digits of X, 4 values per int */
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint4 q = make_uint4(0u, 0u, 0u, 0u);
+                    sx[m] = 0.0f;
+                    if (m < mt && live) {
+                        int64_t r = xrow(m);
+                        q = __ldg((const uint4 *)(a.xq + r * a.K + k0));
+                        sx[m] = d_e8m0(__ldg(a.xs + r * KB + kb));
+                    }
+                    gv_x_digits(q.x, &xd[m][0][0], &xd[m][1][0], &xd[m][2][0]);
+                    gv_x_digits(q.y, &xd[m][0][1], &xd[m][1][1], &xd[m][2][1]);
+                    gv_x_digits(q.z, &xd[m][0][2], &xd[m][1][2], &xd[m][2][2]);
+                    gv_x_digits(q.w, &xd[m][0][3], &xd[m][1][3], &xd[m][2][3]);
+                }
+#pragma unroll
+                for (int cc = 0; cc < GV_NCOL; cc++) {
+                    if (cc >= ncol) break;
+                    const float sw = lead ? d_e8m0(__ldg(a.wsc + (n0 + cc) * KB + kb)) : 0.0f;
+                    const int wq[4] = {gv_e2m1x4_s8(cw[cc].x & 0xffffu), gv_e2m1x4_s8(cw[cc].x >> 16),
+                                       gv_e2m1x4_s8(cw[cc].y & 0xffffu), gv_e2m1x4_s8(cw[cc].y >> 16)};
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        int s0 = 0, s1 = 0, s2 = 0;
+#pragma unroll
+                        for (int g = 0; g < 4; g++) {
+                            s0 = __dp4a(wq[g], xd[m][0][g], s0);
+                            s1 = __dp4a(wq[g], xd[m][1][g], s1);
+                            s2 = __dp4a(wq[g], xd[m][2][g], s2);
+                        }
+                        int s = s0 + s1 * 128 + s2 * 16384; /* this lane's 16 values, exact */
+                        s += __shfl_xor_sync(0xffffffffu, s, 1);
+                        if (lead && m < mt) {
+                            float p = __fmul_rn(__int2float_rn(s), 0x1p-10f); /* exact: power-of-two scaling */
+                            pb[((int64_t)m * GV_NCOL + cc) * KB + kb] = __fmul_rn(__fmul_rn(p, sx[m]), sw);
+                        }
+                    }
+                }
+            } else {
+                double xv[MT][8]; /* e4m3 values of this chunk of the rows */
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint2 q = make_uint2(0u, 0u);
+                    sx[m] = 0.0f;
+                    if (m < mt && live) {
+                        int64_t r = xrow(m);
+                        q = __ldg((const uint2 *)(a.xq + r * a.K + k0));
+                        sx[m] = d_e8m0(__ldg(a.xs + r * KB + kb));
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        xv[m][j] = gv_e4m3_f64(tab, q.x >> (8 * j), lane);
+                        xv[m][4 + j] = gv_e4m3_f64(tab, q.y >> (8 * j), lane);
+                    }
+                }
+#pragma unroll
+                for (int cc = 0; cc < GV_NCOL; cc++) {
+                    if (cc >= ncol) break;
+                    const float sw = lead ? d_e8m0(__ldg(a.wsc + ((n0 + cc) / 32) * KB + kb)) : 0.0f;
+                    double wd[8];
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        wd[j] = gv_e4m3_f64(tab, cw[cc].x >> (8 * j), lane);
+                        wd[4 + j] = gv_e4m3_f64(tab, cw[cc].y >> (8 * j), lane);
+                    }
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        double s = 0.0; /* exact: see the file comment */
+#pragma unroll
+                        for (int j = 0; j < 8; j++) s = fma(xv[m][j], wd[j], s);
+                        s += __shfl_xor_sync(0xffffffffu, s, 1);
+                        s += __shfl_xor_sync(0xffffffffu, s, 2);
+                        if (lead && m < mt)
+                            pb[((int64_t)m * GV_NCOL + cc) * KB + kb] =
+                                __fmul_rn(__fmul_rn(__double2float_rn(s), sx[m]), sw);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < mt * ncol) { /* the CPU's sequence of f32 adds, blocks ascending */
+            const int m = threadIdx.x / ncol, cc = threadIdx.x % ncol;
+            const float *p = pb + ((int64_t)m * GV_NCOL + cc) * KB;
+            float acc = 0.0f;
+            for (int64_t kb = 0; kb < KB; kb++) acc = __fadd_rn(acc, p[kb]);
+            out(m, n0 + cc, acc);
+        }
+        __syncthreads();
+    }
+}
+
+/* Launch shape for a weight with K inputs: warps share the slices evenly (at most GV_WARPS). */
+static inline int gv_threads(int fp4, int64_t K) {
+    int64_t nch = (fp4 ? K / 2 : K) / 8, nsl = (nch + 31) / 32;
+    int64_t per = (nsl + GV_WARPS - 1) / GV_WARPS;
+    return (int)((nsl + per - 1) / per) * 32;
+}
+static inline size_t gv_smem(int fp4, int mt, int64_t K) {
+    return (fp4 ? 0 : sizeof(uint32_t) * GV_TAB_WORDS) + sizeof(float) * (size_t)mt * GV_NCOL * (size_t)(K / 32);
+}
+
+#endif
