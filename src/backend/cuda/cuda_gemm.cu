@@ -16,6 +16,9 @@
  * ascending k), combined (l, l+8), (l, l+4), (l, l+2), (l, l+1), then the K % 16 tail in order; products
  * bf16×bf16 are exact in f32 and are rounded separately from the adds, as on the CPU. cuBLAS would
  * compute the same function but not this summation order, so it would not be bit-identical. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -199,17 +202,24 @@ static int gv_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaSt
         occ = 1;
     const int64_t ntiles = (a.N + GV_NCOL - 1) / GV_NCOL;
     const int64_t grid = ntiles < (int64_t)occ * n_sms() ? ntiles : (int64_t)occ * n_sms();
+    static int64_t shown_n = -1, shown_k = -1; /* DI_GV_DEBUG=1: the launch shape, once per weight shape */
+    if ((shown_n != a.N || shown_k != a.K) && getenv("DI_GV_DEBUG")) {
+        fprintf(stderr, "# gv fp4=%d MT=%d N=%lld K=%lld: %d threads, %zu B smem, %d CTAs/SM, grid %lld\n", FP4, MT,
+                (long long)a.N, (long long)a.K, threads, smem, occ, (long long)grid);
+        shown_n = a.N, shown_k = a.K;
+    }
     qgemv_fast_kernel<FP4, MT><<<(unsigned)grid, threads, smem, st>>>(a, r0, mt, y);
     return di_cuda_launched(op, err);
 }
 
-/* M ≤ GV_MAX_M rows in groups of the largest fitting MT (FP8 ≤ 4: its x rows are doubles in registers) */
+/* M ≤ GV_MAX_M rows in groups of at most 4 */
 static int gv_linear(int fp4, const gv_args &a, int64_t m, uint16_t *y, cudaStream_t st, const char *op,
                      di_error *err) {
     for (int64_t r0 = 0; r0 < m;) {
         int64_t left = m - r0;
-        /* the smallest MT holding the rows left (FP8 at most 4); idle rows of a tile cost registers only */
-        int mt = left == 1 ? 1 : left == 2 ? 2 : left <= 4 || !fp4 ? 4 : 8;
+        /* the smallest MT holding the rows left, at most 4 (registers: a lane holds two slices' loads
+         * and its x rows); idle rows of a tile cost registers only */
+        int mt = left == 1 ? 1 : left == 2 ? 2 : 4;
         int used = (int)(left < mt ? left : mt), rc;
         switch (fp4 * 16 + mt) {
         case 1: rc = gv_launch_t<0, 1>(a, r0, used, y, st, op, err); break;
@@ -217,8 +227,7 @@ static int gv_linear(int fp4, const gv_args &a, int64_t m, uint16_t *y, cudaStre
         case 4: rc = gv_launch_t<0, 4>(a, r0, used, y, st, op, err); break;
         case 17: rc = gv_launch_t<1, 1>(a, r0, used, y, st, op, err); break;
         case 18: rc = gv_launch_t<1, 2>(a, r0, used, y, st, op, err); break;
-        case 20: rc = gv_launch_t<1, 4>(a, r0, used, y, st, op, err); break;
-        default: rc = gv_launch_t<1, 8>(a, r0, used, y, st, op, err); break;
+        default: rc = gv_launch_t<1, 4>(a, r0, used, y, st, op, err); break;
         }
         if (rc) return rc;
         r0 += used;
@@ -245,7 +254,7 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
-    if (variant == 0 && m <= GV_MAX_M && gv_smem(fp4, 8, k) <= 200 * 1024) {
+    if (variant == 0 && m <= GV_MAX_M && gv_smem(fp4, 4, k) <= 200 * 1024) {
         gv_args a = {xq, xs, w, wsc, n, k};
         return gv_linear(fp4, a, m, y, st, op, err);
     }
@@ -274,6 +283,56 @@ extern "C" int di_cuda_linear_q_part1(const di_backend *be, int fp4, const uint1
     return qlinear_v(be, fp4 ? 1 : 0, 1, x, m, k, w, ws, n, y, err);
 }
 
+
+/* The decode GEMV alone on act-quantized rows (xq e4m3 [m, k], xs E8M0 [m, k/32], device; m ≤ 16):
+ * the bench separates it from the act-quant launch with this. */
+extern "C" int di_cuda_gemv_codes(const di_backend *be, int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m,
+                                  int64_t k, const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    if (m < 1 || m > GV_MAX_M || n < 1 || k <= 0 || k % QB)
+        return di_error_set(err, DI_ERR_INVALID, "cuda gemv_codes: M %lld (1..%d), N %lld, K %lld", (long long)m, GV_MAX_M,
+                            (long long)n, (long long)k);
+    gv_args a = {xq, xs, w, ws, n, k};
+    return gv_linear(fp4, a, m, y, di_cuda_state(be)->stream, "gemv_codes", err);
+}
+
+/* ---- bench references: the SM clock and a plain streaming read ---- */
+__global__ void clock_probe_kernel(long long cycles, long long *out) {
+    long long t0 = clock64(), t;
+    do t = clock64(); while (t - t0 < cycles);
+    if (threadIdx.x == 0) *out = t - t0;
+}
+
+/* SM clock in MHz: one CTA spins `cycles` SM cycles, timed with events. */
+extern "C" double di_cuda_sm_clock_mhz(void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    long long *d;
+    cudaEvent_t a, b;
+    if (cudaMalloc(&d, sizeof *d) != cudaSuccess) return 0;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    float ms = 0;
+    const long long cyc = 20000000;
+    cudaEventRecord(a, st);
+    clock_probe_kernel<<<1, 32, 0, st>>>(cyc, d);
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms, a, b);
+    cudaFree(d), cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms > 0 ? cyc / (ms * 1e3) : 0;
+}
+
+__global__ void stream_read_kernel(const uint4 *p, int64_t n, unsigned *sink) {
+    uint32_t acc = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc; /* keeps the loads */
+}
+
+/* Reads `bytes` (a multiple of 16) once with 16-byte loads, 132 × 8 CTAs of 256 threads. */
+extern "C" void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream) {
+    stream_read_kernel<<<132 * 8, 256, 0, (cudaStream_t)stream>>>((const uint4 *)p, bytes / 16, sink);
+}
 
 /* ---------------- bf16 ---------------- */
 #define BL 16 /* partial-sum lanes = K chunk */

@@ -42,9 +42,13 @@ typedef struct gv_args {
     int64_t N, K;
 } gv_args;
 
+/* The 256 high words, then each copied to the other 31 lanes' slots (blockDim.x ≥ 32). */
 static __device__ void gv_fill_tab(uint32_t *tab) {
+    for (int c = threadIdx.x; c < 256; c += blockDim.x) tab[c << 5] = (uint32_t)__double2hiint((double)d_e4m3_decode((uint8_t)c));
+    __syncthreads();
     for (int i = threadIdx.x; i < GV_TAB_WORDS; i += blockDim.x)
-        tab[i] = (uint32_t)__double2hiint((double)d_e4m3_decode((uint8_t)(i >> 5)));
+        if (i & 31) tab[i] = tab[i & ~31];
+    __syncthreads();
 }
 
 static __device__ __forceinline__ double gv_e4m3_f64(const uint32_t *tab, uint32_t code, int lane) {
@@ -81,15 +85,44 @@ static __device__ __forceinline__ void gv_x_digits(uint32_t codes, int *d0, int 
     *d0 = (int)p0, *d1 = (int)p1, *d2 = (int)p2;
 }
 
-/* the chunk (slice sl, this lane) of every column of tile `tile`; zeros outside the problem */
-template <int FP4>
-static __device__ __forceinline__ void gv_load(const gv_args &a, int64_t tile, int64_t ntiles, int64_t sl, int lane,
-                                               uint2 *wv) {
-    const int64_t rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, c = sl * 32 + lane, n0 = tile * GV_NCOL;
+/* Every global load of one (tile, slice) of a lane, issued together so that a slice costs one memory
+ * latency: the weight chunks, their scales, the x chunk and scale of each row. */
+template <int MT>
+struct gv_slice {
+    uint2 w[GV_NCOL];      /* chunk of each column's weight row */
+    uint32_t sw[GV_NCOL];  /* scale byte of each column (FP8: one per 32 rows, so all equal) */
+    uint4 xq[MT];          /* x codes of the chunk (FP8: .x, .y) */
+    uint32_t xs[MT];       /* x scale byte */
+};
+
+template <int FP4, int MT>
+static __device__ __forceinline__ void gv_load(const gv_args &a, const int64_t *xr, int mt, int64_t tile, int64_t ntiles,
+                                               int64_t sl, int lane, gv_slice<MT> &f) {
+    const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, c = sl * 32 + lane, n0 = tile * GV_NCOL;
     const bool ok = tile < ntiles && c < nch;
+    const int64_t k0 = FP4 ? c * 16 : c * 8, kb = k0 / 32;
 #pragma unroll
-    for (int cc = 0; cc < GV_NCOL; cc++)
-        wv[cc] = ok && n0 + cc < a.N ? __ldcs((const uint2 *)(a.w + (n0 + cc) * rowb + c * 8)) : make_uint2(0u, 0u);
+    for (int cc = 0; cc < GV_NCOL; cc++) {
+        const bool col = ok && n0 + cc < a.N;
+        f.w[cc] = col ? __ldcs((const uint2 *)(a.w + (n0 + cc) * rowb + c * 8)) : make_uint2(0u, 0u);
+        if (FP4) f.sw[cc] = col ? __ldg(a.wsc + (n0 + cc) * KB + kb) : 0u;
+    }
+    if (!FP4) {
+        const uint32_t sw = ok ? __ldg(a.wsc + (n0 / 32) * KB + kb) : 0u; /* n0 % 8 == 0: one 32-row group */
+#pragma unroll
+        for (int cc = 0; cc < GV_NCOL; cc++) f.sw[cc] = sw;
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        const bool row = ok && m < mt;
+        if (FP4) {
+            f.xq[m] = row ? __ldg((const uint4 *)(a.xq + xr[m] * a.K + k0)) : make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            uint2 q = row ? __ldg((const uint2 *)(a.xq + xr[m] * a.K + k0)) : make_uint2(0u, 0u);
+            f.xq[m] = make_uint4(q.x, q.y, 0u, 0u);
+        }
+        f.xs[m] = row ? __ldg(a.xs + xr[m] * KB + kb) : 0u;
+    }
 }
 
 /* The tiles tile0, tile0 + step, … of y = x·Wᵀ for the mt ≤ MT rows whose x rows are xrow(m);
@@ -101,45 +134,36 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, nsl = (nch + 31) / 32;
     const int64_t ntiles = (a.N + GV_NCOL - 1) / GV_NCOL;
-    uint2 wv[GV_NCOL]; /* the weights of the next (tile, slice) of this warp */
-    gv_load<FP4>(a, tile0, ntiles, warp, lane, wv);
+    int64_t xr[MT]; /* x row of each tile row */
+#pragma unroll
+    for (int m = 0; m < MT; m++) xr[m] = m < mt ? xrow(m) : 0;
+    gv_slice<MT> nx; /* the loads of this warp's next (tile, slice) */
+    gv_load<FP4, MT>(a, xr, mt, tile0, ntiles, warp, lane, nx);
     for (int64_t tile = tile0; tile < ntiles; tile += step) {
         const int64_t n0 = tile * GV_NCOL;
         const int ncol = (int)min((int64_t)GV_NCOL, a.N - n0);
         for (int64_t sl = warp; sl < nsl; sl += nw) { /* warp-uniform: every lane reaches the shuffles */
-            uint2 cw[GV_NCOL];
-#pragma unroll
-            for (int cc = 0; cc < GV_NCOL; cc++) cw[cc] = wv[cc];
-            if (sl + nw < nsl) gv_load<FP4>(a, tile, ntiles, sl + nw, lane, wv);
-            else gv_load<FP4>(a, tile + step, ntiles, warp, lane, wv);
+            const gv_slice<MT> f = nx;
+            if (sl + nw < nsl) gv_load<FP4, MT>(a, xr, mt, tile, ntiles, sl + nw, lane, nx);
+            else gv_load<FP4, MT>(a, xr, mt, tile + step, ntiles, warp, lane, nx);
 
             const int64_t c = sl * 32 + lane;
             const bool live = c < nch;
-            const int64_t k0 = FP4 ? c * 16 : c * 8, kb = k0 / 32;
+            const int64_t kb = (FP4 ? c * 16 : c * 8) / 32;
             const bool lead = live && (FP4 ? (lane & 1) == 0 : (lane & 3) == 0);
-            float sx[MT];
             if (FP4) {
                 int xd[MT][3][4]; /* signed digits of X, 4 values per int */
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
-                    uint4 q = make_uint4(0u, 0u, 0u, 0u);
-                    sx[m] = 0.0f;
-                    if (m < mt && live) {
-                        int64_t r = xrow(m);
-                        q = __ldg((const uint4 *)(a.xq + r * a.K + k0));
-                        sx[m] = d_e8m0(__ldg(a.xs + r * KB + kb));
-                    }
-                    gv_x_digits(q.x, &xd[m][0][0], &xd[m][1][0], &xd[m][2][0]);
-                    gv_x_digits(q.y, &xd[m][0][1], &xd[m][1][1], &xd[m][2][1]);
-                    gv_x_digits(q.z, &xd[m][0][2], &xd[m][1][2], &xd[m][2][2]);
-                    gv_x_digits(q.w, &xd[m][0][3], &xd[m][1][3], &xd[m][2][3]);
+                    gv_x_digits(f.xq[m].x, &xd[m][0][0], &xd[m][1][0], &xd[m][2][0]);
+                    gv_x_digits(f.xq[m].y, &xd[m][0][1], &xd[m][1][1], &xd[m][2][1]);
+                    gv_x_digits(f.xq[m].z, &xd[m][0][2], &xd[m][1][2], &xd[m][2][2]);
+                    gv_x_digits(f.xq[m].w, &xd[m][0][3], &xd[m][1][3], &xd[m][2][3]);
                 }
 #pragma unroll
-                for (int cc = 0; cc < GV_NCOL; cc++) {
-                    if (cc >= ncol) break;
-                    const float sw = lead ? d_e8m0(__ldg(a.wsc + (n0 + cc) * KB + kb)) : 0.0f;
-                    const int wq[4] = {gv_e2m1x4_s8(cw[cc].x & 0xffffu), gv_e2m1x4_s8(cw[cc].x >> 16),
-                                       gv_e2m1x4_s8(cw[cc].y & 0xffffu), gv_e2m1x4_s8(cw[cc].y >> 16)};
+                for (int cc = 0; cc < GV_NCOL; cc++) { /* columns past ncol hold zeros and are not stored */
+                    const int wq[4] = {gv_e2m1x4_s8(f.w[cc].x & 0xffffu), gv_e2m1x4_s8(f.w[cc].x >> 16),
+                                       gv_e2m1x4_s8(f.w[cc].y & 0xffffu), gv_e2m1x4_s8(f.w[cc].y >> 16)};
 #pragma unroll
                     for (int m = 0; m < MT; m++) {
                         int s0 = 0, s1 = 0, s2 = 0;
@@ -151,38 +175,30 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                         }
                         int s = s0 + s1 * 128 + s2 * 16384; /* this lane's 16 values, exact */
                         s += __shfl_xor_sync(0xffffffffu, s, 1);
-                        if (lead && m < mt) {
+                        if (lead && m < mt && cc < ncol) {
                             float p = __fmul_rn(__int2float_rn(s), 0x1p-10f); /* exact: power-of-two scaling */
-                            pb[((int64_t)m * GV_NCOL + cc) * KB + kb] = __fmul_rn(__fmul_rn(p, sx[m]), sw);
+                            pb[((int64_t)m * GV_NCOL + cc) * KB + kb] =
+                                __fmul_rn(__fmul_rn(p, d_e8m0((uint8_t)f.xs[m])), d_e8m0((uint8_t)f.sw[cc]));
                         }
                     }
                 }
             } else {
                 double xv[MT][8]; /* e4m3 values of this chunk of the rows */
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    uint2 q = make_uint2(0u, 0u);
-                    sx[m] = 0.0f;
-                    if (m < mt && live) {
-                        int64_t r = xrow(m);
-                        q = __ldg((const uint2 *)(a.xq + r * a.K + k0));
-                        sx[m] = d_e8m0(__ldg(a.xs + r * KB + kb));
-                    }
+                for (int m = 0; m < MT; m++)
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        xv[m][j] = gv_e4m3_f64(tab, q.x >> (8 * j), lane);
-                        xv[m][4 + j] = gv_e4m3_f64(tab, q.y >> (8 * j), lane);
+                        xv[m][j] = gv_e4m3_f64(tab, f.xq[m].x >> (8 * j), lane);
+                        xv[m][4 + j] = gv_e4m3_f64(tab, f.xq[m].y >> (8 * j), lane);
                     }
-                }
+                const float sw = d_e8m0((uint8_t)f.sw[0]);
 #pragma unroll
                 for (int cc = 0; cc < GV_NCOL; cc++) {
-                    if (cc >= ncol) break;
-                    const float sw = lead ? d_e8m0(__ldg(a.wsc + ((n0 + cc) / 32) * KB + kb)) : 0.0f;
                     double wd[8];
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        wd[j] = gv_e4m3_f64(tab, cw[cc].x >> (8 * j), lane);
-                        wd[4 + j] = gv_e4m3_f64(tab, cw[cc].y >> (8 * j), lane);
+                        wd[j] = gv_e4m3_f64(tab, f.w[cc].x >> (8 * j), lane);
+                        wd[4 + j] = gv_e4m3_f64(tab, f.w[cc].y >> (8 * j), lane);
                     }
 #pragma unroll
                     for (int m = 0; m < MT; m++) {
@@ -191,19 +207,27 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                         for (int j = 0; j < 8; j++) s = fma(xv[m][j], wd[j], s);
                         s += __shfl_xor_sync(0xffffffffu, s, 1);
                         s += __shfl_xor_sync(0xffffffffu, s, 2);
-                        if (lead && m < mt)
+                        if (lead && m < mt && cc < ncol)
                             pb[((int64_t)m * GV_NCOL + cc) * KB + kb] =
-                                __fmul_rn(__fmul_rn(__double2float_rn(s), sx[m]), sw);
+                                __fmul_rn(__fmul_rn(__double2float_rn(s), d_e8m0((uint8_t)f.xs[m])), sw);
                     }
                 }
             }
         }
         __syncthreads();
-        if ((int)threadIdx.x < mt * ncol) { /* the CPU's sequence of f32 adds, blocks ascending */
-            const int m = threadIdx.x / ncol, cc = threadIdx.x % ncol;
+        for (int o = threadIdx.x; o < mt * ncol; o += blockDim.x) { /* the CPU's f32 adds, blocks ascending */
+            const int m = o / ncol, cc = o % ncol;
             const float *p = pb + ((int64_t)m * GV_NCOL + cc) * KB;
             float acc = 0.0f;
-            for (int64_t kb = 0; kb < KB; kb++) acc = __fadd_rn(acc, p[kb]);
+            int64_t kb = 0;
+            if (KB % 4 == 0) { /* 16-byte loads issued ahead of the dependent adds */
+#pragma unroll 4
+                for (; kb < KB; kb += 4) {
+                    const float4 v = *(const float4 *)(p + kb);
+                    acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+                }
+            }
+            for (; kb < KB; kb++) acc = __fadd_rn(acc, p[kb]);
             out(m, n0 + cc, acc);
         }
         __syncthreads();

@@ -100,7 +100,8 @@ struct moe_out {
     __device__ void operator()(int m, int64_t n, float v) const { y[(base + m) * ld + n] = d_to_bf16(v); }
 };
 
-/* grid (w1 tiles then w3 tiles, group); g, u bf16 [P, inter] by rank */
+/* grid (2·X, group): CTAs [0, X) take w1's tiles x, x + X, …, CTAs [X, 2X) w3's; g, u bf16 [P, inter] by
+ * rank. A CTA of a group past the step's count returns at once. */
 template <int MT>
 __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                const uint8_t *xq, const uint8_t *xs, int64_t d,
@@ -110,16 +111,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_cons
     const int grp = blockIdx.y;
     if (grp >= *pl.n_groups) return;
     const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
-    const int64_t tiles = (inter + GV_NCOL - 1) / GV_NCOL;
-    const bool up = blockIdx.x >= tiles;
-    const int64_t tile = up ? blockIdx.x - tiles : blockIdx.x;
+    const int64_t X = gridDim.x / 2;
+    const bool up = blockIdx.x >= X;
+    const int64_t tile = up ? blockIdx.x - X : blockIdx.x;
     const gv_args a = {xq, xs, tab.p[e][up ? 2 : 0], tab.p[e][up ? 3 : 1], inter, d};
     for (int r0 = 0; r0 < cnt; r0 += MT)
         gv_run<1, MT>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
-                      moe_out{up ? u : g, inter, start + r0}, tile, tiles, NULL, pb);
+                      moe_out{up ? u : g, inter, start + r0}, tile, X, NULL, pb);
 }
 
-/* grid (w2 tiles, group); aq, as: the act-quantized SwiGLU rows by rank; y bf16 [P, d] by rank */
+/* grid (X, group): w2's tiles x, x + X, …; aq, as: the act-quantized SwiGLU rows by rank; y bf16 [P, d] */
 template <int MT>
 __global__ void __launch_bounds__(GV_WARPS * 32) moe_down_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                  const uint8_t *aq, const uint8_t *as, int64_t d,
@@ -130,9 +131,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_down_kernel(const __grid_co
     if (grp >= *pl.n_groups) return;
     const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
     const gv_args a = {aq, as, tab.p[e][4], tab.p[e][5], d, inter};
-    const int64_t tiles = (d + GV_NCOL - 1) / GV_NCOL;
     for (int r0 = 0; r0 < cnt; r0 += MT)
-        gv_run<1, MT>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, tiles,
+        gv_run<1, MT>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
                       NULL, pb);
 }
 
@@ -158,18 +158,28 @@ __global__ void moe_combine_kernel(const int32_t *rank, const uint16_t *y, int64
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* CTAs per group along the tiles: about MOE_CTAS in all over the G groups a step may have (the plan
+ * may find fewer), each CTA walking several tiles when the groups are few */
+#define MOE_CTAS (132 * 8)
+static int64_t moe_split(int64_t tiles, int G) {
+    int64_t x = (MOE_CTAS + G - 1) / G;
+    return x < 1 ? 1 : x > tiles ? tiles : x;
+}
+
 template <int MT>
 static void moe_gemvs(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *xq, const uint8_t *xs, int64_t d,
                       int64_t inter, int k, uint16_t *g, uint16_t *u, cudaStream_t st) {
-    dim3 grid_up((unsigned)(2 * ((inter + GV_NCOL - 1) / GV_NCOL)), (unsigned)G);
-    moe_up_kernel<MT><<<grid_up, gv_threads(1, d), gv_smem(1, MT, d), st>>>(tab, pl, xq, xs, d, inter, k, g, u);
+    const int64_t X = moe_split((inter + GV_NCOL - 1) / GV_NCOL, 2 * G);
+    moe_up_kernel<MT><<<dim3((unsigned)(2 * X), (unsigned)G), gv_threads(1, d), gv_smem(1, MT, d), st>>>(
+        tab, pl, xq, xs, d, inter, k, g, u);
 }
 
 template <int MT>
 static void moe_down(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *aq, const uint8_t *as, int64_t d,
                      int64_t inter, uint16_t *y, cudaStream_t st) {
-    dim3 grid((unsigned)((d + GV_NCOL - 1) / GV_NCOL), (unsigned)G);
-    moe_down_kernel<MT><<<grid, gv_threads(1, inter), gv_smem(1, MT, inter), st>>>(tab, pl, aq, as, d, inter, y);
+    const int64_t X = moe_split((d + GV_NCOL - 1) / GV_NCOL, G);
+    moe_down_kernel<MT><<<dim3((unsigned)X, (unsigned)G), gv_threads(1, inter), gv_smem(1, MT, inter), st>>>(
+        tab, pl, aq, as, d, inter, y);
 }
 
 extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,

@@ -126,6 +126,14 @@ int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, i
 int di_cuda_linear_q_part1(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
                            const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
 
+/* The decode GEMV of linear_fp8 / linear_fp4 alone, on act-quantized rows: xq e4m3 [m, k], xs E8M0
+ * [m, k/32] (device), 1 ≤ m ≤ 16. Bench helpers: the SM clock (MHz) measured by a spinning kernel,
+ * and a plain 16-byte streaming read of `bytes` (the bandwidth reference of the GEMV bench). */
+int di_cuda_gemv_codes(const di_backend *be, int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k,
+                       const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+double di_cuda_sm_clock_mhz(void *stream);
+void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream);
+
 /* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */
 void *di_cuda_mem_alloc(const di_backend *be, size_t bytes, di_error *err);
 void di_cuda_mem_free(const di_backend *be, void *p);
