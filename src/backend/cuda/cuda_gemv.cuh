@@ -86,13 +86,13 @@ static __device__ __forceinline__ void gv_x_digits(uint32_t codes, int *d0, int 
 }
 
 /* Every global load of one (tile, slice) of a lane, issued together so that a slice costs one memory
- * latency: the weight chunks, their scales, the x chunk and scale of each row. */
+ * latency: the weight chunks, their scales and (FP8) the x chunk and scale of each row. */
 template <int MT>
 struct gv_slice {
     uint2 w[GV_NCOL];      /* chunk of each column's weight row */
     uint32_t sw[GV_NCOL];  /* scale byte of each column (FP8: one per 32 rows, so all equal) */
-    uint4 xq[MT];          /* x codes of the chunk (FP8: .x, .y) */
-    uint32_t xs[MT];       /* x scale byte */
+    uint2 xq[MT];          /* FP8: x codes of the chunk */
+    uint32_t xs[MT];       /* FP8: x scale byte */
 };
 
 template <int FP4, int MT>
@@ -113,30 +113,41 @@ static __device__ __forceinline__ void gv_load(const gv_args &a, const int64_t *
         for (int cc = 0; cc < GV_NCOL; cc++) f.sw[cc] = sw;
     }
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
-        const bool row = ok && m < mt;
-        if (FP4) {
-            f.xq[m] = row ? __ldg((const uint4 *)(a.xq + xr[m] * a.K + k0)) : make_uint4(0u, 0u, 0u, 0u);
-        } else {
-            uint2 q = row ? __ldg((const uint2 *)(a.xq + xr[m] * a.K + k0)) : make_uint2(0u, 0u);
-            f.xq[m] = make_uint4(q.x, q.y, 0u, 0u);
-        }
+    for (int m = 0; m < MT; m++) { /* FP8 only: the MXFP4 path reads x from shared memory */
+        const bool row = !FP4 && ok && m < mt;
+        f.xq[m] = row ? __ldg((const uint2 *)(a.xq + xr[m] * a.K + k0)) : make_uint2(0u, 0u);
         f.xs[m] = row ? __ldg(a.xs + xr[m] * KB + kb) : 0u;
     }
 }
 
 /* The tiles tile0, tile0 + step, … of y = x·Wᵀ for the mt ≤ MT rows whose x rows are xrow(m);
- * out(m, n, v) receives the f32 result of row m, column n. tab: the e4m3 table (FP8), pb: f32
- * [MT, GV_NCOL, K/32] shared. Every thread of the CTA calls this (it synchronises). */
+ * out(m, n, v) receives the f32 result of row m, column n. tab: the e4m3 table (FP8); sm: shared
+ * memory of gv_smem bytes past the table. Every thread of the CTA calls this (it synchronises). */
 template <int FP4, int MT, class XRow, class Out>
 static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Out out, int64_t tile0, int64_t step,
-                              const uint32_t *tab, float *pb) {
+                              const uint32_t *tab, float *sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, nsl = (nch + 31) / 32;
     const int64_t ntiles = (a.N + GV_NCOL - 1) / GV_NCOL;
     int64_t xr[MT]; /* x row of each tile row */
 #pragma unroll
     for (int m = 0; m < MT; m++) xr[m] = m < mt ? xrow(m) : 0;
+    /* MXFP4: the rows' digits (int32 [MT][3][K/4], 4 values each) and scales (f32 [MT][KB]) once per call,
+     * so a slice reads them with three 16-byte shared loads per row; then pb */
+    int *xds = (int *)sm;
+    float *sxs = sm + (FP4 ? 3 * MT * (a.K / 4) : 0), *pb = sxs + (FP4 ? MT * KB : 0);
+    if (FP4) {
+        for (int64_t i = threadIdx.x; i < (int64_t)mt * (a.K / 4); i += blockDim.x) {
+            const int64_t m = i / (a.K / 4), g = i % (a.K / 4);
+            int d0, d1, d2;
+            gv_x_digits(__ldg((const uint32_t *)(a.xq + xrow((int)m) * a.K) + g), &d0, &d1, &d2);
+            xds[(m * 3 + 0) * (a.K / 4) + g] = d0, xds[(m * 3 + 1) * (a.K / 4) + g] = d1;
+            xds[(m * 3 + 2) * (a.K / 4) + g] = d2;
+        }
+        for (int64_t i = threadIdx.x; i < (int64_t)mt * KB; i += blockDim.x)
+            sxs[i] = d_e8m0(__ldg(a.xs + xrow((int)(i / KB)) * KB + i % KB));
+        __syncthreads();
+    }
     gv_slice<MT> nx; /* the loads of this warp's next (tile, slice) */
     gv_load<FP4, MT>(a, xr, mt, tile0, ntiles, warp, lane, nx);
     for (int64_t tile = tile0; tile < ntiles; tile += step) {
@@ -154,12 +165,13 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
             if (FP4) {
                 int xd[MT][3][4]; /* signed digits of X, 4 values per int */
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    gv_x_digits(f.xq[m].x, &xd[m][0][0], &xd[m][1][0], &xd[m][2][0]);
-                    gv_x_digits(f.xq[m].y, &xd[m][0][1], &xd[m][1][1], &xd[m][2][1]);
-                    gv_x_digits(f.xq[m].z, &xd[m][0][2], &xd[m][1][2], &xd[m][2][2]);
-                    gv_x_digits(f.xq[m].w, &xd[m][0][3], &xd[m][1][3], &xd[m][2][3]);
-                }
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int d = 0; d < 3; d++) {
+                        const int4 v = live && m < mt ? ((const int4 *)(xds + (m * 3 + d) * (a.K / 4)))[c]
+                                                      : make_int4(0, 0, 0, 0);
+                        xd[m][d][0] = v.x, xd[m][d][1] = v.y, xd[m][d][2] = v.z, xd[m][d][3] = v.w;
+                    }
 #pragma unroll
                 for (int cc = 0; cc < GV_NCOL; cc++) { /* columns past ncol hold zeros and are not stored */
                     const int wq[4] = {gv_e2m1x4_s8(f.w[cc].x & 0xffffu), gv_e2m1x4_s8(f.w[cc].x >> 16),
@@ -178,7 +190,7 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                         if (lead && m < mt && cc < ncol) {
                             float p = __fmul_rn(__int2float_rn(s), 0x1p-10f); /* exact: power-of-two scaling */
                             pb[((int64_t)m * GV_NCOL + cc) * KB + kb] =
-                                __fmul_rn(__fmul_rn(p, d_e8m0((uint8_t)f.xs[m])), d_e8m0((uint8_t)f.sw[cc]));
+                                __fmul_rn(__fmul_rn(p, sxs[m * KB + kb]), d_e8m0((uint8_t)f.sw[cc]));
                         }
                     }
                 }
@@ -241,7 +253,9 @@ static inline int gv_threads(int fp4, int64_t K) {
     return (int)((nsl + per - 1) / per) * 32;
 }
 static inline size_t gv_smem(int fp4, int mt, int64_t K) {
-    return (fp4 ? 0 : sizeof(uint32_t) * GV_TAB_WORDS) + sizeof(float) * (size_t)mt * GV_NCOL * (size_t)(K / 32);
+    size_t pb = sizeof(float) * (size_t)mt * GV_NCOL * (size_t)(K / 32);
+    if (fp4) return 3 * (size_t)mt * (size_t)K + sizeof(float) * (size_t)mt * (size_t)(K / 32) + pb;
+    return sizeof(uint32_t) * GV_TAB_WORDS + pb;
 }
 
 #endif

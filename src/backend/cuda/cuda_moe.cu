@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_cons
                                                                const uint8_t *xq, const uint8_t *xs, int64_t d,
                                                                int64_t inter, int k, uint16_t *g, uint16_t *u) {
     extern __shared__ uint4 gv_sm[];
-    float *pb = (float *)gv_sm; /* f32 [MT, GV_NCOL, d/32] */
+    float *sm = (float *)gv_sm; /* gv_smem(1, MT, d) bytes */
     const int grp = blockIdx.y;
     if (grp >= *pl.n_groups) return;
     const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_cons
     const gv_args a = {xq, xs, tab.p[e][up ? 2 : 0], tab.p[e][up ? 3 : 1], inter, d};
     for (int r0 = 0; r0 < cnt; r0 += MT)
         gv_run<1, MT>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
-                      moe_out{up ? u : g, inter, start + r0}, tile, X, NULL, pb);
+                      moe_out{up ? u : g, inter, start + r0}, tile, X, NULL, sm);
 }
 
 /* grid (X, group): w2's tiles x, x + X, …; aq, as: the act-quantized SwiGLU rows by rank; y bf16 [P, d] */
@@ -126,14 +126,14 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_down_kernel(const __grid_co
                                                                  const uint8_t *aq, const uint8_t *as, int64_t d,
                                                                  int64_t inter, uint16_t *y) {
     extern __shared__ uint4 gv_sm[];
-    float *pb = (float *)gv_sm; /* f32 [MT, GV_NCOL, inter/32] */
+    float *sm = (float *)gv_sm; /* gv_smem(1, MT, inter) bytes */
     const int grp = blockIdx.y;
     if (grp >= *pl.n_groups) return;
     const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
     const gv_args a = {aq, as, tab.p[e][4], tab.p[e][5], d, inter};
     for (int r0 = 0; r0 < cnt; r0 += MT)
         gv_run<1, MT>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
-                      NULL, pb);
+                      NULL, sm);
 }
 
 /* acc[t, c] = 0 + Σ f32(y[r, c]) over the ranks r of token t, ascending. grid (column blocks, token) */
@@ -166,9 +166,13 @@ static int64_t moe_split(int64_t tiles, int G) {
     return x < 1 ? 1 : x > tiles ? tiles : x;
 }
 
+#define MOE_SMEM (160 * 1024) /* dynamic shared memory the GEMV kernels may use (x digits, scales, pb) */
+
 template <int MT>
 static void moe_gemvs(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *xq, const uint8_t *xs, int64_t d,
                       int64_t inter, int k, uint16_t *g, uint16_t *u, cudaStream_t st) {
+    static bool raised = false;
+    if (!raised) cudaFuncSetAttribute(moe_up_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
     const int64_t X = moe_split((inter + GV_NCOL - 1) / GV_NCOL, 2 * G);
     moe_up_kernel<MT><<<dim3((unsigned)(2 * X), (unsigned)G), gv_threads(1, d), gv_smem(1, MT, d), st>>>(
         tab, pl, xq, xs, d, inter, k, g, u);
@@ -177,6 +181,8 @@ static void moe_gemvs(const moe_table &tab, const moe_plan &pl, int G, const uin
 template <int MT>
 static void moe_down(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *aq, const uint8_t *as, int64_t d,
                      int64_t inter, uint16_t *y, cudaStream_t st) {
+    static bool raised = false;
+    if (!raised) cudaFuncSetAttribute(moe_down_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
     const int64_t X = moe_split((d + GV_NCOL - 1) / GV_NCOL, G);
     moe_down_kernel<MT><<<dim3((unsigned)X, (unsigned)G), gv_threads(1, inter), gv_smem(1, MT, inter), st>>>(
         tab, pl, aq, as, d, inter, y);
@@ -191,7 +197,7 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if (m * k > DI_MOE_ROUTED_MAX_PAIRS || n_exp < 1 || n_exp > DI_MOE_ROUTED_MAX_EXPERTS)
         return di_error_set(err, DI_ERR_INVALID, "cuda moe_routed: %lld pairs (at most %d), %d experts (at most %d)",
                             (long long)(m * k), DI_MOE_ROUTED_MAX_PAIRS, n_exp, DI_MOE_ROUTED_MAX_EXPERTS);
-    if (gv_smem(1, 4, d > inter ? d : inter) > 48 * 1024)
+    if (gv_smem(1, 4, d > inter ? d : inter) > MOE_SMEM)
         return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda moe_routed: dim %lld / inter %lld too large for the GEMV tile",
                             (long long)d, (long long)inter);
     if (m == 0) return DI_OK;
