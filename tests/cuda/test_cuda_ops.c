@@ -1037,7 +1037,29 @@ static void bench_gemv(void) {
                 }
                 cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
             }
+            /* the other column tile (forced 4, then the default rule): same bits, and its kernel time */
+            double t_nc4 = -1;
+            int64_t nc4_diff = -1;
+            if (M <= 4) {
+                RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[0], ds[0], sh[i].n, dy, E));
+                uint16_t *y8 = down(dy, 2 * (size_t)(M * sh[i].n));
+                di_cuda_gemv_set_variant(1);
+                CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * sh[i].n)));
+                CU(cudaDeviceSynchronize());
+                RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[0], ds[0], sh[i].n, dy, E));
+                uint16_t *y4 = down(dy, 2 * (size_t)(M * sh[i].n));
+                nc4_diff = 0;
+                for (int64_t j = 0; j < M * sh[i].n; j++) nc4_diff += y4[j] != y8[j];
+                BATCH(t_nc4, R, RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[r], ds[r], sh[i].n, dy, E)));
+                di_cuda_gemv_set_variant(0);
+                free(y8), free(y4);
+                if (nc4_diff) n_fail++; else n_pass++;
+            }
             double by = (double)(wb + sb);
+            if (t_nc4 > 0)
+                printf("bench gemv-nc4 %-4s %-13s M%-3lld | kernel %7.2f us %5.0f GB/s %5.1f %% | %lld outputs differ from the default\n",
+                       sh[i].fp4 ? "fp4" : "fp8", sh[i].name, (long long)M, t_nc4 * 1e3, by / (t_nc4 * 1e6),
+                       100 * by / (t_nc4 * 1e6) / 4470, (long long)nc4_diff);
 #define GBS(t) by / ((t) * 1e6), 100 * by / ((t) * 1e6) / 4470
             printf("bench gemv %-4s %-13s N%-6lld K%-5lld M%-3lld | slot %7.2f us %5.0f GB/s %5.1f %% | kernel %7.2f us %5.0f "
                    "GB/s %5.1f %% | graph %7.2f us %5.0f GB/s %5.1f %% | read %6.2f us %5.0f GB/s | part-1 %7.2f us %5.0f GB/s %5.1f %%\n",
@@ -1138,6 +1160,30 @@ static void bench_moe(void) {
             }
             cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
         }
+        double nc4 = 1e30;
+        int64_t nc4_diff = 0;
+        { /* the expert GEMVs forced to 4-column tiles: same bits as the default, its time */
+            float *a8 = down(dacc, sizeof(float) * (size_t)(T * MOE_D));
+            di_cuda_moe_set_variant(1);
+            RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[SETS - 1], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+            float *a4 = down(dacc, sizeof(float) * (size_t)(T * MOE_D));
+            for (int64_t j = 0; j < T * MOE_D; j++) nc4_diff += memcmp(a8 + j, a4 + j, 4) != 0;
+            for (int rep = 0; rep < 5; rep++) {
+                CU(cudaEventRecord(ev0, st));
+                for (int s = 0; s < SETS; s++)
+                    RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[s], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+                CU(cudaEventRecord(ev1, st));
+                CU(cudaEventSynchronize(ev1));
+                float t;
+                CU(cudaEventElapsedTime(&t, ev0, ev1));
+                if (t / SETS < nc4) nc4 = t / SETS;
+            }
+            di_cuda_moe_set_variant(0);
+            free(a8), free(a4);
+            if (nc4_diff) n_fail++; else n_pass++;
+        }
+        printf("bench moe-nc4 T%-3lld | %8.1f us %6.0f GB/s %5.1f %% | %lld outputs differ from the default\n", (long long)T,
+               nc4 * 1e3, distinct * per / (nc4 * 1e6), 100 * distinct * per / (nc4 * 1e6) / 4470, (long long)nc4_diff);
         double gb = distinct * per / (best * 1e6), gbg = distinct * per / (graph * 1e6);
         printf("bench moe T%-3lld | %6.1f experts %6.0f MB | %8.1f us %6.0f GB/s %5.1f %% | graph %8.1f us %6.0f GB/s "
                "%5.1f %% | %8.1f us | %8.1f us\n",

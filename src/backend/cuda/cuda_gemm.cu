@@ -163,17 +163,14 @@ struct gv_out_linear {
     __device__ void operator()(int m, int64_t n, float v) const { y[(r0 + m) * N + n] = d_to_bf16(v); }
 };
 
-/* rows r0 … r0 + mt − 1 of y; a persistent grid over the column tiles */
-template <int FP4, int MT>
+/* rows r0 … r0 + mt − 1 of y; a persistent grid over the column tiles of NC columns */
+template <int FP4, int MT, int NC>
 __global__ void __launch_bounds__(GV_WARPS * 32) qgemv_fast_kernel(const gv_args a, int64_t r0, int mt, uint16_t *y) {
-    extern __shared__ uint4 gv_sm[]; /* [e4m3 table (FP8)] [f32 pb: MT × GV_NCOL × K/32] */
+    extern __shared__ uint4 gv_sm[]; /* [e4m3 table (FP8)] [gv_smem: x digits and scales (FP4), pb] */
     uint32_t *tab = (uint32_t *)gv_sm;
-    float *pb = (float *)gv_sm + (FP4 ? 0 : GV_TAB_WORDS);
-    if (!FP4) {
-        gv_fill_tab(tab);
-        __syncthreads();
-    }
-    gv_run<FP4, MT>(a, gv_rows_linear{r0}, mt, gv_out_linear{y, a.N, r0}, blockIdx.x, gridDim.x, tab, pb);
+    float *sm = (float *)gv_sm + (FP4 ? 0 : GV_TAB_WORDS);
+    if (!FP4) gv_fill_tab(tab);
+    gv_run<FP4, MT, NC>(a, gv_rows_linear{r0}, mt, gv_out_linear{y, a.N, r0}, blockIdx.x, gridDim.x, tab, sm);
 }
 
 static int n_sms(void) {
@@ -186,30 +183,37 @@ static int n_sms(void) {
     return n;
 }
 
-template <int FP4, int MT>
+template <int FP4, int MT, int NC>
 static int gv_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaStream_t st, const char *op,
                        di_error *err) {
     const int threads = gv_threads(FP4, a.K);
-    const size_t smem = gv_smem(FP4, MT, a.K);
+    const size_t smem = gv_smem(FP4, MT, a.K, NC);
     static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
     if (!raised) {
-        cudaFuncSetAttribute(qgemv_fast_kernel<FP4, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        cudaFuncSetAttribute(qgemv_fast_kernel<FP4, MT, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
         raised = true;
     }
     int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, qgemv_fast_kernel<FP4, MT>, threads, smem) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, qgemv_fast_kernel<FP4, MT, NC>, threads, smem) !=
+            cudaSuccess ||
         occ < 1)
         occ = 1;
-    const int64_t ntiles = (a.N + GV_NCOL - 1) / GV_NCOL;
+    const int64_t ntiles = (a.N + NC - 1) / NC;
     const int64_t grid = ntiles < (int64_t)occ * n_sms() ? ntiles : (int64_t)occ * n_sms();
-    static int64_t shown_n = -1, shown_k = -1; /* DI_GV_DEBUG=1: the launch shape, once per weight shape */
-    if ((shown_n != a.N || shown_k != a.K) && getenv("DI_GV_DEBUG")) {
-        fprintf(stderr, "# gv fp4=%d MT=%d N=%lld K=%lld: %d threads, %zu B smem, %d CTAs/SM, grid %lld\n", FP4, MT,
-                (long long)a.N, (long long)a.K, threads, smem, occ, (long long)grid);
-        shown_n = a.N, shown_k = a.K;
-    }
-    qgemv_fast_kernel<FP4, MT><<<(unsigned)grid, threads, smem, st>>>(a, r0, mt, y);
+    qgemv_fast_kernel<FP4, MT, NC><<<(unsigned)grid, threads, smem, st>>>(a, r0, mt, y);
     return di_cuda_launched(op, err);
+}
+
+/* Column tile of the GEMV. Both tiles give the same bits (the arithmetic per output is the same); the
+ * choice is by speed, measured on the H200 at the V4.1 shapes (bench/NOTES-gpu.md, "tile rule"): 4
+ * columns (more CTAs, fewer registers) win for FP8 with one row on N ≤ 8192 and with two rows, and for
+ * MXFP4 with 2–4 rows; 8 columns elsewhere. di_cuda_gemv_set_variant: 0 = this rule, 1 = always 4,
+ * 2 = always 8 (bench). */
+static int g_gv_variant = 0;
+extern "C" void di_cuda_gemv_set_variant(int v) { g_gv_variant = v; }
+static int gv_nc4(int fp4, int mt, int64_t n) {
+    if (g_gv_variant) return g_gv_variant == 1;
+    return fp4 ? mt >= 2 : (mt == 2 || (mt == 1 && n <= 8192));
 }
 
 /* M ≤ GV_MAX_M rows in groups of at most 4 */
@@ -221,13 +225,19 @@ static int gv_linear(int fp4, const gv_args &a, int64_t m, uint16_t *y, cudaStre
          * and its x rows); idle rows of a tile cost registers only */
         int mt = left == 1 ? 1 : left == 2 ? 2 : 4;
         int used = (int)(left < mt ? left : mt), rc;
-        switch (fp4 * 16 + mt) {
-        case 1: rc = gv_launch_t<0, 1>(a, r0, used, y, st, op, err); break;
-        case 2: rc = gv_launch_t<0, 2>(a, r0, used, y, st, op, err); break;
-        case 4: rc = gv_launch_t<0, 4>(a, r0, used, y, st, op, err); break;
-        case 17: rc = gv_launch_t<1, 1>(a, r0, used, y, st, op, err); break;
-        case 18: rc = gv_launch_t<1, 2>(a, r0, used, y, st, op, err); break;
-        default: rc = gv_launch_t<1, 4>(a, r0, used, y, st, op, err); break;
+        switch (gv_nc4(fp4, mt, a.N) * 100 + fp4 * 16 + mt) {
+        case 1: rc = gv_launch_t<0, 1, 8>(a, r0, used, y, st, op, err); break;
+        case 2: rc = gv_launch_t<0, 2, 8>(a, r0, used, y, st, op, err); break;
+        case 4: rc = gv_launch_t<0, 4, 8>(a, r0, used, y, st, op, err); break;
+        case 17: rc = gv_launch_t<1, 1, 8>(a, r0, used, y, st, op, err); break;
+        case 18: rc = gv_launch_t<1, 2, 8>(a, r0, used, y, st, op, err); break;
+        case 20: rc = gv_launch_t<1, 4, 8>(a, r0, used, y, st, op, err); break;
+        case 101: rc = gv_launch_t<0, 1, 4>(a, r0, used, y, st, op, err); break;
+        case 102: rc = gv_launch_t<0, 2, 4>(a, r0, used, y, st, op, err); break;
+        case 104: rc = gv_launch_t<0, 4, 4>(a, r0, used, y, st, op, err); break;
+        case 117: rc = gv_launch_t<1, 1, 4>(a, r0, used, y, st, op, err); break;
+        case 118: rc = gv_launch_t<1, 2, 4>(a, r0, used, y, st, op, err); break;
+        default: rc = gv_launch_t<1, 4, 4>(a, r0, used, y, st, op, err); break;
         }
         if (rc) return rc;
         r0 += used;

@@ -31,7 +31,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
-#define GV_NCOL 8                /* output columns per tile */
+#define GV_NCOL 8                /* output columns per tile (the NC template argument; 4 in the bench variant) */
 #define GV_WARPS 8               /* most warps per CTA */
 #define GV_TAB_WORDS (256 * 32)  /* e4m3 → f64 high-word table, one copy per lane (32 KiB) */
 
@@ -87,22 +87,22 @@ static __device__ __forceinline__ void gv_x_digits(uint32_t codes, int *d0, int 
 
 /* Every global load of one (tile, slice) of a lane, issued together so that a slice costs one memory
  * latency: the weight chunks, their scales and (FP8) the x chunk and scale of each row. */
-template <int MT>
+template <int MT, int NC>
 struct gv_slice {
-    uint2 w[GV_NCOL];      /* chunk of each column's weight row */
-    uint32_t sw[GV_NCOL];  /* scale byte of each column (FP8: one per 32 rows, so all equal) */
+    uint2 w[NC];           /* chunk of each column's weight row */
+    uint32_t sw[NC];       /* scale byte of each column (FP8: one per 32 rows, so all equal) */
     uint2 xq[MT];          /* FP8: x codes of the chunk */
     uint32_t xs[MT];       /* FP8: x scale byte */
 };
 
-template <int FP4, int MT>
+template <int FP4, int MT, int NC>
 static __device__ __forceinline__ void gv_load(const gv_args &a, const int64_t *xr, int mt, int64_t tile, int64_t ntiles,
-                                               int64_t sl, int lane, gv_slice<MT> &f) {
-    const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, c = sl * 32 + lane, n0 = tile * GV_NCOL;
+                                               int64_t sl, int lane, gv_slice<MT, NC> &f) {
+    const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, c = sl * 32 + lane, n0 = tile * NC;
     const bool ok = tile < ntiles && c < nch;
     const int64_t k0 = FP4 ? c * 16 : c * 8, kb = k0 / 32;
 #pragma unroll
-    for (int cc = 0; cc < GV_NCOL; cc++) {
+    for (int cc = 0; cc < NC; cc++) {
         const bool col = ok && n0 + cc < a.N;
         f.w[cc] = col ? __ldcs((const uint2 *)(a.w + (n0 + cc) * rowb + c * 8)) : make_uint2(0u, 0u);
         if (FP4) f.sw[cc] = col ? __ldg(a.wsc + (n0 + cc) * KB + kb) : 0u;
@@ -110,7 +110,7 @@ static __device__ __forceinline__ void gv_load(const gv_args &a, const int64_t *
     if (!FP4) {
         const uint32_t sw = ok ? __ldg(a.wsc + (n0 / 32) * KB + kb) : 0u; /* n0 % 8 == 0: one 32-row group */
 #pragma unroll
-        for (int cc = 0; cc < GV_NCOL; cc++) f.sw[cc] = sw;
+        for (int cc = 0; cc < NC; cc++) f.sw[cc] = sw;
     }
 #pragma unroll
     for (int m = 0; m < MT; m++) { /* FP8 only: the MXFP4 path reads x from shared memory */
@@ -123,12 +123,12 @@ static __device__ __forceinline__ void gv_load(const gv_args &a, const int64_t *
 /* The tiles tile0, tile0 + step, … of y = x·Wᵀ for the mt ≤ MT rows whose x rows are xrow(m);
  * out(m, n, v) receives the f32 result of row m, column n. tab: the e4m3 table (FP8); sm: shared
  * memory of gv_smem bytes past the table. Every thread of the CTA calls this (it synchronises). */
-template <int FP4, int MT, class XRow, class Out>
+template <int FP4, int MT, int NC, class XRow, class Out>
 static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Out out, int64_t tile0, int64_t step,
                               const uint32_t *tab, float *sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t KB = a.K / 32, rowb = FP4 ? a.K / 2 : a.K, nch = rowb / 8, nsl = (nch + 31) / 32;
-    const int64_t ntiles = (a.N + GV_NCOL - 1) / GV_NCOL;
+    const int64_t ntiles = (a.N + NC - 1) / NC;
     int64_t xr[MT]; /* x row of each tile row */
 #pragma unroll
     for (int m = 0; m < MT; m++) xr[m] = m < mt ? xrow(m) : 0;
@@ -148,15 +148,15 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
             sxs[i] = d_e8m0(__ldg(a.xs + xrow((int)(i / KB)) * KB + i % KB));
         __syncthreads();
     }
-    gv_slice<MT> nx; /* the loads of this warp's next (tile, slice) */
-    gv_load<FP4, MT>(a, xr, mt, tile0, ntiles, warp, lane, nx);
+    gv_slice<MT, NC> nx; /* the loads of this warp's next (tile, slice) */
+    gv_load<FP4, MT, NC>(a, xr, mt, tile0, ntiles, warp, lane, nx);
     for (int64_t tile = tile0; tile < ntiles; tile += step) {
-        const int64_t n0 = tile * GV_NCOL;
-        const int ncol = (int)min((int64_t)GV_NCOL, a.N - n0);
+        const int64_t n0 = tile * NC;
+        const int ncol = (int)min((int64_t)NC, a.N - n0);
         for (int64_t sl = warp; sl < nsl; sl += nw) { /* warp-uniform: every lane reaches the shuffles */
-            const gv_slice<MT> f = nx;
-            if (sl + nw < nsl) gv_load<FP4, MT>(a, xr, mt, tile, ntiles, sl + nw, lane, nx);
-            else gv_load<FP4, MT>(a, xr, mt, tile + step, ntiles, warp, lane, nx);
+            const gv_slice<MT, NC> f = nx;
+            if (sl + nw < nsl) gv_load<FP4, MT, NC>(a, xr, mt, tile, ntiles, sl + nw, lane, nx);
+            else gv_load<FP4, MT, NC>(a, xr, mt, tile + step, ntiles, warp, lane, nx);
 
             const int64_t c = sl * 32 + lane;
             const bool live = c < nch;
@@ -173,7 +173,7 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                         xd[m][d][0] = v.x, xd[m][d][1] = v.y, xd[m][d][2] = v.z, xd[m][d][3] = v.w;
                     }
 #pragma unroll
-                for (int cc = 0; cc < GV_NCOL; cc++) { /* columns past ncol hold zeros and are not stored */
+                for (int cc = 0; cc < NC; cc++) { /* columns past ncol hold zeros and are not stored */
                     const int wq[4] = {gv_e2m1x4_s8(f.w[cc].x & 0xffffu), gv_e2m1x4_s8(f.w[cc].x >> 16),
                                        gv_e2m1x4_s8(f.w[cc].y & 0xffffu), gv_e2m1x4_s8(f.w[cc].y >> 16)};
 #pragma unroll
@@ -189,7 +189,7 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                         s += __shfl_xor_sync(0xffffffffu, s, 1);
                         if (lead && m < mt && cc < ncol) {
                             float p = __fmul_rn(__int2float_rn(s), 0x1p-10f); /* exact: power-of-two scaling */
-                            pb[((int64_t)m * GV_NCOL + cc) * KB + kb] =
+                            pb[((int64_t)m * NC + cc) * KB + kb] =
                                 __fmul_rn(__fmul_rn(p, sxs[m * KB + kb]), d_e8m0((uint8_t)f.sw[cc]));
                         }
                     }
@@ -205,7 +205,7 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                     }
                 const float sw = d_e8m0((uint8_t)f.sw[0]);
 #pragma unroll
-                for (int cc = 0; cc < GV_NCOL; cc++) {
+                for (int cc = 0; cc < NC; cc++) {
                     double wd[8];
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
@@ -220,7 +220,7 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
                         s += __shfl_xor_sync(0xffffffffu, s, 1);
                         s += __shfl_xor_sync(0xffffffffu, s, 2);
                         if (lead && m < mt && cc < ncol)
-                            pb[((int64_t)m * GV_NCOL + cc) * KB + kb] =
+                            pb[((int64_t)m * NC + cc) * KB + kb] =
                                 __fmul_rn(__fmul_rn(__double2float_rn(s), d_e8m0((uint8_t)f.xs[m])), sw);
                     }
                 }
@@ -229,7 +229,7 @@ static __device__ void gv_run(const gv_args a, const XRow xrow, int mt, const Ou
         __syncthreads();
         for (int o = threadIdx.x; o < mt * ncol; o += blockDim.x) { /* the CPU's f32 adds, blocks ascending */
             const int m = o / ncol, cc = o % ncol;
-            const float *p = pb + ((int64_t)m * GV_NCOL + cc) * KB;
+            const float *p = pb + ((int64_t)m * NC + cc) * KB;
             float acc = 0.0f;
             int64_t kb = 0;
             if (KB % 4 == 0) { /* 16-byte loads issued ahead of the dependent adds */
@@ -252,8 +252,8 @@ static inline int gv_threads(int fp4, int64_t K) {
     int64_t per = (nsl + GV_WARPS - 1) / GV_WARPS;
     return (int)((nsl + per - 1) / per) * 32;
 }
-static inline size_t gv_smem(int fp4, int mt, int64_t K) {
-    size_t pb = sizeof(float) * (size_t)mt * GV_NCOL * (size_t)(K / 32);
+static inline size_t gv_smem(int fp4, int mt, int64_t K, int nc = GV_NCOL) {
+    size_t pb = sizeof(float) * (size_t)mt * (size_t)nc * (size_t)(K / 32);
     if (fp4) return 3 * (size_t)mt * (size_t)K + sizeof(float) * (size_t)mt * (size_t)(K / 32) + pb;
     return sizeof(uint32_t) * GV_TAB_WORDS + pb;
 }

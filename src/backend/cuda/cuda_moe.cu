@@ -102,12 +102,12 @@ struct moe_out {
 
 /* grid (2·X, group): CTAs [0, X) take w1's tiles x, x + X, …, CTAs [X, 2X) w3's; g, u bf16 [P, inter] by
  * rank. A CTA of a group past the step's count returns at once. */
-template <int MT>
+template <int MT, int NC>
 __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                const uint8_t *xq, const uint8_t *xs, int64_t d,
                                                                int64_t inter, int k, uint16_t *g, uint16_t *u) {
     extern __shared__ uint4 gv_sm[];
-    float *sm = (float *)gv_sm; /* gv_smem(1, MT, d) bytes */
+    float *sm = (float *)gv_sm; /* gv_smem(1, MT, d, NC) bytes */
     const int grp = blockIdx.y;
     if (grp >= *pl.n_groups) return;
     const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
@@ -116,23 +116,23 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_cons
     const int64_t tile = up ? blockIdx.x - X : blockIdx.x;
     const gv_args a = {xq, xs, tab.p[e][up ? 2 : 0], tab.p[e][up ? 3 : 1], inter, d};
     for (int r0 = 0; r0 < cnt; r0 += MT)
-        gv_run<1, MT>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
+        gv_run<1, MT, NC>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
                       moe_out{up ? u : g, inter, start + r0}, tile, X, NULL, sm);
 }
 
 /* grid (X, group): w2's tiles x, x + X, …; aq, as: the act-quantized SwiGLU rows by rank; y bf16 [P, d] */
-template <int MT>
+template <int MT, int NC>
 __global__ void __launch_bounds__(GV_WARPS * 32) moe_down_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                  const uint8_t *aq, const uint8_t *as, int64_t d,
                                                                  int64_t inter, uint16_t *y) {
     extern __shared__ uint4 gv_sm[];
-    float *sm = (float *)gv_sm; /* gv_smem(1, MT, inter) bytes */
+    float *sm = (float *)gv_sm; /* gv_smem(1, MT, inter, NC) bytes */
     const int grp = blockIdx.y;
     if (grp >= *pl.n_groups) return;
     const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
     const gv_args a = {aq, as, tab.p[e][4], tab.p[e][5], d, inter};
     for (int r0 = 0; r0 < cnt; r0 += MT)
-        gv_run<1, MT>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
+        gv_run<1, MT, NC>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
                       NULL, sm);
 }
 
@@ -158,6 +158,8 @@ __global__ void moe_combine_kernel(const int32_t *rank, const uint16_t *y, int64
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+#define MOE_SMEM (160 * 1024) /* dynamic shared memory the GEMV kernels may use (x digits, scales, pb) */
+
 /* CTAs per group along the tiles: about MOE_CTAS in all over the G groups a step may have (the plan
  * may find fewer), each CTA walking several tiles when the groups are few */
 #define MOE_CTAS (132 * 8)
@@ -166,27 +168,31 @@ static int64_t moe_split(int64_t tiles, int G) {
     return x < 1 ? 1 : x > tiles ? tiles : x;
 }
 
-#define MOE_SMEM (160 * 1024) /* dynamic shared memory the GEMV kernels may use (x digits, scales, pb) */
-
-template <int MT>
+template <int MT, int NC>
 static void moe_gemvs(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *xq, const uint8_t *xs, int64_t d,
                       int64_t inter, int k, uint16_t *g, uint16_t *u, cudaStream_t st) {
     static bool raised = false;
-    if (!raised) cudaFuncSetAttribute(moe_up_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
-    const int64_t X = moe_split((inter + GV_NCOL - 1) / GV_NCOL, 2 * G);
-    moe_up_kernel<MT><<<dim3((unsigned)(2 * X), (unsigned)G), gv_threads(1, d), gv_smem(1, MT, d), st>>>(
+    if (!raised) cudaFuncSetAttribute(moe_up_kernel<MT, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
+    const int64_t X = moe_split((inter + NC - 1) / NC, 2 * G);
+    moe_up_kernel<MT, NC><<<dim3((unsigned)(2 * X), (unsigned)G), gv_threads(1, d), gv_smem(1, MT, d, NC), st>>>(
         tab, pl, xq, xs, d, inter, k, g, u);
 }
 
-template <int MT>
+template <int MT, int NC>
 static void moe_down(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *aq, const uint8_t *as, int64_t d,
                      int64_t inter, uint16_t *y, cudaStream_t st) {
     static bool raised = false;
-    if (!raised) cudaFuncSetAttribute(moe_down_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
-    const int64_t X = moe_split((d + GV_NCOL - 1) / GV_NCOL, G);
-    moe_down_kernel<MT><<<dim3((unsigned)X, (unsigned)G), gv_threads(1, inter), gv_smem(1, MT, inter), st>>>(
+    if (!raised) cudaFuncSetAttribute(moe_down_kernel<MT, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
+    const int64_t X = moe_split((d + NC - 1) / NC, G);
+    moe_down_kernel<MT, NC><<<dim3((unsigned)X, (unsigned)G), gv_threads(1, inter), gv_smem(1, MT, inter, NC), st>>>(
         tab, pl, aq, as, d, inter, y);
 }
+
+/* Column tile of the expert GEMVs (same bits either way): 4 columns for one row per group (T = 1) and
+ * for T > 16, 8 for 2 ≤ T ≤ 16 — measured (bench/NOTES-gpu.md). di_cuda_moe_set_variant: 0 = this
+ * rule, 1 = always 4, 2 = always 8 (bench). */
+static int g_moe_variant = 0;
+extern "C" void di_cuda_moe_set_variant(int v) { g_moe_variant = v; }
 
 extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,
                                   const int32_t *ids, const float *weights, int k, int n_exp,
@@ -236,15 +242,27 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if ((rc = di_cuda_act_quant_fp8(x, m * d, 32, xq, xs, st, err))) return rc;
     /* rows per group: 1 for a single token (unless it names an expert twice: more passes); a few when
      * tokens share experts */
-    if (m == 1) moe_gemvs<1>(tab, pl, G, xq, xs, d, inter, k, g, u, st);
-    else if (m <= 16) moe_gemvs<2>(tab, pl, G, xq, xs, d, inter, k, g, u, st);
-    else moe_gemvs<4>(tab, pl, G, xq, xs, d, inter, k, g, u, st);
+    const int mt = m == 1 ? 1 : m <= 16 ? 2 : 4;
+    const int nc4 = g_moe_variant ? g_moe_variant == 1 : mt != 2;
+    switch (nc4 * 10 + mt) {
+    case 1: moe_gemvs<1, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    case 2: moe_gemvs<2, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    case 4: moe_gemvs<4, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    case 11: moe_gemvs<1, 4>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    case 12: moe_gemvs<2, 4>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    default: moe_gemvs<4, 4>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    }
     if ((rc = di_cuda_launched("moe_routed up", err))) return rc;
     if ((rc = di_cuda_swiglu(be, g, u, P, inter, pl.rw, lim, a, err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(a, (int64_t)P * inter, 32, aq, as, st, err))) return rc;
-    if (m == 1) moe_down<1>(tab, pl, G, aq, as, d, inter, y, st);
-    else if (m <= 16) moe_down<2>(tab, pl, G, aq, as, d, inter, y, st);
-    else moe_down<4>(tab, pl, G, aq, as, d, inter, y, st);
+    switch (nc4 * 10 + mt) {
+    case 1: moe_down<1, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
+    case 2: moe_down<2, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
+    case 4: moe_down<4, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
+    case 11: moe_down<1, 4>(tab, pl, G, aq, as, d, inter, y, st); break;
+    case 12: moe_down<2, 4>(tab, pl, G, aq, as, d, inter, y, st); break;
+    default: moe_down<4, 4>(tab, pl, G, aq, as, d, inter, y, st); break;
+    }
     if ((rc = di_cuda_launched("moe_routed down", err))) return rc;
     moe_combine_kernel<<<dim3(di_cuda_blocks(d, 256), (unsigned)m), 256, 0, st>>>(pl.rank, y, d, k, acc);
     return di_cuda_launched("moe_routed combine", err);

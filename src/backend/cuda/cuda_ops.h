@@ -132,6 +132,10 @@ int di_cuda_linear_q_part1(const di_backend *be, int fp4, const uint16_t *x, int
 int di_cuda_gemv_codes(const di_backend *be, int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k,
                        const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
 double di_cuda_sm_clock_mhz(void *stream);
+/* Bench: the GEMV's column tile, 0 = the measured rule (default), 1 = always 4 columns, 2 = always 8
+ * (same arithmetic, same results); the same for moe_routed's expert GEMVs. */
+void di_cuda_gemv_set_variant(int v);
+void di_cuda_moe_set_variant(int v);
 void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream);
 
 /* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */
