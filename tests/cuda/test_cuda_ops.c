@@ -23,7 +23,11 @@
  * rule for them (higher score, then lower position), and the backend's slots, which replay torch's CPU
  * tie order (cuda_select_torch.cu), against the CPU backend's slots — both exact on tie-heavy scores.
  * Usage: [DI_SEED=n] [DI_QUICK=1] test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails;
- * DI_QUICK runs small shapes only, for the slow compute-sanitizer tools) */
+ * DI_QUICK runs small shapes only, for the slow compute-sanitizer tools). DI_BENCH=1 adds the bench of
+ * the decode GEMV and of moe_routed (GB/s against the 4470 GB/s roofline, weights rotated over ≥ 256 MB;
+ * bench/NOTES-gpu.md); DI_GEMV_ONLY=1 runs only those rows (GEMV shapes, moe_routed) and that bench.
+ * moe_routed is checked against the host-planned loop over the GPU ops and against the CPU slot with
+ * a correctly rounded expf in SwiGLU, both bit for bit. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>

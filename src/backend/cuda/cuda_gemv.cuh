@@ -3,7 +3,7 @@
  * (linear_q.c): per 32-wide K block the exact value of Σ q_x·q_w is rounded once to f32, multiplied by
  * s_x then s_w, and the scaled blocks are added to an f32 accumulator in ascending block order.
  *
- * Work split. A tile = GV_NCOL output columns × all K for up to MT rows. A weight row is cut into
+ * Work split. A tile = NC (4 or 8) output columns × all K for up to MT rows. A weight row is cut into
  * 8-byte chunks (8 e4m3 codes or 16 E2M1 values); a warp takes a slice of 32 consecutive chunks (256
  * contiguous bytes per load instruction), the CTA's warps share the slices of K, and each lane holds
  * its chunk of the MT x rows in registers while it streams the chunk of every column of the tile. A
