@@ -884,14 +884,13 @@ static void moe_ids(int64_t T, int repeat, int32_t *ids) {
             int32_t e;
             int again;
             do {
-                e = (int32_t)(rnd() % MOE_E);
+                e = t == 0 && j < 2 ? (j ? 0 : MOE_E - 1) : (int32_t)(rnd() % MOE_E); /* token 0: edge ids first */
                 again = 0;
                 for (int q = 0; q < j; q++) again |= ids[t * MOE_K + q] == e;
                 again |= repeat && (e == 5 || e == 7);
             } while (again);
             ids[t * MOE_K + j] = e;
         }
-    ids[0] = MOE_E - 1, ids[1] = 0;
     if (repeat) {
         for (int64_t t = 0; t < T; t++) ids[t * MOE_K + 3] = 5;
         if (T > 1) ids[MOE_K + 2] = ids[MOE_K + 4] = 7;
