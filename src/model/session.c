@@ -42,10 +42,7 @@ void di_session_destroy(di_session *s) {
     free(s);
 }
 
-void di_session_reset(di_session *s) {
-    di_cache_reset(s->cache);
-    s->broken = false;
-}
+void di_session_reset(di_session *s) { s->broken = di_cache_reset(s->cache) != DI_OK; }
 
 /* Undo the di_cache_extend of chunks[0..n) where the margin allows; a session it cannot undo is
  * marked broken, so it fails loudly instead of continuing from positions nobody computed. */
