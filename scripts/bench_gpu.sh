@@ -19,7 +19,7 @@
 #   TORCH_ARGS  extra arguments for torch_layer.py (e.g. --small, --layers 0,2, --no-compile); small
 #               presets should pass --small so both sides time the same shapes
 #   SHAPES      bench gpu's shapes (default: the peer's: full-layer B 1,8,64,256 x ctx 4K,64K + 8K prefill;
-#               otherwise B 1,64 x ctx 4K + 2K prefill, 8 iterations)
+#               otherwise B 1,64 x ctx 4K + 2K prefill, 8 iterations unless SHAPES or BENCH_ARGS name --iters)
 #   DEVICE      bench gpu's --device (default cuda; cpu runs the whole script as a smoke test)
 #   BENCH_ARGS  extra arguments for `deepinfer bench gpu` (e.g. --iters 20, --hbm-gbps 4470)
 #   SKIP_TORCH  1: do not run the peer (an earlier torch_layer-PRESET.json in OUT_DIR is still joined)
@@ -92,9 +92,14 @@ fi
 # (c) our layers: `deepinfer bench gpu` on the same checkpoint, the peer's times joined in by role and shape
 case $PRESET in
     full-layer) DEF_SHAPES="--batch 1,8,64,256 --context 4096,65536 --prefill 8192" ;;
-    *) DEF_SHAPES="--batch 1,64 --context 4096 --prefill 2048 --iters 8" ;; # torch_layer.py --small's shapes
+    *) DEF_SHAPES="--batch 1,64 --context 4096 --prefill 2048" ;; # torch_layer.py --small's shapes
 esac
 SHAPES=${SHAPES:-$DEF_SHAPES}
+# the small check repeats 8 times (the peer's --small count) unless SHAPES / BENCH_ARGS say otherwise
+case " $SHAPES ${BENCH_ARGS:-} " in
+    *" --iters "*) ;;
+    *) [ "$PRESET" = full-layer ] || SHAPES="$SHAPES --iters 8" ;;
+esac
 DIB=${DICUDA:-$DI}
 if [ -z "$DIB" ]; then
     echo "deepinfer bench gpu: skipped (no CUDA CLI: make deepinfer-cuda, or set DEEPINFER_CUDA)"

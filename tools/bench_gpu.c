@@ -593,8 +593,8 @@ int bench_gpu(int argc, char **argv) {
     di_error err = {0};
     if (!cli_device(&cli, &a, &device) || !cli_int(&cli, &a, "prefill", 8192, 0, 1 << 20, &P) ||
         !cli_int(&cli, &a, "iters", 10, 1, 4096, &iters) || !cli_int(&cli, &a, "warmup", 2, 0, 1000, &warmup) ||
-        !cli_int(&cli, &a, "prefill-iters", -1, -1, 4096, &pf_iters) ||
-        !cli_int(&cli, &a, "prefill-warmup", -1, -1, 1000, &pf_warmup) ||
+        !cli_int(&cli, &a, "prefill-iters", -1, 1, 4096, &pf_iters) ||
+        !cli_int(&cli, &a, "prefill-warmup", -1, 0, 1000, &pf_warmup) ||
         !cli_int(&cli, &a, "threads", ncpu > 0 ? ncpu : 1, 1, 256, &threads) ||
         !cli_double(&cli, &a, "hbm-gbps", -1, &hbm_gbps) || !cli_double(&cli, &a, "fp8-tflops", 1445, &fp8_tflops) ||
         !parse_list(&cli, "batch", batch_s, 1, 4096, batches, &n_b) ||
@@ -602,6 +602,15 @@ int bench_gpu(int argc, char **argv) {
         goto out;
     if (!model) {
         cli_fail(&cli, "--model DIR is required (a checkpoint directory, e.g. `deepinfer mkmodel --preset full-layer`)");
+        goto out;
+    }
+    /* checked before the model loads: a bad --peer or --op-times must not cost a whole run first */
+    if (peer && peer_join(&b, peer, &err)) { /* no rows yet: only reads and checks the document */
+        cli_fail_err(&cli, &err);
+        goto out;
+    }
+    if (op_times && strcmp(device, "cuda")) {
+        cli_fail(&cli, "--op-times: needs --device cuda (per-op CUDA events), got --device %s", device);
         goto out;
     }
     if (!(fp8_tflops > 0) || (hbm_gbps != -1 && !(hbm_gbps > 0))) {
@@ -737,8 +746,10 @@ out:
     for (int k = 0; k < b.n_rows; k++) free(b.rows[k].ops);
     free(b.rows);
     free(b.ops);
-    di_backend_destroy(be);
+    /* the model's device weights are freed on the backend's stream: close it before the backend goes
+     * (the other order was a use-after-free that crashed at exit on the H200) */
     di_model_close(m);
+    di_backend_destroy(be);
     cli_args_free(&a);
     return rc;
 }
