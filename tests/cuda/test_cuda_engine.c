@@ -20,11 +20,16 @@
  *                    downloaded logits): EVERY request's tokens and logprob bits equal between the two
  *   grammar mask     the same comparison through the engine core with a constraint (a mask that
  *                    changes every step) on every request: the GPU sampler gets the masks
+ *   grammars         on a model with a tokenizer: regex / JSON-schema / EBNF requests through the
+ *                    public API, device sampler against DI_CUDA_SAMPLER=off, every request equal
+ * The host-sampler rows also report the engine's forward + sampling time per step on both paths (the
+ * host path's forward includes the download of the logits rows).
  * Device runs set DI_CUDA_SAMPLER=require, so an engine that would not sample on the device fails.
  *
  * One table row per check; last line "N passed, N failed"; exit status 1 if any check fails.
  * Usage: test_cuda_engine [kernels.safetensors (unused)]; models from $DI_ENGINE_MODELS (space-
- * separated, default the two tiny cases). DI_ENGINE_DEVICE=cpu runs the "cuda" rows on the CPU
+ * separated, default the two tiny cases; scripts/gpu_tests.sh adds `deepinfer mkmodel --preset tiny`,
+ * the real 129,280-token vocabulary with the V4.1 tokenizer). DI_ENGINE_DEVICE=cpu runs the "cuda" rows on the CPU
  * backend (a harness check on a machine without a GPU; the path checks are then vacuous). */
 #include <stdbool.h>
 #include <stdio.h>
@@ -84,8 +89,14 @@ static uint64_t rnd(void) {
 }
 static int rnd_in(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static void row(const char *model, const char *check, const char *detail, bool ok) {
-    printf("%-14s %-44s %-58s %s\n", model, check, detail, ok ? "PASS" : "FAIL");
+    printf("%-14s %-46s %-66s %s\n", model, check, detail, ok ? "PASS" : "FAIL");
     fflush(stdout);
     ok ? n_pass++ : n_fail++;
 }
@@ -322,7 +333,7 @@ static void batch_checks(const char *mname) {
         di_engine_stats st;
         char msg[256] = "", name[96];
         snprintf(name, sizeof name, "batch: %s", c.name);
-        double t0 = (double)clock();
+        double t0 = now_s();
         if (run(&c, jobs, n, &st, msg, sizeof msg)) {
             row(mname, name, msg, false);
             continue;
@@ -332,25 +343,24 @@ static void batch_checks(const char *mname) {
         bool ok = compare_targets(g_ref_gpu, got, false, NULL, msg, sizeof msg);
         if (ok && c.expect_preemption && st.preemptions == 0) ok = false, snprintf(msg, sizeof msg, "no preemption");
         if (ok)
-            snprintf(msg, sizeof msg, "%d reqs, %lld steps, %lld preempt: bit-identical (%.1f s cpu)", n,
-                     (long long)st.steps, (long long)st.preemptions, ((double)clock() - t0) / CLOCKS_PER_SEC);
+            snprintf(msg, sizeof msg, "%d reqs, %lld steps, %lld preempt: bit-identical (%.2f s)", n,
+                     (long long)st.steps, (long long)st.preemptions, now_s() - t0);
         row(mname, name, msg, ok);
     }
 }
 
-/* A crowd through the device sampler and through the host sampler: every request equal. */
-static void host_sampler_check(const char *mname) {
-    config c = {.name = "host", .async = 1, .max_seqs = 9, .step_tokens = 48, .engine_chunk = 8, .sample_threads = 3,
-                .n_neighbours = 24, .max_arrival = 8};
-    g_rng = 0x2545F4914F6CDD1Dull;
-    job a[MAX_JOBS], b[MAX_JOBS];
-    int slot[N_TARGETS], n = build_crowd(&c, a, slot);
-    memcpy(b, a, sizeof a);
-    di_engine_stats st;
+/* jobs[0..n) through the device sampler and through the host sampler (DI_CUDA_SAMPLER=off): every
+ * request's trace equal. */
+static void device_vs_host(const char *mname, const char *check, config c, const job *jobs, int n) {
+    static job a[MAX_JOBS], b[MAX_JOBS];
+    memcpy(a, jobs, sizeof *a * (size_t)n);
+    memcpy(b, jobs, sizeof *b * (size_t)n);
+    di_engine_stats sa = {0}, sb = {0};
     char msg[256] = "", d[200];
-    bool ok = !run(&c, a, n, &st, msg, sizeof msg);
+    c.host_sampler = false;
+    bool ok = !run(&c, a, n, &sa, msg, sizeof msg);
     c.host_sampler = true;
-    if (ok) ok = !run(&c, b, n, &st, msg, sizeof msg);
+    if (ok) ok = !run(&c, b, n, &sb, msg, sizeof msg);
     int64_t toks = 0;
     for (int i = 0; ok && i < n; i++)
         for (int ch = 0; ch < a[i].ro.n && ok; ch++) {
@@ -358,8 +368,56 @@ static void host_sampler_check(const char *mname) {
                 ok = false, snprintf(msg, sizeof msg, "request %d choice %d: %s", i, ch, d);
             toks += a[i].out[ch].n;
         }
-    if (ok) snprintf(msg, sizeof msg, "%d reqs, %lld tokens: tokens + logprob bits equal", n, (long long)toks);
-    row(mname, "device sampler == host sampler (crowd)", msg, ok);
+    if (ok)
+        snprintf(msg, sizeof msg, "%d reqs, %lld tokens equal; fwd+sample ms/step dev %.2f+%.2f host %.2f+%.2f", n,
+                 (long long)toks, 1e3 * sa.forward_s / (double)(sa.steps ? sa.steps : 1),
+                 1e3 * sa.sample_s / (double)(sa.steps ? sa.steps : 1), 1e3 * sb.forward_s / (double)(sb.steps ? sb.steps : 1),
+                 1e3 * sb.sample_s / (double)(sb.steps ? sb.steps : 1));
+    row(mname, check, msg, ok);
+}
+
+static void host_sampler_check(const char *mname) {
+    config c = {.name = "host", .async = 1, .max_seqs = 9, .step_tokens = 48, .engine_chunk = 8, .sample_threads = 3,
+                .n_neighbours = 24, .max_arrival = 8};
+    g_rng = 0x2545F4914F6CDD1Dull;
+    job jobs[MAX_JOBS];
+    int slot[N_TARGETS], n = build_crowd(&c, jobs, slot);
+    device_vs_host(mname, "device sampler == host sampler (crowd)", c, jobs, n);
+}
+
+/* Real grammars through the public API (the model must have a tokenizer): the masks come from the
+ * grammar matchers on the executor's side, the tokens from the GPU sampler. */
+static void real_grammar_check(const char *mname) {
+    static const char *const k_regex = "[a-z]{1,6}( [a-z]{1,6}){0,4}";
+    static const char *const k_schema = "{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\"}, "
+                                        "\"s\": {\"type\": \"string\"}}, \"required\": [\"n\"]}";
+    static const char *const k_ebnf = "root ::= (\"yes\" | \"no\") \" \" [0-9]+";
+    config c = {.name = "grammar", .async = 1, .max_seqs = 8, .step_tokens = 64, .engine_chunk = 8, .sample_threads = 3,
+                .max_arrival = 4};
+    g_rng = 0x6A09E667F3BCC909ull;
+    enum { N = 12 };
+    job jobs[N];
+    for (int i = 0; i < N; i++) {
+        job *j = &jobs[i];
+        memset(j, 0, sizeof *j);
+        fill_prompt(j, rnd_in(2, 16));
+        di_request_options_default(&j->ro);
+        j->ro.grammar_kind = i % 3 == 0 ? DI_GRAMMAR_REGEX : i % 3 == 1 ? DI_GRAMMAR_JSON_SCHEMA : DI_GRAMMAR_EBNF;
+        j->ro.grammar = i % 3 == 0 ? k_regex : i % 3 == 1 ? k_schema : k_ebnf;
+        j->ro.sampling.temperature = i % 4 == 0 ? 0.0f : 0.6f + 0.2f * (float)(i % 3);
+        j->ro.sampling.top_k = i % 5 == 1 ? 30 : 0;
+        j->ro.sampling.top_p = i % 5 == 2 ? 0.9f : 0.0f;
+        j->ro.sampling.seed = 77 + (uint64_t)i;
+        j->ro.has_seed = 1;
+        j->ro.sampling.logprobs = i % 2;
+        j->ro.sampling.n_top_logprobs = i % 2 ? 4 : 0;
+        j->ro.sampling.logprobs_mode = i % 4 == 3 ? DI_LOGPROBS_PROCESSED : DI_LOGPROBS_RAW;
+        j->ro.max_tokens = MAX_OUT;
+        j->ro.n = i % 4 == 2 ? 2 : 1;
+        j->add_at = rnd_in(0, c.max_arrival);
+        j->cancel_at = -1;
+    }
+    device_vs_host(mname, "grammars (regex/schema/EBNF): device == host", c, jobs, N);
 }
 
 /* ---- grammar masks through the engine core ---- */
@@ -476,6 +534,7 @@ static void model_checks(const char *dir) {
         return;
     }
     g_vocab = di_engine_vocab_size(probe);
+    const bool has_tok = di_engine_has_tokenizer(probe);
     di_engine_close(probe);
     make_targets(g_targets);
     char msg[256] = "";
@@ -496,6 +555,7 @@ static void model_checks(const char *dir) {
     batch_checks(mname);
     host_sampler_check(mname);
     grammar_check(mname);
+    if (has_tok) real_grammar_check(mname);
 }
 
 int main(int argc, char **argv) {
@@ -509,7 +569,7 @@ int main(int argc, char **argv) {
     const char *env = getenv("DI_ENGINE_MODELS");
     char models[2048];
     snprintf(models, sizeof models, "%s", env ? env : "tests/data/v41-tiny-sel tests/data/v41-tiny-nosel");
-    printf("%-14s %-44s %-58s %s\n", "model", "check", "detail", "result");
+    printf("%-14s %-46s %-66s %s\n", "model", "check", "detail", "result");
     for (char *save = NULL, *m = strtok_r(models, " ", &save); m; m = strtok_r(NULL, " ", &save)) model_checks(m);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
