@@ -44,31 +44,91 @@ typedef struct pre_args {
     uint16_t *h;           /* bf16 [m, d] */
 } pre_args;
 
-/* Element (k, i) of token t's streams as the chain sees them: x, or hc_expand's value when z is given
- * (hc_expand_kernel's arithmetic). */
-static __device__ __forceinline__ uint16_t stream_value(const pre_args &a, int64_t t, int k, int64_t i) {
-    const uint16_t *xt = a.x + t * a.hc * a.d;
-    if (!a.z) return xt[k * a.d + i];
-    const float *c = a.comb_in + t * a.hc * a.hc;
-    float r = 0.0f;
-    for (int j = 0; j < a.hc; j++) r = __fadd_rn(r, __fmul_rn(c[j * a.hc + k], d_bf16(xt[j * a.d + i])));
-    return d_to_bf16(__fadd_rn(__fmul_rn(a.post_in[t * a.hc + k], d_bf16(a.z[t * a.d + i])), r));
+/* bf16 c (0..7) of 8 packed in a uint4 */
+static __device__ __forceinline__ uint16_t lane8(const uint4 &v, int c) {
+    uint32_t w = c < 4 ? (c < 2 ? v.x : v.y) : (c < 6 ? v.z : v.w);
+    return (uint16_t)((c & 1) ? w >> 16 : w & 0xffffu);
 }
 
-/* Mix j of token t (hc_mixes_kernel: the same two f64 sums over the same partition), written to
- * a.mixes. The two loops of the unfused kernel are one here; each thread's partial sums are unchanged. */
-static __device__ void pre_mix(const pre_args &a, int64_t t, int j, double *sh) {
-    const int64_t n = (int64_t)a.hc * a.d;
+/* Token t's streams, as the chain sees them, into shared memory: x, or hc_expand's value when z is given
+ * (hc_expand_kernel's arithmetic, element by element). One pass over x[t], 16-byte loads where aligned;
+ * every mix and the finish read the copy.  xs bf16 [hc, d] (shared, 16-byte aligned) */
+static __device__ void pre_stage(const pre_args &a, int64_t t, uint16_t *xs) {
+    __shared__ float pc[HC_MAX * HC_MAX + HC_MAX]; /* f32 comb_in[t] ‖ post_in[t] */
+    const int hc = a.hc;
+    const int64_t d = a.d;
+    const uint16_t *xt = a.x + t * hc * d, *zt = a.z ? a.z + t * d : NULL;
+    const bool vec = d % 8 == 0 && (uintptr_t)xt % 16 == 0 && (!zt || (uintptr_t)zt % 16 == 0);
+    if (!zt) {
+        if (vec) {
+#pragma unroll 4
+            for (int64_t q = threadIdx.x; q < hc * d / 8; q += blockDim.x) ((uint4 *)xs)[q] = ((const uint4 *)xt)[q];
+        }
+        else
+            for (int64_t e = threadIdx.x; e < hc * d; e += blockDim.x) xs[e] = xt[e];
+        __syncthreads();
+        return;
+    }
+    for (int q = threadIdx.x; q < hc * hc + hc; q += blockDim.x)
+        pc[q] = q < hc * hc ? a.comb_in[t * hc * hc + q] : a.post_in[t * hc + q - hc * hc];
+    __syncthreads();
+    const float *c = pc, *po = pc + hc * hc;
+    if (vec) {
+        for (int64_t g = threadIdx.x; g < d / 8; g += blockDim.x) {
+            uint4 xv[HC_MAX], zv = ((const uint4 *)zt)[g];
+            for (int j = 0; j < hc; j++) xv[j] = ((const uint4 *)(xt + j * d))[g];
+            uint32_t out[HC_MAX][4];
+            for (int l = 0; l < 8; l++) {
+                float zi = d_bf16(lane8(zv, l));
+                for (int k = 0; k < hc; k++) {
+                    float r = 0.0f;
+                    for (int j = 0; j < hc; j++) r = __fadd_rn(r, __fmul_rn(c[j * hc + k], d_bf16(lane8(xv[j], l))));
+                    uint32_t y = d_to_bf16(__fadd_rn(__fmul_rn(po[k], zi), r));
+                    out[k][l / 2] = (l & 1) ? (out[k][l / 2] | (y << 16)) : y;
+                }
+            }
+            for (int k = 0; k < hc; k++)
+                ((uint4 *)(xs + k * d))[g] = make_uint4(out[k][0], out[k][1], out[k][2], out[k][3]);
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+            float xi[HC_MAX]; /* f32 [hc] column i of every stream */
+            for (int j = 0; j < hc; j++) xi[j] = d_bf16(xt[j * d + i]);
+            float zi = d_bf16(zt[i]);
+            for (int k = 0; k < hc; k++) {
+                float r = 0.0f;
+                for (int j = 0; j < hc; j++) r = __fadd_rn(r, __fmul_rn(c[j * hc + k], xi[j]));
+                xs[k * d + i] = d_to_bf16(__fadd_rn(__fmul_rn(po[k], zi), r));
+            }
+        }
+    }
+    __syncthreads();
+}
+
+#define PRE_UNROLL 20 /* fn loads in flight per thread (V4.1: 80 per thread); sums still in element order */
+
+/* Mix j of token t from the staged streams (hc_mixes_kernel: the same two f64 sums over the same
+ * partition, element e to thread e mod 256 in ascending e), written to a.mixes. */
+static __device__ void pre_mix(const pre_args &a, int64_t t, int j, const uint16_t *xs, double *sh) {
+    const int64_t n = (int64_t)a.hc * a.d, bd = blockDim.x;
     const float *f = a.fn + (int64_t)j * n;
     double ss = 0.0, s = 0.0;
-    int k = 0;            /* element e = k·d + i, tracked without a 64-bit division per element */
-    int64_t i = threadIdx.x;
-    while (i >= a.d) i -= a.d, k++;
-    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
-        double v = d_bf16(stream_value(a, t, k, i));
+    int64_t e = threadIdx.x;
+    for (; e + (PRE_UNROLL - 1) * bd < n; e += PRE_UNROLL * bd) {
+        float fv[PRE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < PRE_UNROLL; u++) fv[u] = f[e + u * bd];
+#pragma unroll
+        for (int u = 0; u < PRE_UNROLL; u++) {
+            double v = d_bf16(xs[e + u * bd]);
+            ss += v * v;
+            s += v * (double)fv[u];
+        }
+    }
+    for (; e < n; e += bd) {
+        double v = d_bf16(xs[e]);
         ss += v * v;
         s += v * (double)f[e];
-        for (i += blockDim.x; i >= a.d && k < a.hc; i -= a.d) k++;
     }
     ss = d_block_sum_f64(ss, sh);
     s = d_block_sum_f64(s, sh);
@@ -117,10 +177,10 @@ static __device__ void pre_sinkhorn(const pre_args &a, int64_t t, const float *m
     if (live) a.comb[(t * hc + j) * hc + k] = c;
 }
 
-/* The rest of token t's chain after its mixes: Sinkhorn, then per column i the streams (expanded and
- * written back when z), the collapse with pre_in or the new pre, and RMSNorm over the d collapsed
- * values (rmsnorm_kernel's partition: thread i mod 256). */
-static __device__ void pre_finish(const pre_args &a, int64_t t, double *sh) {
+/* The rest of token t's chain after its mixes: Sinkhorn, then per column i the staged streams written
+ * back (when z), the collapse with pre_in or the new pre, and RMSNorm over the d collapsed values
+ * (rmsnorm_kernel's partition: thread i mod 256).  xs bf16 [hc, d], hs bf16 [d] (shared) */
+static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *xs, uint16_t *hs, double *sh) {
     __shared__ float mx[(2 + HC_MAX) * HC_MAX]; /* f32 [n_mix] the token's mixes */
     __shared__ float pre_s[HC_MAX];             /* f32 [hc] */
     for (int q = threadIdx.x; q < a.n_mix; q += blockDim.x) mx[q] = __ldcg(a.mixes + t * a.n_mix + q);
@@ -128,34 +188,56 @@ static __device__ void pre_finish(const pre_args &a, int64_t t, double *sh) {
     if (threadIdx.x < 32) pre_sinkhorn(a, t, mx, pre_s);
     __syncthreads();
     const int hc = a.hc;
-    const float *p = a.pre_in ? a.pre_in + t * hc : pre_s;
-    uint16_t *ht = a.h + t * a.d, *xt = a.x + t * hc * a.d;
+    float p[HC_MAX]; /* f32 [hc] the collapse weights */
+    for (int k = 0; k < hc; k++) p[k] = a.pre_in ? a.pre_in[t * hc + k] : pre_s[k];
+    if (a.z) { /* every block of token t has staged x[t] (they arrived before this one) */
+        uint16_t *xt = a.x + t * hc * a.d;
+        if (a.d % 8 == 0 && (uintptr_t)xt % 16 == 0)
+            for (int64_t q = threadIdx.x; q < hc * a.d / 8; q += blockDim.x) ((uint4 *)xt)[q] = ((const uint4 *)xs)[q];
+        else
+            for (int64_t e = threadIdx.x; e < hc * a.d; e += blockDim.x) xt[e] = xs[e];
+    }
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
-        uint16_t v[HC_MAX]; /* bf16 [hc] column i of every stream */
-        for (int k = 0; k < hc; k++) v[k] = stream_value(a, t, k, i);
-        if (a.z) /* every block of token t has read x[t] (they arrived before this one) */
-            for (int k = 0; k < hc; k++) xt[k * a.d + i] = v[k];
         float s = 0.0f;
-        for (int k = 0; k < hc; k++) s = __fadd_rn(s, __fmul_rn(p[k], d_bf16(v[k])));
+        for (int k = 0; k < hc; k++) s = __fadd_rn(s, __fmul_rn(p[k], d_bf16(xs[k * a.d + i])));
         uint16_t hv = d_to_bf16(s);
-        ht[i] = hv;
+        hs[i] = hv;
         float f = d_bf16(hv);
         ss += (double)__fmul_rn(f, f);
     }
     ss = d_block_sum_f64(ss, sh);
     float var = __fdiv_rn(__double2float_rn(ss), (float)a.d);
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.norm_eps)));
-    for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x)
-        ht[i] = d_to_bf16(__fmul_rn(d_bf16(a.norm_w[i]), __fmul_rn(d_bf16(ht[i]), r)));
+    uint16_t *ht = a.h + t * a.d;
+    if (a.d % 8 == 0 && (uintptr_t)ht % 16 == 0 && (uintptr_t)a.norm_w % 16 == 0) {
+        for (int64_t g = threadIdx.x; g < a.d / 8; g += blockDim.x) {
+            uint4 wv = ((const uint4 *)a.norm_w)[g], hv = ((const uint4 *)hs)[g];
+            uint32_t o[4];
+            for (int l = 0; l < 8; l++) {
+                uint32_t y = d_to_bf16(__fmul_rn(d_bf16(lane8(wv, l)), __fmul_rn(d_bf16(lane8(hv, l)), r)));
+                o[l / 2] = (l & 1) ? (o[l / 2] | (y << 16)) : y;
+            }
+            ((uint4 *)ht)[g] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x)
+            ht[i] = d_to_bf16(__fmul_rn(d_bf16(a.norm_w[i]), __fmul_rn(d_bf16(hs[i]), r)));
+    }
 }
+
+/* Dynamic shared memory of both launches: the staged streams bf16 [hc, d] and the collapse bf16 [d]. */
+static size_t pre_smem(int hc, int64_t d) { return sizeof(uint16_t) * (size_t)((hc + 1) * d); }
 
 /* Split launch: grid (m, n_mix); the last block of each token finishes its chain. */
 __global__ void __launch_bounds__(PRE_THREADS) hc_pre_split_kernel(pre_args a) {
+    extern __shared__ __align__(16) uint16_t pre_sm[];
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     __shared__ bool last;
     const int64_t t = blockIdx.x;
-    pre_mix(a, t, blockIdx.y, sh);
+    uint16_t *xs = pre_sm, *hs = pre_sm + a.hc * a.d;
+    pre_stage(a, t, xs);
+    pre_mix(a, t, blockIdx.y, xs, sh);
     __threadfence(); /* this block's mix (thread 0's store) before its arrival */
     if (threadIdx.x == 0) {
         last = atomicAdd(&g_pre_arrivals[t], 1u) == (unsigned)a.n_mix - 1;
@@ -164,16 +246,38 @@ __global__ void __launch_bounds__(PRE_THREADS) hc_pre_split_kernel(pre_args a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    pre_finish(a, t, sh);
+    pre_finish(a, t, xs, hs, sh);
 }
 
 /* Token launch: one block per token computes its n_mix mixes one after another, then the rest. */
 __global__ void __launch_bounds__(PRE_THREADS) hc_pre_token_kernel(pre_args a) {
+    extern __shared__ __align__(16) uint16_t pre_sm[];
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     const int64_t t = blockIdx.x;
-    for (int j = 0; j < a.n_mix; j++) pre_mix(a, t, j, sh);
+    uint16_t *xs = pre_sm, *hs = pre_sm + a.hc * a.d;
+    pre_stage(a, t, xs);
+    for (int j = 0; j < a.n_mix; j++) pre_mix(a, t, j, xs, sh);
     __syncthreads();
-    pre_finish(a, t, sh);
+    pre_finish(a, t, xs, hs, sh);
+}
+
+/* Opt both kernels into `bytes` of dynamic shared memory (above the default 48 KB); false if the device
+ * cannot give that much. */
+static bool pre_smem_ok(size_t bytes) {
+    static size_t granted = 48 * 1024;
+    if (bytes <= granted) return true;
+    int dev = 0, max = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        bytes + 2048 > (size_t)max)
+        return false;
+    if (cudaFuncSetAttribute(hc_pre_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(hc_pre_token_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+            cudaSuccess)
+        return false;
+    granted = bytes;
+    return true;
 }
 
 extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t *z, const float *post_in,
@@ -185,7 +289,9 @@ extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t 
         return di_error_set(err, DI_ERR_INVALID, "cuda hc_pre: hc = %d (1..%d), %lld tokens of %lld, %d iterations", hc,
                             HC_MAX, (long long)m, (long long)d, iters);
     if (m == 0) return DI_OK;
-    if (hc * hc > 32) { /* Sinkhorn does not fit one warp: the unfused kernels */
+    size_t smem = pre_smem(hc, d);
+    if (hc * hc > 32 || !pre_smem_ok(smem)) { /* Sinkhorn beyond one warp, or a token beyond shared memory */
+        cudaGetLastError();
         int rc = z ? di_cuda_hc_expand(be, z, x, post_in, comb_in, m, hc, d, x, err) : DI_OK;
         if (!rc) rc = di_cuda_hc_mixes(be, x, m, hc, d, fn, norm_eps, mixes, err);
         if (!rc) rc = di_cuda_hc_sinkhorn(be, mixes, m, hc, scale, base, iters, hc_eps, pre, post, comb, err);
@@ -197,9 +303,9 @@ extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t 
                   norm_w, mixes, pre, post, comb, h};
     cudaStream_t st = di_cuda_state(be)->stream;
     if (m <= g_split_max)
-        hc_pre_split_kernel<<<dim3((unsigned)m, (unsigned)a.n_mix), PRE_THREADS, 0, st>>>(a);
+        hc_pre_split_kernel<<<dim3((unsigned)m, (unsigned)a.n_mix), PRE_THREADS, smem, st>>>(a);
     else
-        hc_pre_token_kernel<<<(unsigned)m, PRE_THREADS, 0, st>>>(a);
+        hc_pre_token_kernel<<<(unsigned)m, PRE_THREADS, smem, st>>>(a);
     return di_cuda_launched("hc_pre", err);
 }
 
