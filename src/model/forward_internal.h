@@ -12,8 +12,9 @@
  * Memory: tensors the ops read or write live in BACKEND memory (fwd_alloc; device memory for CUDA)
  * and are never dereferenced here; what the graph decides on the host — positions, window and top-k
  * index lists, Engram hash ids, expert row lists — is built in HOST memory (fwd_halloc) and uploaded
- * once (fwd_upload). The few values the host needs back (top-k ids for the gather union, router ids
- * for the expert dispatch, logits) are downloaded (fwd_download), each a synchronisation point. With
+ * once (fwd_upload). The few values the host needs back (top-k ids for the gather union — unless the
+ * backend gathers the selected entries itself, fwd_gather_on_backend —, router ids for the expert
+ * dispatch, logits) are downloaded (fwd_download), each a synchronisation point. With
  * the CPU backend both memories are the same and the transfers are copies. */
 #ifndef DI_MODEL_FORWARD_INTERNAL_H
 #define DI_MODEL_FORWARD_INTERNAL_H

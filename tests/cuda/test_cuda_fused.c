@@ -327,6 +327,67 @@ static void test_hc_pre(void) {
     cudaFree(d.comb);
 }
 
+/* Shapes off the V4.1 fast path: hc 3 (the runtime-hc kernels) and D 1000 (no 16-byte rows, so the
+ * scalar staging), split and token launches: fused equal to the unfused CUDA sequence, and to the CPU
+ * where no exp is involved. */
+static void test_hc_pre_generic(void) {
+    const int hc = 3, nmix = (2 + hc) * hc;
+    const int64_t m = 5, d = 1000;
+    uint16_t *x = rand_bf16(m * hc * d, 1.0), *z = rand_bf16(m * d, 1.0), *nw = rand_bf16(d, 1.0);
+    float *fn = rand_f32(nmix * hc * d, 0, 0.02), *base = rand_f32(nmix, 0, 1), scale[3] = {0.6f, 0.9f, 1.4f};
+    float *post_in = rand_f32(m * hc, 1.0, 0.4), *comb_in = rand_f32(m * hc * hc, 0.3, 0.1), *pre_in = rand_f32(m * hc, 0.5, 0.2);
+    uint16_t *dx = dup_dev(x, sizeof(uint16_t) * m * hc * d), *dz = dup_dev(z, sizeof(uint16_t) * m * d),
+             *dnw = dup_dev(nw, sizeof(uint16_t) * d), *dh = dev(sizeof(uint16_t) * m * d);
+    float *dfn = dup_dev(fn, sizeof(float) * nmix * hc * d), *dbase = dup_dev(base, sizeof(float) * nmix),
+          *dscale = dup_dev(scale, sizeof scale), *dpost_in = dup_dev(post_in, sizeof(float) * m * hc),
+          *dcomb_in = dup_dev(comb_in, sizeof(float) * m * hc * hc), *dpre_in = dup_dev(pre_in, sizeof(float) * m * hc),
+          *dmix = dev(sizeof(float) * m * nmix), *dpre = dev(sizeof(float) * m * hc), *dpost = dev(sizeof(float) * m * hc),
+          *dcomb = dev(sizeof(float) * m * hc * hc);
+    size_t nx = (size_t)(m * hc * d), nh = (size_t)(m * d), ns = (size_t)(m * (2 * hc + hc * hc));
+    for (int v = 0; v < 2; v++) {
+        uint16_t *res_x[3], *res_h[3];
+        float *res_s[3];
+        for (int path = 0; path < 3; path++) { /* 0: unfused, 1: split, 2: token launch */
+            put(dx, x, sizeof(uint16_t) * nx);
+            di_cuda_fused_set_split_max(path == 2 ? 0 : 4096);
+            if (path == 0) {
+                if (v) RUN(di_cuda_hc_expand(gpu, dz, dx, dpost_in, dcomb_in, m, hc, d, dx, E));
+                RUN(di_cuda_hc_mixes(gpu, dx, m, hc, d, dfn, NORM_EPS, dmix, E));
+                RUN(di_cuda_hc_sinkhorn(gpu, dmix, m, hc, dscale, dbase, ITERS, HC_EPS, dpre, dpost, dcomb, E));
+                RUN(di_cuda_hc_collapse(gpu, dx, v ? dpre_in : dpre, m, hc, d, dh, E));
+                RUN(di_cuda_rmsnorm(gpu, dh, m, d, dnw, NORM_EPS, dh, E));
+            } else {
+                RUN(di_cuda_hc_pre(gpu, dx, v ? dz : NULL, dpost_in, dcomb_in, m, hc, d, dfn, NORM_EPS, dscale, dbase,
+                                   ITERS, HC_EPS, v ? dpre_in : NULL, dnw, dmix, dpre, dpost, dcomb, dh, E));
+            }
+            res_x[path] = down(dx, sizeof(uint16_t) * nx), res_h[path] = down(dh, sizeof(uint16_t) * nh);
+            res_s[path] = xmalloc(sizeof(float) * (ns + m * nmix));
+            float *tmp = down(dmix, sizeof(float) * m * nmix);
+            memcpy(res_s[path], tmp, sizeof(float) * m * nmix), free(tmp);
+            tmp = down(dpre, sizeof(float) * m * hc), memcpy(res_s[path] + m * nmix, tmp, sizeof(float) * m * hc), free(tmp);
+            tmp = down(dpost, sizeof(float) * m * hc), memcpy(res_s[path] + m * nmix + m * hc, tmp, sizeof(float) * m * hc), free(tmp);
+            tmp = down(dcomb, sizeof(float) * m * hc * hc);
+            memcpy(res_s[path] + m * nmix + 2 * m * hc, tmp, sizeof(float) * m * hc * hc), free(tmp);
+        }
+        di_cuda_fused_set_split_max(4096);
+        const char *shape = v ? "M5 hc3 D1000 +expand +pre_in" : "M5 hc3 D1000";
+        for (int path = 1; path < 3; path++) {
+            const char *op = path == 1 ? "hc_pre generic split" : "hc_pre generic token";
+            char o[64];
+            snprintf(o, sizeof o, "%s x", op);
+            row(o, shape, res_x[path], res_x[0], (int64_t)nx, 1, EXACT, -1);
+            snprintf(o, sizeof o, "%s h", op);
+            row(o, shape, res_h[path], res_h[0], (int64_t)nh, 1, EXACT, -1);
+            snprintf(o, sizeof o, "%s mix|pre|post|comb", op);
+            row(o, shape, res_s[path], res_s[0], (int64_t)(ns + m * nmix), 0, EXACT, -1);
+        }
+        for (int path = 0; path < 3; path++) free(res_x[path]), free(res_h[path]), free(res_s[path]);
+    }
+    free(x), free(z), free(nw), free(fn), free(base), free(post_in), free(comb_in), free(pre_in);
+    cudaFree(dx), cudaFree(dz), cudaFree(dnw), cudaFree(dh), cudaFree(dfn), cudaFree(dbase), cudaFree(dscale);
+    cudaFree(dpost_in), cudaFree(dcomb_in), cudaFree(dpre_in), cudaFree(dmix), cudaFree(dpre), cudaFree(dpost), cudaFree(dcomb);
+}
+
 /* ---------------- 2. gather_topk ---------------- */
 
 static double now_us(void) {
@@ -505,6 +566,7 @@ int main(void) {
     printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     printf("%-24s %-44s %6s %10s  %-22s %9s  %s\n", "op", "shape", "ulp", "mismatch", "tolerance", "gpu us", "result");
     test_hc_pre();
+    test_hc_pre_generic();
     test_gather();
     forward_case("tests/data/v41-tiny-sel");
     forward_case("tests/data/v41-tiny-nosel");

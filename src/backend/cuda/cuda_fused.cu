@@ -53,9 +53,10 @@ static __device__ __forceinline__ uint16_t lane8(const uint4 &v, int c) {
 /* Token t's streams, as the chain sees them, into shared memory: x, or hc_expand's value when z is given
  * (hc_expand_kernel's arithmetic, element by element). One pass over x[t], 16-byte loads where aligned;
  * every mix and the finish read the copy.  xs bf16 [hc, d] (shared, 16-byte aligned) */
+template <int HCT>
 static __device__ void pre_stage(const pre_args &a, int64_t t, uint16_t *xs) {
     __shared__ float pc[HC_MAX * HC_MAX + HC_MAX]; /* f32 comb_in[t] ‖ post_in[t] */
-    const int hc = a.hc;
+    const int hc = HCT ? HCT : a.hc;
     const int64_t d = a.d;
     const uint16_t *xt = a.x + t * hc * d, *zt = a.z ? a.z + t * d : NULL;
     const bool vec = d % 8 == 0 && (uintptr_t)xt % 16 == 0 && (!zt || (uintptr_t)zt % 16 == 0);
@@ -76,17 +77,22 @@ static __device__ void pre_stage(const pre_args &a, int64_t t, uint16_t *xs) {
     if (vec) {
         for (int64_t g = threadIdx.x; g < d / 8; g += blockDim.x) {
             uint4 xv[HC_MAX], zv = ((const uint4 *)zt)[g];
+#pragma unroll
             for (int j = 0; j < hc; j++) xv[j] = ((const uint4 *)(xt + j * d))[g];
             uint32_t out[HC_MAX][4];
+#pragma unroll
             for (int l = 0; l < 8; l++) {
                 float zi = d_bf16(lane8(zv, l));
+#pragma unroll
                 for (int k = 0; k < hc; k++) {
                     float r = 0.0f;
+#pragma unroll
                     for (int j = 0; j < hc; j++) r = __fadd_rn(r, __fmul_rn(c[j * hc + k], d_bf16(lane8(xv[j], l))));
                     uint32_t y = d_to_bf16(__fadd_rn(__fmul_rn(po[k], zi), r));
                     out[k][l / 2] = (l & 1) ? (out[k][l / 2] | (y << 16)) : y;
                 }
             }
+#pragma unroll
             for (int k = 0; k < hc; k++)
                 ((uint4 *)(xs + k * d))[g] = make_uint4(out[k][0], out[k][1], out[k][2], out[k][3]);
         }
@@ -109,8 +115,9 @@ static __device__ void pre_stage(const pre_args &a, int64_t t, uint16_t *xs) {
 
 /* Mix j of token t from the staged streams (hc_mixes_kernel: the same two f64 sums over the same
  * partition, element e to thread e mod 256 in ascending e), written to a.mixes. */
+template <int HCT>
 static __device__ void pre_mix(const pre_args &a, int64_t t, int j, const uint16_t *xs, double *sh) {
-    const int64_t n = (int64_t)a.hc * a.d, bd = blockDim.x;
+    const int64_t n = (int64_t)(HCT ? HCT : a.hc) * a.d, bd = blockDim.x;
     const float *f = a.fn + (int64_t)j * n;
     double ss = 0.0, s = 0.0;
     int64_t e = threadIdx.x;
@@ -143,8 +150,9 @@ static __device__ __forceinline__ float lane_of(float v, int src) { return __shf
 /* Split + Sinkhorn of token t in warp 0, lane l = j·hc + k holding comb[j][k] (hc_sinkhorn_kernel's
  * operations in its order: every row / column sum is taken sequentially from the lanes that hold it).
  * mx: the token's mixes (shared). Writes pre, post, comb; pre also to pre_s (shared). */
+template <int HCT>
 static __device__ void pre_sinkhorn(const pre_args &a, int64_t t, const float *mx, float *pre_s) {
-    const int hc = a.hc, lane = threadIdx.x & 31;
+    const int hc = HCT ? HCT : a.hc, lane = threadIdx.x & 31;
     const bool live = lane < hc * hc;
     const int j = live ? lane / hc : 0, k = live ? lane % hc : 0;
     if (lane < hc) {
@@ -180,15 +188,17 @@ static __device__ void pre_sinkhorn(const pre_args &a, int64_t t, const float *m
 /* The rest of token t's chain after its mixes: Sinkhorn, then per column i the staged streams written
  * back (when z), the collapse with pre_in or the new pre, and RMSNorm over the d collapsed values
  * (rmsnorm_kernel's partition: thread i mod 256).  xs bf16 [hc, d], hs bf16 [d] (shared) */
+template <int HCT>
 static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *xs, uint16_t *hs, double *sh) {
     __shared__ float mx[(2 + HC_MAX) * HC_MAX]; /* f32 [n_mix] the token's mixes */
     __shared__ float pre_s[HC_MAX];             /* f32 [hc] */
     for (int q = threadIdx.x; q < a.n_mix; q += blockDim.x) mx[q] = __ldcg(a.mixes + t * a.n_mix + q);
     __syncthreads();
-    if (threadIdx.x < 32) pre_sinkhorn(a, t, mx, pre_s);
+    if (threadIdx.x < 32) pre_sinkhorn<HCT>(a, t, mx, pre_s);
     __syncthreads();
-    const int hc = a.hc;
+    const int hc = HCT ? HCT : a.hc;
     float p[HC_MAX]; /* f32 [hc] the collapse weights */
+#pragma unroll
     for (int k = 0; k < hc; k++) p[k] = a.pre_in ? a.pre_in[t * hc + k] : pre_s[k];
     if (a.z) { /* every block of token t has staged x[t] (they arrived before this one) */
         uint16_t *xt = a.x + t * hc * a.d;
@@ -200,6 +210,7 @@ static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
         float s = 0.0f;
+#pragma unroll
         for (int k = 0; k < hc; k++) s = __fadd_rn(s, __fmul_rn(p[k], d_bf16(xs[k * a.d + i])));
         uint16_t hv = d_to_bf16(s);
         hs[i] = hv;
@@ -230,14 +241,15 @@ static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *
 static size_t pre_smem(int hc, int64_t d) { return sizeof(uint16_t) * (size_t)((hc + 1) * d); }
 
 /* Split launch: grid (m, n_mix); the last block of each token finishes its chain. */
+template <int HCT>
 __global__ void __launch_bounds__(PRE_THREADS) hc_pre_split_kernel(pre_args a) {
     extern __shared__ __align__(16) uint16_t pre_sm[];
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     __shared__ bool last;
     const int64_t t = blockIdx.x;
     uint16_t *xs = pre_sm, *hs = pre_sm + a.hc * a.d;
-    pre_stage(a, t, xs);
-    pre_mix(a, t, blockIdx.y, xs, sh);
+    pre_stage<HCT>(a, t, xs);
+    pre_mix<HCT>(a, t, blockIdx.y, xs, sh);
     __threadfence(); /* this block's mix (thread 0's store) before its arrival */
     if (threadIdx.x == 0) {
         last = atomicAdd(&g_pre_arrivals[t], 1u) == (unsigned)a.n_mix - 1;
@@ -246,19 +258,20 @@ __global__ void __launch_bounds__(PRE_THREADS) hc_pre_split_kernel(pre_args a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    pre_finish(a, t, xs, hs, sh);
+    pre_finish<HCT>(a, t, xs, hs, sh);
 }
 
 /* Token launch: one block per token computes its n_mix mixes one after another, then the rest. */
+template <int HCT>
 __global__ void __launch_bounds__(PRE_THREADS) hc_pre_token_kernel(pre_args a) {
     extern __shared__ __align__(16) uint16_t pre_sm[];
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     const int64_t t = blockIdx.x;
     uint16_t *xs = pre_sm, *hs = pre_sm + a.hc * a.d;
-    pre_stage(a, t, xs);
-    for (int j = 0; j < a.n_mix; j++) pre_mix(a, t, j, xs, sh);
+    pre_stage<HCT>(a, t, xs);
+    for (int j = 0; j < a.n_mix; j++) pre_mix<HCT>(a, t, j, xs, sh);
     __syncthreads();
-    pre_finish(a, t, xs, hs, sh);
+    pre_finish<HCT>(a, t, xs, hs, sh);
 }
 
 /* Opt both kernels into `bytes` of dynamic shared memory (above the default 48 KB); false if the device
@@ -271,11 +284,11 @@ static bool pre_smem_ok(size_t bytes) {
         cudaDeviceGetAttribute(&max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
         bytes + 2048 > (size_t)max)
         return false;
-    if (cudaFuncSetAttribute(hc_pre_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
-            cudaSuccess ||
-        cudaFuncSetAttribute(hc_pre_token_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
-            cudaSuccess)
-        return false;
+    const void *k[] = {(const void *)hc_pre_split_kernel<0>, (const void *)hc_pre_token_kernel<0>,
+                       (const void *)hc_pre_split_kernel<4>, (const void *)hc_pre_token_kernel<4>};
+    for (int i = 0; i < 4; i++)
+        if (cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)
+            return false;
     granted = bytes;
     return true;
 }
@@ -302,45 +315,63 @@ extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t 
     pre_args a = {x, z, post_in, comb_in, d, hc, (2 + hc) * hc, iters, fn, norm_eps, hc_eps, scale, base, pre_in,
                   norm_w, mixes, pre, post, comb, h};
     cudaStream_t st = di_cuda_state(be)->stream;
-    if (m <= g_split_max)
-        hc_pre_split_kernel<<<dim3((unsigned)m, (unsigned)a.n_mix), PRE_THREADS, smem, st>>>(a);
+    /* hc = 4 (V4.1) compiled with the stream count known: the per-column arrays stay in registers */
+    dim3 split((unsigned)m, (unsigned)a.n_mix);
+    if (m <= g_split_max && hc == 4)
+        hc_pre_split_kernel<4><<<split, PRE_THREADS, smem, st>>>(a);
+    else if (m <= g_split_max)
+        hc_pre_split_kernel<0><<<split, PRE_THREADS, smem, st>>>(a);
+    else if (hc == 4)
+        hc_pre_token_kernel<4><<<(unsigned)m, PRE_THREADS, smem, st>>>(a);
     else
-        hc_pre_token_kernel<<<(unsigned)m, PRE_THREADS, smem, st>>>(a);
+        hc_pre_token_kernel<0><<<(unsigned)m, PRE_THREADS, smem, st>>>(a);
     return di_cuda_launched("hc_pre", err);
 }
 
 /* ---------------- gather_topk ---------------- */
 
-/* One thread per output value: row_decode_kernel's decode of the entry's page row, or 0; the first
- * thread of each (t, j) writes its idx entry. */
+/* One thread per 8 consecutive values of an output row (one scale: groups are 16 or 32): the decode of
+ * row_decode_kernel, bf16(f32(code) · f32(scale)), stored as one 16-byte vector when aligned; the
+ * first thread of each (t, j) writes its idx entry. */
 __global__ void gather_topk_kernel(int codec, const uint8_t *base, int64_t n_entries, const int32_t *pages,
                                    int64_t page_entries, int64_t page_rows, int64_t row_off, const int32_t *top,
                                    int64_t m, int k, int64_t d, int64_t rb, int32_t row0, uint16_t *rows, int32_t *idx,
-                                   int64_t ldi) {
+                                   int64_t ldi, int vec) {
+    const int64_t gpr = d / 8; /* 8-value groups per row */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= m * k * d) return;
-    int64_t i = e / d, col = e % d; /* i = t·k + j */
+    if (e >= m * k * gpr) return;
+    int64_t i = e / gpr, col = (e % gpr) * 8; /* i = t·k + j */
     int64_t ent = top[i];
     bool valid = ent >= 0 && ent < n_entries;
     if (col == 0) idx[(i / k) * ldi + i % k] = valid ? row0 + (int32_t)i : -1;
-    if (!valid) {
-        rows[e] = 0;
-        return;
+    uint32_t o[4] = {0, 0, 0, 0}; /* bf16 [8] packed */
+    if (valid) {
+        int64_t r = pages ? (int64_t)pages[ent / page_entries] * page_rows + row_off + ent % page_entries : ent;
+        const uint8_t *row = base + r * rb;
+        if (codec == DI_CODEC_FP8_E8M0) {
+            float sc = d_e8m0(row[d + col / 32]);
+            for (int l = 0; l < 8; l++) {
+                uint32_t y = d_to_bf16(__fmul_rn(d_e4m3_decode(row[col + l]), sc));
+                o[l / 2] |= (l & 1) ? y << 16 : y;
+            }
+        } else {
+            int group = codec == DI_CODEC_FP4_E4M3 ? 16 : 32;
+            uint8_t scb = row[d / 2 + col / group];
+            float sc = codec == DI_CODEC_FP4_E4M3 ? d_e4m3_decode(scb) : d_e8m0(scb);
+            for (int b = 0; b < 4; b++) {
+                uint8_t byte = row[col / 2 + b];
+                uint32_t lo = d_to_bf16(__fmul_rn(d_e2m1_decode(byte & 15u), sc));
+                uint32_t hi = d_to_bf16(__fmul_rn(d_e2m1_decode(byte >> 4), sc));
+                o[b] = lo | (hi << 16);
+            }
+        }
     }
-    int64_t r = pages ? (int64_t)pages[ent / page_entries] * page_rows + row_off + ent % page_entries : ent;
-    const uint8_t *row = base + r * rb;
-    float v;
-    if (codec == DI_CODEC_FP8_E8M0) {
-        v = __fmul_rn(d_e4m3_decode(row[col]), d_e8m0(row[d + col / 32]));
+    uint16_t *y = rows + i * d + col;
+    if (vec) {
+        *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
     } else {
-        uint8_t b = row[col / 2];
-        uint32_t code = (col & 1) ? (b >> 4) : (b & 15);
-        int group = codec == DI_CODEC_FP4_E4M3 ? 16 : 32;
-        uint8_t sc = row[d / 2 + col / group];
-        float s = codec == DI_CODEC_FP4_E4M3 ? d_e4m3_decode(sc) : d_e8m0(sc);
-        v = __fmul_rn(d_e2m1_decode(code), s);
+        for (int l = 0; l < 8; l++) y[l] = (uint16_t)(o[l / 2] >> (16 * (l & 1)));
     }
-    rows[e] = d_to_bf16(v);
 }
 
 extern "C" int di_cuda_gather_topk(const di_backend *be, di_row_codec codec, const uint8_t *base, int64_t n_entries,
@@ -353,10 +384,10 @@ extern "C" int di_cuda_gather_topk(const di_backend *be, di_row_codec codec, con
                             "cuda gather_topk: codec %d, %lld rows of %d ids, width %lld, idx stride %lld, %lld entries "
                             "per page",
                             (int)codec, (long long)m, k, (long long)d, (long long)ldi, (long long)page_entries);
-    int64_t n = m * k * d;
+    int64_t n = m * k * (d / 8); /* d is a multiple of the codec group (16 or 32) */
     if (n == 0) return DI_OK;
     gather_topk_kernel<<<di_cuda_blocks(n, 256), 256, 0, di_cuda_state(be)->stream>>>(
         (int)codec, base, n_entries, pages, page_entries, page_rows, row_off, top, m, k, d,
-        di_row_codec_bytes(codec, d), row0, rows, idx, ldi);
+        di_row_codec_bytes(codec, d), row0, rows, idx, ldi, (uintptr_t)rows % 16 == 0);
     return di_cuda_launched("gather_topk", err);
 }
