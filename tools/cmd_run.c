@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "model/memplan.h"
 #include "engine/api_protocol.h"
 #include "engine/idmap.h"
 #include "text/sse.h"
@@ -501,7 +502,11 @@ int cmd_run(int argc, char **argv) {
     eo.cache_bytes = (int64_t)cache_mb << 20;
     di_error err = {0};
     run_state s = {.progress = quiet ? 0 : isatty(2) ? 1 : 2};
-    if (di_engine_open(model, &eo, &s.e, &err)) {
+    /* the memory plan before any weight is read: one sequence of the context limit (or one prefill
+     * chunk) must fit beside the weights; the engine's cache pool sizes the rest (--cache-mb) */
+    if (di_memplan_preflight(model, strcmp(device, "cuda") ? DI_PLAN_CPU : DI_PLAN_CUDA, 1, max_ctx ? max_ctx : chunk,
+                             stderr, &err) ||
+        di_engine_open(model, &eo, &s.e, &err)) {
         free(text);
         return cli_fail_err(&cli, &err);
     }
