@@ -10,6 +10,7 @@
  *  3. the forward on the CUDA backend with the fused slots against the same backend with them
  *     removed, on the golden tiny models (prompt, decode steps, batched steps; own-arena and paged
  *     device caches): logits bit-identical;
+ *     and at prefill shapes (M 512, 4096; split and token launches) fused == unfused CUDA, bit for bit;
  *  4. timings (CUDA events, median of 51 after warm-up): one decode step's mHC chains fused vs unfused,
  *     and the device gather vs the host-planned gather it replaces (download + union + upload + decode,
  *     host wall clock including the synchronisation).
@@ -388,6 +389,51 @@ static void test_hc_pre_generic(void) {
     cudaFree(dpost_in), cudaFree(dcomb_in), cudaFree(dpre_in), cudaFree(dmix), cudaFree(dpre), cudaFree(dpost), cudaFree(dcomb);
 }
 
+/* Prefill shapes (M 512 and 4096): fused (split and token launches) against the unfused CUDA sequence,
+ * bit for bit, and their times. */
+static void test_hc_pre_prefill(void) {
+    const int64_t Ms[] = {512, 4096}, MM = 4096;
+    uint16_t *x = xmalloc(sizeof(uint16_t) * (size_t)(MM * HC * D)); /* bf16 [MM, HC, D] */
+    for (int64_t i = 0; i < MM * HC * D; i++) x[i] = di_f32_to_bf16((float)((int64_t)(rnd() >> 40) - (1 << 23)) * 0x1p-22f);
+    uint16_t *z = rand_bf16(MM * D, 1.0), *nw = rand_bf16(D, 0.3);
+    float *fn = rand_f32(NMIX * HC * D, 0, 0.02), *base = rand_f32(NMIX, 0, 1), scale[3] = {0.6f, 0.9f, 1.4f};
+    float *post_in = rand_f32(MM * HC, 1.0, 0.4), *comb_in = rand_f32(MM * HC * HC, 0.25, 0.1), *pre_in = rand_f32(MM * HC, 0.5, 0.2);
+    pre_dev d = {dup_dev(x, sizeof(uint16_t) * (size_t)(MM * HC * D)), dup_dev(z, sizeof(uint16_t) * (size_t)(MM * D)),
+                 dup_dev(nw, sizeof(uint16_t) * D), dev(sizeof(uint16_t) * (size_t)(MM * D)),
+                 dup_dev(fn, sizeof(float) * NMIX * HC * D), dup_dev(base, sizeof(float) * NMIX), dup_dev(scale, sizeof scale),
+                 dup_dev(post_in, sizeof(float) * MM * HC), dup_dev(comb_in, sizeof(float) * MM * HC * HC),
+                 dup_dev(pre_in, sizeof(float) * MM * HC), dev(sizeof(float) * MM * NMIX), dev(sizeof(float) * MM * HC),
+                 dev(sizeof(float) * MM * HC), dev(sizeof(float) * MM * HC * HC)};
+    for (int mi = 0; mi < 2; mi++) {
+        int64_t m = Ms[mi];
+        for (int expand = 0; expand < 2; expand++) {
+            pre_out_h o[3]; /* unfused, split, token */
+            double us[3];
+            for (int path = 0; path < 3; path++) {
+                put(d.x, x, sizeof(uint16_t) * (size_t)(m * HC * D));
+                di_cuda_fused_set_split_max(path == 2 ? 0 : 4096);
+                if (path == 0) RUN(unfused_call(&d, m, expand, true));
+                else RUN(fused_call(&d, m, 0, expand, true));
+                o[path] = pre_download(&d, m);
+                if (path == 0) TIME_US(us[path], unfused_call(&d, m, expand, true));
+                else TIME_US(us[path], fused_call(&d, m, 0, expand, true));
+            }
+            di_cuda_fused_set_split_max(4096);
+            char shape[96];
+            snprintf(shape, sizeof shape, "M%lld hc4 D5120 it20%s +pre_in", (long long)m, expand ? " +expand" : "");
+            pre_rows("hc_pre split vs unfused", shape, &o[1], &o[0], m, false, true, us[1]);
+            pre_rows("hc_pre token vs unfused", shape, &o[2], &o[0], m, false, true, us[2]);
+            printf("# prefill M%lld%s: unfused %.1f us, fused split %.1f us, fused token launch %.1f us\n", (long long)m,
+                   expand ? " expand + pre" : " pre", us[0], us[1], us[2]);
+            for (int path = 0; path < 3; path++) pre_free_out(&o[path]);
+        }
+    }
+    free(x), free(z), free(nw), free(fn), free(base), free(post_in), free(comb_in), free(pre_in);
+    cudaFree(d.x), cudaFree(d.z), cudaFree(d.nw), cudaFree(d.h), cudaFree(d.fn), cudaFree(d.base), cudaFree(d.scale);
+    cudaFree(d.post_in), cudaFree(d.comb_in), cudaFree(d.pre_in), cudaFree(d.mixes), cudaFree(d.pre), cudaFree(d.post);
+    cudaFree(d.comb);
+}
+
 /* ---------------- 2. gather_topk ---------------- */
 
 static double now_us(void) {
@@ -567,6 +613,7 @@ int main(void) {
     printf("%-24s %-44s %6s %10s  %-22s %9s  %s\n", "op", "shape", "ulp", "mismatch", "tolerance", "gpu us", "result");
     test_hc_pre();
     test_hc_pre_generic();
+    test_hc_pre_prefill();
     test_gather();
     forward_case("tests/data/v41-tiny-sel");
     forward_case("tests/data/v41-tiny-nosel");
