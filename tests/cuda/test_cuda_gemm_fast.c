@@ -18,7 +18,8 @@
  *    against the CPU's, the grouped expert GEMM against per-expert calls (bit for bit).
  * Usage: test_cuda_gemm_fast [--bench | --bench-only | --bench-noblock | --block-only | --graph-decode]
  *   (exit status 1 on any failure; DI_SEED=n draws other inputs; DI_DUMP_DIR=dir keeps the block data;
- *   DI_BENCH_PREFILL=1: the bench at M = 8192 only, then the grouped expert bench) */
+ *   DI_BENCH_PREFILL=1: the bench at M = 8192 only, then the grouped expert bench; DI_BENCH_ONE=1: wq_a
+ *   at M = 8192 only, for a profiler) */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -174,6 +175,9 @@ typedef struct tol {
 static const tol TOL_REAL = {0.05, 2e-3, 0x1p-4};    /* quantized Gaussian operands */
 static const tol TOL_UNIFORM = {0.10, 4e-3, 0x1p-3}; /* full-range random weight codes */
 static const tol TOL_EXACT = {0, 0, 0};
+/* +specials cases: the huge row (inputs ~1e37) dominates ‖y‖, so one 1-ulp output there alone weighs up
+ * to 2^-8 in rel_fro (measured 3.1e-3 with 7 of 900 outputs 1 ulp apart, M = 3) */
+static const tol TOL_SPECIAL = {0.05, 8e-3, 0x1p-4};
 
 static void report(const char *what, diffstat s, tol t) {
     const double frac = s.n ? (double)s.differ / (double)s.n : 0;
@@ -643,6 +647,10 @@ static void bench(void) {
     const int decode_only = getenv("DI_BENCH_DECODE") != NULL; /* M = 1, 8, 64 only */
     const int prefill_only = getenv("DI_BENCH_PREFILL") != NULL; /* M = 8192 (and 128 for experts) */
     static const int64_t pre_dense[] = {8192}, pre_expert[] = {8192, 128};
+    if (getenv("DI_BENCH_ONE")) { /* one shape, M = 8192 (a profiler's run) */
+        bench_shape(&SHAPES[0], pre_dense, 1);
+        return;
+    }
     for (int i = 0; i < NSHAPES; i++) {
         if (decode_only) bench_shape(&SHAPES[i], decode, 3);
         else if (prefill_only) bench_shape(&SHAPES[i], SHAPES[i].fp4 ? pre_expert : pre_dense, SHAPES[i].fp4 ? 2 : 1);
@@ -746,13 +754,13 @@ int main(int argc, char **argv) {
     } else if (!only_bench) {
         if (strcmp(mode, "--bench-noblock")) test_block_dot();
         /* edges: K = 32 and 96 (partial stages), N and M tails, NaN / huge rows, E8M0 extremes */
-        gemm_case("edge fp8", 0, 33, 32, 100, 0, 1, TOL_REAL, NULL, NULL, NULL);
-        gemm_case("edge fp8", 0, 5, 96, 37, 0, 1, TOL_REAL, NULL, NULL, NULL);
-        gemm_case("edge fp8", 0, 130, 160, 257, 0, 1, TOL_REAL, NULL, NULL, NULL);
-        gemm_case("edge fp4", 1, 3, 64, 7, 0, 1, TOL_REAL, NULL, NULL, NULL);
-        gemm_case("edge fp4", 1, 200, 224, 130, 0, 1, TOL_REAL, NULL, NULL, NULL);
+        gemm_case("edge fp8", 0, 33, 32, 100, 0, 1, TOL_SPECIAL, NULL, NULL, NULL);
+        gemm_case("edge fp8", 0, 5, 96, 37, 0, 1, TOL_SPECIAL, NULL, NULL, NULL);
+        gemm_case("edge fp8", 0, 130, 160, 257, 0, 1, TOL_SPECIAL, NULL, NULL, NULL);
+        gemm_case("edge fp4", 1, 3, 64, 7, 0, 1, TOL_SPECIAL, NULL, NULL, NULL);
+        gemm_case("edge fp4", 1, 200, 224, 130, 0, 1, TOL_SPECIAL, NULL, NULL, NULL);
         /* decode-sized: K split over CTAs (ordered partial sums), last stage partial, N tail */
-        gemm_case("edge fp8 split-K", 0, 3, 1056, 300, 0, 1, TOL_REAL, NULL, NULL, NULL);
+        gemm_case("edge fp8 split-K", 0, 3, 1056, 300, 0, 1, TOL_SPECIAL, NULL, NULL, NULL);
         gemm_case("edge fp4 split-K", 1, 2, 1056, 130, 0, 0, TOL_REAL, NULL, NULL, NULL);
         gemm_case("wq_a decode", 0, 16, 5120, 1280, 0, 0, TOL_REAL, NULL, NULL, NULL);
         for (int i = 0; i < NSHAPES; i++) {
@@ -776,7 +784,7 @@ int main(int argc, char **argv) {
         printf("%d passed, %d failed\n", n_pass, n_fail);
     }
     if (only_bench || !strcmp(mode, "--bench") || !strcmp(mode, "--bench-noblock")) bench();
-    if (only_bench || !strcmp(mode, "--bench") || !strcmp(mode, "--bench-noblock")) grouped_bench();
+    if ((only_bench || !strcmp(mode, "--bench") || !strcmp(mode, "--bench-noblock")) && !getenv("DI_BENCH_ONE")) grouped_bench();
     if (n_fail) printf("%d passed, %d failed (after the bench)\n", n_pass, n_fail);
     di_backend_destroy(cpu);
     di_backend_cuda_destroy(gpu);

@@ -533,40 +533,66 @@ static __device__ __forceinline__ stage_scales scales_load2(const gemm_params *p
     return s;
 }
 
+/* announce TMA bytes on a barrier without arriving (the arrivals come later, from the FP4 rewrite) */
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+/* Producer. Iteration i fills stage i as soon as its slot is free: scales into shared memory, TMA of A
+ * and B (FP4: the packed weights). FP4 stages also need the nibble rewrite, which must wait for the
+ * packed bytes to land; it runs LAG stages behind the TMA issue, so the loads of the next LAG stages
+ * are in flight while one is rewritten (done in line, the rewrite would expose one TMA latency per
+ * stage). The rewrite of stage i − LAG comes before the wait for slot i: it depends only on its own
+ * TMA, while slot i is freed by the consumers once they are done with stage i − STAGES, which is
+ * complete since iteration i − STAGES + LAG < i. */
+#define LAG (STAGES - 1)
 static __device__ __forceinline__ void produce2(const gemm2_params *p2, bool fp4, stage *stages, const sched *sc) {
     const gemm_params *p = &p2->g;
     const int tid = threadIdx.x, lane = tid & 31, NT = (p->KB + TKB - 1) / TKB;
-    uint32_t it = 0; /* stages filled so far: ring slot it % STAGES, phase (it / STAGES) & 1 */
-    for (int tile = blockIdx.x; tile < sc->n_tiles; tile += gridDim.x) {
-        const tile_info ti = tile_of(p2, sc, tile);
-        stage_scales cur = scales_load2(p, fp4, 0, &ti, tid);
-        for (int t = 0; t < NT; t++, it++) {
-            stage *st = &stages[it % STAGES];
-            const uint32_t ph = (it / STAGES) & 1u;
-            stage_scales nxt = cur;
-            if (t + 1 < NT) nxt = scales_load2(p, fp4, t + 1, &ti, tid);
-            mbar_wait(&st->empty, ph ^ 1u);
-            if (fp4 && tid == 0) {
+    const int my_tiles = blockIdx.x < sc->n_tiles ? (sc->n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int total = my_tiles * NT, lag = fp4 ? LAG : 0;
+    if (total == 0) return;
+    int tile = blockIdx.x, t = 0; /* the stage the next TMA issue fills: tile, K stage */
+    tile_info ti = tile_of(p2, sc, tile);
+    stage_scales cur = scales_load2(p, fp4, 0, &ti, tid);
+    for (int i = 0; i < total + lag; i++) {
+        if (fp4 && i >= lag) {
+            const uint32_t j = (uint32_t)(i - lag);
+            stage *sr = &stages[j % STAGES];
+            mbar_wait(&sr->packed_full, (j / STAGES) & 1u);
+            fp4_rewrite(sr, tid);
+            fence_proxy_async(); /* the rewritten codes are read by wgmma (async proxy) */
+            mbar_arrive(&sr->full);
+        }
+        if (i >= total) continue;
+        stage *st = &stages[i % STAGES];
+        int tn = t + 1, tilen = tile; /* the stage after this one, for the scale prefetch */
+        tile_info tin = ti;
+        if (tn == NT) {
+            tn = 0, tilen += gridDim.x;
+            if (tilen < sc->n_tiles) tin = tile_of(p2, sc, tilen);
+        }
+        stage_scales nxt = cur;
+        if (i + 1 < total) nxt = scales_load2(p, fp4, tn, &tin, tid);
+        mbar_wait(&st->empty, (((uint32_t)i / STAGES) & 1u) ^ 1u);
+        const int unsafe = scales_store(&cur, fp4, st, min(TKB, p->KB - t * TKB), tid);
+        const unsigned any = __any_sync(0xffffffffu, unsafe);
+        if (lane == 0) st->unsafe[tid >> 5] = (int)any;
+        if (fp4) { /* full: A's bytes now, the 128 arrivals after the rewrite */
+            if (tid == 0) {
                 mbar_arrive_tx(&st->packed_full, TN * ROWB / 2);
                 tma_load(st->packed, ti.tb, t * TKB * QB / 2, ti.n0, &st->packed_full);
-            }
-            const int unsafe = scales_store(&cur, fp4, st, min(TKB, p->KB - t * TKB), tid);
-            const unsigned any = __any_sync(0xffffffffu, unsafe);
-            if (lane == 0) st->unsafe[tid >> 5] = (int)any;
-            if (fp4) {
-                mbar_wait(&st->packed_full, ph);
-                fp4_rewrite(st, tid);
-                fence_proxy_async();
-            }
-            if (tid == 0) {
-                mbar_arrive_tx(&st->full, fp4 ? TM * ROWB : (TM + TN) * ROWB);
+                mbar_expect_tx(&st->full, TM * ROWB);
                 tma_load(st->a, &p->ta, t * TKB * QB, ti.a_row, &st->full);
-                if (!fp4) tma_load(st->b, ti.tb, t * TKB * QB, ti.n0, &st->full);
-            } else {
-                mbar_arrive(&st->full);
             }
-            cur = nxt;
+        } else if (tid == 0) {
+            mbar_arrive_tx(&st->full, (TM + TN) * ROWB);
+            tma_load(st->a, &p->ta, t * TKB * QB, ti.a_row, &st->full);
+            tma_load(st->b, ti.tb, t * TKB * QB, ti.n0, &st->full);
+        } else {
+            mbar_arrive(&st->full);
         }
+        cur = nxt, t = tn, tile = tilen, ti = tin;
     }
 }
 
