@@ -38,9 +38,15 @@
  * exact terms (P_b·s_x)·s_w into an f32 scratch [KB, M, N] and split_sum_kernel adds them in ascending K
  * — the unsplit f32 sequence, so both paths give the same bits.
  *
- * Speed on an H200 (bench/NOTES-gpu.md): ~340–455 TFLOP/s FP8 and ~240–255 FP4 at M = 8192 (24–32 % of
- * the 1,445 TFLOP/s FP8 peak; the per-32 promotion serializes wgmma latency with CUDA-core work in each
- * consumer), 0.2–1.1 TB/s at decode (latency-bound serial block chains). */
+ * Unsplit calls (and the grouped expert GEMM) run a second, persistent kernel with the same numerics,
+ * bit for bit (qgemm2 below); this first kernel serves the split-K decode calls and is the second's
+ * reference in the tests.
+ *
+ * Speed on an H200 (bench/NOTES-gpu.md): persistent kernel ~380–430 TFLOP/s FP8 and ~260–270 FP4 at
+ * M = 8192 (26–30 % / 18 % of the 1,445 TFLOP/s FP8 peak; this kernel 305–390 / 245–260). Leave-one-out
+ * runs put the limit in the wgmma chain itself: with the promotion and the loads removed, two warpgroups
+ * each keeping two m64n128k32 block sums in flight reach only 45 % of the peak. Decode: 0.2–1.1 TB/s
+ * (latency-bound serial block chains). */
 #include <cuda.h>         /* CUtensorMap and its enums; the encoder is fetched at run time (no -lcuda) */
 #include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 
