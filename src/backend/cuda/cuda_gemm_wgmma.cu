@@ -874,8 +874,9 @@ extern "C" int di_cuda_wgmma_experts_create(int n_experts, const uint8_t *const 
     if (!maps || !t) return free(maps), free(t), di_error_set(err, DI_ERR_NOMEM, "cuda %s: %d maps", op, n_experts);
     int rc = DI_OK;
     for (int e = 0; e < n_experts && !rc; e++) {
-        if (!w[e] || !ws[e] || (uintptr_t)w[e] % 16)
-            rc = di_error_set(err, DI_ERR_INVALID, "cuda %s: expert %d: weight pointer NULL or not 16-byte aligned", op, e);
+        if (!w[e] || !ws[e] || (uintptr_t)w[e] % 16 || (uintptr_t)ws[e] % 4)
+            rc = di_error_set(err, DI_ERR_INVALID,
+                              "cuda %s: expert %d: weight (16-byte) or scale (4-byte) pointer NULL or misaligned", op, e);
         else rc = make_map(&maps[e], w[e], n, k / 2, ROWB / 2, 0, op, err);
     }
     t->n_exp = n_experts, t->n = n, t->k = k;
@@ -907,9 +908,9 @@ extern "C" int di_cuda_wgmma_fp4_grouped(const di_wgmma_experts *const *w, uint1
     if (n_w == 2 && (w[1]->n_exp != t0->n_exp || w[1]->n != t0->n || w[1]->k != t0->k))
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: tables differ: %d×[%lld, %lld] vs %d×[%lld, %lld]", op, t0->n_exp,
                             (long long)t0->n, (long long)t0->k, w[1]->n_exp, (long long)w[1]->n, (long long)w[1]->k);
-    if (rows < 0 || rows > INT32_MAX || ((uintptr_t)xq % 16))
-        return di_error_set(err, DI_ERR_INVALID, "cuda %s: %lld rows, codes %s16-byte aligned", op, (long long)rows,
-                            (uintptr_t)xq % 16 ? "not " : "");
+    if (rows < 0 || rows > INT32_MAX || (uintptr_t)xq % 16 || (uintptr_t)xs % 4 || ((uintptr_t)start % 8))
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: %lld rows; codes (16), scales (4), start (8) must be aligned",
+                            op, (long long)rows);
     if (rows == 0) return DI_OK;
     const int sms = qgemm2_usable(1);
     if (!sms) return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda %s: the persistent kernel cannot run here", op);

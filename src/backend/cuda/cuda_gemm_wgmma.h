@@ -43,8 +43,8 @@ int di_cuda_qgemm_wgmma_v1(const uint8_t *xq, const uint8_t *xs, int64_t m, int6
 /* Grouped MXFP4 expert GEMM (prefill, contiguous layout). One table holds one projection (w1, w3 or
  * w2) of one layer's experts: a TMA map per expert (the checkpoint keeps each expert's weight as its
  * own tensor, so no single map spans them) and the scale pointers, built on the host once and kept in
- * device memory. w[e] packed E2M1 [n, k/2] (16-byte aligned), ws[e] E8M0 [n, k/32]; host arrays of
- * device pointers, n_experts ≤ 1024. */
+ * device memory. w[e] packed E2M1 [n, k/2] (16-byte aligned), ws[e] E8M0 [n, k/32] (4-byte aligned):
+ * host arrays of device pointers, n_experts ≤ 1024. */
 typedef struct di_wgmma_experts di_wgmma_experts;
 int di_cuda_wgmma_experts_create(int n_experts, const uint8_t *const *w, const uint8_t *const *ws, int64_t n, int64_t k,
                                  di_wgmma_experts **out, di_error *err);
@@ -55,7 +55,8 @@ void di_cuda_wgmma_experts_destroy(di_wgmma_experts *t);
  * (start: DEVICE int64 [n_experts + 1], nondecreasing; clamped to [0, rows]); n_w = 1 or 2 tables of
  * equal shape (w1 and w3 share one launch); y[j] bf16 [rows, n] (rows outside every expert's range are
  * left as they were). Same numerics, bit for bit, as di_cuda_qgemm_wgmma on each expert's rows.
- * stream: a cudaStream_t. */
+ * xq 16-byte, xs 4-byte aligned. stream: a cudaStream_t. DI_ERR_UNSUPPORTED where the persistent kernel
+ * cannot run (its register split does not fit what the launch would allocate): loop over the experts then. */
 int di_cuda_wgmma_fp4_grouped(const di_wgmma_experts *const *w, uint16_t *const *y, int n_w, const uint8_t *xq,
                               const uint8_t *xs, int64_t rows, const int64_t *start, void *stream, di_error *err);
 
