@@ -19,10 +19,13 @@
 #   TORCH_ARGS  extra arguments for torch_layer.py (e.g. --small, --layers 0,2, --no-compile); small
 #               presets should pass --small so both sides time the same shapes
 #   SHAPES      bench gpu's shapes (default: the peer's: full-layer B 1,8,64,256 x ctx 4K,64K + 8K prefill;
-#               otherwise B 1,64 x ctx 4K + 2K prefill, 8 iterations)
+#               otherwise B 1,64 x ctx 4K + 2K prefill, 8 iterations unless SHAPES or BENCH_ARGS name --iters)
 #   DEVICE      bench gpu's --device (default cuda; cpu runs the whole script as a smoke test)
 #   BENCH_ARGS  extra arguments for `deepinfer bench gpu` (e.g. --iters 20, --hbm-gbps 4470)
 #   SKIP_TORCH  1: do not run the peer (an earlier torch_layer-PRESET.json in OUT_DIR is still joined)
+#   TIMEOUT_MKMODEL, TIMEOUT_TORCH, TIMEOUT_BENCH  seconds each stage may run (coreutils timeout; unset =
+#               no limit): a stage cut short still leaves its partial output (bench gpu prints every
+#               shape's rows on its log as the shape finishes; the peer rewrites its .partial.json)
 # On the device machine (10 minutes per command): `make deepinfer-cuda` here, then run
 #   sh scripts/bench_gpu.sh full-layer        with carry build/deepinfer-cuda
 # The checkpoint and the peer's per-layer partial JSON survive a cut-short run on a warm machine; run
@@ -34,6 +37,12 @@ OUTD=${2:-${OUT:-bench-out}}
 mkdir -p "$OUTD"
 
 pick() { for f in "$@"; do [ -e "$f" ] && { echo "$f"; return; }; done; }
+# limit SECONDS CMD...: CMD under coreutils timeout when SECONDS is set (exit 124 when cut short)
+limit() {
+    t=$1
+    shift
+    if [ -n "$t" ] && command -v timeout >/dev/null 2>&1; then timeout -k 5 "$t" "$@"; else "$@"; fi
+}
 DICUDA=${DEEPINFER_CUDA:-$(pick .carry/deepinfer-cuda build/deepinfer-cuda)}
 # mkmodel runs with any CLI: the static one, else the CUDA one (its libraries are linked in statically)
 DI=${DEEPINFER:-$(pick .carry/deepinfer-static build/deepinfer-static "$DICUDA" build/deepinfer)}
@@ -49,14 +58,14 @@ esac
     df -h /tmp | tail -1
 } | tee "$OUTD/gpu.txt"
 
-# (a) the checkpoint
-if [ ! -f "$CKPT/config.json" ]; then
+# (a) the checkpoint (the index is written after the last weight shard: a cut-short write has none)
+if [ ! -f "$CKPT/model.safetensors.index.json" ]; then
     if [ -z "$DI" ]; then
         echo "no deepinfer binary (set DEEPINFER or carry .carry/deepinfer-static)"
         exit 1
     fi
     t0=$(date +%s)
-    "$DI" mkmodel --preset "$PRESET" --out "$CKPT" >"$OUTD/mkmodel.log" 2>&1
+    limit "${TIMEOUT_MKMODEL:-}" "$DI" mkmodel --preset "$PRESET" --out "$CKPT" >"$OUTD/mkmodel.log" 2>&1
     rc=$?
     t1=$(date +%s)
     echo "mkmodel --preset $PRESET: exit $rc, $((t1 - t0)) s, $(du -sh "$CKPT" 2>/dev/null | cut -f1)" | tee -a "$OUTD/mkmodel.log"
@@ -73,7 +82,7 @@ elif [ -z "$TL" ]; then
 else
     # shellcheck disable=SC2086
     # --partial keeps the finished layers if the run is cut short (the device's 10-minute command limit)
-    PYTHONUNBUFFERED=1 python3 "$TL" "$CKPT" --json --partial "$OUTD/torch_layer-$PRESET.partial.json" \
+    limit "${TIMEOUT_TORCH:-}" env PYTHONUNBUFFERED=1 python3 "$TL" "$CKPT" --json --partial "$OUTD/torch_layer-$PRESET.partial.json" \
         ${TORCH_ARGS:-} >"$OUTD/torch_layer-$PRESET.json" 2>"$OUTD/torch_layer-$PRESET.log"
     status=$?
     cat "$OUTD/torch_layer-$PRESET.log"
@@ -83,9 +92,14 @@ fi
 # (c) our layers: `deepinfer bench gpu` on the same checkpoint, the peer's times joined in by role and shape
 case $PRESET in
     full-layer) DEF_SHAPES="--batch 1,8,64,256 --context 4096,65536 --prefill 8192" ;;
-    *) DEF_SHAPES="--batch 1,64 --context 4096 --prefill 2048 --iters 8" ;; # torch_layer.py --small's shapes
+    *) DEF_SHAPES="--batch 1,64 --context 4096 --prefill 2048" ;; # torch_layer.py --small's shapes
 esac
 SHAPES=${SHAPES:-$DEF_SHAPES}
+# the small check repeats 8 times (the peer's --small count) unless SHAPES / BENCH_ARGS say otherwise
+case " $SHAPES ${BENCH_ARGS:-} " in
+    *" --iters "*) ;;
+    *) [ "$PRESET" = full-layer ] || SHAPES="$SHAPES --iters 8" ;;
+esac
 DIB=${DICUDA:-$DI}
 if [ -z "$DIB" ]; then
     echo "deepinfer bench gpu: skipped (no CUDA CLI: make deepinfer-cuda, or set DEEPINFER_CUDA)"
@@ -100,7 +114,7 @@ for f in "$OUTD/torch_layer-$PRESET.json" "$OUTD/torch_layer-$PRESET.partial.jso
     fi
 done
 # shellcheck disable=SC2086
-"$DIB" bench gpu --model "$CKPT" --device "${DEVICE:-cuda}" $SHAPES $PEER ${BENCH_ARGS:-} --json \
+limit "${TIMEOUT_BENCH:-}" "$DIB" bench gpu --model "$CKPT" --device "${DEVICE:-cuda}" $SHAPES $PEER ${BENCH_ARGS:-} --json \
     >"$OUTD/deepinfer_bench_gpu-$PRESET.json" 2>"$OUTD/deepinfer_bench_gpu-$PRESET.log"
 brc=$?
 # the log holds the progress lines and the combined table (ours | peer ms | speedup = peer / ours)

@@ -180,18 +180,41 @@ static void test_json_rows(void **state) {
     json_decref(doc);
 }
 
+/* --prefill-first runs (and lists) the prefill before the decode shapes; --prefill-iters / --prefill-warmup
+ * are the prefill's own counts, reported in the document. */
+static void test_prefill_first(void **state) {
+    (void)state;
+    int st, lines;
+    json_t *doc = run_bench("--batch 1 --context 64 --prefill 32 --iters 1 --warmup 0 --prefill-iters 3 "
+                            "--prefill-warmup 0 --prefill-first --hbm-gbps 10",
+                            &st, &lines);
+    assert_int_equal(st, 0);
+    json_t *rows = json_object_get(doc, "rows");
+    assert_int_equal(json_array_size(rows), 6 * 2);
+    for (size_t i = 0; i < json_array_size(rows); i++)
+        assert_string_equal(json_string_value(json_object_get(json_array_get(rows, i), "mode")), i < 6 ? "prefill" : "decode");
+    assert_int_equal((int)num(doc, "prefill_iters"), 3);
+    assert_int_equal((int)num(doc, "prefill_warmup"), 0);
+    assert_int_equal((int)num(doc, "iters"), 1);
+    /* every finished shape's rows were printed on stderr as it finished: ≥ 12 row lines */
+    tu_report("stderr lines of a 2-shape run: %d", lines);
+    assert_true(lines >= 12);
+    json_decref(doc);
+}
+
 static void test_bad_args(void **state) {
     (void)state;
     const char *bad[][2] = {
         {"--batch 0", "--batch"},          {"--batch 1,x", "--batch"},   {"--context 63", "--context 63"},
         {"--context ,", "--context"},      {"--iters 0", "iters"},       {"--device tpu", "--device"},
         {"--peer /nonexistent/p.json", "--peer"}, {"--bogus 1", "bogus"}, {"--hbm-gbps -3", "--hbm-gbps"},
+        {"--op-times", "--op-times"}, {"--prefill-iters 0", "prefill-iters"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[256];
         snprintf(args, sizeof args, "%s --batch 1 --context 64 --prefill 0 --iters 1 --warmup 0 --hbm-gbps 10", bad[i][0]);
         if (!strncmp(bad[i][0], "--batch", 7) || !strncmp(bad[i][0], "--context", 9) || !strncmp(bad[i][0], "--iters", 7) ||
-            !strncmp(bad[i][0], "--hbm", 5))
+            !strncmp(bad[i][0], "--hbm", 5) || !strncmp(bad[i][0], "--prefill-iters", 15))
             snprintf(args, sizeof args, "%s", bad[i][0]); /* the option itself is the one under test */
         int st, lines;
         json_t *doc = run_bench(args, &st, &lines);
@@ -337,6 +360,7 @@ int main(void) {
         cmocka_unit_test(test_block_hook),
         cmocka_unit_test(test_synthetic_cache),
         cmocka_unit_test(test_json_rows),
+        cmocka_unit_test(test_prefill_first),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -345,12 +345,70 @@ static void test_bad_batches(void **state) {
     env_close(&e);
 }
 
+
+/* A pass that fails after its caches were extended (here: the per-block hook aborts at block 1) undoes
+ * the extension where the margin allows; a chunk longer than the margin leaves its session broken:
+ * every later forward / rollback / draft fails with a clear error until di_session_reset, after which
+ * the session runs exactly like a fresh one. */
+static int fail_at_block1(void *ctx, int layer, bool after, di_error *err) {
+    (void)ctx, (void)after;
+    return layer == 1 ? di_error_set(err, DI_ERR_INTERNAL, "injected failure at block 1") : DI_OK;
+}
+
+static void test_failed_pass_unwinds_or_breaks(void **state) {
+    (void)state;
+    model_env e;
+    env_open(&e, "v41-tiny-sel");
+    const int64_t V = e.V;
+    di_session *a = new_session(&e, e.be, false), *b = new_session(&e, e.be, false), *ref = new_session(&e, e.be, false);
+    di_error err = {0};
+    int32_t ids[MAX_LEN];
+    for (int t = 0; t < MAX_LEN; t++) ids[t] = (int32_t)rnd_in(3, V - 1);
+    assert_int_equal(di_session_forward(a, ids, 10, false, NULL, NULL, &err), DI_OK);
+    assert_int_equal(di_session_forward(ref, ids, 10, false, NULL, NULL, &err), DI_OK);
+    int64_t margin = di_cache_rollback_limit(b->cache);
+    assert_true(margin < 20);
+    di_fwd_opts fo = {.block_hook = fail_at_block1};
+    /* a: 2 tokens (within the margin), b: 20 tokens from an empty cache (beyond it) */
+    di_session_chunk two[2] = {{.s = a, .ids = ids + 10, .n = 2}, {.s = b, .ids = ids, .n = 20}};
+    assert_int_equal(di_session_forward_batch(two, 2, &fo, &err), DI_ERR_INTERNAL);
+    assert_false(a->broken);
+    assert_true(b->broken);
+    assert_int_equal(di_session_len(a), 10);
+    assert_same_image(a, ref, "a after the failed pass");
+    /* b refuses everything until it is reset */
+    assert_int_equal(di_session_forward(b, ids, 1, false, NULL, NULL, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "reset the session"));
+    tu_report("broken session: %s", err.msg);
+    assert_int_equal(di_session_rollback(b, 1, &err), DI_ERR_INVALID);
+    di_session_chunk with_b[2] = {{.s = a, .ids = ids + 10, .n = 1}, {.s = b, .ids = ids, .n = 1}};
+    assert_int_equal(di_session_forward_batch(with_b, 2, NULL, &err), DI_ERR_INVALID);
+    assert_int_equal(di_session_len(a), 10); /* refused before any extension */
+    di_session_reset(b);
+    assert_false(b->broken);
+    float *lb = malloc(sizeof(float) * (size_t)V), *lr = malloc(sizeof(float) * (size_t)V);
+    assert_true(lb && lr);
+    di_session *fresh = new_session(&e, e.be, false);
+    assert_int_equal(di_session_forward(b, ids, 12, false, lb, NULL, &err), DI_OK);
+    assert_int_equal(di_session_forward(fresh, ids, 12, false, lr, NULL, &err), DI_OK);
+    assert_memory_equal(lb, lr, sizeof(float) * (size_t)V);
+    assert_same_image(b, fresh, "b after reset");
+    /* a continues exactly */
+    assert_int_equal(di_session_forward(a, ids + 10, 3, false, lb, NULL, &err), DI_OK);
+    assert_int_equal(di_session_forward(ref, ids + 10, 3, false, lr, NULL, &err), DI_OK);
+    assert_memory_equal(lb, lr, sizeof(float) * (size_t)V);
+    free(lb), free(lr);
+    di_session_destroy(a), di_session_destroy(b), di_session_destroy(ref), di_session_destroy(fresh);
+    env_close(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_batches_sel),
         cmocka_unit_test(test_random_batches_nosel),
         cmocka_unit_test(test_runner_step_is_one_forward),
         cmocka_unit_test(test_bad_batches),
+        cmocka_unit_test(test_failed_pass_unwinds_or_breaks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

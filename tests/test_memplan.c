@@ -520,12 +520,52 @@ static void test_cli(void **state) {
     free(c);
 }
 
+
+/* ---------------- the check a run makes before loading ---------------- */
+
+/* di_memplan_preflight reads only config.json: the released V4.1 config is refused on one GPU with
+ * the overflowing category named, before any weight file is opened (the directory has none), and the
+ * tiny golden model passes with its one-line plan written to the log. */
+static void test_preflight(void **state) {
+    (void)state;
+    di_error err = {0};
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    int rc = di_memplan_preflight(tu_data("v41-flash-config"), DI_PLAN_CUDA, 1, 4096, f, &err);
+    fclose(f);
+    assert_int_equal(rc, DI_ERR_LIMIT);
+    expect_substr(err.msg, "weights do not fit on cuda");
+    expect_substr(buf, "memory plan (cuda, 1 × 4096 tokens)");
+    expect_substr(buf, "does not fit");
+    free(buf);
+
+    buf = NULL;
+    f = open_memstream(&buf, &n);
+    err = (di_error){0};
+    rc = di_memplan_preflight(tu_data("v41-tiny-sel"), DI_PLAN_CUDA, 2, 0, f, &err);
+    fclose(f);
+    assert_int_equal(rc, DI_OK);
+    expect_substr(buf, "memory plan (cuda, 2 × ");
+    assert_null(strstr(buf, "does not fit"));
+    free(buf);
+
+    /* a context above max_position_embeddings is clamped (the run rejects the prompt itself) */
+    err = (di_error){0};
+    assert_int_equal(di_memplan_preflight(tu_data("v41-tiny-sel"), DI_PLAN_CPU, 1, (int64_t)1 << 40, NULL, &err), DI_OK);
+    /* no config: the loader's error, naming the directory */
+    err = (di_error){0};
+    assert_int_not_equal(di_memplan_preflight("/nonexistent-model-dir", DI_PLAN_CPU, 1, 16, NULL, &err), DI_OK);
+    expect_substr(err.msg, "/nonexistent-model-dir");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_released_refused),   cmocka_unit_test(test_released_offloaded),
         cmocka_unit_test(test_tiny_cpu),           cmocka_unit_test(test_max_fit),
         cmocka_unit_test(test_workspace_overflow), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_print),              cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_preflight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  *
  *   deepinfer bench gpu --model DIR [--device cuda|cpu] [--batch 1,8,64,256] [--context 4096,65536]
  *                       [--prefill 8192] [--iters N] [--warmup N] [--hbm-gbps G] [--fp8-tflops F]
- *                       [--peer FILE] [--threads N] [--json]
+ *                       [--prefill-iters N] [--prefill-warmup N] [--prefill-first] [--op-times] [--peer FILE]
+ *                       [--threads N]
+ *                       [--json]
  *
  * Layers: the first backbone layer of each role (swa, rR-kv-index-source, rR-kv-index-candidate-source,
  * rR-reindex, rR-reuse, "+engram" on Engram layers: the names torch_layer.py gives), all timed inside one forward of the whole
@@ -28,6 +30,11 @@
  * plus the indexer 2·Hi·ihd per (query, visible index key) on index sources — ÷ time, next to
  * --fp8-tflops (default 1445: the H200's dense FP8 peak).
  *
+ * --op-times (CUDA build): after each shape's timed runs, one more pass with a CUDA event around every
+ * backend op (backend/cuda/cuda_optime.h); each row then lists its layer's ops by GPU time (op, GEMM
+ * k × n and Σ m, calls, ms), on stderr as the shape finishes and under "ops" in the JSON. Each shape's
+ * rows are printed on stderr as soon as it finishes, so a run cut short keeps what it measured.
+ *
  * --peer FILE: the --json document of bench/torch_layer.py on the same checkpoint; its time for the
  * same role and shape fills the `peer ms` column and peer/ours the `speedup` column.
  *
@@ -41,12 +48,20 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_optime.h"
 #include "bench_read.h"
 #include "cli.h"
 #include "model/cache_synth.h"
 #include "model/session.h"
 
 #define MAX_LIST 16
+
+/* Per-op timing (backend/cuda/cuda_optime.h) lives in the CUDA objects: weak references, so the CLI
+ * without CUDA links and answers --op-times with a clear message. */
+extern int di_cuda_optime_install(di_backend *be, di_error *err) __attribute__((weak));
+extern void di_cuda_optime_enable(int on) __attribute__((weak));
+extern void di_cuda_optime_tag(int tag) __attribute__((weak));
+extern int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err) __attribute__((weak));
 
 static double now_s(void) {
     struct timespec ts;
@@ -184,12 +199,19 @@ typedef struct row {
     int64_t experts_bound; /* min(B·top_k, n_experts) */
     double flops;
     double peer_ms; /* NAN: none */
+    di_optime_row *ops; /* --op-times: this layer's ops in one more pass, largest first (malloc'd) */
+    int n_ops;
 } row;
 
 typedef struct bench {
     const di_model *m;
     const di_backend *be;
     int iters, warmup;
+    int pf_iters, pf_warmup; /* prefill's own counts (an exact-kernel 8K prefill takes seconds) */
+    bool op_times;           /* one more pass per shape with per-op CUDA events */
+    di_optime_row *ops;      /* that pass's rows, all layers (malloc'd), n_ops of them */
+    int n_ops;
+    double roof_Bps, peak_flops;
     int n_roles, layer[DI_MAX_STAGES];
     char role[DI_MAX_STAGES][48];
     layer_cost cost[DI_MAX_STAGES];
@@ -223,24 +245,77 @@ static uint64_t xs(uint64_t *r) {
  * median per role layer into out_ms. */
 typedef int (*run_fn)(void *ctx, const di_fwd_opts *o, di_error *err);
 
-static int measure(bench *b, run_fn fn, void *ctx, double *out_ms, di_error *err) {
-    double *v = malloc(sizeof(double) * (size_t)b->iters * DI_MAX_STAGES); /* f64 [iters, stages] */
+/* --op-times pass: the hook only moves the op timer's tag (no synchronisation inside the pass). */
+static int optime_hook(void *ctx, int L, bool after, di_error *err) {
+    (void)ctx, (void)err;
+    di_cuda_optime_tag(after ? -1 : L);
+    return DI_OK;
+}
+
+static int measure(bench *b, run_fn fn, void *ctx, int iters, int warmup, double *out_ms, di_error *err) {
+    double *v = malloc(sizeof(double) * (size_t)iters * DI_MAX_STAGES); /* f64 [iters, stages] */
     if (!v) return di_error_set(err, DI_ERR_NOMEM, "bench gpu: timings");
     di_fwd_opts o = {.block_hook = timer_hook, .block_hook_ctx = &b->tm};
     int rc = DI_OK;
-    for (int it = 0; it < b->warmup + b->iters && !rc; it++) {
+    for (int it = 0; it < warmup + iters && !rc; it++) {
         memset(b->tm.ms, 0, sizeof b->tm.ms);
         rc = fn(ctx, &o, err);
-        if (it >= b->warmup) memcpy(v + (it - b->warmup) * DI_MAX_STAGES, b->tm.ms, sizeof b->tm.ms);
+        if (it >= warmup) memcpy(v + (it - warmup) * DI_MAX_STAGES, b->tm.ms, sizeof b->tm.ms);
     }
     for (int k = 0; k < b->n_roles && !rc; k++) {
         double col[4096];
-        int n = b->iters < 4096 ? b->iters : 4096;
+        int n = iters < 4096 ? iters : 4096;
         for (int i = 0; i < n; i++) col[i] = v[i * DI_MAX_STAGES + b->layer[k]];
         out_ms[k] = median(col, n);
     }
     free(v);
+    free(b->ops), b->ops = NULL, b->n_ops = 0;
+    if (!rc && b->op_times) {
+        di_fwd_opts oo = {.block_hook = optime_hook};
+        di_cuda_optime_enable(1);
+        rc = fn(ctx, &oo, err);
+        di_cuda_optime_enable(0);
+        di_cuda_optime_tag(-1);
+        di_error e2 = {0};
+        int rc2 = di_cuda_optime_collect(&b->ops, &b->n_ops, &e2);
+        if (!rc && rc2) *err = e2, rc = rc2;
+    }
     return rc;
+}
+
+/* Copies this pass's op rows of layer L into w->ops. */
+static int take_ops(bench *b, row *w, int L, di_error *err) {
+    int n = 0;
+    for (int i = 0; i < b->n_ops; i++) n += b->ops[i].tag == L;
+    if (!n) return DI_OK;
+    if (!(w->ops = malloc(sizeof(di_optime_row) * (size_t)n))) return di_error_set(err, DI_ERR_NOMEM, "bench gpu: op rows");
+    for (int i = 0; i < b->n_ops; i++)
+        if (b->ops[i].tag == L) w->ops[w->n_ops++] = b->ops[i];
+    return DI_OK;
+}
+
+static void print_header(FILE *f);
+static void print_row(FILE *f, const row *w, double roof_Bps, double peak_flops);
+
+/* A finished shape's rows at once on stderr, with their op breakdown (a cut-short run keeps them). */
+static void report_rows(const bench *b, int first) {
+    for (int k = first; k < b->n_rows; k++) {
+        const row *w = &b->rows[k];
+        print_row(stderr, w, b->roof_Bps, b->peak_flops);
+        double sum = 0;
+        for (int i = 0; i < w->n_ops; i++) sum += w->ops[i].ms;
+        if (w->n_ops)
+            fprintf(stderr, "  ops of layer %d (one more pass): %.3f ms on the GPU in %d op groups, block wall %.3f ms\n",
+                    w->layer, sum, w->n_ops, w->ms);
+        for (int i = 0; i < w->n_ops && i < 14; i++) {
+            const di_optime_row *o = &w->ops[i];
+            char shp[48] = "";
+            if (o->k) snprintf(shp, sizeof shp, "k%lld n%lld m%lld", (long long)o->k, (long long)o->n, (long long)o->rows);
+            fprintf(stderr, "    %-20s %-26s %6lld calls %9.3f ms %5.1f%%\n", o->op, shp, (long long)o->calls, o->ms,
+                    sum > 0 ? 100 * o->ms / sum : 0);
+        }
+    }
+    fflush(stderr);
 }
 
 typedef struct decode_ctx {
@@ -298,7 +373,7 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
     }
     double ms[DI_MAX_STAGES];
     decode_ctx d = {ch, (int)B};
-    if (!rc) rc = measure(b, decode_run, &d, ms, err);
+    if (!rc) rc = measure(b, decode_run, &d, b->iters, b->warmup, ms, err);
     if (!rc) ec = calloc(1, sizeof *ec);
     if (!rc && !ec) rc = di_error_set(err, DI_ERR_NOMEM, "bench gpu: expert counts");
     if (!rc) { /* the same step once more, untimed, to see which experts the router picks */
@@ -326,6 +401,7 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
         w->expert_bytes = c->expert_bytes * (double)w->experts_read;
         w->cache_bytes = (double)B * (cache_read_bytes(cfg, &cs, L, C) + c->engram_row_bytes);
         w->bytes = w->weight_bytes + w->expert_bytes + w->cache_bytes;
+        rc = take_ops(b, w, L, err);
     }
 done:
     for (int64_t i = 0; ss && i < B; i++) di_session_destroy(ss[i]);
@@ -356,7 +432,7 @@ static int bench_prefill(bench *b, int64_t P, di_error *err) {
     int rc = di_session_create(b->m, b->be, &so, &s, err);
     double ms[DI_MAX_STAGES];
     prefill_ctx p = {s, ids, P};
-    if (!rc) rc = measure(b, prefill_run, &p, ms, err);
+    if (!rc) rc = measure(b, prefill_run, &p, b->pf_iters, b->pf_warmup, ms, err);
     for (int k = 0; k < b->n_roles && !rc; k++) {
         row *w = add_row(b, err);
         if (!w) {
@@ -366,6 +442,7 @@ static int bench_prefill(bench *b, int64_t P, di_error *err) {
         snprintf(w->role, sizeof w->role, "%s", b->role[k]);
         w->layer = b->layer[k], w->prefill = true, w->batch = 1, w->tokens = P, w->ms = ms[k];
         w->flops = prefill_flops(cfg, &b->cost[b->layer[k]], b->layer[k], P);
+        rc = take_ops(b, w, b->layer[k], err);
     }
     di_session_destroy(s);
     free(ids);
@@ -456,41 +533,57 @@ static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
         json_object_set_new(o, "peer_time_ms", json_real(w->peer_ms));
         json_object_set_new(o, "peer_speedup", json_real(w->peer_ms / w->ms));
     }
+    if (w->n_ops) {
+        json_t *ops = json_array();
+        for (int i = 0; i < w->n_ops; i++) {
+            const di_optime_row *r = &w->ops[i];
+            json_array_append_new(ops, json_pack("{s:s, s:I, s:I, s:I, s:I, s:f}", "op", r->op, "k", (json_int_t)r->k,
+                                                 "n", (json_int_t)r->n, "calls", (json_int_t)r->calls, "rows",
+                                                 (json_int_t)r->rows, "ms", r->ms));
+        }
+        json_object_set_new(o, "ops", ops);
+    }
     return o;
 }
 
-static void print_table(FILE *f, const bench *b, double roof_Bps, double peak_flops) {
+static void print_header(FILE *f) {
     fprintf(f, "%-36s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
-           "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup");
-    for (int k = 0; k < b->n_rows; k++) {
-        const row *w = &b->rows[k];
-        char c1[16] = "-", c2[16] = "-", c3[16] = "-", c4[16] = "-", pm[16] = "-", sp[16] = "-";
-        double s = w->ms * 1e-3;
-        if (w->prefill) {
-            snprintf(c3, sizeof c3, "%.4g", w->flops / s / 1e12);
-            snprintf(c4, sizeof c4, "%.3g%%", 100 * w->flops / s / peak_flops);
-        } else {
-            snprintf(c1, sizeof c1, "%.1f", w->bytes / s / 1e9);
-            snprintf(c2, sizeof c2, "%.1f%%", 100 * w->bytes / s / roof_Bps);
-        }
-        if (!isnan(w->peer_ms)) {
-            snprintf(pm, sizeof pm, "%.3f", w->peer_ms);
-            snprintf(sp, sizeof sp, "%.2fx", w->peer_ms / w->ms);
-        }
-        fprintf(f, "%-36s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
-               w->prefill ? "prefill" : "decode", (long long)w->batch, (long long)w->ctx, (long long)w->tokens, w->ms,
-               c1, c2, c3, c4, pm, sp);
+            "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup");
+}
+
+static void print_row(FILE *f, const row *w, double roof_Bps, double peak_flops) {
+    char c1[16] = "-", c2[16] = "-", c3[16] = "-", c4[16] = "-", pm[16] = "-", sp[16] = "-";
+    double s = w->ms * 1e-3;
+    if (w->prefill) {
+        snprintf(c3, sizeof c3, "%.4g", w->flops / s / 1e12);
+        snprintf(c4, sizeof c4, "%.3g%%", 100 * w->flops / s / peak_flops);
+    } else {
+        snprintf(c1, sizeof c1, "%.1f", w->bytes / s / 1e9);
+        snprintf(c2, sizeof c2, "%.1f%%", 100 * w->bytes / s / roof_Bps);
     }
+    if (!isnan(w->peer_ms)) {
+        snprintf(pm, sizeof pm, "%.3f", w->peer_ms);
+        snprintf(sp, sizeof sp, "%.2fx", w->peer_ms / w->ms);
+    }
+    fprintf(f, "%-36s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
+            w->prefill ? "prefill" : "decode", (long long)w->batch, (long long)w->ctx, (long long)w->tokens, w->ms, c1,
+            c2, c3, c4, pm, sp);
+}
+
+static void print_table(FILE *f, const bench *b, double roof_Bps, double peak_flops) {
+    print_header(f);
+    for (int k = 0; k < b->n_rows; k++) print_row(f, &b->rows[k], roof_Bps, peak_flops);
 }
 
 int bench_gpu(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench gpu", .json = cli_flag(&a, "json")};
+    bool op_times = cli_flag(&a, "op-times"), prefill_first = cli_flag(&a, "prefill-first");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const char *device = NULL, *model = cli_str(&a, "model", NULL), *peer = cli_str(&a, "peer", NULL);
     const char *batch_s = cli_str(&a, "batch", "1,8,64,256"), *ctx_s = cli_str(&a, "context", "4096,65536");
-    long long P, iters, warmup, threads;
+    long long P, iters, warmup, threads, pf_iters, pf_warmup;
     double hbm_gbps, fp8_tflops;
     int64_t batches[MAX_LIST], ctxs[MAX_LIST];
     int n_b = 0, n_c = 0, rc = 1;
@@ -500,6 +593,8 @@ int bench_gpu(int argc, char **argv) {
     di_error err = {0};
     if (!cli_device(&cli, &a, &device) || !cli_int(&cli, &a, "prefill", 8192, 0, 1 << 20, &P) ||
         !cli_int(&cli, &a, "iters", 10, 1, 4096, &iters) || !cli_int(&cli, &a, "warmup", 2, 0, 1000, &warmup) ||
+        !cli_int(&cli, &a, "prefill-iters", -1, 1, 4096, &pf_iters) ||
+        !cli_int(&cli, &a, "prefill-warmup", -1, 0, 1000, &pf_warmup) ||
         !cli_int(&cli, &a, "threads", ncpu > 0 ? ncpu : 1, 1, 256, &threads) ||
         !cli_double(&cli, &a, "hbm-gbps", -1, &hbm_gbps) || !cli_double(&cli, &a, "fp8-tflops", 1445, &fp8_tflops) ||
         !parse_list(&cli, "batch", batch_s, 1, 4096, batches, &n_b) ||
@@ -509,15 +604,26 @@ int bench_gpu(int argc, char **argv) {
         cli_fail(&cli, "--model DIR is required (a checkpoint directory, e.g. `deepinfer mkmodel --preset full-layer`)");
         goto out;
     }
+    /* checked before the model loads: a bad --peer or --op-times must not cost a whole run first */
+    if (peer && peer_join(&b, peer, &err)) { /* no rows yet: only reads and checks the document */
+        cli_fail_err(&cli, &err);
+        goto out;
+    }
+    if (op_times && strcmp(device, "cuda")) {
+        cli_fail(&cli, "--op-times: needs --device cuda (per-op CUDA events), got --device %s", device);
+        goto out;
+    }
     if (!(fp8_tflops > 0) || (hbm_gbps != -1 && !(hbm_gbps > 0))) {
         cli_fail(&cli, "--hbm-gbps and --fp8-tflops must be positive");
         goto out;
     }
+    double t_load = now_s();
     if (di_model_open(model, &m, &err) || di_backend_create(device, (int)threads, &be, &err) ||
         di_model_to_backend(m, be, &err)) {
         cli_fail_err(&cli, &err);
         goto out;
     }
+    fprintf(stderr, "bench gpu: %s loaded on %s in %.1f s\n", model, device, now_s() - t_load);
     const di_config *cfg = &m->cfg;
     int64_t align = 1; /* the synthetic history needs a multiple of every compress ratio (their lcm) */
     for (int L = 0; L < cfg->n_layers; L++) {
@@ -548,6 +654,19 @@ int bench_gpu(int argc, char **argv) {
         }
     }
     b.m = m, b.be = be, b.iters = (int)iters, b.warmup = (int)warmup;
+    b.pf_iters = pf_iters > 0 ? (int)pf_iters : (int)iters, b.pf_warmup = pf_warmup >= 0 ? (int)pf_warmup : (int)warmup;
+    b.roof_Bps = roof_Bps, b.peak_flops = fp8_tflops * 1e12;
+    if (op_times) {
+        if (!di_cuda_optime_install) {
+            cli_fail(&cli, "--op-times: this build has no CUDA backend (use build/deepinfer-cuda)");
+            goto out;
+        }
+        if (di_cuda_optime_install(be, &err)) {
+            cli_fail_err(&cli, &err);
+            goto out;
+        }
+        b.op_times = true;
+    }
     b.tm.be = be;
     if (!(b.tm.probe = be->mem_alloc(be, 64, &err))) {
         cli_fail_err(&cli, &err);
@@ -563,19 +682,33 @@ int bench_gpu(int argc, char **argv) {
         snprintf(b.role[b.n_roles], sizeof b.role[0], "%s", nm);
         b.layer[b.n_roles++] = L;
     }
-    for (int ci = 0; ci < n_c; ci++)
-        for (int bi = 0; bi < n_b; bi++) {
-            fprintf(stderr, "bench gpu: decode B=%lld ctx=%lld\n", (long long)batches[bi], (long long)ctxs[ci]);
-            if (bench_decode(&b, batches[bi], ctxs[ci], &err)) {
+    print_header(stderr);
+    /* decode shapes, then the prefill (--prefill-first: the other way round) */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == (prefill_first ? 1 : 0)) {
+            for (int ci = 0; ci < n_c; ci++)
+                for (int bi = 0; bi < n_b; bi++) {
+                    double t0 = now_s();
+                    int first = b.n_rows;
+                    fprintf(stderr, "bench gpu: decode B=%lld ctx=%lld\n", (long long)batches[bi], (long long)ctxs[ci]);
+                    if (bench_decode(&b, batches[bi], ctxs[ci], &err)) {
+                        cli_fail_err(&cli, &err);
+                        goto out;
+                    }
+                    report_rows(&b, first);
+                    fprintf(stderr, "bench gpu: decode B=%lld ctx=%lld done in %.1f s\n", (long long)batches[bi],
+                            (long long)ctxs[ci], now_s() - t0);
+                }
+        } else if (P > 0) {
+            double t0 = now_s();
+            int first = b.n_rows;
+            fprintf(stderr, "bench gpu: prefill %lld tokens\n", P);
+            if (bench_prefill(&b, P, &err)) {
                 cli_fail_err(&cli, &err);
                 goto out;
             }
-        }
-    if (P > 0) {
-        fprintf(stderr, "bench gpu: prefill %lld tokens\n", P);
-        if (bench_prefill(&b, P, &err)) {
-            cli_fail_err(&cli, &err);
-            goto out;
+            report_rows(&b, first);
+            fprintf(stderr, "bench gpu: prefill %lld done in %.1f s\n", P, now_s() - t0);
         }
     }
     if (peer && peer_join(&b, peer, &err)) {
@@ -585,8 +718,8 @@ int bench_gpu(int argc, char **argv) {
     /* the table always; with --json on stderr (the one document owns stdout) */
     FILE *tf = cli.json ? stderr : stdout;
     print_table(tf, &b, roof_Bps, fp8_tflops * 1e12);
-    fprintf(tf, "roofline: %.1f GB/s (%s); FP8 peak %.0f TFLOP/s; median of %lld after %lld warm-up; device %s\n",
-            roof_Bps / 1e9, roof_src, fp8_tflops, iters, warmup, device);
+    fprintf(tf, "roofline: %.1f GB/s (%s); FP8 peak %.0f TFLOP/s; median of %lld after %lld warm-up (prefill %d after %d); "
+            "device %s\n", roof_Bps / 1e9, roof_src, fp8_tflops, iters, warmup, b.pf_iters, b.pf_warmup, device);
     if (cli.json) {
         json_t *doc = json_object(), *arr = json_array();
         json_object_set_new(doc, "bench", json_string("deepinfer_bench_gpu"));
@@ -594,6 +727,11 @@ int bench_gpu(int argc, char **argv) {
         json_object_set_new(doc, "model", json_string(model));
         json_object_set_new(doc, "iters", json_integer(iters));
         json_object_set_new(doc, "warmup", json_integer(warmup));
+        json_object_set_new(doc, "prefill_iters", json_integer(b.pf_iters));
+        json_object_set_new(doc, "prefill_warmup", json_integer(b.pf_warmup));
+        const char *kern = getenv("DI_CUDA_KERNELS"), *topk = getenv("DI_CUDA_TOPK");
+        json_object_set_new(doc, "cuda_kernels", json_string(kern ? kern : "exact (default)"));
+        json_object_set_new(doc, "cuda_topk", json_string(topk ? topk : "torch replay (default)"));
         json_object_set_new(doc, "roofline_gb_s", json_real(roof_Bps / 1e9));
         json_object_set_new(doc, "roofline_source", json_string(roof_src));
         json_object_set_new(doc, "fp8_peak_tflops", json_real(fp8_tflops));
@@ -605,9 +743,13 @@ int bench_gpu(int argc, char **argv) {
     rc = 0;
 out:
     if (b.tm.probe) be->mem_free(be, b.tm.probe);
+    for (int k = 0; k < b.n_rows; k++) free(b.rows[k].ops);
     free(b.rows);
-    di_backend_destroy(be);
+    free(b.ops);
+    /* the model's device weights are freed on the backend's stream: close it before the backend goes
+     * (the other order was a use-after-free that crashed at exit on the H200) */
     di_model_close(m);
+    di_backend_destroy(be);
     cli_args_free(&a);
     return rc;
 }

@@ -50,6 +50,7 @@
 #include "engine/sampler.h"
 #include "grammar/grammar.h"
 #include "io/safetensors.h"
+#include "model/memplan.h"
 #include "model/session.h"
 #include "text/tokenizer.h"
 
@@ -342,7 +343,10 @@ int cmd_generate(int argc, char **argv) {
         cli_fail(&cli, "--force-output-ids \"%s\": expected comma-separated non-negative token ids", force_s);
         goto done;
     }
-    if (di_model_open(model, &m, &err) || di_backend_create(device, (int)threads, &be, &err) ||
+    /* the memory plan, before any weight is read: a model that cannot fit is refused here */
+    if (di_memplan_preflight(model, strcmp(device, "cuda") ? DI_PLAN_CPU : DI_PLAN_CUDA, 1, T + max_tokens,
+                             stderr, &err) ||
+        di_model_open(model, &m, &err) || di_backend_create(device, (int)threads, &be, &err) ||
         di_model_to_backend(m, be, &err)) {
         cli_fail_err(&cli, &err);
         goto done;

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "model/memplan.h"
 #include "engine/api_protocol.h"
 #include "engine/idmap.h"
 #include "text/sse.h"
@@ -358,8 +359,15 @@ static json_t *protocol_body(run_state *s, run_job *j, di_finish_reason why, di_
 static json_t *raw_body(run_job *j, di_finish_reason why) {
     json_t *ids = json_array();
     for (int64_t i = 0; i < j->n_out; i++) json_array_append_new(ids, json_integer(j->out_ids[i]));
-    json_t *choice = json_pack("{s:i,s:s,s:o,s:s}", "index", 0, "text", j->text ? j->text : "", "token_ids", ids,
-                               "finish_reason", why == DI_FINISH_REASON_LENGTH ? "length" : "stop");
+    /* the engine's text is the tokens' raw bytes: a random or truncated generation may end inside a
+     * character or hold bytes that never form one; JSON needs valid UTF-8 (U+FFFD, as HF's decode) */
+    size_t n_text = 0;
+    char *text = di_utf8_lossy_dup(j->text ? j->text : "", j->text ? j->n_text : 0, &n_text);
+    json_t *choice = text ? json_pack("{s:i,s:s%,s:o,s:s}", "index", 0, "text", text, n_text, "token_ids", ids,
+                                      "finish_reason", why == DI_FINISH_REASON_LENGTH ? "length" : "stop")
+                          : NULL;
+    free(text);
+    if (!choice) return NULL;
     if (j->lp) {
         json_t *l = json_array();
         for (int64_t i = 0; i < j->n_out; i++) json_array_append_new(l, json_real(j->lp[i].logprob));
@@ -501,7 +509,11 @@ int cmd_run(int argc, char **argv) {
     eo.cache_bytes = (int64_t)cache_mb << 20;
     di_error err = {0};
     run_state s = {.progress = quiet ? 0 : isatty(2) ? 1 : 2};
-    if (di_engine_open(model, &eo, &s.e, &err)) {
+    /* the memory plan before any weight is read: one sequence of the context limit (or one prefill
+     * chunk) must fit beside the weights; the engine's cache pool sizes the rest (--cache-mb) */
+    if (di_memplan_preflight(model, strcmp(device, "cuda") ? DI_PLAN_CPU : DI_PLAN_CUDA, 1, max_ctx ? max_ctx : chunk,
+                             stderr, &err) ||
+        di_engine_open(model, &eo, &s.e, &err)) {
         free(text);
         return cli_fail_err(&cli, &err);
     }

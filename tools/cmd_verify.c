@@ -24,6 +24,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "model/memplan.h"
 #include "model/golden.h"
 
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -176,7 +177,11 @@ int cmd_verify(int argc, char **argv) {
         }
     }
     o.kernels_path = no_ops ? NULL : kernels;
-    int rc = di_model_open(model_dir, &m, &err);
+    /* the memory plan first (one sequence of the model's context): a model that cannot fit is refused
+     * before any weight is read */
+    int rc = di_memplan_preflight(model_dir, strcmp(device, "cuda") ? DI_PLAN_CPU : DI_PLAN_CUDA, 1, 0,
+                                  stderr, &err);
+    if (!rc) rc = di_model_open(model_dir, &m, &err);
     if (!rc) rc = di_golden_open(golden, &m->cfg, &g, &err);
     if (!rc && !strcmp(device, "cpu"))
         rc = di_backend_cpu_create_variant((int)threads, strcmp(impl, "scalar") ? DI_CPU_FAST : DI_CPU_SCALAR, &be, &err);

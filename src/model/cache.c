@@ -146,7 +146,8 @@ int di_cache_arena_write(const di_cache *c, void *dst, const void *src, size_t b
     return DI_OK;
 }
 
-void di_cache_reset(di_cache *c) {
+int di_cache_reset(di_cache *c) {
+    int status = DI_OK;
     if (c->pool && !c->pool->external_pages) di_cache_pool_drop_pages(c); /* re-taken as the sequence grows */
     c->n = c->n_max = 0;
     c->engram_hi = c->engram_n = 0;
@@ -162,10 +163,11 @@ void di_cache_reset(di_cache *c) {
         int64_t rows = (int64_t)s->ratio * c->head_dim; /* one half of a block */
         for (int b = 0; b < s->state_blocks; b++) {
             float *kv = s->state + (int64_t)b * 2 * rows;
-            if (c->be) { /* backend memory: filled by its op (a fill of this size cannot fail on shape) */
+            if (c->be) { /* backend memory: filled by its op (only a device failure can fail it) */
                 di_error ignored;
-                c->be->fill_f32(c->be, kv, rows, 0.0f, &ignored);
-                c->be->fill_f32(c->be, kv + rows, rows, -INFINITY, &ignored);
+                int rc = c->be->fill_f32(c->be, kv, rows, 0.0f, &ignored);
+                if (!rc) rc = c->be->fill_f32(c->be, kv + rows, rows, -INFINITY, &ignored);
+                if (rc && !status) status = rc;
                 continue;
             }
             for (int64_t i = 0; i < rows; i++) {
@@ -175,6 +177,7 @@ void di_cache_reset(di_cache *c) {
         }
     }
     for (int64_t i = 0; i < c->engram_slots; i++) c->engram[i] = DI_CACHE_ENGRAM_NONE;
+    return status;
 }
 
 static int cache_init(di_cache *c, const di_config *cfg, const di_cache_opts *opts, void *arena, size_t arena_bytes,

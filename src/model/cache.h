@@ -242,8 +242,10 @@ void di_cache_destroy(di_cache *c); /* frees a di_cache_create'd cache; NULL is 
  * The compressed arrays keep the old sequence's bytes beyond what the new one writes; no read and
  * no image reaches them (only a fresh zero-filled arena gives zeros there). A paged cache
  * (cache_pool.h) in own mode returns its pages to the pool; in external mode it keeps its block
- * table until di_cache_set_pages gives the next sequence's. */
-void di_cache_reset(di_cache *c);
+ * table until di_cache_set_pages gives the next sequence's. Returns DI_OK, or the status of a
+ * failed device fill of the compressor state (backend memory only): the cache must not be used
+ * then (di_session_reset marks its session broken). */
+int di_cache_reset(di_cache *c);
 
 /* ---- positions ---- */
 /* Append positions [n, n+k). A paged cache first covers them with pages (cache_pool.h): DI_ERR_LIMIT

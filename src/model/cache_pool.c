@@ -283,7 +283,12 @@ int di_cache_set_pages(di_cache *c, const int32_t *ids, int32_t n, di_error *err
                             owner == mark || owner == c->slot ? "listed twice" : "held by another live sequence");
     for (int32_t i = i0; i < n; i++) {
         int rc = zero_page(p, ids[i], err);
-        if (rc) return rc;
+        if (rc) { /* a device failure: the joining pages go back unowned; a fresh table is dropped whole */
+            for (int32_t j = i0; j < n; j++)
+                if (p->page_owner[ids[j]] == c->slot) p->page_owner[ids[j]] = -1;
+            if (fresh) c->n_pages = 0;
+            return rc;
+        }
     }
     if (n) memcpy(c->pages, ids, sizeof(int32_t) * (size_t)n);
     c->n_pages = n;

@@ -460,3 +460,36 @@ void di_memplan_print(const di_memplan *p, FILE *f) {
             (long long)p->max_seqs_fit, (long long)o->max_tokens, (long long)p->max_tokens_fit, (long long)o->max_seqs,
             o->max_seqs == 1 ? "" : "s");
 }
+
+int di_memplan_preflight(const char *model_dir, di_plan_device device, int64_t max_seqs, int64_t max_tokens,
+                         FILE *log, di_error *err) {
+    di_config *cfg = calloc(1, sizeof *cfg); /* large: not on the stack */
+    if (!cfg) return di_error_set(err, DI_ERR_NOMEM, "memory plan: out of host memory");
+    int rc = di_config_load(model_dir, cfg, err);
+    if (rc) {
+        free(cfg);
+        return rc;
+    }
+    di_memplan_opts o;
+    di_memplan_opts_default(&o, device);
+    o.max_seqs = max_seqs < 1 ? 1 : max_seqs;
+    o.max_tokens = max_tokens < 1 || max_tokens > cfg->max_position_embeddings ? cfg->max_position_embeddings
+                                                                                : max_tokens;
+    di_memplan p;
+    rc = di_memplan_compute(cfg, &o, &p, err);
+    free(cfg);
+    if (rc) return rc;
+    if (log) {
+        char w[32], c[32], ws[32], tot[32], cap[32], h[32];
+        gb(p.weights_dev, w);
+        gb(p.caches_dev, c);
+        gb(p.ws.total + p.staging_dev + p.reserve_dev, ws);
+        gb(p.device_total, tot);
+        gb(p.device_capacity, cap);
+        gb(p.weights_host, h);
+        fprintf(log, "memory plan (%s, %lld × %lld tokens): weights %s, caches %s, workspace + reserve %s = %s of %s%s%s%s\n",
+                di_plan_device_name(device), (long long)o.max_seqs, (long long)p.opts.max_tokens, w, c, ws, tot, cap,
+                p.weights_host ? "; host-resident " : "", p.weights_host ? h : "", p.fits ? "" : " — does not fit");
+    }
+    return di_memplan_check(&p, err);
+}

@@ -143,6 +143,15 @@ int di_memplan_check(const di_memplan *plan, di_error *err);
 /* The plan as a table (what `deepinfer plan` and a run print before loading). */
 void di_memplan_print(const di_memplan *plan, FILE *f);
 
+/* The check a run makes before it opens any weight file: loads DIR's config.json, computes the plan
+ * for `device` with max_seqs sequences of max_tokens tokens (0 = max_position_embeddings; a value
+ * above it is clamped, the run itself rejects long prompts with its own message), writes the plan's
+ * totals on one line to `log` (NULL: silent) and returns DI_ERR_LIMIT naming the category that
+ * overflows when the model cannot fit — e.g. the full V4.1 (≈ 510 GB) on one GPU is refused before
+ * a byte of it is read. `deepinfer plan` prints the whole table. */
+int di_memplan_preflight(const char *model_dir, di_plan_device device, int64_t max_seqs, int64_t max_tokens,
+                         FILE *log, di_error *err);
+
 /* MemAvailable of /proc/meminfo in bytes. */
 int di_memplan_host_available(int64_t *bytes, di_error *err);
 

@@ -42,15 +42,24 @@ void di_session_destroy(di_session *s) {
     free(s);
 }
 
-void di_session_reset(di_session *s) { di_cache_reset(s->cache); }
+void di_session_reset(di_session *s) { s->broken = di_cache_reset(s->cache) != DI_OK; }
 
-/* Undo the di_cache_extend of chunks[0..n) where the margin allows (else the session needs a reset). */
+/* Undo the di_cache_extend of chunks[0..n) where the margin allows; a session it cannot undo is
+ * marked broken, so it fails loudly instead of continuing from positions nobody computed. */
 static void unwind(const di_session_chunk *chunks, int n) {
     for (int i = 0; i < n; i++) {
         di_cache *c = chunks[i].s->cache;
         di_error ignored;
-        if (chunks[i].n <= di_cache_rollback_limit(c)) di_cache_rollback(c, chunks[i].n, &ignored);
+        if (chunks[i].n > di_cache_rollback_limit(c) || di_cache_rollback(c, chunks[i].n, &ignored))
+            chunks[i].s->broken = true;
     }
+}
+
+static int broken_error(const di_session *s, di_error *err) {
+    return di_error_set(err, DI_ERR_INVALID,
+                        "session: an earlier failed forward left this sequence's cache at %lld positions it could not "
+                        "roll back; reset the session",
+                        (long long)di_cache_len(s->cache));
 }
 
 int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err) {
@@ -72,6 +81,8 @@ int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const
                               k->s ? "its session runs another model or backend" : "no session");
         else if (!k->ids)
             rc = di_error_set(err, DI_ERR_INVALID, "session batch: chunk %d: no ids", i);
+        else if (k->s->broken)
+            rc = broken_error(k->s, err);
         ck[i] = (fwd_chunk){.cache = k->s ? k->s->cache : NULL, .s0 = k->s ? di_cache_len(k->s->cache) : 0, .T = k->n,
                             .ids = k->ids, .window_floor = k->window_floor, .dspark = k->s && k->s->dspark,
                             .all_logits = k->all_logits, .logits = k->logits};
@@ -104,13 +115,19 @@ int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_lo
     return di_session_forward_batch(&k, 1, opts, err);
 }
 
-int di_session_rollback(di_session *s, int64_t k, di_error *err) { return di_cache_rollback(s->cache, k, err); }
+int di_session_rollback(di_session *s, int64_t k, di_error *err) {
+    if (s->broken) return broken_error(s, err);
+    int rc = di_cache_rollback(s->cache, k, err);
+    if (rc && rc != DI_ERR_INVALID && rc != DI_ERR_LIMIT) s->broken = true; /* a device failure midway */
+    return rc;
+}
 
 int di_session_draft(di_session *s, int32_t token, di_sample_fn sample, void *sample_ctx, int32_t *ids, float *conf,
                      float *logits, const di_fwd_opts *opts, di_error *err) {
     di_error local_err;
     if (!err) err = &local_err;
     if (!s->dspark) return di_error_set(err, DI_ERR_INVALID, "session: DSpark is off for this sequence");
+    if (s->broken) return broken_error(s, err);
     int64_t len = di_cache_len(s->cache);
     if (len < 1) return di_error_set(err, DI_ERR_INVALID, "session: draft before any token");
     fwd_ctx c;

@@ -41,6 +41,10 @@ typedef struct di_session {
     const di_backend *be;
     di_cache *cache;
     bool dspark;
+    /* A failed forward could not undo its cache extension (a chunk longer than the rollback margin,
+     * or a failed rollback on the device): the cache holds positions the caller never got logits
+     * for. Every forward / draft / rollback then fails until di_session_reset. */
+    bool broken;
 } di_session;
 
 int di_session_create(const di_model *m, const di_backend *be, const di_session_opts *opts, di_session **out,
@@ -76,7 +80,8 @@ typedef struct di_session_chunk {
  * chunks (tests/test_forward_batch.c). Chunks may mix decode steps, prefill chunks and DSpark verify
  * blocks (a session with DSpark on gets its stage windows written). The sessions must be distinct and
  * share the model and backend. opts: dumps / faults (NULL = none); opts->window_floor must be 0 (the
- * floor is per chunk). On failure every chunk is rolled back where the margin allows. */
+ * floor is per chunk). On failure every chunk is rolled back where the margin allows; a session whose
+ * chunk cannot be rolled back is marked broken (see di_session.broken). */
 int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err);
 
 /* Drop the newest k positions exactly (k ≤ di_cache_rollback_limit). */

@@ -1,0 +1,45 @@
+/* BENCH-ONLY per-op GPU time of a CUDA backend (`deepinfer bench gpu --op-times`).
+ *
+ * di_cuda_optime_install replaces every compute and on-stream memory slot of a CUDA backend's op table
+ * with a wrapper that, while timing is enabled, records a CUDA event on the backend's stream before and
+ * after the op; with timing off the wrapper only forwards the call. Nothing is synchronised while ops
+ * run: di_cuda_optime_collect waits for the stream once and sums the event intervals per (tag, op,
+ * k, n), where tag is whatever the caller set last (bench gpu: the block index from the forward's
+ * block hook) and k, n are the GEMM shape for the linear ops (0 for the others). An interval is the
+ * op's own GPU time, launch gaps excluded; the sum over a block next to the block's wall time shows
+ * how much of it is launch / host overhead.
+ *
+ * One backend per process (the wrappers keep the original slots in statics); not thread safe. */
+#ifndef DI_BACKEND_CUDA_OPTIME_H
+#define DI_BACKEND_CUDA_OPTIME_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct di_optime_row {
+    int tag;        /* di_cuda_optime_tag at the time of the calls */
+    const char *op; /* the backend.h slot name, e.g. "linear_fp4" */
+    int64_t k, n;   /* linear ops: reduction and output width (grouped: k and r); else 0 */
+    int64_t calls;  /* calls aggregated in this row */
+    int64_t rows;   /* Σ m over the calls (linear ops) */
+    double ms;      /* Σ GPU time between the op's two events */
+} di_optime_row;
+
+/* Wraps be's slots (a CUDA backend). Timing starts disabled. */
+int di_cuda_optime_install(di_backend *be, di_error *err);
+void di_cuda_optime_enable(int on);
+void di_cuda_optime_tag(int tag);
+/* Waits for the recorded events, returns the aggregated rows (malloc'd; sorted by tag, then time,
+ * largest first) and forgets them. */
+int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
