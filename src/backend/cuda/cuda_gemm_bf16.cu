@@ -1,0 +1,436 @@
+/* Exact bf16 × bf16 GEMMs, f32 accumulation (spec §5.1: wo_a, compressors, router, indexer, LM head):
+ * y = x · Wᵀ bit-identical to src/backend/cpu/linear_bf16.c.
+ *
+ * The CPU's order per output (m, n): 16 f32 lanes, lane l summing x[k]·w[k] for k ≡ l (mod 16) in
+ * ascending k, each product rounded to f32 before its add; then the tree (l, l+8), (l, l+4), (l, l+2),
+ * (l, l+1); then the K % 16 tail added in order; bf16 outputs rounded once at the end. A lane's sum is
+ * sequential, so K cannot be split inside a lane: the parallelism is outputs × 16 lanes. Both kernels
+ * give each (output, lane) chain to exactly one thread and combine the 16 chains with the tree above:
+ *
+ *  - Tiled (prefill, M > DI_BGEMV_MAX_M): a 256-thread block owns a 64 × 32 output tile. Thread t is
+ *    lane pair j = t % 8 (lanes j and j + 8) of an 8 × 8 sub-tile, so it keeps 2 × 64 accumulators;
+ *    the eight threads of a sub-tile are consecutive in a warp. x and w stream through shared memory as
+ *    f32, k-major ([k][m] and [k][n]), 32 k per stage, double-buffered with the next stage's global
+ *    loads held in registers. At the end the thread adds its two lanes (the tree's (l, l+8) step) and
+ *    three xor-shuffles over the sub-tile's threads (4, 2, 1) finish the tree: thread j then pairs with
+ *    j ^ 4, j ^ 2, j ^ 1, exactly the CPU's pairs (fadd is commutative, so both partners hold the
+ *    CPU's value). Thread j then owns row j of the sub-tile for the tail and the store.
+ *  - GEMV (decode, M <= DI_BGEMV_MAX_M): a block owns 16 columns; thread t is lane t % 16 of column
+ *    t / 16 and keeps one chain per row (≤ 16). K streams through shared memory in 1024-wide chunks
+ *    (16-byte loads, the next chunk in registers while this one is summed), so every weight is read
+ *    from HBM once per block row-group. Shuffles xor 8, 4, 2, 1 inside each 16-thread half-warp are
+ *    the CPU tree; thread l then owns row l for the tail and the store. When the columns alone give
+ *    fewer than two blocks per SM, the rows are split over blocks too (weights then re-read from L2).
+ *
+ * FMA fast path (tiled kernel; DI_CUDA_BF16=nofma turns it off): the CPU computes fl(fl(x·w) + a).
+ * For bf16 x and w the exact product has at most 16 significant bits, so fl(x·w) = x·w whenever x·w
+ * is zero or a finite normal f32, and then fl(fl(x·w) + a) = fl(x·w + a) = fmaf(x, w, a) for every a
+ * (±0, ±inf and NaN accumulators included; inf/NaN operands give the same inf/NaN both ways). That
+ * holds when every nonzero finite x and w lies in [2^-63, 2^63): products then lie in [2^-126, 2^126).
+ * A pre-pass flags each x row and each w row whose elements all satisfy this (zeros, inf and NaN
+ * allowed); a block whose rows and columns are all flagged runs one FFMA per term, any other block the
+ * multiply-then-add pair. Real activations and weights are far inside the range; the tests put bf16
+ * subnormals, 1e±37 and inf/NaN into some rows to exercise both paths against the CPU.
+ *
+ * Everything the CPU rounds separately is written __fmul_rn / __fadd_rn (and -fmad=false, cuda.mk). */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_bf16.h"
+
+#define LANES 16 /* the CPU's partial sums per dot product */
+
+/* ---------------- shared helpers ---------------- */
+
+/* bf16 pair in one 32-bit word: element 2i in the low half (little-endian memory order) */
+static __device__ __forceinline__ float lo_bf16(uint32_t u) { return __uint_as_float(u << 16); }
+static __device__ __forceinline__ float hi_bf16(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+/* Eight bf16 from p[0..7] as 16 bytes: one vector load when vec (16-byte aligned), else scalar loads. */
+static __device__ __forceinline__ uint4 load8(const uint16_t *p, bool vec) {
+    if (vec) return *(const uint4 *)p;
+    uint4 r;
+    r.x = (uint32_t)p[0] | (uint32_t)p[1] << 16;
+    r.y = (uint32_t)p[2] | (uint32_t)p[3] << 16;
+    r.z = (uint32_t)p[4] | (uint32_t)p[5] << 16;
+    r.w = (uint32_t)p[6] | (uint32_t)p[7] << 16;
+    return r;
+}
+
+/* The CPU's tail: the K % 16 terms after the tree, in order, multiply then add. */
+static __device__ __forceinline__ float tail_terms(float s, const uint16_t *xr, const uint16_t *wr, int64_t k16,
+                                                   int64_t k) {
+    for (int64_t i = k16; i < k; i++) s = __fadd_rn(s, __fmul_rn(d_bf16(xr[i]), d_bf16(wr[i])));
+    return s;
+}
+
+/* bf16 bits h: zero, inf/NaN, or a finite magnitude in [2^-63, 2^63) (exponent field 64 .. 189) */
+static __device__ __forceinline__ bool fma_safe(uint32_t h) {
+    uint32_t a = h & 0x7fffu;
+    return a == 0 || a >= 0x7f80u || a - 0x2000u < 0x3f00u;
+}
+
+/* ---------------- FMA range pre-pass ---------------- */
+
+/* flag[r·groups + z] = 1 when row r of group z (p + r·ld + z·gz, k elements) is fma_safe throughout.
+ * One warp per (row, group). */
+__global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int64_t rows, int groups, int64_t ld,
+                                                          int64_t gz, int64_t k, int vec, uint8_t *flag) {
+    const int64_t idx = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (idx >= rows * groups) return; /* whole warps leave together */
+    const uint16_t *row = p + (idx / groups) * ld + (idx % groups) * gz;
+    bool ok = true;
+    int64_t k8 = vec ? k - k % 8 : 0;
+    for (int64_t i = (int64_t)lane * 8; i < k8; i += 256) {
+        uint4 v = *(const uint4 *)(row + i);
+        ok &= fma_safe(v.x) & fma_safe(v.x >> 16) & fma_safe(v.y) & fma_safe(v.y >> 16) & fma_safe(v.z) &
+              fma_safe(v.z >> 16) & fma_safe(v.w) & fma_safe(v.w >> 16);
+    }
+    for (int64_t i = k8 + lane; i < k; i += 32) ok &= fma_safe(row[i]);
+    ok = __all_sync(0xffffffffu, ok);
+    if (lane == 0) flag[idx] = ok;
+}
+
+/* ---------------- tiled kernel (prefill) ---------------- */
+#define TBM 64        /* rows (tokens) per block */
+#define TBN 32        /* columns per block */
+#define TKC 32        /* k per shared stage: two 16-wide lane chunks */
+#define TXP (TBM + 4) /* padded pitch of the k-major x tile: row k's bank offset 4k spreads the 8 lanes */
+#define TWP (TBN + 4)
+#define TTHREADS 256
+
+/* One stage's products for this thread: lanes j (h = 0) and j + 8 (h = 1) of its 8 × 8 sub-tile, the
+ * stage's 16-chunks in ascending k. FMA: one fused op per term (see the file comment for when it is
+ * exact); otherwise the CPU's multiply then add. */
+template <bool FMA>
+static __device__ __forceinline__ void tile_stage(const float (*xs)[TXP], const float (*ws)[TWP], int chunks, int j,
+                                                  int xm, int wn, float (&acc)[2][8][8]) {
+#pragma unroll
+    for (int c = 0; c < TKC / LANES; c++) {
+        if (c >= chunks) break;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = c * LANES + j + 8 * h;
+            const float4 xa = *(const float4 *)&xs[k][xm], xb = *(const float4 *)&xs[k][xm + 4];
+            const float4 wa = *(const float4 *)&ws[k][wn], wb = *(const float4 *)&ws[k][wn + 4];
+            const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    acc[h][i][q] = FMA ? __fmaf_rn(xv[i], wv[q], acc[h][i][q])
+                                       : __fadd_rn(acc[h][i][q], __fmul_rn(xv[i], wv[q]));
+        }
+    }
+}
+
+/* k-major f32 store of 8 consecutive k of one row (element e at tile[k0 + e][r]) */
+template <int P>
+static __device__ __forceinline__ void store8_kmajor(float (*tile)[P], int k0, int r, uint4 v) {
+    tile[k0 + 0][r] = lo_bf16(v.x), tile[k0 + 1][r] = hi_bf16(v.x);
+    tile[k0 + 2][r] = lo_bf16(v.y), tile[k0 + 3][r] = hi_bf16(v.y);
+    tile[k0 + 4][r] = lo_bf16(v.z), tile[k0 + 5][r] = hi_bf16(v.z);
+    tile[k0 + 6][r] = lo_bf16(v.w), tile[k0 + 7][r] = hi_bf16(v.w);
+}
+
+/* x bf16 [M, ldx], w bf16 [N, ldw] (+ z·gx, z·gw for group z = blockIdx.z); y16 bf16 / y32 f32 [M, ldy]
+ * (+ z·gy). xok u8 [M·groups], wok u8 [N·groups]: the FMA pre-pass flags, or NULL (multiply-then-add).
+ * vec: x, w, ldx, ldw, gx, gw allow 16-byte loads. */
+__global__ void __launch_bounds__(TTHREADS, 1)
+    bgemm_tiled_kernel(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw, int64_t M, int64_t N, int64_t K,
+                       uint16_t *y16, float *y32, int64_t ldy, int64_t gx, int64_t gw, int64_t gy, const uint8_t *xok,
+                       const uint8_t *wok, int vec) {
+    __shared__ __align__(16) float xs[2][TKC][TXP]; /* f32 [2 buffers][32 k][64 rows (+4)] */
+    __shared__ __align__(16) float ws[2][TKC][TWP]; /* f32 [2 buffers][32 k][32 cols (+4)] */
+    const int z = blockIdx.z, G = gridDim.z, t = threadIdx.x;
+    x += z * gx, w += z * gw;
+    if (y16) y16 += z * gy;
+    else y32 += z * gy;
+    const int64_t m0 = (int64_t)blockIdx.y * TBM, n0 = (int64_t)blockIdx.x * TBN;
+    const int64_t K16 = K - K % LANES;
+
+    /* sub-tile of this thread: a warp holds 2 × 2 sub-tiles (8 lane-pair threads each), which keeps
+     * its shared reads at 2 distinct float4 per row pair (see the pitches above) */
+    const int j = t % 8, q = (t / 8) % 4, wp = t / 32;
+    const int sm = (wp % 4) * 2 + (q & 1), sn = (wp / 4) * 2 + (q >> 1);
+    const int xm = sm * 8, wn = sn * 8;
+
+    /* the block takes the FMA path only if all its x rows and w rows passed the range pre-pass */
+    int ok = xok != NULL;
+    if (xok) {
+        if (t < TBM && m0 + t < M) ok = xok[(m0 + t) * G + z];
+        else if (t >= TBM && t < TBM + TBN && n0 + (t - TBM) < N) ok = wok[(n0 + (t - TBM)) * G + z];
+    }
+    const bool fast = __syncthreads_and(ok);
+
+    /* global → register → shared staging: x 64 rows × 32 k = 256 vectors (one per thread, consecutive
+     * threads on consecutive rows so the transposed stores hit distinct banks); w 32 × 32 = 128 vectors */
+    const int xr = t % TBM, xk = (t / TBM) * 8, wr = t % TBN, wk = (t / TBN) * 8;
+    const bool xrow = m0 + xr < M, wrow = t < TBN * TKC / 8 && n0 + wr < N;
+    const uint16_t *xp = x + (m0 + xr) * ldx + xk, *wp_ = w + (n0 + wr) * ldw + wk;
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    uint4 xv = zero4, wv = zero4;
+    if (K16 > 0) {
+        xv = xrow && xk < K16 ? load8(xp, vec) : zero4;
+        wv = wrow && wk < K16 ? load8(wp_, vec) : zero4;
+        store8_kmajor<TXP>(xs[0], xk, xr, xv);
+        if (t < TBN * TKC / 8) store8_kmajor<TWP>(ws[0], wk, wr, wv);
+    }
+    __syncthreads();
+
+    float acc[2][8][8]; /* f32 [lane j, lane j+8][8 rows][8 cols] */
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int c = 0; c < 8; c++) acc[h][i][c] = 0.0f;
+
+    int buf = 0;
+    for (int64_t k0 = 0; k0 < K16; k0 += TKC) {
+        const int64_t kn = k0 + TKC;
+        /* the next stage's loads fly while this stage is summed; vectors past K16 are never summed */
+        if (kn < K16) {
+            xv = xrow && kn + xk < K16 ? load8(xp + kn, vec) : zero4;
+            wv = wrow && kn + wk < K16 ? load8(wp_ + kn, vec) : zero4;
+        }
+        const int chunks = K16 - k0 >= TKC ? TKC / LANES : (int)((K16 - k0) / LANES);
+        if (fast) tile_stage<true>(xs[buf], ws[buf], chunks, j, xm, wn, acc);
+        else tile_stage<false>(xs[buf], ws[buf], chunks, j, xm, wn, acc);
+        if (kn < K16) {
+            store8_kmajor<TXP>(xs[buf ^ 1], xk, xr, xv);
+            if (t < TBN * TKC / 8) store8_kmajor<TWP>(ws[buf ^ 1], wk, wr, wv);
+        }
+        __syncthreads(); /* buf ^ 1 is complete, and nobody reads buf any more */
+        buf ^= 1;
+    }
+
+    /* the tree: (l, l+8) inside the thread, then (l, l+4), (l, l+2), (l, l+1) across lane-pair threads */
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            float s = __fadd_rn(acc[0][i][c], acc[1][i][c]);
+            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
+            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+            acc[0][i][c] = s;
+        }
+    /* thread j stores row j of the sub-tile (a select, not a run-time register index) */
+    float out[8];
+#pragma unroll
+    for (int c = 0; c < 8; c++) out[c] = acc[0][0][c];
+#pragma unroll
+    for (int i = 1; i < 8; i++)
+        if (i == j)
+#pragma unroll
+            for (int c = 0; c < 8; c++) out[c] = acc[0][i][c];
+    const int64_t m = m0 + xm + j;
+    if (m >= M) return;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const int64_t n = n0 + wn + c;
+        if (n >= N) break;
+        const float s = tail_terms(out[c], x + m * ldx, w + n * ldw, K16, K);
+        if (y16) y16[m * ldy + n] = d_to_bf16(s);
+        else y32[m * ldy + n] = s;
+    }
+}
+
+/* ---------------- GEMV (decode) ---------------- */
+#define GCOLS 16    /* columns per block */
+#define GKCH 1024   /* k per shared chunk (64 terms of each lane) */
+#define GPITCH (GKCH + 16) /* bf16 pitch: 16-byte aligned rows; column c + 1's 16 lanes 8 banks past c's */
+#define GTHREADS (GCOLS * LANES)
+
+/* Chunk k0 of the GEMV's staging into registers: 16 weight rows and mb x rows, 8 vectors each per
+ * thread; vectors at or past K16 are not loaded (never summed). */
+static __device__ __forceinline__ void gv_load(uint4 (&wv)[8], uint4 (&xv)[8], const uint16_t *x, int64_t ldx,
+                                               const uint16_t *w, int64_t ldw, int64_t m0, int64_t n0, int mb,
+                                               int64_t N, int64_t k0, int64_t K16, int vr, int vk, int vec) {
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    const bool in = k0 + vk < K16;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = vr + 2 * i;
+        wv[i] = in && n0 + r < N ? load8(w + (n0 + r) * ldw + k0 + vk, vec) : zero4;
+        xv[i] = in && r < mb ? load8(x + (m0 + r) * ldx + k0 + vk, vec) : zero4;
+    }
+}
+
+/* Same operands as the tiled kernel; rows m0 = blockIdx.y·rb .. + rb (rb ≤ DI_BGEMV_MAX_M). Dynamic
+ * shared memory: bf16 [GCOLS + rb][GPITCH] (the weight chunk, then the x chunk). */
+__global__ void __launch_bounds__(GTHREADS)
+    bgemv_kernel(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw, int64_t M, int64_t N, int64_t K,
+                 uint16_t *y16, float *y32, int64_t ldy, int64_t gx, int64_t gw, int64_t gy, int rb, int vec) {
+    extern __shared__ __align__(16) uint16_t gsh[];
+    uint16_t(*wsh)[GPITCH] = (uint16_t(*)[GPITCH])gsh;                  /* bf16 [16 cols][1024 (+16)] */
+    uint16_t(*xsh)[GPITCH] = (uint16_t(*)[GPITCH])(gsh + GCOLS * GPITCH); /* bf16 [rb rows][1024 (+16)] */
+    const int z = blockIdx.z, t = threadIdx.x, l = t % LANES, col = t / LANES;
+    x += z * gx, w += z * gw;
+    if (y16) y16 += z * gy;
+    else y32 += z * gy;
+    const int64_t n0 = (int64_t)blockIdx.x * GCOLS, m0 = (int64_t)blockIdx.y * rb;
+    const int mb = (int)(M - m0 < rb ? M - m0 : rb);
+    const int64_t K16 = K - K % LANES;
+
+    /* staging: vector v = t + 256·i of the chunk; the weight chunk is 16 × 128 vectors (8 per thread),
+     * the x chunk mb × 128 (up to 8 per thread); consecutive threads read consecutive 16 bytes of a row */
+    const int vk = (t % (GKCH / 8)) * 8, vr = t / (GKCH / 8); /* vr 0..1, + 2·i */
+    uint4 wv[8], xv[8]; /* the next chunk: weight rows vr + 2i, x rows vr + 2i */
+    if (K16 > 0) gv_load(wv, xv, x, ldx, w, ldw, m0, n0, mb, N, 0, K16, vr, vk, vec);
+
+    float acc[DI_BGEMV_MAX_M]; /* f32 [row]: this thread's lane-l chain of each row */
+#pragma unroll
+    for (int r = 0; r < DI_BGEMV_MAX_M; r++) acc[r] = 0.0f;
+
+    for (int64_t k0 = 0; k0 < K16; k0 += GKCH) {
+        __syncthreads(); /* the previous chunk's readers are done */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int r = vr + 2 * i;
+            *(uint4 *)&wsh[r][vk] = wv[i];
+            if (r < mb) *(uint4 *)&xsh[r][vk] = xv[i];
+        }
+        __syncthreads();
+        const int64_t kn = k0 + GKCH;
+        if (kn < K16) gv_load(wv, xv, x, ldx, w, ldw, m0, n0, mb, N, kn, K16, vr, vk, vec);
+        /* lane l's terms of this chunk, ascending k; every lane runs the same count (K16 - k0 is a
+         * multiple of 16), and nothing past K16 is summed */
+        const int steps = (int)((K16 - k0 < GKCH ? K16 - k0 : GKCH) / LANES);
+#pragma unroll 4
+        for (int s = 0; s < steps; s++) {
+            const int k = s * LANES + l;
+            const float wf = d_bf16(wsh[col][k]);
+#pragma unroll
+            for (int r = 0; r < DI_BGEMV_MAX_M; r++)
+                if (r < mb) acc[r] = __fadd_rn(acc[r], __fmul_rn(d_bf16(xsh[r][k]), wf));
+        }
+    }
+
+    /* the CPU tree across the 16 lane threads of the column (xor 8, 4, 2, 1 stay inside the half-warp) */
+#pragma unroll
+    for (int r = 0; r < DI_BGEMV_MAX_M; r++) {
+        float s = acc[r];
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 8));
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+        acc[r] = s;
+    }
+    /* lane l stores row l */
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < DI_BGEMV_MAX_M; r++)
+        if (r == l) v = acc[r];
+    const int64_t n = n0 + col, m = m0 + l;
+    if (l >= mb || n >= N) return;
+    v = tail_terms(v, x + m * ldx, w + n * ldw, K16, K);
+    if (y16) y16[m * ldy + n] = d_to_bf16(v);
+    else y32[m * ldy + n] = v;
+}
+
+/* ---------------- host side ---------------- */
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                             int64_t ldw, int64_t m, int64_t n, int64_t k, uint16_t *y16, float *y32, int64_t ldy,
+                             int groups, int64_t gx, int64_t gw, int64_t gy, di_bgemm_path path, di_error *err) {
+    if (m < 0 || n < 0 || k < 0 || groups < 1 || groups > 65535 || (y16 == NULL) == (y32 == NULL))
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld, %d groups, %s output", op,
+                            (long long)m, (long long)n, (long long)k, groups, y16 && y32 ? "two" : y16 || y32 ? "one" : "no");
+    if (m == 0 || n == 0) return DI_OK;
+    cudaStream_t st = di_cuda_state(be)->stream;
+    const int vec = aligned16(x) && aligned16(w) && ldx % 8 == 0 && ldw % 8 == 0 && gx % 8 == 0 && gw % 8 == 0;
+    const bool gemv = path == DI_BGEMM_GEMV || ((path == DI_BGEMM_AUTO || path == DI_BGEMM_AUTO_NOFMA) && m <= DI_BGEMV_MAX_M);
+
+    if (gemv) {
+        /* rows per block: all of them when the columns fill the GPU (weights then leave HBM once), else
+         * split so that about two blocks per SM run (132 SMs on the H200; more SMs only lower rb) */
+        const int64_t cblocks = (int64_t)di_cuda_blocks(n, GCOLS) * groups;
+        int64_t rb = (m * cblocks + 263) / 264;
+        rb = rb < 1 ? 1 : rb;
+        rb = rb > DI_BGEMV_MAX_M ? DI_BGEMV_MAX_M : rb;
+        if (rb > m) rb = m;
+        /* the > 48 KiB shared-memory opt-in, once per device (a repeated set is harmless) */
+        static bool attr_set[64];
+        const int dev = di_cuda_state(be)->device;
+        const size_t smem = sizeof(uint16_t) * (size_t)(GCOLS + DI_BGEMV_MAX_M) * GPITCH;
+        if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+            cudaError_t e = cudaFuncSetAttribute(bgemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess)
+                return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory opt-in: %s", op, cudaGetErrorString(e));
+            if (dev >= 0 && dev < 64) attr_set[dev] = true;
+        }
+        dim3 grid(di_cuda_blocks(n, GCOLS), (unsigned)((m + rb - 1) / rb), (unsigned)groups);
+        if (grid.y > 65535)
+            return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld too large for the GEMV path", op, (long long)m);
+        const size_t used = sizeof(uint16_t) * (size_t)(GCOLS + rb) * GPITCH;
+        bgemv_kernel<<<grid, GTHREADS, used, st>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, (int)rb, vec);
+        return di_cuda_launched(op, err);
+    }
+
+    dim3 grid(di_cuda_blocks(n, TBN), di_cuda_blocks(m, TBM), (unsigned)groups);
+    if (grid.y > 65535)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld exceeds the tiled kernel's %d rows", op, (long long)m,
+                            65535 * TBM);
+    const uint8_t *xok = NULL, *wok = NULL;
+    if (path == DI_BGEMM_AUTO || path == DI_BGEMM_TILED) {
+        /* the FMA pre-pass: flags u8 [m·groups] for x rows, then u8 [n·groups] for w rows */
+        void *wsp;
+        const int64_t xrows = m * groups, wrows = n * groups;
+        int rc = di_cuda_workspace(be, (size_t)(xrows + wrows), &wsp, err);
+        if (rc) return rc;
+        uint8_t *flags = (uint8_t *)wsp;
+        range_flags_kernel<<<di_cuda_blocks(xrows, 8), 256, 0, st>>>(x, m, groups, ldx, gx, k, vec, flags);
+        range_flags_kernel<<<di_cuda_blocks(wrows, 8), 256, 0, st>>>(w, n, groups, ldw, gw, k, vec, flags + xrows);
+        if ((rc = di_cuda_launched(op, err))) return rc;
+        xok = flags, wok = flags + xrows;
+    }
+    bgemm_tiled_kernel<<<grid, TTHREADS, 0, st>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, xok, wok, vec);
+    return di_cuda_launched(op, err);
+}
+
+/* ---------------- the backend slots ---------------- */
+
+static int lin_bf16(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                    uint16_t *y, di_bgemm_path p, di_error *err) {
+    return di_cuda_bgemm(be, "linear_bf16", x, k, w, k, m, n, k, y, NULL, n, 1, 0, 0, 0, p, err);
+}
+static int lin_f32(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                   float *y, di_bgemm_path p, di_error *err) {
+    return di_cuda_bgemm(be, "linear_f32", x, k, w, k, m, n, k, NULL, y, n, 1, 0, 0, 0, p, err);
+}
+/* einsum("bsgd,grd->bsgr"): group g reads its own slice of x and its own rows of w (groups on gridDim.z) */
+static int lin_grouped(const di_backend *be, const uint16_t *x, int64_t m, int g, int64_t k, const uint16_t *w,
+                       int64_t r, uint16_t *y, di_bgemm_path p, di_error *err) {
+    return di_cuda_bgemm(be, "linear_grouped_bf16", x, (int64_t)g * k, w, k, m, r, k, y, NULL, (int64_t)g * r, g, k,
+                         r * k, r, p, err);
+}
+
+extern "C" int di_cuda_linear_bf16_v2(const di_backend *be, const uint16_t *x, int64_t m, int64_t k,
+                                      const uint16_t *w, int64_t n, uint16_t *y, di_error *err) {
+    return lin_bf16(be, x, m, k, w, n, y, DI_BGEMM_AUTO, err);
+}
+extern "C" int di_cuda_linear_f32_v2(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
+                                     int64_t n, float *y, di_error *err) {
+    return lin_f32(be, x, m, k, w, n, y, DI_BGEMM_AUTO, err);
+}
+extern "C" int di_cuda_linear_grouped_bf16_v2(const di_backend *be, const uint16_t *x, int64_t m, int g, int64_t k,
+                                              const uint16_t *w, int64_t r, uint16_t *y, di_error *err) {
+    return lin_grouped(be, x, m, g, k, w, r, y, DI_BGEMM_AUTO, err);
+}
+extern "C" int di_cuda_linear_bf16_v2_nofma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k,
+                                            const uint16_t *w, int64_t n, uint16_t *y, di_error *err) {
+    return lin_bf16(be, x, m, k, w, n, y, DI_BGEMM_AUTO_NOFMA, err);
+}
+extern "C" int di_cuda_linear_f32_v2_nofma(const di_backend *be, const uint16_t *x, int64_t m, int64_t k,
+                                           const uint16_t *w, int64_t n, float *y, di_error *err) {
+    return lin_f32(be, x, m, k, w, n, y, DI_BGEMM_AUTO_NOFMA, err);
+}
+extern "C" int di_cuda_linear_grouped_bf16_v2_nofma(const di_backend *be, const uint16_t *x, int64_t m, int g,
+                                                    int64_t k, const uint16_t *w, int64_t r, uint16_t *y,
+                                                    di_error *err) {
+    return lin_grouped(be, x, m, g, k, w, r, y, DI_BGEMM_AUTO_NOFMA, err);
+}
