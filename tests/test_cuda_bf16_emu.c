@@ -261,7 +261,7 @@ static void test_gemv(void **state) {
     gemv_case(1, 40, 5120, 1, -1);   /* weights_proj-like */
     gemv_case(8, 24, 5120, 8, 3);    /* router-like, specials */
     gemv_case(8, 24, 5120, 1, 3);    /* rows split over blocks */
-    gemv_case(3, 33, 2100, 3, 1);    /* K % 16 = 4, a partial 1024-chunk */
+    gemv_case(3, 33, 2100, 4, 1);    /* K % 16 = 4, a partial 1024-chunk, 3 rows of a 4-row block */
     gemv_case(16, 20, 1030, 16, 15); /* 16 rows: every lane thread stores */
     gemv_case(17, 9, 300, 16, 16);   /* a 16-row block and a 1-row block */
     gemv_case(5, 7, 9, 5, -1);       /* tail only */

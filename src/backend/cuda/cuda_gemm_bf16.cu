@@ -238,63 +238,78 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 }
 
 /* ---------------- GEMV (decode) ---------------- */
-#define GCOLS 16    /* columns per block */
-#define GKCH 1024   /* k per shared chunk (64 terms of each lane) */
-#define GPITCH (GKCH + 16) /* bf16 pitch: 16-byte aligned rows; column c + 1's 16 lanes 8 banks past c's */
+#define GCOLS 16           /* columns per block */
+#define GKCH 1024          /* k per shared chunk (64 terms of each lane) */
+#define GWP (GKCH + 16)    /* bf16 pitch of the weight chunk: column c + 1's 16 lanes sit 8 banks past c's */
+#define GXP (GKCH + 4)     /* f32 pitch of the x chunk (16-byte aligned rows; reads are broadcasts) */
 #define GTHREADS (GCOLS * LANES)
 
-/* Chunk k0 of the GEMV's staging into registers: 16 weight rows and mb x rows, 8 vectors each per
- * thread; vectors at or past K16 are not loaded (never summed). */
-static __device__ __forceinline__ void gv_load(uint4 (&wv)[8], uint4 (&xv)[8], const uint16_t *x, int64_t ldx,
-                                               const uint16_t *w, int64_t ldw, int64_t m0, int64_t n0, int mb,
-                                               int64_t N, int64_t k0, int64_t K16, int vr, int vk, int vec) {
+static size_t gemv_smem(int rb) { return sizeof(uint16_t) * GCOLS * GWP + sizeof(float) * (size_t)rb * GXP; }
+
+/* Chunk k0 of the GEMV's staging into registers: 16 weight rows and the block's x rows (< mb), rows
+ * vr + 2i; vectors at or past K16 are not loaded (never summed). */
+template <int RB>
+static __device__ __forceinline__ void gv_load(uint4 (&wv)[8], uint4 (&xv)[(RB + 1) / 2], const uint16_t *x,
+                                               int64_t ldx, const uint16_t *w, int64_t ldw, int64_t m0, int64_t n0,
+                                               int mb, int64_t N, int64_t k0, int64_t K16, int vr, int vk, int vec) {
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     const bool in = k0 + vk < K16;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int r = vr + 2 * i;
         wv[i] = in && n0 + r < N ? load8(w + (n0 + r) * ldw + k0 + vk, vec) : zero4;
+    }
+#pragma unroll
+    for (int i = 0; i < (RB + 1) / 2; i++) {
+        const int r = vr + 2 * i;
         xv[i] = in && r < mb ? load8(x + (m0 + r) * ldx + k0 + vk, vec) : zero4;
     }
 }
 
-/* Same operands as the tiled kernel; rows m0 = blockIdx.y·rb .. + rb (rb ≤ DI_BGEMV_MAX_M). Dynamic
- * shared memory: bf16 [GCOLS + rb][GPITCH] (the weight chunk, then the x chunk). */
+/* Same operands as the tiled kernel; this block's rows m0 = blockIdx.y·RB .. + mb (mb ≤ RB ≤ 16).
+ * Dynamic shared memory (gemv_smem(RB)): the weight chunk bf16 [16 cols][GWP], then the x chunk
+ * f32 [RB rows][GXP]. */
+template <int RB>
 __global__ void __launch_bounds__(GTHREADS)
     bgemv_kernel(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw, int64_t M, int64_t N, int64_t K,
-                 uint16_t *y16, float *y32, int64_t ldy, int64_t gx, int64_t gw, int64_t gy, int rb, int vec) {
+                 uint16_t *y16, float *y32, int64_t ldy, int64_t gx, int64_t gw, int64_t gy, int vec) {
     extern __shared__ __align__(16) uint16_t gsh[];
-    uint16_t(*wsh)[GPITCH] = (uint16_t(*)[GPITCH])gsh;                  /* bf16 [16 cols][1024 (+16)] */
-    uint16_t(*xsh)[GPITCH] = (uint16_t(*)[GPITCH])(gsh + GCOLS * GPITCH); /* bf16 [rb rows][1024 (+16)] */
+    uint16_t(*wsh)[GWP] = (uint16_t(*)[GWP])gsh;              /* bf16 [16 cols][1024 (+16)] */
+    float(*xsh)[GXP] = (float(*)[GXP])(gsh + GCOLS * GWP);     /* f32 [RB rows][1024 (+4)] */
     const int z = blockIdx.z, t = threadIdx.x, l = t % LANES, col = t / LANES;
     x += z * gx, w += z * gw;
     if (y16) y16 += z * gy;
     else y32 += z * gy;
-    const int64_t n0 = (int64_t)blockIdx.x * GCOLS, m0 = (int64_t)blockIdx.y * rb;
-    const int mb = (int)(M - m0 < rb ? M - m0 : rb);
+    const int64_t n0 = (int64_t)blockIdx.x * GCOLS, m0 = (int64_t)blockIdx.y * RB;
+    const int mb = (int)(M - m0 < RB ? M - m0 : RB);
     const int64_t K16 = K - K % LANES;
 
-    /* staging: vector v = t + 256·i of the chunk; the weight chunk is 16 × 128 vectors (8 per thread),
-     * the x chunk mb × 128 (up to 8 per thread); consecutive threads read consecutive 16 bytes of a row */
-    const int vk = (t % (GKCH / 8)) * 8, vr = t / (GKCH / 8); /* vr 0..1, + 2·i */
-    uint4 wv[8], xv[8]; /* the next chunk: weight rows vr + 2i, x rows vr + 2i */
-    if (K16 > 0) gv_load(wv, xv, x, ldx, w, ldw, m0, n0, mb, N, 0, K16, vr, vk, vec);
+    /* staging: vector v = t + 256·i of a chunk row block (2 rows × 128 vectors); consecutive threads read
+     * consecutive 16 bytes of a row */
+    const int vk = (t % (GKCH / 8)) * 8, vr = t / (GKCH / 8); /* vr 0..1, rows vr + 2i */
+    uint4 wv[8], xv[(RB + 1) / 2]; /* the next chunk's weight and x vectors */
+    if (K16 > 0) gv_load<RB>(wv, xv, x, ldx, w, ldw, m0, n0, mb, N, 0, K16, vr, vk, vec);
 
-    float acc[DI_BGEMV_MAX_M]; /* f32 [row]: this thread's lane-l chain of each row */
+    float acc[RB]; /* f32 [row]: this thread's lane-l chain of each row */
 #pragma unroll
-    for (int r = 0; r < DI_BGEMV_MAX_M; r++) acc[r] = 0.0f;
+    for (int r = 0; r < RB; r++) acc[r] = 0.0f;
 
     for (int64_t k0 = 0; k0 < K16; k0 += GKCH) {
         __syncthreads(); /* the previous chunk's readers are done */
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < 8; i++) *(uint4 *)&wsh[vr + 2 * i][vk] = wv[i];
+#pragma unroll
+        for (int i = 0; i < (RB + 1) / 2; i++) {
             const int r = vr + 2 * i;
-            *(uint4 *)&wsh[r][vk] = wv[i];
-            if (r < mb) *(uint4 *)&xsh[r][vk] = xv[i];
+            if (r < mb) {
+                const uint4 v = xv[i];
+                *(float4 *)&xsh[r][vk] = make_float4(lo_bf16(v.x), hi_bf16(v.x), lo_bf16(v.y), hi_bf16(v.y));
+                *(float4 *)&xsh[r][vk + 4] = make_float4(lo_bf16(v.z), hi_bf16(v.z), lo_bf16(v.w), hi_bf16(v.w));
+            }
         }
         __syncthreads();
         const int64_t kn = k0 + GKCH;
-        if (kn < K16) gv_load(wv, xv, x, ldx, w, ldw, m0, n0, mb, N, kn, K16, vr, vk, vec);
+        if (kn < K16) gv_load<RB>(wv, xv, x, ldx, w, ldw, m0, n0, mb, N, kn, K16, vr, vk, vec);
         /* lane l's terms of this chunk, ascending k; every lane runs the same count (K16 - k0 is a
          * multiple of 16), and nothing past K16 is summed */
         const int steps = (int)((K16 - k0 < GKCH ? K16 - k0 : GKCH) / LANES);
@@ -303,14 +318,14 @@ __global__ void __launch_bounds__(GTHREADS)
             const int k = s * LANES + l;
             const float wf = d_bf16(wsh[col][k]);
 #pragma unroll
-            for (int r = 0; r < DI_BGEMV_MAX_M; r++)
-                if (r < mb) acc[r] = __fadd_rn(acc[r], __fmul_rn(d_bf16(xsh[r][k]), wf));
+            for (int r = 0; r < RB; r++)
+                if (r < mb) acc[r] = __fadd_rn(acc[r], __fmul_rn(xsh[r][k], wf));
         }
     }
 
     /* the CPU tree across the 16 lane threads of the column (xor 8, 4, 2, 1 stay inside the half-warp) */
 #pragma unroll
-    for (int r = 0; r < DI_BGEMV_MAX_M; r++) {
+    for (int r = 0; r < RB; r++) {
         float s = acc[r];
         s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 8));
         s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
@@ -318,16 +333,35 @@ __global__ void __launch_bounds__(GTHREADS)
         s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
         acc[r] = s;
     }
-    /* lane l stores row l */
+    /* lane l stores row l (a select, not a run-time register index) */
     float v = acc[0];
 #pragma unroll
-    for (int r = 1; r < DI_BGEMV_MAX_M; r++)
+    for (int r = 1; r < RB; r++)
         if (r == l) v = acc[r];
     const int64_t n = n0 + col, m = m0 + l;
     if (l >= mb || n >= N) return;
     v = tail_terms(v, x + m * ldx, w + n * ldw, K16, K);
     if (y16) y16[m * ldy + n] = d_to_bf16(v);
     else y32[m * ldy + n] = v;
+}
+
+/* One GEMV instantiation: the > 48 KiB shared-memory opt-in once per device (repeating it is harmless),
+ * then the launch. */
+template <int RB>
+static int gemv_launch(const di_backend *be, const char *op, dim3 grid, const uint16_t *x, int64_t ldx,
+                       const uint16_t *w, int64_t ldw, int64_t m, int64_t n, int64_t k, uint16_t *y16, float *y32,
+                       int64_t ldy, int64_t gx, int64_t gw, int64_t gy, int vec, di_error *err) {
+    static bool attr_set[64];
+    const int dev = di_cuda_state(be)->device;
+    if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+        cudaError_t e = cudaFuncSetAttribute(bgemv_kernel<RB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemv_smem(RB));
+        if (e != cudaSuccess)
+            return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory opt-in: %s", op, cudaGetErrorString(e));
+        if (dev >= 0 && dev < 64) attr_set[dev] = true;
+    }
+    bgemv_kernel<RB><<<grid, GTHREADS, gemv_smem(RB), di_cuda_state(be)->stream>>>(x, ldx, w, ldw, m, n, k, y16, y32,
+                                                                                 ldy, gx, gw, gy, vec);
+    return di_cuda_launched(op, err);
 }
 
 /* ---------------- host side ---------------- */
@@ -346,29 +380,23 @@ extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_
     const bool gemv = path == DI_BGEMM_GEMV || ((path == DI_BGEMM_AUTO || path == DI_BGEMM_AUTO_NOFMA) && m <= DI_BGEMV_MAX_M);
 
     if (gemv) {
-        /* rows per block: all of them when the columns fill the GPU (weights then leave HBM once), else
-         * split so that about two blocks per SM run (132 SMs on the H200; more SMs only lower rb) */
+        /* rows per block: all of them when the columns alone fill the GPU (weights then leave HBM once),
+         * else split so that about two blocks per SM run (132 SMs on the H200) and the weights of the
+         * small matrix are re-read from L2; rounded up to an instantiated row count */
         const int64_t cblocks = (int64_t)di_cuda_blocks(n, GCOLS) * groups;
         int64_t rb = (m * cblocks + 263) / 264;
-        rb = rb < 1 ? 1 : rb;
-        rb = rb > DI_BGEMV_MAX_M ? DI_BGEMV_MAX_M : rb;
-        if (rb > m) rb = m;
-        /* the > 48 KiB shared-memory opt-in, once per device (a repeated set is harmless) */
-        static bool attr_set[64];
-        const int dev = di_cuda_state(be)->device;
-        const size_t smem = sizeof(uint16_t) * (size_t)(GCOLS + DI_BGEMV_MAX_M) * GPITCH;
-        if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-            cudaError_t e = cudaFuncSetAttribute(bgemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            if (e != cudaSuccess)
-                return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory opt-in: %s", op, cudaGetErrorString(e));
-            if (dev >= 0 && dev < 64) attr_set[dev] = true;
-        }
-        dim3 grid(di_cuda_blocks(n, GCOLS), (unsigned)((m + rb - 1) / rb), (unsigned)groups);
-        if (grid.y > 65535)
+        rb = rb < 1 ? 1 : rb > m ? m : rb;
+        const int RB = rb <= 1 ? 1 : rb <= 2 ? 2 : rb <= 4 ? 4 : rb <= 8 ? 8 : 16;
+        dim3 grid(di_cuda_blocks(n, GCOLS), (unsigned)((m + RB - 1) / RB), (unsigned)groups);
+        if ((m + RB - 1) / RB > 65535)
             return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld too large for the GEMV path", op, (long long)m);
-        const size_t used = sizeof(uint16_t) * (size_t)(GCOLS + rb) * GPITCH;
-        bgemv_kernel<<<grid, GTHREADS, used, st>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, (int)rb, vec);
-        return di_cuda_launched(op, err);
+        switch (RB) {
+        case 1: return gemv_launch<1>(be, op, grid, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, vec, err);
+        case 2: return gemv_launch<2>(be, op, grid, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, vec, err);
+        case 4: return gemv_launch<4>(be, op, grid, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, vec, err);
+        case 8: return gemv_launch<8>(be, op, grid, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, vec, err);
+        default: return gemv_launch<16>(be, op, grid, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, vec, err);
+        }
     }
 
     dim3 grid(di_cuda_blocks(n, TBN), di_cuda_blocks(m, TBM), (unsigned)groups);
