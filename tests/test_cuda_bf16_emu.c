@@ -25,7 +25,7 @@
 #define LANES 16
 #define TBM 64
 #define TBN 32
-#define TKC 32
+#define TKC 64
 #define GCOLS 16
 #define GKCH 1024
 

@@ -10,7 +10,7 @@
  *  - Tiled (prefill, M > DI_BGEMV_MAX_M): a 256-thread block owns a 64 × 32 output tile. Thread t is
  *    lane pair j = t % 8 (lanes j and j + 8) of an 8 × 8 sub-tile, so it keeps 2 × 64 accumulators;
  *    the eight threads of a sub-tile are consecutive in a warp. x and w stream through shared memory as
- *    f32, k-major ([k][m] and [k][n]), 32 k per stage, double-buffered with the next stage's global
+ *    f32, k-major ([k][m] and [k][n]), 64 k per stage, double-buffered with the next stage's global
  *    loads held in registers. At the end the thread adds its two lanes (the tree's (l, l+8) step) and
  *    three xor-shuffles over the sub-tile's threads (4, 2, 1) finish the tree: thread j then pairs with
  *    j ^ 4, j ^ 2, j ^ 1, exactly the CPU's pairs (fadd is commutative, so both partners hold the
@@ -93,10 +93,17 @@ __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int
 /* ---------------- tiled kernel (prefill) ---------------- */
 #define TBM 64        /* rows (tokens) per block */
 #define TBN 32        /* columns per block */
-#define TKC 32        /* k per shared stage: two 16-wide lane chunks */
+#define TKC 64        /* k per shared stage: four 16-wide lane chunks (a stage's sums cover its loads' latency) */
 #define TXP (TBM + 4) /* padded pitch of the k-major x tile: row k's bank offset 4k spreads the 8 lanes */
 #define TWP (TBN + 4)
 #define TTHREADS 256
+#define XVEC (TBM * TKC / 8 / TTHREADS) /* 16-byte x vectors per thread and stage (2) */
+#define WVEC (TBN * TKC / 8 / TTHREADS) /* 16-byte w vectors per thread and stage (1) */
+#define XKSTEP (TTHREADS / TBM * 8)     /* k between a thread's x vectors */
+#define WKSTEP (TTHREADS / TBN * 8)
+static_assert(XVEC >= 1 && WVEC >= 1 && XVEC * TTHREADS * 8 == TBM * TKC && WVEC * TTHREADS * 8 == TBN * TKC,
+              "the staging gives every thread whole x and w vectors");
+#define TSMEM (sizeof(float) * 2 * TKC * (TXP + TWP)) /* dynamic shared memory: both tiles, double-buffered */
 
 /* One stage's products for this thread: lanes j (h = 0) and j + 8 (h = 1) of its 8 × 8 sub-tile, the
  * stage's 16-chunks in ascending k. FMA: one fused op per term (see the file comment for when it is
@@ -133,6 +140,32 @@ static __device__ __forceinline__ void store8_kmajor(float (*tile)[P], int k0, i
     tile[k0 + 6][r] = lo_bf16(v.w), tile[k0 + 7][r] = hi_bf16(v.w);
 }
 
+/* A stage's global loads into registers: x row xrow_p (vectors at k0 + xk + i·XKSTEP) and w row wrow_p
+ * (k0 + wk + i·WKSTEP); rows past M / N and vectors at or past K16 (never summed) are zero. */
+static __device__ __forceinline__ void tile_load(uint4 (&xv)[XVEC], uint4 (&wv)[WVEC], const uint16_t *xrow_p,
+                                                 const uint16_t *wrow_p, bool xin, bool win, int xk, int wk,
+                                                 int64_t k0, int64_t K16, int vec) {
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < XVEC; i++) {
+        const int64_t k = k0 + xk + i * XKSTEP;
+        xv[i] = xin && k < K16 ? load8(xrow_p + k, vec) : zero4;
+    }
+#pragma unroll
+    for (int i = 0; i < WVEC; i++) {
+        const int64_t k = k0 + wk + i * WKSTEP;
+        wv[i] = win && k < K16 ? load8(wrow_p + k, vec) : zero4;
+    }
+}
+
+static __device__ __forceinline__ void tile_store(float (*xs)[TXP], float (*ws)[TWP], const uint4 (&xv)[XVEC],
+                                                  const uint4 (&wv)[WVEC], int xr, int wr, int xk, int wk) {
+#pragma unroll
+    for (int i = 0; i < XVEC; i++) store8_kmajor<TXP>(xs, xk + i * XKSTEP, xr, xv[i]);
+#pragma unroll
+    for (int i = 0; i < WVEC; i++) store8_kmajor<TWP>(ws, wk + i * WKSTEP, wr, wv[i]);
+}
+
 /* x bf16 [M, ldx], w bf16 [N, ldw] (+ z·gx, z·gw for group z = blockIdx.z); y16 bf16 / y32 f32 [M, ldy]
  * (+ z·gy). xok u8 [M·groups], wok u8 [N·groups]: the FMA pre-pass flags, or NULL (multiply-then-add).
  * vec: x, w, ldx, ldw, gx, gw allow 16-byte loads. */
@@ -140,8 +173,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
     bgemm_tiled_kernel(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw, int64_t M, int64_t N, int64_t K,
                        uint16_t *y16, float *y32, int64_t ldy, int64_t gx, int64_t gw, int64_t gy, const uint8_t *xok,
                        const uint8_t *wok, int vec) {
-    __shared__ __align__(16) float xs[2][TKC][TXP]; /* f32 [2 buffers][32 k][64 rows (+4)] */
-    __shared__ __align__(16) float ws[2][TKC][TWP]; /* f32 [2 buffers][32 k][32 cols (+4)] */
+    extern __shared__ __align__(16) float tsm[];
+    float(*xs)[TKC][TXP] = (float(*)[TKC][TXP])tsm;                 /* f32 [2 buffers][64 k][64 rows (+4)] */
+    float(*ws)[TKC][TWP] = (float(*)[TKC][TWP])(tsm + 2 * TKC * TXP); /* f32 [2 buffers][64 k][32 cols (+4)] */
     const int z = blockIdx.z, G = gridDim.z, t = threadIdx.x;
     x += z * gx, w += z * gw;
     if (y16) y16 += z * gy;
@@ -163,18 +197,16 @@ __global__ void __launch_bounds__(TTHREADS, 1)
     }
     const bool fast = __syncthreads_and(ok);
 
-    /* global → register → shared staging: x 64 rows × 32 k = 256 vectors (one per thread, consecutive
-     * threads on consecutive rows so the transposed stores hit distinct banks); w 32 × 32 = 128 vectors */
+    /* global → register → shared staging: thread t loads x row t % 64 (k offsets xk + 32i) and w row
+     * t % 32 (k offset wk); the 32 threads of a warp take 32 consecutive rows at one k offset, so the
+     * transposed (k-major) stores hit 32 distinct banks */
     const int xr = t % TBM, xk = (t / TBM) * 8, wr = t % TBN, wk = (t / TBN) * 8;
-    const bool xrow = m0 + xr < M, wrow = t < TBN * TKC / 8 && n0 + wr < N;
-    const uint16_t *xp = x + (m0 + xr) * ldx + xk, *wp_ = w + (n0 + wr) * ldw + wk;
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-    uint4 xv = zero4, wv = zero4;
+    const bool xin = m0 + xr < M, win = n0 + wr < N;
+    const uint16_t *xrow_p = x + (m0 + xr) * ldx, *wrow_p = w + (n0 + wr) * ldw; /* dereferenced only if in */
+    uint4 xv[XVEC], wv[WVEC];
     if (K16 > 0) {
-        xv = xrow && xk < K16 ? load8(xp, vec) : zero4;
-        wv = wrow && wk < K16 ? load8(wp_, vec) : zero4;
-        store8_kmajor<TXP>(xs[0], xk, xr, xv);
-        if (t < TBN * TKC / 8) store8_kmajor<TWP>(ws[0], wk, wr, wv);
+        tile_load(xv, wv, xrow_p, wrow_p, xin, win, xk, wk, 0, K16, vec);
+        tile_store(xs[0], ws[0], xv, wv, xr, wr, xk, wk);
     }
     __syncthreads();
 
@@ -189,18 +221,12 @@ __global__ void __launch_bounds__(TTHREADS, 1)
     int buf = 0;
     for (int64_t k0 = 0; k0 < K16; k0 += TKC) {
         const int64_t kn = k0 + TKC;
-        /* the next stage's loads fly while this stage is summed; vectors past K16 are never summed */
-        if (kn < K16) {
-            xv = xrow && kn + xk < K16 ? load8(xp + kn, vec) : zero4;
-            wv = wrow && kn + wk < K16 ? load8(wp_ + kn, vec) : zero4;
-        }
+        /* the next stage's loads fly while this stage is summed */
+        if (kn < K16) tile_load(xv, wv, xrow_p, wrow_p, xin, win, xk, wk, kn, K16, vec);
         const int chunks = K16 - k0 >= TKC ? TKC / LANES : (int)((K16 - k0) / LANES);
         if (fast) tile_stage<true>(xs[buf], ws[buf], chunks, j, xm, wn, acc);
         else tile_stage<false>(xs[buf], ws[buf], chunks, j, xm, wn, acc);
-        if (kn < K16) {
-            store8_kmajor<TXP>(xs[buf ^ 1], xk, xr, xv);
-            if (t < TBN * TKC / 8) store8_kmajor<TWP>(ws[buf ^ 1], wk, wr, wv);
-        }
+        if (kn < K16) tile_store(xs[buf ^ 1], ws[buf ^ 1], xv, wv, xr, wr, xk, wk);
         __syncthreads(); /* buf ^ 1 is complete, and nobody reads buf any more */
         buf ^= 1;
     }
@@ -416,7 +442,15 @@ extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_
         if ((rc = di_cuda_launched(op, err))) return rc;
         xok = flags, wok = flags + xrows;
     }
-    bgemm_tiled_kernel<<<grid, TTHREADS, 0, st>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, xok, wok, vec);
+    static bool attr_set[64]; /* the > 48 KiB shared-memory opt-in, once per device */
+    const int dev = di_cuda_state(be)->device;
+    if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+        cudaError_t e = cudaFuncSetAttribute(bgemm_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TSMEM);
+        if (e != cudaSuccess)
+            return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory opt-in: %s", op, cudaGetErrorString(e));
+        if (dev >= 0 && dev < 64) attr_set[dev] = true;
+    }
+    bgemm_tiled_kernel<<<grid, TTHREADS, TSMEM, st>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, xok, wok, vec);
     return di_cuda_launched(op, err);
 }
 
