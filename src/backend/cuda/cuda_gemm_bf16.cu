@@ -32,8 +32,17 @@
  * multiply-then-add pair. Real activations and weights are far inside the range; the tests put bf16
  * subnormals, 1e±37 and inf/NaN into some rows to exercise both paths against the CPU.
  *
- * Everything the CPU rounds separately is written __fmul_rn / __fadd_rn (and -fmad=false, cuda.mk). */
+ * Everything the CPU rounds separately is written __fmul_rn / __fadd_rn (and -fmad=false, cuda.mk).
+ *
+ * Host emulation: built with -DDI_CUDA_BF16_EMULATE by a C++ compiler, this same source runs on the CPU
+ * (cuda_gemm_bf16_emu.h: real threads per block, barriers for __syncthreads / shuffles / votes), driven
+ * by tests/emu/test_cuda_gemm_bf16_emu.c against the CPU op. */
+#ifdef DI_CUDA_BF16_EMULATE
+#include "backend/cuda/cuda_gemm_bf16_emu.h"
+#else
 #include "backend/cuda/cuda_common.cuh"
+#define DI_LAUNCH(kernel, grid, threads, smem, stream, ...) kernel<<<grid, threads, smem, stream>>>(__VA_ARGS__)
+#endif
 #include "backend/cuda/cuda_gemm_bf16.h"
 
 #define LANES 16 /* the CPU's partial sums per dot product */
@@ -76,18 +85,18 @@ __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int
                                                           int64_t gz, int64_t k, int vec, uint8_t *flag) {
     const int64_t idx = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (idx >= rows * groups) return; /* whole warps leave together */
-    const uint16_t *row = p + (idx / groups) * ld + (idx % groups) * gz;
+    const bool live = idx < rows * groups; /* warps past the end vote on nothing (no early exit before a vote) */
+    const uint16_t *row = p + (live ? (idx / groups) * ld + (idx % groups) * gz : 0);
     bool ok = true;
-    int64_t k8 = vec ? k - k % 8 : 0;
+    const int64_t k8 = !live ? 0 : vec ? k - k % 8 : 0, kend = live ? k : 0;
     for (int64_t i = (int64_t)lane * 8; i < k8; i += 256) {
         uint4 v = *(const uint4 *)(row + i);
         ok &= fma_safe(v.x) & fma_safe(v.x >> 16) & fma_safe(v.y) & fma_safe(v.y >> 16) & fma_safe(v.z) &
               fma_safe(v.z >> 16) & fma_safe(v.w) & fma_safe(v.w >> 16);
     }
-    for (int64_t i = k8 + lane; i < k; i += 32) ok &= fma_safe(row[i]);
+    for (int64_t i = k8 + lane; i < kend; i += 32) ok &= fma_safe(row[i]);
     ok = __all_sync(0xffffffffu, ok);
-    if (lane == 0) flag[idx] = ok;
+    if (live && lane == 0) flag[idx] = ok;
 }
 
 /* ---------------- tiled kernel (prefill) ---------------- */
@@ -104,6 +113,9 @@ __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int
 static_assert(XVEC >= 1 && WVEC >= 1 && XVEC * TTHREADS * 8 == TBM * TKC && WVEC * TTHREADS * 8 == TBN * TKC,
               "the staging gives every thread whole x and w vectors");
 #define TSMEM (sizeof(float) * 2 * TKC * (TXP + TWP)) /* dynamic shared memory: both tiles, double-buffered */
+#ifdef DI_CUDA_BF16_EMULATE
+alignas(16) float tsm[TSMEM / sizeof(float)]; /* the emulation's shared memory (one block at a time) */
+#endif
 
 /* One stage's products for this thread: lanes j (h = 0) and j + 8 (h = 1) of its 8 × 8 sub-tile, the
  * stage's 16-chunks in ascending k. FMA: one fused op per term (see the file comment for when it is
@@ -271,6 +283,9 @@ __global__ void __launch_bounds__(TTHREADS, 1)
 #define GTHREADS (GCOLS * LANES)
 
 static size_t gemv_smem(int rb) { return sizeof(uint16_t) * GCOLS * GWP + sizeof(float) * (size_t)rb * GXP; }
+#ifdef DI_CUDA_BF16_EMULATE
+alignas(16) uint16_t gsh[GCOLS * GWP + 2 * DI_BGEMV_MAX_M * GXP];
+#endif
 
 /* Chunk k0 of the GEMV's staging into registers: 16 weight rows and the block's x rows (< mb), rows
  * vr + 2i; vectors at or past K16 are not loaded (never summed). */
@@ -385,8 +400,8 @@ static int gemv_launch(const di_backend *be, const char *op, dim3 grid, const ui
             return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory opt-in: %s", op, cudaGetErrorString(e));
         if (dev >= 0 && dev < 64) attr_set[dev] = true;
     }
-    bgemv_kernel<RB><<<grid, GTHREADS, gemv_smem(RB), di_cuda_state(be)->stream>>>(x, ldx, w, ldw, m, n, k, y16, y32,
-                                                                                 ldy, gx, gw, gy, vec);
+    DI_LAUNCH(bgemv_kernel<RB>, grid, GTHREADS, gemv_smem(RB), di_cuda_state(be)->stream, x, ldx, w, ldw, m, n, k, y16,
+              y32, ldy, gx, gw, gy, vec);
     return di_cuda_launched(op, err);
 }
 
@@ -432,13 +447,13 @@ extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_
     const uint8_t *xok = NULL, *wok = NULL;
     if (path == DI_BGEMM_AUTO || path == DI_BGEMM_TILED) {
         /* the FMA pre-pass: flags u8 [m·groups] for x rows, then u8 [n·groups] for w rows */
-        void *wsp;
+        void *wsp = NULL;
         const int64_t xrows = m * groups, wrows = n * groups;
         int rc = di_cuda_workspace(be, (size_t)(xrows + wrows), &wsp, err);
         if (rc) return rc;
         uint8_t *flags = (uint8_t *)wsp;
-        range_flags_kernel<<<di_cuda_blocks(xrows, 8), 256, 0, st>>>(x, m, groups, ldx, gx, k, vec, flags);
-        range_flags_kernel<<<di_cuda_blocks(wrows, 8), 256, 0, st>>>(w, n, groups, ldw, gw, k, vec, flags + xrows);
+        DI_LAUNCH(range_flags_kernel, di_cuda_blocks(xrows, 8), 256, 0, st, x, m, groups, ldx, gx, k, vec, flags);
+        DI_LAUNCH(range_flags_kernel, di_cuda_blocks(wrows, 8), 256, 0, st, w, n, groups, ldw, gw, k, vec, flags + xrows);
         if ((rc = di_cuda_launched(op, err))) return rc;
         xok = flags, wok = flags + xrows;
     }
@@ -450,7 +465,8 @@ extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_
             return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: shared memory opt-in: %s", op, cudaGetErrorString(e));
         if (dev >= 0 && dev < 64) attr_set[dev] = true;
     }
-    bgemm_tiled_kernel<<<grid, TTHREADS, TSMEM, st>>>(x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, xok, wok, vec);
+    DI_LAUNCH(bgemm_tiled_kernel, grid, TTHREADS, TSMEM, st, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, xok, wok,
+              vec);
     return di_cuda_launched(op, err);
 }
 
