@@ -220,7 +220,7 @@ static void run_case(kind op, const char *label, int64_t M, int G, int64_t K, in
         put_specials(w, (int64_t)G * N, K, 3, 1);
     }
     /* CPU on the sampled rows */
-    int64_t *rows = xmalloc(sizeof *rows * 192), nrows = sample_rows(M, rows);
+    int64_t *rows = xmalloc(sizeof *rows * 256), nrows = sample_rows(M, rows); /* at most 256 */
     uint16_t *xs = xmalloc(sizeof *xs * (size_t)(nrows * xrow));
     for (int64_t i = 0; i < nrows; i++) memcpy(xs + i * xrow, x + rows[i] * xrow, sizeof *x * (size_t)xrow);
     void *yc = xmalloc((size_t)(nrows * yrow * esz));
