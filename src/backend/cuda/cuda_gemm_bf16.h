@@ -1,8 +1,9 @@
 /* Exact bf16 × bf16 GEMMs with f32 accumulation on the GPU (linear_bf16, linear_f32, linear_grouped_bf16):
  * a register-tiled kernel for prefill and a K-streaming GEMV for decode, both bit-identical to
  * src/backend/cpu/linear_bf16.c. The arithmetic argument is in cuda_gemm_bf16.cu's header comment;
- * tests/cuda/test_cuda_gemm_bf16.c checks every path against the CPU and tests/test_cuda_bf16_emu.c
- * replays the kernels' per-thread order on the host. backend_cuda.cu registers them (DI_CUDA_BF16=old
+ * tests/cuda/test_cuda_gemm_bf16.c checks every path against the CPU on the GPU,
+ * tests/emu/test_cuda_gemm_bf16_emu.c runs the kernel source itself on the host (cuda_gemm_bf16_emu.h)
+ * and tests/test_cuda_bf16_emu.c is a plain-C replica of the per-thread order. backend_cuda.cu registers them (DI_CUDA_BF16=old
  * keeps cuda_gemm.cu's kernels, DI_CUDA_BF16=nofma these kernels without the FMA fast path). */
 #ifndef DI_BACKEND_CUDA_CUDA_GEMM_BF16_H
 #define DI_BACKEND_CUDA_CUDA_GEMM_BF16_H
