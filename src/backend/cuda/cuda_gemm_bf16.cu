@@ -35,7 +35,7 @@
  * Everything the CPU rounds separately is written __fmul_rn / __fadd_rn (and -fmad=false, cuda.mk).
  *
  * Host emulation: built with -DDI_CUDA_BF16_EMULATE by a C++ compiler, this same source runs on the CPU
- * (cuda_gemm_bf16_emu.h: real threads per block, barriers for __syncthreads / shuffles / votes), driven
+ * (cuda_gemm_bf16_emu.h: the block's threads as fibers, a barrier round per __syncthreads / shuffle / vote), driven
  * by tests/emu/test_cuda_gemm_bf16_emu.c against the CPU op. */
 #ifdef DI_CUDA_BF16_EMULATE
 #include "backend/cuda/cuda_gemm_bf16_emu.h"
