@@ -245,6 +245,7 @@ void di_earley_free(di_earley *m) {
 int di_earley_push(di_earley *m, uint8_t b, di_error *err) {
     uint32_t prev = (uint32_t)m->n_sets - 1;
     if (!di_cfg_class_has(&m->scan[prev], b)) return 0;
+    m->n_pushes++;
     int rc = begin_set(m, err);
     if (rc) return rc;
     const di_cfg *g = m->g;

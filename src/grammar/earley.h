@@ -51,6 +51,7 @@ typedef struct di_earley {
      * unknown context; such completions are counted in opaque_hits. 0 = no watch. */
     uint32_t opaque_below;
     uint32_t opaque_hits;
+    uint64_t n_pushes;        /* bytes pushed over the object's life (statistics) */
 } di_earley;
 
 /* Set up and create set 0. Returns DI_OK or an error (memory/limit). */

@@ -45,6 +45,7 @@ struct di_grammar_matcher {
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
+    uint64_t n_edges, n_summaries;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
      * value, valid when lstamp[i] == lgen. */
@@ -381,7 +382,8 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
-                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges};
+                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
+                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .summaries = m->n_summaries};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -561,6 +563,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     di_earley *e = &m->e;
     di_grammar_cache *c = m->g->cache;
     memset(out, 0, sizeof *out);
+    m->n_summaries++;
     di_cfg_class scan = *di_earley_next_bytes(e);
     int n_bytes = 0;
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
@@ -774,6 +777,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
     uint8_t byte = m->path[d];
     int32_t parent = m->vid[d - 1];
     bool pushed = false;
+    m->n_edges++;
     use_boundary(m, m->lbd[d - 1]);
     int32_t next = parent > 0 ? di_gcache_next(tab, parent, byte) : DI_ST_UNKNOWN;
     if (next == DI_ST_DEAD) return 0;
