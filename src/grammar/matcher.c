@@ -633,7 +633,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     }
     di_gcache_loop tl;
     /* only a state that takes most characters alike starts a chain worth following */
-    if (chain <= 0 || (__builtin_popcount(out->ascii & ((1u << 26) - 1)) < 4 && !out->utf8) ||
+    if (chain <= 0 || (__builtin_popcount(out->ascii & DI_BUCKET_BITS) < 4 && !out->utf8) ||
         di_gcache_loop_get(tab, out->next, &tl))
         return DI_OK;
     /* T's sets: push one byte that leads there */
@@ -656,7 +656,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
  * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
  * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
 static inline bool chain_link(const di_gcache_loop *s) {
-    return s->next > 0 && (__builtin_popcount(s->ascii & ((1u << 26) - 1)) >= 4 || s->utf8);
+    return s->next > 0 && (__builtin_popcount(s->ascii & DI_BUCKET_BITS) >= 4 || s->utf8);
 }
 
 /* Returns 1 with the block filled in, 0 if the state does not take a block of characters, -1 if
@@ -670,7 +670,7 @@ static int loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_lo
         if (cur.next == id) { /* a loop: any number of characters */
             a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
             *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh, *scanned = sc;
-            return (a & ((1u << 26) - 1)) || u;
+            return (a & DI_BUCKET_BITS) || u;
         }
         if (!chain_link(&cur)) return 0;
         a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
@@ -916,7 +916,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     if (loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh, &scanned) != 1) return 0;
     /* a byte outside the block that no state of the chain takes at all ends a token wherever it
      * comes (the characters before it stay in the chain): such tokens are cleared, not walked */
-    uint32_t bad = ~ascii & scanned & ((1u << 26) - 1), dead = ~ascii & ~scanned & ((1u << 26) - 1);
+    uint32_t bad = ~ascii & scanned & DI_BUCKET_BITS, dead = ~ascii & ~scanned & DI_BUCKET_BITS;
     if (utf8) bad |= 1u << DI_CLASS_BAD_UTF8;
     else if (nohigh) dead |= 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
     else bad |= 1u << DI_CLASS_HIGH;
