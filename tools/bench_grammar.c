@@ -12,6 +12,9 @@
  * what every later request of a server sees.
  *
  * --verify N: every Nth mask is also compared with brute force over the whole vocabulary.
+ * --cpu-time: time with the thread's CPU clock instead of the wall clock, so that preemption on a
+ *   shared machine does not land in the numbers (for before/after comparisons of this engine; the
+ *   peers script times wall clock, so ratios to it use the default).
  * --peers FILE: the JSON written by `scripts/bench_grammar_peers.py --json` on the same inputs;
  *   each input then also prints its ratios to llguidance and xgrammar (compile, mask p50, p99).
  * --schemas DIR: compliance mode over MaskBench/JSONSchemaBench files (see run_compliance). */
@@ -29,9 +32,11 @@
 #define FALLBACK_TOKENIZER "data/tokenizer/deepseek-v4/tokenizer.json"
 #define DEFAULT_INPUTS "tests/data/grammar/bench"
 
+static clockid_t mask_clock = CLOCK_MONOTONIC; /* --cpu-time: CLOCK_THREAD_CPUTIME_ID */
+
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(mask_clock, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -458,6 +463,7 @@ int bench_grammar(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench grammar", .json = cli_flag(&a, "json")};
+    if (cli_flag(&a, "cpu-time")) mask_clock = CLOCK_THREAD_CPUTIME_ID;
     const char *tpath = cli_str(&a, "tokenizer", NULL);
     const char *dir = cli_str(&a, "inputs", DEFAULT_INPUTS);
     const char *only = cli_str(&a, "only", NULL);

@@ -552,6 +552,13 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
     return rc < 0 ? rc : DI_OK;
 }
 
+/* A link of a character chain: enough characters lead to one successor for a block of them to
+ * pay for the summaries along the chain. Counted in bytes ([a-z] is 26 characters in 2 buckets):
+ * a letter class qualifies, digits do not (measured on ebnf_arith: a chain through every digit
+ * state doubled the summaries per mask and cost more than the trie edges it saved). */
+#define CHAIN_MIN_BYTES 20
+static inline bool chain_link(const di_gcache_loop *s) { return s->next > 0 && (s->n_next >= CHAIN_MIN_BYTES || s->utf8); }
+
 /* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
  * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
  * continuation range shape. When most characters lead to another state T (the first character
@@ -614,6 +621,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         if (di_cfg_class_has(&scan, (uint8_t)b)) out->scanned |= 1u << di_ascii_bucket((uint8_t)b);
     for (unsigned b = 1; b < 128 && !out->rep; b++)
         if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
+    out->n_next = (uint8_t)best_n;
     bool all = class_covers(&scan, 0xC2, 0xF4);
     for (int q = 0; q < 8 && all; q++) {
         sig128 k;
@@ -633,7 +641,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     }
     di_gcache_loop tl;
     /* only a state that takes most characters alike starts a chain worth following */
-    if (chain <= 0 || (__builtin_popcount(out->ascii & DI_BUCKET_BITS) < 4 && !out->utf8) ||
+    if (chain <= 0 || !chain_link(out) ||
         di_gcache_loop_get(tab, out->next, &tl))
         return DI_OK;
     /* T's sets: push one byte that leads there */
@@ -655,9 +663,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
  * valid multi-byte character is, such that any run of them stays alive: every character leads
  * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
  * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
-static inline bool chain_link(const di_gcache_loop *s) {
-    return s->next > 0 && (__builtin_popcount(s->ascii & DI_BUCKET_BITS) >= 4 || s->utf8);
-}
+
 
 /* Returns 1 with the block filled in, 0 if the state does not take a block of characters, -1 if
  * a summary along its chain is not computed yet (ensure_chain). */
