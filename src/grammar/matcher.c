@@ -695,7 +695,7 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
     di_earley *e = &m->e;
     size_t top = e->n_sets;
     int rc = DI_OK;
-    for (int k = 0; k < DI_CHAIN_CHARS; k++) {
+    for (int k = 0; k <= DI_CHAIN_CHARS; k++) { /* loop_chars reads the summaries of DI_CHAIN_CHARS + 1 states */
         di_gcache_loop s;
         if (!di_gcache_loop_get(tab, id, &s)) {
             if (*budget <= 0) break;
@@ -703,7 +703,7 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
             if ((rc = loop_summary(m, tab, id, 1, &s, err))) break;
             di_gcache_loop_put(m->g->cache, tab, id, &s);
         }
-        if (!chain_link(&s) || s.next == id || !s.rep) break;
+        if (k == DI_CHAIN_CHARS || !chain_link(&s) || s.next == id || !s.rep) break;
         bool ctx = false;
         rc = watched_push(m, s.rep, &ctx, err);
         if (rc != 1 || ctx || (rc = update_sigs(m, err))) break;
