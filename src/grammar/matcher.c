@@ -1025,7 +1025,10 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
-    int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */
+    /* summaries computed per walk, bounded even where they do not pay: 8 for states met in the
+     * walk, and one chain's worth (DI_CHAIN_CHARS + 1) to complete the chain of a state whose
+     * block needs it (schema_small's e-mail labels: 39,486 -> 10,712 edges per mask) */
+    int blk = 0, summaries_left = 8, chain_left = DI_CHAIN_CHARS + 1;
     uint32_t blk_ascii = 0, blk_scanned = 0;
     bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
@@ -1040,7 +1043,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 di_gcache_loop ls;
                 blk = block_of(m, tab, parent, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned);
                 bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
-                if (big && blk < 0 && summaries_left > 0) { /* no summary yet, or a chain to extend */
+                if (big && ((blk == -2 && summaries_left > 0) || (blk == -1 && chain_left > 0))) { /* no summary yet, or a chain to extend */
                     if ((rc = replay(m, &md, d - 1, err))) goto out;
                     use_boundary(m, m->lbd[d - 1]);
                     if (blk == -2) {
@@ -1048,7 +1051,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                         rc = loop_summary(m, tab, parent, 1, &ls, err);
                         if (!rc) di_gcache_loop_put(c, tab, parent, &ls);
                     } else {
-                        rc = ensure_chain(m, tab, parent, &summaries_left, err);
+                        rc = ensure_chain(m, tab, parent, &chain_left, err);
                     }
                     m->bgen++;
                     if (rc) goto out;
