@@ -721,7 +721,7 @@ static int32_t pattern_key(js *c, const char *re) {
 
 /* patternProperties is compiled soundly when at most one distinct non-trivial schema is attached
  * to its patterns (a key matching two patterns must satisfy both) and every declared name that a
- * pattern matches (checked with PCRE2) has that pattern's schema, or both are di_js_trivial (a generated
+ * pattern matches (checked with PCRE2) has that pattern's schema, or both are trivial (a generated
  * pattern key may spell a declared name, and a declared member is also checked by the pattern).
  * Returns the shared non-trivial schema (NULL when all are trivial); sets c->rc on refusal. */
 static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
