@@ -4,7 +4,7 @@
  *
  * Default (exact) slot, 3 + 6·(active experts) launches instead of the graph loop's 9 per expert:
  *   gather     x rows → xg [n, d] in list order (one launch)
- *   up         per expert: the backend's linear_fp4 (act-quant + exact GEMM) for w1 and w3 on its rows
+ *   up         per expert: the exact linear_fp4 (act-quant + GEMM, cuda_gemm.cu) for w1 and w3 on its rows
  *   swiglu     every row at once, with its routing weight
  *   down       per expert: linear_fp4 for w2 → y [n, d]
  *   combine    acc[t] = 0 + Σ f32(y[r]) over t's rows in ascending r (one launch, below)
@@ -18,7 +18,7 @@
  *   The grouped kernel computes each expert's rows bit for bit as the wgmma linear_fp4 slot does, so the
  *   result is the per-expert loop's over that slot. Where it cannot run (DI_ERR_UNSUPPORTED: its register
  *   split does not fit) or the tables cannot be built (an expert without weights), the slot runs the
- *   per-expert loop over the backend's linear_fp4, which is the wgmma slot in this mode: same bits.
+ *   per-expert loop over the wgmma linear_fp4 (this mode's linear_fp4 slot): same bits.
  *
  * Exactness. Every GEMM row depends on its own input row only (backend.h: batch invariance), SwiGLU is
  * elementwise with the row's weight, so computing all rows of all experts together changes no value. The
@@ -151,31 +151,36 @@ static int combine(const di_backend *be, const di_moe_plan *p, const uint16_t *y
     return di_cuda_launched("moe_grouped combine", err);
 }
 
-/* The per-expert loop over the backend's own slots (the exact kernels, or the wgmma linear_fp4 in tensor
- * mode), then the one combine. */
-static int expert_loop(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
-                       const di_moe_expert *experts, const di_moe_plan *p, float lim, float *acc, void *ws,
+/* linear_fp4 kernels by name, not through the backend table: the slot is one op for a wrapper of the table
+ * (cuda_optime.cu's per-op timing would otherwise count the inner calls twice) */
+typedef int (*linear_fn)(const di_backend *, const uint16_t *, int64_t, int64_t, const uint8_t *, const uint8_t *,
+                         int64_t, uint16_t *, di_error *);
+
+/* The per-expert loop: `lin` (the exact linear_fp4, or the wgmma one in tensor mode) per expert, one
+ * gather, one SwiGLU, then the one combine. */
+static int expert_loop(const di_backend *be, linear_fn lin, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k,
+                       int n_exp, const di_moe_expert *experts, const di_moe_plan *p, float lim, float *acc, void *ws,
                        di_error *err) {
     g_last_path = 0;
     const int64_t n = p->n;
     const int64_t *st = p->start_h;
     const ws_bufs w = split_ws(ws, n, d, inter);
     int rc = DI_OK;
-    if (n > 0) rc = be->gather_rows(be, x, d, p->rows, n, w.xg, err);
+    if (n > 0) rc = di_cuda_gather_rows(be, x, d, p->rows, n, w.xg, err);
     for (int e = 0; e < n_exp && !rc; e++) {
         const int64_t s = st[e], ne = st[e + 1] - s;
         if (!ne) continue;
         const di_moe_expert *ex = &experts[e];
-        rc = be->linear_fp4(be, w.xg + s * d, ne, d, ex->w1, ex->s1, inter, w.g + s * inter, err);
-        if (!rc) rc = be->linear_fp4(be, w.xg + s * d, ne, d, ex->w3, ex->s3, inter, w.u + s * inter, err);
+        rc = lin(be, w.xg + s * d, ne, d, ex->w1, ex->s1, inter, w.g + s * inter, err);
+        if (!rc) rc = lin(be, w.xg + s * d, ne, d, ex->w3, ex->s3, inter, w.u + s * inter, err);
         if (rc) di_error_wrap(err, "moe_grouped expert %d", e);
     }
-    if (!rc && n > 0) rc = be->swiglu(be, w.g, w.u, n, inter, p->roww, lim, w.a, err);
+    if (!rc && n > 0) rc = di_cuda_swiglu(be, w.g, w.u, n, inter, p->roww, lim, w.a, err);
     for (int e = 0; e < n_exp && !rc; e++) { /* y overwrites xg: every w1 / w3 above has read it */
         const int64_t s = st[e], ne = st[e + 1] - s;
         if (!ne) continue;
         const di_moe_expert *ex = &experts[e];
-        rc = be->linear_fp4(be, w.a + s * inter, ne, inter, ex->w2, ex->s2, d, w.y + s * d, err);
+        rc = lin(be, w.a + s * inter, ne, inter, ex->w2, ex->s2, d, w.y + s * d, err);
         if (rc) di_error_wrap(err, "moe_grouped expert %d", e);
     }
     return rc ? rc : combine(be, p, w.y, m, d, k, acc, err);
@@ -185,7 +190,7 @@ extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int6
                                    int n_exp, const di_moe_expert *experts, const di_moe_plan *plan, float lim, float *acc,
                                    void *ws, di_error *err) {
     int rc = check_args("moe_grouped", m, d, inter, k, n_exp, experts, plan, ws, err);
-    return rc ? rc : expert_loop(be, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
+    return rc ? rc : expert_loop(be, di_cuda_linear_fp4, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
 }
 
 /* ---------------- the experts' tensor-map tables, per backend and layer ----------------
@@ -302,7 +307,7 @@ extern "C" int di_cuda_moe_grouped_wgmma(const di_backend *be, const uint16_t *x
     if (n == 0) return combine(be, plan, NULL, m, d, k, acc, err); /* every token's sum is 0 */
     tables *tb;
     if ((rc = tables_get(be, experts, n_exp, d, inter, &tb, err))) return rc;
-    if (!tb) return expert_loop(be, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
+    if (!tb) return expert_loop(be, di_cuda_linear_fp4_wgmma, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
 
     /* backend workspace: token codes e4m3 [m, d] + E8M0 [m, d/32]; row codes [n, max(d, inter)] + scales */
     const int64_t kmax = d > inter ? d : inter;
@@ -322,10 +327,10 @@ extern "C" int di_cuda_moe_grouped_wgmma(const di_backend *be, const uint16_t *x
     rc = di_cuda_wgmma_fp4_grouped(up, gu, 2, xq, xs, n, plan->start, st, err);
     if (rc == DI_ERR_UNSUPPORTED) { /* the persistent kernel cannot run on this device: the same bits per expert */
         di_error_clear(err);
-        return expert_loop(be, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
+        return expert_loop(be, di_cuda_linear_fp4_wgmma, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
     }
     if (rc) return rc;
-    if ((rc = be->swiglu(be, w.g, w.u, n, inter, plan->roww, lim, w.a, err))) return rc;
+    if ((rc = di_cuda_swiglu(be, w.g, w.u, n, inter, plan->roww, lim, w.a, err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(w.a, n * inter, 32, xq, xs, st, err))) return rc;
     if ((rc = di_cuda_wgmma_fp4_grouped(down, yo, 1, xq, xs, n, plan->start, st, err))) return rc;
     g_last_path = 1;

@@ -1,6 +1,6 @@
 /* The moe_grouped slot (backend.h) on the GPU (cuda_moe_grouped.cu): the routed experts of a prefill step
  * over the host's plan, rows contiguous per expert. Two implementations, picked at backend creation:
- *   di_cuda_moe_grouped        (default) the exact per-expert linear_fp4 kernels of the backend, one gather,
+ *   di_cuda_moe_grouped        (default) the exact per-expert linear_fp4 kernels (cuda_gemm.cu), one gather,
  *                              one SwiGLU over every row, one ordered combine: the CPU slot's bits;
  *   di_cuda_moe_grouped_wgmma  (DI_CUDA_KERNELS=tensor) one act-quant of the step's tokens, one gather of
  *                              their codes, w1 and w3 of every expert in ONE grouped wgmma launch, one SwiGLU,
