@@ -6,7 +6,8 @@
  *   exact slot  == the graph's per-expert loop over the same exact backend (gather_rows, linear_fp4 ×3,
  *                  swiglu, scatter_add_rows per expert), bit for bit, every output
  *   exact slot  == the CPU backend's slot on sampled tokens (the CPU computes only their rows: a token's
- *                  result depends on its own row and experts), bit for bit
+ *                  result depends on its own row and experts), bit for bit, with the CPU's SwiGLU on a
+ *                  correctly rounded exp like the GPU's (cr_swiglu)
  *   tensor slot == the per-expert loop over the DI_CUDA_KERNELS=tensor backend (wgmma linear_fp4), bit for
  *                  bit, and the grouped wgmma path was the one taken
  *   DI_CUDA_MOE_GROUPED=off leaves the slot empty
@@ -243,6 +244,26 @@ static int64_t count_diff(const float *a, const float *b, int64_t n) {
     return d;
 }
 
+/* The CPU's SwiGLU with exp correctly rounded, as the GPU's (cuda_common.cuh: glibc's expf differs from
+ * it on ~6e-4 of inputs): the CPU backend of the comparison uses this slot, so the libm is not a
+ * difference and the rows must agree bit for bit (test_cuda_ops.c's "vs CR" rows do the same). */
+static int cr_swiglu(const di_backend *be, const uint16_t *g, const uint16_t *u, int64_t m, int64_t n, const float *row_w,
+                     float lim, uint16_t *a, di_error *err) {
+    (void)be, (void)err;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < n; i++) {
+            float gv = di_bf16_to_f32(g[r * n + i]), uv = di_bf16_to_f32(u[r * n + i]);
+            if (lim > 0) {
+                uv = uv < -lim ? -lim : (uv > lim ? lim : uv);
+                gv = gv > lim ? lim : gv;
+            }
+            float v = gv / (1.0f + (float)exp(-(double)gv)) * uv;
+            if (row_w) v = row_w[r] * v;
+            a[r * n + i] = di_f32_to_bf16(v);
+        }
+    return DI_OK;
+}
+
 /* The CPU slot on `ns` sampled tokens (their ids, weights, x rows) against rows of the GPU's acc. */
 static void cpu_check(const di_backend *cpu, const experts *ex, int T, const int32_t *ids, const float *w,
                       const uint16_t *x, const float *gpu_acc) {
@@ -370,6 +391,7 @@ int main(void) {
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
     di_backend *cpu;
     RUN(di_backend_cpu_create(nth > 0 ? nth : 1, &cpu, &g_err));
+    cpu->swiglu = cr_swiglu;
     const char *mg = getenv("DI_CUDA_MOE_GROUPED");
     char *mg_keep = mg ? strdup(mg) : NULL;
     unsetenv("DI_CUDA_MOE_GROUPED");
