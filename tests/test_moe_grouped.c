@@ -2,7 +2,8 @@
  * that forward_block.c's moe() runs without it (gather_rows, linear_fp4 ×2, swiglu, linear_fp4,
  * scatter_add_rows per expert in ascending id, acc zeroed first), at prefill row counts (T = 65, 200,
  * 1000) over V4.1's 384 experts top-6 at small hidden sizes, with skewed routing (a quarter of the experts
- * idle, a few taking hundreds of rows), both CPU variants; plans that disagree with themselves, experts
+ * idle, a few taking hundreds of rows), both CPU variants; the CUDA slot's structure (contiguous buffers,
+ * one SwiGLU, the combine's rank walk) replayed with the CPU ops equals it too; plans that disagree with themselves, experts
  * without weights and bad shapes refused with a message; an empty plan gives zeros.
  * di-test: asan */
 #include <math.h>
@@ -202,6 +203,88 @@ static void test_slot_equals_loop_scalar(void **state) {
     check_against_loop(DI_CPU_SCALAR, Ts, 2);
 }
 
+/* The CUDA slot's structure replayed with the CPU ops (cuda_moe_grouped.cu): one gather of all listed rows,
+ * w1 / w3 per expert into contiguous buffers, ONE SwiGLU over every row, w2 per expert, then the combine
+ * kernel's walk — per token its rank entries by repeated minimum (ascending row), f32 adds from 0.0f. It
+ * must equal the per-expert loop: ascending row within a token is ascending (expert id, slot), the
+ * loop's scatter order, which is what makes the one-launch combine exact. */
+static void combine_walk(const int32_t *rank, int64_t n, const uint16_t *y, int T, float *acc) {
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < D; c++) {
+            float s = 0.0f;
+            int last = -1;
+            for (int step = 0; step < K; step++) {
+                int best = -1;
+                for (int j = 0; j < K; j++) {
+                    int r = rank[t * K + j];
+                    if (r > last && r < n && (best < 0 || r < best)) best = r;
+                }
+                if (best < 0) break;
+                s += di_bf16_to_f32(y[(int64_t)best * D + c]);
+                last = best;
+            }
+            acc[t * D + c] = s;
+        }
+}
+
+static void test_gpu_structure_equals_loop(void **state) {
+    (void)state;
+    model *m = make_model();
+    di_backend *be;
+    di_error err = {0};
+    assert_int_equal(di_backend_cpu_create(2, &be, &err), DI_OK);
+    enum { T = 300 };
+    int32_t *ids = malloc(sizeof *ids * TMAX * K);
+    plan_buf *pb = malloc(sizeof *pb);
+    float *ref = malloc(sizeof *ref * T * D), *got = malloc(sizeof *got * T * D);
+    make_ids(T, ids);
+    /* routing weights 2^0 … 2^-23 apart: bf16 terms of similar size add exactly in f32 in any order, so only
+     * widely spread terms make the order visible (the check below proves it is) */
+    for (int i = 0; i < T * K; i++) m->w[i] = (float)ldexp(0.5 + unif(), -(int)(rnd() % 24));
+    for (int t = 0; t < T; t++) /* slots out of expert order, so the walk must sort them */
+        for (int j = 0; j + 1 < K; j += 2)
+            if (ids[t * K + j] < ids[t * K + j + 1]) {
+                int32_t e = ids[t * K + j];
+                ids[t * K + j] = ids[t * K + j + 1], ids[t * K + j + 1] = e;
+            }
+    plan_for(pb, m, T, ids);
+    const int64_t n = pb->p.n;
+    uint16_t *xg = malloc(2 * (size_t)(n * D)), *g = malloc(2 * (size_t)(n * I)), *u = malloc(2 * (size_t)(n * I));
+    uint16_t *a = malloc(2 * (size_t)(n * I)), *y = malloc(2 * (size_t)(n * D));
+    assert_int_equal(be->gather_rows(be, m->x, D, pb->rows, n, xg, &err), DI_OK);
+    for (int e = 0; e < E; e++) {
+        int64_t s = pb->start[e], ne = pb->start[e + 1] - s;
+        if (!ne) continue;
+        assert_int_equal(be->linear_fp4(be, xg + s * D, ne, D, m->ex[e].w1, m->ex[e].s1, I, g + s * I, &err), DI_OK);
+        assert_int_equal(be->linear_fp4(be, xg + s * D, ne, D, m->ex[e].w3, m->ex[e].s3, I, u + s * I, &err), DI_OK);
+    }
+    assert_int_equal(be->swiglu(be, g, u, n, I, pb->roww, LIM, a, &err), DI_OK);
+    for (int e = 0; e < E; e++) {
+        int64_t s = pb->start[e], ne = pb->start[e + 1] - s;
+        if (ne) assert_int_equal(be->linear_fp4(be, a + s * I, ne, I, m->ex[e].w2, m->ex[e].s2, D, y + s * D, &err), DI_OK);
+    }
+    combine_walk(pb->rank, n, y, T, got);
+    old_loop(be, m, T, ids, ref);
+    int64_t diff = 0;
+    for (int i = 0; i < T * D; i++) diff += memcmp(got + i, ref + i, 4) != 0;
+    /* the same terms summed in slot order instead: the order matters at these magnitudes */
+    int64_t slot_order = 0;
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < D; c++) {
+            float s = 0.0f;
+            for (int j = 0; j < K; j++) s += di_bf16_to_f32(y[(int64_t)pb->rank[t * K + j] * D + c]);
+            slot_order += memcmp(&s, ref + t * D + c, 4) != 0;
+        }
+    tu_report("CUDA slot structure on the CPU T%d: %lld of %d differ from the loop; summing in slot order instead: %lld "
+              "differ", T, (long long)diff, T * D, (long long)slot_order);
+    assert_int_equal(diff, 0);
+    assert_true(slot_order > 0);
+    free(xg), free(g), free(u), free(a), free(y);
+    free(ids), free(pb), free(ref), free(got);
+    di_backend_destroy(be);
+    free_model(m);
+}
+
 /* A plan that lists no row (every pair dropped) gives zeros; with a pair dropped, the token sums the rest. */
 static void test_empty_and_partial_plans(void **state) {
     (void)state;
@@ -296,6 +379,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slot_equals_loop_fast),
         cmocka_unit_test(test_slot_equals_loop_scalar),
+        cmocka_unit_test(test_gpu_structure_equals_loop),
         cmocka_unit_test(test_empty_and_partial_plans),
         cmocka_unit_test(test_slot_refuses_bad_plans),
     };
