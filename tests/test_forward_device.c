@@ -20,6 +20,7 @@
 #include "model/golden.h"
 #include "model/session.h"
 #include "testutil.h"
+#include "util/error.h"
 
 /* ---------------- the unreachable-memory wrapper ---------------- */
 
@@ -187,6 +188,22 @@ static int g_gather_topk(const di_backend *be, di_row_codec c, const uint8_t *ba
     return di_cpu_gather_topk(IN(be), c, U(base), n, U(pages), pe, pr, ro, U(top), m, k, d, row0, U(rows), U(idx), ldi, e);
 }
 
+/* the prefill experts (moe_grouped): the host plan's start_h and the expert table stay host memory, every
+ * backend pointer in them loses the bit */
+static long g_grouped_calls;
+static int g_moe_grouped(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
+                         const di_moe_expert *ex, const di_moe_plan *plan, float lim, float *acc, void *ws, di_error *e) {
+    g_grouped_calls++;
+    di_moe_expert *tab = malloc(sizeof *tab * (size_t)(n_exp > 0 ? n_exp : 1));
+    if (!tab) return di_error_set(e, DI_ERR_NOMEM, "guarded moe_grouped: expert table");
+    for (int i = 0; i < n_exp; i++)
+        tab[i] = (di_moe_expert){U(ex[i].w1), U(ex[i].s1), U(ex[i].w3), U(ex[i].s3), U(ex[i].w2), U(ex[i].s2)};
+    di_moe_plan p = {plan->n, plan->start_h, U(plan->start), U(plan->rows), U(plan->roww), U(plan->rank)};
+    int rc = IN(be)->moe_grouped(IN(be), U(x), m, d, inter, k, n_exp, tab, &p, lim, U(acc), U(ws), e);
+    free(tab);
+    return rc;
+}
+
 static bool g_fused; /* the guarded backend offers the fused slots (the graph then takes that path) */
 
 static di_backend *guarded(void) {
@@ -206,7 +223,7 @@ static di_backend *guarded(void) {
                        .sparse_attn = g_attn, .router = g_router, .swiglu = g_swiglu, .gather_rows = g_gather,
                        .scatter_add_rows = g_scatter, .f32_to_bf16 = g_to_bf16, .fill_f32 = g_fill,
                        .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate};
-    if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk;
+    if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk, be->moe_grouped = g_moe_grouped;
     return be;
 }
 
@@ -398,6 +415,7 @@ static int fused_on(void **state) {
     (void)state;
     g_fused = true;
     g_fused_calls[0] = g_fused_calls[1] = 0;
+    g_grouped_calls = 0;
     return 0;
 }
 static int fused_off(void **state) { /* the fused path must have run */
@@ -406,12 +424,18 @@ static int fused_off(void **state) { /* the fused path must have run */
     tu_report("fused slots called: hc_pre %ld, gather_topk %ld", g_fused_calls[0], g_fused_calls[1]);
     return g_fused_calls[0] > 0 && g_fused_calls[1] > 0 ? 0 : -1;
 }
+/* the prefill of test_prefill_and_verify (T = 130 > 64) also takes moe_grouped on the faulting backend
+ * (the plain side takes the CPU slot, the unfused guarded side the graph's per-expert loop) */
+static int fused_off_grouped(void **state) {
+    tu_report("moe_grouped called: %ld", g_grouped_calls);
+    return g_grouped_calls > 0 ? fused_off(state) : -1;
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_verify),
         cmocka_unit_test(test_session),
-        cmocka_unit_test_setup_teardown(test_prefill_and_verify, fused_on, fused_off),
+        cmocka_unit_test_setup_teardown(test_prefill_and_verify, fused_on, fused_off_grouped),
         cmocka_unit_test_setup_teardown(test_session, fused_on, fused_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -52,6 +52,24 @@ typedef struct di_moe_expert {
 #define DI_MOE_ROUTED_MAX_PAIRS 1024
 #define DI_MOE_ROUTED_MAX_EXPERTS 384
 
+/* The host plan of a prefill step's routed experts (moe_grouped): the (token, slot) pairs with a valid
+ * expert listed expert by expert (ascending id), an expert's pairs in ascending (token, slot) order. */
+typedef struct di_moe_plan {
+    int64_t n;              /* listed rows */
+    const int64_t *start_h; /* int64 [n_exp + 1] HOST: expert e's rows are [start_h[e], start_h[e+1]); 0 … n */
+    const int64_t *start;   /* int64 [n_exp + 1] the same values in backend memory */
+    const int32_t *rows;    /* int32 [n] backend: the token of each row */
+    const float *roww;      /* f32 [n] backend: its routing weight */
+    const int32_t *rank;    /* int32 [m, k] backend: the row of pair (t, j), −1 for a pair not listed */
+} di_moe_plan;
+
+/* moe_grouped scratch: bf16 [n, d] (gathered rows, later the expert outputs) and three bf16 [n, inter]
+ * (gate, up, SwiGLU), each rounded up to 256 bytes. */
+static inline size_t di_moe_grouped_ws_bytes(int64_t n, int64_t d, int64_t inter) {
+    size_t rows = ((size_t)(n * d) * 2 + 255) & ~(size_t)255, mid = ((size_t)(n * inter) * 2 + 255) & ~(size_t)255;
+    return rows + 3 * mid;
+}
+
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
  * (forward.h: di_graph_faults). Each reproduces one plausible porting bug so the tests can prove
@@ -315,7 +333,25 @@ struct di_backend {
                        const int32_t *pages, int64_t page_entries, int64_t page_rows, int64_t row_off,
                        const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows, int32_t *idx,
                        int64_t ldi, di_error *err);
+
+    /* ---------------- grouped expert FFN of a prefill step (optional; NULL = the graph's per-expert loop) -------
+     * The routed experts of a step whose dispatch the host planned (di_moe_plan above): every listed row r
+     * (token t = rows[r] of expert e, start_h[e] ≤ r < start_h[e+1]) computes a = swiglu(x_t·W1_eᵀ, x_t·W3_eᵀ)
+     * with row weight roww[r] and limit lim, then y_r = a·W2_eᵀ (the linear_fp4 and swiglu contracts, each row
+     * on its own); acc[t] = 0 + Σ f32(y_r) over the rows of t in ascending r, i.e. t's slots in ascending
+     * (expert id, slot) — the rows rank[t·k + j] name, walked in ascending order. Value for value the loop
+     * it replaces: acc = 0, then per expert in ascending id gather_rows, linear_fp4 (w1, w3), swiglu,
+     * linear_fp4 (w2), scatter_add_rows. A backend may run every expert's GEMMs in a few launches (the rows
+     * are contiguous per expert) and must add the ≤ k terms of a token in that order, in one pass. Experts
+     * with listed rows need weights (refused otherwise); the CPU backend also checks that rows / rank /
+     * start describe one plan.
+     *   x bf16 [m, d];  experts [n_exp]: a HOST array of backend pointers (as moe_routed);
+     *   acc f32 [m, d] (overwritten);  ws: backend scratch of di_moe_grouped_ws_bytes(plan->n, d, inter) */
+    int (*moe_grouped)(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
+                       const di_moe_expert *experts, const di_moe_plan *plan, float lim, float *acc, void *ws,
+                       di_error *err);
 };
+
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */
 int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err);

@@ -577,7 +577,9 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
 
 /* Steps of at most this many rows (decode, DSpark verify) dispatch the routed experts on the backend
  * (moe_routed: no router ids come back to the host); larger ones (prefill) plan the per-expert GEMMs
- * on the host, where the rows per expert make a GEMM worth its setup. Both compute the same values. */
+ * on the host, where the rows per expert make a GEMM worth its setup, and hand the plan to the backend's
+ * moe_grouped (all experts in a few launches, one ordered combine) or, without it, run the per-expert
+ * loop of ops. All three compute the same values. */
 #define MOE_ROUTED_MAX_T 64
 
 /* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
@@ -622,42 +624,68 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
         UPLOAD(rows, rows_h, T, 0);
         CK(be->moe_routed(be, v, T, D, I, ids, rw, K, E, tab, lim, acc, c->err));
     } else {
-        int32_t *ids_h, *rows_h; /* int32 [T, K] router ids; int32 [T·K + T] row lists (host) */
-        float *rw_h, *roww_h;    /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
-        int64_t *start;          /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
-        float *roww;             /* f32 [T·K] */
-        uint16_t *xg;            /* bf16 [T, D] */
+        int32_t *ids_h, *rows_h, *rank_h; /* int32 [T, K] router ids; [T·K + T] row lists; [T, K] row of each pair (host) */
+        float *rw_h, *roww_h;             /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
+        int64_t *start;                   /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
+        float *roww;                      /* f32 [T·K] */
         HALLOC(ids_h, T * K, 0);
         HALLOC(rw_h, T * K, 0);
         HALLOC(rows_h, T * K + T, 0);
         HALLOC(roww_h, T * K, 0);
+        HALLOC(rank_h, T * K, 0);
         HALLOC(start, E + 1, 0);
-        ALLOC(xg, T * D, 0);
-        CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
         /* Expert dispatch planned on the host from the router's choice: one download (a
          * synchronisation point) per MoE layer; the per-expert GEMMs dominate at these sizes. */
         CK(fwd_download(c, ids_h, ids, sizeof(int32_t) * (size_t)(T * K)));
         CK(fwd_download(c, rw_h, rw, sizeof(float) * (size_t)(T * K)));
-        for (int e = 0; e < E; e++) {
-            start[e] = n_all;
-            for (int64_t t = 0; t < T; t++)
-                for (int j = 0; j < K; j++)
-                    if (ids_h[t * K + j] == e) rows_h[n_all] = (int32_t)t, roww_h[n_all] = rw_h[t * K + j], n_all++;
+        /* counting sort of the pairs i = t·K + j by expert, i ascending within an expert: the experts'
+         * rows in ascending id, each expert's in ascending (token, slot); ids outside [0, E) are dropped */
+        for (int64_t i = 0; i < T * K; i++)
+            if (ids_h[i] >= 0 && ids_h[i] < E) start[ids_h[i] + 1]++;
+        for (int e = 0; e < E; e++) start[e + 1] += start[e];
+        n_all = start[E];
+        for (int64_t i = 0; i < T * K; i++) {
+            int e = ids_h[i];
+            rank_h[i] = -1;
+            if (e < 0 || e >= E) continue;
+            int64_t r = start[e]++;
+            rows_h[r] = (int32_t)(i / K), roww_h[r] = rw_h[i], rank_h[i] = (int32_t)r;
         }
-        start[E] = n_all;
+        for (int e = E; e > 0; e--) start[e] = start[e - 1]; /* the sort advanced start[e] to expert e's end */
+        start[0] = 0;
         for (int64_t t = 0; t < T; t++) rows_h[n_all + t] = (int32_t)t; /* the shared expert: every row */
         UPLOAD(rows, rows_h, n_all + T, 0);
         UPLOAD(roww, roww_h, n_all > 0 ? n_all : 1, 0);
-        for (int e = 0; e < E; e++) {
-            int64_t n = start[e + 1] - start[e];
-            if (!n) continue;
-            const di_expert_w *ex = &w->experts[e];
-            CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
-            CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
-            CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
-            CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
-            CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
-            CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
+        if (be->moe_grouped) { /* every expert at once (backend.h), the same values */
+            di_moe_expert *tab; /* [E] the experts' backend pointers (host) */
+            int32_t *rank;      /* int32 [T, K] */
+            int64_t *start_d;   /* int64 [E + 1] */
+            uint8_t *ws;        /* di_moe_grouped_ws_bytes(n_all, D, I) bytes */
+            HALLOC(tab, E, 0);
+            for (int e = 0; e < E; e++) {
+                const di_expert_w *ex = &w->experts[e];
+                tab[e] = (di_moe_expert){ex->w1.w, ex->w1.s, ex->w3.w, ex->w3.s, ex->w2.w, ex->w2.s};
+            }
+            UPLOAD(rank, rank_h, T * K, 0);
+            UPLOAD(start_d, start, E + 1, 0);
+            ALLOC(ws, di_moe_grouped_ws_bytes(n_all, D, I), 0);
+            const di_moe_plan plan = {n_all, start, start_d, rows, roww, rank};
+            CK(be->moe_grouped(be, v, T, D, I, K, E, tab, &plan, lim, acc, ws, c->err));
+        } else {
+            uint16_t *xg; /* bf16 [T, D] */
+            ALLOC(xg, T * D, 0);
+            CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
+            for (int e = 0; e < E; e++) {
+                int64_t n = start[e + 1] - start[e];
+                if (!n) continue;
+                const di_expert_w *ex = &w->experts[e];
+                CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
+                CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
+                CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
+                CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
+                CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
+                CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
+            }
         }
     }
     CK(be->linear_fp8(be, v, T, D, w->sh_w1.w, w->sh_w1.s, I, g, c->err));

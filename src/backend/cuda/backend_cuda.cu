@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_fused.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_gemm_bf16.h"
+#include "backend/cuda/cuda_moe_grouped.h"
 
 extern "C" int di_cuda_device_count(void) {
     int n = 0;
@@ -142,6 +143,12 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->gather_rows = di_cuda_gather_rows;
     be->scatter_add_rows = di_cuda_scatter_add_rows;
     be->moe_routed = di_cuda_moe_routed;
+    /* prefill experts (cuda_moe_grouped.cu): the exact per-expert kernels with one ordered combine, or with
+     * DI_CUDA_KERNELS=tensor the grouped wgmma GEMMs; DI_CUDA_MOE_GROUPED=off leaves the slot empty, so the
+     * graph runs its per-expert loop of ops as before */
+    const char *mg = getenv("DI_CUDA_MOE_GROUPED");
+    if (!mg || strcmp(mg, "off"))
+        be->moe_grouped = kern && !strcmp(kern, "tensor") ? di_cuda_moe_grouped_wgmma : di_cuda_moe_grouped;
     be->f32_to_bf16 = di_cuda_f32_to_bf16;
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;
@@ -157,6 +164,7 @@ extern "C" void di_backend_cuda_destroy(di_backend *be) {
     di_cuda_impl *c = di_cuda_state(be);
     if (c) {
         cudaStreamSynchronize(c->stream);
+        di_cuda_moe_grouped_release(be);
         cudaFree(c->ws);
         cudaStreamDestroy(c->stream);
         free(c);
