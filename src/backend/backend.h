@@ -261,6 +261,29 @@ struct di_backend {
      *   qw, kw bf16 [hc, d] */
     int (*engram_gate)(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                        const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
+
+    /* ---------------- batched cache rows (model/cache_rows.c: one call per pass, not per row) ----------------
+     * The rows a pass writes to or reads from the caches of all its sequences, listed by address: the
+     * rows of several caches, pages and ring slots in one call (backend/cpu/rows_batch.c,
+     * backend/cuda/cuda_rows.cu). The address lists live in backend memory and point into it. */
+
+    /* *dst[i] = encode(x[i]) (row_encode's codec, bit for bit); dst[i] NULL skips row i. The listed rows
+     * must not overlap (they are written in parallel).  x bf16 [n, d];  dst: n row addresses */
+    int (*row_encode_scatter)(const di_backend *be, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d,
+                              uint8_t *const *dst, di_error *err);
+    /* y[i] = decode(*src[i]) (row_decode's codec); src[i] NULL gives a zero row.
+     *   src: n row addresses;  y bf16 [n, d] */
+    int (*row_decode_gather)(const di_backend *be, di_row_codec codec, const uint8_t *const *src, int64_t n,
+                             int64_t d, uint16_t *y, di_error *err);
+    /* compress_pool over the tokens of any number of groups, with the carry state kept as the cache
+     * keeps it: a ring of n_blocks group blocks, group g in block g mod n_blocks, each block kv_state
+     * f32 [R, d] then score_state f32 [R, d]. Entries and every state byte equal those of compress_pool
+     * called group by group in position order on block g mod n_blocks (so a token writes block
+     * ⌊p/R⌋ mod n_blocks, row p mod R, and the last token of the call to reach a row leaves it).
+     *   a, gate f32 [m, d];  state f32 [n_blocks, 2, R, d] (in/out);
+     *   y bf16 [(start_pos+m)/R − start_pos/R, d] (every group the call completes, in order) */
+    int (*compress_pool_ring)(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                              int ratio, int64_t d, float *state, int n_blocks, uint16_t *y, di_error *err);
 };
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */

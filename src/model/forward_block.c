@@ -122,26 +122,15 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16
         ALLOC(g, T * hd, 0);
         CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
         CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
+        /* one pooling call per sequence: its groups are independent but for the partial ones at the
+         * chunk's ends, which stream through the carry state in its cache */
         for (int i = 0; i < c->n_seq; i++) {
             const fwd_seq *q = &c->seq[i];
-            int64_t s0 = q->ck.s0, Ti = q->ck.T, emitted = 0;
-            const float *ai = a + q->r0 * hd, *gi = g + q->r0 * hd;
-            uint16_t *li = lat + sa[i].lat0 * hd;
-            for (int64_t t = 0; t < Ti;) {
-                int64_t p = s0 + t, end = (p / R + 1) * R - s0; /* end of p's group, chunk-relative */
-                if (end > Ti) end = Ti;
-                float *kv_state, *score_state; /* f32 [R, hd] each: the group's block in the cache */
-                int64_t n_out = 0;
-                CK(di_cache_cmp_state(q->ck.cache, L, p, &kv_state, &score_state, c->err));
-                CK(be->compress_pool(be, ai + t * hd, gi + t * hd, end - t, p, R, hd, kv_state, score_state,
-                                     li + emitted * hd, &n_out, c->err));
-                emitted += n_out;
-                t = end;
-            }
-            if (emitted != sa[i].n_new)
-                return di_error_set(c->err, DI_ERR_INTERNAL,
-                                    "layer %d, sequence %d of the batch: compressor emitted %lld entries, expected %lld", L,
-                                    i, (long long)emitted, (long long)sa[i].n_new);
+            float *state; /* f32 [nb, 2, R, hd]: the sequence's compressor ring (its cache) */
+            int nb;
+            CK(di_cache_cmp_state_ring(q->ck.cache, L, q->ck.s0, q->ck.s0 + q->ck.T, &state, &nb, c->err));
+            CK(be->compress_pool_ring(be, a + q->r0 * hd, g + q->r0 * hd, q->ck.T, q->ck.s0, R, hd, state, nb,
+                                      lat + sa[i].lat0 * hd, c->err));
         }
     }
     if (n_new > 0) {
@@ -162,6 +151,17 @@ static int64_t *entry_positions(fwd_ctx *c, const seq_attn *sa, int64_t n_new, i
     return p ? fwd_upload(c, p, sizeof(int64_t) * (size_t)(n_new > 0 ? n_new : 1), 0) : NULL;
 }
 
+/* Every sequence's new compressed entries (ikey 0) or index keys (1) into its cache in one encode:
+ * the rows are in latent order, sequence after sequence, like their addresses.  x bf16 [n_new, d] */
+static int put_entries(fwd_ctx *c, int L, int ikey, const uint16_t *x, int64_t n_new, int64_t d, const seq_attn *sa) {
+    uint8_t **dst; /* [n_new] row addresses in the caches (host list) */
+    HALLOC(dst, n_new, 0);
+    for (int i = 0; i < c->n_seq; i++)
+        CK(di_cache_entry_put_addrs(c->seq[i].ck.cache, L, ikey, sa[i].e0, sa[i].e0 + sa[i].n_new, dst + sa[i].lat0,
+                                    c->err));
+    return di_cache_rows_encode(c->be, ikey ? DI_CACHE_ROWS_IKEY : DI_CACHE_ROWS_CMP, x, n_new, d, dst, c->err);
+}
+
 /* kv sources: index keys of the new entries from the (unrotated) latent — wk, k_norm, RoPE at the
  * group's first position n·R — stored in each sequence's cache, which applies the FP4 QDQ with E8M0
  * scales per 32 (no Hadamard in V4.1).  lat bf16 [n_new, hd];  epos int64 [n_new] */
@@ -176,9 +176,7 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, con
     CK(be->linear_bf16(be, lat, n_new, hd, w->idx_wk, ihd, k, c->err));
     CK(be->rmsnorm(be, k, n_new, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
     CK(be->rope(be, k, n_new, 1, ihd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false, c->err));
-    for (int i = 0; i < c->n_seq; i++)
-        for (int64_t j = 0; j < sa[i].n_new; j++)
-            CK(di_cache_ikey_put(c->seq[i].ck.cache, L, sa[i].e0 + j, k + (sa[i].lat0 + j) * ihd, c->err));
+    CK(put_entries(c, L, 1, k, n_new, ihd, sa));
     if (c->opts->dump) {
         CK(be->qdq_fp4_e8m0(be, k, n_new, ihd, 32, c->err)); /* the value the cache holds */
         DUMP("attn.index_k", DI_BF16, k, 2, n_new, ihd, 0);
@@ -302,9 +300,7 @@ static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new, const 
     int64_t hd = cfg->head_dim;
     CK(be->rope(be, lat, n_new, 1, (int)hd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false,
                 c->err));
-    for (int i = 0; i < c->n_seq; i++)
-        for (int64_t j = 0; j < sa[i].n_new; j++)
-            CK(di_cache_cmp_put(c->seq[i].ck.cache, L, sa[i].e0 + j, lat + (sa[i].lat0 + j) * hd, c->err));
+    CK(put_entries(c, L, 0, lat, n_new, hd, sa));
     if (c->opts->dump) {
         CK(be->qdq_fp4_e4m3(be, lat, n_new, hd, 16, c->err)); /* the value the cache holds */
         DUMP("attn.cmp_kv", DI_BF16, lat, 2, n_new, hd, 0);
@@ -356,35 +352,48 @@ static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, i
  * projection for the pass; each sequence's key rows are its previous window rows read from its cache
  * followed by its chunk's rows. The chunk's rows are written to the cache (which quantizes them
  * itself, from the row before the QDQ) AFTER the read, since a long chunk overwrites ring slots.
+ * Every sequence's reads are one decode, its writes one encode and its key rows one gather, whatever
+ * the number of sequences: the pass's kv rows and the previous rows share one buffer, from which the
+ * key rows of all sequences are gathered.
  *   u bf16 [T, D];  sa[i].win bf16 [n_win_rows_i, hd] out (block lifetime) */
 static int window_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim;
-    uint16_t *kv; /* bf16 [T, hd] */
-    ALLOC(kv, T * hd, 0);
+    int64_t n_prev = 0, n_rows = 0; /* Σ previous rows, Σ key rows */
+    for (int i = 0; i < c->n_seq; i++) n_prev += c->seq[i].ck.s0 - c->seq[i].win_base, n_rows += c->seq[i].n_win_rows;
+    uint16_t *kv, *win;    /* bf16 [T + n_prev, hd]: the pass's rows, then the previous rows; bf16 [n_rows, hd] */
+    const uint8_t **rd;    /* [n_prev] cache addresses of the previous rows (host) */
+    uint8_t **wr;          /* [T] cache addresses of the pass's rows, NULL: not kept (host) */
+    int32_t *rows_h, *rows; /* int32 [n_rows] row of kv feeding each key row (host, backend) */
+    ALLOC(kv, (T + n_prev) * hd, 0);
+    ALLOC(win, n_rows * hd, 0);
+    HALLOC(rd, n_prev, 0);
+    HALLOC(wr, T, 0);
+    HALLOC(rows_h, n_rows, 0);
     CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
     CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, (float)cfg->rms_norm_eps, kv, c->err));
     CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
                 c->err));
+    int64_t p = 0, r = 0; /* previous rows and key rows so far */
     for (int i = 0; i < c->n_seq; i++) {
         const fwd_seq *q = &c->seq[i];
-        int64_t n_prev = q->ck.s0 - q->win_base;
-        ALLOC(sa[i].win, q->n_win_rows * hd, 0);
+        int64_t np = q->ck.s0 - q->win_base;
+        CK(di_cache_window_read_addrs(q->ck.cache, L, q->win_base, q->ck.s0, rd + p, c->err));
+        CK(di_cache_window_put_addrs(q->ck.cache, L, q->ck.s0, q->ck.T, wr + q->r0, c->err));
+        sa[i].win = win + r * hd;
         sa[i].n_kw = q->n_win_rows;
-        if (n_prev > 0) CK(di_cache_window_rows(q->ck.cache, L, q->win_base, q->ck.s0, sa[i].win, c->err));
-        CK(di_cache_window_put_rows(q->ck.cache, L, q->ck.s0, q->ck.T, kv + q->r0 * hd, c->err));
+        for (int64_t j = 0; j < np; j++) rows_h[r++] = (int32_t)(T + p + j);
+        for (int64_t t = 0; t < q->ck.T; t++) rows_h[r++] = (int32_t)(q->r0 + t);
+        p += np;
     }
+    CK(di_cache_rows_decode(be, DI_CACHE_ROWS_WINDOW, rd, n_prev, hd, kv + T * hd, c->err));
+    CK(di_cache_rows_encode(be, DI_CACHE_ROWS_WINDOW, kv, T, hd, wr, c->err));
     CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
-    for (int i = 0; i < c->n_seq; i++) {
-        const fwd_seq *q = &c->seq[i];
-        int64_t n_prev = q->ck.s0 - q->win_base;
-        CK(be->mem_copy(be, sa[i].win + n_prev * hd, kv + q->r0 * hd, sizeof(uint16_t) * (size_t)(q->ck.T * hd),
-                        c->err));
-    }
-    return DI_OK;
+    UPLOAD(rows, rows_h, n_rows, 0);
+    return be->gather_rows(be, kv, hd, rows, n_rows, win, c->err);
 }
 
 /* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
