@@ -10,6 +10,8 @@
 #include "backend/cuda/cuda_attn_fast.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 
+extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
+
 extern "C" int di_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
@@ -133,6 +135,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;
     be->engram_gate = di_cuda_engram_gate;
+    di_cuda_rows_install(be);
     *out = be;
     return DI_OK;
 }

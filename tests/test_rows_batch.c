@@ -1,0 +1,299 @@
+/* The batched cache-row slots (backend.h "batched cache rows", backend/cpu/rows_batch.c) against the
+ * per-row calls they replace, and the launches a forward issues with them:
+ *  - row_encode_scatter / row_decode_gather give the bytes and values of row_encode / row_decode row by
+ *    row, for every codec at the V4.1 widths (head_dim 512, index head dim 128), rows listed in a
+ *    shuffled order with skipped (NULL) entries, on values that hit every quantizer branch;
+ *  - compress_pool_ring gives the entries and every state byte of compress_pool called group by group
+ *    on block g mod nb, over chunks that start and end inside groups, for both CPU kernel sets;
+ *  - a counting backend shows the forward's cache-row and pooling calls per layer: one encode per cache
+ *    array per pass, one pooling call per sequence, whatever the number of tokens or sequences.
+ * di-test: asan */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_attn.h"
+#include "io/formats.h"
+#include "model/session.h"
+#include "model/weights.h"
+#include "testutil.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float next_f(void) { return (float)((next_u32() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+/* bf16 [n, d] with the quantizers' edge cases sprinkled over groups: zeros (the amax floor), huge and
+ * tiny magnitudes, ±inf and NaN (the NaN group rules), subnormals. */
+static void fill_rows(uint16_t *x, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n * d; i++) {
+        float scale = (float)ldexp(1.0, (int)(next_u32() % 40) - 20);
+        x[i] = di_f32_to_bf16(next_f() * scale);
+    }
+    for (int64_t r = 0; r < n; r++) {
+        uint16_t *row = x + r * d;
+        switch (r % 7) {
+        case 1: memset(row, 0, sizeof(uint16_t) * 32); break;
+        case 2: row[3] = 0x7f80; break;            /* +inf */
+        case 3: row[5] = 0x7fc1; break;            /* NaN */
+        case 4: row[d - 1] = 0x0001; break;        /* subnormal */
+        case 5: for (int j = 0; j < 16; j++) row[j] = 0x7f00 | (uint16_t)j; break; /* near max */
+        default: break;
+        }
+    }
+}
+
+static void test_encode_decode(void **state) {
+    di_backend *be;
+    di_error err = {0};
+    assert_int_equal(di_backend_cpu_create(1, &be, &err), DI_OK);
+    const int64_t widths[2] = {512, 128}, n = 67;
+    for (int c = DI_CODEC_FP8_E8M0; c <= DI_CODEC_FP4_E8M0; c++)
+        for (int wi = 0; wi < 2; wi++) {
+            int64_t d = widths[wi], rb = di_row_codec_bytes((di_row_codec)c, d);
+            uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(n * d));     /* bf16 [n, d] */
+            uint8_t *ref = calloc((size_t)(n * rb), 1);                    /* [n, rb] row_encode */
+            uint8_t *got = calloc((size_t)((n + 5) * rb), 1);              /* [n + 5, rb] scattered */
+            uint8_t **dst = malloc(sizeof(uint8_t *) * (size_t)n);        /* [n] */
+            const uint8_t **src = malloc(sizeof(uint8_t *) * (size_t)n);  /* [n] */
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);            /* int32 [n] */
+            uint16_t *y0 = malloc(sizeof(uint16_t) * (size_t)(n * d)), *y1 = malloc(sizeof(uint16_t) * (size_t)(n * d));
+            fill_rows(x, n, d);
+            assert_int_equal(be->row_encode(be, (di_row_codec)c, x, n, d, ref, &err), DI_OK);
+            /* row i goes to slot (i·37 + 5) mod (n+5): a permutation over a larger array; every 9th row
+             * skipped, its slot left as it was */
+            memset(got, 0xa5, (size_t)((n + 5) * rb));
+            for (int64_t i = 0; i < n; i++) dst[i] = i % 9 == 4 ? NULL : got + ((i * 37 + 5) % (n + 5)) * rb;
+            assert_int_equal(be->row_encode_scatter(be, (di_row_codec)c, x, n, d, dst, &err), DI_OK);
+            for (int64_t i = 0; i < n; i++) {
+                if (!dst[i]) continue;
+                if (memcmp(dst[i], ref + i * rb, (size_t)rb)) fail_msg("codec %d width %lld: row %lld differs", c, (long long)d, (long long)i);
+            }
+            int64_t untouched = 0;
+            for (int64_t s = 0; s < n + 5; s++) {
+                bool listed = false;
+                for (int64_t i = 0; i < n; i++) listed |= dst[i] == got + s * rb;
+                if (!listed) {
+                    for (int64_t b = 0; b < rb; b++) assert_int_equal(got[s * rb + b], 0xa5);
+                    untouched++;
+                }
+            }
+            assert_true(untouched >= 5 + n / 9);
+            /* the decode of listed rows in reverse order, every 5th a zero row */
+            for (int64_t i = 0; i < n; i++) {
+                int64_t r = n - 1 - i;
+                ids[i] = i % 5 == 2 ? -1 : (int32_t)r;
+                src[i] = ids[i] < 0 ? NULL : ref + r * rb;
+            }
+            assert_int_equal(be->row_decode(be, (di_row_codec)c, ref, ids, n, d, y0, &err), DI_OK);
+            memset(y1, 0x5a, sizeof(uint16_t) * (size_t)(n * d));
+            assert_int_equal(be->row_decode_gather(be, (di_row_codec)c, src, n, d, y1, &err), DI_OK);
+            assert_memory_equal(y0, y1, sizeof(uint16_t) * (size_t)(n * d));
+            free(x), free(ref), free(got), free(dst), free(src), free(ids), free(y0), free(y1);
+        }
+    /* a width that is not a multiple of the group is refused, as by row_encode */
+    uint8_t *none = NULL;
+    assert_int_equal(be->row_encode_scatter(be, DI_CODEC_FP4_E4M3, NULL, 1, 24, &none, &err), DI_ERR_INVALID);
+    tu_report("row codecs: 3 codecs x widths 512, 128: scatter / gather bytes identical to row_encode / row_decode");
+    di_backend_destroy(be);
+}
+
+/* compress_pool_ring over the chunks [cuts[i], cuts[i+1]) against compress_pool group by group. */
+static void ring_case(const di_backend *be, int R, int nb, int64_t d, const int64_t *cuts, int n_cuts) {
+    di_error err = {0};
+    int64_t m = cuts[n_cuts - 1], blk = 2 * (int64_t)R * d;
+    float *a = malloc(sizeof(float) * (size_t)(m * d)), *g = malloc(sizeof(float) * (size_t)(m * d)); /* f32 [m, d] */
+    float *s0 = malloc(sizeof(float) * (size_t)(nb * blk)), *s1 = malloc(sizeof(float) * (size_t)(nb * blk)); /* f32 [nb, 2, R, d] */
+    uint16_t *y0 = calloc((size_t)((m / R + 1) * d), 2), *y1 = calloc((size_t)((m / R + 1) * d), 2); /* bf16 [m/R, d] */
+    for (int64_t i = 0; i < m * d; i++) a[i] = next_f() * 3.0f, g[i] = next_f() * 8.0f;
+    for (int b = 0; b < nb; b++) {
+        assert_int_equal(di_cpu_compress_state_reset(s0 + b * blk, s0 + b * blk + R * d, R, d, &err), DI_OK);
+    }
+    memcpy(s1, s0, sizeof(float) * (size_t)(nb * blk));
+    int64_t e0 = 0, e1 = 0;
+    for (int k = 0; k + 1 < n_cuts; k++) {
+        int64_t p0 = cuts[k], p1 = cuts[k + 1];
+        for (int64_t p = p0; p < p1;) { /* the per-group calls of the old graph */
+            int64_t end = (p / R + 1) * R;
+            if (end > p1) end = p1;
+            float *kv = s0 + ((p / R) % nb) * blk;
+            int64_t n_out = 0;
+            assert_int_equal(be->compress_pool(be, a + p * d, g + p * d, end - p, p, R, d, kv, kv + R * d, y0 + e0 * d,
+                                               &n_out, &err), DI_OK);
+            e0 += n_out;
+            p = end;
+        }
+        assert_int_equal(be->compress_pool_ring(be, a + p0 * d, g + p0 * d, p1 - p0, p0, R, d, s1, nb, y1 + e1 * d, &err),
+                         DI_OK);
+        e1 += p1 / R - p0 / R;
+        assert_int_equal(e0, e1);
+        assert_memory_equal(s0, s1, sizeof(float) * (size_t)(nb * blk)); /* every state byte, after every chunk */
+    }
+    assert_int_equal(e1, m / R);
+    assert_memory_equal(y0, y1, sizeof(uint16_t) * (size_t)(e1 * d));
+    free(a), free(g), free(s0), free(s1), free(y0), free(y1);
+}
+
+static void test_pool_ring(void **state) {
+    const int64_t cuts_a[] = {0, 1, 2, 7, 8, 30, 31, 64, 65, 66, 100};
+    const int64_t cuts_b[] = {0, 3, 4, 5, 9, 10, 11, 60};
+    for (int v = 0; v < 2; v++) {
+        di_backend *be;
+        di_error err = {0};
+        assert_int_equal(di_backend_cpu_create_variant(2, v ? DI_CPU_SCALAR : DI_CPU_FAST, &be, &err), DI_OK);
+        for (int nb = 1; nb <= 5; nb++) {
+            ring_case(be, 2, nb, 512, cuts_a, (int)(sizeof cuts_a / sizeof *cuts_a));
+            ring_case(be, 4, nb, 64, cuts_b, (int)(sizeof cuts_b / sizeof *cuts_b));
+        }
+        float st[2 * 2 * 8];
+        uint16_t y[8];
+        assert_int_equal(be->compress_pool_ring(be, NULL, NULL, 1, 0, 2, 8, st, 0, y, &err), DI_ERR_INVALID);
+        di_backend_destroy(be);
+    }
+    tu_report("compress_pool_ring: ratios 2 (width 512) and 4, 1-5 state blocks, 2 kernel sets: entries and state "
+              "identical to compress_pool group by group");
+}
+
+/* ---------------- launches of a forward ---------------- */
+
+enum { C_ENC, C_DEC, C_ENC_SC, C_DEC_GA, C_POOL, C_RING, C_ATTN, C_ISCORE, C_TOPK, C_COPY, C_N };
+static const char *const cname[C_N] = {"row_encode", "row_decode", "row_encode_scatter", "row_decode_gather",
+                                       "compress_pool", "compress_pool_ring", "sparse_attn", "indexer_scores",
+                                       "topk", "mem_copy"};
+static long g_count[C_N];
+static di_backend g_in; /* the CPU table the counters forward to */
+
+static int k_enc(const di_backend *be, di_row_codec c, const uint16_t *x, int64_t n, int64_t d, uint8_t *r,
+                 di_error *e) {
+    g_count[C_ENC]++;
+    return g_in.row_encode(be, c, x, n, d, r, e);
+}
+static int k_dec(const di_backend *be, di_row_codec c, const uint8_t *r, const int32_t *ids, int64_t n, int64_t d,
+                 uint16_t *y, di_error *e) {
+    g_count[C_DEC]++;
+    return g_in.row_decode(be, c, r, ids, n, d, y, e);
+}
+static int k_enc_sc(const di_backend *be, di_row_codec c, const uint16_t *x, int64_t n, int64_t d, uint8_t *const *dst,
+                    di_error *e) {
+    g_count[C_ENC_SC]++;
+    return g_in.row_encode_scatter(be, c, x, n, d, dst, e);
+}
+static int k_dec_ga(const di_backend *be, di_row_codec c, const uint8_t *const *src, int64_t n, int64_t d, uint16_t *y,
+                    di_error *e) {
+    g_count[C_DEC_GA]++;
+    return g_in.row_decode_gather(be, c, src, n, d, y, e);
+}
+static int k_pool(const di_backend *be, const float *a, const float *g, int64_t m, int64_t p, int r, int64_t d, float *kv,
+                  float *sc, uint16_t *y, int64_t *n_out, di_error *e) {
+    g_count[C_POOL]++;
+    return g_in.compress_pool(be, a, g, m, p, r, d, kv, sc, y, n_out, e);
+}
+static int k_ring(const di_backend *be, const float *a, const float *g, int64_t m, int64_t p, int r, int64_t d,
+                  float *st, int nb, uint16_t *y, di_error *e) {
+    g_count[C_RING]++;
+    return g_in.compress_pool_ring(&g_in, a, g, m, p, r, d, st, nb, y, e); /* its per-group calls are not launches */
+}
+static int k_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kw, int64_t nw,
+                  const uint16_t *kc, int64_t nc, const float *sink, const int32_t *idx, int64_t ni, float sc, uint16_t *o,
+                  di_error *e) {
+    g_count[C_ATTN]++;
+    return g_in.sparse_attn(be, q, m, nh, d, kw, nw, kc, nc, sink, idx, ni, sc, o, e);
+}
+static int k_iscore(const di_backend *be, const uint16_t *q, const uint16_t *w, float ws, const uint16_t *k, int64_t m,
+                    int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *s, di_error *e) {
+    g_count[C_ISCORE]++;
+    return g_in.indexer_scores(be, q, w, ws, k, m, nh, hd, nk, vis, cand, s, e);
+}
+static int k_topk(const di_backend *be, const float *s, int64_t m, int64_t nk, const int32_t *vis, int k, int32_t off,
+                  int32_t *out, di_error *e) {
+    g_count[C_TOPK]++;
+    return g_in.topk(be, s, m, nk, vis, k, off, out, e);
+}
+static int k_copy(const di_backend *be, void *d, const void *s, size_t n, di_error *e) {
+    g_count[C_COPY]++;
+    return g_in.mem_copy(be, d, s, n, e);
+}
+
+/* Runs `steps` forwards of B sequences (prefill chunk of T0 tokens each, then 1-token steps) and
+ * returns the counts of the last forward. */
+static void count_forward(const di_model *m, di_backend *cnt, int B, int64_t T0, int steps, long *out) {
+    di_error err = {0};
+    di_session *s[16];
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++) ids[i] = (int32_t)((i * 131 + 7) % m->cfg.vocab_size);
+    for (int i = 0; i < B; i++) {
+        di_session_opts o = {.max_tokens = 256, .spec_margin = -1};
+        assert_int_equal(di_session_create(m, cnt, &o, &s[i], &err), DI_OK);
+    }
+    for (int st = 0; st < steps; st++) {
+        di_session_chunk ch[16];
+        for (int i = 0; i < B; i++)
+            ch[i] = (di_session_chunk){.s = s[i], .ids = ids + i + st, .n = st ? 1 : T0 + i};
+        memset(g_count, 0, sizeof g_count);
+        int rc = di_session_forward_batch(ch, B, NULL, &err);
+        if (rc) fail_msg("%s", err.msg);
+    }
+    memcpy(out, g_count, sizeof g_count);
+    for (int i = 0; i < B; i++) di_session_destroy(s[i]);
+}
+
+static void test_launch_counts(void **state) {
+    di_model *m;
+    di_backend *cpu;
+    di_error err = {0};
+    assert_int_equal(di_model_open(tu_data("v41-tiny-sel"), &m, &err), DI_OK);
+    assert_int_equal(di_backend_cpu_create(1, &cpu, &err), DI_OK);
+    g_in = *cpu;
+    di_backend cnt = *cpu;
+    cnt.row_encode = k_enc, cnt.row_decode = k_dec, cnt.row_encode_scatter = k_enc_sc, cnt.row_decode_gather = k_dec_ga;
+    cnt.compress_pool = k_pool, cnt.compress_pool_ring = k_ring, cnt.sparse_attn = k_attn;
+    cnt.indexer_scores = k_iscore, cnt.topk = k_topk, cnt.mem_copy = k_copy;
+    assert_int_equal(di_model_to_backend(m, &cnt, &err), DI_OK);
+    int L = m->cfg.n_stages, pools = 0; /* layers that pool (kv sources of ratio ≥ 2) */
+    for (int l = 0; l < L; l++) pools += m->cfg.layer[l].is_kv_source && m->cfg.layer[l].compress_ratio >= 2;
+
+    long pre[C_N], dec1[C_N], dec8[C_N];
+    count_forward(m, &cnt, 1, 200, 1, pre);  /* prefill: one sequence, 200 tokens */
+    count_forward(m, &cnt, 1, 20, 2, dec1);  /* decode step, batch 1 */
+    count_forward(m, &cnt, 8, 20, 2, dec8);  /* decode step, batch 8 */
+    const char *what[3] = {"prefill 200 tokens", "decode batch 1", "decode batch 8"};
+    long *run[3] = {pre, dec1, dec8};
+    for (int r = 0; r < 3; r++) {
+        char line[512];
+        int o = snprintf(line, sizeof line, "launches per forward (%d layers), %s:", L, what[r]);
+        for (int k = 0; k < C_N; k++) o += snprintf(line + o, sizeof line - (size_t)o, " %s %ld", cname[k], run[r][k]);
+        tu_report("%s", line);
+    }
+    int B[3] = {1, 1, 8};
+    for (int r = 0; r < 3; r++) {
+        long *c = run[r];
+        /* writes: the window rows of every layer, the entries and index keys of kv sources; never per row */
+        assert_int_equal(c[C_ENC], 0);
+        assert_true(c[C_ENC_SC] <= 3L * L);
+        /* reads of the previous window rows: at most one per layer, whatever the batch */
+        assert_true(c[C_DEC_GA] <= L);
+        /* pooling: one call per sequence per pooling layer, none per group */
+        assert_int_equal(c[C_POOL], 0);
+        assert_int_equal(c[C_RING], (long)pools * B[r]);
+    }
+    /* the key rows of every sequence come from one gather: no per-sequence copy (the copies left are
+     * the graph's own, one per layer) */
+    assert_int_equal(dec8[C_COPY], dec1[C_COPY]);
+    assert_int_equal(pre[C_COPY], dec1[C_COPY]);
+    assert_int_equal(dec8[C_DEC_GA], dec1[C_DEC_GA]);
+    di_model_close(m);
+    di_backend_destroy(cpu);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_encode_decode),
+        cmocka_unit_test(test_pool_ring),
+        cmocka_unit_test(test_launch_counts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
