@@ -1,7 +1,11 @@
 # CUDA backend (Hopper, sm_90a): test binary and device-run helpers. Included by the Makefile.
 #   make cuda        the CUDA objects (defined in the Makefile; compiles on a GPU-less machine)
 #   make cuda-tests  build/cuda/test_cuda_ops: every CUDA op against the CPU op (tests/cuda/);
-#                    build/cuda/test_cuda_cache: the cache row codecs and a device cache against the host's
+#                    build/cuda/test_cuda_cache: the cache row codecs and a device cache against the host's;
+#                    build/cuda/test_cuda_sample: the GPU sampler against the CPU sampler, bit for bit;
+#                    build/cuda/test_cuda_engine: the engine on the GPU (batch invariance, seeded sampling
+#                    against the CPU backend, GPU sampling path against the host path); every
+#                    tests/cuda/test_*.c is one binary (wildcard below)
 #   make deepinfer-cuda  the CLI with the CUDA backend linked in (`--device cuda`), static like below
 # Run on an H200 with scripts/gpu_tests.sh.
 

@@ -6,7 +6,14 @@
 #      free-running prefill within 3x the case's noise floor, teacher-forced blocks within 1.5e-2;
 #      then once more with DI_CUDA_KERNELS=tensor (the tensor-core kernels, same bounds, not bit-exact);
 #   3. `deepinfer generate --device cuda` greedy (plain, chunked prefill, DSpark drafts with rollback)
-#      against `--device cpu` of the same binary on the tiny models: the token ids must be equal.
+#      against `--device cpu` of the same binary on the tiny models: the token ids must be equal;
+#   4. `deepinfer run --device cuda --json` (the engine: continuous batching, paged device caches, the
+#      GPU sampler) on the tiny models and a `mkmodel --preset tiny` one (real vocabulary) with a batch file of seeded greedy / temperature / top-k / top-p / min-p requests with
+#      logprobs, against `run --device cpu` of the same binary: every request's token ids equal (the
+#      detail says whether the whole choice objects, logprobs included, are identical too).
+# The test binaries include test_cuda_sample (the GPU sampler against the CPU sampler, bit for bit) and
+# test_cuda_engine (the engine on the GPU: batch invariance, seeded sampling against the CPU backend,
+# GPU sampling path against the host sampling path) when `make cuda-tests` built them.
 #
 #   sh scripts/gpu_tests.sh [BIN_DIR] [KERNELS]
 #   BIN_DIR  where `make cuda-tests` put the test binaries (default build/cuda)
@@ -14,6 +21,8 @@
 #   DI_CLI   the CUDA-enabled CLI (default build/deepinfer-cuda, `make deepinfer-cuda`)
 #   DI_GOLDEN_CASES  golden case directories (default: the two tiny cases in tests/data and
 #                    ../shared/golden/v41-mid-nosel when present)
+# DI_GPU_SECTIONS  which sections run (default "bins verify generate run"); DI_TINY_CASES the tiny
+#                  models of sections 3-4 (default tests/data/v41-tiny-sel and v41-tiny-nosel).
 # Set DI_SANITIZE=1 to run each test binary (DI_QUICK shapes) and each verify once more under
 # compute-sanitizer memcheck. DI_CUDA_TOPK=fast switches the CUDA selections to the parallel kernels
 # (tie rule: higher score, then lower position), which v41-tiny-sel's teacher-forced bound rejects.
@@ -23,6 +32,9 @@ BIN_DIR=${1:-build/cuda}
 KERNELS=${2:-tests/data/kernels.safetensors}
 CLI=${DI_CLI:-build/deepinfer-cuda}
 CASES=${DI_GOLDEN_CASES:-"tests/data/v41-tiny-sel tests/data/v41-tiny-nosel ../shared/golden/v41-mid-nosel"}
+TINY=${DI_TINY_CASES:-"tests/data/v41-tiny-sel tests/data/v41-tiny-nosel"}
+SECTIONS=${DI_GPU_SECTIONS:-"bins verify generate run"}
+section() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 TMP=${TMPDIR:-/tmp}/di_gpu_tests.$$
 mkdir -p "$TMP"
 SUMMARY="$TMP/summary"
@@ -36,17 +48,31 @@ else
     echo "nvidia-smi not found: is this the GPU machine?"
 fi
 
+# A model with the real 129,280-token vocabulary and the V4.1 tokenizer (random weights) for the engine
+# checks (test_cuda_engine's DI_ENGINE_MODELS, section 4): the GPU sampler on full-size rows, grammars.
+BIGV=""
+if [ -x "$CLI" ] && "$CLI" mkmodel --preset tiny --out "$TMP/tiny-vocab" >"$TMP/mk" 2>&1; then
+    BIGV="$TMP/tiny-vocab"
+else
+    echo "== mkmodel --preset tiny failed: $(tail -1 "$TMP/mk" 2>/dev/null)"
+fi
+DI_ENGINE_MODELS=${DI_ENGINE_MODELS:-"$TINY $BIGV"}
+export DI_ENGINE_MODELS
+
 # ---- 1. test binaries ----
 found=0
+section bins || found=1
 for t in "$BIN_DIR"/test_*; do
+    section bins || break
     [ -x "$t" ] || continue
     found=1
     echo "== $t"
+    t0=$(date +%s)
     "$t" "$KERNELS" >"$TMP/out" 2>&1
     rc=$?
     cat "$TMP/out"
     last=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$TMP/out" | tail -1)
-    row "$(basename "$t")" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${last:-exit $rc}"
+    row "$(basename "$t")" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${last:-exit $rc} ($(($(date +%s) - t0)) s)"
     if [ "${DI_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
         echo "== compute-sanitizer $t"
         DI_QUICK=1 compute-sanitizer --tool memcheck --print-limit 10 "$t" "$KERNELS" >"$TMP/san" 2>&1
@@ -60,6 +86,7 @@ done
 # ---- 2. verify --device cuda on the golden cases ----
 if [ -x "$CLI" ]; then
     for c in $CASES; do
+        section verify || break
         [ -f "$c/golden.safetensors" ] || { echo "== verify $c: absent, skipped"; continue; }
         name=$(basename "$c")
         echo "== verify --device cuda $name"
@@ -89,7 +116,8 @@ if [ -x "$CLI" ]; then
     done
 
     # ---- 3. generate: CUDA greedy ids against the CPU's ----
-    for c in tests/data/v41-tiny-sel tests/data/v41-tiny-nosel; do
+    for c in $TINY; do
+        section generate || break
         [ -f "$c/config.json" ] || continue
         name=$(basename "$c")
         for mode in plain chunk dspark; do
@@ -112,8 +140,63 @@ if [ -x "$CLI" ]; then
             fi
         done
     done
+
+    # ---- 4. run --device cuda --json: the engine on the GPU against --device cpu ----
+    cat >"$TMP/requests.jsonl" <<'EOF'
+{"custom_id": "greedy", "prompt_ids": [5, 17, 42, 99, 3, 250, 7, 1, 64], "max_tokens": 12, "temperature": 0, "logprobs": 5, "ignore_eos": true}
+{"custom_id": "t1", "prompt_ids": [128, 9, 33, 2, 11, 301, 77, 6, 45, 200, 13], "max_tokens": 12, "temperature": 1.0, "seed": 7, "logprobs": 3, "ignore_eos": true}
+{"custom_id": "topk-topp", "prompt_ids": [40, 41, 42], "max_tokens": 16, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 11, "ignore_eos": true}
+{"custom_id": "minp", "prompt_ids": [7, 7, 7, 7, 300, 301, 302, 5, 9, 11, 13, 17, 19, 23, 29, 31, 37, 41], "max_tokens": 10, "temperature": 1.3, "min_p": 0.05, "seed": 3, "ignore_eos": true}
+{"custom_id": "topp", "prompt_ids": [500, 3], "max_tokens": 20, "temperature": 0.7, "top_p": 0.5, "seed": 12345, "logprobs": 1, "ignore_eos": true}
+{"custom_id": "short", "prompt_ids": [66], "max_tokens": 4, "temperature": 0.5, "seed": 1, "ignore_eos": true}
+EOF
+    for c in $TINY $BIGV; do
+        section run || break
+        [ -f "$c/config.json" ] || continue
+        name=$(basename "$c")
+        ok=1
+        rm -f "$TMP/run_cpu.jsonl" "$TMP/run_cuda.jsonl"
+        for dev in cpu cuda; do
+            timeout 120 "$CLI" run --model "$c" --input "$TMP/requests.jsonl" --output "$TMP/run_$dev.jsonl" \
+                --max-seqs 4 --max-context 64 --prefill-chunk 5 --device $dev --quiet --json >"$TMP/json_$dev" \
+                2>"$TMP/err_$dev" || ok=0
+            echo "== run --device $dev $name: $(cat "$TMP/json_$dev") $(head -c 300 "$TMP/err_$dev")"
+        done
+        # per custom_id: the token ids (the pass criterion) and the whole choice objects
+        cmp=$(python3 - "$TMP/run_cpu.jsonl" "$TMP/run_cuda.jsonl" <<'EOF'
+import json, sys
+def load(path):
+    out = {}
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        d = json.loads(line)
+        body = (d.get("response") or {}).get("body") or {}
+        ch = body.get("choices") or [{}]
+        out[d["custom_id"]] = (d.get("error"), ch[0].get("token_ids"), ch)
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+# every line must succeed on both devices with equal token ids
+def err(x):
+    return (x[0] or {}).get("message")
+bad = [k for k in a if k not in b or err(a[k]) or err(b[k]) or a[k][1] != b[k][1] or not a[k][1]]
+failed = [k for k in a if err(a[k])]
+same = sum(1 for k in a if k in b and a[k][2] == b[k][2])
+toks = sum(len(a[k][1] or []) for k in a)
+print("%s %d requests, %d tokens; token ids %s; whole choices (logprobs incl.) identical %d/%d%s" %
+      ("OK" if not bad and len(a) == 6 and len(b) == 6 else "BAD", len(b), toks,
+       "equal" if not bad else "differ in " + ",".join(bad), same, len(a),
+       "; failed: %s" % ",".join(failed) if failed else ""))
+EOF
+)
+        echo "== run $name: $cmp"
+        case "$cmp" in OK*) ;; *) ok=0 ;; esac
+        row "run --device cuda --json $name" "$([ $ok = 1 ] && echo PASS || echo FAIL)" "${cmp#OK }"
+    done
 else
-    row "verify / generate" FAIL "no CUDA CLI at $CLI (make deepinfer-cuda)"
+    row "verify / generate / run" FAIL "no CUDA CLI at $CLI (make deepinfer-cuda)"
 fi
 
 echo

@@ -501,6 +501,31 @@ static void test_load_errors(void **state) {
     free(dir);
 }
 
+
+/* di_utf8_lossy_dup: valid text unchanged (embedded NUL kept), each maximal invalid subpart one U+FFFD,
+ * an unfinished final character one U+FFFD, the result always valid UTF-8. */
+static void test_lossy_dup(void **state) {
+    (void)state;
+    static const struct { const char *in; size_t n; const char *want; size_t wn; } cases[] = {
+        {"abc", 3, "abc", 3},
+        {"a\0b", 3, "a\0b", 3},
+        {"\xe4\xb8\x8d", 3, "\xe4\xb8\x8d", 3},
+        {"x\xe4\xb8", 3, "x\xef\xbf\xbd", 4},                  /* unfinished at the end */
+        {"\xff!", 2, "\xef\xbf\xbd!", 4},                       /* never a lead byte */
+        {"\xe4\xb8z\x80", 4, "\xef\xbf\xbdz\xef\xbf\xbd", 7}, /* truncated, then a lone continuation */
+        {"", 0, "", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = 99;
+        char *out = di_utf8_lossy_dup(cases[i].in, cases[i].n, &n);
+        assert_non_null(out);
+        assert_int_equal(n, cases[i].wn);
+        assert_memory_equal(out, cases[i].want, n);
+        assert_int_equal(out[n], 0);
+        free(out);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_special_on), cmocka_unit_test(test_corpus_special_off),
@@ -510,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_empty),             cmocka_unit_test(test_long_input),
         cmocka_unit_test(test_lookups),           cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_added_token_passes),
+        cmocka_unit_test(test_lossy_dup),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

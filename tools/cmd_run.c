@@ -359,8 +359,15 @@ static json_t *protocol_body(run_state *s, run_job *j, di_finish_reason why, di_
 static json_t *raw_body(run_job *j, di_finish_reason why) {
     json_t *ids = json_array();
     for (int64_t i = 0; i < j->n_out; i++) json_array_append_new(ids, json_integer(j->out_ids[i]));
-    json_t *choice = json_pack("{s:i,s:s,s:o,s:s}", "index", 0, "text", j->text ? j->text : "", "token_ids", ids,
-                               "finish_reason", why == DI_FINISH_REASON_LENGTH ? "length" : "stop");
+    /* the engine's text is the tokens' raw bytes: a random or truncated generation may end inside a
+     * character or hold bytes that never form one; JSON needs valid UTF-8 (U+FFFD, as HF's decode) */
+    size_t n_text = 0;
+    char *text = di_utf8_lossy_dup(j->text ? j->text : "", j->text ? j->n_text : 0, &n_text);
+    json_t *choice = text ? json_pack("{s:i,s:s%,s:o,s:s}", "index", 0, "text", text, n_text, "token_ids", ids,
+                                      "finish_reason", why == DI_FINISH_REASON_LENGTH ? "length" : "stop")
+                          : NULL;
+    free(text);
+    if (!choice) return NULL;
     if (j->lp) {
         json_t *l = json_array();
         for (int64_t i = 0; i < j->n_out; i++) json_array_append_new(l, json_real(j->lp[i].logprob));

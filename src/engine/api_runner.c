@@ -7,6 +7,10 @@
 #include "engine/prefix_cache.h"
 #include "model/cache_pool.h"
 
+/* The CUDA backend's stream (backend/cuda/cuda_ops.h), linked only into CUDA builds (cuda.mk): a weak
+ * reference, NULL in a CPU-only binary (as backend_select.c does for the backend itself). */
+extern void *di_backend_cuda_stream(const di_backend *be) __attribute__((weak));
+
 /* A live request: its session and the prefix hit it was restored from (0: none). */
 typedef struct sr_req {
     di_session *s;
@@ -93,6 +97,16 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
     di_session_runner *r = ctx;
     const size_t V = (size_t)r->model->cfg.vocab_size;
     if (b->n_seqs < 1) return DI_OK;
+    /* no host logits: the rows stay in r->d_logits for the executor's device sampler (sr_device_logits) */
+    const bool on_device = logits == NULL;
+    if (on_device && b->n_logits_rows > r->cap_d_rows) {
+        float *g = r->be->mem_alloc(r->be, (size_t)b->n_logits_rows * V * sizeof *g, err);
+        if (!g) return di_error_wrap(err, "session runner: step %llu, device logits [%d, %zu]",
+                                     (unsigned long long)b->step, b->n_logits_rows, V);
+        r->be->mem_free(r->be, r->d_logits);
+        r->d_logits = g, r->cap_d_rows = b->n_logits_rows;
+    }
+    if (on_device) logits = r->d_logits;
     if (b->n_seqs > r->cap_chunks) {
         di_session_chunk *g = realloc(r->chunks, (size_t)b->n_seqs * sizeof *g);
         if (!g) return di_error_set(err, DI_ERR_NOMEM, "session runner: step %llu of %d pieces",
@@ -109,7 +123,12 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         if (q->failed) {
             /* planned (async) before its previous step failed: the engine fails the request with that
              * step's result; its piece is dropped here so the step's other requests still run */
-            if (p->logits_row >= 0) memset(logits + (size_t)p->logits_row * V, 0, V * sizeof *logits);
+            int zrc = DI_OK;
+            if (p->logits_row >= 0 && on_device)
+                zrc = r->be->mem_set(r->be, logits + (size_t)p->logits_row * V, 0, V * sizeof *logits, err);
+            else if (p->logits_row >= 0)
+                memset(logits + (size_t)p->logits_row * V, 0, V * sizeof *logits);
+            if (zrc) return zrc;
             continue;
         }
         if (r->pool && (rc = di_cache_set_pages(q->s->cache, p->blocks, p->n_blocks, err)))
@@ -131,12 +150,13 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         positions += p->n_tokens - skip;
     }
     int rc = DI_OK;
+    const di_fwd_opts fo = {.logits_on_device = on_device};
     if (!r->serial && n_ch > 0) {
-        rc = di_session_forward_batch(r->chunks, n_ch, NULL, err);
+        rc = di_session_forward_batch(r->chunks, n_ch, &fo, err);
         r->n_forwards++;
     }
     for (int32_t i = 0; r->serial && i < n_ch && !rc; i++) {
-        rc = di_session_forward_batch(&r->chunks[i], 1, NULL, err);
+        rc = di_session_forward_batch(&r->chunks[i], 1, &fo, err);
         r->n_forwards++;
     }
     if (rc) {
@@ -190,6 +210,12 @@ static void sr_release(void *ctx, int64_t id) {
     r->spare[r->n_spare++] = s;
 }
 
+static const float *sr_device_logits(void *ctx, void **stream) {
+    const di_session_runner *r = ctx;
+    *stream = di_backend_cuda_stream(r->be);
+    return r->d_logits;
+}
+
 static int64_t sr_cache_hit(void *ctx, int64_t req_id) {
     int64_t hit = di_session_runner_cache_hit(ctx, req_id);
     return hit > 0 ? hit : 0;
@@ -216,6 +242,8 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
     iface->forward = sr_forward;
     iface->release = sr_release;
     iface->cache_hit = sr_cache_hit;
+    /* a CUDA backend (the only device backend) keeps the logits on the GPU for the executor's sampler */
+    if (!be->host_memory && di_backend_cuda_stream && !strcmp(be->name, "cuda")) iface->device_logits = sr_device_logits;
     *out = r;
     return DI_OK;
 }
@@ -232,6 +260,7 @@ void di_session_runner_free(di_session_runner *r) {
     di_idmap_destroy(&r->live);
     di_prefix_cache_destroy(r->prefix);
     di_cache_pool_destroy(r->pool); /* after the sessions: their caches live in it */
+    if (r->d_logits) r->be->mem_free(r->be, r->d_logits);
     free(r);
 }
 

@@ -29,7 +29,12 @@
  * node. A continuation after a hit is inexact by the replay's bounded error (prefix_cache.h;
  * tests/test_prefix_cache.c), and the blocks it stores carry that error on. The interface's
  * cache_hit hook reports a request's hit (0 without one); the executor calls it on the forward's
- * thread (tests/test_prefix_engine.c). */
+ * thread (tests/test_prefix_engine.c).
+ *
+ * Device logits: on a device backend (CUDA) the runner announces runner.h's device_logits hook. A
+ * forward called without host logits then has the head copy each piece's row into one device buffer
+ * [rows, V] f32 (di_fwd_opts.logits_on_device), which the executor's GPU sampler reads in place: the
+ * rows (0.5 MB each at V = 129,280) never cross to the host. */
 #ifndef DI_ENGINE_API_RUNNER_H
 #define DI_ENGINE_API_RUNNER_H
 
@@ -61,6 +66,8 @@ typedef struct di_session_runner {
     int64_t n_replayed;     /* positions re-run by bounded replays (part of n_positions) */
     int64_t n_filled;       /* blocks written into the prefix cache */
     struct di_cache_pool *pool; /* paged caches (NULL: a private cache per session) */
+    float *d_logits;        /* [cap_d_rows, V] f32 backend memory: a device step's logits rows */
+    int32_t cap_d_rows;
 } di_session_runner;
 
 /* model and be must outlive the runner. */

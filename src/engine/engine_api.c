@@ -6,7 +6,9 @@
  *              nothing above the di_model_runner interface knows which. The cached runner gets the
  *              prefix cache when prefix_cache_bytes > 0 (before the core is built: the scheduler
  *              owns its tree, scheduler.h); its per-request hits come back through the runner's
- *              cache_hit hook with the step results (runner.h) into di_delta.
+ *              cache_hit hook with the step results (runner.h) into di_delta. On the CUDA backend the
+ *              cached runner keeps the logits on the device and the executor samples there
+ *              (executor.h; DI_CUDA_SAMPLER=off samples on the host instead).
  *   tokenizer  the checkpoint's tokenizer.json when present: text prompts, the detokenizer the core
  *              uses for text deltas and stop strings, and the grammar vocabulary.
  *   grammar    compiled once per request, one matcher per choice, plugged into the core as the

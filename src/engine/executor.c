@@ -5,8 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_sample.h"
 #include "util/log.h"
 #include "util/threadpool.h"
+
+/* The CUDA sampler is linked only into CUDA builds (cuda.mk: deepinfer-cuda, the CUDA tests): weak
+ * references, NULL in a CPU-only binary, as backend_select.c does for the backend itself. */
+extern int di_cuda_sampler_new(int32_t n_vocab, int32_t n_slots, di_cuda_sampler **out, di_error *err)
+    __attribute__((weak));
+extern void di_cuda_sampler_free(di_cuda_sampler *s) __attribute__((weak));
+extern int di_cuda_sampler_sample(di_cuda_sampler *s, const float *d_logits, int32_t n_rows, const di_sample_row *rows,
+                                  di_sample_result *out, di_error *row_err, void *stream, di_error *err)
+    __attribute__((weak));
 
 struct di_executor {
     const di_model_runner *runner;
@@ -14,7 +24,12 @@ struct di_executor {
     int async;
     di_threadpool *pool;    /* sampling threads (NULL: the executor's own thread) */
     di_sampler **samplers;  /* [pool size] one scratch per sampling thread */
-    float *logits;          /* [max_seqs, n_vocab] f32 */
+    float *logits;          /* [max_seqs, n_vocab] f32 host logits (NULL when every step samples on the device) */
+    /* device sampling (runner.h device_logits; NULL gpu: every row on the host) */
+    di_cuda_sampler *gpu;
+    di_sample_row *gpu_rows;   /* [max_seqs] one descriptor per logits row */
+    di_sample_result *gpu_res; /* [max_seqs] */
+    di_error *gpu_err;         /* [max_seqs] per-row status of the device call */
     uint32_t *masks;        /* [max_seqs, mask_words] u32 grammar mask of each sampled row */
     size_t mask_words;
     int32_t *mask_rc;       /* [max_seqs] status of a mask filled ahead (masks_ready) */
@@ -95,25 +110,129 @@ typedef struct overlap_job {
     int forward_rc;
 } overlap_job;
 
-/* Task 0 runs the forward; task 1 + k fills the grammar mask of sampled row k. */
-static void overlap_task(void *ctx, int64_t task, int thread) {
-    (void)thread;
-    overlap_job *j = ctx;
-    di_executor *e = j->e;
-    if (task == 0) {
-        j->forward_rc = e->runner->forward(e->runner->ctx, j->batch, e->logits, &j->res->err);
-        return;
-    }
-    const int64_t k = task - 1;
+/* Fills the grammar mask of sampled row k ahead of its sampling (e->masks_ready): status in mask_rc[k],
+ * message in the row's err. */
+static void fill_row_mask(di_executor *e, const di_step_plan *p, di_step_result *res, int64_t k) {
     const int32_t i = e->row_item[k];
-    const di_seq *r = j->p->items[i].req;
-    di_step_sample *out = &j->res->samples[k];
+    const di_seq *r = p->items[i].req;
+    di_step_sample *out = &res->samples[k];
     out->err.code = 0;
     out->err.msg[0] = 0;
     e->mask_rc[k] = DI_OK;
     if (r->params.constraint && e->seq_of_item[i] >= 0)
         e->mask_rc[k] = r->params.constraint->fill_mask(r->params.constraint->ctx, e->masks + (size_t)k * e->mask_words,
                                                         &out->err);
+}
+
+/* Task 0 runs the forward (host logits, or none when the step samples on the device); task 1 + k fills
+ * the grammar mask of sampled row k. */
+static void overlap_task(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    overlap_job *j = ctx;
+    di_executor *e = j->e;
+    if (task == 0) {
+        j->forward_rc = e->runner->forward(e->runner->ctx, j->batch, e->gpu ? NULL : e->logits, &j->res->err);
+        return;
+    }
+    fill_row_mask(e, j->p, j->res, task - 1);
+}
+
+static void mask_task(void *ctx, int64_t k, int thread) {
+    (void)thread;
+    sample_job *j = ctx;
+    fill_row_mask(j->e, j->p, j->res, k);
+}
+
+/* ---- sampling on the device ----
+ * The step's rows are sampled by one di_cuda_sampler_sample call over the runner's device logits (the
+ * same result as di_sampler_sample bit for bit: cuda_sample.h), in three phases: the masks (filled
+ * alongside the forward with a pool, else here), then on the host per row the checks sample_task
+ * makes and the row's descriptor, then the device call, then per row the constraint's accept and the
+ * push — exactly what sample_task does around di_sampler_sample. Every logits row goes to the device:
+ * a row that failed before sampling (its mask, the position check) is sent as a greedy row and its
+ * result dropped, so the call's rows are the logits rows as they lie. */
+static const di_sampling_params k_greedy_placeholder = {.temperature = 0.0f};
+
+static void device_prepare_task(void *ctx, int64_t k, int thread) {
+    (void)thread;
+    sample_job *j = ctx;
+    di_executor *e = j->e;
+    const int32_t i = e->row_item[k], seq = e->seq_of_item[i];
+    const di_sched_item *it = &j->p->items[i];
+    di_seq *r = it->req;
+    di_step_sample *out = &j->res->samples[k];
+    out->req = r;
+    memset(&out->res, 0, sizeof out->res);
+    if (!e->masks_ready) {
+        out->err.code = 0;
+        out->err.msg[0] = 0;
+    }
+    if (seq < 0) {
+        out->status = di_error_set(&out->err, DI_ERR_INVALID, "request %lld: dropped from step %llu, its previous "
+                                   "token was not sampled", (long long)r->id, (unsigned long long)j->p->step);
+        return;
+    }
+    const int32_t row = e->seqs[seq].logits_row;
+    const int64_t pos = it->pos0 + it->n_tokens;
+    int src = r->params.constraint && e->masks_ready ? e->mask_rc[k] : DI_OK;
+    if (!src && pos - r->n_prompt != r->n_dev_out)
+        src = di_error_set(&out->err, DI_ERR_INTERNAL, "request %lld: sampling position %lld with %lld outputs",
+                           (long long)r->id, (long long)pos, (long long)r->n_dev_out);
+    out->status = src;
+    e->gpu_rows[row] = src ? (di_sample_row){.params = &k_greedy_placeholder, .position = pos}
+                           : (di_sample_row){.params = &r->params.sampling,
+                                             .prompt = r->prompt,
+                                             .n_prompt = r->n_prompt,
+                                             .output = r->dev_out,
+                                             .n_output = r->n_dev_out,
+                                             .mask = r->params.constraint ? e->masks + (size_t)k * e->mask_words : NULL,
+                                             .position = pos,
+                                             .choice = r->params.choice};
+}
+
+static void device_finish_task(void *ctx, int64_t k, int thread) {
+    (void)thread;
+    sample_job *j = ctx;
+    di_executor *e = j->e;
+    const int32_t i = e->row_item[k], seq = e->seq_of_item[i];
+    di_step_sample *out = &j->res->samples[k];
+    if (seq < 0 || out->status) return; /* failed in device_prepare_task */
+    const int32_t row = e->seqs[seq].logits_row;
+    di_seq *r = out->req;
+    di_error *err = &out->err;
+    int src = DI_OK;
+    if (e->gpu_err[row].code) {
+        *err = e->gpu_err[row];
+        src = err->code;
+        di_error_wrap(err, "request %lld", (long long)r->id);
+    } else {
+        out->res = e->gpu_res[row];
+    }
+    if (!src && r->params.constraint) src = r->params.constraint->accept(r->params.constraint->ctx, out->res.token, err);
+    if (!src && di_seq_dev_push(r, out->res.token))
+        src = di_error_set(err, DI_ERR_NOMEM, "request %lld: out of memory for sampled ids", (long long)r->id);
+    out->status = src;
+}
+
+static void sample_on_device(di_executor *e, const di_step_plan *p, di_step_result *res, int32_t n_rows,
+                             int n_constrained) {
+    sample_job job = {e, p, res};
+    if (n_constrained && !e->masks_ready) {
+        di_threadpool_run(e->pool, res->n_samples, mask_task, &job);
+        e->masks_ready = 1;
+    }
+    di_threadpool_run(e->pool, res->n_samples, device_prepare_task, &job);
+    void *stream = NULL;
+    const float *d_logits = e->runner->device_logits(e->runner->ctx, &stream);
+    di_error derr = {0};
+    int rc = n_rows ? di_cuda_sampler_sample(e->gpu, d_logits, n_rows, e->gpu_rows, e->gpu_res, e->gpu_err, stream,
+                                             &derr)
+                    : DI_OK;
+    if (rc) {
+        /* a device error, not a row's: every row of the step fails with it */
+        for (int32_t row = 0; row < n_rows; row++) e->gpu_err[row] = derr;
+    }
+    di_threadpool_run(e->pool, res->n_samples, device_finish_task, &job);
 }
 
 static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res) {
@@ -184,7 +303,7 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         rc = oj.forward_rc;
         e->masks_ready = 1;
     } else {
-        rc = n_seqs ? m->forward(m->ctx, &batch, e->logits, &res->err) : DI_OK;
+        rc = n_seqs ? m->forward(m->ctx, &batch, e->gpu ? NULL : e->logits, &res->err) : DI_OK;
     }
     double t1 = di_now();
     res->forward_s = t1 - t0;
@@ -196,9 +315,13 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
         int64_t hit = m->cache_hit && e->seq_of_item[i] >= 0 ? m->cache_hit(m->ctx, p->items[i].req->id) : 0;
         res->cache_hit[i] = hit > 0 ? hit : 0;
     }
-    /* one task per sampled row; rows are independent, so the thread count changes nothing */
-    sample_job job = {e, p, res};
-    di_threadpool_run(e->pool, res->n_samples, sample_task, &job);
+    if (e->gpu) {
+        sample_on_device(e, p, res, rows, n_constrained);
+    } else {
+        /* one task per sampled row; rows are independent, so the thread count changes nothing */
+        sample_job job = {e, p, res};
+        di_threadpool_run(e->pool, res->n_samples, sample_task, &job);
+    }
     res->sample_s = di_now() - t1;
 }
 
@@ -241,9 +364,38 @@ int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, 
         return rc;
     }
     const int nt = di_threadpool_size(e->pool);
+    /* DI_CUDA_SAMPLER: unset = on the device when the runner keeps its logits there and this binary has
+     * the CUDA sampler; "off" = always on the host (tests compare the two); "require" = fail unless on
+     * the device */
+    const char *mode = getenv("DI_CUDA_SAMPLER");
+    const bool off = mode && !strcmp(mode, "off"), require = mode && !strcmp(mode, "require");
+    if (!off && runner->device_logits && di_cuda_sampler_new && di_cuda_sampler_sample) {
+        /* a slot per row in flight (2.7 MB each at V = 129,280), at most two per SM (n_slots 0) */
+        rc = di_cuda_sampler_new(runner->n_vocab, max_seqs <= 256 ? max_seqs : 0, &e->gpu, err);
+        if (rc) {
+            di_error_wrap(err, "executor: device sampler");
+            di_executor_free(e);
+            return rc;
+        }
+    }
+    if (require && !e->gpu) {
+        di_executor_free(e);
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "executor: DI_CUDA_SAMPLER=require, but %s",
+                            !runner->device_logits ? "the model runner keeps no logits on a device"
+                                                   : "this binary was built without the CUDA sampler");
+    }
     e->mask_words = ((size_t)runner->n_vocab + 31) / 32;
     e->samplers = calloc((size_t)nt, sizeof *e->samplers);
-    e->logits = malloc((size_t)max_seqs * (size_t)runner->n_vocab * sizeof *e->logits);
+    e->logits = e->gpu ? NULL : malloc((size_t)max_seqs * (size_t)runner->n_vocab * sizeof *e->logits);
+    if (e->gpu) {
+        e->gpu_rows = calloc((size_t)max_seqs, sizeof *e->gpu_rows);
+        e->gpu_res = calloc((size_t)max_seqs, sizeof *e->gpu_res);
+        e->gpu_err = calloc((size_t)max_seqs, sizeof *e->gpu_err);
+        if (!e->gpu_rows || !e->gpu_res || !e->gpu_err) {
+            di_executor_free(e);
+            return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d device rows", max_seqs);
+        }
+    }
     e->masks = malloc((size_t)max_seqs * e->mask_words * sizeof *e->masks);
     e->mask_rc = malloc((size_t)max_seqs * sizeof *e->mask_rc);
     e->row_item = malloc((size_t)max_seqs * sizeof *e->row_item);
@@ -253,7 +405,7 @@ int di_executor_new(const di_model_runner *runner, int32_t max_seqs, int async, 
     e->res[1].samples = calloc((size_t)max_seqs, sizeof *e->res[1].samples);
     e->res[0].cache_hit = calloc((size_t)max_seqs, sizeof *e->res[0].cache_hit);
     e->res[1].cache_hit = calloc((size_t)max_seqs, sizeof *e->res[1].cache_hit);
-    if (!e->res[0].cache_hit || !e->res[1].cache_hit || !e->samplers || !e->logits || !e->masks || !e->mask_rc || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
+    if (!e->res[0].cache_hit || !e->res[1].cache_hit || !e->samplers || (!e->logits && !e->gpu) || !e->masks || !e->mask_rc || !e->row_item || !e->seq_of_item || !e->seqs || !e->res[0].samples || !e->res[1].samples) {
         di_executor_free(e);
         return di_error_set(err, DI_ERR_NOMEM, "executor: out of memory for %d logits rows of %d", max_seqs,
                             runner->n_vocab);
@@ -290,6 +442,10 @@ void di_executor_free(di_executor *e) {
     free(e->samplers);
     di_threadpool_destroy(e->pool);
     free(e->logits);
+    if (e->gpu) di_cuda_sampler_free(e->gpu);
+    free(e->gpu_rows);
+    free(e->gpu_res);
+    free(e->gpu_err);
     free(e->masks);
     free(e->mask_rc);
     free(e->row_item);

@@ -9,7 +9,17 @@
  * The mask is built here, not on the host while the previous step runs (as issue 7 sketches it),
  * because in async mode the host does not know that step's token yet; on this side it is known as
  * soon as the step starts, so with a sampling pool the masks are filled on the pool's other threads
- * while one of them runs the forward. */
+ * while one of them runs the forward.
+ *
+ * On the GPU: when the runner keeps its logits in device memory (runner.h device_logits: the session
+ * runner on the CUDA backend) and the binary links the CUDA sampler (cuda.mk builds), every step's rows
+ * are sampled by one di_cuda_sampler_sample call on the runner's stream — the same tokens and logprob
+ * bits as di_sampler_sample (backend/cuda/cuda_sample.h), with every feature: penalties, bias, grammar
+ * masks (filled on the host as above, uploaded with the row), raw and processed logprobs — and the
+ * [rows, n_vocab] f32 logits never cross to the host. The host sampler remains for host runners (the CPU
+ * backend, the recompute runner, mock runners) and with DI_CUDA_SAMPLER=off; DI_CUDA_SAMPLER=require
+ * makes di_executor_new fail unless the device path is taken (tests). Speculative decoding's acceptance
+ * (DSpark, `deepinfer generate --dspark`) is outside the engine and samples host logits. */
 #ifndef DI_ENGINE_EXECUTOR_H
 #define DI_ENGINE_EXECUTOR_H
 

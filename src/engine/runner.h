@@ -68,8 +68,15 @@ typedef struct di_model_runner {
     /* Blocks a sequence of n_tokens positions holds. NULL: ceil(n_tokens / block_tokens). A runner
      * whose caches do not grow linearly (sliding-window KV) says so here. */
     int32_t (*blocks_for_tokens)(void *ctx, int64_t n_tokens);
-    /* logits: [batch->n_logits_rows, n_vocab] f32, row r for the piece whose logits_row is r. */
+    /* logits: [batch->n_logits_rows, n_vocab] f32, row r for the piece whose logits_row is r. NULL
+     * (only when device_logits is set): leave the rows in device memory instead. */
     int (*forward)(void *ctx, const di_step_batch *batch, float *logits, di_error *err);
+    /* The logits rows of the last forward called with logits == NULL: [n_logits_rows, n_vocab] f32 in
+     * device memory, valid until the next forward; *stream is the cudaStream_t they are ordered on.
+     * NULL: the runner's model is on the host, forward always fills host logits. Set by a runner on
+     * the CUDA backend, so the executor samples on the GPU (executor.h) and the rows never cross to
+     * the host. */
+    const float *(*device_logits)(void *ctx, void **stream);
     /* The request's cache contents are dead (finished, cancelled or preempted). May be NULL. */
     void (*release)(void *ctx, int64_t req_id);
     /* Positions of the live request served from a prefix cache instead of computed (its deepest hit

@@ -416,7 +416,9 @@ static int engram_history_put(fwd_ctx *c) {
 
 /* Final collapse with the last FFN pre-mix (no hc_head in V4.1), norm and f32 head over the head rows
  * of every sequence that asks for logits, packed (one head GEMM for the batch), then each sequence's
- * rows downloaded into its host logits.  x bf16 [T, hc, D];  pre f32 [T, hc] */
+ * rows downloaded into its host logits — or, with opts->logits_on_device, copied into its logits in
+ * backend memory, so a device sampler reads them without a round trip through the host.
+ * x bf16 [T, hc, D];  pre f32 [T, hc] */
 static int head(fwd_ctx *c, const uint16_t *x, const float *pre) {
     const di_config *cfg = c->cfg;
     const di_backend *be = c->be;
@@ -453,8 +455,13 @@ static int head(fwd_ctx *c, const uint16_t *x, const float *pre) {
         const fwd_seq *q = &c->seq[i];
         if (!q->ck.logits) continue;
         int64_t n = q->ck.all_logits ? q->ck.T : 1;
-        if ((rc = fwd_download(c, q->ck.logits, lg + k * V, sizeof(float) * (size_t)(n * V)))) return rc;
-        fwd_dump_host(c, "logits", DI_F32, q->ck.logits, 2, n, V, 0);
+        if (c->opts->logits_on_device) {
+            if ((rc = be->mem_copy(be, q->ck.logits, lg + k * V, sizeof(float) * (size_t)(n * V), err))) return rc;
+            fwd_dump(c, "logits", DI_F32, q->ck.logits, 2, n, V, 0);
+        } else {
+            if ((rc = fwd_download(c, q->ck.logits, lg + k * V, sizeof(float) * (size_t)(n * V)))) return rc;
+            fwd_dump_host(c, "logits", DI_F32, q->ck.logits, 2, n, V, 0);
+        }
         k += n;
     }
     fwd_free_tmp(c);

@@ -80,6 +80,9 @@ typedef struct di_fwd_opts {
     int64_t window_floor;
     di_block_hook_fn block_hook; /* NULL = none */
     void *block_hook_ctx;
+    /* The chunks' logits pointers are backend memory: the head copies its rows there and downloads
+     * nothing (the engine samples them on the device, engine/executor.h). false = host memory. */
+    bool logits_on_device;
 } di_fwd_opts;
 
 /* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and

@@ -59,6 +59,11 @@ int32_t di_tok_lookup_bytes(const di_tokenizer *tok, const char *bytes, size_t l
  * for an added token its content. NULL if there is no such token. */
 const char *di_tok_token_string(const di_tokenizer *tok, int32_t id, size_t *len);
 
+/* s[0..n) as valid UTF-8: every maximal invalid subpart (an unfinished character at the end included)
+ * becomes U+FFFD, as HF's decode does. Malloc'd, NUL-terminated (embedded NULs kept: use *out_len);
+ * NULL on allocation failure. For byte streams assembled from token bytes (e.g. an engine's text). */
+char *di_utf8_lossy_dup(const char *s, size_t n, size_t *out_len);
+
 /* Streaming decoder: feed ids, get complete UTF-8 text out. Bytes of a character split across tokens are held
  * back until the character completes; bytes that can never form valid UTF-8 are emitted as U+FFFD (so the
  * concatenated output of push... + flush equals di_tok_decode of all ids). */

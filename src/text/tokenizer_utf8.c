@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/tokenizer.h"
 #include "text/tokenizer_internal.h"
 
 bool di_strbuf_put(di_strbuf *b, const void *src, size_t n) {
@@ -108,4 +109,14 @@ size_t di_utf8_lossy(const uint8_t *s, size_t n, bool final, di_strbuf *out) {
     }
     if (!di_strbuf_put(out, s + run, n - run)) return (size_t)-1;
     return n;
+}
+
+char *di_utf8_lossy_dup(const char *s, size_t n, size_t *out_len) {
+    di_strbuf b = {0};
+    if (!di_strbuf_put(&b, "", 0) || di_utf8_lossy((const uint8_t *)s, n, true, &b) == (size_t)-1) {
+        free(b.p);
+        return NULL;
+    }
+    if (out_len) *out_len = b.n;
+    return b.p;
 }
