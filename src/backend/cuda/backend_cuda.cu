@@ -10,8 +10,6 @@
 #include "backend/cuda/cuda_attn_fast.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 
-extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
-
 extern "C" int di_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
@@ -49,6 +47,8 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
     if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: %s", cudaGetErrorString(e));
     return DI_OK;
 }
+
+extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
 
 extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *err) {
     cudaDeviceProp prop;
@@ -91,6 +91,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->row_encode = di_cuda_row_encode;
     be->row_decode = di_cuda_row_decode;
     be->stream_mean = di_cuda_stream_mean;
+    di_cuda_rows_install(be);
     be->linear_fp8 = di_cuda_linear_fp8;
     be->linear_fp4 = di_cuda_linear_fp4;
     be->linear_bf16 = di_cuda_linear_bf16;
@@ -135,7 +136,6 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;
     be->engram_gate = di_cuda_engram_gate;
-    di_cuda_rows_install(be);
     *out = be;
     return DI_OK;
 }
