@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_fused.h"
 #include "model/golden.h"
 #include "model/session.h"
 #include "util/error.h"
@@ -198,6 +199,24 @@ static void g_destroy(di_backend *be) {
     free(be);
 }
 
+/* the fused slots (cpu_fused.h): the graph's hc_pre chain and device-side top-k gather */
+static long g_fused_calls[2]; /* hc_pre, gather_topk */
+static int g_hc_pre(const di_backend *be, uint16_t *x, const uint16_t *z, const float *pi, const float *ci, int64_t m, int hc,
+                    int64_t d, const float *fn, float ne, const float *sc, const float *b, int it, float he, const float *pin,
+                    const uint16_t *nw, float *mx, float *pre, float *post, float *comb, uint16_t *h, di_error *e) {
+    g_fused_calls[0]++;
+    return di_cpu_hc_pre(IN(be), U(x), U(z), U(pi), U(ci), m, hc, d, U(fn), ne, U(sc), U(b), it, he, U(pin), U(nw), U(mx),
+                         U(pre), U(post), U(comb), U(h), e);
+}
+static int g_gather_topk(const di_backend *be, di_row_codec c, const uint8_t *base, int64_t n, const int32_t *pages, int64_t pe,
+                         int64_t pr, int64_t ro, const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows,
+                         int32_t *idx, int64_t ldi, di_error *e) {
+    g_fused_calls[1]++;
+    return di_cpu_gather_topk(IN(be), c, U(base), n, U(pages), pe, pr, ro, U(top), m, k, d, row0, U(rows), U(idx), ldi, e);
+}
+
+static bool g_fused; /* the guarded backend offers the fused slots (the graph then takes that path) */
+
 static di_backend *guarded(void) {
     di_backend *in = NULL, *be = calloc(1, sizeof *be);
     di_error err;
@@ -217,6 +236,7 @@ static di_backend *guarded(void) {
                        .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate,
                        .row_encode_scatter = g_row_encode_scatter, .row_decode_gather = g_row_decode_gather,
                        .compress_pool_ring = g_pool_ring};
+    if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk;
     return be;
 }
 
@@ -403,10 +423,26 @@ static void test_session(void **state) {
     }
 }
 
+/* the same two runs with the fused slots on the faulting backend (the plain CPU side stays unfused) */
+static int fused_on(void **state) {
+    (void)state;
+    g_fused = true;
+    g_fused_calls[0] = g_fused_calls[1] = 0;
+    return 0;
+}
+static int fused_off(void **state) { /* the fused path must have run */
+    (void)state;
+    g_fused = false;
+    tu_report("fused slots called: hc_pre %ld, gather_topk %ld", g_fused_calls[0], g_fused_calls[1]);
+    return g_fused_calls[0] > 0 && g_fused_calls[1] > 0 ? 0 : -1;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_verify),
         cmocka_unit_test(test_session),
+        cmocka_unit_test_setup_teardown(test_prefill_and_verify, fused_on, fused_off),
+        cmocka_unit_test_setup_teardown(test_session, fused_on, fused_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

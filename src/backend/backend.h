@@ -262,6 +262,34 @@ struct di_backend {
     int (*engram_gate)(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                        const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
 
+    /* ---------------- fused per-token chains (optional; NULL = the graph runs the ops above) -------------
+     * Each is exactly the listed sequence of the ops above, with the same rounding points: a backend
+     * implements one to save launches and round trips, never to change a bit (tests/cuda/test_cuda_fused.c). */
+
+    /* The mHC chain in front of a sub-layer (§4.2), optionally after the previous sub-layer's expand:
+     *   if z:  x ← hc_expand(z, x, post_in, comb_in)          (in place)
+     *   mixes = hc_mixes(x, fn, norm_eps);  (pre, post, comb) = hc_sinkhorn(mixes, scale, base, iters, hc_eps)
+     *   h = rmsnorm(hc_collapse(x, pre_in ? pre_in : pre), norm_w, norm_eps)
+     *   x bf16 [m, hc, d] (in/out);  z bf16 [m, d] or NULL;  post_in f32 [m, hc];  comb_in f32 [m, hc, hc]
+     *   fn f32 [(2+hc)·hc, hc·d];  scale f32 [3];  base f32 [(2+hc)·hc];  pre_in f32 [m, hc] or NULL
+     *   norm_w bf16 [d];  mixes f32 [m, (2+hc)·hc] out;  pre, post f32 [m, hc] out;  comb f32 [m, hc, hc] out
+     *   h bf16 [m, d] out. Outputs alias neither each other nor the inputs (x excepted). */
+    int (*hc_pre)(const di_backend *be, uint16_t *x, const uint16_t *z, const float *post_in, const float *comb_in,
+                  int64_t m, int hc, int64_t d, const float *fn, float norm_eps, const float *scale, const float *base,
+                  int iters, float hc_eps, const float *pre_in, const uint16_t *norm_w, float *mixes, float *pre,
+                  float *post, float *comb, uint16_t *h, di_error *err);
+
+    /* The compressed entries a top-k selected, gathered where the ids are (no host round trip; §4.4):
+     * rows[t·k + j] = row_decode(entry top[t,j]) and idx[t·ldi + j] = row0 + t·k + j, or a zero row and −1
+     * where top[t,j] is −1 or outside [0, n_entries). Entry e is row e of `base`, or for a paged cache
+     * row pages[e / page_entries]·page_rows + row_off + e mod page_entries.
+     *   base uint8 [*, di_row_codec_bytes(codec, d)];  pages int32 [ceil(n_entries / page_entries)] or NULL
+     *   top int32 [m, k];  rows bf16 [m·k, d] out;  idx int32 [m, ldi] out (columns [0, k) of each row) */
+    int (*gather_topk)(const di_backend *be, di_row_codec codec, const uint8_t *base, int64_t n_entries,
+                       const int32_t *pages, int64_t page_entries, int64_t page_rows, int64_t row_off,
+                       const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows, int32_t *idx,
+                       int64_t ldi, di_error *err);
+
     /* ---------------- batched cache rows (model/cache_rows.c: one call per pass, not per row) ----------------
      * The rows a pass writes to or reads from the caches of all its sequences, listed by address: the
      * rows of several caches, pages and ring slots in one call (backend/cpu/rows_batch.c,

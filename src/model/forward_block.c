@@ -81,7 +81,25 @@ typedef struct seq_attn {
     int64_t n_cmp;
     int32_t *idx;             /* int32 [T, n_idx] index lists into [win ‖ cmp] (host) */
     int64_t n_idx;
+    /* Backend gather (fwd_gather_on_backend): cmp is filled and the compressed columns [n_win, n_idx) of
+     * idx are written by be->gather_topk from these lists once idx is in backend memory (attention). */
+    const int32_t *top_dev;   /* int32 [T, kc] the index source's top-k (backend) or NULL */
+    int64_t kc, n_ent;        /* ids per query; entries visible to the chunk */
+    int kv_stage;             /* the cache stage holding the entries */
 } seq_attn;
+
+/* Rows a backend gather may produce in one pass (T·top-k rows of hd bf16: 64 MB at V4.1's 512). */
+#define FWD_GATHER_MAX_ROWS 65536
+
+bool fwd_gather_on_backend(const fwd_ctx *c) {
+    const di_backend *be = c->be;
+    if (!be->gather_topk || c->T * c->cfg->index_topk > FWD_GATHER_MAX_ROWS) return false;
+    for (int i = 0; i < c->n_seq; i++) {
+        const di_cache *k = c->seq[i].ck.cache;
+        if (k->be != be && !(be->host_memory && !k->be)) return false; /* the arena is elsewhere */
+    }
+    return true;
+}
 
 /* The publication of source stage `src` for a consumer at layer L in sequence q, checked to exist
  * (a layer that is its own source reads what it has published so far in this block). */
@@ -222,10 +240,11 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
     float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
     int32_t *vis_h, *vis; /* int32 [T] compressed entries visible to each row's query (host, backend) */
-    int32_t *top, *top_h; /* int32 [n_top] (backend; host copy of pass lifetime: reuse layers read it) */
+    int32_t *top, *top_h = NULL; /* int32 [n_top] (backend; host copy): pass lifetime, reuse layers read them */
+    bool on_backend = fwd_gather_on_backend(c);
     HALLOC(vis_h, T, 0);
-    ALLOC(top, n_top, 0);
-    HALLOC(top_h, n_top, 1);
+    ALLOC(top, n_top, 1);
+    if (!on_backend || c->out) HALLOC(top_h, n_top, 1);
     for (int i = 0; i < c->n_seq; i++)
         for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
     UPLOAD(vis, vis_h, T, 0);
@@ -279,12 +298,13 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         }
         CK(be->topk(be, scores, Ti, ncmp, vi, ksel, 0, top + o, c->err));
         DUMP("attn.topk", DI_I32, top + o, 2, Ti, ksel, 0);
-        q->pub[L].topk = top_h + o;
+        q->pub[L].topk = on_backend ? NULL : top_h + o;
+        q->pub[L].topk_dev = top + o;
         o += Ti * ksel;
     }
-    /* the gathers of the selected entries are planned on the host (gather_compressed): one download
-     * per index layer for the whole pass, a synchronisation point */
-    CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)n_top));
+    /* Without a backend gather, the gathers of the selected entries are planned on the host
+     * (gather_compressed): one download per index layer for the whole pass, a synchronisation point. */
+    if (top_h) CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)n_top));
     if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
         for (int64_t j = 0; j < n_top; j++)
             c->out->topk[L][j] = top_h[j] < 0 ? -1 : top_h[j] + (int32_t)c->seq[0].n_win_rows;
@@ -311,6 +331,9 @@ static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new, const 
 /* The entries sequence q attends at layer L — the top-k of its index source (itself, or the latest
  * one for reuse layers) over its kv source's compressed KV — gathered from its cache (the union over
  * the chunk's queries, ascending); the lists are rewritten to index [window rows ‖ gathered].
+ * With a backend gather (fwd_gather_on_backend) each query's k entries get their own rows, T·k of
+ * them, filled later in attention() with the lists: the attention reads the same KV rows in the same
+ * list order, so its output is the same; *cidx is then NULL.
  *   s->cmp bf16 [n_cmp, hd] (backend);  *cidx int32 [T, kc] (host) */
 static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, int32_t **cidx, int64_t *kc_out) {
     const di_layer_cfg *lc = &c->cfg->layer[L];
@@ -318,11 +341,18 @@ static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, i
     const fwd_pub *topp;
     if (!source(c, q, L, lc->kv_source, "kv") || !(topp = source(c, q, L, lc->index_source, "top-k")))
         return c->err->code;
-    int64_t kc = topp->topk ? topp->topk_k : 0;
-    *kc_out = kc, s->n_cmp = 0, s->cmp = NULL, *cidx = NULL;
+    int64_t kc = topp->topk || topp->topk_dev ? topp->topk_k : 0;
+    *kc_out = kc, s->n_cmp = 0, s->cmp = NULL, *cidx = NULL, s->top_dev = NULL;
     if (!kc) return DI_OK;
 
     int64_t n_all = (q->ck.s0 + T) / lc->compress_ratio; /* entries visible to the chunk's last query */
+    if (!topp->topk) { /* backend gather */
+        uint16_t *rows; /* bf16 [T·kc, hd] */
+        ALLOC(rows, T * kc * hd, 0);
+        s->cmp = rows, s->n_cmp = T * kc, s->top_dev = topp->topk_dev, s->kc = kc, s->n_ent = n_all;
+        s->kv_stage = lc->kv_source;
+        return DI_OK;
+    }
     int32_t *map, *ent; /* int32 [n_all]: entry → gathered row (−1: unused); int32 [n_all] gathered entries (host) */
     int32_t *idx;       /* int32 [T, kc] (host) */
     HALLOC(map, n_all, 0);
@@ -346,6 +376,25 @@ static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, i
     }
     s->cmp = rows, s->n_cmp = nu, *cidx = idx;
     return DI_OK;
+}
+
+/* The backend gather planned by gather_compressed: s->cmp and the compressed columns of the sequence's
+ * index lists (idx int32 [T, n_idx], backend) from the top-k lists where they are; a paged cache's
+ * block table is uploaded for it (no synchronisation). The entries' codec is the cache's (cache_rows.c:
+ * compressed KV = FP4 with E4M3 scales per 16).  */
+static int gather_on_backend(fwd_ctx *c, const fwd_seq *q, const seq_attn *s, int32_t *idx) {
+    const di_backend *be = c->be;
+    const di_cache *k = q->ck.cache;
+    const di_cache_stage *st = &k->stage[s->kv_stage];
+    const int32_t *pages = NULL; /* int32 [n_pages] (backend) */
+    if (k->pool) {
+        int32_t *pd;
+        UPLOAD(pd, k->pages, k->n_pages > 0 ? k->n_pages : 1, 0);
+        pages = pd;
+    }
+    return be->gather_topk(be, DI_CODEC_FP4_E4M3, st->cmp, s->n_ent, pages, st->page_entries, k->cmp_page_rows,
+                           st->cmp_row0, s->top_dev, q->ck.T, (int)s->kc, c->cfg->head_dim, (int32_t)q->n_win_rows,
+                           (uint16_t *)s->cmp, idx + q->n_win, s->n_idx, c->err);
 }
 
 /* The window KV of every row (wkv → kv_norm → RoPE → FP8 QDQ of all hd channels, groups of 32), one
@@ -423,7 +472,8 @@ static int attn_compressed(fwd_ctx *c, int L, const uint16_t *u, const uint16_t 
         HALLOC(idx, T * n_idx, 0);
         for (int64_t t = 0; t < T; t++) {
             memcpy(idx + t * n_idx, q->win_idx + t * q->n_win, sizeof(int32_t) * (size_t)q->n_win);
-            if (kc) memcpy(idx + t * n_idx + q->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
+            if (cidx) memcpy(idx + t * n_idx + q->n_win, cidx + t * kc, sizeof(int32_t) * (size_t)kc);
+            /* backend gather: the columns are written in backend memory (attention) */
         }
         sa[i].idx = idx, sa[i].n_idx = n_idx;
     }
@@ -511,6 +561,8 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
         memcpy(idx_h + off, sa[i].idx, sizeof(int32_t) * (size_t)(c->seq[i].ck.T * sa[i].n_idx));
     UPLOAD(idx_d, idx_h, n_all, 0);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
+        if (sa[i].top_dev) CK(gather_on_backend(c, &c->seq[i], &sa[i], idx_d + off));
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
     for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
@@ -622,6 +674,7 @@ int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_ou
     bool deferred = !c->opts->faults.premix_not_deferred;
 
     float *mix, *pre_a, *post, *comb; /* f32 [T, nmix], [T, hc], [T, hc], [T, hc, hc] */
+    float *post_f, *comb_f;           /* f32 [T, hc], [T, hc, hc] the FFN's (fused path: not the attention's) */
     uint16_t *h, *z;                  /* bf16 [T, D] sub-layer input and output */
     ALLOC(mix, T * nmix, 0);
     ALLOC(pre_a, T * hc, 0);
@@ -629,28 +682,48 @@ int fwd_block(fwd_ctx *c, int L, uint16_t *x, const float *pre_in, float *pre_ou
     ALLOC(comb, T * hc * hc, 0);
     ALLOC(h, T * D, 0);
     ALLOC(z, T * D, 0);
+    /* Fused path (be->hc_pre, backend.h): the same ops in the same order, one call per sub-layer; the
+     * attention's expand runs inside the FFN's chain. Dumps are taken from its outputs. */
+    bool fused = be->hc_pre != NULL;
+    if (fused) {
+        ALLOC(post_f, T * hc, 0);
+        ALLOC(comb_f, T * hc * hc, 0);
+    } else {
+        post_f = post, comb_f = comb;
+    }
 
     /* attention: mixes from the block input; collapse with the PREVIOUS sub-layer's pre-mix */
-    CK(be->hc_mixes(be, x, T, hc, D, w->hc_attn_fn, eps, mix, c->err));
-    CK(be->hc_sinkhorn(be, mix, T, hc, w->hc_attn_scale, w->hc_attn_base, iters, hc_eps, pre_a, post, comb, c->err));
+    if (fused) {
+        CK(be->hc_pre(be, x, NULL, NULL, NULL, T, hc, D, w->hc_attn_fn, eps, w->hc_attn_scale, w->hc_attn_base, iters,
+                      hc_eps, deferred ? pre_in : NULL, w->attn_norm, mix, pre_a, post, comb, h, c->err));
+    } else {
+        CK(be->hc_mixes(be, x, T, hc, D, w->hc_attn_fn, eps, mix, c->err));
+        CK(be->hc_sinkhorn(be, mix, T, hc, w->hc_attn_scale, w->hc_attn_base, iters, hc_eps, pre_a, post, comb, c->err));
+        CK(be->hc_collapse(be, x, deferred ? pre_in : pre_a, T, hc, D, h, c->err));
+        CK(be->rmsnorm(be, h, T, D, w->attn_norm, eps, h, c->err));
+    }
     DUMP("attn.pre", DI_F32, pre_a, 2, T, hc, 0);
     DUMP("attn.comb", DI_F32, comb, 3, T, hc, hc);
-    CK(be->hc_collapse(be, x, deferred ? pre_in : pre_a, T, hc, D, h, c->err));
-    CK(be->rmsnorm(be, h, T, D, w->attn_norm, eps, h, c->err));
     DUMP("attn.in", DI_BF16, h, 2, T, D, 0);
     CK(attention(c, L, h, z));
-    CK(be->hc_expand(be, z, x, post, comb, T, hc, D, x, c->err));
-    DUMP("attn.streams", DI_BF16, x, 3, T, hc, D);
 
     /* FFN: mixes from the post-attention streams; collapse with the attention's pre-mix */
-    CK(be->hc_mixes(be, x, T, hc, D, w->hc_ffn_fn, eps, mix, c->err));
-    CK(be->hc_sinkhorn(be, mix, T, hc, w->hc_ffn_scale, w->hc_ffn_base, iters, hc_eps, pre_out, post, comb, c->err));
+    if (fused) {
+        CK(be->hc_pre(be, x, z, post, comb, T, hc, D, w->hc_ffn_fn, eps, w->hc_ffn_scale, w->hc_ffn_base, iters, hc_eps,
+                      deferred ? pre_a : NULL, w->ffn_norm, mix, pre_out, post_f, comb_f, h, c->err));
+        DUMP("attn.streams", DI_BF16, x, 3, T, hc, D);
+    } else {
+        CK(be->hc_expand(be, z, x, post, comb, T, hc, D, x, c->err));
+        DUMP("attn.streams", DI_BF16, x, 3, T, hc, D);
+        CK(be->hc_mixes(be, x, T, hc, D, w->hc_ffn_fn, eps, mix, c->err));
+        CK(be->hc_sinkhorn(be, mix, T, hc, w->hc_ffn_scale, w->hc_ffn_base, iters, hc_eps, pre_out, post, comb, c->err));
+        CK(be->hc_collapse(be, x, deferred ? pre_a : pre_out, T, hc, D, h, c->err));
+        CK(be->rmsnorm(be, h, T, D, w->ffn_norm, eps, h, c->err));
+    }
     DUMP("ffn.pre", DI_F32, pre_out, 2, T, hc, 0);
-    CK(be->hc_collapse(be, x, deferred ? pre_a : pre_out, T, hc, D, h, c->err));
-    CK(be->rmsnorm(be, h, T, D, w->ffn_norm, eps, h, c->err));
     DUMP("ffn.in", DI_BF16, h, 2, T, D, 0);
     CK(moe(c, L, h, z));
-    CK(be->hc_expand(be, z, x, post, comb, T, hc, D, x, c->err));
+    CK(be->hc_expand(be, z, x, post_f, comb_f, T, hc, D, x, c->err));
     DUMP("out", DI_BF16, x, 3, T, hc, D);
     return DI_OK;
 }

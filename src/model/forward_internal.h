@@ -12,8 +12,9 @@
  * Memory: tensors the ops read or write live in BACKEND memory (fwd_alloc; device memory for CUDA)
  * and are never dereferenced here; what the graph decides on the host — positions, window and top-k
  * index lists, Engram hash ids, expert row lists — is built in HOST memory (fwd_halloc) and uploaded
- * once (fwd_upload). The few values the host needs back (top-k ids for the gather union, router ids
- * for the expert dispatch, logits) are downloaded (fwd_download), each a synchronisation point. With
+ * once (fwd_upload). The few values the host needs back (top-k ids for the gather union — unless the
+ * backend gathers the selected entries itself, fwd_gather_on_backend —, router ids for the expert
+ * dispatch, logits) are downloaded (fwd_download), each a synchronisation point. With
  * the CPU backend both memories are the same and the transfers are copies. */
 #ifndef DI_MODEL_FORWARD_INTERNAL_H
 #define DI_MODEL_FORWARD_INTERNAL_H
@@ -40,7 +41,9 @@ typedef struct fwd_chunk {
  * KV and index keys themselves live in the cache (stage = the kv source); what a pass publishes is
  * what only its own queries need. */
 typedef struct fwd_pub {
-    const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded (host) */
+    const int32_t *topk;     /* int32 [T, topk_k] compressed entry ids (no offset), −1 padded (host), or NULL
+                              * when the pass gathers on the backend (fwd_gather_on_backend) */
+    const int32_t *topk_dev; /* the same lists in backend memory (pass lifetime) */
     int topk_k;
     const uint8_t *cand;     /* uint8 [T, n_cand] candidate mask (the candidate source) (backend) */
     int64_t n_cand;
@@ -112,6 +115,12 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_
 int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
                   const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
 void fwd_ctx_free(fwd_ctx *c);
+
+/* The selected compressed entries of this pass are gathered by the backend from its own top-k lists
+ * (be->gather_topk) instead of being planned on the host after a download: when the backend has the
+ * slot, every cache's arena is in its memory, and the per-query gathers stay small (decode steps,
+ * verify blocks); long chunks keep the host's union of the lists. Same attention inputs either way. */
+bool fwd_gather_on_backend(const fwd_ctx *c);
 
 /* Hand a stage tensor to the dump callback (no-op without one), downloaded from backend memory
  * (fwd_dump) or already on the host (fwd_dump_host). Shape given as up to 3 dims. */

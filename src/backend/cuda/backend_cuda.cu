@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_attn_fast.h"
+#include "backend/cuda/cuda_fused.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 
 extern "C" int di_cuda_device_count(void) {
@@ -136,6 +137,8 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;
     be->engram_gate = di_cuda_engram_gate;
+    be->hc_pre = di_cuda_hc_pre;
+    be->gather_topk = di_cuda_gather_topk;
     *out = be;
     return DI_OK;
 }
