@@ -6,7 +6,8 @@
  *  - compress_pool_ring gives the entries and every state byte of compress_pool called group by group
  *    on block g mod nb, over chunks that start and end inside groups, for both CPU kernel sets;
  *  - a counting backend shows the forward's cache-row and pooling calls per layer: one encode per cache
- *    array per pass, one pooling call per sequence, whatever the number of tokens or sequences.
+ *    array per pass, one decode for the window rows and one for the index keys of all sequences, one
+ *    pooling call per sequence, whatever the number of tokens or sequences.
  * di-test: asan */
 #include <math.h>
 #include <stdio.h>
@@ -253,8 +254,11 @@ static void test_launch_counts(void **state) {
     cnt.compress_pool = k_pool, cnt.compress_pool_ring = k_ring, cnt.sparse_attn = k_attn;
     cnt.indexer_scores = k_iscore, cnt.topk = k_topk, cnt.mem_copy = k_copy;
     assert_int_equal(di_model_to_backend(m, &cnt, &err), DI_OK);
-    int L = m->cfg.n_stages, pools = 0; /* layers that pool (kv sources of ratio ≥ 2) */
-    for (int l = 0; l < L; l++) pools += m->cfg.layer[l].is_kv_source && m->cfg.layer[l].compress_ratio >= 2;
+    int L = m->cfg.n_stages, pools = 0, indexers = 0; /* layers that pool (kv sources of ratio ≥ 2), index */
+    for (int l = 0; l < L; l++) {
+        pools += m->cfg.layer[l].is_kv_source && m->cfg.layer[l].compress_ratio >= 2;
+        indexers += m->cfg.layer[l].is_index_source;
+    }
 
     long pre[C_N], dec1[C_N], dec8[C_N];
     count_forward(m, &cnt, 1, 200, 1, pre);  /* prefill: one sequence, 200 tokens */
@@ -274,8 +278,9 @@ static void test_launch_counts(void **state) {
         /* writes: the window rows of every layer, the entries and index keys of kv sources; never per row */
         assert_int_equal(c[C_ENC], 0);
         assert_true(c[C_ENC_SC] <= 3L * L);
-        /* reads of the previous window rows: at most one per layer, whatever the batch */
-        assert_true(c[C_DEC_GA] <= L);
+        /* reads of the previous window rows and of the index keys: at most one per layer and one per
+         * index layer, whatever the batch */
+        assert_true(c[C_DEC_GA] <= L + indexers);
         /* pooling: one call per sequence per pooling layer, none per group */
         assert_int_equal(c[C_POOL], 0);
         assert_int_equal(c[C_RING], (long)pools * B[r]);

@@ -320,6 +320,9 @@ int di_cache_window_read_addrs(const di_cache *c, int stage, int64_t p0, int64_t
                                di_error *err);
 /* Entries [e0, e1) of the compressed KV (ikey = 0) or index keys (1) of a kv source. */
 int di_cache_entry_put_addrs(di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, uint8_t **dst, di_error *err);
+/* Entries [e0, e1) to read (every one written since the last rollback, as di_cache_cmp_rows / _ikey_rows). */
+int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, const uint8_t **src,
+                              di_error *err);
 typedef enum di_cache_rows_kind { DI_CACHE_ROWS_WINDOW, DI_CACHE_ROWS_CMP, DI_CACHE_ROWS_IKEY } di_cache_rows_kind;
 /* *dst[i] = the cache form of x[i] / y[i] = the value of *src[i] (NULL: skipped / zero row), for rows
  * of caches in be's memory, in one row_encode_scatter / row_decode_gather call.

@@ -387,6 +387,17 @@ int di_cache_entry_put_addrs(di_cache *c, int stage, int ikey, int64_t e0, int64
     return DI_OK;
 }
 
+int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, const uint8_t **src,
+                              di_error *err) {
+    const char *what = ikey ? "index key read" : "compressed read";
+    int rc = source_stage(c, stage, what, err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e0, e1, ikey ? c->ikey_n[stage] : c->cmp_n[stage], what, err);
+    if (rc) return rc;
+    for (int64_t e = e0; e < e1; e++) src[e - e0] = ikey ? di_cache_ikey_at(c, stage, e) : di_cache_cmp_at(c, stage, e);
+    return DI_OK;
+}
+
 /* The list travels to backend memory for the one call (an address list is data the kernel reads). */
 static int addr_list(const di_backend *be, const void *host, int64_t n, void **out, di_error *err) {
     *out = (void *)host;

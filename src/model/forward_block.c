@@ -202,6 +202,32 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, con
     return DI_OK;
 }
 
+/* The index keys every sequence scores at index layer L — all entries its chunk sees, from its key
+ * source's cache — read for all sequences in one decode.  keys_of[i]: bf16 [ncmp_i, ihd] (backend),
+ * NULL for a sequence that sees none */
+static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
+    const di_layer_cfg *lc = &c->cfg->layer[L];
+    int64_t ihd = c->cfg->index_head_dim, n = 0;
+    for (int i = 0; i < c->n_seq; i++)
+        if (c->seq[i].pub[L].topk_k) n += (c->seq[i].ck.s0 + c->seq[i].ck.T) / lc->compress_ratio;
+    const uint8_t **src; /* [n] cache addresses of the keys, sequence after sequence (host) */
+    uint16_t *keys;      /* bf16 [n, ihd] */
+    HALLOC(src, n, 0);
+    ALLOC(keys, (n > 0 ? n : 1) * ihd, 0);
+    int64_t o = 0; /* keys listed so far */
+    for (int i = 0; i < c->n_seq; i++) {
+        fwd_seq *q = &c->seq[i];
+        int64_t ncmp = (q->ck.s0 + q->ck.T) / lc->compress_ratio;
+        keys_of[i] = NULL;
+        if (!q->pub[L].topk_k) continue;
+        if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
+        CK(di_cache_entry_read_addrs(q->ck.cache, lc->index_key_source, 1, 0, ncmp, src + o, c->err));
+        keys_of[i] = keys + o * ihd;
+        o += ncmp;
+    }
+    return di_cache_rows_decode(c->be, DI_CACHE_ROWS_IKEY, src, n, ihd, keys, c->err);
+}
+
 /* Index sources: the queries and weights of every row in one projection each, then per sequence:
  * score every index key visible to its chunk (read back from the key source's cache) with its own
  * rows (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate mask
@@ -249,16 +275,18 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
     UPLOAD(vis, vis_h, T, 0);
 
+    const uint16_t **keys_of; /* [n_seq] each sequence's index keys (backend) */
+    HALLOC(keys_of, c->n_seq, 0);
+    CK(read_index_keys(c, L, keys_of));
+
     int64_t o = 0; /* sequence i's top-k lists are top[o_i …] */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
         int64_t Ti = q->ck.T, ncmp = (q->ck.s0 + Ti) / R;
         int ksel = q->pub[L].topk_k;
         if (ksel == 0) continue;
-        if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
-        uint16_t *keys; /* bf16 [ncmp, ihd] */
-        float *scores;  /* f32 [Ti, ncmp] */
-        ALLOC(keys, ncmp * ihd, 0);
+        const uint16_t *keys = keys_of[i]; /* bf16 [ncmp, ihd] */
+        float *scores;                     /* f32 [Ti, ncmp] */
         ALLOC(scores, Ti * ncmp, 0);
         if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
             c->out->index_scores[L] = calloc((size_t)(Ti * ncmp), sizeof(float));
@@ -267,7 +295,6 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
                 return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)Ti,
                                     (long long)ncmp);
         }
-        CK(di_cache_ikey_rows(q->ck.cache, lc->index_key_source, 0, ncmp, keys, c->err));
 
         const uint8_t *cand = NULL;
         if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
