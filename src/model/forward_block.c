@@ -114,9 +114,9 @@ static const fwd_pub *source(fwd_ctx *c, const fwd_seq *q, int L, int src, const
 /* kv sources: the latent, before RoPE, of the compressed entries [s0/R, (s0+T)/R) each chunk
  * completes, every sequence's after the previous one's (sa[i].lat0). Ratio 1: a bf16 projection per
  * token (so the latent rows are the pass rows). Ratio R > 1: f32 projections of all rows in one GEMM
- * each, then per sequence a per-channel softmax pooling of R tokens, streamed through its cache's
- * carry state one group at a time (a chunk may start and end inside a group; the trailing partial
- * group waits in the state). Then the compressor RMSNorm over all new entries.
+ * each, then per sequence one call of a per-channel softmax pooling of R tokens over all its groups,
+ * streamed through its cache's carry state ring (a chunk may start and end inside a group; the
+ * trailing partial group waits in the state). Then the compressor RMSNorm over all new entries.
  *   u bf16 [T, D];  *lat bf16 [n_new, hd] (block lifetime), n_new = Σ sa[i].n_new */
 static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16_t **lat_out, int64_t *n_new_out) {
     const di_config *cfg = c->cfg;
