@@ -17,6 +17,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_attn.h"
 #include "io/formats.h"
+#include "model/cache.h"
+#include "model/config.h"
 #include "model/session.h"
 #include "model/weights.h"
 #include "testutil.h"
@@ -159,6 +161,116 @@ static void test_pool_ring(void **state) {
               "identical to compress_pool group by group");
 }
 
+/* ---------------- the cache's address lists ---------------- */
+
+static void same_image(const di_cache *a, const di_cache *b, const char *when) {
+    di_error err = {0};
+    int64_t na = di_cache_image_bytes(a), nb = di_cache_image_bytes(b), wa = 0, wb = 0;
+    assert_int_equal(na, nb);
+    uint8_t *ia = malloc((size_t)na), *ib = malloc((size_t)nb);
+    assert_int_equal(di_cache_image(a, ia, na, &wa, &err), DI_OK);
+    assert_int_equal(di_cache_image(b, ib, nb, &wb, &err), DI_OK);
+    if (wa != wb || memcmp(ia, ib, (size_t)wa)) fail_msg("cache images differ %s", when);
+    free(ia), free(ib);
+}
+
+/* Two caches of the V4.1 config fed the same rows, one through the per-row puts, one through the
+ * address lists and one batched encode: identical images after every chunk (including a chunk longer
+ * than the window ring, whose oldest rows are skipped, and a prefix resume, whose frozen entries are
+ * skipped), and identical reads. */
+static void test_cache_addrs(void **state) {
+    di_error err = {0};
+    di_config *cfg = malloc(sizeof *cfg);
+    assert_int_equal(di_config_load(tu_data("v41-flash-config"), cfg, &err), DI_OK);
+    di_backend *be;
+    assert_int_equal(di_backend_cpu_create(1, &be, &err), DI_OK);
+    di_cache_opts o = {.max_tokens = 1024, .spec_margin = 8};
+    di_cache *a, *b;
+    assert_int_equal(di_cache_create(cfg, &o, &a, &err), DI_OK);
+    assert_int_equal(di_cache_create(cfg, &o, &b, &err), DI_OK);
+    const int64_t hd = cfg->head_dim, ihd = cfg->index_head_dim, W = cfg->sliding_window;
+    const int64_t chunks[] = {5, 200, 1, 1, 64, 3, 1};
+    int64_t n_rows = 0;
+    for (int k = 0; k < 7; k++) n_rows += chunks[k];
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(n_rows * hd));  /* bf16 [n_rows, hd] */
+    uint16_t *y0 = malloc(sizeof(uint16_t) * (size_t)(n_rows * hd)), *y1 = malloc(sizeof(uint16_t) * (size_t)(n_rows * hd));
+    uint8_t **dst = malloc(sizeof(uint8_t *) * (size_t)n_rows);
+    const uint8_t **src = malloc(sizeof(uint8_t *) * (size_t)n_rows);
+    fill_rows(x, n_rows, hd);
+    int64_t pos = 0, skipped = 0;
+    for (int k = 0; k < 7; k++) {
+        int64_t m = chunks[k];
+        if (k == 5) { /* resume at an aligned boundary with a replay: entries below it are frozen */
+            int64_t al = di_cache_prefix_align(a), bound = pos / al * al, r = bound - W > 0 ? (bound - W) / al * al : 0;
+            assert_int_equal(di_cache_prefix_begin(a, bound, r, &err), DI_OK);
+            assert_int_equal(di_cache_prefix_begin(b, bound, r, &err), DI_OK);
+            pos = r;
+            m = bound - r + 3;
+        }
+        assert_int_equal(di_cache_extend(a, m, &err), DI_OK);
+        assert_int_equal(di_cache_extend(b, m, &err), DI_OK);
+        for (int st = 0; st < cfg->n_stages; st++) {
+            const uint16_t *rows = x + (pos % 97) * hd; /* any rows of x: the caches see the same */
+            assert_int_equal(di_cache_window_put_rows(a, st, pos, m, rows, &err), DI_OK);
+            assert_int_equal(di_cache_window_put_addrs(b, st, pos, m, dst, &err), DI_OK);
+            /* one call's slots are distinct (a parallel encode must not race): the rows older than the
+             * ring's reach, which share a slot with a newer row of the call, are the skipped ones */
+            int64_t nul = 0;
+            for (int64_t i = 0; i < m; i++) {
+                nul += !dst[i];
+                for (int64_t j = 0; dst[i] && j < i; j++) assert_true(dst[j] != dst[i]);
+            }
+            assert_int_equal(nul, m > a->ring_slots ? m - a->ring_slots : 0);
+            skipped += nul;
+            assert_int_equal(di_cache_rows_encode(be, DI_CACHE_ROWS_WINDOW, rows, m, hd, dst, &err), DI_OK);
+            int R = cfg->layer[st].compress_ratio;
+            if (st >= cfg->n_layers || !cfg->layer[st].is_kv_source || R < 1) continue;
+            int64_t e0 = pos / R, e1 = (pos + m) / R;
+            for (int64_t e = e0; e < e1; e++) {
+                assert_int_equal(di_cache_cmp_put(a, st, e, rows + (e - e0) * hd, &err), DI_OK);
+                assert_int_equal(di_cache_ikey_put(a, st, e, rows + (e - e0) * ihd, &err), DI_OK);
+            }
+            assert_int_equal(di_cache_entry_put_addrs(b, st, 0, e0, e1, dst, &err), DI_OK);
+            for (int64_t i = 0; i < e1 - e0; i++) skipped += !dst[i];
+            assert_int_equal(di_cache_rows_encode(be, DI_CACHE_ROWS_CMP, rows, e1 - e0, hd, dst, &err), DI_OK);
+            assert_int_equal(di_cache_entry_put_addrs(b, st, 1, e0, e1, dst, &err), DI_OK);
+            assert_int_equal(di_cache_rows_encode(be, DI_CACHE_ROWS_IKEY, rows, e1 - e0, ihd, dst, &err), DI_OK);
+            /* reads of what was written: entries from the newest unfrozen one down, and keys */
+            int64_t r0 = e1 > 20 ? e1 - 20 : 0;
+            if (k < 5) {
+                assert_int_equal(di_cache_cmp_rows(a, st, r0, e1, y0, &err), DI_OK);
+                assert_int_equal(di_cache_entry_read_addrs(b, st, 0, r0, e1, src, &err), DI_OK);
+                assert_int_equal(di_cache_rows_decode(be, DI_CACHE_ROWS_CMP, src, e1 - r0, hd, y1, &err), DI_OK);
+                assert_memory_equal(y0, y1, sizeof(uint16_t) * (size_t)((e1 - r0) * hd));
+                assert_int_equal(di_cache_ikey_rows(a, st, 0, e1, y0, &err), DI_OK);
+                assert_int_equal(di_cache_entry_read_addrs(b, st, 1, 0, e1, src, &err), DI_OK);
+                assert_int_equal(di_cache_rows_decode(be, DI_CACHE_ROWS_IKEY, src, e1, ihd, y1, &err), DI_OK);
+                assert_memory_equal(y0, y1, sizeof(uint16_t) * (size_t)(e1 * ihd));
+            }
+        }
+        pos += m;
+        /* the window of the newest position, read both ways */
+        int64_t p0 = pos - W + 1 > 0 ? pos - W + 1 : 0;
+        if (k < 5) {
+            assert_int_equal(di_cache_window_rows(a, 0, p0, pos, y0, &err), DI_OK);
+            assert_int_equal(di_cache_window_read_addrs(b, 0, p0, pos, src, &err), DI_OK);
+            assert_int_equal(di_cache_rows_decode(be, DI_CACHE_ROWS_WINDOW, src, pos - p0, hd, y1, &err), DI_OK);
+            assert_memory_equal(y0, y1, sizeof(uint16_t) * (size_t)((pos - p0) * hd));
+        }
+        same_image(a, b, k == 5 ? "after the prefix resume" : "after a chunk");
+    }
+    assert_true(skipped > 0); /* the long chunk's oldest rows and the frozen entries */
+    /* what a put or read would refuse is refused the same way */
+    assert_int_equal(di_cache_window_put_addrs(b, 0, pos, 1, dst, &err), DI_ERR_INVALID);
+    assert_int_equal(di_cache_window_read_addrs(b, 0, 0, 1, src, &err), DI_ERR_INVALID);
+    assert_int_equal(di_cache_entry_put_addrs(b, 0, 0, 0, 1, dst, &err), DI_ERR_INVALID); /* stage 0: no kv */
+    tu_report("cache address lists: %lld rows skipped (beyond the ring's reach or frozen), images identical to the "
+              "per-row puts after every chunk", (long long)skipped);
+    di_cache_destroy(a), di_cache_destroy(b);
+    di_backend_destroy(be);
+    free(cfg), free(x), free(y0), free(y1), free(dst), free(src);
+}
+
 /* ---------------- launches of a forward ---------------- */
 
 enum { C_ENC, C_DEC, C_ENC_SC, C_DEC_GA, C_POOL, C_RING, C_ATTN, C_ISCORE, C_TOPK, C_COPY, C_N };
@@ -298,6 +410,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encode_decode),
         cmocka_unit_test(test_pool_ring),
+        cmocka_unit_test(test_cache_addrs),
         cmocka_unit_test(test_launch_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
