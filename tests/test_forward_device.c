@@ -194,6 +194,18 @@ static int g_pool_ring(const di_backend *be, const float *a, const float *g, int
                        float *st, int nb, uint16_t *y, di_error *e) {
     return IN(be)->compress_pool_ring(IN(be), U(a), U(g), m, p, r, d, U(st), nb, U(y), e);
 }
+static int g_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
+                       int n_seq, const int32_t *seq_of, const float *sink, float sc, uint16_t *o, di_error *e) {
+    di_attn_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
+    for (int s = 0; s < n_seq; s++) {
+        h[s] = U(seqs)[s];
+        h[s].kv_win = U(h[s].kv_win), h[s].kv_cmp = U(h[s].kv_cmp), h[s].idx = U(h[s].idx);
+    }
+    int rc = IN(be)->sparse_attn_seqs(IN(be), U(q), m, nh, d, h, n_seq, U(seq_of), U(sink), sc, U(o), e);
+    free(h);
+    return rc;
+}
 static void g_destroy(di_backend *be) {
     di_backend_destroy((di_backend *)be->impl);
     free(be);
@@ -235,7 +247,7 @@ static di_backend *guarded(void) {
                        .scatter_add_rows = g_scatter, .f32_to_bf16 = g_to_bf16, .fill_f32 = g_fill,
                        .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate,
                        .row_encode_scatter = g_row_encode_scatter, .row_decode_gather = g_row_decode_gather,
-                       .compress_pool_ring = g_pool_ring};
+                       .compress_pool_ring = g_pool_ring, .sparse_attn_seqs = g_attn_seqs};
     if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk;
     return be;
 }

@@ -7,7 +7,8 @@
  *    on block g mod nb, over chunks that start and end inside groups, for both CPU kernel sets;
  *  - a counting backend shows the forward's cache-row and pooling calls per layer: one encode per cache
  *    array per pass, one decode for the window rows and one for the index keys of all sequences, one
- *    pooling call per sequence, whatever the number of tokens or sequences.
+ *    pooling call per sequence, one sparse attention call per layer, whatever the number of tokens or
+ *    sequences.
  * di-test: asan */
 #include <math.h>
 #include <stdio.h>
@@ -273,10 +274,10 @@ static void test_cache_addrs(void **state) {
 
 /* ---------------- launches of a forward ---------------- */
 
-enum { C_ENC, C_DEC, C_ENC_SC, C_DEC_GA, C_POOL, C_RING, C_ATTN, C_ISCORE, C_TOPK, C_COPY, C_N };
+enum { C_ENC, C_DEC, C_ENC_SC, C_DEC_GA, C_POOL, C_RING, C_ATTN, C_ATTN_SEQS, C_ISCORE, C_TOPK, C_COPY, C_N };
 static const char *const cname[C_N] = {"row_encode", "row_decode", "row_encode_scatter", "row_decode_gather",
-                                       "compress_pool", "compress_pool_ring", "sparse_attn", "indexer_scores",
-                                       "topk", "mem_copy"};
+                                       "compress_pool", "compress_pool_ring", "sparse_attn", "sparse_attn_seqs",
+                                       "indexer_scores", "topk", "mem_copy"};
 static long g_count[C_N];
 static di_backend g_in; /* the CPU table the counters forward to */
 
@@ -315,6 +316,11 @@ static int k_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, in
                   di_error *e) {
     g_count[C_ATTN]++;
     return g_in.sparse_attn(be, q, m, nh, d, kw, nw, kc, nc, sink, idx, ni, sc, o, e);
+}
+static int k_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
+                       int n_seq, const int32_t *seq_of, const float *sink, float sc, uint16_t *o, di_error *e) {
+    g_count[C_ATTN_SEQS]++;
+    return g_in.sparse_attn_seqs(&g_in, q, m, nh, d, seqs, n_seq, seq_of, sink, sc, o, e); /* one launch */
 }
 static int k_iscore(const di_backend *be, const uint16_t *q, const uint16_t *w, float ws, const uint16_t *k, int64_t m,
                     int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *s, di_error *e) {
@@ -363,7 +369,7 @@ static void test_launch_counts(void **state) {
     g_in = *cpu;
     di_backend cnt = *cpu;
     cnt.row_encode = k_enc, cnt.row_decode = k_dec, cnt.row_encode_scatter = k_enc_sc, cnt.row_decode_gather = k_dec_ga;
-    cnt.compress_pool = k_pool, cnt.compress_pool_ring = k_ring, cnt.sparse_attn = k_attn;
+    cnt.compress_pool = k_pool, cnt.compress_pool_ring = k_ring, cnt.sparse_attn = k_attn, cnt.sparse_attn_seqs = k_attn_seqs;
     cnt.indexer_scores = k_iscore, cnt.topk = k_topk, cnt.mem_copy = k_copy;
     assert_int_equal(di_model_to_backend(m, &cnt, &err), DI_OK);
     int L = m->cfg.n_stages, pools = 0, indexers = 0; /* layers that pool (kv sources of ratio ≥ 2), index */
@@ -402,6 +408,9 @@ static void test_launch_counts(void **state) {
     assert_int_equal(dec8[C_COPY], dec1[C_COPY]);
     assert_int_equal(pre[C_COPY], dec1[C_COPY]);
     assert_int_equal(dec8[C_DEC_GA], dec1[C_DEC_GA]);
+    /* one attention call per layer, whatever the batch */
+    assert_int_equal(dec8[C_ATTN] + dec8[C_ATTN_SEQS], dec1[C_ATTN]);
+    assert_int_equal(dec8[C_ATTN], 0);
     di_model_close(m);
     di_backend_destroy(cpu);
 }

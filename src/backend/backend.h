@@ -40,6 +40,19 @@ static inline int64_t di_row_codec_bytes(di_row_codec c, int64_t d) {
     return (c == DI_CODEC_FP8_E8M0 ? d : d / 2) + d / di_row_codec_group(c);
 }
 
+/* One sequence's key set and index lists in a batched sparse attention (sparse_attn_seqs; backend memory,
+ * pointers into it): its query rows are [q0, q0 + m) of the call, row q0 + t attends [kv_win ‖ kv_cmp]
+ * at idx[t·n_idx … (t+1)·n_idx) (sparse_attn's arguments for that sequence). */
+typedef struct di_attn_seq {
+    const uint16_t *kv_win; /* bf16 [n_win, d] */
+    int64_t n_win;
+    const uint16_t *kv_cmp; /* bf16 [n_cmp, d] or NULL */
+    int64_t n_cmp;
+    const int32_t *idx;     /* int32 [m, n_idx] (−1 = skip) */
+    int64_t n_idx;
+    int64_t q0, m;
+} di_attn_seq;
+
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
  * (forward.h: di_graph_faults). Each reproduces one plausible porting bug so the tests can prove
@@ -312,6 +325,13 @@ struct di_backend {
      *   y bf16 [(start_pos+m)/R − start_pos/R, d] (every group the call completes, in order) */
     int (*compress_pool_ring)(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
                               int ratio, int64_t d, float *state, int n_blocks, uint16_t *y, di_error *err);
+    /* sparse_attn over the queries of several sequences in one call (optional; NULL = one sparse_attn per
+     * sequence): query row t belongs to sequence seq_of[t] and attends over that sequence's key set
+     * with its index list, exactly as sparse_attn on that sequence alone.
+     *   q bf16 [m, nh, d];  seqs: n_seq descriptors;  seq_of int32 [m];  sink f32 [nh];  out bf16 [m, nh, d] */
+    int (*sparse_attn_seqs)(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
+                            const di_attn_seq *seqs, int n_seq, const int32_t *seq_of, const float *sink,
+                            float scale, uint16_t *out, di_error *err);
 };
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */

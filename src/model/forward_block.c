@@ -535,6 +535,27 @@ static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *s) {
     return DI_OK;
 }
 
+/* The sparse attention of every sequence of the pass in one call (be->sparse_attn_seqs): each query row
+ * with its sequence's key set and index lists, as one sparse_attn per sequence would.
+ *   q bf16 [T, H, hd];  idx_d int32 [Σ T_i·n_idx_i] (backend, sequence after sequence);  o bf16 [T, H, hd] */
+static int attend_seqs(fwd_ctx *c, const uint16_t *q, int H, int64_t hd, const seq_attn *sa, const int32_t *idx_d,
+                       const float *sink, uint16_t *o) {
+    di_attn_seq *ds_h, *ds; /* [n_seq] (host, backend) */
+    int32_t *seq_h, *seq;   /* int32 [T] sequence of each query row (host, backend) */
+    HALLOC(ds_h, c->n_seq, 0);
+    HALLOC(seq_h, c->T, 0);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+        const fwd_seq *s = &c->seq[i];
+        ds_h[i] = (di_attn_seq){.kv_win = sa[i].win, .n_win = sa[i].n_kw, .kv_cmp = sa[i].cmp, .n_cmp = sa[i].n_cmp,
+                                .idx = idx_d + off, .n_idx = sa[i].n_idx, .q0 = s->r0, .m = s->ck.T};
+        for (int64_t t = 0; t < s->ck.T; t++) seq_h[s->r0 + t] = (int32_t)i;
+    }
+    UPLOAD(ds, ds_h, c->n_seq, 0);
+    UPLOAD(seq, seq_h, c->T, 0);
+    return c->be->sparse_attn_seqs(c->be, q, c->T, H, (int)hd, ds, c->n_seq, seq, sink, (float)pow((double)hd, -0.5),
+                                   o, c->err);
+}
+
 /* Attention sub-layer: u bf16 [T, D] (normed collapse) → y bf16 [T, D]. Projections over all rows;
  * key sets, index lists and the sparse attention per sequence on its rows. */
 static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
@@ -592,10 +613,15 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
         if (sa[i].top_dev) CK(gather_on_backend(c, &c->seq[i], &sa[i], idx_d + off));
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
-        const fwd_seq *s = &c->seq[i];
-        CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp, sa[i].n_cmp,
-                           sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5), o + s->r0 * H * hd, c->err));
+    if (be->sparse_attn_seqs && c->n_seq > 1) {
+        CK(attend_seqs(c, q, H, hd, sa, idx_d, sink, o));
+    } else {
+        for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+            const fwd_seq *s = &c->seq[i];
+            CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp,
+                               sa[i].n_cmp, sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5),
+                               o + s->r0 * H * hd, c->err));
+        }
     }
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);

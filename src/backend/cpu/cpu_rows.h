@@ -4,8 +4,8 @@
 
 #include "backend/backend.h"
 
-/* Fills row_encode_scatter, row_decode_gather and compress_pool_ring. compress_pool_ring runs the
- * table's own compress_pool group by group, so call it after that slot is set (FAST or SCALAR). */
+/* Fills row_encode_scatter, row_decode_gather, compress_pool_ring and sparse_attn_seqs. The last two run
+ * the table's own compress_pool / sparse_attn, so call it after those are set (FAST or SCALAR). */
 void di_cpu_rows_install(di_backend *be);
 
 #endif

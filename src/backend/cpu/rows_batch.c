@@ -1,5 +1,6 @@
 /* Batched cache-row slots of the CPU backend (backend.h "batched cache rows"): the row codecs of
- * row_codec.c applied to listed addresses, and the compressor ring as compress_pool group by group.
+ * row_codec.c applied to listed addresses, the compressor ring as compress_pool group by group, and
+ * the sparse attention of several sequences as sparse_attn sequence by sequence.
  * They are the per-row calls the graph made before, in the same order, so they are bit-identical to
  * them by construction; the CUDA kernels (cuda_rows.cu) are tested against these. */
 #include <string.h>
@@ -58,8 +59,27 @@ static int compress_pool_ring(const di_backend *be, const float *a, const float 
     return DI_OK;
 }
 
+static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
+                            int n_seq, const int32_t *seq_of, const float *sink, float scale, uint16_t *out,
+                            di_error *err) {
+    int64_t rows = 0;
+    for (int s = 0; s < n_seq; s++) rows += seqs[s].m;
+    if (n_seq < 1 || rows != m || nh < 1)
+        return di_error_set(err, DI_ERR_INVALID, "sparse_attn_seqs: %d sequences of %lld query rows, call of %lld",
+                            n_seq, (long long)rows, (long long)m);
+    for (int s = 0; s < n_seq; s++) {
+        const di_attn_seq *a = &seqs[s];
+        int64_t at = a->q0 * nh * d;
+        int rc = be->sparse_attn(be, q + at, a->m, nh, d, a->kv_win, a->n_win, a->kv_cmp, a->n_cmp, sink, a->idx,
+                                 a->n_idx, scale, out + at, err);
+        if (rc) return rc;
+    }
+    return DI_OK;
+}
+
 void di_cpu_rows_install(di_backend *be) {
     be->row_encode_scatter = row_encode_scatter;
     be->row_decode_gather = row_decode_gather;
     be->compress_pool_ring = compress_pool_ring;
+    be->sparse_attn_seqs = sparse_attn_seqs;
 }

@@ -92,7 +92,6 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->row_encode = di_cuda_row_encode;
     be->row_decode = di_cuda_row_decode;
     be->stream_mean = di_cuda_stream_mean;
-    di_cuda_rows_install(be);
     be->linear_fp8 = di_cuda_linear_fp8;
     be->linear_fp4 = di_cuda_linear_fp4;
     be->linear_bf16 = di_cuda_linear_bf16;
@@ -129,6 +128,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
         be->linear_fp4 = di_cuda_linear_fp4_wgmma;
         be->sparse_attn = di_cuda_sparse_attn_fast;
     }
+    di_cuda_rows_install(be); /* after sparse_attn is chosen */
     be->router = di_cuda_router;
     be->swiglu = di_cuda_swiglu;
     be->gather_rows = di_cuda_gather_rows;
