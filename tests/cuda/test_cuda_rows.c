@@ -6,7 +6,9 @@
  *    graph's old path): entries and every state byte identical; against the CPU ring: state identical,
  *    entries within the existing compress_pool bound (≤ 1 bf16 ulp: the device exp is the
  *    correctly rounded one, the CPU's is libm's expf — tests/cuda/test_cuda_ops.c "compress_stream").
- * Also the time of the old per-row / per-group launches and of the one batched launch for the same work.
+ *  - sparse_attn_seqs against di_cuda_sparse_attn called sequence by sequence (identical) and the CPU
+ *    (within sparse_attn's existing bound, ≤ 1 bf16 ulp: test_cuda_ops.c "sparse_attn").
+ * Also the time of the old per-row / per-group / per-sequence launches and of the one batched launch for the same work.
  * One table row per case; last line "N passed, N failed"; exit status 1 if any case fails. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -241,6 +243,69 @@ static void test_ring(int R, int nb, int64_t d, const int64_t *chunks, int n_chu
     free(a), free(g), free(st), free(yc), free(yn), free(yo), free(sn), free(so);
 }
 
+/* ---------------- sparse attention of several sequences ---------------- */
+
+/* B sequences with their own window rows, gathered entries and index lists (V4.1: 64 heads of 512, a
+ * window of 128 and up to 512 selected entries; −1 holes and short lists), attended in one
+ * sparse_attn_seqs call against one di_cuda_sparse_attn per sequence (the old graph) and the CPU. */
+static void test_attn_seqs(int B, int64_t T_each, int nh, int d) {
+    di_attn_seq *hs = xmalloc(sizeof(di_attn_seq) * (size_t)B), *cs = xmalloc(sizeof(di_attn_seq) * (size_t)B);
+    int64_t m = 0;
+    for (int b = 0; b < B; b++) m += T_each + b % 3;
+    uint16_t *q = rand_rows(m * nh * d); /* bf16 [m, nh, d] */
+    for (int64_t i = 0; i < m * nh * d; i++) q[i] = di_f32_to_bf16((float)(gauss() * 0.05)); /* attention-sized */
+    float *sink = rand_f32(nh, 1.0);
+    int32_t *seq_of = xmalloc(sizeof(int32_t) * (size_t)m);
+    uint16_t *dq = up(q, sizeof(uint16_t) * (size_t)(m * nh * d));
+    float *dsink = up(sink, sizeof(float) * (size_t)nh);
+    uint16_t *dout = dev(sizeof(uint16_t) * (size_t)(m * nh * d)), *dold = dev(sizeof(uint16_t) * (size_t)(m * nh * d));
+    uint16_t *hc = xmalloc(sizeof(uint16_t) * (size_t)(m * nh * d));
+    void **frees = xmalloc(sizeof(void *) * (size_t)(3 * B));
+    float scale = (float)pow((double)d, -0.5);
+    for (int b = 0, q0 = 0; b < B; b++) {
+        int64_t Tb = T_each + b % 3, nw = 128 + b, nc = b % 4 == 3 ? 0 : 64 + 37 * b, ni = 128 + (nc ? 512 : 0);
+        uint16_t *kw = rand_rows(nw * d), *kc = nc ? rand_rows(nc * d) : NULL;
+        for (int64_t i = 0; i < nw * d; i++) kw[i] = di_f32_to_bf16((float)gauss());
+        for (int64_t i = 0; kc && i < nc * d; i++) kc[i] = di_f32_to_bf16((float)gauss());
+        int32_t *ix = xmalloc(sizeof(int32_t) * (size_t)(Tb * ni));
+        for (int64_t i = 0; i < Tb * ni; i++)
+            ix[i] = rnd() % 9 == 0 ? -1 : (int32_t)(rnd() % (uint64_t)(nw + nc));
+        cs[b] = (di_attn_seq){.kv_win = kw, .n_win = nw, .kv_cmp = kc, .n_cmp = nc, .idx = ix, .n_idx = ni, .q0 = q0, .m = Tb};
+        hs[b] = cs[b];
+        hs[b].kv_win = frees[3 * b] = up(kw, sizeof(uint16_t) * (size_t)(nw * d));
+        hs[b].kv_cmp = frees[3 * b + 1] = nc ? up(kc, sizeof(uint16_t) * (size_t)(nc * d)) : NULL;
+        hs[b].idx = frees[3 * b + 2] = up(ix, sizeof(int32_t) * (size_t)(Tb * ni));
+        for (int64_t t = 0; t < Tb; t++) seq_of[q0 + t] = b;
+        q0 += (int)Tb;
+    }
+    RUN(cpu->sparse_attn_seqs(cpu, q, m, nh, d, cs, B, seq_of, sink, scale, hc, E));
+    di_attn_seq *dseqs = up(hs, sizeof(di_attn_seq) * (size_t)B);
+    int32_t *dseq_of = up(seq_of, sizeof(int32_t) * (size_t)m);
+    tic();
+    RUN(gpu->sparse_attn_seqs(gpu, dq, m, nh, d, dseqs, B, dseq_of, dsink, scale, dout, E));
+    float ms_new = toc();
+    tic();
+    for (int b = 0; b < B; b++)
+        RUN(di_cuda_sparse_attn(gpu, dq + hs[b].q0 * nh * d, hs[b].m, nh, d, hs[b].kv_win, hs[b].n_win, hs[b].kv_cmp,
+                                hs[b].n_cmp, dsink, hs[b].idx, hs[b].n_idx, scale, dold + hs[b].q0 * nh * d, E));
+    float ms_old = toc();
+    uint16_t *hn = down(dout, sizeof(uint16_t) * (size_t)(m * nh * d)), *ho = down(dold, sizeof(uint16_t) * (size_t)(m * nh * d));
+    char shape[80];
+    snprintf(shape, sizeof shape, "%d seqs, %lld queries x %d heads x %d", B, (long long)m, nh, d);
+    row("attn_seqs vs per sequence", shape, bytes_differ(hn, ho, m * nh * d * 2), m * nh * d * 2);
+    row("attn_seqs vs cpu", "  (> 1 bf16 ulp)", bf16_beyond_1ulp(hn, hc, m * nh * d), m * nh * d);
+    printf("# sparse attention of %d sequences: %d sparse_attn launches %.3f ms, one sparse_attn_seqs %.3f ms\n", B, B,
+           ms_old, ms_new);
+    for (int b = 0; b < B; b++) {
+        free((void *)cs[b].kv_win), free((void *)cs[b].kv_cmp), free((void *)cs[b].idx);
+        for (int k = 0; k < 3; k++)
+            if (frees[3 * b + k]) gpu->mem_free(gpu, frees[3 * b + k]);
+    }
+    gpu->mem_free(gpu, dq), gpu->mem_free(gpu, dsink), gpu->mem_free(gpu, dout), gpu->mem_free(gpu, dold);
+    gpu->mem_free(gpu, dseqs), gpu->mem_free(gpu, dseq_of);
+    free(hs), free(cs), free(q), free(sink), free(seq_of), free(hc), free(hn), free(ho), free(frees);
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     if (di_cuda_device_count() < 1) {
@@ -264,6 +329,8 @@ int main(int argc, char **argv) {
     test_ring(4, 3, 512, c4, 7);
     const int64_t c128[] = {1000, 1, 55, 300};
     test_ring(128, 2, 512, c128, 4);
+    test_attn_seqs(64, 1, 64, 512); /* a decode step of batch 64 */
+    test_attn_seqs(5, 9, 64, 512);  /* mixed chunks */
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_backend_destroy(gpu);
     di_backend_destroy(cpu);
