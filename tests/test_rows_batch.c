@@ -3,6 +3,7 @@
  *  - row_encode_scatter / row_decode_gather give the bytes and values of row_encode / row_decode row by
  *    row, for every codec at the V4.1 widths (head_dim 512, index head dim 128), rows listed in a
  *    shuffled order with skipped (NULL) entries, on values that hit every quantizer branch;
+ *  - sparse_attn_seqs gives each query sparse_attn's output on its sequence alone;
  *  - compress_pool_ring gives the entries and every state byte of compress_pool called group by group
  *    on block g mod nb, over chunks that start and end inside groups, for both CPU kernel sets;
  *  - a counting backend shows the forward's cache-row and pooling calls per layer: one encode per cache
@@ -160,6 +161,47 @@ static void test_pool_ring(void **state) {
     }
     tu_report("compress_pool_ring: ratios 2 (width 512) and 4, 1-5 state blocks, 2 kernel sets: entries and state "
               "identical to compress_pool group by group");
+}
+
+/* sparse_attn_seqs against sparse_attn sequence by sequence: 3 sequences with their own key sets (one
+ * without compressed rows) and index list widths, both CPU kernel sets. */
+static void test_attn_seqs(void **state) {
+    enum { B = 3, NH = 4, D = 64 };
+    const int64_t Ts[B] = {1, 5, 2}, nw[B] = {16, 9, 16}, nc[B] = {7, 0, 30}, ni[B] = {23, 9, 40};
+    int64_t m = Ts[0] + Ts[1] + Ts[2];
+    uint16_t *q = malloc(sizeof(uint16_t) * (size_t)(m * NH * D)), *o0 = calloc((size_t)(m * NH * D), 2),
+             *o1 = calloc((size_t)(m * NH * D), 2); /* bf16 [m, NH, D] */
+    uint16_t *kv[B][2];
+    int32_t *ix[B], seq_of[8];
+    float sink[NH] = {0.5f, -1.0f, 2.0f, -INFINITY};
+    di_attn_seq ds[B];
+    for (int64_t i = 0; i < m * NH * D; i++) q[i] = di_f32_to_bf16(next_f() * 0.3f);
+    for (int b = 0, q0 = 0; b < B; b++) {
+        kv[b][0] = malloc(sizeof(uint16_t) * (size_t)(nw[b] * D));
+        kv[b][1] = nc[b] ? malloc(sizeof(uint16_t) * (size_t)(nc[b] * D)) : NULL;
+        for (int64_t i = 0; i < nw[b] * D; i++) kv[b][0][i] = di_f32_to_bf16(next_f());
+        for (int64_t i = 0; i < nc[b] * D; i++) kv[b][1][i] = di_f32_to_bf16(next_f());
+        ix[b] = malloc(sizeof(int32_t) * (size_t)(Ts[b] * ni[b]));
+        for (int64_t i = 0; i < Ts[b] * ni[b]; i++) ix[b][i] = next_u32() % 7 == 0 ? -1 : (int32_t)(next_u32() % (nw[b] + nc[b]));
+        ds[b] = (di_attn_seq){kv[b][0], nw[b], kv[b][1], nc[b], ix[b], ni[b], q0, Ts[b]};
+        for (int64_t t = 0; t < Ts[b]; t++) seq_of[q0 + t] = b;
+        q0 += (int)Ts[b];
+    }
+    for (int v = 0; v < 2; v++) {
+        di_backend *be;
+        di_error err = {0};
+        assert_int_equal(di_backend_cpu_create_variant(2, v ? DI_CPU_SCALAR : DI_CPU_FAST, &be, &err), DI_OK);
+        for (int b = 0; b < B; b++)
+            assert_int_equal(be->sparse_attn(be, q + ds[b].q0 * NH * D, Ts[b], NH, D, kv[b][0], nw[b], kv[b][1], nc[b],
+                                             sink, ix[b], ni[b], 0.125f, o0 + ds[b].q0 * NH * D, &err), DI_OK);
+        assert_int_equal(be->sparse_attn_seqs(be, q, m, NH, D, ds, B, seq_of, sink, 0.125f, o1, &err), DI_OK);
+        assert_memory_equal(o0, o1, sizeof(uint16_t) * (size_t)(m * NH * D));
+        /* descriptors that do not cover the call's rows are refused */
+        assert_int_equal(be->sparse_attn_seqs(be, q, m + 1, NH, D, ds, B, seq_of, sink, 0.125f, o1, &err), DI_ERR_INVALID);
+        di_backend_destroy(be);
+    }
+    for (int b = 0; b < B; b++) free(kv[b][0]), free(kv[b][1]), free(ix[b]);
+    free(q), free(o0), free(o1);
 }
 
 /* ---------------- the cache's address lists ---------------- */
@@ -419,6 +461,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encode_decode),
         cmocka_unit_test(test_pool_ring),
+        cmocka_unit_test(test_attn_seqs),
         cmocka_unit_test(test_cache_addrs),
         cmocka_unit_test(test_launch_counts),
     };
