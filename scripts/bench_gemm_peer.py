@@ -7,8 +7,12 @@ row-scaled FP8 GEMM reaches, not the same function. FP4 expert shapes run as FP8
 cores on Hopper). Decode weights rotate over >= 256 MB of copies so reads come from HBM, as in the C
 bench. Timing: CUDA events, median of 30 after 3 warm-up calls.
 
-Usage (on the device machine): python3 scripts/bench_gemm_peer.py
+Usage (on the device machine): python3 scripts/bench_gemm_peer.py [--prefill]
+  --prefill: the M = 8192 shapes (128 for the expert shapes), and the expert shapes at M = 49152, the
+  rows of 8192 tokens x top-6 as one dense GEMM (the FLOPs of the C bench's grouped expert GEMM)
 """
+import sys
+
 import torch
 
 SHAPES = [  # (name, fp4, N, K) as in tests/cuda/test_cuda_gemm_fast.c
@@ -71,6 +75,10 @@ def main():
         bench(name, fp4, n, k, 8192)
     bench(*SHAPES[7], 128)
     bench(*SHAPES[8], 128)
+    if "--prefill" in sys.argv[1:]:
+        bench(*SHAPES[7], 49152)
+        bench(*SHAPES[8], 49152)
+        return
     for m in (1, 8, 64):
         for name, fp4, n, k in SHAPES:
             bench(name, fp4, n, k, m)

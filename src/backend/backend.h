@@ -40,6 +40,18 @@ static inline int64_t di_row_codec_bytes(di_row_codec c, int64_t d) {
     return (c == DI_CODEC_FP8_E8M0 ? d : d / 2) + d / di_row_codec_group(c);
 }
 
+/* One routed expert's MXFP4 weights for the moe_routed slot, as backend pointers (NULL where the
+ * expert has none: a token routed to it is refused by the CPU backend). */
+typedef struct di_moe_expert {
+    const uint8_t *w1, *s1; /* gate proj: E2M1 [inter, d/2], E8M0 [inter, d/32] */
+    const uint8_t *w3, *s3; /* up proj:   E2M1 [inter, d/2], E8M0 [inter, d/32] */
+    const uint8_t *w2, *s2; /* down proj: E2M1 [d, inter/2], E8M0 [d, inter/32] */
+} di_moe_expert;
+/* moe_routed limits: a step of at most this many (token, slot) pairs, and experts per layer (the CUDA
+ * backend passes the expert table by value as a kernel parameter, ≤ 32 KiB) */
+#define DI_MOE_ROUTED_MAX_PAIRS 1024
+#define DI_MOE_ROUTED_MAX_EXPERTS 384
+
 /* One sequence's key set and index lists in a batched sparse attention (sparse_attn_seqs; backend memory,
  * pointers into it): its query rows are [q0, q0 + m) of the call, row q0 + t attends [kv_win ‖ kv_cmp]
  * at idx[t·n_idx … (t+1)·n_idx) (sparse_attn's arguments for that sequence). */
@@ -251,6 +263,20 @@ struct di_backend {
                        uint16_t *y, di_error *err);
     int (*scatter_add_rows)(const di_backend *be, const uint16_t *y, int64_t d, const int32_t *rows, int64_t m,
                             float *acc, di_error *err);
+    /* Routed experts of a small step without a host round trip (decode, DSpark verify): every
+     * (token t, slot j) with expert e = ids[t,j] computes a = swiglu(x_t·W1_eᵀ, x_t·W3_eᵀ) with row
+     * weight weights[t,j] and limit lim, then y = a·W2_eᵀ (the linear_fp4 and swiglu contracts, each
+     * row on its own); acc[t] = 0 + Σ f32(y) over the token's slots in ascending (expert id, slot)
+     * order — value for value the host-planned loop of gather_rows, linear_fp4 ×3, swiglu and
+     * scatter_add_rows per expert in ascending id. A token may name an expert twice (both rows
+     * count). The CPU backend refuses ids outside [0, n_exp) and experts without weights; the CUDA
+     * backend, which does not read ids on the host, skips such slots.
+     *   x bf16 [m, d];  ids int32 [m, k];  weights f32 [m, k];  experts [n_exp]: a HOST array of
+     *   backend pointers (w1/w3 E2M1 [inter, d/2], w2 [d, inter/2], E8M0 scales [n, k/32]);
+     *   acc f32 [m, d] (overwritten);  m·k ≤ DI_MOE_ROUTED_MAX_PAIRS, n_exp ≤ DI_MOE_ROUTED_MAX_EXPERTS */
+    int (*moe_routed)(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,
+                      const int32_t *ids, const float *weights, int k, int n_exp, const di_moe_expert *experts,
+                      float lim, float *acc, di_error *err);
     /* y = bf16(x).  x f32 [n];  y bf16 [n];  and memset-style f32 zero fill. */
     int (*f32_to_bf16)(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *err);
     int (*fill_f32)(const di_backend *be, float *x, int64_t n, float v, di_error *err);

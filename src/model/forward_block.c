@@ -637,6 +637,11 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
 
 /* ---------------- MoE sub-layer (§3.7, §4.5) ---------------- */
 
+/* Steps of at most this many rows (decode, DSpark verify) dispatch the routed experts on the backend
+ * (moe_routed: no router ids come back to the host); larger ones (prefill) plan the per-expert GEMMs
+ * on the host, where the rows per expert make a GEMM worth its setup. Both compute the same values. */
+#define MOE_ROUTED_MAX_T 64
+
 /* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
  * accumulated in f32 per token, the shared expert last (reference MoE.forward). */
 static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
@@ -650,22 +655,13 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
 
     float *logits, *rw, *acc; /* f32 [T, E], f32 [T, K], f32 [T, D] */
     int32_t *ids;             /* int32 [T, K] */
-    int32_t *ids_h, *rows_h;  /* int32 [T, K] router ids; int32 [T·K + T] per-expert row lists, then 0…T−1 (host) */
-    float *rw_h, *roww_h;     /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
-    int64_t *start;           /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
-    int32_t *rows;            /* int32 [T·K + T] */
-    float *roww;              /* f32 [T·K] */
-    uint16_t *xg, *g, *u, *a, *ye; /* bf16 [T, D], [T, I], [T, I], [T, I], [T, D] */
+    int32_t *rows;            /* int32 [T·K + T] per-expert row lists, then 0…T−1 (the shared expert) */
+    int64_t n_all = 0;        /* routed rows in `rows` before the shared expert's */
+    uint16_t *g, *u, *a, *ye; /* bf16 [T, I], [T, I], [T, I], [T, D] */
     ALLOC(logits, T * E, 0);
     ALLOC(rw, T * K, 0);
     ALLOC(acc, T * D, 0);
     ALLOC(ids, T * K, 0);
-    HALLOC(ids_h, T * K, 0);
-    HALLOC(rw_h, T * K, 0);
-    HALLOC(rows_h, T * K + T, 0);
-    HALLOC(roww_h, T * K, 0);
-    HALLOC(start, E + 1, 0);
-    ALLOC(xg, T * D, 0);
     ALLOC(g, T * I, 0);
     ALLOC(u, T * I, 0);
     ALLOC(a, T * I, 0);
@@ -675,33 +671,56 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
                   (float)cfg->routed_scaling_factor, ids, rw, c->err));
     DUMP("ffn.route_ids", DI_I32, ids, 2, T, K, 0);
     DUMP("ffn.route_w", DI_F32, rw, 2, T, K, 0);
-    CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
-    /* Expert dispatch is planned on the host from the router's choice: one download (a
-     * synchronisation point) per MoE layer. A device-side bucketing op would remove it; the per-expert
-     * GEMMs that follow dominate either way at these batch sizes. */
-    CK(fwd_download(c, ids_h, ids, sizeof(int32_t) * (size_t)(T * K)));
-    CK(fwd_download(c, rw_h, rw, sizeof(float) * (size_t)(T * K)));
-    int64_t n_all = 0;
-    for (int e = 0; e < E; e++) {
-        start[e] = n_all;
-        for (int64_t t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                if (ids_h[t * K + j] == e) rows_h[n_all] = (int32_t)t, roww_h[n_all] = rw_h[t * K + j], n_all++;
-    }
-    start[E] = n_all;
-    for (int64_t t = 0; t < T; t++) rows_h[n_all + t] = (int32_t)t; /* the shared expert: every row */
-    UPLOAD(rows, rows_h, n_all + T, 0);
-    UPLOAD(roww, roww_h, n_all > 0 ? n_all : 1, 0);
-    for (int e = 0; e < E; e++) {
-        int64_t n = start[e + 1] - start[e];
-        if (!n) continue;
-        const di_expert_w *ex = &w->experts[e];
-        CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
-        CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
-        CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
-        CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
-        CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
-        CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
+    if (be->moe_routed && T <= MOE_ROUTED_MAX_T && T * K <= DI_MOE_ROUTED_MAX_PAIRS && E <= DI_MOE_ROUTED_MAX_EXPERTS) {
+        di_moe_expert *tab; /* [E] the experts' backend pointers (host) */
+        int32_t *rows_h;    /* int32 [T] 0…T−1 (host) */
+        HALLOC(tab, E, 0);
+        HALLOC(rows_h, T, 0);
+        for (int e = 0; e < E; e++) {
+            const di_expert_w *ex = &w->experts[e];
+            tab[e] = (di_moe_expert){ex->w1.w, ex->w1.s, ex->w3.w, ex->w3.s, ex->w2.w, ex->w2.s};
+        }
+        for (int64_t t = 0; t < T; t++) rows_h[t] = (int32_t)t;
+        UPLOAD(rows, rows_h, T, 0);
+        CK(be->moe_routed(be, v, T, D, I, ids, rw, K, E, tab, lim, acc, c->err));
+    } else {
+        int32_t *ids_h, *rows_h; /* int32 [T, K] router ids; int32 [T·K + T] row lists (host) */
+        float *rw_h, *roww_h;    /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
+        int64_t *start;          /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
+        float *roww;             /* f32 [T·K] */
+        uint16_t *xg;            /* bf16 [T, D] */
+        HALLOC(ids_h, T * K, 0);
+        HALLOC(rw_h, T * K, 0);
+        HALLOC(rows_h, T * K + T, 0);
+        HALLOC(roww_h, T * K, 0);
+        HALLOC(start, E + 1, 0);
+        ALLOC(xg, T * D, 0);
+        CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
+        /* Expert dispatch planned on the host from the router's choice: one download (a
+         * synchronisation point) per MoE layer; the per-expert GEMMs dominate at these sizes. */
+        CK(fwd_download(c, ids_h, ids, sizeof(int32_t) * (size_t)(T * K)));
+        CK(fwd_download(c, rw_h, rw, sizeof(float) * (size_t)(T * K)));
+        for (int e = 0; e < E; e++) {
+            start[e] = n_all;
+            for (int64_t t = 0; t < T; t++)
+                for (int j = 0; j < K; j++)
+                    if (ids_h[t * K + j] == e) rows_h[n_all] = (int32_t)t, roww_h[n_all] = rw_h[t * K + j], n_all++;
+        }
+        start[E] = n_all;
+        for (int64_t t = 0; t < T; t++) rows_h[n_all + t] = (int32_t)t; /* the shared expert: every row */
+        UPLOAD(rows, rows_h, n_all + T, 0);
+        UPLOAD(roww, roww_h, n_all > 0 ? n_all : 1, 0);
+        for (int e = 0; e < E; e++) {
+            int64_t n = start[e + 1] - start[e];
+            if (!n) continue;
+            const di_expert_w *ex = &w->experts[e];
+            CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
+            CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
+            CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
+            CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
+            CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
+            CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
+        }
     }
     CK(be->linear_fp8(be, v, T, D, w->sh_w1.w, w->sh_w1.s, I, g, c->err));
     CK(be->linear_fp8(be, v, T, D, w->sh_w3.w, w->sh_w3.s, I, u, c->err));

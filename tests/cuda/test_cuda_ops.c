@@ -23,12 +23,17 @@
  * rule for them (higher score, then lower position), and the backend's slots, which replay torch's CPU
  * tie order (cuda_select_torch.cu), against the CPU backend's slots — both exact on tie-heavy scores.
  * Usage: [DI_SEED=n] [DI_QUICK=1] test_cuda_ops [kernels.safetensors]   (exit status 1 if any case fails;
- * DI_QUICK runs small shapes only, for the slow compute-sanitizer tools) */
+ * DI_QUICK runs small shapes only, for the slow compute-sanitizer tools). DI_BENCH=1 adds the bench of
+ * the decode GEMV and of moe_routed (GB/s against the 4470 GB/s roofline, weights rotated over ≥ 256 MB;
+ * bench/NOTES-gpu.md); DI_GEMV_ONLY=1 runs only those rows (GEMV shapes, moe_routed) and that bench.
+ * moe_routed is checked against the host-planned loop over the GPU ops and against the CPU slot with
+ * a correctly rounded expf in SwiGLU, both bit for bit. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -826,6 +831,376 @@ static void test_swiglu(int64_t M, int64_t N, int with_w, float lim) {
     free(g), free(u), free(rw), free(ac), free(ag), cudaFree(dg), cudaFree(du), cudaFree(drw), cudaFree(da);
 }
 
+/* ---------------- routed experts: the moe_routed slot ---------------- */
+/* The CPU swiglu with exp correctly rounded (cr_expf): a CPU backend whose swiglu slot is this one
+ * computes moe_routed with the GPU's exp, so the two must agree bit for bit (the libm is the only
+ * difference, as for the "vs CR" rows above). */
+static int cr_swiglu(const di_backend *be, const uint16_t *g, const uint16_t *u, int64_t m, int64_t n,
+                     const float *row_w, float lim, uint16_t *a, di_error *err) {
+    (void)be, (void)err;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < n; i++) {
+            float gv = di_bf16_to_f32(g[r * n + i]), uv = di_bf16_to_f32(u[r * n + i]);
+            if (lim > 0) {
+                uv = uv < -lim ? -lim : (uv > lim ? lim : uv);
+                gv = gv > lim ? lim : gv;
+            }
+            float v = gv / (1.0f + cr_expf(-gv)) * uv;
+            if (row_w) v = row_w[r] * v;
+            a[r * n + i] = di_f32_to_bf16(v);
+        }
+    return DI_OK;
+}
+
+enum { MOE_D = 5120, MOE_I = 2304, MOE_E = 384, MOE_K = 6, MOE_SETS = 12 };
+static const int64_t moe_sz[6] = {(int64_t)MOE_I * MOE_D / 2, (int64_t)MOE_I * MOE_D / 32, (int64_t)MOE_I * MOE_D / 2,
+                                  (int64_t)MOE_I * MOE_D / 32, (int64_t)MOE_D * MOE_I / 2, (int64_t)MOE_D * MOE_I / 32};
+static di_moe_expert moe_host[MOE_E], moe_dev[MOE_E]; /* expert e uses weight set moe_set(e) */
+static uint8_t *moe_sets_h[MOE_SETS][6], *moe_sets_d[MOE_SETS][6];
+static di_backend *cpu_cr;
+
+static int moe_set(int e) { return (e * 5 + e / 31) % MOE_SETS; }
+
+static void moe_setup(void) {
+    for (int s = 0; s < MOE_SETS; s++)
+        for (int j = 0; j < 6; j++) {
+            moe_sets_h[s][j] = j % 2 ? rand_e8m0(moe_sz[j], -8, -3) : rand_bytes(moe_sz[j]);
+            moe_sets_d[s][j] = dup_dev(moe_sets_h[s][j], (size_t)moe_sz[j]);
+        }
+    for (int e = 0; e < MOE_E; e++) {
+        uint8_t **h = moe_sets_h[moe_set(e)], **d = moe_sets_d[moe_set(e)];
+        moe_host[e] = (di_moe_expert){h[0], h[1], h[2], h[3], h[4], h[5]};
+        moe_dev[e] = (di_moe_expert){d[0], d[1], d[2], d[3], d[4], d[5]};
+    }
+    RUN(di_backend_cpu_create((int)sysconf(_SC_NPROCESSORS_ONLN), &cpu_cr, E));
+    cpu_cr->swiglu = cr_swiglu;
+}
+
+/* T tokens × top-6: distinct per token; token 0 takes the edge experts 0 and 383; with `repeat` every
+ * token also names expert 5 (one group of T rows) and token 1 names expert 7 twice */
+static void moe_ids(int64_t T, int repeat, int32_t *ids) {
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < MOE_K; j++) {
+            int32_t e;
+            int again;
+            do {
+                e = t == 0 && j < 2 ? (j ? 0 : MOE_E - 1) : (int32_t)(rnd() % MOE_E); /* token 0: edge ids first */
+                again = 0;
+                for (int q = 0; q < j; q++) again |= ids[t * MOE_K + q] == e;
+                again |= repeat && (e == 5 || e == 7);
+            } while (again);
+            ids[t * MOE_K + j] = e;
+        }
+    if (repeat) {
+        for (int64_t t = 0; t < T; t++) ids[t * MOE_K + 3] = 5;
+        if (T > 1) ids[MOE_K + 2] = ids[MOE_K + 4] = 7;
+    }
+}
+
+/* forward_block.c's host-planned loop over the GPU ops (the path moe() takes for large steps); scratch
+ * for up to 64 tokens allocated once, the row lists uploaded on the stream as moe() does */
+static void moe_gpu_loop(const uint16_t *dx, int64_t T, const int32_t *ids, const float *w, float *dacc) {
+    enum { PMAX = 64 * MOE_K };
+    static int32_t *drows;
+    static float *droww;
+    static uint16_t *xg, *g, *u, *a, *ye;
+    if (!drows) {
+        drows = dev(sizeof *drows * PMAX), droww = dev(sizeof *droww * PMAX);
+        xg = dev(2 * (size_t)PMAX * MOE_D), g = dev(2 * (size_t)PMAX * MOE_I), u = dev(2 * (size_t)PMAX * MOE_I);
+        a = dev(2 * (size_t)PMAX * MOE_I), ye = dev(2 * (size_t)PMAX * MOE_D);
+    }
+    if (T * MOE_K > PMAX) die("moe_gpu_loop", "more than 64 tokens");
+    int64_t n_all = 0, start[MOE_E + 1];
+    int32_t rows[PMAX];
+    float roww[PMAX];
+    for (int e = 0; e < MOE_E; e++) {
+        start[e] = n_all;
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < MOE_K; j++)
+                if (ids[t * MOE_K + j] == e) rows[n_all] = (int32_t)t, roww[n_all++] = w[t * MOE_K + j];
+    }
+    start[MOE_E] = n_all;
+    RUN(gpu->mem_upload(gpu, drows, rows, sizeof *rows * (size_t)n_all, E));
+    RUN(gpu->mem_upload(gpu, droww, roww, sizeof *roww * (size_t)n_all, E));
+    RUN(gpu->fill_f32(gpu, dacc, T * MOE_D, 0.0f, E));
+    for (int e = 0; e < MOE_E; e++) {
+        int64_t n = start[e + 1] - start[e];
+        if (!n) continue;
+        const di_moe_expert *ex = &moe_dev[e];
+        RUN(gpu->gather_rows(gpu, dx, MOE_D, drows + start[e], n, xg, E));
+        RUN(gpu->linear_fp4(gpu, xg, n, MOE_D, ex->w1, ex->s1, MOE_I, g, E));
+        RUN(gpu->linear_fp4(gpu, xg, n, MOE_D, ex->w3, ex->s3, MOE_I, u, E));
+        RUN(gpu->swiglu(gpu, g, u, n, MOE_I, droww + start[e], 10.0f, a, E));
+        RUN(gpu->linear_fp4(gpu, a, n, MOE_I, ex->w2, ex->s2, MOE_D, ye, E));
+        RUN(gpu->scatter_add_rows(gpu, ye, MOE_D, drows + start[e], n, dacc, E));
+    }
+    RUN(di_backend_cuda_sync(gpu, E));
+}
+
+static void test_moe_routed(int64_t T, int repeat) {
+    int32_t *ids = xmalloc(sizeof *ids * (size_t)(T * MOE_K));
+    moe_ids(T, repeat, ids);
+    float *w = rand_f32(T * MOE_K, 0.2, 0.05);
+    uint16_t *x = rand_bf16(T * MOE_D, 1.0);
+    size_t accb = sizeof(float) * (size_t)(T * MOE_D);
+    float *acc_cr = xmalloc(accb);
+    RUN(cpu_cr->moe_routed(cpu_cr, x, T, MOE_D, MOE_I, ids, w, MOE_K, MOE_E, moe_host, 10.0f, acc_cr, E));
+    uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
+    int32_t *dids = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));
+    float *dw = dup_dev(w, sizeof *w * (size_t)(T * MOE_K)), *dacc = dev(accb), *dloop = dev(accb);
+    RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dw, MOE_K, MOE_E, moe_dev, 10.0f, dacc, E));
+    float *ag = down(dacc, accb);
+    TIME(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dw, MOE_K, MOE_E, moe_dev, 10.0f, dacc, E));
+    moe_gpu_loop(dx, T, ids, w, dloop);
+    float *al = down(dloop, accb);
+    char sh[64];
+    snprintf(sh, sizeof sh, "T%lld top-6 of 384, D5120 I2304%s", (long long)T, repeat ? " +rep" : "");
+    row("moe_routed vs loop", sh, cmp_f32(ag, al, T * MOE_D), EXACT, g_ms);
+    row("moe_routed vs CR cpu", sh, cmp_f32(ag, acc_cr, T * MOE_D), EXACT, -1);
+    free(ids), free(w), free(x), free(acc_cr), free(ag), free(al);
+    cudaFree(dx), cudaFree(dids), cudaFree(dw), cudaFree(dacc), cudaFree(dloop);
+}
+
+/* ---------------- bench (DI_BENCH=1): GEMV and MoE bandwidth ----------------
+ * Weights rotate over ≥ 256 MB of copies so every call reads HBM; a batch of one call per copy is
+ * timed with events, per call = batch / copies, best of 5 batches. Bytes = weights + scales as stored
+ * (x and y are < 0.1 %). Ratios to 4470 GB/s (the H200 streaming-read roofline, bench/NOTES-gpu.md). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* best per-call time (ms) of 5 batches of R calls of `call` (r = 0 … R−1 the copy index) */
+#define BATCH(out, R, call)                                                             \
+    do {                                                                                \
+        (out) = 1e30;                                                                   \
+        for (int rep_ = 0; rep_ < 5; rep_++) {                                          \
+            CU(cudaEventRecord(ev0, st));                                               \
+            for (int r = 0; r < (R); r++) call;                                         \
+            CU(cudaEventRecord(ev1, st));                                               \
+            CU(cudaEventSynchronize(ev1));                                              \
+            float t_;                                                                   \
+            CU(cudaEventElapsedTime(&t_, ev0, ev1));                                    \
+            if (t_ / (R) < (out)) (out) = t_ / (R);                                     \
+        }                                                                               \
+    } while (0)
+
+static void bench_gemv(void) {
+    static const struct { int fp4; const char *name; int64_t n, k; } sh[] = {
+        {0, "wq_a", 1280, 5120},      {0, "wq_b", 32768, 1280},      {0, "wkv", 512, 5120},
+        {0, "wo_b", 5120, 8192},      {0, "shared w1/w3", 2304, 5120}, {0, "shared w2", 5120, 2304},
+        {1, "expert w1/w3", 2304, 5120}, {1, "expert w2", 5120, 2304},
+    };
+    static const int64_t ms[] = {1, 2, 4, 8, 16};
+    cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
+    unsigned *sink = dev(4);
+    printf("\n# SM clock before the GEMV bench: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
+    printf("# bench GEMV (us per call; GB/s; %% of 4470): slot = act-quant + GEMV launches; kernel = GEMV on codes;\n"
+           "# graph = the slot's R calls replayed from one CUDA graph; read = plain 16-byte streaming read of the same bytes;\n"
+           "# part-1 = the previous kernels (slot)\n");
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+        int64_t wb = sh[i].fp4 ? sh[i].n * sh[i].k / 2 : sh[i].n * sh[i].k;
+        int64_t sb = sh[i].fp4 ? sh[i].n * (sh[i].k / 32) : ((sh[i].n + 31) / 32) * (sh[i].k / 32);
+        int R = (int)((256ll << 20) / (wb + sb)) + 1;
+        uint8_t *w = rand_bytes(wb), *s = rand_e8m0(sb, -10, -4);
+        if (!sh[i].fp4)
+            for (int64_t j = 0; j < wb; j++) if ((w[j] & 0x7f) == 0x7f) w[j] ^= 1;
+        uint8_t **dw = xmalloc(sizeof *dw * (size_t)R), **ds = xmalloc(sizeof *ds * (size_t)R);
+        for (int r = 0; r < R; r++) dw[r] = dup_dev(w, (size_t)wb), ds[r] = dup_dev(s, (size_t)sb);
+        uint16_t *x = rand_bf16(16 * sh[i].k, 1.0);
+        uint16_t *dx = dup_dev(x, 2 * (size_t)(16 * sh[i].k)), *dy = dev(2 * (size_t)(16 * sh[i].n));
+        uint8_t *xq = dev((size_t)(16 * sh[i].k)), *xs = dev((size_t)(16 * sh[i].k / 32));
+        RUN(di_cuda_act_quant_fp8(dx, 16 * sh[i].k, 32, xq, xs, st, E));
+        double rd;
+        BATCH(rd, R, di_cuda_stream_read(dw[r], wb, sink, st));
+        int (*slot)(const di_backend *, const uint16_t *, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t,
+                    uint16_t *, di_error *) = sh[i].fp4 ? gpu->linear_fp4 : gpu->linear_fp8;
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            const int64_t M = ms[mi];
+            double t_slot, t_kern, t_graph = 1e30, t_p1;
+            BATCH(t_slot, R, RUN(slot(gpu, dx, M, sh[i].k, dw[r], ds[r], sh[i].n, dy, E)));
+            BATCH(t_kern, R, RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[r], ds[r], sh[i].n, dy, E)));
+            BATCH(t_p1, R, RUN(di_cuda_linear_q_part1(gpu, sh[i].fp4, dx, M, sh[i].k, dw[r], ds[r], sh[i].n, dy, E)));
+            { /* graph replay of the R slot calls */
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+                for (int r = 0; r < R; r++) RUN(slot(gpu, dx, M, sh[i].k, dw[r], ds[r], sh[i].n, dy, E));
+                CU(cudaStreamEndCapture(st, &g));
+                CU(cudaGraphInstantiate(&ge, g, 0));
+                for (int rep = 0; rep < 5; rep++) {
+                    CU(cudaEventRecord(ev0, st));
+                    CU(cudaGraphLaunch(ge, st));
+                    CU(cudaEventRecord(ev1, st));
+                    CU(cudaEventSynchronize(ev1));
+                    float t;
+                    CU(cudaEventElapsedTime(&t, ev0, ev1));
+                    if (t / R < t_graph) t_graph = t / R;
+                }
+                cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+            }
+            /* the other column tile (forced 4, then the default rule): same bits, and its kernel time */
+            double t_nc4 = -1;
+            int64_t nc4_diff = -1;
+            if (M <= 4) {
+                RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[0], ds[0], sh[i].n, dy, E));
+                uint16_t *y8 = down(dy, 2 * (size_t)(M * sh[i].n));
+                di_cuda_gemv_set_variant(1);
+                CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * sh[i].n)));
+                CU(cudaDeviceSynchronize());
+                RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[0], ds[0], sh[i].n, dy, E));
+                uint16_t *y4 = down(dy, 2 * (size_t)(M * sh[i].n));
+                nc4_diff = 0;
+                for (int64_t j = 0; j < M * sh[i].n; j++) nc4_diff += y4[j] != y8[j];
+                BATCH(t_nc4, R, RUN(di_cuda_gemv_codes(gpu, sh[i].fp4, xq, xs, M, sh[i].k, dw[r], ds[r], sh[i].n, dy, E)));
+                di_cuda_gemv_set_variant(0);
+                free(y8), free(y4);
+                if (nc4_diff) n_fail++; else n_pass++;
+            }
+            double by = (double)(wb + sb);
+            if (t_nc4 > 0)
+                printf("bench gemv-nc4 %-4s %-13s M%-3lld | kernel %7.2f us %5.0f GB/s %5.1f %% | %lld outputs differ from the default\n",
+                       sh[i].fp4 ? "fp4" : "fp8", sh[i].name, (long long)M, t_nc4 * 1e3, by / (t_nc4 * 1e6),
+                       100 * by / (t_nc4 * 1e6) / 4470, (long long)nc4_diff);
+#define GBS(t) by / ((t) * 1e6), 100 * by / ((t) * 1e6) / 4470
+            printf("bench gemv %-4s %-13s N%-6lld K%-5lld M%-3lld | slot %7.2f us %5.0f GB/s %5.1f %% | kernel %7.2f us %5.0f "
+                   "GB/s %5.1f %% | graph %7.2f us %5.0f GB/s %5.1f %% | read %6.2f us %5.0f GB/s | part-1 %7.2f us %5.0f GB/s %5.1f %%\n",
+                   sh[i].fp4 ? "fp4" : "fp8", sh[i].name, (long long)sh[i].n, (long long)sh[i].k, (long long)M,
+                   t_slot * 1e3, GBS(t_slot), t_kern * 1e3, GBS(t_kern), t_graph * 1e3, GBS(t_graph), rd * 1e3,
+                   wb / (rd * 1e6), t_p1 * 1e3, GBS(t_p1));
+#undef GBS
+            fflush(stdout);
+        }
+        for (int r = 0; r < R; r++) cudaFree(dw[r]), cudaFree(ds[r]);
+        free(dw), free(ds), free(w), free(s), free(x), cudaFree(dx), cudaFree(dy), cudaFree(xq), cudaFree(xs);
+    }
+    printf("# SM clock after the GEMV bench: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
+    cudaFree(sink);
+}
+
+/* 384 distinct experts (6.8 GB), 8 id sets per T; the slot timed with events (per call), and slot vs
+ * the host-planned loop (download of the ids + per-expert ops) by wall clock per call, synchronised */
+static void bench_moe(void) {
+    int64_t per = 0;
+    for (int j = 0; j < 6; j++) per += moe_sz[j];
+    uint8_t *pool;
+    CU(cudaMalloc((void **)&pool, (size_t)(per * MOE_E)));
+    di_moe_expert *tab = xmalloc(sizeof *tab * MOE_E);
+    for (int e = 0; e < MOE_E; e++) {
+        uint8_t *p = pool + e * per, *q[6];
+        for (int j = 0; j < 6; j++) {
+            q[j] = p;
+            CU(cudaMemcpy(p, moe_sets_d[moe_set(e)][j], (size_t)moe_sz[j], cudaMemcpyDeviceToDevice));
+            p += moe_sz[j];
+        }
+        tab[e] = (di_moe_expert){q[0], q[1], q[2], q[3], q[4], q[5]};
+    }
+    CU(cudaDeviceSynchronize());
+    memcpy(moe_dev, tab, sizeof *tab * MOE_E); /* the loop below reads moe_dev */
+    cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
+    printf("\n# bench moe_routed: T | distinct experts/call | slot us (events) GB/s %%4470 | graph-replayed | slot wall us | loop wall us (host-planned, synchronised)\n");
+    static const int64_t Ts[] = {1, 5, 16, 64};
+    enum { SETS = 8 };
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        int64_t T = Ts[ti];
+        int32_t *ids[SETS], *dids[SETS];
+        float *w = rand_f32(T * MOE_K, 0.2, 0.05), *dw = dup_dev(w, sizeof *w * (size_t)(T * MOE_K));
+        uint16_t *x = rand_bf16(T * MOE_D, 1.0), *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
+        float *dacc = dev(sizeof(float) * (size_t)(T * MOE_D));
+        double distinct = 0;
+        for (int s = 0; s < SETS; s++) {
+            ids[s] = xmalloc(sizeof(int32_t) * (size_t)(T * MOE_K));
+            moe_ids(T, 0, ids[s]);
+            dids[s] = dup_dev(ids[s], sizeof(int32_t) * (size_t)(T * MOE_K));
+            uint8_t seen[MOE_E] = {0};
+            for (int64_t i = 0; i < T * MOE_K; i++) distinct += !seen[ids[s][i]], seen[ids[s][i]] = 1;
+        }
+        distinct /= SETS;
+        double best = 1e30, wall_slot = 1e30, wall_loop = 1e30;
+        for (int rep = 0; rep < 5; rep++) {
+            CU(cudaEventRecord(ev0, st));
+            for (int s = 0; s < SETS; s++)
+                RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[s], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+            CU(cudaEventRecord(ev1, st));
+            CU(cudaEventSynchronize(ev1));
+            float t;
+            CU(cudaEventElapsedTime(&t, ev0, ev1));
+            if (t / SETS < best) best = t / SETS;
+            double t0 = now_s();
+            for (int s = 0; s < SETS; s++) {
+                RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[s], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+                RUN(di_backend_cuda_sync(gpu, E));
+            }
+            double t1 = now_s();
+            for (int s = 0; s < SETS; s++) {
+                int32_t *h = xmalloc(sizeof(int32_t) * (size_t)(T * MOE_K));
+                RUN(gpu->mem_download(gpu, h, dids[s], sizeof(int32_t) * (size_t)(T * MOE_K), E));
+                moe_gpu_loop(dx, T, h, w, dacc);
+                free(h);
+            }
+            double t2 = now_s();
+            if ((t1 - t0) / SETS < wall_slot) wall_slot = (t1 - t0) / SETS;
+            if ((t2 - t1) / SETS < wall_loop) wall_loop = (t2 - t1) / SETS;
+        }
+        double graph = 1e30;
+        {
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+            for (int s = 0; s < SETS; s++)
+                RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[s], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+            CU(cudaStreamEndCapture(st, &g));
+            CU(cudaGraphInstantiate(&ge, g, 0));
+            for (int rep = 0; rep < 5; rep++) {
+                CU(cudaEventRecord(ev0, st));
+                CU(cudaGraphLaunch(ge, st));
+                CU(cudaEventRecord(ev1, st));
+                CU(cudaEventSynchronize(ev1));
+                float t;
+                CU(cudaEventElapsedTime(&t, ev0, ev1));
+                if (t / SETS < graph) graph = t / SETS;
+            }
+            cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+        }
+        double nc4 = 1e30;
+        int64_t nc4_diff = 0;
+        { /* the expert GEMVs forced to 4-column tiles: same bits as the default, its time */
+            float *a8 = down(dacc, sizeof(float) * (size_t)(T * MOE_D));
+            di_cuda_moe_set_variant(1);
+            RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[SETS - 1], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+            float *a4 = down(dacc, sizeof(float) * (size_t)(T * MOE_D));
+            for (int64_t j = 0; j < T * MOE_D; j++) nc4_diff += memcmp(a8 + j, a4 + j, 4) != 0;
+            for (int rep = 0; rep < 5; rep++) {
+                CU(cudaEventRecord(ev0, st));
+                for (int s = 0; s < SETS; s++)
+                    RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[s], dw, MOE_K, MOE_E, tab, 10.0f, dacc, E));
+                CU(cudaEventRecord(ev1, st));
+                CU(cudaEventSynchronize(ev1));
+                float t;
+                CU(cudaEventElapsedTime(&t, ev0, ev1));
+                if (t / SETS < nc4) nc4 = t / SETS;
+            }
+            di_cuda_moe_set_variant(0);
+            free(a8), free(a4);
+            if (nc4_diff) n_fail++; else n_pass++;
+        }
+        printf("bench moe-nc4 T%-3lld | %8.1f us %6.0f GB/s %5.1f %% | %lld outputs differ from the default\n", (long long)T,
+               nc4 * 1e3, distinct * per / (nc4 * 1e6), 100 * distinct * per / (nc4 * 1e6) / 4470, (long long)nc4_diff);
+        double gb = distinct * per / (best * 1e6), gbg = distinct * per / (graph * 1e6);
+        printf("bench moe T%-3lld | %6.1f experts %6.0f MB | %8.1f us %6.0f GB/s %5.1f %% | graph %8.1f us %6.0f GB/s "
+               "%5.1f %% | %8.1f us | %8.1f us\n",
+               (long long)T, distinct, distinct * per / 1e6, best * 1e3, gb, 100 * gb / 4470, graph * 1e3, gbg,
+               100 * gbg / 4470, wall_slot * 1e6, wall_loop * 1e6);
+        fflush(stdout);
+        for (int s = 0; s < SETS; s++) free(ids[s]), cudaFree(dids[s]);
+        free(w), free(x), cudaFree(dw), cudaFree(dx), cudaFree(dacc);
+    }
+    free(tab);
+    cudaFree(pool);
+    printf("# SM clock after the MoE bench: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
+}
+
 /* ---------------- Engram ---------------- */
 static void test_engram(int64_t M) {
     const int64_t rows = 65536;
@@ -1039,6 +1414,33 @@ static void test_kernels_file(const char *path) {
     di_st_close(kst);
 }
 
+/* the decode GEMV (cuda_gemv.cuh) at every MT and row-group split, the V4.1 shapes and ragged edges */
+static void test_gemv_rows(void) {
+    test_qlinear(0, "wq_a", 2, 5120, 1280, 1);
+    test_qlinear(0, "wq_a", 3, 5120, 1280, 0);
+    test_qlinear(0, "wkv", 1, 5120, 512, 0);
+    test_qlinear(0, "wo_b", 4, 8192, 5120, 0);
+    test_qlinear(0, "wq_b", 16, 1280, 32768, 0);
+    test_qlinear(0, "shared w2", 5, 2304, 5120, 1);
+    test_qlinear(0, "edge", 16, 96, 37, 1);
+    test_qlinear(0, "edge", 1, 32, 9, 0);
+    test_qlinear(1, "expert w1", 2, 5120, 2304, 1);
+    test_qlinear(1, "expert w1", 5, 5120, 2304, 0);
+    test_qlinear(1, "expert w2", 1, 2304, 5120, 0);
+    test_qlinear(1, "expert w2", 8, 2304, 5120, 1);
+    test_qlinear(1, "expert w2", 13, 2304, 5120, 0);
+    test_qlinear(1, "edge", 7, 32, 13, 1);
+    test_qlinear(1, "edge", 3, 96, 9, 0);
+}
+
+static void test_moe_rows(void) {
+    test_moe_routed(1, 0);
+    test_moe_routed(5, 1);
+    test_moe_routed(16, 0);
+    test_moe_routed(16, 1);
+    test_moe_routed(64, 1);
+}
+
 int main(int argc, char **argv) {
     const char *kpath = argc > 1 ? argv[1] : "tests/data/kernels.safetensors";
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -1059,6 +1461,14 @@ int main(int argc, char **argv) {
     printf("%-20s %-34s %10s %6s %10s  %-18s %10s  %s\n", "op", "shape", "max|d|", "ulp", "mismatch", "tolerance",
            "gpu ms", "result");
 
+    if (getenv("DI_GEMV_ONLY")) { /* the decode GEMV and moe_routed rows only (+ DI_BENCH=1: their bench) */
+        test_gemv_rows();
+        moe_setup();
+        test_moe_rows();
+        if (getenv("DI_BENCH")) bench_gemv(), bench_moe();
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail ? 1 : 0;
+    }
     if (getenv("DI_QUICK")) { /* small shapes only: for compute-sanitizer's racecheck / synccheck */
         test_qlinear(0, "edge", 33, 32, 100, 1);
         test_qlinear(0, "edge", 5, 96, 37, 1);
@@ -1137,6 +1547,10 @@ int main(int argc, char **argv) {
         test_swiglu(64, 2304, 1, 10.0f);
         test_swiglu(64, 2304, 0, 0.0f);
         test_engram(64);
+        test_gemv_rows();
+        moe_setup();
+        test_moe_rows();
+        if (getenv("DI_BENCH")) bench_gemv(), bench_moe();
     }
     test_kernels_file(kpath);
 

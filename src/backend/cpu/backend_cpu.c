@@ -400,6 +400,7 @@ int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_back
     be->swiglu = a_swiglu;
     be->gather_rows = a_gather_rows;
     be->scatter_add_rows = a_scatter_add_rows;
+    be->moe_routed = di_cpu_moe_routed; /* over the slots above (either variant's kernels) */
     be->f32_to_bf16 = a_f32_to_bf16;
     be->fill_f32 = a_fill_f32;
     be->engram_lookup = a_engram_lookup;

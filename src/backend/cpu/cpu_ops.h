@@ -155,6 +155,12 @@ void di_cpu_swiglu(int64_t M, int64_t I, const uint16_t *gate, int64_t ldg, cons
  *   rows int32 [n_rows] (token index), expert_out bf16 [n_rows, D], acc f32 [M, D] */
 void di_cpu_moe_accumulate(int64_t n_rows, int64_t D, const int32_t *rows, const uint16_t *expert_out,
                            float *acc);
+/* The moe_routed slot (backend.h) for the CPU backends (moe_routed.c): the host-planned expert loop
+ * over the backend's own gather_rows / linear_fp4 / swiglu / scatter_add_rows slots, so the FAST and
+ * SCALAR variants each use their own kernels. */
+int di_cpu_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, const int32_t *ids,
+                      const float *weights, int k, int n_exp, const di_moe_expert *experts, float lim, float *acc,
+                      di_error *err);
 /* out = bf16(acc + f32(shared)).  acc f32 [M, D], shared bf16 [M, D], out bf16 [M, D]. */
 void di_cpu_moe_finish(int64_t M, int64_t D, const float *acc, const uint16_t *shared, uint16_t *out);
 

@@ -133,6 +133,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->swiglu = di_cuda_swiglu;
     be->gather_rows = di_cuda_gather_rows;
     be->scatter_add_rows = di_cuda_scatter_add_rows;
+    be->moe_routed = di_cuda_moe_routed;
     be->f32_to_bf16 = di_cuda_f32_to_bf16;
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;

@@ -6,16 +6,21 @@
  * 2^-9 below 2^9 with 4 significant bits, E2M1 multiples of 2^-1), so the block sum is the exact value
  * in any order; it is rounded once to f32, multiplied by s_x then s_w, and added to an f32 accumulator
  * in ascending block order; one bf16 rounding at the end. That is the CPU's arithmetic sequence, so the
- * results agree bit for bit. The part-1 kernels are a plain shared-memory tiled loop on the FP64 units
- * and, for decode-sized M, a one-block-per-column GEMV;
- * Hopper's FP8 tensor cores accumulate with fewer bits than f32 and are left for part 2, where the
- * exactness argument must be redone.
+ * results agree bit for bit. Decode-sized M (≤ 16 rows) runs the bandwidth-oriented GEMV of
+ * cuda_gemv.cuh (FP8 block sums in f64 through a shared table, MXFP4 block sums in int32 on dp4a);
+ * larger M the plain shared-memory tiled loop on the FP64 units. The part-1 one-block-per-column GEMV
+ * stays callable (di_cuda_linear_q_part1) as the bench's "before". Hopper's FP8 tensor cores
+ * accumulate with fewer bits than f32 (cuda_gemm_wgmma.cu, opt-in).
  *
  * bf16 (linear_bf16.c's contract): 16 interleaved f32 partial sums (lane l takes k ≡ l mod 16 in
  * ascending k), combined (l, l+8), (l, l+4), (l, l+2), (l, l+1), then the K % 16 tail in order; products
  * bf16×bf16 are exact in f32 and are rounded separately from the adds, as on the CPU. cuBLAS would
  * compute the same function but not this summation order, so it would not be bit-identical. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 #define QB 32  /* quantization block along K */
@@ -90,7 +95,7 @@ __global__ void __launch_bounds__(256) qgemm_kernel(const uint8_t *xq, const uin
         if (m0 + mg + i < M) y[(m0 + mg + i) * N + n] = d_to_bf16(acc[i]);
 }
 
-/* Small-M path (decode, M ≤ GEMV_MAX_M): one block per output column n, the K blocks spread over the
+/* Part-1 small-M path (kept for comparison, di_cuda_linear_q_part1): one block per output column n, the K blocks spread over the
  * threads. Eight lanes share a 32-block (4 codes each); their f64 partial sums are combined by shuffles
  * (every partial sum is exact, so this order gives the same block sum), lane 0 of the eight scales it
  * into pb[m][kb]; then one thread per row adds pb[m][0..KB) in ascending order in f32 — the same
@@ -145,8 +150,105 @@ __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const uint8_t *xq, 
     }
 }
 
-static int qlinear(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
-                   const uint8_t *wsc, int64_t n, uint16_t *y, di_error *err) {
+/* ---- decode-sized M: the bandwidth-oriented GEMV of cuda_gemv.cuh ---- */
+#define GV_MAX_M 16 /* up to here the GEMV beats the tiled kernel; row groups of MT share one launch each */
+
+struct gv_rows_linear {
+    int64_t r0;
+    __device__ int64_t operator()(int m) const { return r0 + m; }
+};
+struct gv_out_linear {
+    uint16_t *y;
+    int64_t N, r0;
+    __device__ void operator()(int m, int64_t n, float v) const { y[(r0 + m) * N + n] = d_to_bf16(v); }
+};
+
+/* rows r0 … r0 + mt − 1 of y; a persistent grid over the column tiles of NC columns */
+template <int FP4, int MT, int NC>
+__global__ void __launch_bounds__(GV_WARPS * 32) qgemv_fast_kernel(const gv_args a, int64_t r0, int mt, uint16_t *y) {
+    extern __shared__ uint4 gv_sm[]; /* [e4m3 table (FP8)] [gv_smem: x digits and scales (FP4), pb] */
+    uint32_t *tab = (uint32_t *)gv_sm;
+    float *sm = (float *)gv_sm + (FP4 ? 0 : GV_TAB_WORDS);
+    if (!FP4) gv_fill_tab(tab);
+    gv_run<FP4, MT, NC>(a, gv_rows_linear{r0}, mt, gv_out_linear{y, a.N, r0}, blockIdx.x, gridDim.x, tab, sm);
+}
+
+static int n_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
+    }
+    return n;
+}
+
+template <int FP4, int MT, int NC>
+static int gv_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaStream_t st, const char *op,
+                       di_error *err) {
+    const int threads = gv_threads(FP4, a.K);
+    const size_t smem = gv_smem(FP4, MT, a.K, NC);
+    static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
+    if (!raised) {
+        cudaFuncSetAttribute(qgemv_fast_kernel<FP4, MT, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        raised = true;
+    }
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, qgemv_fast_kernel<FP4, MT, NC>, threads, smem) !=
+            cudaSuccess ||
+        occ < 1)
+        occ = 1;
+    const int64_t ntiles = (a.N + NC - 1) / NC;
+    const int64_t grid = ntiles < (int64_t)occ * n_sms() ? ntiles : (int64_t)occ * n_sms();
+    qgemv_fast_kernel<FP4, MT, NC><<<(unsigned)grid, threads, smem, st>>>(a, r0, mt, y);
+    return di_cuda_launched(op, err);
+}
+
+/* Column tile of the GEMV. Both tiles give the same bits (the arithmetic per output is the same); the
+ * choice is by speed, measured on the H200 at the V4.1 shapes (bench/NOTES-gpu.md, "tile rule"): 4
+ * columns (more CTAs, fewer registers) win for FP8 with one row on N ≤ 8192 and with two rows, and for
+ * MXFP4 with 2–4 rows; 8 columns elsewhere. di_cuda_gemv_set_variant: 0 = this rule, 1 = always 4,
+ * 2 = always 8 (bench). */
+static int g_gv_variant = 0;
+extern "C" void di_cuda_gemv_set_variant(int v) { g_gv_variant = v; }
+static int gv_nc4(int fp4, int mt, int64_t n) {
+    if (g_gv_variant) return g_gv_variant == 1;
+    return fp4 ? mt >= 2 : (mt == 2 || (mt == 1 && n <= 8192));
+}
+
+/* M ≤ GV_MAX_M rows in groups of at most 4 */
+static int gv_linear(int fp4, const gv_args &a, int64_t m, uint16_t *y, cudaStream_t st, const char *op,
+                     di_error *err) {
+    for (int64_t r0 = 0; r0 < m;) {
+        int64_t left = m - r0;
+        /* the smallest MT holding the rows left, at most 4 (registers: a lane holds two slices' loads
+         * and its x rows); idle rows of a tile cost registers only */
+        int mt = left == 1 ? 1 : left == 2 ? 2 : 4;
+        int used = (int)(left < mt ? left : mt), rc;
+        switch (gv_nc4(fp4, mt, a.N) * 100 + fp4 * 16 + mt) {
+        case 1: rc = gv_launch_t<0, 1, 8>(a, r0, used, y, st, op, err); break;
+        case 2: rc = gv_launch_t<0, 2, 8>(a, r0, used, y, st, op, err); break;
+        case 4: rc = gv_launch_t<0, 4, 8>(a, r0, used, y, st, op, err); break;
+        case 17: rc = gv_launch_t<1, 1, 8>(a, r0, used, y, st, op, err); break;
+        case 18: rc = gv_launch_t<1, 2, 8>(a, r0, used, y, st, op, err); break;
+        case 20: rc = gv_launch_t<1, 4, 8>(a, r0, used, y, st, op, err); break;
+        case 101: rc = gv_launch_t<0, 1, 4>(a, r0, used, y, st, op, err); break;
+        case 102: rc = gv_launch_t<0, 2, 4>(a, r0, used, y, st, op, err); break;
+        case 104: rc = gv_launch_t<0, 4, 4>(a, r0, used, y, st, op, err); break;
+        case 117: rc = gv_launch_t<1, 1, 4>(a, r0, used, y, st, op, err); break;
+        case 118: rc = gv_launch_t<1, 2, 4>(a, r0, used, y, st, op, err); break;
+        default: rc = gv_launch_t<1, 4, 4>(a, r0, used, y, st, op, err); break;
+        }
+        if (rc) return rc;
+        r0 += used;
+    }
+    return DI_OK;
+}
+
+/* variant 0: the default dispatch (the GEMV up to GV_MAX_M rows, then the tiled kernel); 1: the part-1
+ * kernels (one-block-per-column GEMV up to GEMV_MAX_M rows, then tiled), kept for comparison */
+static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t *x, int64_t m, int64_t k,
+                     const uint8_t *w, const uint8_t *wsc, int64_t n, uint16_t *y, di_error *err) {
     const char *op = fp4 ? "linear_fp4" : "linear_fp8";
     if (m < 0 || n < 0 || k <= 0 || k % QB)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: K = %lld must be a positive multiple of %d (M %lld, N %lld)",
@@ -155,15 +257,19 @@ static int qlinear(const di_backend *be, int fp4, const uint16_t *x, int64_t m, 
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight pointer not 16-byte aligned", op);
     if (m == 0 || n == 0) return DI_OK;
     void *wsp;
-    size_t codes = (size_t)(m * k), scales = (size_t)(m * (k / QB));
+    size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
     int rc = di_cuda_workspace(be, codes + scales, &wsp, err);
     if (rc) return rc;
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
+    if (variant == 0 && m <= GV_MAX_M && gv_smem(fp4, 4, k) <= 200 * 1024) {
+        gv_args a = {xq, xs, w, wsc, n, k};
+        return gv_linear(fp4, a, m, y, st, op, err);
+    }
     size_t pb_bytes = sizeof(float) * (size_t)(m * (k / QB));
-    if (m <= GEMV_MAX_M && pb_bytes <= 48 * 1024) {
+    if (variant == 1 && m <= GEMV_MAX_M && pb_bytes <= 48 * 1024) {
         qgemv_kernel<<<(unsigned)n, GEMV_THREADS, pb_bytes, st>>>(xq, xs, w, wsc, fp4, (int)m, n, k, y);
         return di_cuda_launched(op, err);
     }
@@ -174,12 +280,68 @@ static int qlinear(const di_backend *be, int fp4, const uint16_t *x, int64_t m, 
 
 extern "C" int di_cuda_linear_fp8(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
                                   const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
-    return qlinear(be, 0, x, m, k, w, ws, n, y, err);
+    return qlinear_v(be, 0, 0, x, m, k, w, ws, n, y, err);
 }
 
 extern "C" int di_cuda_linear_fp4(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
                                   const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
-    return qlinear(be, 1, x, m, k, w, ws, n, y, err);
+    return qlinear_v(be, 1, 0, x, m, k, w, ws, n, y, err);
+}
+
+extern "C" int di_cuda_linear_q_part1(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k,
+                                      const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    return qlinear_v(be, fp4 ? 1 : 0, 1, x, m, k, w, ws, n, y, err);
+}
+
+
+/* The decode GEMV alone on act-quantized rows (xq e4m3 [m, k], xs E8M0 [m, k/32], device; m ≤ 16):
+ * the bench separates it from the act-quant launch with this. */
+extern "C" int di_cuda_gemv_codes(const di_backend *be, int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m,
+                                  int64_t k, const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, di_error *err) {
+    if (m < 1 || m > GV_MAX_M || n < 1 || k <= 0 || k % QB)
+        return di_error_set(err, DI_ERR_INVALID, "cuda gemv_codes: M %lld (1..%d), N %lld, K %lld", (long long)m, GV_MAX_M,
+                            (long long)n, (long long)k);
+    gv_args a = {xq, xs, w, ws, n, k};
+    return gv_linear(fp4, a, m, y, di_cuda_state(be)->stream, "gemv_codes", err);
+}
+
+/* ---- bench references: the SM clock and a plain streaming read ---- */
+__global__ void clock_probe_kernel(long long cycles, long long *out) {
+    long long t0 = clock64(), t;
+    do t = clock64(); while (t - t0 < cycles);
+    if (threadIdx.x == 0) *out = t - t0;
+}
+
+/* SM clock in MHz: one CTA spins `cycles` SM cycles, timed with events. */
+extern "C" double di_cuda_sm_clock_mhz(void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    long long *d;
+    cudaEvent_t a, b;
+    if (cudaMalloc(&d, sizeof *d) != cudaSuccess) return 0;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    float ms = 0;
+    const long long cyc = 20000000;
+    cudaEventRecord(a, st);
+    clock_probe_kernel<<<1, 32, 0, st>>>(cyc, d);
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms, a, b);
+    cudaFree(d), cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms > 0 ? cyc / (ms * 1e3) : 0;
+}
+
+__global__ void stream_read_kernel(const uint4 *p, int64_t n, unsigned *sink) {
+    uint32_t acc = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc; /* keeps the loads */
+}
+
+/* Reads `bytes` (a multiple of 16) once with 16-byte loads, 132 × 8 CTAs of 256 threads. */
+extern "C" void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream) {
+    stream_read_kernel<<<132 * 8, 256, 0, (cudaStream_t)stream>>>((const uint4 *)p, bytes / 16, sink);
 }
 
 /* ---------------- bf16 ---------------- */

@@ -38,9 +38,15 @@
  * exact terms (P_b·s_x)·s_w into an f32 scratch [KB, M, N] and split_sum_kernel adds them in ascending K
  * — the unsplit f32 sequence, so both paths give the same bits.
  *
- * Speed on an H200 (bench/NOTES-gpu.md): ~340–455 TFLOP/s FP8 and ~240–255 FP4 at M = 8192 (24–32 % of
- * the 1,445 TFLOP/s FP8 peak; the per-32 promotion serializes wgmma latency with CUDA-core work in each
- * consumer), 0.2–1.1 TB/s at decode (latency-bound serial block chains). */
+ * Unsplit calls (and the grouped expert GEMM) run a second, persistent kernel with the same numerics,
+ * bit for bit (qgemm2 below); this first kernel serves the split-K decode calls and is the second's
+ * reference in the tests.
+ *
+ * Speed on an H200 (bench/NOTES-gpu.md): persistent kernel ~380–430 TFLOP/s FP8 and ~260–270 FP4 at
+ * M = 8192 (26–30 % / 18 % of the 1,445 TFLOP/s FP8 peak; this kernel 305–390 / 245–260). Leave-one-out
+ * runs put the limit in the wgmma chain itself: with the promotion and the loads removed, two warpgroups
+ * each keeping two m64n128k32 block sums in flight reach only 45 % of the peak. Decode: 0.2–1.1 TB/s
+ * (latency-bound serial block chains). */
 #include <cuda.h>         /* CUtensorMap and its enums; the encoder is fetched at run time (no -lcuda) */
 #include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 
@@ -403,6 +409,317 @@ static __device__ __forceinline__ void qgemm_body(const gemm_params *p, bool fp4
 __global__ void __launch_bounds__(THREADS, 1) qgemm_fp8_kernel(const __grid_constant__ gemm_params p) { qgemm_body(&p, false); }
 __global__ void __launch_bounds__(THREADS, 1) qgemm_fp4_kernel(const __grid_constant__ gemm_params p) { qgemm_body(&p, true); }
 
+/* ================ persistent kernel: double-buffered block sums, two tile schedules ================
+ * The kernel above serializes, in each consumer warpgroup, the tensor core (one block's wgmma and its
+ * latency) with the CUDA cores (that block's promotion): two warpgroups overlap only each other. Here
+ * every consumer keeps the NEXT block's wgmma in flight while it promotes the current one: partials
+ * alternate between two register sets pa / pb (64 f32 each), so a warpgroup holds acc + pa + pb = 192
+ * live f32 registers. setmaxnreg moves registers from the producer (which needs few) to the consumers:
+ * the CTA's pool is what the launch allocated, 168 × 384 = 64,512 registers, and
+ * 128 × PROD_REGS_* + 256 × CONS_REGS must not exceed it — an .inc the pool cannot grant waits forever.
+ * The host checks the compiled register count before the first launch (qgemm2_usable).
+ *
+ * Numerics are the first kernel's, bit for bit: the same wgmma k32 with a zero accumulator per block
+ * (P_b), the same promote() in ascending K. A stage past the end of K still runs its four wgmmas on the
+ * TMA's zero fill (P = 0) with zero scales: acc + 0 = acc, because acc starts at +0 and an f32 sum
+ * is −0 only when both addends are (so acc is never −0).
+ *
+ * Persistent CTAs (one per SM) walk a tile list, the smem stage ring running on across tiles, so the
+ * producer loads the next tile while the consumers store the last one, and the block-0 wgmma of the
+ * next tile is in flight during that store. Two tile lists:
+ *  - dense: M × N in 128 × 128 tiles, grouped by 16 row-tiles (a band of A and the B tiles it meets
+ *    stay in L2 together);
+ *  - grouped experts: the rows of expert e are start[e] .. start[e+1] of one activation matrix; its
+ *    row-tiles × n_w weight tables × column tiles, experts in order. The per-expert row-tile counts are
+ *    read from device memory and prefix-summed in shared memory at the start of each CTA, so the host
+ *    needs no copy of the routing. Rows of a tile past its expert's end are computed (they are other
+ *    experts' rows or TMA zeros) and not stored; their scales are 0. */
+/* Register split per thread (producer, consumer), chosen by ptxas -v: the fewest spilled bytes among
+ * the splits that fit the pool (FP4's producer also rewrites nibbles). */
+#define PROD_REGS_FP8 48
+#define PROD_REGS_FP4 56
+#define CONS_REGS 224
+#define MAX_EXPERTS 1024
+#define BAND 16 /* dense schedule: row-tiles per band */
+
+typedef struct gemm2_params {
+    gemm_params g;             /* dense: ta, tb, xs, wsc, M, N, K, KB, y (split_stages, part unused) */
+    int grouped;               /* 0: dense; 1: expert groups below (ta, xs, M = all rows, N, K, KB as dense) */
+    int n_exp, n_w;            /* experts; weight tables (1, or 2: w1 and w3 in one launch) */
+    const int64_t *start;      /* int64 [n_exp + 1], device: expert e's rows */
+    const CUtensorMap *maps[2]; /* per table: [n_exp] maps, device (one per expert) */
+    const uint8_t *const *wscs[2]; /* per table: [n_exp] E8M0 [N, KB] pointers, device */
+    uint16_t *ys[2];           /* per table: bf16 [M, N] */
+} gemm2_params;
+
+typedef struct tile_info {
+    int a_row, rows; /* first row (A, xs, y), rows stored (≤ TM) */
+    int n0;
+    const CUtensorMap *tb;
+    const uint8_t *wsc;
+    uint16_t *y; /* bf16 [M, N] of the tile's table */
+} tile_info;
+
+/* Grouped schedule in shared memory: mt_pre[e] = row-tiles of experts 0 .. e−1 (mt_pre[n_exp] = all). */
+typedef struct sched {
+    int n_tiles, nt; /* tiles in all; column tiles */
+    int *mt_pre;
+} sched;
+
+static __device__ void sched_init(const gemm2_params *p, sched *sc, int *mt_pre, int *scan) {
+    const int N = p->g.N, M = p->g.M;
+    sc->nt = (N + TN - 1) / TN;
+    sc->mt_pre = mt_pre;
+    if (!p->grouped) {
+        sc->n_tiles = ((M + TM - 1) / TM) * sc->nt;
+        return;
+    }
+    /* each thread sums a chunk of experts; a Hillis–Steele scan of the THREADS chunk sums; chunks out */
+    const int E = p->n_exp, per = (E + THREADS - 1) / THREADS, e0 = threadIdx.x * per, e1 = min(E, e0 + per);
+    int local = 0;
+    for (int e = e0; e < e1; e++) {
+        const int64_t a = min(max(p->start[e], (int64_t)0), (int64_t)M), b = min(max(p->start[e + 1], a), (int64_t)M);
+        local += (int)((b - a + TM - 1) / TM);
+    }
+    scan[threadIdx.x] = local;
+    __syncthreads();
+    for (int off = 1; off < THREADS; off <<= 1) {
+        const int v = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+        __syncthreads();
+        scan[threadIdx.x] += v;
+        __syncthreads();
+    }
+    int run = scan[threadIdx.x] - local;
+    for (int e = e0; e < e1; e++) {
+        mt_pre[e] = run;
+        const int64_t a = min(max(p->start[e], (int64_t)0), (int64_t)M), b = min(max(p->start[e + 1], a), (int64_t)M);
+        run += (int)((b - a + TM - 1) / TM);
+    }
+    if (threadIdx.x == THREADS - 1) mt_pre[E] = scan[THREADS - 1];
+    __syncthreads();
+    sc->n_tiles = mt_pre[E] * p->n_w * sc->nt;
+}
+
+static __device__ __forceinline__ tile_info tile_of(const gemm2_params *p, const sched *sc, int tile) {
+    tile_info ti;
+    if (!p->grouped) {
+        const int mt = (p->g.M + TM - 1) / TM, band = tile / (BAND * sc->nt), first = band * BAND;
+        const int bsize = min(mt - first, BAND), in = tile - band * BAND * sc->nt;
+        ti.a_row = (first + in % bsize) * TM;
+        ti.rows = min(TM, p->g.M - ti.a_row);
+        ti.n0 = (in / bsize) * TN;
+        ti.tb = &p->g.tb, ti.wsc = p->g.wsc, ti.y = p->g.y;
+        return ti;
+    }
+    const int per_m = p->n_w * sc->nt, mg = tile / per_m, rem = tile - mg * per_m, w = rem / sc->nt;
+    int lo = 0, hi = p->n_exp - 1; /* the expert e with mt_pre[e] ≤ mg < mt_pre[e + 1] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (sc->mt_pre[mid] <= mg) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    const int64_t a = min(max(p->start[e], (int64_t)0), (int64_t)p->g.M), b = min(max(p->start[e + 1], a), (int64_t)p->g.M);
+    ti.a_row = (int)a + (mg - sc->mt_pre[e]) * TM;
+    ti.rows = min(TM, (int)b - ti.a_row);
+    ti.n0 = (rem - w * sc->nt) * TN;
+    ti.tb = &p->maps[w][e], ti.wsc = p->wscs[w][e], ti.y = p->ys[w];
+    return ti;
+}
+
+static __device__ __forceinline__ stage_scales scales_load2(const gemm_params *p, bool fp4, int t, const tile_info *ti, int tid) {
+    const int kb0 = t * TKB, nkb = min(TKB, p->KB - kb0), aligned = (p->KB & 3) == 0;
+    stage_scales s = {0, 0, 0, 0};
+    if (tid < ti->rows) s.x = load_scale4(p->xs + (int64_t)(ti->a_row + tid) * p->KB + kb0, nkb, aligned), s.x_ok = 1;
+    if (fp4) {
+        if (ti->n0 + tid < p->N) s.w = load_scale4(ti->wsc + (int64_t)(ti->n0 + tid) * p->KB + kb0, nkb, aligned), s.w_ok = 1;
+    } else if (tid < TN / QB && ti->n0 + tid * QB < p->N) {
+        s.w = load_scale4(ti->wsc + (int64_t)(ti->n0 / QB + tid) * p->KB + kb0, nkb, aligned), s.w_ok = 1;
+    }
+    return s;
+}
+
+/* announce TMA bytes on a barrier without arriving (the arrivals come later, from the FP4 rewrite) */
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+/* Producer. Iteration i fills stage i as soon as its slot is free: scales into shared memory, TMA of A
+ * and B (FP4: the packed weights). FP4 stages also need the nibble rewrite, which must wait for the
+ * packed bytes to land; it runs LAG stages behind the TMA issue, so the loads of the next LAG stages
+ * are in flight while one is rewritten (done in line, the rewrite would expose one TMA latency per
+ * stage). The rewrite of stage i − LAG comes before the wait for slot i: it depends only on its own
+ * TMA, while slot i is freed by the consumers once they are done with stage i − STAGES, which is
+ * complete since iteration i − STAGES + LAG < i. */
+#define LAG (STAGES - 1)
+static __device__ __forceinline__ void produce2(const gemm2_params *p2, bool fp4, stage *stages, const sched *sc) {
+    const gemm_params *p = &p2->g;
+    const int tid = threadIdx.x, lane = tid & 31, NT = (p->KB + TKB - 1) / TKB;
+    const int my_tiles = blockIdx.x < sc->n_tiles ? (sc->n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int total = my_tiles * NT, lag = fp4 ? LAG : 0;
+    if (total == 0) return;
+    int tile = blockIdx.x, t = 0; /* the stage the next TMA issue fills: tile, K stage */
+    tile_info ti = tile_of(p2, sc, tile);
+    stage_scales cur = scales_load2(p, fp4, 0, &ti, tid);
+    for (int i = 0; i < total + lag; i++) {
+        if (fp4 && i >= lag) {
+            const uint32_t j = (uint32_t)(i - lag);
+            stage *sr = &stages[j % STAGES];
+            mbar_wait(&sr->packed_full, (j / STAGES) & 1u);
+            fp4_rewrite(sr, tid);
+            fence_proxy_async(); /* the rewritten codes are read by wgmma (async proxy) */
+            mbar_arrive(&sr->full);
+        }
+        if (i >= total) continue;
+        stage *st = &stages[i % STAGES];
+        int tn = t + 1, tilen = tile; /* the stage after this one, for the scale prefetch */
+        tile_info tin = ti;
+        if (tn == NT) {
+            tn = 0, tilen += gridDim.x;
+            if (tilen < sc->n_tiles) tin = tile_of(p2, sc, tilen);
+        }
+        stage_scales nxt = cur;
+        if (i + 1 < total) nxt = scales_load2(p, fp4, tn, &tin, tid);
+        mbar_wait(&st->empty, (((uint32_t)i / STAGES) & 1u) ^ 1u);
+        const int unsafe = scales_store(&cur, fp4, st, min(TKB, p->KB - t * TKB), tid);
+        const unsigned any = __any_sync(0xffffffffu, unsafe);
+        if (lane == 0) st->unsafe[tid >> 5] = (int)any;
+        if (fp4) { /* full: A's bytes now, the 128 arrivals after the rewrite */
+            if (tid == 0) {
+                mbar_arrive_tx(&st->packed_full, TN * ROWB / 2);
+                tma_load(st->packed, ti.tb, t * TKB * QB / 2, ti.n0, &st->packed_full);
+                mbar_expect_tx(&st->full, TM * ROWB);
+                tma_load(st->a, &p->ta, t * TKB * QB, ti.a_row, &st->full);
+            }
+        } else if (tid == 0) {
+            mbar_arrive_tx(&st->full, (TM + TN) * ROWB);
+            tma_load(st->a, &p->ta, t * TKB * QB, ti.a_row, &st->full);
+            tma_load(st->b, ti.tb, t * TKB * QB, ti.n0, &st->full);
+        } else {
+            mbar_arrive(&st->full);
+        }
+        cur = nxt, t = tn, tile = tilen, ti = tin;
+    }
+}
+
+/* Wait until at most the newest committed group is pending; d (the older group's set) is named so no
+ * read of it moves above the wait. */
+static __device__ __forceinline__ void mma_wait1(float *d) { asm volatile("wgmma.wait_group.sync.aligned 1;\n" : F64 :: "memory"); }
+static __device__ __forceinline__ void mma_issue(float *d, uint32_t a, uint32_t b) {
+    mma_fence();
+    mma_block(d, desc_sw128(a), desc_sw128(b));
+    mma_commit();
+}
+
+static __device__ __forceinline__ void store_tile(const gemm_params *p, const float *acc, const tile_info *ti, int r0) {
+    const int lane = threadIdx.x & 31;
+    const bool pairs = (p->N & 1) == 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int rl = r0 + 8 * h;
+        if (rl >= ti->rows) continue;
+        uint16_t *yr = ti->y + (int64_t)(ti->a_row + rl) * p->N;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int c = ti->n0 + 8 * j + 2 * (lane & 3);
+            const uint16_t lo = d_to_bf16(acc[4 * j + 2 * h]), hi = d_to_bf16(acc[4 * j + 2 * h + 1]);
+            if (pairs && c + 1 < p->N) {
+                *(uint32_t *)(yr + c) = (uint32_t)lo | ((uint32_t)hi << 16);
+            } else {
+                if (c < p->N) yr[c] = lo;
+                if (c + 1 < p->N) yr[c + 1] = hi;
+            }
+        }
+    }
+}
+
+/* Per stage: blocks 0..3 alternate between pa and pb; block b+1 (or the next stage's block 0) is issued
+ * before block b is waited for and promoted. The last stage of the CTA issues a dummy block-0 wgmma on
+ * its own (still unreleased) stage so that every iteration has the same wgmma structure; it is drained
+ * after the loop and its result is never read. */
+static __device__ __forceinline__ void consume2(const gemm2_params *p2, bool fp4, stage *stages, const sched *sc) {
+    const gemm_params *p = &p2->g;
+    const int cw = (threadIdx.x >> 7) - 1, wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
+    const int r0 = cw * 64 + (wtid >> 5) * 16 + (lane >> 2), NT = (p->KB + TKB - 1) / TKB;
+    const int my_tiles = blockIdx.x < sc->n_tiles ? (sc->n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int total = my_tiles * NT;
+    if (total == 0) return;
+    float acc[64], pa[64], pb[64]; /* running sums; two blocks' partials (fragment layout of mma_block) */
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f, pa[i] = 0.0f, pb[i] = 0.0f;
+    int tile = blockIdx.x, t = 0;
+    tile_info ti = tile_of(p2, sc, tile);
+    const uint32_t aoff = cw * 64 * ROWB;
+    mbar_wait(&stages[0].full, 0);
+    mma_issue(pa, smem_u32(stages[0].a) + aoff, smem_u32(stages[0].b));
+    for (int j = 0; j < total; j++) {
+        const uint32_t it = (uint32_t)j;
+        stage *st = &stages[it % STAGES];
+        const uint32_t a = smem_u32(st->a) + aoff, b = smem_u32(st->b);
+        const int4 u = *(const int4 *)st->unsafe;
+        const int unsafe = u.x | u.y | u.z | u.w;
+        mma_issue(pb, a + QB, b + QB);
+        mma_wait1(pa);
+        promote(acc, pa, st, 0, fp4, unsafe, r0);
+        mma_issue(pa, a + 2 * QB, b + 2 * QB);
+        mma_wait1(pb);
+        promote(acc, pb, st, 1, fp4, unsafe, r0);
+        mma_issue(pb, a + 3 * QB, b + 3 * QB);
+        mma_wait1(pa);
+        promote(acc, pa, st, 2, fp4, unsafe, r0);
+        uint32_t an = a, bn = b;
+        if (j + 1 < total) {
+            stage *sn = &stages[(it + 1) % STAGES];
+            mbar_wait(&sn->full, ((it + 1) / STAGES) & 1u);
+            an = smem_u32(sn->a) + aoff, bn = smem_u32(sn->b);
+        }
+        mma_issue(pa, an, bn);
+        mma_wait1(pb);
+        promote(acc, pb, st, 3, fp4, unsafe, r0);
+        mbar_arrive(&st->empty);
+        if (++t == NT) {
+            store_tile(p, acc, &ti, r0);
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+            t = 0;
+            tile += gridDim.x;
+            if (tile < sc->n_tiles) ti = tile_of(p2, sc, tile);
+        }
+    }
+    mma_wait0(pa);
+}
+
+#define SCHED_INTS (MAX_EXPERTS + 1 + THREADS)
+#define SMEM2_BYTES (STAGES * sizeof(stage) + 1024 + SCHED_INTS * sizeof(int))
+
+static __device__ __forceinline__ void qgemm2_body(const gemm2_params *p, bool fp4) {
+    extern __shared__ uint8_t smem_raw[];
+    stage *stages = (stage *)(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+    int *mt_pre = (int *)(stages + STAGES), *scan = mt_pre + MAX_EXPERTS + 1;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&stages[s].full, 128);
+            mbar_init(&stages[s].empty, 256);
+            mbar_init(&stages[s].packed_full, 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    sched sc;
+    sched_init(p, &sc, mt_pre, scan); /* ends with __syncthreads (grouped), else the one below */
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        if (fp4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PROD_REGS_FP4));
+        else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PROD_REGS_FP8));
+        produce2(p, fp4, stages, &sc);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONS_REGS));
+        consume2(p, fp4, stages, &sc);
+    }
+}
+
+__global__ void __launch_bounds__(THREADS, 1) qgemm2_fp8_kernel(const __grid_constant__ gemm2_params p) { qgemm2_body(&p, false); }
+__global__ void __launch_bounds__(THREADS, 1) qgemm2_fp4_kernel(const __grid_constant__ gemm2_params p) { qgemm2_body(&p, true); }
+
 /* Split K, second pass: y = bf16(Σ_b part[b]) in ascending b, one thread per output — the f32 sequence
  * of the unsplit promotion (fma(P, s, acc) = acc + p exactly, file comment), hence the same bits. */
 __global__ void __launch_bounds__(256) split_sum_kernel(const float *part, int64_t MN, int KB, uint16_t *y) {
@@ -454,9 +771,34 @@ static int make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t ro
 
 extern "C" size_t di_cuda_qgemm_wgmma_scratch(int64_t m, int64_t n, int64_t k) { return split_bytes(m, n, k); }
 
-extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
-                                   const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
-                                   void *stream, di_error *err) {
+/* The persistent kernel's setmaxnreg split needs the launch to allocate the full pool (file comment
+ * above qgemm2): refuse it, once, if ptxas gave the kernel fewer registers; the first kernel serves
+ * then. Returns the SM count (the persistent grid) or 0. */
+static int qgemm2_usable(int fp4) {
+    static int state[2]; /* 0 unknown, -1 unusable, else SM count */
+    int *st = &state[fp4 != 0];
+    if (*st) return *st > 0 ? *st : 0;
+    void (*kern)(gemm2_params) = fp4 ? qgemm2_fp4_kernel : qgemm2_fp8_kernel;
+    cudaFuncAttributes fa;
+    int dev, sms = 0;
+    *st = -1;
+    if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+        return (void)cudaGetLastError(), 0;
+    if (fa.numRegs * THREADS < 128 * (fp4 ? PROD_REGS_FP4 : PROD_REGS_FP8) + (THREADS - 128) * CONS_REGS) return 0;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM2_BYTES) != cudaSuccess)
+        return (void)cudaGetLastError(), 0;
+    return *st = sms;
+}
+
+static int launch2(const gemm2_params *p, int fp4, int grid, cudaStream_t stream, const char *op, di_error *err) {
+    (fp4 ? qgemm2_fp4_kernel : qgemm2_fp8_kernel)<<<grid, THREADS, SMEM2_BYTES, stream>>>(*p);
+    return di_cuda_launched(op, err);
+}
+
+/* variant: 0 the best kernel for the call, 1 the first kernel (the persistent one's bit-exact reference) */
+static int qgemm(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws, int fp4,
+                 int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes, void *stream, int variant, di_error *err) {
     const char *op = fp4 ? "qgemm_wgmma fp4" : "qgemm_wgmma fp8";
     if (m < 0 || n < 0 || k <= 0 || k % QB || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX ||
         (m + TM - 1) / TM > 65535)
@@ -481,6 +823,14 @@ extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t
     const int nt = (p.KB + TKB - 1) / TKB;
     int splits = split_count(m, n, k);
     if (splits > 1 && (!scratch || scratch_bytes < split_bytes(m, n, k) || (uintptr_t)scratch % 8)) splits = 1;
+    const int sms = splits == 1 && variant == 0 ? qgemm2_usable(fp4) : 0;
+    if (sms) { /* unsplit: the persistent kernel, one CTA per SM at most */
+        gemm2_params p2;
+        memset(&p2, 0, sizeof p2);
+        p2.g = p;
+        const int64_t tiles = ((m + TM - 1) / TM) * ((n + TN - 1) / TN);
+        return launch2(&p2, fp4, (int)(tiles < sms ? tiles : sms), (cudaStream_t)stream, op, err);
+    }
     p.split_stages = (nt + splits - 1) / splits;
     splits = (nt + p.split_stages - 1) / p.split_stages; /* no CTA without a stage */
     p.part = splits > 1 ? (float *)scratch : NULL;
@@ -490,6 +840,88 @@ extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t
     if (rc || splits == 1) return rc;
     split_sum_kernel<<<di_cuda_blocks(m * n, 256), 256, 0, (cudaStream_t)stream>>>(p.part, m * n, p.KB, y);
     return di_cuda_launched(op, err);
+}
+
+extern "C" int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
+                                   const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                                   void *stream, di_error *err) {
+    return qgemm(xq, xs, m, k, w, ws, fp4, n, y, scratch, scratch_bytes, stream, 0, err);
+}
+
+extern "C" int di_cuda_qgemm_wgmma_v1(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
+                                      const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                                      void *stream, di_error *err) {
+    return qgemm(xq, xs, m, k, w, ws, fp4, n, y, scratch, scratch_bytes, stream, 1, err);
+}
+
+/* ---------------- grouped experts ---------------- */
+struct di_wgmma_experts {
+    int n_exp;
+    int64_t n, k;
+    CUtensorMap *maps;       /* device [n_exp] */
+    const uint8_t **wscs;    /* device [n_exp] */
+};
+
+extern "C" int di_cuda_wgmma_experts_create(int n_experts, const uint8_t *const *w, const uint8_t *const *ws, int64_t n,
+                                            int64_t k, di_wgmma_experts **out, di_error *err) {
+    const char *op = "wgmma_experts_create";
+    *out = NULL;
+    if (n_experts <= 0 || n_experts > MAX_EXPERTS || n <= 0 || k <= 0 || k % QB || n > INT32_MAX || k > INT32_MAX)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: %d experts (1..%d), N %lld, K %lld (a positive multiple of %d)",
+                            op, n_experts, MAX_EXPERTS, (long long)n, (long long)k, QB);
+    CUtensorMap *maps = (CUtensorMap *)malloc(sizeof(CUtensorMap) * (size_t)n_experts);
+    di_wgmma_experts *t = (di_wgmma_experts *)calloc(1, sizeof *t);
+    if (!maps || !t) return free(maps), free(t), di_error_set(err, DI_ERR_NOMEM, "cuda %s: %d maps", op, n_experts);
+    int rc = DI_OK;
+    for (int e = 0; e < n_experts && !rc; e++) {
+        if (!w[e] || !ws[e] || (uintptr_t)w[e] % 16 || (uintptr_t)ws[e] % 4)
+            rc = di_error_set(err, DI_ERR_INVALID,
+                              "cuda %s: expert %d: weight (16-byte) or scale (4-byte) pointer NULL or misaligned", op, e);
+        else rc = make_map(&maps[e], w[e], n, k / 2, ROWB / 2, 0, op, err);
+    }
+    t->n_exp = n_experts, t->n = n, t->k = k;
+    if (!rc && (cudaMalloc((void **)&t->maps, sizeof(CUtensorMap) * (size_t)n_experts) != cudaSuccess ||
+                cudaMalloc((void **)&t->wscs, sizeof(void *) * (size_t)n_experts) != cudaSuccess ||
+                cudaMemcpy(t->maps, maps, sizeof(CUtensorMap) * (size_t)n_experts, cudaMemcpyHostToDevice) != cudaSuccess ||
+                cudaMemcpy((void *)t->wscs, ws, sizeof(void *) * (size_t)n_experts, cudaMemcpyHostToDevice) != cudaSuccess))
+        rc = di_error_set(err, DI_ERR_NOMEM, "cuda %s: device tables for %d experts: %s", op, n_experts,
+                          cudaGetErrorString(cudaGetLastError()));
+    free(maps);
+    if (rc) return di_cuda_wgmma_experts_destroy(t), rc;
+    *out = t;
+    return DI_OK;
+}
+
+extern "C" void di_cuda_wgmma_experts_destroy(di_wgmma_experts *t) {
+    if (!t) return;
+    cudaFree(t->maps);
+    cudaFree((void *)t->wscs);
+    free(t);
+}
+
+extern "C" int di_cuda_wgmma_fp4_grouped(const di_wgmma_experts *const *w, uint16_t *const *y, int n_w, const uint8_t *xq,
+                                         const uint8_t *xs, int64_t rows, const int64_t *start, void *stream, di_error *err) {
+    const char *op = "wgmma_fp4_grouped";
+    if (n_w < 1 || n_w > 2 || !w[0] || (n_w == 2 && !w[1]))
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: %d weight tables (1 or 2)", op, n_w);
+    const di_wgmma_experts *t0 = w[0];
+    if (n_w == 2 && (w[1]->n_exp != t0->n_exp || w[1]->n != t0->n || w[1]->k != t0->k))
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: tables differ: %d×[%lld, %lld] vs %d×[%lld, %lld]", op, t0->n_exp,
+                            (long long)t0->n, (long long)t0->k, w[1]->n_exp, (long long)w[1]->n, (long long)w[1]->k);
+    if (rows < 0 || rows > INT32_MAX || (uintptr_t)xq % 16 || (uintptr_t)xs % 4 || ((uintptr_t)start % 8))
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: %lld rows; codes (16), scales (4), start (8) must be aligned",
+                            op, (long long)rows);
+    if (rows == 0) return DI_OK;
+    const int sms = qgemm2_usable(1);
+    if (!sms) return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda %s: the persistent kernel cannot run here", op);
+    gemm2_params p;
+    memset(&p, 0, sizeof p);
+    int rc = make_map(&p.g.ta, xq, rows, t0->k, ROWB, 1, op, err);
+    if (rc) return rc;
+    p.g.xs = xs, p.g.M = (int)rows, p.g.N = (int)t0->n, p.g.K = (int)t0->k, p.g.KB = (int)(t0->k / QB);
+    p.grouped = 1, p.n_exp = t0->n_exp, p.n_w = n_w, p.start = start;
+    for (int j = 0; j < n_w; j++) p.maps[j] = w[j]->maps, p.wscs[j] = w[j]->wscs, p.ys[j] = y[j];
+    return launch2(&p, 1, sms, (cudaStream_t)stream, op, err);
 }
 
 static int qlinear_wgmma(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,

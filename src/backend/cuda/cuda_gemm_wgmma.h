@@ -33,6 +33,33 @@ int di_cuda_qgemm_wgmma(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t
                         const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
                         void *stream, di_error *err);
 
+/* The first (non-persistent, serial wgmma → promote) kernel for every call, with its split-K path:
+ * the bit-exact reference of the persistent kernel that di_cuda_qgemm_wgmma runs for unsplit calls.
+ * Same arguments as di_cuda_qgemm_wgmma. */
+int di_cuda_qgemm_wgmma_v1(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
+                           const uint8_t *ws, int fp4, int64_t n, uint16_t *y, void *scratch, size_t scratch_bytes,
+                           void *stream, di_error *err);
+
+/* Grouped MXFP4 expert GEMM (prefill, contiguous layout). One table holds one projection (w1, w3 or
+ * w2) of one layer's experts: a TMA map per expert (the checkpoint keeps each expert's weight as its
+ * own tensor, so no single map spans them) and the scale pointers, built on the host once and kept in
+ * device memory. w[e] packed E2M1 [n, k/2] (16-byte aligned), ws[e] E8M0 [n, k/32] (4-byte aligned):
+ * host arrays of device pointers, n_experts ≤ 1024. */
+typedef struct di_wgmma_experts di_wgmma_experts;
+int di_cuda_wgmma_experts_create(int n_experts, const uint8_t *const *w, const uint8_t *const *ws, int64_t n, int64_t k,
+                                 di_wgmma_experts **out, di_error *err);
+void di_cuda_wgmma_experts_destroy(di_wgmma_experts *t);
+
+/* y[j][r] = x[r] · W_{j,e}ᵀ for every row r of every expert e, in one launch: xq e4m3 [rows, k] and
+ * xs E8M0 [rows, k/32] (act-quantized rows grouped by expert), expert e's rows start[e] .. start[e+1]
+ * (start: DEVICE int64 [n_experts + 1], nondecreasing; clamped to [0, rows]); n_w = 1 or 2 tables of
+ * equal shape (w1 and w3 share one launch); y[j] bf16 [rows, n] (rows outside every expert's range are
+ * left as they were). Same numerics, bit for bit, as di_cuda_qgemm_wgmma on each expert's rows.
+ * xq 16-byte, xs 4-byte aligned. stream: a cudaStream_t. DI_ERR_UNSUPPORTED where the persistent kernel
+ * cannot run (its register split does not fit what the launch would allocate): loop over the experts then. */
+int di_cuda_wgmma_fp4_grouped(const di_wgmma_experts *const *w, uint16_t *const *y, int n_w, const uint8_t *xq,
+                              const uint8_t *xs, int64_t rows, const int64_t *start, void *stream, di_error *err);
+
 /* Test hook: the raw f32 result of ONE wgmma k = 32 step with a zero accumulator, the quantity the GEMM
  * scales and accumulates per K block. a e4m3 [64, 32], b e4m3 [128, 32], d f32 [64, 128] with
  * d[i][j] = Σ_k a[i][k]·b[j][k] as the tensor core computes it. */

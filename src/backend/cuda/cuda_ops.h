@@ -111,12 +111,32 @@ int di_cuda_gather_rows(const di_backend *be, const uint16_t *x, int64_t d, cons
                         uint16_t *y, di_error *err);
 int di_cuda_scatter_add_rows(const di_backend *be, const uint16_t *y, int64_t d, const int32_t *rows, int64_t m,
                              float *acc, di_error *err);
+int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,
+                       const int32_t *ids, const float *weights, int k, int n_exp, const di_moe_expert *experts,
+                       float lim, float *acc, di_error *err);
 int di_cuda_f32_to_bf16(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *err);
 int di_cuda_fill_f32(const di_backend *be, float *x, int64_t n, float v, di_error *err);
 int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table, const uint8_t *scale, int64_t rows, int hd,
                           const int64_t *ids, int64_t m, int n_cols, uint16_t *y, di_error *err);
 int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,
                         const uint16_t *qw, const uint16_t *kw, float eps, di_error *err);
+
+/* The part-1 FP8 / MXFP4 linear (one-block-per-column GEMV up to 8 rows, then the tiled kernel), same
+ * contract and results as linear_fp8 / linear_fp4: the "before" of the GEMV bench (cuda_gemm.cu). */
+int di_cuda_linear_q_part1(const di_backend *be, int fp4, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w,
+                           const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+
+/* The decode GEMV of linear_fp8 / linear_fp4 alone, on act-quantized rows: xq e4m3 [m, k], xs E8M0
+ * [m, k/32] (device), 1 ≤ m ≤ 16. Bench helpers: the SM clock (MHz) measured by a spinning kernel,
+ * and a plain 16-byte streaming read of `bytes` (the bandwidth reference of the GEMV bench). */
+int di_cuda_gemv_codes(const di_backend *be, int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k,
+                       const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, di_error *err);
+double di_cuda_sm_clock_mhz(void *stream);
+/* Bench: the GEMV's column tile, 0 = the measured rule (default), 1 = always 4 columns, 2 = always 8
+ * (same arithmetic, same results); the same for moe_routed's expert GEMVs. */
+void di_cuda_gemv_set_variant(int v);
+void di_cuda_moe_set_variant(int v);
+void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream);
 
 /* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */
 void *di_cuda_mem_alloc(const di_backend *be, size_t bytes, di_error *err);
