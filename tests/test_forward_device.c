@@ -206,6 +206,16 @@ static int g_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int n
     free(h);
     return rc;
 }
+static int g_pool_seqs(const di_backend *be, const float *a, const float *g, int r, int64_t d, int nb,
+                       const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out, uint16_t *y,
+                       di_error *e) {
+    di_pool_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
+    for (int s = 0; s < n_seq; s++) h[s] = U(seqs)[s], h[s].state = U(h[s].state);
+    int rc = IN(be)->compress_pool_seqs(IN(be), U(a), U(g), r, d, nb, h, n_seq, U(ent_seq), n_out, U(y), e);
+    free(h);
+    return rc;
+}
 static void g_destroy(di_backend *be) {
     di_backend_destroy((di_backend *)be->impl);
     free(be);
@@ -247,7 +257,8 @@ static di_backend *guarded(void) {
                        .scatter_add_rows = g_scatter, .f32_to_bf16 = g_to_bf16, .fill_f32 = g_fill,
                        .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate,
                        .row_encode_scatter = g_row_encode_scatter, .row_decode_gather = g_row_decode_gather,
-                       .compress_pool_ring = g_pool_ring, .sparse_attn_seqs = g_attn_seqs};
+                       .compress_pool_ring = g_pool_ring, .sparse_attn_seqs = g_attn_seqs,
+                       .compress_pool_seqs = g_pool_seqs};
     if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk;
     return be;
 }

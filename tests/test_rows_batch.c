@@ -5,11 +5,11 @@
  *    shuffled order with skipped (NULL) entries, on values that hit every quantizer branch;
  *  - sparse_attn_seqs gives each query sparse_attn's output on its sequence alone;
  *  - compress_pool_ring gives the entries and every state byte of compress_pool called group by group
- *    on block g mod nb, over chunks that start and end inside groups, for both CPU kernel sets;
+ *    on block g mod nb, over chunks that start and end inside groups, for both CPU kernel sets, and
+ *    compress_pool_seqs those of compress_pool_ring sequence by sequence;
  *  - a counting backend shows the forward's cache-row and pooling calls per layer: one encode per cache
  *    array per pass, one decode for the window rows and one for the index keys of all sequences, one
- *    pooling call per sequence, one sparse attention call per layer, whatever the number of tokens or
- *    sequences.
+ *    pooling call and one sparse attention call per layer, whatever the number of tokens or sequences.
  * di-test: asan */
 #include <math.h>
 #include <stdio.h>
@@ -143,6 +143,39 @@ static void ring_case(const di_backend *be, int R, int nb, int64_t d, const int6
     free(a), free(g), free(s0), free(s1), free(y0), free(y1);
 }
 
+/* compress_pool_seqs against compress_pool_ring per sequence: B sequences at different positions (inside
+ * and at the ends of groups, several groups), each with its own ring. */
+static void pool_seqs_case(const di_backend *be, int R, int nb, int64_t d) {
+    enum { B = 5 };
+    const int64_t s0[B] = {0, 7, 130, 3, 64}, m[B] = {1, 9, 1, 40, 2};
+    di_error err = {0};
+    int64_t rows = 0, n_out = 0, blk = 2 * (int64_t)R * d;
+    di_pool_seq ps[B];
+    float *st0[B], *st1[B];
+    for (int b = 0; b < B; b++) {
+        st0[b] = malloc(sizeof(float) * (size_t)(nb * blk)), st1[b] = malloc(sizeof(float) * (size_t)(nb * blk));
+        for (int64_t i = 0; i < nb * blk; i++) st0[b][i] = next_f() * 4.0f; /* a ring mid-sequence */
+        memcpy(st1[b], st0[b], sizeof(float) * (size_t)(nb * blk));
+        ps[b] = (di_pool_seq){.state = st1[b], .start_pos = s0[b], .m = m[b], .row0 = rows, .out0 = n_out};
+        rows += m[b], n_out += (s0[b] + m[b]) / R - s0[b] / R;
+    }
+    float *a = malloc(sizeof(float) * (size_t)(rows * d)), *g = malloc(sizeof(float) * (size_t)(rows * d));
+    uint16_t *y0 = calloc((size_t)(n_out * d + 1), 2), *y1 = calloc((size_t)(n_out * d + 1), 2);
+    int32_t *es = malloc(sizeof(int32_t) * (size_t)(n_out + 1));
+    for (int64_t i = 0; i < rows * d; i++) a[i] = next_f(), g[i] = next_f() * 6.0f;
+    for (int b = 0; b < B; b++) {
+        assert_int_equal(be->compress_pool_ring(be, a + ps[b].row0 * d, g + ps[b].row0 * d, m[b], s0[b], R, d, st0[b], nb,
+                                                y0 + ps[b].out0 * d, &err), DI_OK);
+        for (int64_t e = ps[b].out0; e < ps[b].out0 + (s0[b] + m[b]) / R - s0[b] / R; e++) es[e] = b;
+    }
+    assert_int_equal(be->compress_pool_seqs(be, a, g, R, d, nb, ps, B, es, n_out, y1, &err), DI_OK);
+    assert_memory_equal(y0, y1, sizeof(uint16_t) * (size_t)(n_out * d));
+    for (int b = 0; b < B; b++) assert_memory_equal(st0[b], st1[b], sizeof(float) * (size_t)(nb * blk));
+    assert_int_equal(be->compress_pool_seqs(be, a, g, R, d, nb, ps, B, es, n_out + 1, y1, &err), DI_ERR_INVALID);
+    for (int b = 0; b < B; b++) free(st0[b]), free(st1[b]);
+    free(a), free(g), free(y0), free(y1), free(es);
+}
+
 static void test_pool_ring(void **state) {
     const int64_t cuts_a[] = {0, 1, 2, 7, 8, 30, 31, 64, 65, 66, 100};
     const int64_t cuts_b[] = {0, 3, 4, 5, 9, 10, 11, 60};
@@ -154,6 +187,8 @@ static void test_pool_ring(void **state) {
             ring_case(be, 2, nb, 512, cuts_a, (int)(sizeof cuts_a / sizeof *cuts_a));
             ring_case(be, 4, nb, 64, cuts_b, (int)(sizeof cuts_b / sizeof *cuts_b));
         }
+        pool_seqs_case(be, 2, 5, 512);
+        pool_seqs_case(be, 4, 3, 64);
         float st[2 * 2 * 8];
         uint16_t y[8];
         assert_int_equal(be->compress_pool_ring(be, NULL, NULL, 1, 0, 2, 8, st, 0, y, &err), DI_ERR_INVALID);
@@ -316,10 +351,10 @@ static void test_cache_addrs(void **state) {
 
 /* ---------------- launches of a forward ---------------- */
 
-enum { C_ENC, C_DEC, C_ENC_SC, C_DEC_GA, C_POOL, C_RING, C_ATTN, C_ATTN_SEQS, C_ISCORE, C_TOPK, C_COPY, C_N };
+enum { C_ENC, C_DEC, C_ENC_SC, C_DEC_GA, C_POOL, C_RING, C_POOL_SEQS, C_ATTN, C_ATTN_SEQS, C_ISCORE, C_TOPK, C_COPY, C_N };
 static const char *const cname[C_N] = {"row_encode", "row_decode", "row_encode_scatter", "row_decode_gather",
-                                       "compress_pool", "compress_pool_ring", "sparse_attn", "sparse_attn_seqs",
-                                       "indexer_scores", "topk", "mem_copy"};
+                                       "compress_pool", "compress_pool_ring", "compress_pool_seqs", "sparse_attn",
+                                       "sparse_attn_seqs", "indexer_scores", "topk", "mem_copy"};
 static long g_count[C_N];
 static di_backend g_in; /* the CPU table the counters forward to */
 
@@ -352,6 +387,12 @@ static int k_ring(const di_backend *be, const float *a, const float *g, int64_t 
                   float *st, int nb, uint16_t *y, di_error *e) {
     g_count[C_RING]++;
     return g_in.compress_pool_ring(&g_in, a, g, m, p, r, d, st, nb, y, e); /* its per-group calls are not launches */
+}
+static int k_pool_seqs(const di_backend *be, const float *a, const float *g, int r, int64_t d, int nb,
+                       const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out, uint16_t *y,
+                       di_error *e) {
+    g_count[C_POOL_SEQS]++;
+    return g_in.compress_pool_seqs(&g_in, a, g, r, d, nb, seqs, n_seq, ent_seq, n_out, y, e); /* one launch pair */
 }
 static int k_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kw, int64_t nw,
                   const uint16_t *kc, int64_t nc, const float *sink, const int32_t *idx, int64_t ni, float sc, uint16_t *o,
@@ -412,6 +453,7 @@ static void test_launch_counts(void **state) {
     di_backend cnt = *cpu;
     cnt.row_encode = k_enc, cnt.row_decode = k_dec, cnt.row_encode_scatter = k_enc_sc, cnt.row_decode_gather = k_dec_ga;
     cnt.compress_pool = k_pool, cnt.compress_pool_ring = k_ring, cnt.sparse_attn = k_attn, cnt.sparse_attn_seqs = k_attn_seqs;
+    cnt.compress_pool_seqs = k_pool_seqs;
     cnt.indexer_scores = k_iscore, cnt.topk = k_topk, cnt.mem_copy = k_copy;
     assert_int_equal(di_model_to_backend(m, &cnt, &err), DI_OK);
     int L = m->cfg.n_stages, pools = 0, indexers = 0; /* layers that pool (kv sources of ratio ≥ 2), index */
@@ -441,9 +483,11 @@ static void test_launch_counts(void **state) {
         /* reads of the previous window rows and of the index keys: at most one per layer and one per
          * index layer, whatever the batch */
         assert_true(c[C_DEC_GA] <= L + indexers);
-        /* pooling: one call per sequence per pooling layer, none per group */
+        /* pooling: one call per pooling layer (one sequence: compress_pool_ring; several:
+         * compress_pool_seqs), none per group or per sequence */
         assert_int_equal(c[C_POOL], 0);
-        assert_int_equal(c[C_RING], (long)pools * B[r]);
+        assert_int_equal(c[C_RING] + c[C_POOL_SEQS], pools);
+        assert_int_equal(c[C_POOL_SEQS], B[r] > 1 ? pools : 0);
     }
     /* the key rows of every sequence come from one gather: no per-sequence copy (the copies left are
      * the graph's own, one per layer) */

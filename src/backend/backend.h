@@ -65,6 +65,14 @@ typedef struct di_attn_seq {
     int64_t q0, m;
 } di_attn_seq;
 
+/* One sequence's chunk in a batched compressor pooling (compress_pool_seqs; backend memory): its tokens
+ * are positions [start_pos, start_pos + m), rows [row0, row0 + m) of the call's projections; the entries
+ * it completes are rows [out0, …) of the output; state is its cache's ring (compress_pool_ring). */
+typedef struct di_pool_seq {
+    float *state; /* f32 [n_blocks, 2, R, d] */
+    int64_t start_pos, m, row0, out0;
+} di_pool_seq;
+
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
  * (forward.h: di_graph_faults). Each reproduces one plausible porting bug so the tests can prove
@@ -351,6 +359,13 @@ struct di_backend {
      *   y bf16 [(start_pos+m)/R − start_pos/R, d] (every group the call completes, in order) */
     int (*compress_pool_ring)(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
                               int ratio, int64_t d, float *state, int n_blocks, uint16_t *y, di_error *err);
+    /* compress_pool_ring for the chunks of several sequences in one call (optional; NULL = one
+     * compress_pool_ring per sequence), each exactly as compress_pool_ring on its chunk alone.
+     *   a, gate f32 [Σ m, d];  seqs: n_seq descriptors;  ent_seq int32 [n_out] the sequence of each output
+     *   entry (entries of sequence s are rows out0_s … in order);  y bf16 [n_out, d] */
+    int (*compress_pool_seqs)(const di_backend *be, const float *a, const float *gate, int ratio, int64_t d,
+                              int n_blocks, const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out,
+                              uint16_t *y, di_error *err);
     /* sparse_attn over the queries of several sequences in one call (optional; NULL = one sparse_attn per
      * sequence): query row t belongs to sequence seq_of[t] and attends over that sequence's key set
      * with its index list, exactly as sparse_attn on that sequence alone.

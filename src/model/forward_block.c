@@ -140,15 +140,31 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16
         ALLOC(g, T * hd, 0);
         CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
         CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
-        /* one pooling call per sequence: its groups are independent but for the partial ones at the
-         * chunk's ends, which stream through the carry state in its cache */
+        /* one pooling call for a sequence's chunk: its groups are independent but for the partial ones
+         * at the chunk's ends, which stream through the carry state ring in its cache; one call for all
+         * sequences where the backend pools several chunks at once */
+        di_pool_seq *ps_h; /* [n_seq] (host) */
+        int nb = 0;
+        HALLOC(ps_h, c->n_seq, 0);
         for (int i = 0; i < c->n_seq; i++) {
             const fwd_seq *q = &c->seq[i];
             float *state; /* f32 [nb, 2, R, hd]: the sequence's compressor ring (its cache) */
-            int nb;
             CK(di_cache_cmp_state_ring(q->ck.cache, L, q->ck.s0, q->ck.s0 + q->ck.T, &state, &nb, c->err));
-            CK(be->compress_pool_ring(be, a + q->r0 * hd, g + q->r0 * hd, q->ck.T, q->ck.s0, R, hd, state, nb,
-                                      lat + sa[i].lat0 * hd, c->err));
+            ps_h[i] = (di_pool_seq){.state = state, .start_pos = q->ck.s0, .m = q->ck.T, .row0 = q->r0, .out0 = sa[i].lat0};
+        }
+        if (be->compress_pool_seqs && c->n_seq > 1) {
+            di_pool_seq *ps;          /* [n_seq] (backend) */
+            int32_t *eseq_h, *eseq;   /* int32 [n_new] sequence of each new entry (host, backend) */
+            HALLOC(eseq_h, n_new, 0);
+            for (int i = 0; i < c->n_seq; i++)
+                for (int64_t j = 0; j < sa[i].n_new; j++) eseq_h[sa[i].lat0 + j] = (int32_t)i;
+            UPLOAD(ps, ps_h, c->n_seq, 0);
+            UPLOAD(eseq, eseq_h, n_new > 0 ? n_new : 1, 0);
+            CK(be->compress_pool_seqs(be, a, g, R, hd, nb, ps, c->n_seq, eseq, n_new, lat, c->err));
+        } else {
+            for (int i = 0; i < c->n_seq; i++)
+                CK(be->compress_pool_ring(be, a + ps_h[i].row0 * hd, g + ps_h[i].row0 * hd, ps_h[i].m, ps_h[i].start_pos,
+                                          R, hd, ps_h[i].state, nb, lat + ps_h[i].out0 * hd, c->err));
         }
     }
     if (n_new > 0) {

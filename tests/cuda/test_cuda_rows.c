@@ -6,6 +6,8 @@
  *    graph's old path): entries and every state byte identical; against the CPU ring: state identical,
  *    entries within the existing compress_pool bound (≤ 1 bf16 ulp: the device exp is the
  *    correctly rounded one, the CPU's is libm's expf — tests/cuda/test_cuda_ops.c "compress_stream").
+ *  - compress_pool_seqs against compress_pool_ring per sequence (identical) and the CPU (state identical,
+ *    entries within the bound above);
  *  - sparse_attn_seqs against di_cuda_sparse_attn called sequence by sequence (identical) and the CPU
  *    (within sparse_attn's existing bound, ≤ 1 bf16 ulp: test_cuda_ops.c "sparse_attn").
  * Also the time of the old per-row / per-group / per-sequence launches and of the one batched launch for the same work.
@@ -243,6 +245,60 @@ static void test_ring(int R, int nb, int64_t d, const int64_t *chunks, int n_chu
     free(a), free(g), free(st), free(yc), free(yn), free(yo), free(sn), free(so);
 }
 
+/* compress_pool_seqs: B sequences (decode steps and short chunks at scattered positions, each with its own
+ * mid-sequence ring) in one call, against compress_pool_ring per sequence on the device and the CPU. */
+static void test_pool_seqs(int B, int R, int nb, int64_t d) {
+    int64_t blk = 2 * (int64_t)R * d, rows = 0, n_out = 0;
+    di_pool_seq *hc = xmalloc(sizeof(di_pool_seq) * (size_t)B), *hn = xmalloc(sizeof(di_pool_seq) * (size_t)B);
+    float **so = xmalloc(sizeof(float *) * (size_t)B); /* device rings of the per-sequence run */
+    for (int b = 0; b < B; b++) {
+        int64_t s0 = (int64_t)(rnd() % 5000), m = b % 8 == 7 ? 1 + (int64_t)(rnd() % 40) : 1;
+        float *st = rand_f32(nb * blk, 1.0);
+        hc[b] = (di_pool_seq){.state = st, .start_pos = s0, .m = m, .row0 = rows, .out0 = n_out};
+        hn[b] = hc[b];
+        hn[b].state = up(st, sizeof(float) * (size_t)(nb * blk));
+        so[b] = up(st, sizeof(float) * (size_t)(nb * blk));
+        rows += m, n_out += (s0 + m) / R - s0 / R;
+    }
+    float *a = rand_f32(rows * d, 1.0), *g = rand_f32(rows * d, 2.0);
+    int32_t *es = xmalloc(sizeof(int32_t) * (size_t)(n_out + 1));
+    for (int b = 0; b < B; b++)
+        for (int64_t e = hc[b].out0; e < hc[b].out0 + (hc[b].start_pos + hc[b].m) / R - hc[b].start_pos / R; e++) es[e] = b;
+    uint16_t *yc = xmalloc(sizeof(uint16_t) * (size_t)(n_out * d + 1));
+    RUN(cpu->compress_pool_seqs(cpu, a, g, R, d, nb, hc, B, es, n_out, yc, E));
+    float *da = up(a, sizeof(float) * (size_t)(rows * d)), *dg = up(g, sizeof(float) * (size_t)(rows * d));
+    di_pool_seq *dseqs = up(hn, sizeof(di_pool_seq) * (size_t)B);
+    int32_t *des = up(es, sizeof(int32_t) * (size_t)(n_out + 1));
+    uint16_t *dy = dev(sizeof(uint16_t) * (size_t)(n_out * d + 1)), *dyo = dev(sizeof(uint16_t) * (size_t)(n_out * d + 1));
+    tic();
+    RUN(gpu->compress_pool_seqs(gpu, da, dg, R, d, nb, dseqs, B, des, n_out, dy, E));
+    float ms_new = toc();
+    tic();
+    for (int b = 0; b < B; b++)
+        RUN(gpu->compress_pool_ring(gpu, da + hc[b].row0 * d, dg + hc[b].row0 * d, hc[b].m, hc[b].start_pos, R, d, so[b], nb,
+                                    dyo + hc[b].out0 * d, E));
+    float ms_old = toc();
+    uint16_t *yn = down(dy, sizeof(uint16_t) * (size_t)(n_out * d + 1)), *yo = down(dyo, sizeof(uint16_t) * (size_t)(n_out * d + 1));
+    int64_t st_old = 0, st_cpu = 0;
+    for (int b = 0; b < B; b++) {
+        float *sn = down(hn[b].state, sizeof(float) * (size_t)(nb * blk)), *sb = down(so[b], sizeof(float) * (size_t)(nb * blk));
+        st_old += bytes_differ(sn, sb, nb * blk * 4), st_cpu += bytes_differ(sn, hc[b].state, nb * blk * 4);
+        free(sn), free(sb);
+    }
+    char shape[80];
+    snprintf(shape, sizeof shape, "%d seqs, %lld tokens, R %d, %d blocks, d %lld", B, (long long)rows, R, nb, (long long)d);
+    row("pool_seqs entries vs ring", shape, bytes_differ(yn, yo, n_out * d * 2), n_out * d * 2);
+    row("pool_seqs state vs ring", shape, st_old, B * nb * blk * 4);
+    row("pool_seqs state vs cpu", shape, st_cpu, B * nb * blk * 4);
+    row("pool_seqs entries vs cpu", "  (> 1 bf16 ulp)", bf16_beyond_1ulp(yn, yc, n_out * d), n_out * d);
+    printf("# pool of %d sequences: %d compress_pool_ring calls %.3f ms, one compress_pool_seqs %.3f ms\n", B, B, ms_old,
+           ms_new);
+    for (int b = 0; b < B; b++) free(hc[b].state), gpu->mem_free(gpu, hn[b].state), gpu->mem_free(gpu, so[b]);
+    gpu->mem_free(gpu, da), gpu->mem_free(gpu, dg), gpu->mem_free(gpu, dseqs), gpu->mem_free(gpu, des);
+    gpu->mem_free(gpu, dy), gpu->mem_free(gpu, dyo);
+    free(hc), free(hn), free(so), free(a), free(g), free(es), free(yc), free(yn), free(yo);
+}
+
 /* ---------------- sparse attention of several sequences ---------------- */
 
 /* B sequences with their own window rows, gathered entries and index lists (V4.1: 64 heads of 512, a
@@ -329,6 +385,8 @@ int main(int argc, char **argv) {
     test_ring(4, 3, 512, c4, 7);
     const int64_t c128[] = {1000, 1, 55, 300};
     test_ring(128, 2, 512, c128, 4);
+    test_pool_seqs(64, 2, 5, 512);  /* a decode step of batch 64 (every 8th sequence a short chunk) */
+    test_pool_seqs(7, 4, 3, 512);
     test_attn_seqs(64, 1, 64, 512); /* a decode step of batch 64 */
     test_attn_seqs(5, 9, 64, 512);  /* mixed chunks */
     printf("%d passed, %d failed\n", n_pass, n_fail);

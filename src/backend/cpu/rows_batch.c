@@ -59,6 +59,23 @@ static int compress_pool_ring(const di_backend *be, const float *a, const float 
     return DI_OK;
 }
 
+static int compress_pool_seqs(const di_backend *be, const float *a, const float *gate, int ratio, int64_t d,
+                              int n_blocks, const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out,
+                              uint16_t *y, di_error *err) {
+    int64_t total = 0;
+    for (int s = 0; s < n_seq && ratio > 0; s++) total += (seqs[s].start_pos + seqs[s].m) / ratio - seqs[s].start_pos / ratio;
+    if (n_seq < 1 || ratio < 2 || total != n_out)
+        return di_error_set(err, DI_ERR_INVALID, "compress_pool_seqs: %d sequences, ratio %d, %lld entries (call: %lld)",
+                            n_seq, ratio, (long long)total, (long long)n_out);
+    for (int s = 0; s < n_seq; s++) {
+        const di_pool_seq *q = &seqs[s];
+        int rc = be->compress_pool_ring(be, a + q->row0 * d, gate + q->row0 * d, q->m, q->start_pos, ratio, d, q->state,
+                                        n_blocks, y + q->out0 * d, err);
+        if (rc) return rc;
+    }
+    return DI_OK;
+}
+
 static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
                             int n_seq, const int32_t *seq_of, const float *sink, float scale, uint16_t *out,
                             di_error *err) {
@@ -82,4 +99,5 @@ void di_cpu_rows_install(di_backend *be) {
     be->row_decode_gather = row_decode_gather;
     be->compress_pool_ring = compress_pool_ring;
     be->sparse_attn_seqs = sparse_attn_seqs;
+    be->compress_pool_seqs = compress_pool_seqs;
 }

@@ -184,6 +184,68 @@ static int compress_pool_ring(const di_backend *be, const float *a, const float 
     return di_cuda_launched("compress_pool_ring", err);
 }
 
+/* The chunks of several sequences: pool_ring_kernel over every output entry, with the entry's sequence
+ * (ent_seq) giving its chunk's start, rows and ring. */
+__global__ void pool_seqs_kernel(const float *a, const float *g, int ratio, int64_t d, int n_blocks,
+                                 const di_pool_seq *seqs, const int32_t *ent_seq, int64_t n_out, uint16_t *y) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_out * d) return;
+    const di_pool_seq sq = seqs[ent_seq[e / d]];
+    int64_t ent = e / d - sq.out0, j = e % d, start_pos = sq.start_pos;
+    const float *as = a + sq.row0 * d, *gs = g + sq.row0 * d;
+    int64_t grp = start_pos / ratio + ent, p0 = grp * ratio;
+    const float *kv_state = sq.state + (grp % n_blocks) * 2 * (int64_t)ratio * d,
+                *score_state = kv_state + (int64_t)ratio * d;
+#define SRC_SCORE(s) (p0 + (s) < start_pos ? score_state[(int64_t)(s) * d + j] : gs[(p0 + (s) - start_pos) * d + j])
+#define SRC_KV(s) (p0 + (s) < start_pos ? kv_state[(int64_t)(s) * d + j] : as[(p0 + (s) - start_pos) * d + j])
+    float mx = SRC_SCORE(0);
+    for (int s = 1; s < ratio; s++) mx = SRC_SCORE(s) > mx ? SRC_SCORE(s) : mx;
+    float sum = 0.0f;
+    for (int s = 0; s < ratio; s++) sum = __fadd_rn(sum, d_expf(__fsub_rn(SRC_SCORE(s), mx)));
+    float acc = 0.0f;
+    for (int s = 0; s < ratio; s++)
+        acc = __fadd_rn(acc, __fmul_rn(SRC_KV(s), __fdiv_rn(d_expf(__fsub_rn(SRC_SCORE(s), mx)), sum)));
+#undef SRC_SCORE
+#undef SRC_KV
+    y[e] = d_to_bf16(acc);
+}
+
+/* pool_ring_state_kernel for sequence e / (R·nb·d) of the call, on its own ring. */
+__global__ void pool_seqs_state_kernel(const float *a, const float *g, int ratio, int64_t d, int n_blocks,
+                                       const di_pool_seq *seqs, int n_seq) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t period = (int64_t)ratio * n_blocks;
+    if (e >= n_seq * period * d) return;
+    const di_pool_seq sq = seqs[e / (period * d)];
+    int64_t q = e % (period * d) / d, j = e % d, m = sq.m;
+    int64_t off = ((q - sq.start_pos % period) % period + period) % period; /* first chunk row in ring row q */
+    if (off >= m) return;
+    int64_t t = sq.row0 + off + (m - 1 - off) / period * period; /* the last one, as a call row */
+    float *kv = sq.state + (q / ratio) * 2 * (int64_t)ratio * d + (q % ratio) * d + j;
+    kv[0] = a[t * d + j];
+    kv[(int64_t)ratio * d] = g[t * d + j];
+}
+
+static int compress_pool_seqs(const di_backend *be, const float *a, const float *gate, int ratio, int64_t d,
+                              int n_blocks, const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out,
+                              uint16_t *y, di_error *err) {
+    if (ratio < 2 || ratio > 128 || d < 1 || n_blocks < 1 || n_seq < 1 || n_out < 0)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cuda compress_pool_seqs: ratio %d (2..128), width %lld, %d state blocks, %d sequences, %lld "
+                            "entries",
+                            ratio, (long long)d, n_blocks, n_seq, (long long)n_out);
+    cudaStream_t st = di_cuda_state(be)->stream;
+    if (n_out > 0) {
+        pool_seqs_kernel<<<di_cuda_blocks(n_out * d, 256), 256, 0, st>>>(a, gate, ratio, d, n_blocks, seqs, ent_seq,
+                                                                         n_out, y);
+        int rc = di_cuda_launched("compress_pool_seqs", err);
+        if (rc) return rc;
+    }
+    pool_seqs_state_kernel<<<di_cuda_blocks((int64_t)n_seq * ratio * n_blocks * d, 256), 256, 0, st>>>(
+        a, gate, ratio, d, n_blocks, seqs, n_seq);
+    return di_cuda_launched("compress_pool_seqs", err);
+}
+
 /* ---------------- sparse attention of several sequences ---------------- */
 
 #define SA_BLOCK 64   /* cuda_attn.cu's constants */
@@ -304,6 +366,7 @@ extern "C" void di_cuda_rows_install(di_backend *be) {
     be->row_encode_scatter = row_encode_scatter;
     be->row_decode_gather = row_decode_gather;
     be->compress_pool_ring = compress_pool_ring;
+    be->compress_pool_seqs = compress_pool_seqs;
     /* the batched attention is the exact kernel's variant: offered only where that kernel is the
      * backend's sparse_attn (not under DI_CUDA_KERNELS=tensor), so it changes no bit of either mode */
     be->sparse_attn_seqs = be->sparse_attn == di_cuda_sparse_attn ? sparse_attn_seqs : NULL;
