@@ -573,7 +573,8 @@ static int attend_seqs(fwd_ctx *c, const uint16_t *q, int H, int64_t hd, const s
 }
 
 /* Attention sub-layer: u bf16 [T, D] (normed collapse) → y bf16 [T, D]. Projections over all rows;
- * key sets, index lists and the sparse attention per sequence on its rows. */
+ * key sets and index lists per sequence; the sparse attention of every sequence on its rows, in one
+ * call where the backend offers sparse_attn_seqs. */
 static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
