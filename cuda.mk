@@ -68,3 +68,15 @@ $(BUILD)/emu/cuda_sample_emu.o: src/backend/cuda/cuda_sample.cu src/backend/cuda
 	    -DDI_CUDA_SAMPLE_EMULATE -x c++ -Iinclude -Isrc $(CUDA_INC) -c $< -o $@
 $(BUILD)/emu/test_cuda_sample_emu: tests/cuda/test_cuda_sample.c $(BUILD)/emu/cuda_sample_emu.o $(BUILD)/libdeepinfer.a
 	$(CC) $(CFLAGS) $(CUDA_INC) -DDI_SAMPLE_EMU -o $@ $< $(BUILD)/emu/cuda_sample_emu.o $(BUILD)/libdeepinfer.a $(LDLIBS) -lstdc++
+
+# ---- host emulation of the exact bf16 GEMMs (no GPU needed) ----
+# cuda_gemm_bf16.cu's own source (kernels and launch logic) compiled for the host, the block's threads as
+# fibers (cuda_gemm_bf16_emu.h), checked against the CPU op bit for bit; CI runs it (tests/all.sh).
+.PHONY: cuda-bf16-emu
+cuda-bf16-emu: $(BUILD)/emu/test_cuda_gemm_bf16_emu
+$(BUILD)/emu/cuda_gemm_bf16_emu.o: src/backend/cuda/cuda_gemm_bf16.cu src/backend/cuda/cuda_gemm_bf16.h src/backend/cuda/cuda_gemm_bf16_emu.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
+	    -D_GNU_SOURCE -DDI_CUDA_BF16_EMULATE -x c++ -Iinclude -Isrc -c $< -o $@
+$(BUILD)/emu/test_cuda_gemm_bf16_emu: tests/emu/test_cuda_gemm_bf16_emu.c $(BUILD)/emu/cuda_gemm_bf16_emu.o $(BUILD)/libdeepinfer.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/emu/cuda_gemm_bf16_emu.o $(BUILD)/libdeepinfer.a $(LDLIBS) -lstdc++

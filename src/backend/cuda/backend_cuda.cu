@@ -1,5 +1,5 @@
 /* The CUDA backend object: device selection, the stream, the grown device workspace, and the di_backend
- * table filled with the kernels of cuda_quant.cu, cuda_gemm.cu, cuda_elem.cu, cuda_mhc.cu,
+ * table filled with the kernels of cuda_quant.cu, cuda_gemm.cu, cuda_gemm_bf16.cu, cuda_elem.cu, cuda_mhc.cu,
  * cuda_select.cu / cuda_select_torch.cu and cuda_attn.cu, and the memory slots, cache row codecs and
  * stream mean of cuda_mem.cu. */
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_attn_fast.h"
 #include "backend/cuda/cuda_fused.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
+#include "backend/cuda/cuda_gemm_bf16.h"
 
 extern "C" int di_cuda_device_count(void) {
     int n = 0;
@@ -97,6 +98,16 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->linear_bf16 = di_cuda_linear_bf16;
     be->linear_f32 = di_cuda_linear_f32;
     be->linear_grouped_bf16 = di_cuda_linear_grouped_bf16;
+    /* bf16 / f32 GEMMs: cuda_gemm_bf16.cu's tiled (prefill) and K-streaming (decode) kernels, bit-identical
+     * to the CPU like the first kernels; DI_CUDA_BF16=nofma runs them without the range-checked FMA fast
+     * path, DI_CUDA_BF16=old keeps cuda_gemm.cu's first kernels. */
+    const char *bf = getenv("DI_CUDA_BF16");
+    if (!bf || strcmp(bf, "old")) {
+        bool nofma = bf && !strcmp(bf, "nofma");
+        be->linear_bf16 = nofma ? di_cuda_linear_bf16_v2_nofma : di_cuda_linear_bf16_v2;
+        be->linear_f32 = nofma ? di_cuda_linear_f32_v2_nofma : di_cuda_linear_f32_v2;
+        be->linear_grouped_bf16 = nofma ? di_cuda_linear_grouped_bf16_v2_nofma : di_cuda_linear_grouped_bf16_v2;
+    }
     be->rmsnorm = di_cuda_rmsnorm;
     be->rope = di_cuda_rope;
     be->qdq_fp8 = di_cuda_qdq_fp8;
