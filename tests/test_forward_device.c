@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_fused.h"
 #include "model/golden.h"
 #include "model/session.h"
+#include "util/error.h"
 #include "testutil.h"
 #include "util/error.h"
 
@@ -167,6 +168,55 @@ static int g_eg_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int6
                      const uint16_t *kw, float eps, di_error *e) {
     return IN(be)->engram_gate(IN(be), U(x), U(kv), m, hc, d, U(qw), U(kw), eps, e);
 }
+/* batched cache rows: the address lists are backend memory holding backend addresses, both unhidden */
+static void **unhide_list(const void *list, int64_t n) {
+    void **h = malloc(sizeof(void *) * (size_t)(n > 0 ? n : 1)); /* [n] host addresses */
+    if (h)
+        for (int64_t i = 0; i < n; i++) h[i] = U(((void *const *)U(list))[i]);
+    return h;
+}
+static int g_row_encode_scatter(const di_backend *be, di_row_codec c, const uint16_t *x, int64_t n, int64_t d,
+                                uint8_t *const *dst, di_error *e) {
+    void **h = unhide_list(dst, n);
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded row list");
+    int rc = IN(be)->row_encode_scatter(IN(be), c, U(x), n, d, (uint8_t *const *)h, e);
+    free(h);
+    return rc;
+}
+static int g_row_decode_gather(const di_backend *be, di_row_codec c, const uint8_t *const *src, int64_t n, int64_t d,
+                               uint16_t *y, di_error *e) {
+    void **h = unhide_list(src, n);
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded row list");
+    int rc = IN(be)->row_decode_gather(IN(be), c, (const uint8_t *const *)h, n, d, U(y), e);
+    free(h);
+    return rc;
+}
+static int g_pool_ring(const di_backend *be, const float *a, const float *g, int64_t m, int64_t p, int r, int64_t d,
+                       float *st, int nb, uint16_t *y, di_error *e) {
+    return IN(be)->compress_pool_ring(IN(be), U(a), U(g), m, p, r, d, U(st), nb, U(y), e);
+}
+static int g_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
+                       int n_seq, const int32_t *seq_of, const float *sink, float sc, uint16_t *o, di_error *e) {
+    di_attn_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
+    for (int s = 0; s < n_seq; s++) {
+        h[s] = U(seqs)[s];
+        h[s].kv_win = U(h[s].kv_win), h[s].kv_cmp = U(h[s].kv_cmp), h[s].idx = U(h[s].idx);
+    }
+    int rc = IN(be)->sparse_attn_seqs(IN(be), U(q), m, nh, d, h, n_seq, U(seq_of), U(sink), sc, U(o), e);
+    free(h);
+    return rc;
+}
+static int g_pool_seqs(const di_backend *be, const float *a, const float *g, int r, int64_t d, int nb,
+                       const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out, uint16_t *y,
+                       di_error *e) {
+    di_pool_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
+    for (int s = 0; s < n_seq; s++) h[s] = U(seqs)[s], h[s].state = U(h[s].state);
+    int rc = IN(be)->compress_pool_seqs(IN(be), U(a), U(g), r, d, nb, h, n_seq, U(ent_seq), n_out, U(y), e);
+    free(h);
+    return rc;
+}
 static void g_destroy(di_backend *be) {
     di_backend_destroy((di_backend *)be->impl);
     free(be);
@@ -222,7 +272,10 @@ static di_backend *guarded(void) {
                        .compress_pool = g_pool, .indexer_scores = g_iscores, .candidate_mask = g_cand, .topk = g_topk,
                        .sparse_attn = g_attn, .router = g_router, .swiglu = g_swiglu, .gather_rows = g_gather,
                        .scatter_add_rows = g_scatter, .f32_to_bf16 = g_to_bf16, .fill_f32 = g_fill,
-                       .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate};
+                       .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate,
+                       .row_encode_scatter = g_row_encode_scatter, .row_decode_gather = g_row_decode_gather,
+                       .compress_pool_ring = g_pool_ring, .sparse_attn_seqs = g_attn_seqs,
+                       .compress_pool_seqs = g_pool_seqs};
     if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk, be->moe_grouped = g_moe_grouped;
     return be;
 }

@@ -69,6 +69,26 @@ static inline size_t di_moe_grouped_ws_bytes(int64_t n, int64_t d, int64_t inter
     size_t rows = ((size_t)(n * d) * 2 + 255) & ~(size_t)255, mid = ((size_t)(n * inter) * 2 + 255) & ~(size_t)255;
     return rows + 3 * mid;
 }
+/* One sequence's key set and index lists in a batched sparse attention (sparse_attn_seqs; backend memory,
+ * pointers into it): its query rows are [q0, q0 + m) of the call, row q0 + t attends [kv_win ‖ kv_cmp]
+ * at idx[t·n_idx … (t+1)·n_idx) (sparse_attn's arguments for that sequence). */
+typedef struct di_attn_seq {
+    const uint16_t *kv_win; /* bf16 [n_win, d] */
+    int64_t n_win;
+    const uint16_t *kv_cmp; /* bf16 [n_cmp, d] or NULL */
+    int64_t n_cmp;
+    const int32_t *idx;     /* int32 [m, n_idx] (−1 = skip) */
+    int64_t n_idx;
+    int64_t q0, m;
+} di_attn_seq;
+
+/* One sequence's chunk in a batched compressor pooling (compress_pool_seqs; backend memory): its tokens
+ * are positions [start_pos, start_pos + m), rows [row0, row0 + m) of the call's projections; the entries
+ * it completes are rows [out0, …) of the output; state is its cache's ring (compress_pool_ring). */
+typedef struct di_pool_seq {
+    float *state; /* f32 [n_blocks, 2, R, d] */
+    int64_t start_pos, m, row0, out0;
+} di_pool_seq;
 
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
@@ -350,6 +370,42 @@ struct di_backend {
     int (*moe_grouped)(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
                        const di_moe_expert *experts, const di_moe_plan *plan, float lim, float *acc, void *ws,
                        di_error *err);
+    /* ---------------- batched cache rows (model/cache_rows.c: one call per pass, not per row) ----------------
+     * The rows a pass writes to or reads from the caches of all its sequences, listed by address: the
+     * rows of several caches, pages and ring slots in one call (backend/cpu/rows_batch.c,
+     * backend/cuda/cuda_rows.cu). The address lists live in backend memory and point into it. */
+
+    /* *dst[i] = encode(x[i]) (row_encode's codec, bit for bit); dst[i] NULL skips row i. The listed rows
+     * must not overlap (they are written in parallel).  x bf16 [n, d];  dst: n row addresses */
+    int (*row_encode_scatter)(const di_backend *be, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d,
+                              uint8_t *const *dst, di_error *err);
+    /* y[i] = decode(*src[i]) (row_decode's codec); src[i] NULL gives a zero row.
+     *   src: n row addresses;  y bf16 [n, d] */
+    int (*row_decode_gather)(const di_backend *be, di_row_codec codec, const uint8_t *const *src, int64_t n,
+                             int64_t d, uint16_t *y, di_error *err);
+    /* compress_pool over the tokens of any number of groups, with the carry state kept as the cache
+     * keeps it: a ring of n_blocks group blocks, group g in block g mod n_blocks, each block kv_state
+     * f32 [R, d] then score_state f32 [R, d]. Entries and every state byte equal those of compress_pool
+     * called group by group in position order on block g mod n_blocks (so a token writes block
+     * ⌊p/R⌋ mod n_blocks, row p mod R, and the last token of the call to reach a row leaves it).
+     *   a, gate f32 [m, d];  state f32 [n_blocks, 2, R, d] (in/out);
+     *   y bf16 [(start_pos+m)/R − start_pos/R, d] (every group the call completes, in order) */
+    int (*compress_pool_ring)(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                              int ratio, int64_t d, float *state, int n_blocks, uint16_t *y, di_error *err);
+    /* compress_pool_ring for the chunks of several sequences in one call (optional; NULL = one
+     * compress_pool_ring per sequence), each exactly as compress_pool_ring on its chunk alone.
+     *   a, gate f32 [Σ m, d];  seqs: n_seq descriptors;  ent_seq int32 [n_out] the sequence of each output
+     *   entry (entries of sequence s are rows out0_s … in order);  y bf16 [n_out, d] */
+    int (*compress_pool_seqs)(const di_backend *be, const float *a, const float *gate, int ratio, int64_t d,
+                              int n_blocks, const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out,
+                              uint16_t *y, di_error *err);
+    /* sparse_attn over the queries of several sequences in one call (optional; NULL = one sparse_attn per
+     * sequence): query row t belongs to sequence seq_of[t] and attends over that sequence's key set
+     * with its index list, exactly as sparse_attn on that sequence alone.
+     *   q bf16 [m, nh, d];  seqs: n_seq descriptors;  seq_of int32 [m];  sink f32 [nh];  out bf16 [m, nh, d] */
+    int (*sparse_attn_seqs)(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
+                            const di_attn_seq *seqs, int n_seq, const int32_t *seq_of, const float *sink,
+                            float scale, uint16_t *out, di_error *err);
 };
 
 

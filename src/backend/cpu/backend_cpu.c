@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_moe_grouped.h"
+#include "backend/cpu/cpu_rows.h"
 #include "backend/cpu/graph_extra.h"
 #include "io/formats.h"
 #include "util/error.h"
@@ -407,6 +408,7 @@ int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_back
     be->engram_lookup = a_engram_lookup;
     be->engram_gate = a_engram_gate;
     if (variant == DI_CPU_SCALAR) fill_scalar(be);
+    di_cpu_rows_install(be); /* after compress_pool: the ring runs the variant's own */
     *out = be;
     return DI_OK;
 }

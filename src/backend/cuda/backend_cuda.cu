@@ -51,6 +51,8 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
     return DI_OK;
 }
 
+extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
+
 extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *err) {
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, device);
@@ -138,6 +140,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
         be->linear_fp4 = di_cuda_linear_fp4_wgmma;
         be->sparse_attn = di_cuda_sparse_attn_fast;
     }
+    di_cuda_rows_install(be); /* after sparse_attn is chosen */
     be->router = di_cuda_router;
     be->swiglu = di_cuda_swiglu;
     be->gather_rows = di_cuda_gather_rows;
