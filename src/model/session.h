@@ -74,8 +74,8 @@ typedef struct di_session_chunk {
 /* Batched forward (continuous batching): every chunk appended to its own session in ONE pass. The
  * token-parallel work (embedding, Engram, mHC, norms, every projection GEMM, router and the experts
  * grouped over all rows, the head) runs once over the concatenated rows of all chunks, so each weight
- * is read once per step; cache reads and writes, window lists, compressor pooling, indexer, top-k and
- * the sparse attention run per sequence. Every backend op is row-wise batch invariant, so each
+ * is read once per step; cache reads and writes, compressor pooling and the sparse attention run once
+ * for all sequences (batched slots where the backend has them); window lists, indexer and top-k per sequence. Every backend op is row-wise batch invariant, so each
  * chunk's logits (and cache) are bit-identical to its di_session_forward alone, whatever the other
  * chunks (tests/test_forward_batch.c). Chunks may mix decode steps, prefill chunks and DSpark verify
  * blocks (a session with DSpark on gets its stage windows written). The sessions must be distinct and

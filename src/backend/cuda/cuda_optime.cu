@@ -132,6 +132,16 @@ extern "C" int di_cuda_optime_install(di_backend *be, di_error *err) {
     DI_OPTIME_WRAP(fill_f32);
     DI_OPTIME_WRAP(engram_lookup);
     DI_OPTIME_WRAP(engram_gate);
+    /* the optional slots added since (NULL ones are skipped) */
+    DI_OPTIME_WRAP(hc_pre);
+    DI_OPTIME_WRAP(gather_topk);
+    DI_OPTIME_WRAP(moe_routed);
+    DI_OPTIME_WRAP(moe_grouped);
+    DI_OPTIME_WRAP(row_encode_scatter);
+    DI_OPTIME_WRAP(row_decode_gather);
+    DI_OPTIME_WRAP(compress_pool_ring);
+    DI_OPTIME_WRAP(compress_pool_seqs);
+    DI_OPTIME_WRAP(sparse_attn_seqs);
     return DI_OK;
 }
 
