@@ -315,6 +315,18 @@ struct di_backend {
                        const int32_t *pages, int64_t page_entries, int64_t page_rows, int64_t row_off,
                        const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows, int32_t *idx,
                        int64_t ldi, di_error *err);
+
+    /* ---------------- graph capture (optional; NULL = every pass runs op by op) ----------------
+     * graph_begin: the ops issued from now on are recorded, not run. Between begin and end no op may
+     * wait for the device (no download); memory must not be allocated or freed (the forward's arena).
+     * graph_end: stop recording and run the recording: as an update of *exec (same topology, only
+     * parameters changed; try_update false skips the attempt) — *replayed = true —, else as a fresh
+     * instantiation that replaces *exec. On failure (an op refused to be recorded: the recording is
+     * incomplete) nothing recorded ran, recording has stopped, and *exec is unchanged.
+     * graph_free: release an instantiated graph (*exec of graph_end). */
+    int (*graph_begin)(const di_backend *be, di_error *err);
+    int (*graph_end)(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
+    void (*graph_free)(const di_backend *be, void *exec);
 };
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */

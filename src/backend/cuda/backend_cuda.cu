@@ -50,6 +50,11 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
     return DI_OK;
 }
 
+/* cuda_graph.cu (backend.h graph capture) */
+extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err);
+extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
+extern "C" void di_cuda_graph_free(const di_backend *be, void *exec);
+
 extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *err) {
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, device);
@@ -148,6 +153,9 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->engram_gate = di_cuda_engram_gate;
     be->hc_pre = di_cuda_hc_pre;
     be->gather_topk = di_cuda_gather_topk;
+    be->graph_begin = di_cuda_graph_begin;
+    be->graph_end = di_cuda_graph_end;
+    be->graph_free = di_cuda_graph_free;
     *out = be;
     return DI_OK;
 }
