@@ -6,13 +6,17 @@
  *    passes after the first one of a shape ran without allocations outside it;
  *  - the shape key: equal for the same pass on equal sessions, different when one chunk's T, the batch
  *    split or the history (a list length) differs;
- *  - the graph hooks are NULL on the CPU backend: no capture, no replay, with graphs asked for.
+ *  - the graph hooks are NULL on the CPU backend: no capture, no replay, with graphs asked for;
+ *  - the graph path (forward.c fwd_backbone) on a backend that emulates recording: decode steps are
+ *    recorded (one instantiation, then updates), bit-identical, and nothing a stream capture refuses
+ *    happens while recording (download, allocation, free, upload from pageable memory).
  * ~2 s CPU.  di-test: asan */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "model/session.h"
 #include "testutil.h"
 
@@ -178,11 +182,156 @@ static void test_shape_key(void **state) {
     env_close(&e);
 }
 
+/* ---- the graph path on a recording-emulating backend ----
+ * The CPU backend's table with host_memory off (the control flow of a device backend: cache reads
+ * upload their id lists, pinned staging is mapped) and graph hooks that only watch: between
+ * graph_begin and graph_end every call a CUDA stream capture would refuse or bake in wrongly is
+ * counted — a download (a synchronisation), an allocation or a free (outside the arena), an upload
+ * whose source is not a staging slot (pageable memory). The ops run eagerly as always (the CPU is
+ * synchronous), so results must be bit-identical to the plain pass. */
+static struct spy {
+    const di_backend *real;
+    const di_fwd_arena *arena;
+    bool recording;
+    int begins, ends, downloads, allocs, frees, pageable_uploads;
+} g_spy;
+
+static void *spy_alloc(const di_backend *be, size_t bytes, di_error *err) {
+    g_spy.allocs += g_spy.recording;
+    return g_spy.real->mem_alloc(be, bytes, err);
+}
+static void spy_free(const di_backend *be, void *p) {
+    g_spy.frees += g_spy.recording;
+    g_spy.real->mem_free(be, p);
+}
+static int spy_upload(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err) {
+    g_spy.pageable_uploads += g_spy.recording && bytes && !di_fwd_arena_is_staging(g_spy.arena, src);
+    return g_spy.real->mem_upload(be, dst, src, bytes, err);
+}
+static int spy_download(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err) {
+    g_spy.downloads += g_spy.recording;
+    return g_spy.real->mem_download(be, dst, src, bytes, err);
+}
+static int spy_begin(const di_backend *be, di_error *err) {
+    (void)be, (void)err;
+    g_spy.recording = true, g_spy.begins++;
+    return DI_OK;
+}
+static int spy_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err) {
+    (void)be, (void)err;
+    g_spy.recording = false, g_spy.ends++;
+    *replayed = false;
+    if (!exec) return DI_OK;
+    *replayed = *exec != NULL && try_update;
+    *exec = &g_spy; /* an "instantiated graph" */
+    return DI_OK;
+}
+static void spy_graph_free(const di_backend *be, void *exec) { (void)be, (void)exec; }
+
+/* The gather_topk contract (backend.h) on host memory: the CPU backend has no such slot, and a device
+ * backend gathers this way — without it the pass downloads its top-k lists and is no graph pass. */
+static int spy_gather_topk(const di_backend *be, di_row_codec codec, const uint8_t *base, int64_t n_entries,
+                           const int32_t *pages, int64_t page_entries, int64_t page_rows, int64_t row_off,
+                           const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows, int32_t *idx,
+                           int64_t ldi, di_error *err) {
+    (void)be, (void)err;
+    size_t rb = (size_t)di_row_codec_bytes(codec, d);
+    for (int64_t t = 0; t < m; t++)
+        for (int j = 0; j < k; j++) {
+            int64_t e = top[t * k + j], o = t * k + j;
+            if (e < 0 || e >= n_entries) {
+                memset(rows + o * d, 0, sizeof(uint16_t) * (size_t)d);
+                idx[t * ldi + j] = -1;
+                continue;
+            }
+            int64_t r = pages ? (int64_t)pages[e / page_entries] * page_rows + row_off + e % page_entries : e;
+            di_cpu_row_decode(codec, base + (size_t)r * rb, d, rows + o * d);
+            idx[t * ldi + j] = row0 + (int32_t)o;
+        }
+    return DI_OK;
+}
+
+static void run_graph_emulation(const char *name) {
+    env e;
+    env_open(&e, name);
+    di_backend spy = *e.be;
+    spy.host_memory = false;
+    spy.mem_alloc = spy_alloc, spy.mem_free = spy_free, spy.mem_upload = spy_upload, spy.mem_download = spy_download;
+    spy.graph_begin = spy_begin, spy.graph_end = spy_end, spy.graph_free = spy_graph_free;
+    spy.gather_topk = spy_gather_topk;
+    memset(&g_spy, 0, sizeof g_spy);
+    g_spy.real = e.be;
+    di_fwd_arena *a = NULL;
+    di_error err = {0};
+    assert_int_equal(di_fwd_arena_create(&spy, true, &a, &err), DI_OK);
+    g_spy.arena = a;
+    di_session *plain[N_SEQ], *rec[N_SEQ];
+    float *lp[N_SEQ], *lr[N_SEQ];
+    di_session_opts so = {.max_tokens = MAX_LEN, .spec_margin = -1};
+    for (int i = 0; i < N_SEQ; i++) {
+        plain[i] = new_session(&e);
+        assert_int_equal(di_session_create(e.m, &spy, &so, &rec[i], &err), DI_OK);
+        lp[i] = malloc(sizeof(float) * 16 * (size_t)e.V), lr[i] = malloc(sizeof(float) * 16 * (size_t)e.V);
+        assert_non_null(lp[i]), assert_non_null(lr[i]);
+    }
+    int n_pass = 0;
+    for (int step = -1; step < STEPS; step++) {
+        di_session_chunk cp[N_SEQ], cr[N_SEQ];
+        int32_t ids[N_SEQ][PROMPT];
+        int64_t n = step < 0 ? PROMPT : 1;
+        for (int i = 0; i < N_SEQ; i++) {
+            for (int64_t t = 0; t < n; t++) ids[i][t] = tok(&e, i, di_session_len(plain[i]) + t);
+            cp[i] = (di_session_chunk){.s = plain[i], .ids = ids[i], .n = n, .logits = lp[i]};
+            cr[i] = (di_session_chunk){.s = rec[i], .ids = ids[i], .n = n, .logits = lr[i]};
+        }
+        di_fwd_opts op = {0}, orc = {.arena = a, .logits_on_device = true}; /* CPU: device memory = host */
+        if (di_session_forward_batch(cp, N_SEQ, &op, &err)) fail_msg("plain: %s", err.msg);
+        if (di_session_forward_batch(cr, N_SEQ, &orc, &err)) fail_msg("recorded: %s", err.msg);
+        n_pass++;
+        for (int i = 0; i < N_SEQ; i++)
+            if (memcmp(lp[i], lr[i], sizeof(float) * (size_t)e.V))
+                fail_msg("%s: step %d sequence %d: logits differ on the graph path", name, step, i);
+    }
+    di_fwd_arena_stats st;
+    di_fwd_arena_get_stats(a, &st);
+    tu_report("%s: %d passes, graph path: %llu captures, %llu replays, %llu fallbacks; while recording: %d downloads, "
+              "%d allocations, %d frees, %d uploads from outside the staging block",
+              name, n_pass, (unsigned long long)st.captures, (unsigned long long)st.replays,
+              (unsigned long long)st.graph_fallbacks, g_spy.downloads, g_spy.allocs, g_spy.frees, g_spy.pageable_uploads);
+    /* pass 1 (prompt) and pass 2 (first step) run eagerly: the arena was outgrown by the pass before */
+    assert_int_equal(g_spy.begins, g_spy.ends);
+    assert_int_equal(st.captures, 1);
+    assert_int_equal(st.replays, (uint64_t)n_pass - 3);
+    assert_int_equal(st.graph_fallbacks, 0);
+    assert_int_equal(g_spy.downloads, 0);
+    assert_int_equal(g_spy.allocs, 0);
+    assert_int_equal(g_spy.frees, 0);
+    assert_int_equal(g_spy.pageable_uploads, 0);
+    for (int i = 0; i < N_SEQ; i++) {
+        di_session_destroy(plain[i]), di_session_destroy(rec[i]);
+        free(lp[i]), free(lr[i]);
+    }
+    di_fwd_arena_destroy(a);
+    env_close(&e);
+}
+
+static void test_graph_path_sel(void **st) {
+    (void)st;
+    run_graph_emulation("v41-tiny-sel");
+}
+
+static void test_graph_path_nosel(void **st) {
+    (void)st;
+    run_graph_emulation("v41-tiny-nosel");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identical_sel),
         cmocka_unit_test(test_identical_nosel),
         cmocka_unit_test(test_shape_key),
+        cmocka_unit_test(test_graph_path_sel),
+        cmocka_unit_test(test_graph_path_nosel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -115,6 +115,8 @@ typedef struct di_fwd_arena_stats {
 int di_fwd_arena_create(const di_backend *be, bool graphs, di_fwd_arena **out, di_error *err);
 void di_fwd_arena_destroy(di_fwd_arena *a);
 void di_fwd_arena_get_stats(const di_fwd_arena *a, di_fwd_arena_stats *st);
+/* p lies in the arena's upload staging block (the sources a recorded pass may copy from; tests). */
+bool di_fwd_arena_is_staging(const di_fwd_arena *a, const void *p);
 
 /* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and
  * writes them all to one safetensors file — `deepinfer verify --dump-stages FILE`. Use with

@@ -93,6 +93,11 @@ void di_fwd_arena_get_stats(const di_fwd_arena *a, di_fwd_arena_stats *st) {
     st->dev_bytes = a->dev_cap, st->host_bytes = a->host_cap + a->stage_cap;
 }
 
+bool di_fwd_arena_is_staging(const di_fwd_arena *a, const void *p) {
+    const uint8_t *b = p;
+    return a->stage && b >= a->stage && b < a->stage + a->stage_cap;
+}
+
 bool fwd_arena_graphs(const fwd_ctx *c) { return c->ar && c->ar->graphs && c->be->graph_begin && c->ar->last_fit; }
 void **fwd_arena_exec(fwd_ctx *c) { return &c->ar->exec; }
 void fwd_arena_count(fwd_ctx *c, int captures, int replays, int fallbacks) {
