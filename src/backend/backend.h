@@ -319,14 +319,20 @@ struct di_backend {
     /* ---------------- graph capture (optional; NULL = every pass runs op by op) ----------------
      * graph_begin: the ops issued from now on are recorded, not run. Between begin and end no op may
      * wait for the device (no download); memory must not be allocated or freed (the forward's arena).
-     * graph_end: stop recording and run the recording: as an update of *exec (same topology, only
-     * parameters changed; try_update false skips the attempt) — *replayed = true —, else as a fresh
-     * instantiation that replaces *exec. On failure (an op refused to be recorded: the recording is
-     * incomplete) nothing recorded ran, recording has stopped, and *exec is unchanged.
-     * graph_free: release an instantiated graph (*exec of graph_end). */
+     * graph_end: stop recording and run the recording. *exec is the caller's set of instantiated
+     * graphs (opaque, NULL at first): one of the same topology is updated with the recording's
+     * parameters (try_update false skips the attempt) — *replayed = true —, else the recording is
+     * instantiated into the set. exec NULL: drop the recording. On failure (an op refused to be
+     * recorded: the recording is incomplete) nothing recorded ran and recording has stopped.
+     * graph_free: release the set (waits for a launched graph). */
     int (*graph_begin)(const di_backend *be, di_error *err);
     int (*graph_end)(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
     void (*graph_free)(const di_backend *be, void *exec);
+    /* Page-lock host memory the host writes and the ops' uploads read (the forward's upload staging):
+     * an upload from it is an asynchronous DMA, and a recorded upload reads it when the graph runs.
+     * NULL where uploads are plain copies (the CPU). */
+    int (*host_pin)(const di_backend *be, void *host, size_t bytes, di_error *err);
+    void (*host_unpin)(const di_backend *be, void *host);
 };
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */

@@ -90,7 +90,7 @@ typedef struct di_fwd_opts {
 /* A persistent scratch arena for the passes of one backend (forward_arena.c): one block of backend
  * memory for every fwd_alloc of a pass (reset per pass, grown between passes when a pass needed more)
  * and one host staging block for the pass's host-built plans (positions, index lists, block tables),
- * pinned where the backend has its own memory so each plan upload is an asynchronous DMA from a fixed
+ * pinned where the backend can (be->host_pin) so each plan upload is an asynchronous DMA from a fixed
  * address. A pass of the same shape gets the same bytes at the same addresses in the same order,
  * which is what a captured CUDA graph needs (arena.graphs). Results are bit-identical to the
  * per-block allocations (both are zero-filled). One pass at a time: a pass that finds the arena busy

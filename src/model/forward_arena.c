@@ -8,7 +8,7 @@
  * to it. The same sequence of requests therefore gets the same addresses, pass after pass.
  *
  * Host blocks: one for fwd_halloc (plain memory, never rewound within a pass), one staging block for
- * the sources of fwd_upload, pinned where the backend has its own memory. An upload is an asynchronous
+ * the sources of fwd_upload, pinned where the backend can (be->host_pin). An upload is an asynchronous
  * copy from a staging slot, so the slot must stay untouched until the copy ran: each upload copies its
  * source into a fresh slot (callers may reuse their host buffer right after fwd_upload, as with
  * pageable copies) and the block is only rewound by the next pass.
@@ -38,8 +38,8 @@ struct di_fwd_arena {
     size_t dev_cap;
     uint8_t *host;               /* uint8 [host_cap] (host): fwd_halloc */
     size_t host_cap;
-    uint8_t *stage;              /* uint8 [stage_cap] (host; registered with the backend unless host_memory) */
-    const void *stage_view;      /* the backend's view of stage (NULL = not registered) */
+    uint8_t *stage;              /* uint8 [stage_cap] (host; pinned where the backend has host_pin) */
+    bool stage_pinned;
     size_t stage_cap;
     size_t dev_need, host_need, stage_need; /* the largest demand of one pass so far */
     bool busy;                   /* a pass runs in it */
@@ -69,9 +69,9 @@ int di_fwd_arena_create(const di_backend *be, bool graphs, di_fwd_arena **out, d
 }
 
 static void stage_release(di_fwd_arena *a) {
-    if (a->stage_view) a->be->mem_unmap_host(a->be, a->stage, a->stage_view);
+    if (a->stage_pinned) a->be->host_unpin(a->be, a->stage);
     free(a->stage);
-    a->stage = NULL, a->stage_view = NULL, a->stage_cap = 0;
+    a->stage = NULL, a->stage_pinned = false, a->stage_cap = 0;
 }
 
 void di_fwd_arena_destroy(di_fwd_arena *a) {
@@ -136,12 +136,13 @@ int fwd_arena_begin(fwd_ctx *c) {
         stage_release(a);
         if (!(a->stage = aligned_alloc(4096, cap)))
             return di_error_set(c->err, DI_ERR_NOMEM, "forward arena: %zu bytes of upload staging", cap);
-        if (!be->host_memory) {
-            int rc = be->mem_map_host(be, a->stage, cap, &a->stage_view, c->err); /* pins it */
+        if (be->host_pin) {
+            int rc = be->host_pin(be, a->stage, cap, c->err);
             if (rc) {
                 stage_release(a);
                 return rc;
             }
+            a->stage_pinned = true;
         }
         a->stage_cap = cap, a->st.grows++;
     }
@@ -203,7 +204,7 @@ const void *fwd_arena_stage(fwd_ctx *c, const void *host, size_t bytes) {
     }
     uint8_t *slot = a->stage + c->ar_stage - n;
     memcpy(slot, host, bytes);
-    if (a->stage_view) a->fence = true;
+    if (a->stage_pinned) a->fence = true;
     return slot;
 }
 

@@ -54,6 +54,8 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
 extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err);
 extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
 extern "C" void di_cuda_graph_free(const di_backend *be, void *exec);
+extern "C" int di_cuda_host_pin(const di_backend *be, void *host, size_t bytes, di_error *err);
+extern "C" void di_cuda_host_unpin(const di_backend *be, void *host);
 
 extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *err) {
     cudaDeviceProp prop;
@@ -156,6 +158,8 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->graph_begin = di_cuda_graph_begin;
     be->graph_end = di_cuda_graph_end;
     be->graph_free = di_cuda_graph_free;
+    be->host_pin = di_cuda_host_pin;
+    be->host_unpin = di_cuda_host_unpin;
     *out = be;
     return DI_OK;
 }

@@ -10,6 +10,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+#include <stdlib.h>
+
 extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err) {
     cudaError_t e = cudaStreamBeginCapture(di_cuda_state(be)->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
@@ -17,6 +19,41 @@ extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err) {
         return di_error_set(err, DI_ERR_INTERNAL, "cuda graph: begin capture: %s", cudaGetErrorString(e));
     }
     return DI_OK;
+}
+
+/* The instantiated graphs of one caller (*exec of graph_end): a few, one per topology. A decode pass
+ * alternates between topologies as the context grows (a ratio-2 compressor emits an entry every other
+ * step: a few more kernels), so the last instantiation of each is kept and updated in turn. */
+enum { GRAPH_SLOTS = 4 };
+typedef struct graph_set {
+    struct {
+        cudaGraphExec_t x;
+        uint64_t sig;   /* topology: node count, node types and kernel functions in order */
+        uint64_t used;  /* last use (LRU eviction) */
+    } e[GRAPH_SLOTS];
+    uint64_t tick;
+} graph_set;
+
+static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; }
+
+static uint64_t topology(cudaGraph_t g) {
+    size_t n = 0;
+    if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess) return 0;
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
+    uint64_t h = mix(0xcbf29ce484222325ull, n);
+    if (nodes && cudaGraphGetNodes(g, nodes, &n) == cudaSuccess) {
+        for (size_t i = 0; i < n; i++) {
+            cudaGraphNodeType t;
+            if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess) continue;
+            h = mix(h, (uint64_t)t);
+            cudaKernelNodeParams kp;
+            if (t == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess)
+                h = mix(h, (uint64_t)(uintptr_t)kp.func);
+        }
+    }
+    free(nodes);
+    cudaGetLastError();
+    return h;
 }
 
 extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err) {
@@ -31,15 +68,27 @@ extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_upd
         return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda graph: the pass could not be recorded: %s",
                             cudaGetErrorString(e));
     }
-    cudaGraphExec_t x = (cudaGraphExec_t)*exec;
-    if (x && try_update) {
+    graph_set *gs = (graph_set *)*exec;
+    if (!gs && !(gs = (graph_set *)calloc(1, sizeof *gs))) {
+        cudaGraphDestroy(g);
+        return di_error_set(err, DI_ERR_NOMEM, "cuda graph: graph set");
+    }
+    *exec = gs;
+    uint64_t sig = topology(g);
+    int slot = -1, lru = 0;
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (gs->e[i].x && gs->e[i].sig == sig) slot = i;
+        if (gs->e[i].used < gs->e[lru].used) lru = i;
+    }
+    if (slot >= 0 && try_update) {
         cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(x, g, &info) == cudaSuccess)
+        if (cudaGraphExecUpdate(gs->e[slot].x, g, &info) == cudaSuccess)
             *replayed = true;
         else
-            cudaGetLastError(); /* another topology: instantiate below */
+            cudaGetLastError(); /* refused: instantiate below, in the same slot */
     }
     if (!*replayed) {
+        if (slot < 0) slot = lru;
         cudaGraphExec_t nx = NULL;
         e = cudaGraphInstantiate(&nx, g, 0);
         if (e != cudaSuccess) {
@@ -47,11 +96,12 @@ extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_upd
             cudaGraphDestroy(g);
             return di_error_set(err, DI_ERR_INTERNAL, "cuda graph: instantiate: %s", cudaGetErrorString(e));
         }
-        if (x) cudaGraphExecDestroy(x);
-        *exec = x = nx;
+        if (gs->e[slot].x) cudaGraphExecDestroy(gs->e[slot].x);
+        gs->e[slot].x = nx, gs->e[slot].sig = sig;
     }
+    gs->e[slot].used = ++gs->tick;
     cudaGraphDestroy(g);
-    e = cudaGraphLaunch(x, st);
+    e = cudaGraphLaunch(gs->e[slot].x, st);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return di_error_set(err, DI_ERR_INTERNAL, "cuda graph: launch: %s", cudaGetErrorString(e));
@@ -60,6 +110,29 @@ extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_upd
 }
 
 extern "C" void di_cuda_graph_free(const di_backend *be, void *exec) {
+    graph_set *gs = (graph_set *)exec;
+    if (!gs) return;
+    cudaStreamSynchronize(di_cuda_state(be)->stream); /* a launched graph may still run */
+    for (int i = 0; i < GRAPH_SLOTS; i++)
+        if (gs->e[i].x) cudaGraphExecDestroy(gs->e[i].x);
+    free(gs);
+}
+
+/* Page-locked upload staging (backend.h host_pin): registered, not mapped — the ops never read it
+ * directly, only the uploads copy from it. */
+extern "C" int di_cuda_host_pin(const di_backend *be, void *host, size_t bytes, di_error *err) {
     (void)be;
-    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+    cudaError_t e = cudaHostRegister(host, bytes ? bytes : 1, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda: cannot pin %zu bytes of upload staging: %s", bytes,
+                            cudaGetErrorString(e));
+    }
+    return DI_OK;
+}
+
+extern "C" void di_cuda_host_unpin(const di_backend *be, void *host) {
+    (void)be;
+    if (host) cudaHostUnregister(host);
+    cudaGetLastError();
 }
