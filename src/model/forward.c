@@ -528,8 +528,10 @@ static bool graph_pass(const fwd_ctx *c) {
  * from device memory would need every attention / compressor / indexer kernel changed. Recording is
  * host work of the order of issuing the ops; what the graph removes is the device-side gap between
  * launches, and an update costs far less than an instantiation. A recording that fails (an op of this
- * model synchronises) is abandoned — nothing of it ran on the device — and the pass runs op by op;
- * the arena then stays eager for good (graph_fallbacks). */
+ * model synchronises, e.g. a workspace growing with the context) is abandoned — nothing of it ran on
+ * the device — and the pass runs op by op from its start (graph_fallbacks; after 8 the arena stays
+ * eager). The rerun is sound: the host-side cache bookkeeping the abandoned attempt did is idempotent
+ * (high-water marks and ring slots at fixed positions) and the pass reads none of it. */
 int fwd_backbone(fwd_ctx *c) {
     if (!graph_pass(c)) return backbone_ops(c);
     const di_backend *be = c->be;

@@ -103,7 +103,10 @@ void **fwd_arena_exec(fwd_ctx *c) { return &c->ar->exec; }
 void fwd_arena_count(fwd_ctx *c, int captures, int replays, int fallbacks) {
     c->ar->st.captures += (uint64_t)captures, c->ar->st.replays += (uint64_t)replays;
     c->ar->st.graph_fallbacks += (uint64_t)fallbacks;
-    if (fallbacks) c->ar->graphs = false; /* an op of this model cannot be captured: stay eager */
+    /* a recording fails where an op synchronises: a workspace that grows with the context (once per
+     * size; the eager rerun grows it) — or an op that always does, then every pass would record in
+     * vain: give up after a few */
+    if (fallbacks && c->ar->st.graph_fallbacks >= 8) c->ar->graphs = false;
 }
 
 int fwd_arena_begin(fwd_ctx *c) {

@@ -7,7 +7,7 @@
  * 32 decode steps with fixed (teacher-forced) tokens —:
  *   plain    no arena (per-block cudaMallocAsync, pageable plan uploads): the reference
  *   arena    the arena, graphs off: logits bit-identical to plain, no capture
- *   graphs   the arena, graphs on: logits bit-identical to plain, replays > 0, no fallback
+ *   graphs   the arena, graphs on: logits bit-identical to plain, replays > 0 (fallbacks reported)
  * and the time per decode step of each (forward + the logits download, wall clock, steps 8-31).
  * One table row per check; last line "N passed, N failed"; exit status 1 if any check fails. A watchdog
  * ends the binary after 120 s with a FAIL line. Usage: test_cuda_graphs (models from $DI_GRAPH_MODELS,
@@ -37,7 +37,7 @@ static void row(const char *model, const char *check, const char *detail, bool o
 
 static void watchdog(int sig) {
     (void)sig;
-    static const char msg[] = "watchdog: over 120 s\n0 passed, 1 failed\n";
+    static const char msg[] = "watchdog: time limit reached\n0 passed, 1 failed\n";
     ssize_t w = write(1, msg, sizeof msg - 1);
     (void)w;
     _exit(1);
@@ -139,7 +139,9 @@ static void model_checks(const char *path) {
              (unsigned long long)r[2].st.captures, (unsigned long long)r[2].st.replays,
              (unsigned long long)r[2].st.graph_fallbacks, (unsigned long long)r[2].st.key_changes,
              (unsigned long long)r[2].st.passes);
-    row(name, "graphs: replays > 0", d, r[2].st.replays > 0 && r[2].st.graph_fallbacks == 0);
+    /* a fallback (a recording abandoned because an op synchronised, e.g. a workspace growing with the
+     * context) is legal and bit-identical; the graph path must still replay */
+    row(name, "graphs: replays > 0", d, r[2].st.replays > 0);
     snprintf(d, sizeof d, "plain %.1f  arena %.1f  graphs %.1f us/step (forward + download, batch %d)", r[0].step_us,
              r[1].step_us, r[2].step_us, N_SEQ);
     row(name, "time per decode step", d, true);
@@ -149,7 +151,7 @@ out:
 
 int main(void) {
     signal(SIGALRM, watchdog);
-    alarm(120);
+    alarm(getenv("DI_QUICK") ? 600 : 120); /* DI_QUICK: under compute-sanitizer (gpu_tests.sh) */
     const char *dev = getenv("DI_GRAPH_DEVICE");
     if (dev && !strcmp(dev, "cpu")) g_dev = "cpu";
     if (!strcmp(g_dev, "cuda") && !di_backend_cuda_available()) {
