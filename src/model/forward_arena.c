@@ -114,7 +114,7 @@ int fwd_arena_begin(fwd_ctx *c) {
     di_fwd_arena *a = c->opts->arena;
     if (!a || a->busy || a->be != c->be) return DI_OK; /* nested pass or another backend: per block */
     const di_backend *be = c->be;
-    if (a->fence) {
+    if (a->fence && a->dev) {
         uint8_t b; /* the previous pass's staged copies must have run before the block is rewritten */
         int rc = be->mem_download(be, &b, a->dev, 1, c->err);
         if (rc) return rc;
