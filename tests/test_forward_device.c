@@ -19,7 +19,9 @@
 #include "backend/cpu/cpu_fused.h"
 #include "model/golden.h"
 #include "model/session.h"
+#include "util/error.h"
 #include "testutil.h"
+#include "util/error.h"
 
 /* ---------------- the unreachable-memory wrapper ---------------- */
 
@@ -166,6 +168,55 @@ static int g_eg_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int6
                      const uint16_t *kw, float eps, di_error *e) {
     return IN(be)->engram_gate(IN(be), U(x), U(kv), m, hc, d, U(qw), U(kw), eps, e);
 }
+/* batched cache rows: the address lists are backend memory holding backend addresses, both unhidden */
+static void **unhide_list(const void *list, int64_t n) {
+    void **h = malloc(sizeof(void *) * (size_t)(n > 0 ? n : 1)); /* [n] host addresses */
+    if (h)
+        for (int64_t i = 0; i < n; i++) h[i] = U(((void *const *)U(list))[i]);
+    return h;
+}
+static int g_row_encode_scatter(const di_backend *be, di_row_codec c, const uint16_t *x, int64_t n, int64_t d,
+                                uint8_t *const *dst, di_error *e) {
+    void **h = unhide_list(dst, n);
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded row list");
+    int rc = IN(be)->row_encode_scatter(IN(be), c, U(x), n, d, (uint8_t *const *)h, e);
+    free(h);
+    return rc;
+}
+static int g_row_decode_gather(const di_backend *be, di_row_codec c, const uint8_t *const *src, int64_t n, int64_t d,
+                               uint16_t *y, di_error *e) {
+    void **h = unhide_list(src, n);
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded row list");
+    int rc = IN(be)->row_decode_gather(IN(be), c, (const uint8_t *const *)h, n, d, U(y), e);
+    free(h);
+    return rc;
+}
+static int g_pool_ring(const di_backend *be, const float *a, const float *g, int64_t m, int64_t p, int r, int64_t d,
+                       float *st, int nb, uint16_t *y, di_error *e) {
+    return IN(be)->compress_pool_ring(IN(be), U(a), U(g), m, p, r, d, U(st), nb, U(y), e);
+}
+static int g_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
+                       int n_seq, const int32_t *seq_of, const float *sink, float sc, uint16_t *o, di_error *e) {
+    di_attn_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
+    for (int s = 0; s < n_seq; s++) {
+        h[s] = U(seqs)[s];
+        h[s].kv_win = U(h[s].kv_win), h[s].kv_cmp = U(h[s].kv_cmp), h[s].idx = U(h[s].idx);
+    }
+    int rc = IN(be)->sparse_attn_seqs(IN(be), U(q), m, nh, d, h, n_seq, U(seq_of), U(sink), sc, U(o), e);
+    free(h);
+    return rc;
+}
+static int g_pool_seqs(const di_backend *be, const float *a, const float *g, int r, int64_t d, int nb,
+                       const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out, uint16_t *y,
+                       di_error *e) {
+    di_pool_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
+    if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
+    for (int s = 0; s < n_seq; s++) h[s] = U(seqs)[s], h[s].state = U(h[s].state);
+    int rc = IN(be)->compress_pool_seqs(IN(be), U(a), U(g), r, d, nb, h, n_seq, U(ent_seq), n_out, U(y), e);
+    free(h);
+    return rc;
+}
 static void g_destroy(di_backend *be) {
     di_backend_destroy((di_backend *)be->impl);
     free(be);
@@ -187,6 +238,22 @@ static int g_gather_topk(const di_backend *be, di_row_codec c, const uint8_t *ba
     return di_cpu_gather_topk(IN(be), c, U(base), n, U(pages), pe, pr, ro, U(top), m, k, d, row0, U(rows), U(idx), ldi, e);
 }
 
+/* the prefill experts (moe_grouped): the host plan's start_h and the expert table stay host memory, every
+ * backend pointer in them loses the bit */
+static long g_grouped_calls;
+static int g_moe_grouped(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
+                         const di_moe_expert *ex, const di_moe_plan *plan, float lim, float *acc, void *ws, di_error *e) {
+    g_grouped_calls++;
+    di_moe_expert *tab = malloc(sizeof *tab * (size_t)(n_exp > 0 ? n_exp : 1));
+    if (!tab) return di_error_set(e, DI_ERR_NOMEM, "guarded moe_grouped: expert table");
+    for (int i = 0; i < n_exp; i++)
+        tab[i] = (di_moe_expert){U(ex[i].w1), U(ex[i].s1), U(ex[i].w3), U(ex[i].s3), U(ex[i].w2), U(ex[i].s2)};
+    di_moe_plan p = {plan->n, plan->start_h, U(plan->start), U(plan->rows), U(plan->roww), U(plan->rank)};
+    int rc = IN(be)->moe_grouped(IN(be), U(x), m, d, inter, k, n_exp, tab, &p, lim, U(acc), U(ws), e);
+    free(tab);
+    return rc;
+}
+
 static bool g_fused; /* the guarded backend offers the fused slots (the graph then takes that path) */
 
 static di_backend *guarded(void) {
@@ -205,8 +272,11 @@ static di_backend *guarded(void) {
                        .compress_pool = g_pool, .indexer_scores = g_iscores, .candidate_mask = g_cand, .topk = g_topk,
                        .sparse_attn = g_attn, .router = g_router, .swiglu = g_swiglu, .gather_rows = g_gather,
                        .scatter_add_rows = g_scatter, .f32_to_bf16 = g_to_bf16, .fill_f32 = g_fill,
-                       .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate};
-    if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk;
+                       .stream_mean = g_smean, .engram_lookup = g_eg_lookup, .engram_gate = g_eg_gate,
+                       .row_encode_scatter = g_row_encode_scatter, .row_decode_gather = g_row_decode_gather,
+                       .compress_pool_ring = g_pool_ring, .sparse_attn_seqs = g_attn_seqs,
+                       .compress_pool_seqs = g_pool_seqs};
+    if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk, be->moe_grouped = g_moe_grouped;
     return be;
 }
 
@@ -398,6 +468,7 @@ static int fused_on(void **state) {
     (void)state;
     g_fused = true;
     g_fused_calls[0] = g_fused_calls[1] = 0;
+    g_grouped_calls = 0;
     return 0;
 }
 static int fused_off(void **state) { /* the fused path must have run */
@@ -406,12 +477,18 @@ static int fused_off(void **state) { /* the fused path must have run */
     tu_report("fused slots called: hc_pre %ld, gather_topk %ld", g_fused_calls[0], g_fused_calls[1]);
     return g_fused_calls[0] > 0 && g_fused_calls[1] > 0 ? 0 : -1;
 }
+/* the prefill of test_prefill_and_verify (T = 130 > 64) also takes moe_grouped on the faulting backend
+ * (the plain side takes the CPU slot, the unfused guarded side the graph's per-expert loop) */
+static int fused_off_grouped(void **state) {
+    tu_report("moe_grouped called: %ld", g_grouped_calls);
+    return g_grouped_calls > 0 ? fused_off(state) : -1;
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_verify),
         cmocka_unit_test(test_session),
-        cmocka_unit_test_setup_teardown(test_prefill_and_verify, fused_on, fused_off),
+        cmocka_unit_test_setup_teardown(test_prefill_and_verify, fused_on, fused_off_grouped),
         cmocka_unit_test_setup_teardown(test_session, fused_on, fused_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

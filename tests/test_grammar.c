@@ -285,6 +285,39 @@ static void test_repetition_boundary(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* A counted state (`[a-z]{1,40}`) takes a block of characters only when the summaries of all
+ * DI_CHAIN_CHARS + 1 states of its chain exist; each mask must complete the chain it needs, so
+ * that every mask after the first character is a block mask (equal to brute force). */
+static void test_counted_chain(void **state) {
+    (void)state;
+    static const char re[] = "[a-z]{1,40}!";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    di_grammar *g = regex_or_fail(re);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    int blocks = 0;
+    for (int k = 1; k <= 24; k++) {
+        if (di_grammar_matcher_accept_token(m, 'q' + 1, &err)) fail_msg("%s", err.msg); /* token b + 1 = byte b */
+        di_grammar_walk_stats before, after;
+        di_grammar_matcher_walk_stats(m, &before);
+        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
+        di_grammar_matcher_walk_stats(m, &after);
+        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, re);
+        if (k > 1) assert_int_equal(after.block_masks, before.block_masks + 1);
+        blocks += (int)(after.block_masks - before.block_masks);
+        assert_true(gt_bit(mask, 'z' + 1) && gt_bit(mask, '!' + 1) && !gt_bit(mask, 'A' + 1));
+    }
+    tu_report("counted chain: %d of 24 masks were block masks", blocks);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -588,6 +621,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
+        cmocka_unit_test(test_counted_chain),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

@@ -12,6 +12,9 @@
  * what every later request of a server sees.
  *
  * --verify N: every Nth mask is also compared with brute force over the whole vocabulary.
+ * --cpu-time: time with the thread's CPU clock instead of the wall clock, so that preemption on a
+ *   shared machine does not land in the numbers (for before/after comparisons of this engine; the
+ *   peers script times wall clock, so ratios to it use the default).
  * --peers FILE: the JSON written by `scripts/bench_grammar_peers.py --json` on the same inputs;
  *   each input then also prints its ratios to llguidance and xgrammar (compile, mask p50, p99).
  * --schemas DIR: compliance mode over MaskBench/JSONSchemaBench files (see run_compliance). */
@@ -29,9 +32,11 @@
 #define FALLBACK_TOKENIZER "data/tokenizer/deepseek-v4/tokenizer.json"
 #define DEFAULT_INPUTS "tests/data/grammar/bench"
 
+static clockid_t mask_clock = CLOCK_MONOTONIC; /* --cpu-time: CLOCK_THREAD_CPUTIME_ID */
+
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(mask_clock, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -165,6 +170,22 @@ static void run_one(const char *dir, const char *file, const di_tokenizer *tok, 
         snprintf(r->err, sizeof r->err, "out of memory");
         goto done;
     }
+    /* DI_BENCH_COLD_LOOP=N: replay the cold request N more times first, each on a freshly compiled
+     * grammar, untimed (for a profiler: the cold path without the vocabulary build around it) */
+    const char *loop_env = getenv("DI_BENCH_COLD_LOOP");
+    for (long k = 0, nk = loop_env ? strtol(loop_env, NULL, 10) : 0; k < nk; k++) {
+        di_grammar *g2 = NULL;
+        const char *kind2 = NULL;
+        if (compile_file(path, src, n, &g2, &kind2, &err) || di_grammar_matcher_new(g2, v, NULL, &mt, &err)) {
+            di_grammar_free(g2);
+            break;
+        }
+        for (size_t i = 0; i < steps; i++)
+            if (di_grammar_matcher_fill_mask(mt, mask, &err) || di_grammar_matcher_accept_token(mt, ids[i], &err)) break;
+        di_grammar_matcher_free(mt);
+        mt = NULL;
+        di_grammar_free(g2);
+    }
     for (int pass = 0; pass < 2; pass++) { /* request 1 cold, request 2 warm */
         di_grammar_matcher_free(mt);
         mt = NULL;
@@ -174,6 +195,8 @@ static void run_one(const char *dir, const char *file, const di_tokenizer *tok, 
             goto done;
         }
         for (size_t i = 0; i < steps; i++) {
+            di_grammar_walk_stats w0;
+            di_grammar_matcher_walk_stats(mt, &w0);
             double t0 = now_s();
             if (di_grammar_matcher_fill_mask(mt, mask, &err)) {
                 snprintf(r->err, sizeof r->err, "mask at token %zu: %.200s", i, err.msg);
@@ -199,8 +222,16 @@ static void run_one(const char *dir, const char *file, const di_tokenizer *tok, 
             if (trace && pass == 0) {
                 size_t tl = 0;
                 const char *tb = di_tok_token_bytes(tok, t, &tl);
-                fprintf(stderr, "# %s step %zu: %.1f us, %zu allowed, then \"%.*s\"\n", r->name, i, ts[i] * 1e6,
-                        cnt, (int)tl, tb ? tb : "");
+                di_grammar_walk_stats w1;
+                di_grammar_matcher_walk_stats(mt, &w1);
+                fprintf(stderr,
+                        "# %s step %zu: %.1f us, %zu allowed, then \"%.*s\" (%s%s, %llu edges, %llu pushes, %llu "
+                        "summaries, %llu subtrees whole, %llu context edges)\n",
+                        r->name, i, ts[i] * 1e6, cnt, (int)tl, tb ? tb : "",
+                        w1.cached > w0.cached ? "cached" : w1.block_masks > w0.block_masks ? "block mask" : "trie walk",
+                        w1.block_hits > w0.block_hits ? " (cached block)" : "", (unsigned long long)(w1.edges - w0.edges),
+                        (unsigned long long)(w1.pushes - w0.pushes), (unsigned long long)(w1.summaries - w0.summaries),
+                        (unsigned long long)(w1.blocks - w0.blocks), (unsigned long long)(w1.ctx_edges - w0.ctx_edges));
             }
             if (!((mask[t >> 5] >> (t & 31)) & 1u)) {
                 snprintf(r->err, sizeof r->err, "wrong mask: instance token %zu (id %d) is masked out", i, t);
@@ -432,6 +463,7 @@ int bench_grammar(int argc, char **argv) {
     di_args a;
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench grammar", .json = cli_flag(&a, "json")};
+    if (cli_flag(&a, "cpu-time")) mask_clock = CLOCK_THREAD_CPUTIME_ID;
     const char *tpath = cli_str(&a, "tokenizer", NULL);
     const char *dir = cli_str(&a, "inputs", DEFAULT_INPUTS);
     const char *only = cli_str(&a, "only", NULL);

@@ -52,6 +52,44 @@ typedef struct di_moe_expert {
 #define DI_MOE_ROUTED_MAX_PAIRS 1024
 #define DI_MOE_ROUTED_MAX_EXPERTS 384
 
+/* The host plan of a prefill step's routed experts (moe_grouped): the (token, slot) pairs with a valid
+ * expert listed expert by expert (ascending id), an expert's pairs in ascending (token, slot) order. */
+typedef struct di_moe_plan {
+    int64_t n;              /* listed rows */
+    const int64_t *start_h; /* int64 [n_exp + 1] HOST: expert e's rows are [start_h[e], start_h[e+1]); 0 … n */
+    const int64_t *start;   /* int64 [n_exp + 1] the same values in backend memory */
+    const int32_t *rows;    /* int32 [n] backend: the token of each row */
+    const float *roww;      /* f32 [n] backend: its routing weight */
+    const int32_t *rank;    /* int32 [m, k] backend: the row of pair (t, j), −1 for a pair not listed */
+} di_moe_plan;
+
+/* moe_grouped scratch: bf16 [n, d] (gathered rows, later the expert outputs) and three bf16 [n, inter]
+ * (gate, up, SwiGLU), each rounded up to 256 bytes. */
+static inline size_t di_moe_grouped_ws_bytes(int64_t n, int64_t d, int64_t inter) {
+    size_t rows = ((size_t)(n * d) * 2 + 255) & ~(size_t)255, mid = ((size_t)(n * inter) * 2 + 255) & ~(size_t)255;
+    return rows + 3 * mid;
+}
+/* One sequence's key set and index lists in a batched sparse attention (sparse_attn_seqs; backend memory,
+ * pointers into it): its query rows are [q0, q0 + m) of the call, row q0 + t attends [kv_win ‖ kv_cmp]
+ * at idx[t·n_idx … (t+1)·n_idx) (sparse_attn's arguments for that sequence). */
+typedef struct di_attn_seq {
+    const uint16_t *kv_win; /* bf16 [n_win, d] */
+    int64_t n_win;
+    const uint16_t *kv_cmp; /* bf16 [n_cmp, d] or NULL */
+    int64_t n_cmp;
+    const int32_t *idx;     /* int32 [m, n_idx] (−1 = skip) */
+    int64_t n_idx;
+    int64_t q0, m;
+} di_attn_seq;
+
+/* One sequence's chunk in a batched compressor pooling (compress_pool_seqs; backend memory): its tokens
+ * are positions [start_pos, start_pos + m), rows [row0, row0 + m) of the call's projections; the entries
+ * it completes are rows [out0, …) of the output; state is its cache's ring (compress_pool_ring). */
+typedef struct di_pool_seq {
+    float *state; /* f32 [n_blocks, 2, R, d] */
+    int64_t start_pos, m, row0, out0;
+} di_pool_seq;
+
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
  * (forward.h: di_graph_faults). Each reproduces one plausible porting bug so the tests can prove
@@ -316,6 +354,58 @@ struct di_backend {
                        const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows, int32_t *idx,
                        int64_t ldi, di_error *err);
 
+    /* ---------------- grouped expert FFN of a prefill step (optional; NULL = the graph's per-expert loop) -------
+     * The routed experts of a step whose dispatch the host planned (di_moe_plan above): every listed row r
+     * (token t = rows[r] of expert e, start_h[e] ≤ r < start_h[e+1]) computes a = swiglu(x_t·W1_eᵀ, x_t·W3_eᵀ)
+     * with row weight roww[r] and limit lim, then y_r = a·W2_eᵀ (the linear_fp4 and swiglu contracts, each row
+     * on its own); acc[t] = 0 + Σ f32(y_r) over the rows of t in ascending r, i.e. t's slots in ascending
+     * (expert id, slot) — the rows rank[t·k + j] name, walked in ascending order. Value for value the loop
+     * it replaces: acc = 0, then per expert in ascending id gather_rows, linear_fp4 (w1, w3), swiglu,
+     * linear_fp4 (w2), scatter_add_rows. A backend may run every expert's GEMMs in a few launches (the rows
+     * are contiguous per expert) and must add the ≤ k terms of a token in that order, in one pass. Experts
+     * with listed rows need weights (refused otherwise); the CPU backend also checks that rows / rank /
+     * start describe one plan.
+     *   x bf16 [m, d];  experts [n_exp]: a HOST array of backend pointers (as moe_routed);
+     *   acc f32 [m, d] (overwritten);  ws: backend scratch of di_moe_grouped_ws_bytes(plan->n, d, inter) */
+    int (*moe_grouped)(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
+                       const di_moe_expert *experts, const di_moe_plan *plan, float lim, float *acc, void *ws,
+                       di_error *err);
+    /* ---------------- batched cache rows (model/cache_rows.c: one call per pass, not per row) ----------------
+     * The rows a pass writes to or reads from the caches of all its sequences, listed by address: the
+     * rows of several caches, pages and ring slots in one call (backend/cpu/rows_batch.c,
+     * backend/cuda/cuda_rows.cu). The address lists live in backend memory and point into it. */
+
+    /* *dst[i] = encode(x[i]) (row_encode's codec, bit for bit); dst[i] NULL skips row i. The listed rows
+     * must not overlap (they are written in parallel).  x bf16 [n, d];  dst: n row addresses */
+    int (*row_encode_scatter)(const di_backend *be, di_row_codec codec, const uint16_t *x, int64_t n, int64_t d,
+                              uint8_t *const *dst, di_error *err);
+    /* y[i] = decode(*src[i]) (row_decode's codec); src[i] NULL gives a zero row.
+     *   src: n row addresses;  y bf16 [n, d] */
+    int (*row_decode_gather)(const di_backend *be, di_row_codec codec, const uint8_t *const *src, int64_t n,
+                             int64_t d, uint16_t *y, di_error *err);
+    /* compress_pool over the tokens of any number of groups, with the carry state kept as the cache
+     * keeps it: a ring of n_blocks group blocks, group g in block g mod n_blocks, each block kv_state
+     * f32 [R, d] then score_state f32 [R, d]. Entries and every state byte equal those of compress_pool
+     * called group by group in position order on block g mod n_blocks (so a token writes block
+     * ⌊p/R⌋ mod n_blocks, row p mod R, and the last token of the call to reach a row leaves it).
+     *   a, gate f32 [m, d];  state f32 [n_blocks, 2, R, d] (in/out);
+     *   y bf16 [(start_pos+m)/R − start_pos/R, d] (every group the call completes, in order) */
+    int (*compress_pool_ring)(const di_backend *be, const float *a, const float *gate, int64_t m, int64_t start_pos,
+                              int ratio, int64_t d, float *state, int n_blocks, uint16_t *y, di_error *err);
+    /* compress_pool_ring for the chunks of several sequences in one call (optional; NULL = one
+     * compress_pool_ring per sequence), each exactly as compress_pool_ring on its chunk alone.
+     *   a, gate f32 [Σ m, d];  seqs: n_seq descriptors;  ent_seq int32 [n_out] the sequence of each output
+     *   entry (entries of sequence s are rows out0_s … in order);  y bf16 [n_out, d] */
+    int (*compress_pool_seqs)(const di_backend *be, const float *a, const float *gate, int ratio, int64_t d,
+                              int n_blocks, const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out,
+                              uint16_t *y, di_error *err);
+    /* sparse_attn over the queries of several sequences in one call (optional; NULL = one sparse_attn per
+     * sequence): query row t belongs to sequence seq_of[t] and attends over that sequence's key set
+     * with its index list, exactly as sparse_attn on that sequence alone.
+     *   q bf16 [m, nh, d];  seqs: n_seq descriptors;  seq_of int32 [m];  sink f32 [nh];  out bf16 [m, nh, d] */
+    int (*sparse_attn_seqs)(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
+                            const di_attn_seq *seqs, int n_seq, const int32_t *seq_of, const float *sink,
+                            float scale, uint16_t *out, di_error *err);
     /* ---------------- graph capture (optional; NULL = every pass runs op by op) ----------------
      * graph_begin: the ops issued from now on are recorded, not run. Between begin and end no op may
      * wait for the device (no download); memory must not be allocated or freed (the forward's arena).
@@ -334,6 +424,7 @@ struct di_backend {
     int (*host_pin)(const di_backend *be, void *host, size_t bytes, di_error *err);
     void (*host_unpin)(const di_backend *be, void *host);
 };
+
 
 /* The CPU reference backend (src/backend/cpu/backend_cpu.c). n_threads ≥ 1. */
 int di_backend_cpu_create(int n_threads, di_backend **out, di_error *err);

@@ -76,8 +76,11 @@ static int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) 
                             "grammar matcher: more than %u item operations for one byte (grammar too ambiguous)",
                             DI_EARLEY_MAX_WORK);
     if (count < SMALL_SET) {
-        for (size_t x = first; x < m->n_items; x++)
-            if (m->items[x].pos == pos && m->items[x].origin == origin) return 0;
+        uint64_t bit = 1ull << (((uint64_t)pos * 0x9E3779B97F4A7C15ull + origin * 0xC2B2AE3D27D4EB4Full) >> 58);
+        if (m->small_seen & bit)
+            for (size_t x = first; x < m->n_items; x++)
+                if (m->items[x].pos == pos && m->items[x].origin == origin) return 0;
+        m->small_seen |= bit;
         int rc = append_item(m, pos, origin, err);
         if (rc < 0 || count + 1 < SMALL_SET) return rc;
         /* the set just reached SMALL_SET items: index them all */
@@ -120,6 +123,7 @@ static int begin_set(di_earley *m, di_error *err) {
     m->set_off[m->n_sets] = (uint32_t)m->n_items;
     m->wait_off[m->n_sets] = (uint32_t)m->n_wait;
     m->work = 0;
+    m->small_seen = 0;
     if (++m->stamp == 0) { /* stamp wrapped: clear once every 2^32 sets */
         memset(m->hstamp, 0, m->hcap * sizeof *m->hstamp);
         m->stamp = 1;
@@ -245,6 +249,7 @@ void di_earley_free(di_earley *m) {
 int di_earley_push(di_earley *m, uint8_t b, di_error *err) {
     uint32_t prev = (uint32_t)m->n_sets - 1;
     if (!di_cfg_class_has(&m->scan[prev], b)) return 0;
+    m->n_pushes++;
     int rc = begin_set(m, err);
     if (rc) return rc;
     const di_cfg *g = m->g;

@@ -45,12 +45,15 @@ typedef struct di_earley {
     uint32_t *hstamp;         /* [hcap] */
     size_t hcap;
     uint32_t stamp;
+    uint64_t small_seen;      /* set under construction, while below the hash table's size: one bit
+                                 per item hash (a clear bit means "not present" without a scan) */
     uint32_t work;            /* add_item calls for the byte being pushed */
     /* Context watch for the matcher's context-independent walk: a completion of an item whose
      * origin set is below opaque_below (the walk's boundary) reads sets the walk treats as
      * unknown context; such completions are counted in opaque_hits. 0 = no watch. */
     uint32_t opaque_below;
     uint32_t opaque_hits;
+    uint64_t n_pushes;        /* bytes pushed over the object's life (statistics) */
 } di_earley;
 
 /* Set up and create set 0. Returns DI_OK or an error (memory/limit). */

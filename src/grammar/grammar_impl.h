@@ -24,16 +24,21 @@ typedef struct di_trie_node {
     uint32_t ascii; /* ASCII bytes of the subtree (its own byte included) as di_ascii_bucket bits */
 } di_trie_node;
 
-#define DI_CLASS_BAD_UTF8 26
-#define DI_CLASS_HIGH 27
-#define DI_CLASS_LONG 28 /* more than DI_CHAIN_CHARS characters */
-#define DI_N_CLASSES 29
+#define DI_N_BUCKETS 29 /* di_ascii_bucket values; the classes below follow them in one 32-bit word */
+#define DI_BUCKET_BITS ((1u << DI_N_BUCKETS) - 1)
+#define DI_CLASS_BAD_UTF8 29
+#define DI_CLASS_HIGH 30
+#define DI_CLASS_LONG 31 /* more than DI_CHAIN_CHARS characters */
+#define DI_N_CLASSES 32
 #define DI_CHAIN_CHARS 16
 
-/* The 128 ASCII bytes in 26 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
- * that grammars tell apart (JSON structure, string escapes, number characters, whitespace) get
- * their own bucket, the rest are grouped. A bucket counts as allowed only if all its bytes are,
- * so a test on buckets can only be stricter than one on bytes. */
+/* The 128 ASCII bytes in 29 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
+ * that grammars tell apart (JSON structure, string escapes, number characters, whitespace; '_',
+ * '@' and '%', which identifier, e-mail and URL patterns take while their neighbours are not)
+ * get their own bucket, the rest are grouped. A bucket counts as allowed only if all its bytes
+ * are, so a test on buckets can only be stricter than one on bytes; a block mask walks every
+ * token holding a byte of a partly allowed bucket one by one, so finer buckets mean fewer walks
+ * (regex_email's local part: 6,440 -> 1,043 bytes walked per mask). */
 static inline unsigned di_ascii_bucket(uint8_t b) {
     switch (b) {
     case '\t': return 1;
@@ -54,13 +59,16 @@ static inline unsigned di_ascii_bucket(uint8_t b) {
     case 'e': return 16;
     case '{': return 17;
     case '}': return 18;
+    case '_': return 26;
+    case '@': return 27;
+    case '%': return 28;
     }
     if (b < 0x20) return 0;
-    if (b < 0x30) return 19;              /* ! # $ % & ' ( ) * / */
+    if (b < 0x30) return 19;              /* ! # $ & ' ( ) * / */
     if (b <= '9') return 20;              /* 1-9 */
-    if (b < 'A') return 21;               /* ; < = > ? @ */
+    if (b < 'A') return 21;               /* ; < = > ? */
     if (b <= 'Z') return 22;              /* A-Z but E */
-    if (b < 'a') return 23;               /* ^ _ ` */
+    if (b < 'a') return 23;               /* ^ ` */
     if (b <= 'z') return 24;              /* a-z but e */
     return 25;                            /* | ~ DEL */
 }
@@ -92,7 +100,7 @@ struct di_grammar_vocab {
                                node i are pre_tok[tok_start[i] .. tok_start[nodes[i].end]) */
     uint32_t n_pre;
     /* Token classes for masks of character-loop states (matcher.c: loop_mask): by_class[k]
-     * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < 26), that are
+     * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < DI_N_BUCKETS), that are
      * not valid UTF-8 (DI_CLASS_BAD_UTF8), that contain a byte >= 0x80 (DI_CLASS_HIGH) or that
      * hold more than DI_CHAIN_CHARS characters (lead bytes and ASCII; DI_CLASS_LONG);
      * class_tok[class_off[k] .. class_off[k + 1]) lists the same tokens. text: all text tokens. */

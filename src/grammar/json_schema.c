@@ -9,31 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/json_schema_impl.h"
 #include "grammar/regex.h"
 
-typedef struct memo_ent {
-    const json_t *key;
-    int32_t nt;
-} memo_ent;
 
-typedef struct js {
-    di_cfg *g;
-    di_error *err;
-    json_t *root;
-    json_t *keep; /* schemas synthesized during compilation (merged allOf), alive until the end */
-    di_json_schema_opts opts;
-    int rc, depth;
-    memo_ent *memo; /* schema object -> nonterminal; makes $ref recursion finite and shares subschemas */
-    size_t memo_cap, memo_n;
-    char path[512]; /* JSON pointer of the schema being compiled, for messages */
-    /* shared symbols, built on first use */
-    int32_t ws, comma, colon, lbrace, rbrace, lbrack, rbrack;
-    int32_t string, strchar, number, integer, value, boolean, null;
-    int32_t num_cache[3];   /* integer >= 0, integer >= 1, number >= 0; -1 until built */
-    int32_t fmt_cache[16];  /* per k_formats entry; -1 until built */
-} js;
-
-static int32_t fail(js *c, int code, const char *fmt, const char *arg) {
+int32_t di_js_fail(js *c, int code, const char *fmt, const char *arg) {
     if (!c->rc) {
         char what[256];
         snprintf(what, sizeof what, fmt, arg);
@@ -50,7 +30,7 @@ static int32_t *memo_slot(js *c, const json_t *k) {
     if (c->memo_n * 2 >= c->memo_cap) {
         size_t cap = c->memo_cap ? c->memo_cap * 2 : 64;
         memo_ent *t = calloc(cap, sizeof *t);
-        if (!t) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        if (!t) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
         for (size_t i = 0; i < c->memo_cap; i++) {
             if (!c->memo[i].key) continue;
             size_t h = ptr_hash(c->memo[i].key, cap - 1);
@@ -171,12 +151,12 @@ static int32_t enum_sym(js *c, const json_t *arr) {
     if (!ents || !strs) {
         free(ents);
         free(strs);
-        return fail(c, DI_ERR_NOMEM, "%s", "out of memory for enum");
+        return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory for enum");
     }
     for (size_t i = 0; i < n; i++) {
         strs[i] = json_dumps(json_array_get(arr, i), JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
         if (!strs[i]) {
-            fail(c, DI_ERR_NOMEM, "%s", "out of memory for enum");
+            di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory for enum");
             break;
         }
         ents[i] = (lit_ent){strs[i], strlen(strs[i])};
@@ -190,7 +170,7 @@ static int32_t enum_sym(js *c, const json_t *arr) {
         /* the trie recursion depth is the longest value; bound it like any nesting */
         size_t longest = 0;
         for (size_t i = 0; i < w; i++) longest = ents[i].n > longest ? ents[i].n : longest;
-        if (longest > 4096) fail(c, DI_ERR_LIMIT, "%s", "enum value longer than 4096 bytes");
+        if (longest > 4096) di_js_fail(c, DI_ERR_LIMIT, "%s", "enum value longer than 4096 bytes");
         else r = lit_trie(c, ents, w, 0);
     }
     for (size_t i = 0; i < n; i++) free(strs[i]);
@@ -200,7 +180,7 @@ static int32_t enum_sym(js *c, const json_t *arr) {
 }
 
 /* JSON type name of a value as "type" spells it (integers are also numbers). */
-static bool value_has_type(const json_t *v, const char *t) {
+bool di_js_value_has_type(const json_t *v, const char *t) {
     if (!strcmp(t, "string")) return json_is_string(v);
     if (!strcmp(t, "integer")) return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v));
     if (!strcmp(t, "number")) return json_is_number(v);
@@ -213,7 +193,7 @@ static bool value_has_type(const json_t *v, const char *t) {
 
 /* Does keyword k constrain instances? Unknown keywords and annotations (title, description,
  * examples, vendor extensions, ...) do not: validators ignore them, and so does this compiler. */
-static bool constrains(const char *k) {
+bool di_js_constrains(const char *k) {
     static const char *kw[] = {"type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
                                "exclusiveMinimum", "maxLength", "minLength", "pattern", "items", "additionalItems",
                                "prefixItems", "maxItems", "minItems", "uniqueItems", "contains", "minContains",
@@ -234,19 +214,19 @@ static int32_t enum_sym(js *c, const json_t *arr);
 static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     const char *k;
     json_t *v;
-    json_object_foreach(s, k, v) if (constrains(k) && strcmp(k, "const") && strcmp(k, "enum") && strcmp(k, "type"))
-        return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
+    json_object_foreach(s, k, v) if (di_js_constrains(k) && strcmp(k, "const") && strcmp(k, "enum") && strcmp(k, "type"))
+        return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
     json_t *type = json_object_get(s, "type");
     json_t *vals = json_array();
-    if (!vals) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    if (!vals) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
     if (cst) json_array_append(vals, cst);
     for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
     for (size_t i = json_array_size(vals); type && i-- > 0;) {
         json_t *x = json_array_get(vals, i);
         bool ok = false;
-        if (json_is_string(type)) ok = value_has_type(x, json_string_value(type));
+        if (json_is_string(type)) ok = di_js_value_has_type(x, json_string_value(type));
         for (size_t t = 0; json_is_array(type) && t < json_array_size(type); t++)
-            ok = ok || (json_is_string(json_array_get(type, t)) && value_has_type(x, json_string_value(json_array_get(type, t))));
+            ok = ok || (json_is_string(json_array_get(type, t)) && di_js_value_has_type(x, json_string_value(json_array_get(type, t))));
         if (!ok) json_array_remove(vals, i);
     }
     /* an integral real such as 1.0 serializes as "1.0", which is still a valid spelling */
@@ -281,11 +261,11 @@ static int32_t sub(js *c, json_t *s, const char *a, const char *b) {
 }
 
 /* JSON pointer (RFC 6901) inside the root document. */
-static json_t *resolve_ref(js *c, const char *ref) {
-    if (ref[0] != '#') return fail(c, DI_ERR_UNSUPPORTED, "$ref '%s' is not local (only '#...' references)", ref), NULL;
+json_t *di_js_resolve_ref(js *c, const char *ref) {
+    if (ref[0] != '#') return di_js_fail(c, DI_ERR_UNSUPPORTED, "$ref '%s' is not local (only '#...' references)", ref), NULL;
     json_t *cur = c->root;
     const char *p = ref + 1;
-    if (*p && *p != '/') return fail(c, DI_ERR_UNSUPPORTED, "$ref '%s': anchors are not supported", ref), NULL;
+    if (*p && *p != '/') return di_js_fail(c, DI_ERR_UNSUPPORTED, "$ref '%s': anchors are not supported", ref), NULL;
     while (*p == '/') {
         p++;
         char tok[256];
@@ -302,7 +282,7 @@ static json_t *resolve_ref(js *c, const char *ref) {
         if (json_is_object(cur)) cur = json_object_get(cur, tok);
         else if (json_is_array(cur)) cur = json_array_get(cur, (size_t)strtoul(tok, NULL, 10));
         else cur = NULL;
-        if (!cur) return fail(c, DI_ERR_INVALID, "$ref '%s' does not resolve", ref), NULL;
+        if (!cur) return di_js_fail(c, DI_ERR_INVALID, "$ref '%s' does not resolve", ref), NULL;
     }
     return cur;
 }
@@ -322,18 +302,12 @@ static const struct {
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"\\\\<>^`{|}]*"},
 };
 
-/* Compile-time pattern checks use PCRE2 as an over-approximation of the ECMA-262 patterns this
- * compiler accepts: with UCP, \d \w \s take Unicode (ECMA's \s does; wider \d \w only make a
- * "no match" answer rarer), ALT_BSUX reads \uHHHH and \xHH as ECMA does. A "no match" is what
- * soundness relies on, so PCRE2 may accept more but must not accept less. */
-static const uint32_t k_pcre2_opts = PCRE2_UTF | PCRE2_UCP | PCRE2_ALT_BSUX;
-
 /* Shortest match of a regex according to PCRE2 (a lower bound on every match's length in code
  * points); -1 when PCRE2 does not take the pattern. */
 static int64_t min_match_len(const char *re) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, k_pcre2_opts, &ec, &eo, NULL);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, di_js_pcre2_opts, &ec, &eo, NULL);
     if (!code) return -1;
     uint32_t n = 0;
     int rc = pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &n);
@@ -402,10 +376,10 @@ static int32_t string_sym(js *c, json_t *s) {
                                     "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration"};
         for (size_t i = 0; !re && i < sizeof std / sizeof std[0]; i++)
             if (!strcmp(json_string_value(fmt), std[i]))
-                return fail(c, DI_ERR_UNSUPPORTED, "format '%s' is not supported", std[i]);
+                return di_js_fail(c, DI_ERR_UNSUPPORTED, "format '%s' is not supported", std[i]);
     }
     if (json_is_string(pat)) {
-        if (re) return fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern together with format");
+        if (re) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern together with format");
         re = json_string_value(pat);
     }
     int32_t q = di_cfg_byte(c->g, '"');
@@ -422,13 +396,13 @@ static int32_t string_sym(js *c, json_t *s) {
         } else if (atom && atom + 32 < sizeof bounded) {
             int64_t a = lo > qlo ? lo : qlo, b = hi < 0 ? qhi : qhi < 0 ? hi : hi < qhi ? hi : qhi;
             if (b >= 0 && b < a) return nothing(c);
-            if (a > 100000 || b > 100000) return fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
+            if (a > 100000 || b > 100000) return di_js_fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
             if (b >= 0) snprintf(bounded, sizeof bounded, "^%.*s{%lld,%lld}$", (int)atom, re + 1, (long long)a, (long long)b);
             else snprintf(bounded, sizeof bounded, "^%.*s{%lld,}$", (int)atom, re + 1, (long long)a);
             re = bounded;
             mn = mx = NULL;
         } else {
-            return fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern/format together with minLength/maxLength");
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "pattern/format together with minLength/maxLength");
         }
     }
     if (re) {
@@ -453,7 +427,7 @@ static int32_t string_sym(js *c, json_t *s) {
     }
     if (!mn && !mx) return c->string;
     int32_t ch = c->strchar;
-    if (hi > 100000 || lo > 100000) return fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
+    if (hi > 100000 || lo > 100000) return di_js_fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
     return seq(c, (int32_t[]){q, di_cfg_repeat(c->g, ch, lo, hi), q}, 3);
 }
 
@@ -542,7 +516,7 @@ static bool num_bound(js *c, json_t *s, bool upper, double *val, bool *excl) {
         if (!have || (upper ? e <= *val : e >= *val)) *val = e, *excl = true;
         have = true;
     }
-    if (have && (*val > 9e15 || *val < -9e15)) return fail(c, DI_ERR_UNSUPPORTED, "%s", "numeric bound beyond +-9e15"), false;
+    if (have && (*val > 9e15 || *val < -9e15)) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "numeric bound beyond +-9e15"), false;
     return have;
 }
 
@@ -599,7 +573,7 @@ static int32_t number_sym(js *c, json_t *s, bool integer) {
     for (size_t i = 0; i < 4; i++) {
         json_t *b = json_object_get(s, bounds[i]);
         if (b && !json_is_number(b) && !json_is_boolean(b))
-            return fail(c, DI_ERR_INVALID, "numeric bound '%s' is not a number", bounds[i]);
+            return di_js_fail(c, DI_ERR_INVALID, "numeric bound '%s' is not a number", bounds[i]);
         if (json_is_number(b)) any = true;
     }
     if (!any) return integer ? c->integer : c->number;
@@ -615,7 +589,7 @@ static int32_t number_sym(js *c, json_t *s, bool integer) {
     bool has_lo = num_bound(c, s, false, &lo, &ex_lo), has_hi = !c->rc && num_bound(c, s, true, &hi, &ex_hi);
     if (c->rc) return 0;
     if ((has_lo && lo != floor(lo)) || (has_hi && hi != floor(hi)))
-        return fail(c, DI_ERR_UNSUPPORTED, "%s", "non-integral bound on a non-integer number");
+        return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "non-integral bound on a non-integer number");
     return bounded_number(c, has_lo, (int64_t)lo, ex_lo, has_hi, (int64_t)hi, ex_hi);
 }
 
@@ -673,7 +647,7 @@ static int32_t key_node(js *c, const char **names, const size_t *lens, size_t n,
         size_t *sub_lens = malloc(n * sizeof *sub_lens), m = 0;
         if (!sub_names || !sub_lens) {
             free(sub_names), free(sub_lens);
-            return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+            return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         }
         for (size_t i = 0; i < n; i++)
             if (lens[i] > at && (uint8_t)names[i][at] == b) sub_names[m] = names[i], sub_lens[m++] = lens[i];
@@ -700,7 +674,7 @@ static int32_t other_key(js *c, json_t *props) {
     size_t *lens = malloc((n ? n : 1) * sizeof *lens);
     if (!names || !lens) {
         free(names), free(lens);
-        return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+        return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
     }
     const char *key;
     json_t *v;
@@ -709,7 +683,7 @@ static int32_t other_key(js *c, json_t *props) {
         lens[k++] = strlen(key);
         if (lens[k - 1] > 1024) {
             free(names), free(lens);
-            return fail(c, DI_ERR_LIMIT, "%s", "property name longer than 1024 bytes");
+            return di_js_fail(c, DI_ERR_LIMIT, "%s", "property name longer than 1024 bytes");
         }
     }
     di_cpset s = {0};
@@ -723,16 +697,14 @@ static int32_t other_key(js *c, json_t *props) {
 }
 
 /* A schema that constrains nothing (true, or only annotations). */
-static bool trivial(const json_t *s) {
+bool di_js_trivial(const json_t *s) {
     if (json_is_true(s)) return true;
     if (!json_is_object(s)) return false;
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)s, k, v) if (constrains(k)) return false;
+    json_object_foreach((json_t *)s, k, v) if (di_js_constrains(k)) return false;
     return true;
 }
-
-static int pattern_matches(const char *pat, const char *v, size_t vn);
 
 /* A member key matching a patternProperties regex (searched, like "pattern"), as a JSON string. */
 static int32_t pattern_key(js *c, const char *re) {
@@ -758,10 +730,10 @@ static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
     json_t *ps;
     json_object_foreach(pp, re, ps) {
         if (!json_is_object(ps) && !json_is_boolean(ps))
-            return fail(c, DI_ERR_INVALID, "patternProperties '%s' is not a schema", re), NULL;
-        if (trivial(ps)) continue;
+            return di_js_fail(c, DI_ERR_INVALID, "patternProperties '%s' is not a schema", re), NULL;
+        if (di_js_trivial(ps)) continue;
         if (shared && !json_equal(shared, ps))
-            return fail(c, DI_ERR_UNSUPPORTED, "%s",
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s",
                         "keyword 'patternProperties' with several different non-trivial schemas (a key may match two)"),
                    NULL;
         shared = ps;
@@ -770,9 +742,9 @@ static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
         const char *name;
         json_t *nv;
         json_object_foreach(props, name, nv) {
-            int m = pattern_matches(re, name, strlen(name));
-            if (m == 0 || json_equal(nv, ps) || (trivial(nv) && trivial(ps))) continue;
-            return fail(c, DI_ERR_UNSUPPORTED,
+            int m = di_js_pattern_matches(re, name, strlen(name));
+            if (m == 0 || json_equal(nv, ps) || (di_js_trivial(nv) && di_js_trivial(ps))) continue;
+            return di_js_fail(c, DI_ERR_UNSUPPORTED,
                         m < 0 ? "keyword 'patternProperties': pattern '%s' is not understood by PCRE2"
                               : "keyword 'patternProperties': pattern matches declared property '%s' with another schema",
                         m < 0 ? re : name),
@@ -789,8 +761,8 @@ static int32_t object_sym(js *c, json_t *s) {
     json_t *addl = json_object_get(s, "additionalProperties");
     json_t *pp = json_object_get(s, "patternProperties");
     json_t *mnp = json_object_get(s, "minProperties"), *mxp = json_object_get(s, "maxProperties");
-    if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
-    if (pp && !json_is_object(pp)) return fail(c, DI_ERR_INVALID, "%s", "patternProperties is not an object");
+    if (props && !json_is_object(props)) return di_js_fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
+    if (pp && !json_is_object(pp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "patternProperties is not an object");
     if (!json_object_size(pp)) pp = NULL;
     /* a required name without a declared schema is governed by the pattern it matches, else by
      * additionalProperties: declare it with that schema (after the declared ones) so it is
@@ -801,7 +773,7 @@ static int32_t object_sym(js *c, json_t *s) {
         if (!name || json_object_get(props, name) || (all && json_object_get(all, name))) continue;
         if (!all) {
             all = json_object();
-            if (!all) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+            if (!all) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
             json_array_append_new(c->keep, all);
             if (props) json_object_update(all, props);
         }
@@ -809,9 +781,9 @@ static int32_t object_sym(js *c, json_t *s) {
         const char *re;
         json_t *ps;
         json_object_foreach(pp, re, ps) {
-            int m = pattern_matches(re, name, strlen(name));
-            if (m < 0) return fail(c, DI_ERR_UNSUPPORTED, "keyword 'patternProperties': pattern '%s' is not understood by PCRE2", re);
-            if (m && (!gov || trivial(gov))) gov = ps;
+            int m = di_js_pattern_matches(re, name, strlen(name));
+            if (m < 0) return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword 'patternProperties': pattern '%s' is not understood by PCRE2", re);
+            if (m && (!gov || di_js_trivial(gov))) gov = ps;
         }
         json_object_set(all, name, gov ? gov : addl ? addl : json_true());
     }
@@ -834,24 +806,24 @@ static int32_t object_sym(js *c, json_t *s) {
     bool closed = json_is_false(addl) && !pp;
     bool non_empty = false;
     if (mnp) {
-        if (!json_is_integer(mnp)) return fail(c, DI_ERR_INVALID, "%s", "minProperties is not an integer");
+        if (!json_is_integer(mnp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "minProperties is not an integer");
         json_int_t m = json_integer_value(mnp);
         if (m > (json_int_t)n_req) {
-            if (m > 1) return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'minProperties' above 1 and above the required count");
+            if (m > 1) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'minProperties' above 1 and above the required count");
             non_empty = true;
         }
     }
     if (mxp) {
-        if (!json_is_integer(mxp)) return fail(c, DI_ERR_INVALID, "%s", "maxProperties is not an integer");
+        if (!json_is_integer(mxp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "maxProperties is not an integer");
         json_int_t m = json_integer_value(mxp);
         if (m < (json_int_t)n_req) return nothing(c);
         if (!closed || (json_int_t)n > m)
-            return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'maxProperties' not implied by a closed property list");
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'maxProperties' not implied by a closed property list");
     }
     /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first).
      * Q[k]: members k..n-1 remain, none written yet, at least one must be (minProperties 1). */
     int32_t(*P)[3] = calloc(n + 1, sizeof *P);
-    if (!P) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    if (!P) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
     for (size_t k = 0; k <= n; k++) P[k][0] = di_cfg_nt(g, NULL), P[k][1] = di_cfg_nt(g, NULL), P[k][2] = di_cfg_nt(g, NULL);
     /* tail: additional members. Free keys (none of the declared names) take additionalProperties;
      * a free key might match a pattern, so free keys are offered only when every pattern's schema
@@ -869,7 +841,7 @@ static int32_t object_sym(js *c, json_t *s) {
     const char *re;
     json_t *ps;
     json_object_foreach(pp, re, ps) {
-        if (c->rc || (free_keys && trivial(ps) && (!addl || trivial(addl)))) continue; /* already covered */
+        if (c->rc || (free_keys && di_js_trivial(ps) && (!addl || di_js_trivial(addl)))) continue; /* already covered */
         int32_t r[3] = {pattern_key(c, re), c->colon, sub(c, ps, "patternProperties", re)};
         di_cfg_rule(g, member, r, 3);
         extra = true;
@@ -899,7 +871,7 @@ static int32_t object_sym(js *c, json_t *s) {
         json_decref(ks);
         if (!qk) {
             free(P);
-            return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+            return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         }
         int32_t v = sub(c, ps, "properties", key);
         int32_t mem = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
@@ -925,11 +897,11 @@ static int32_t array_sym(js *c, json_t *s) {
     json_t *addi = json_object_get(s, "additionalItems");
     json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
     json_t *uq = json_object_get(s, "uniqueItems");
-    if (json_is_true(uq)) return fail(c, DI_ERR_UNSUPPORTED, "%s", "uniqueItems: true");
+    if (json_is_true(uq)) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "uniqueItems: true");
     int64_t lo = json_is_integer(mn) ? json_integer_value(mn) : 0;
     int64_t hi = json_is_integer(mx) ? json_integer_value(mx) : -1;
     if (lo < 0 || (hi >= 0 && hi < lo)) return nothing(c);
-    if (lo > 100000 || hi > 100000) return fail(c, DI_ERR_LIMIT, "%s", "array length bound above 100000");
+    if (lo > 100000 || hi > 100000) return di_js_fail(c, DI_ERR_LIMIT, "%s", "array length bound above 100000");
     json_t *rest = NULL; /* schema for items after the prefix; NULL = any value */
     const char *rest_kw = "items";
     if (json_is_array(items)) { /* draft 4-7 tuple form */
@@ -943,7 +915,7 @@ static int32_t array_sym(js *c, json_t *s) {
     int32_t rest_sym = rest ? (json_is_false(rest) ? -1 : sub(c, rest, rest_kw, NULL)) : c->value;
     /* A[j][e]: j prefix items written (e = at least one element written, a comma comes next) */
     int32_t *A = calloc(np + 1, sizeof *A);
-    if (!A) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    if (!A) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
     for (size_t j = 0; j <= np; j++) A[j] = di_cfg_nt(g, NULL);
     /* after the prefix: count bounds apply to the remaining elements */
     int64_t rlo = lo > (int64_t)np ? lo - (int64_t)np : 0, rhi = hi < 0 ? -1 : hi - (int64_t)np;
@@ -981,289 +953,6 @@ static int32_t array_sym(js *c, json_t *s) {
     return seq(c, (int32_t[]){c->lbrack, body, c->rbrack}, 3);
 }
 
-/* allOf: merge the parts into one schema when their keywords do not overlap (other than
- * required, which unions, and type, which must agree); otherwise reject. */
-static json_t *merge_allof(js *c, json_t *s) {
-    json_t *m = json_deep_copy(s);
-    if (!m) return NULL;
-    json_object_del(m, "allOf");
-    json_t *parts = json_object_get(s, "allOf");
-    for (size_t i = 0; i < json_array_size(parts) && !c->rc; i++) {
-        json_t *p = json_array_get(parts, i);
-        json_t *ref = json_object_get(p, "$ref");
-        if (ref && json_is_string(ref)) p = resolve_ref(c, json_string_value(ref));
-        if (!p || !json_is_object(p)) {
-            if (!json_is_true(p)) fail(c, DI_ERR_UNSUPPORTED, "%s", "allOf part that is not an object schema");
-            continue;
-        }
-        const char *k;
-        json_t *v;
-        json_object_foreach(p, k, v) {
-            json_t *have = json_object_get(m, k);
-            if (!have) {
-                json_object_set(m, k, v);
-            } else if (!strcmp(k, "required") && json_is_array(have) && json_is_array(v)) {
-                json_t *u = json_deep_copy(have);
-                json_array_extend(u, v);
-                json_object_set_new(m, k, u);
-            } else if (!strcmp(k, "properties") && json_is_object(have) && json_is_object(v)) {
-                json_t *u = json_deep_copy(have);
-                const char *pk;
-                json_t *pv;
-                json_object_foreach(v, pk, pv) {
-                    json_t *prev = json_object_get(u, pk);
-                    if (prev && !json_equal(prev, pv)) { /* both constrain the value: allOf of the two */
-                        json_t *both = json_pack("{s:[O,O]}", "allOf", prev, pv);
-                        if (!both) {
-                            json_decref(u);
-                            json_decref(m);
-                            return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
-                        }
-                        json_object_set_new(u, pk, both);
-                        continue;
-                    }
-                    json_object_set(u, pk, pv);
-                }
-                json_object_set_new(m, k, u);
-            } else if (!json_equal(have, v) && constrains(k)) { /* differing annotations: keep the first */
-                json_decref(m);
-                return fail(c, DI_ERR_UNSUPPORTED, "allOf: keyword '%s' appears in more than one part", k), NULL;
-            }
-        }
-    }
-    /* Each part validates on its own: a part that closes its object (additionalProperties not
-     * true) forbids every property it does not declare, even ones another part adds. Merging is
-     * only sound when every closed part declares all merged properties. */
-    json_t *mprops = json_object_get(m, "properties");
-    for (size_t i = 0; i <= json_array_size(parts) && !c->rc; i++) {
-        json_t *p = i < json_array_size(parts) ? json_array_get(parts, i) : s;
-        json_t *ref = json_object_get(p, "$ref");
-        if (ref && json_is_string(ref)) p = resolve_ref(c, json_string_value(ref));
-        json_t *ap = json_object_get(p, "additionalProperties");
-        if (!json_is_object(p) || !ap || json_is_true(ap)) continue;
-        json_t *pp = json_object_get(p, "properties");
-        const char *pk;
-        json_t *pv;
-        json_object_foreach(mprops, pk, pv) if (!json_object_get(pp, pk)) {
-            fail(c, DI_ERR_UNSUPPORTED, "allOf: property '%s' is added where another part closes the object", pk);
-            json_decref(m); /* after the message: pk lives in m */
-            return NULL;
-        }
-    }
-    if (c->rc) {
-        json_decref(m);
-        return NULL;
-    }
-    return m;
-}
-
-/* ---- oneOf: proving that no value matches two branches ---- */
-
-/* Types a schema admits, as bits of k_type_names (integer is a subset of number: its own bit, and
- * "number" sets both). Without "type", the types of const/enum values, else all. */
-static const char *const k_type_names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
-
-static unsigned value_type_bits(const json_t *v) {
-    unsigned b = 0;
-    for (unsigned k = 0; k < 7; k++)
-        if (value_has_type(v, k_type_names[k])) b |= 1u << k;
-    return b;
-}
-
-static unsigned type_bits_of(const json_t *t) {
-    unsigned bits = 0;
-    for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
-        const char *n = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
-        for (unsigned k = 0; n && k < 7; k++)
-            if (!strcmp(n, k_type_names[k])) bits |= (k == 1 ? 6u : 1u << k);
-    }
-    return bits;
-}
-
-static unsigned type_bits(const json_t *s) {
-    if (json_is_false(s)) return 0;
-    if (!json_is_object(s)) return 0x7f;
-    json_t *t = json_object_get(s, "type"), *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
-    unsigned bits = 0x7f;
-    if (json_is_string(t) || json_is_array(t)) {
-        bits = 0;
-        for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
-            const char *n = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
-            for (unsigned k = 0; n && k < 7; k++)
-                if (!strcmp(n, k_type_names[k])) bits |= (k == 1 ? 6u : 1u << k);
-        }
-    }
-    if (cst || json_is_array(en)) {
-        unsigned vb = 0;
-        if (cst) vb = value_type_bits(cst);
-        for (size_t i = 0; !cst && i < json_array_size(en); i++) vb |= value_type_bits(json_array_get(en, i));
-        bits &= vb;
-    }
-    return bits;
-}
-
-/* Follows a chain of $ref (bounded); NULL when it does not resolve locally. */
-static json_t *deref(js *c, json_t *s) {
-    for (int hops = 0; json_is_object(s) && json_is_string(json_object_get(s, "$ref")) && hops < 32; hops++) {
-        const char *r = json_string_value(json_object_get(s, "$ref"));
-        if (r[0] != '#') return NULL;
-        int save = c->rc;
-        s = resolve_ref(c, r);
-        if (!save && c->rc) { /* a probe, not an error: leave the refusal to compilation */
-            c->rc = 0;
-            return NULL;
-        }
-    }
-    return s;
-}
-
-/* Does the JSON string v match the ECMA-262-ish pattern? -1 when PCRE2 cannot decide (bad pattern). */
-static int pattern_matches(const char *pat, const char *v, size_t vn) {
-    int ec;
-    PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, k_pcre2_opts, &ec, &eo, NULL);
-    if (!re) return -1;
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
-    int rc = md ? pcre2_match(re, (PCRE2_SPTR)v, vn, 0, 0, md, NULL) : -1000;
-    pcre2_match_data_free(md);
-    pcre2_code_free(re);
-    return rc >= 0 ? 1 : rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
-}
-
-/* false only when the value provably fails schema s (type, const/enum, pattern, length, required,
- * a property's value); true when it matches or when this check cannot tell. */
-static bool may_match(js *c, const json_t *v, json_t *s, int depth) {
-    s = deref(c, s);
-    if (!s || depth > 8) return true;
-    if (json_is_boolean(s)) return json_is_true(s);
-    if (!json_is_object(s)) return true;
-    unsigned tb = type_bits(s), vb = value_type_bits(v);
-    if (!(tb & vb)) return false;
-    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
-    if (cst && !json_equal(cst, v)) return false;
-    if (json_is_array(en)) {
-        bool in = false;
-        for (size_t i = 0; i < json_array_size(en) && !in; i++) in = json_equal(json_array_get(en, i), v);
-        if (!in) return false;
-    }
-    if (json_is_string(v)) {
-        const char *sv = json_string_value(v);
-        size_t n = json_string_length(v), cps = 0;
-        for (size_t i = 0; i < n; i++) cps += ((uint8_t)sv[i] & 0xC0) != 0x80;
-        json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
-        if (json_is_integer(mn) && (json_int_t)cps < json_integer_value(mn)) return false;
-        if (json_is_integer(mx) && (json_int_t)cps > json_integer_value(mx)) return false;
-        json_t *pat = json_object_get(s, "pattern");
-        if (json_is_string(pat) && pattern_matches(json_string_value(pat), sv, n) == 0) return false;
-    }
-    if (json_is_object(v)) {
-        json_t *req = json_object_get(s, "required"), *props = json_object_get(s, "properties");
-        for (size_t i = 0; i < json_array_size(req); i++) {
-            const char *name = json_string_value(json_array_get(req, i));
-            if (name && !json_object_get(v, name)) return false;
-        }
-        const char *k;
-        json_t *pv;
-        json_object_foreach((json_t *)v, k, pv) {
-            json_t *ps = json_object_get(props, k);
-            if (ps && !may_match(c, pv, ps, depth + 1)) return false;
-        }
-    }
-    return true;
-}
-
-/* No value matches both a and b: their types do not overlap, every const/enum value of one fails
- * the other, or both require a property whose schemas are disjoint (a discriminator). */
-static bool disjoint(js *c, json_t *a, json_t *b, int depth) {
-    a = deref(c, a), b = deref(c, b);
-    if (!a || !b || depth > 8) return false;
-    if (json_is_false(a) || json_is_false(b)) return true;
-    if (!json_is_object(a) || !json_is_object(b)) return false;
-    if (!(type_bits(a) & type_bits(b))) return true;
-    for (int side = 0; side < 2; side++) {
-        json_t *x = side ? b : a, *y = side ? a : b;
-        json_t *cst = json_object_get(x, "const"), *en = json_object_get(x, "enum");
-        if (!cst && !json_is_array(en)) continue;
-        bool all_fail = true;
-        if (cst) all_fail = !may_match(c, cst, y, 0);
-        for (size_t i = 0; !cst && all_fail && i < json_array_size(en); i++)
-            all_fail = !may_match(c, json_array_get(en, i), y, 0);
-        if (all_fail) return true;
-    }
-    /* one forbids a property the other requires (properties: {p: false}), on objects only */
-    for (int side = 0; side < 2; side++) {
-        json_t *x = side ? b : a, *y = side ? a : b;
-        json_t *px = json_object_get(x, "properties"), *ry = json_object_get(y, "required");
-        bool objects_only = !(type_bits(x) & ~(1u << 5)) || !(type_bits(y) & ~(1u << 5));
-        for (size_t i = 0; objects_only && i < json_array_size(ry); i++) {
-            const char *name = json_string_value(json_array_get(ry, i));
-            if (name && json_is_false(json_object_get(px, name))) return true;
-        }
-    }
-    /* a required property in both, with disjoint schemas (const/enum tags, types) */
-    json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
-    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
-    if (!(type_bits(a) & ~(1u << 5)) || !(type_bits(b) & ~(1u << 5))) /* both only objects */
-        for (size_t i = 0; i < json_array_size(ra); i++) {
-            const char *name = json_string_value(json_array_get(ra, i));
-            bool in_b = false;
-            for (size_t j = 0; name && j < json_array_size(rb) && !in_b; j++)
-                in_b = json_is_string(json_array_get(rb, j)) && !strcmp(json_string_value(json_array_get(rb, j)), name);
-            json_t *sa = name ? json_object_get(pa, name) : NULL, *sb = name ? json_object_get(pb, name) : NULL;
-            if (in_b && sa && sb && disjoint(c, sa, sb, depth + 1)) return true;
-        }
-    return false;
-}
-
-/* oneOf is compiled as anyOf only when no value can match two branches. */
-static bool pairwise_disjoint(js *c, json_t *arr) {
-    for (size_t i = 0; i < json_array_size(arr); i++)
-        for (size_t j = i + 1; j < json_array_size(arr); j++)
-            if (!disjoint(c, json_array_get(arr, i), json_array_get(arr, j), 0)) return false;
-    return true;
-}
-
-/* oneOf branches that differ by which names they require ({required: [a]} | {required: [b]}):
- * branch i is narrowed to forbid, for every other branch j, one name j requires and i does not.
- * The narrowed branch accepts a subset of branch i; it is kept only when it is disjoint from
- * every *original* other branch, so an accepted value matches exactly one original branch.
- * Returns the original array when narrowing does not help (the caller then refuses). */
-static bool in_required(json_t *req, const char *name);
-
-static json_t *narrow_oneof(js *c, json_t *branches) {
-    size_t n = json_array_size(branches);
-    json_t *out = json_array();
-    if (!out) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
-    json_array_append_new(c->keep, out); /* memo keys are pointers: keep the copies alive */
-    for (size_t i = 0; i < n; i++) {
-        json_t *bi = json_array_get(branches, i);
-        /* deref drops siblings of $ref (wider: fine for proofs, not for a narrowed copy) */
-        if (json_is_object(bi) && json_object_get(bi, "$ref")) bi = json_object_size(bi) == 1 ? deref(c, bi) : NULL;
-        if (!json_is_object(bi)) return branches;
-        json_t *nb = json_deep_copy(bi);
-        json_array_append_new(out, nb);
-        json_t *req = json_object_get(nb, "required"), *props = json_object_get(nb, "properties");
-        if (props && !json_is_object(props)) return branches;
-        for (size_t j = 0; j < n; j++) {
-            json_t *bj = deref(c, json_array_get(branches, j));
-            json_t *rj = json_is_object(bj) ? json_object_get(bj, "required") : NULL;
-            for (size_t r = 0; j != i && r < json_array_size(rj); r++) {
-                const char *name = json_string_value(json_array_get(rj, r));
-                if (!name || in_required(req, name)) continue;
-                if (!props) json_object_set_new(nb, "properties", props = json_object());
-                json_object_set_new(props, name, json_false());
-                /* the forbidden name only separates objects: keep this branch to objects */
-                if (!json_object_get(nb, "type")) json_object_set_new(nb, "type", json_string("object"));
-                break;
-            }
-        }
-    }
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < n; j++)
-            if (i != j && !disjoint(c, json_array_get(out, i), json_array_get(branches, j), 0)) return branches;
-    return out;
-}
-
 static int32_t typed(js *c, json_t *s, const char *t) {
     if (!strcmp(t, "string")) return string_sym(c, s);
     if (!strcmp(t, "number")) return number_sym(c, s, false);
@@ -1272,147 +961,33 @@ static int32_t typed(js *c, json_t *s, const char *t) {
     if (!strcmp(t, "null")) return c->null;
     if (!strcmp(t, "object")) return object_sym(c, s);
     if (!strcmp(t, "array")) return array_sym(c, s);
-    return fail(c, DI_ERR_INVALID, "unknown type '%s'", t);
-}
-
-static bool trivial(const json_t *s);
-
-static bool in_required(json_t *req, const char *name) {
-    for (size_t r = 0; r < json_array_size(req); r++)
-        if (json_is_string(json_array_get(req, r)) && !strcmp(json_string_value(json_array_get(req, r)), name)) return true;
-    return false;
-}
-
-/* dependencies / dependentRequired / dependentSchemas and simple forms of "not", rewritten into
- * keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
- * - a dependent name list becomes required (exact when the trigger is required, else narrower);
- * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
- * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower);
- *   not {enum/const} removes values from a sibling enum/const; not true = false; not false = true.
- * Anything else is refused. Returns s itself when nothing applies, NULL after fail(). */
-static json_t *rewrite(js *c, json_t *s) {
-    static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
-    bool any = json_object_get(s, "not") != NULL;
-    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]);
-    if (!any) return s;
-    json_t *m = json_deep_copy(s);
-    if (!m) return fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
-    json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
-    for (size_t i = 0; i < 3; i++) {
-        json_t *deps = json_object_get(s, dep_kw[i]);
-        if (!deps) continue;
-        json_object_del(m, dep_kw[i]);
-        if (!json_is_object(deps)) return fail(c, DI_ERR_INVALID, "keyword '%s' is not an object", dep_kw[i]), NULL;
-        const char *a;
-        json_t *v;
-        json_object_foreach(deps, a, v) {
-            json_t *req = json_object_get(m, "required");
-            if (json_is_array(v)) {
-                if (!req) json_object_set_new(m, "required", req = json_array());
-                for (size_t k = 0; k < json_array_size(v); k++)
-                    if (json_is_string(json_array_get(v, k)) && !in_required(req, json_string_value(json_array_get(v, k))))
-                        json_array_append(req, json_array_get(v, k));
-            } else if (trivial(v)) {
-                continue;
-            } else if (in_required(req, a)) {
-                json_t *all = json_object_get(m, "allOf");
-                if (all && !json_is_array(all)) return fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
-                if (!all) json_object_set_new(m, "allOf", all = json_array());
-                json_array_append(all, v);
-            } else {
-                return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' with a schema for an optional property", dep_kw[i]), NULL;
-            }
-        }
-    }
-    json_t *n = json_object_get(s, "not");
-    if (!n) return m;
-    json_object_del(m, "not");
-    if (json_is_object(n) && json_is_string(json_object_get(n, "$ref"))) {
-        json_t *t = resolve_ref(c, json_string_value(json_object_get(n, "$ref")));
-        if (!t) return NULL;
-        if (json_is_object(t) && json_object_size(n) == 1) n = t;
-    }
-    if (json_is_false(n)) return m;
-    if (trivial(n)) return json_false();
-    /* the constraining keywords of the negated schema */
-    const char *only = NULL, *k;
-    json_t *kv;
-    size_t nk = 0;
-    json_object_foreach(n, k, kv) if (constrains(k)) only = k, nk++;
-    if (nk == 1 && !strcmp(only, "type")) {
-        json_t *t = json_object_get(n, "type"), *have = json_object_get(m, "type");
-        unsigned excl = type_bits_of(t), allow = have ? type_bits_of(have) : 0x7f;
-        if (!excl && t) return fail(c, DI_ERR_INVALID, "%s", "not: type is not a type name or list"), NULL;
-        /* bit 2 (integer) lies inside bit 1 (number): excluding integers from numbers is not a type */
-        if ((excl & 4) && !(excl & 2) && (allow & 2))
-            return fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {type: integer} beside numbers"), NULL;
-        if (excl & 2) excl |= 4;
-        allow &= ~excl;
-        json_t *list = json_array();
-        for (unsigned b = 0; b < 7; b++)
-            if ((allow >> b) & 1 && !(b == 2 && (allow & 2))) json_array_append_new(list, json_string(k_type_names[b]));
-        if (!json_array_size(list)) {
-            json_decref(list);
-            return json_false();
-        }
-        json_object_set_new(m, "type", list);
-        return m;
-    }
-    if (nk == 1 && !strcmp(only, "required") && json_array_size(json_object_get(n, "required"))) {
-        const char *name = json_string_value(json_array_get(json_object_get(n, "required"), 0));
-        if (!name) return fail(c, DI_ERR_INVALID, "%s", "not: required entry is not a string"), NULL;
-        json_t *props = json_object_get(m, "properties");
-        if (props && !json_is_object(props)) return fail(c, DI_ERR_INVALID, "%s", "properties is not an object"), NULL;
-        json_t *np = props ? json_deep_copy(props) : json_object();
-        json_object_set_new(np, name, json_false()); /* an absent or declared name: absent now */
-        json_object_set_new(m, "properties", np);
-        return m;
-    }
-    json_t *en = json_object_get(m, "enum"), *cst = json_object_get(m, "const");
-    json_t *nen = json_object_get(n, "enum"), *ncst = json_object_get(n, "const");
-    if (nk >= 1 && nk <= 2 && (nen || ncst) && (en || cst) && nk == (size_t)(nen != NULL) + (ncst != NULL)) {
-        json_t *vals = json_array();
-        if (cst) json_array_append(vals, cst);
-        for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
-        for (size_t i = json_array_size(vals); i-- > 0;) {
-            json_t *x = json_array_get(vals, i);
-            bool hit = ncst && json_equal(ncst, x);
-            for (size_t j = 0; !hit && j < json_array_size(nen); j++) hit = json_equal(json_array_get(nen, j), x);
-            if (hit) json_array_remove(vals, i);
-        }
-        json_object_del(m, "const");
-        json_object_set_new(m, "enum", vals);
-        return m;
-    }
-    return fail(c, DI_ERR_UNSUPPORTED, "%s",
-                "keyword 'not' other than not-type, not-required, not-enum/const beside enum/const, true/false"),
-           NULL;
+    return di_js_fail(c, DI_ERR_INVALID, "unknown type '%s'", t);
 }
 
 static int32_t schema_body(js *c, json_t *s) {
     if (json_is_true(s)) return c->value;
     if (json_is_false(s)) return nothing(c);
-    if (!json_is_object(s)) return fail(c, DI_ERR_INVALID, "%s", "schema is not an object or boolean");
+    if (!json_is_object(s)) return di_js_fail(c, DI_ERR_INVALID, "%s", "schema is not an object or boolean");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (json_object_get(s, k_unsupported[i]))
-            return fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' is not supported", k_unsupported[i]);
-    json_t *rw = rewrite(c, s);
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' is not supported", k_unsupported[i]);
+    json_t *rw = di_js_rewrite(c, s);
     if (rw != s) return rw ? schema_body(c, rw) : 0;
     json_t *ref = json_object_get(s, "$ref");
     if (ref) {
-        if (!json_is_string(ref)) return fail(c, DI_ERR_INVALID, "%s", "$ref is not a string");
+        if (!json_is_string(ref)) return di_js_fail(c, DI_ERR_INVALID, "%s", "$ref is not a string");
         /* Constraining siblings of $ref (2019+; draft 7 validators differ, and applying them is
          * the narrower reading) hold together with the target: compile as allOf(siblings, target). */
         bool siblings = false;
         const char *k;
         json_t *kv;
-        json_object_foreach(s, k, kv) if (constrains(k) && strcmp(k, "$ref")) siblings = true;
+        json_object_foreach(s, k, kv) if (di_js_constrains(k) && strcmp(k, "$ref")) siblings = true;
         if (siblings) {
             json_t *m = json_deep_copy(s);
             json_t *parts = json_object_get(m, "allOf");
             if (!m || (parts && !json_is_array(parts))) {
                 json_decref(m);
-                return c->rc ? 0 : fail(c, DI_ERR_INVALID, "%s", "allOf is not an array");
+                return c->rc ? 0 : di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array");
             }
             if (!parts) json_object_set_new(m, "allOf", parts = json_array());
             json_t *part = json_object();
@@ -1422,34 +997,34 @@ static int32_t schema_body(js *c, json_t *s) {
             json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
             return schema_body(c, m);
         }
-        json_t *t = resolve_ref(c, json_string_value(ref));
+        json_t *t = di_js_resolve_ref(c, json_string_value(ref));
         return t ? sub(c, t, "$ref", NULL) : 0;
     }
     if (json_object_get(s, "allOf")) {
-        json_t *m = merge_allof(c, s);
-        if (!m) return c->rc ? 0 : fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+        json_t *m = di_js_merge_allof(c, s);
+        if (!m) return c->rc ? 0 : di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         /* the merged copy must outlive compilation: memo keys are pointers */
         json_array_append_new(c->keep, m);
         return schema_sym(c, m);
     }
     json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
     if (cst || en) {
-        if (en && !json_is_array(en)) return fail(c, DI_ERR_INVALID, "%s", "enum is not an array");
+        if (en && !json_is_array(en)) return di_js_fail(c, DI_ERR_INVALID, "%s", "enum is not an array");
         return const_enum_sym(c, s, cst, en);
     }
     json_t *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
     if (any || one) {
-        if (any && one) return fail(c, DI_ERR_UNSUPPORTED, "%s", "anyOf together with oneOf");
+        if (any && one) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "anyOf together with oneOf");
         json_t *arr = any ? any : one;
-        if (!json_is_array(arr) || !json_array_size(arr)) return fail(c, DI_ERR_INVALID, "%s", "anyOf/oneOf is not a non-empty array");
+        if (!json_is_array(arr) || !json_array_size(arr)) return di_js_fail(c, DI_ERR_INVALID, "%s", "anyOf/oneOf is not a non-empty array");
         /* Constraining siblings apply to every branch: distribute them, compiling each branch as
          * allOf(siblings, branch) through the same merge as allOf. */
         bool siblings = false;
         const char *k;
         json_t *kv;
-        json_object_foreach(s, k, kv) if (constrains(k) && strcmp(k, "anyOf") && strcmp(k, "oneOf")) siblings = true;
+        json_object_foreach(s, k, kv) if (di_js_constrains(k) && strcmp(k, "anyOf") && strcmp(k, "oneOf")) siblings = true;
         json_t *branches = json_array();
-        if (!branches) return fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+        if (!branches) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         json_array_append_new(c->keep, branches); /* merged branches must outlive compilation */
         for (size_t i = 0; i < json_array_size(arr) && !c->rc; i++) {
             json_t *br = json_array_get(arr, i);
@@ -1460,19 +1035,19 @@ static int32_t schema_body(js *c, json_t *s) {
                 json_t *one_part = json_array();
                 json_array_append(one_part, br);
                 json_object_set_new(tmp, "allOf", one_part);
-                json_t *merged = tmp ? merge_allof(c, tmp) : NULL;
+                json_t *merged = tmp ? di_js_merge_allof(c, tmp) : NULL;
                 json_decref(tmp);
-                if (!merged) return c->rc ? 0 : fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+                if (!merged) return c->rc ? 0 : di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
                 json_array_append_new(branches, merged);
             } else {
                 json_array_append(branches, br);
             }
         }
         if (c->rc) return 0;
-        if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches)) branches = narrow_oneof(c, branches);
+        if (one && !c->opts.lenient_oneof && !di_js_pairwise_disjoint(c, branches)) branches = di_js_narrow_oneof(c, branches);
         if (!branches) return 0;
-        if (one && !c->opts.lenient_oneof && !pairwise_disjoint(c, branches))
-            return fail(c, DI_ERR_UNSUPPORTED, "%s",
+        if (one && !c->opts.lenient_oneof && !di_js_pairwise_disjoint(c, branches))
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s",
                         "oneOf whose branches are not provably disjoint by type, const/enum or a required discriminator "
                         "property (set lenient_oneof to compile it as anyOf)");
         int32_t nt = di_cfg_nt(c->g, NULL);
@@ -1490,13 +1065,13 @@ static int32_t schema_body(js *c, json_t *s) {
         int32_t nt = di_cfg_nt(c->g, NULL);
         for (size_t i = 0; i < json_array_size(type) && !c->rc; i++) {
             const char *t = json_string_value(json_array_get(type, i));
-            if (!t) return fail(c, DI_ERR_INVALID, "%s", "type list entry is not a string");
+            if (!t) return di_js_fail(c, DI_ERR_INVALID, "%s", "type list entry is not a string");
             int32_t b = typed(c, s, t);
             di_cfg_rule(c->g, nt, &b, 1);
         }
         return nt;
     }
-    if (type) return fail(c, DI_ERR_INVALID, "%s", "type is not a string or list");
+    if (type) return di_js_fail(c, DI_ERR_INVALID, "%s", "type is not a string or list");
     /* no type: infer from the keywords present; a value of another type is also valid per the
      * spec, but generating one would ignore the keywords, so restrict to the implied type */
     if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties") ||
@@ -1520,7 +1095,7 @@ static int32_t schema_sym(js *c, json_t *s) {
     int32_t *slot = memo_slot(c, s);
     if (!slot) return 0;
     if (*slot >= 0) return *slot;
-    if (++c->depth > DI_JSON_SCHEMA_MAX_DEPTH) return fail(c, DI_ERR_LIMIT, "%s", "schema nested more than 128 levels");
+    if (++c->depth > DI_JSON_SCHEMA_MAX_DEPTH) return di_js_fail(c, DI_ERR_LIMIT, "%s", "schema nested more than 128 levels");
     int32_t nt = di_cfg_nt(c->g, NULL);
     *slot = nt; /* before the body: a $ref cycle back here links to nt */
     int32_t b = schema_body(c, s);

@@ -45,6 +45,7 @@ struct di_grammar_matcher {
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
+    uint64_t n_edges, n_summaries;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
      * value, valid when lstamp[i] == lgen. */
@@ -381,7 +382,8 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
-                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges};
+                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
+                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .summaries = m->n_summaries};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -550,6 +552,13 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
     return rc < 0 ? rc : DI_OK;
 }
 
+/* A link of a character chain: enough characters lead to one successor for a block of them to
+ * pay for the summaries along the chain. Counted in bytes ([a-z] is 26 characters in 2 buckets):
+ * a letter class qualifies, digits do not (measured on ebnf_arith: a chain through every digit
+ * state doubled the summaries per mask and cost more than the trie edges it saved). */
+#define CHAIN_MIN_BYTES 20
+static inline bool chain_link(const di_gcache_loop *s) { return s->next > 0 && (s->n_next >= CHAIN_MIN_BYTES || s->utf8); }
+
 /* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
  * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
  * continuation range shape. When most characters lead to another state T (the first character
@@ -561,6 +570,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     di_earley *e = &m->e;
     di_grammar_cache *c = m->g->cache;
     memset(out, 0, sizeof *out);
+    m->n_summaries++;
     di_cfg_class scan = *di_earley_next_bytes(e);
     int n_bytes = 0;
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
@@ -611,6 +621,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         if (di_cfg_class_has(&scan, (uint8_t)b)) out->scanned |= 1u << di_ascii_bucket((uint8_t)b);
     for (unsigned b = 1; b < 128 && !out->rep; b++)
         if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
+    out->n_next = (uint8_t)best_n;
     bool all = class_covers(&scan, 0xC2, 0xF4);
     for (int q = 0; q < 8 && all; q++) {
         sig128 k;
@@ -630,7 +641,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     }
     di_gcache_loop tl;
     /* only a state that takes most characters alike starts a chain worth following */
-    if (chain <= 0 || (__builtin_popcount(out->ascii & ((1u << 26) - 1)) < 4 && !out->utf8) ||
+    if (chain <= 0 || !chain_link(out) ||
         di_gcache_loop_get(tab, out->next, &tl))
         return DI_OK;
     /* T's sets: push one byte that leads there */
@@ -652,9 +663,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
  * valid multi-byte character is, such that any run of them stays alive: every character leads
  * along the chain of summarized successor states, which ends in a loop (*any_length) or has at
  * least DI_CHAIN_CHARS links (tokens with more characters are then not covered). */
-static inline bool chain_link(const di_gcache_loop *s) {
-    return s->next > 0 && (__builtin_popcount(s->ascii & ((1u << 26) - 1)) >= 4 || s->utf8);
-}
+
 
 /* Returns 1 with the block filled in, 0 if the state does not take a block of characters, -1 if
  * a summary along its chain is not computed yet (ensure_chain). */
@@ -667,7 +676,7 @@ static int loop_chars(const di_gcache_table *tab, int32_t id, const di_gcache_lo
         if (cur.next == id) { /* a loop: any number of characters */
             a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
             *ascii = a, *utf8 = u, *any_length = true, *nohigh = nh, *scanned = sc;
-            return (a & ((1u << 26) - 1)) || u;
+            return (a & DI_BUCKET_BITS) || u;
         }
         if (!chain_link(&cur)) return 0;
         a &= cur.ascii, u = u && cur.utf8, nh = nh && cur.nohigh, sc |= cur.scanned;
@@ -686,7 +695,7 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
     di_earley *e = &m->e;
     size_t top = e->n_sets;
     int rc = DI_OK;
-    for (int k = 0; k < DI_CHAIN_CHARS; k++) {
+    for (int k = 0; k <= DI_CHAIN_CHARS; k++) { /* loop_chars reads the summaries of DI_CHAIN_CHARS + 1 states */
         di_gcache_loop s;
         if (!di_gcache_loop_get(tab, id, &s)) {
             if (*budget <= 0) break;
@@ -694,7 +703,7 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
             if ((rc = loop_summary(m, tab, id, 1, &s, err))) break;
             di_gcache_loop_put(m->g->cache, tab, id, &s);
         }
-        if (!chain_link(&s) || s.next == id || !s.rep) break;
+        if (k == DI_CHAIN_CHARS || !chain_link(&s) || s.next == id || !s.rep) break;
         bool ctx = false;
         rc = watched_push(m, s.rep, &ctx, err);
         if (rc != 1 || ctx || (rc = update_sigs(m, err))) break;
@@ -774,6 +783,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
     uint8_t byte = m->path[d];
     int32_t parent = m->vid[d - 1];
     bool pushed = false;
+    m->n_edges++;
     use_boundary(m, m->lbd[d - 1]);
     int32_t next = parent > 0 ? di_gcache_next(tab, parent, byte) : DI_ST_UNKNOWN;
     if (next == DI_ST_DEAD) return 0;
@@ -912,7 +922,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     if (loop_chars(tab, root, &s, &ascii, &utf8, &any_length, &nohigh, &scanned) != 1) return 0;
     /* a byte outside the block that no state of the chain takes at all ends a token wherever it
      * comes (the characters before it stay in the chain): such tokens are cleared, not walked */
-    uint32_t bad = ~ascii & scanned & ((1u << 26) - 1), dead = ~ascii & ~scanned & ((1u << 26) - 1);
+    uint32_t bad = ~ascii & scanned & DI_BUCKET_BITS, dead = ~ascii & ~scanned & DI_BUCKET_BITS;
     if (utf8) bad |= 1u << DI_CLASS_BAD_UTF8;
     else if (nohigh) dead |= 1u << DI_CLASS_HIGH; /* dies at its first high byte, still inside the chain */
     else bad |= 1u << DI_CLASS_HIGH;
@@ -1015,7 +1025,10 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
-    int blk = 0, summaries_left = 8; /* summaries computed per walk: bounded even where they do not pay */
+    /* summaries computed per walk, bounded even where they do not pay: 8 for states met in the
+     * walk, and one chain's worth (DI_CHAIN_CHARS + 1) to complete the chain of a state whose
+     * block needs it (schema_small's e-mail labels: 39,486 -> 10,712 edges per mask) */
+    int blk = 0, summaries_left = 8, chain_left = DI_CHAIN_CHARS + 1;
     uint32_t blk_ascii = 0, blk_scanned = 0;
     bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
     for (uint32_t i = 1, n = v->n_nodes; i < n;) {
@@ -1030,7 +1043,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 di_gcache_loop ls;
                 blk = block_of(m, tab, parent, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned);
                 bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
-                if (big && blk < 0 && summaries_left > 0) { /* no summary yet, or a chain to extend */
+                if (big && ((blk == -2 && summaries_left > 0) || (blk == -1 && chain_left > 0))) { /* no summary yet, or a chain to extend */
                     if ((rc = replay(m, &md, d - 1, err))) goto out;
                     use_boundary(m, m->lbd[d - 1]);
                     if (blk == -2) {
@@ -1038,7 +1051,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                         rc = loop_summary(m, tab, parent, 1, &ls, err);
                         if (!rc) di_gcache_loop_put(c, tab, parent, &ls);
                     } else {
-                        rc = ensure_chain(m, tab, parent, &summaries_left, err);
+                        rc = ensure_chain(m, tab, parent, &chain_left, err);
                     }
                     m->bgen++;
                     if (rc) goto out;

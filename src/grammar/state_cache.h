@@ -53,6 +53,7 @@ typedef struct di_gcache_loop {
     uint8_t utf8;
     uint8_t rep;    /* an ASCII byte that leads to next (0: none) */
     uint8_t nohigh; /* the state takes no byte >= 0x80 at all */
+    uint8_t n_next; /* ASCII bytes that lead to next */
     uint32_t scanned; /* ASCII buckets with a byte the state takes at all */
 } di_gcache_loop;
 

@@ -309,6 +309,34 @@ int di_cache_cmp_gather(const di_cache *c, int stage, const int32_t *ent, int64_
 int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, float **score_state,
                        di_error *err);
 
+/* ---- batched rows (one backend call for the rows of every sequence of a pass) ----
+ * The *_addrs functions check a put or read exactly as the calls above and update the marks as a put
+ * does, but return the arena addresses of the rows instead of moving bytes: a pass collects them over
+ * all its sequences and encodes / decodes them with one di_cache_rows_encode / _decode. A NULL write
+ * address is a row the put would skip (older than the ring's reach; a frozen prefix entry).
+ *   dst, src: host arrays of count / p1−p0 / e1−e0 addresses (into backend memory for a backend arena) */
+int di_cache_window_put_addrs(di_cache *c, int stage, int64_t pos0, int64_t count, uint8_t **dst, di_error *err);
+int di_cache_window_read_addrs(const di_cache *c, int stage, int64_t p0, int64_t p1, const uint8_t **src,
+                               di_error *err);
+/* Entries [e0, e1) of the compressed KV (ikey = 0) or index keys (1) of a kv source. */
+int di_cache_entry_put_addrs(di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, uint8_t **dst, di_error *err);
+/* Entries [e0, e1) to read (every one written since the last rollback, as di_cache_cmp_rows / _ikey_rows). */
+int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, const uint8_t **src,
+                              di_error *err);
+typedef enum di_cache_rows_kind { DI_CACHE_ROWS_WINDOW, DI_CACHE_ROWS_CMP, DI_CACHE_ROWS_IKEY } di_cache_rows_kind;
+/* *dst[i] = the cache form of x[i] / y[i] = the value of *src[i] (NULL: skipped / zero row), for rows
+ * of caches in be's memory, in one row_encode_scatter / row_decode_gather call.
+ *   x, y bf16 [n, d] (backend memory);  dst, src: n addresses (host array) */
+int di_cache_rows_encode(const di_backend *be, di_cache_rows_kind kind, const uint16_t *x, int64_t n, int64_t d,
+                         uint8_t *const *dst, di_error *err);
+int di_cache_rows_decode(const di_backend *be, di_cache_rows_kind kind, const uint8_t *const *src, int64_t n,
+                         int64_t d, uint16_t *y, di_error *err);
+/* The compressor state ring of a ratio ≥ 2 source for positions [p0, p1) fed in one
+ * compress_pool_ring call (state f32 [n_blocks, 2, R, hd]); the checks and marks of
+ * di_cache_cmp_state for each of their groups in order. */
+int di_cache_cmp_state_ring(di_cache *c, int stage, int64_t p0, int64_t p1, float **state, int *n_blocks,
+                            di_error *err);
+
 /* ---- Engram n-gram history ----
  * put: the compressed id of the token at pos (an appended position, pos ≥ n − (G−1+m)).
  * history: ids of positions pos−1, pos−2, …, pos−(G−1) (lookback order), DI_CACHE_ENGRAM_NONE

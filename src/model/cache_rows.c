@@ -338,6 +338,130 @@ int di_cache_cmp_state(di_cache *c, int stage, int64_t pos, float **kv_state, fl
     return DI_OK;
 }
 
+/* ---------------- batched rows: addresses for one call per pass ---------------- */
+
+int di_cache_window_put_addrs(di_cache *c, int stage, int64_t pos0, int64_t count, uint8_t **dst, di_error *err) {
+    if (count < 0 || pos0 < 0 || pos0 > c->n - count)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache window put: positions [%lld, %lld) (expected appended positions, n = %lld)",
+                            (long long)pos0, (long long)(pos0 + count), (long long)c->n);
+    int rc = window_stage(c, stage, "window put", err);
+    if (rc) return rc;
+    /* as di_cache_window_put_rows: rows older than the ring's reach would share a slot with a newer
+     * row of the same call, so they are skipped, and the listed slots are distinct */
+    int64_t first = c->n - c->ring_slots > pos0 ? c->n - c->ring_slots : pos0, end = pos0 + count;
+    for (int64_t p = pos0; p < end; p++) dst[p - pos0] = p < first ? NULL : ring_slot(c, stage, p);
+    if (end > first) {
+        if (end > c->win_hi[stage]) c->win_hi[stage] = end;
+        if (end > c->win_n[stage]) c->win_n[stage] = end;
+    }
+    return DI_OK;
+}
+
+int di_cache_window_read_addrs(const di_cache *c, int stage, int64_t p0, int64_t p1, const uint8_t **src,
+                               di_error *err) {
+    int rc = window_stage(c, stage, "window read", err);
+    if (rc) return rc;
+    if (p0 < 0 || p1 < p0)
+        return di_error_set(err, DI_ERR_INVALID, "cache window read: positions [%lld, %lld)", (long long)p0,
+                            (long long)p1);
+    for (int64_t p = p0; p < p1; p++) {
+        rc = window_readable(c, stage, p, "window read", err);
+        if (rc) return rc;
+        src[p - p0] = ring_slot(c, stage, p);
+    }
+    return DI_OK;
+}
+
+int di_cache_entry_put_addrs(di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, uint8_t **dst, di_error *err) {
+    const char *what = ikey ? "index key put" : "compressed put";
+    int rc = source_stage(c, stage, what, err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e0, e1, -1, what, err);
+    if (rc) return rc;
+    /* entries restored from the prefix cache keep their exact bytes (di_cache_cmp_put) */
+    for (int64_t e = e0; e < e1; e++)
+        dst[e - e0] = e < c->cmp_frozen[stage] ? NULL : ikey ? di_cache_ikey_at(c, stage, e) : di_cache_cmp_at(c, stage, e);
+    int64_t *mark = ikey ? &c->ikey_n[stage] : &c->cmp_n[stage];
+    if (e1 > c->cmp_frozen[stage] && e1 > *mark) *mark = e1;
+    return DI_OK;
+}
+
+int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, const uint8_t **src,
+                              di_error *err) {
+    const char *what = ikey ? "index key read" : "compressed read";
+    int rc = source_stage(c, stage, what, err);
+    if (rc) return rc;
+    rc = entry_range(c, stage, e0, e1, ikey ? c->ikey_n[stage] : c->cmp_n[stage], what, err);
+    if (rc) return rc;
+    for (int64_t e = e0; e < e1; e++) src[e - e0] = ikey ? di_cache_ikey_at(c, stage, e) : di_cache_cmp_at(c, stage, e);
+    return DI_OK;
+}
+
+/* The list travels to backend memory for the one call (an address list is data the kernel reads). */
+static int addr_list(const di_backend *be, const void *host, int64_t n, void **out, di_error *err) {
+    *out = (void *)host;
+    if (be->host_memory) return DI_OK;
+    void *d = be->mem_alloc(be, sizeof(void *) * (size_t)n, err); /* pointer [n] backend copy */
+    if (!d) return err ? err->code : DI_ERR_NOMEM;
+    int rc = be->mem_upload(be, d, host, sizeof(void *) * (size_t)n, err);
+    if (rc) {
+        be->mem_free(be, d);
+        return rc;
+    }
+    *out = d;
+    return DI_OK;
+}
+
+static di_row_codec kind_codec(di_cache_rows_kind kind) {
+    return kind == DI_CACHE_ROWS_WINDOW ? WINDOW_CODEC : kind == DI_CACHE_ROWS_CMP ? KV_CODEC : KEY_CODEC;
+}
+
+int di_cache_rows_encode(const di_backend *be, di_cache_rows_kind kind, const uint16_t *x, int64_t n, int64_t d,
+                         uint8_t *const *dst, di_error *err) {
+    if (n <= 0) return DI_OK;
+    void *list;
+    int rc = addr_list(be, dst, n, &list, err);
+    if (rc) return rc;
+    rc = be->row_encode_scatter(be, kind_codec(kind), x, n, d, (uint8_t *const *)list, err);
+    if (list != (void *)dst) be->mem_free(be, list);
+    return rc;
+}
+
+int di_cache_rows_decode(const di_backend *be, di_cache_rows_kind kind, const uint8_t *const *src, int64_t n,
+                         int64_t d, uint16_t *y, di_error *err) {
+    if (n <= 0) return DI_OK;
+    void *list;
+    int rc = addr_list(be, src, n, &list, err);
+    if (rc) return rc;
+    rc = be->row_decode_gather(be, kind_codec(kind), (const uint8_t *const *)list, n, d, y, err);
+    if (list != (const void *)src) be->mem_free(be, list);
+    return rc;
+}
+
+int di_cache_cmp_state_ring(di_cache *c, int stage, int64_t p0, int64_t p1, float **state, int *n_blocks,
+                            di_error *err) {
+    int rc = source_stage(c, stage, "compressor state", err);
+    if (rc) return rc;
+    di_cache_stage *s = &c->stage[stage];
+    if (!s->state)
+        return di_error_set(err, DI_ERR_INVALID, "cache compressor state: stage %d has ratio %d (no pooling state)",
+                            stage, s->ratio);
+    /* the first group must still own its block; the later ones take theirs in order, as
+     * di_cache_cmp_state hands them out group by group */
+    if (p0 < 0 || p1 <= p0 || p1 > c->n || p0 / s->ratio < c->state_hi[stage] - s->state_blocks)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cache compressor state: stage %d positions [%lld, %lld) (expected within the %lld "
+                            "appended, from one of the %d newest groups; newest handed out: %lld)",
+                            stage, (long long)p0, (long long)p1, (long long)c->n, s->state_blocks,
+                            (long long)(c->state_hi[stage] - 1));
+    int64_t g1 = (p1 - 1) / s->ratio + 1;
+    if (g1 > c->state_hi[stage]) c->state_hi[stage] = g1;
+    *state = s->state;
+    *n_blocks = s->state_blocks;
+    return DI_OK;
+}
+
 /* ---------------- Engram history ---------------- */
 
 int di_cache_engram_put(di_cache *c, int64_t pos, int32_t id, di_error *err) {

@@ -114,9 +114,9 @@ static const fwd_pub *source(fwd_ctx *c, const fwd_seq *q, int L, int src, const
 /* kv sources: the latent, before RoPE, of the compressed entries [s0/R, (s0+T)/R) each chunk
  * completes, every sequence's after the previous one's (sa[i].lat0). Ratio 1: a bf16 projection per
  * token (so the latent rows are the pass rows). Ratio R > 1: f32 projections of all rows in one GEMM
- * each, then per sequence a per-channel softmax pooling of R tokens, streamed through its cache's
- * carry state one group at a time (a chunk may start and end inside a group; the trailing partial
- * group waits in the state). Then the compressor RMSNorm over all new entries.
+ * each, then per sequence one call of a per-channel softmax pooling of R tokens over all its groups,
+ * streamed through its cache's carry state ring (a chunk may start and end inside a group; the
+ * trailing partial group waits in the state). Then the compressor RMSNorm over all new entries.
  *   u bf16 [T, D];  *lat bf16 [n_new, hd] (block lifetime), n_new = Σ sa[i].n_new */
 static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16_t **lat_out, int64_t *n_new_out) {
     const di_config *cfg = c->cfg;
@@ -140,26 +140,31 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16
         ALLOC(g, T * hd, 0);
         CK(be->linear_f32(be, u, T, D, w->cmp_wkv, hd, a, c->err));
         CK(be->linear_f32(be, u, T, D, w->cmp_wgate, hd, g, c->err));
+        /* one pooling call for a sequence's chunk: its groups are independent but for the partial ones
+         * at the chunk's ends, which stream through the carry state ring in its cache; one call for all
+         * sequences where the backend pools several chunks at once */
+        di_pool_seq *ps_h; /* [n_seq] (host) */
+        int nb = 0;
+        HALLOC(ps_h, c->n_seq, 0);
         for (int i = 0; i < c->n_seq; i++) {
             const fwd_seq *q = &c->seq[i];
-            int64_t s0 = q->ck.s0, Ti = q->ck.T, emitted = 0;
-            const float *ai = a + q->r0 * hd, *gi = g + q->r0 * hd;
-            uint16_t *li = lat + sa[i].lat0 * hd;
-            for (int64_t t = 0; t < Ti;) {
-                int64_t p = s0 + t, end = (p / R + 1) * R - s0; /* end of p's group, chunk-relative */
-                if (end > Ti) end = Ti;
-                float *kv_state, *score_state; /* f32 [R, hd] each: the group's block in the cache */
-                int64_t n_out = 0;
-                CK(di_cache_cmp_state(q->ck.cache, L, p, &kv_state, &score_state, c->err));
-                CK(be->compress_pool(be, ai + t * hd, gi + t * hd, end - t, p, R, hd, kv_state, score_state,
-                                     li + emitted * hd, &n_out, c->err));
-                emitted += n_out;
-                t = end;
-            }
-            if (emitted != sa[i].n_new)
-                return di_error_set(c->err, DI_ERR_INTERNAL,
-                                    "layer %d, sequence %d of the batch: compressor emitted %lld entries, expected %lld", L,
-                                    i, (long long)emitted, (long long)sa[i].n_new);
+            float *state; /* f32 [nb, 2, R, hd]: the sequence's compressor ring (its cache) */
+            CK(di_cache_cmp_state_ring(q->ck.cache, L, q->ck.s0, q->ck.s0 + q->ck.T, &state, &nb, c->err));
+            ps_h[i] = (di_pool_seq){.state = state, .start_pos = q->ck.s0, .m = q->ck.T, .row0 = q->r0, .out0 = sa[i].lat0};
+        }
+        if (be->compress_pool_seqs && c->n_seq > 1) {
+            di_pool_seq *ps;          /* [n_seq] (backend) */
+            int32_t *eseq_h, *eseq;   /* int32 [n_new] sequence of each new entry (host, backend) */
+            HALLOC(eseq_h, n_new, 0);
+            for (int i = 0; i < c->n_seq; i++)
+                for (int64_t j = 0; j < sa[i].n_new; j++) eseq_h[sa[i].lat0 + j] = (int32_t)i;
+            UPLOAD(ps, ps_h, c->n_seq, 0);
+            UPLOAD(eseq, eseq_h, n_new > 0 ? n_new : 1, 0);
+            CK(be->compress_pool_seqs(be, a, g, R, hd, nb, ps, c->n_seq, eseq, n_new, lat, c->err));
+        } else {
+            for (int i = 0; i < c->n_seq; i++)
+                CK(be->compress_pool_ring(be, a + ps_h[i].row0 * hd, g + ps_h[i].row0 * hd, ps_h[i].m, ps_h[i].start_pos,
+                                          R, hd, ps_h[i].state, nb, lat + ps_h[i].out0 * hd, c->err));
         }
     }
     if (n_new > 0) {
@@ -180,6 +185,17 @@ static int64_t *entry_positions(fwd_ctx *c, const seq_attn *sa, int64_t n_new, i
     return p ? fwd_upload(c, p, sizeof(int64_t) * (size_t)(n_new > 0 ? n_new : 1), 0) : NULL;
 }
 
+/* Every sequence's new compressed entries (ikey 0) or index keys (1) into its cache in one encode:
+ * the rows are in latent order, sequence after sequence, like their addresses.  x bf16 [n_new, d] */
+static int put_entries(fwd_ctx *c, int L, int ikey, const uint16_t *x, int64_t n_new, int64_t d, const seq_attn *sa) {
+    uint8_t **dst; /* [n_new] row addresses in the caches (host list) */
+    HALLOC(dst, n_new, 0);
+    for (int i = 0; i < c->n_seq; i++)
+        CK(di_cache_entry_put_addrs(c->seq[i].ck.cache, L, ikey, sa[i].e0, sa[i].e0 + sa[i].n_new, dst + sa[i].lat0,
+                                    c->err));
+    return di_cache_rows_encode(c->be, ikey ? DI_CACHE_ROWS_IKEY : DI_CACHE_ROWS_CMP, x, n_new, d, dst, c->err);
+}
+
 /* kv sources: index keys of the new entries from the (unrotated) latent — wk, k_norm, RoPE at the
  * group's first position n·R — stored in each sequence's cache, which applies the FP4 QDQ with E8M0
  * scales per 32 (no Hadamard in V4.1).  lat bf16 [n_new, hd];  epos int64 [n_new] */
@@ -194,14 +210,38 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, con
     CK(be->linear_bf16(be, lat, n_new, hd, w->idx_wk, ihd, k, c->err));
     CK(be->rmsnorm(be, k, n_new, ihd, w->idx_k_norm, (float)cfg->rms_norm_eps, k, c->err));
     CK(be->rope(be, k, n_new, 1, ihd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false, c->err));
-    for (int i = 0; i < c->n_seq; i++)
-        for (int64_t j = 0; j < sa[i].n_new; j++)
-            CK(di_cache_ikey_put(c->seq[i].ck.cache, L, sa[i].e0 + j, k + (sa[i].lat0 + j) * ihd, c->err));
+    CK(put_entries(c, L, 1, k, n_new, ihd, sa));
     if (c->opts->dump) {
         CK(be->qdq_fp4_e8m0(be, k, n_new, ihd, 32, c->err)); /* the value the cache holds */
         DUMP("attn.index_k", DI_BF16, k, 2, n_new, ihd, 0);
     }
     return DI_OK;
+}
+
+/* The index keys every sequence scores at index layer L — all entries its chunk sees, from its key
+ * source's cache — read for all sequences in one decode.  keys_of[i]: bf16 [ncmp_i, ihd] (backend),
+ * NULL for a sequence that sees none */
+static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
+    const di_layer_cfg *lc = &c->cfg->layer[L];
+    int64_t ihd = c->cfg->index_head_dim, n = 0;
+    for (int i = 0; i < c->n_seq; i++)
+        if (c->seq[i].pub[L].topk_k) n += (c->seq[i].ck.s0 + c->seq[i].ck.T) / lc->compress_ratio;
+    const uint8_t **src; /* [n] cache addresses of the keys, sequence after sequence (host) */
+    uint16_t *keys;      /* bf16 [n, ihd] */
+    HALLOC(src, n, 0);
+    ALLOC(keys, (n > 0 ? n : 1) * ihd, 0);
+    int64_t o = 0; /* keys listed so far */
+    for (int i = 0; i < c->n_seq; i++) {
+        fwd_seq *q = &c->seq[i];
+        int64_t ncmp = (q->ck.s0 + q->ck.T) / lc->compress_ratio;
+        keys_of[i] = NULL;
+        if (!q->pub[L].topk_k) continue;
+        if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
+        CK(di_cache_entry_read_addrs(q->ck.cache, lc->index_key_source, 1, 0, ncmp, src + o, c->err));
+        keys_of[i] = keys + o * ihd;
+        o += ncmp;
+    }
+    return di_cache_rows_decode(c->be, DI_CACHE_ROWS_IKEY, src, n, ihd, keys, c->err);
 }
 
 /* Index sources: the queries and weights of every row in one projection each, then per sequence:
@@ -251,16 +291,18 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
     UPLOAD(vis, vis_h, T, 0);
 
+    const uint16_t **keys_of; /* [n_seq] each sequence's index keys (backend) */
+    HALLOC(keys_of, c->n_seq, 0);
+    CK(read_index_keys(c, L, keys_of));
+
     int64_t o = 0; /* sequence i's top-k lists are top[o_i …] */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
         int64_t Ti = q->ck.T, ncmp = (q->ck.s0 + Ti) / R;
         int ksel = q->pub[L].topk_k;
         if (ksel == 0) continue;
-        if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
-        uint16_t *keys; /* bf16 [ncmp, ihd] */
-        float *scores;  /* f32 [Ti, ncmp] */
-        ALLOC(keys, ncmp * ihd, 0);
+        const uint16_t *keys = keys_of[i]; /* bf16 [ncmp, ihd] */
+        float *scores;                     /* f32 [Ti, ncmp] */
         ALLOC(scores, Ti * ncmp, 0);
         if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
             c->out->index_scores[L] = calloc((size_t)(Ti * ncmp), sizeof(float));
@@ -269,7 +311,6 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
                 return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)Ti,
                                     (long long)ncmp);
         }
-        CK(di_cache_ikey_rows(q->ck.cache, lc->index_key_source, 0, ncmp, keys, c->err));
 
         const uint8_t *cand = NULL;
         if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
@@ -322,9 +363,7 @@ static int compressed_kv(fwd_ctx *c, int L, uint16_t *lat, int64_t n_new, const 
     int64_t hd = cfg->head_dim;
     CK(be->rope(be, lat, n_new, 1, (int)hd, cfg->qk_rope_head_dim, epos, c->rope_freqs[cfg->layer[L].rope], false,
                 c->err));
-    for (int i = 0; i < c->n_seq; i++)
-        for (int64_t j = 0; j < sa[i].n_new; j++)
-            CK(di_cache_cmp_put(c->seq[i].ck.cache, L, sa[i].e0 + j, lat + (sa[i].lat0 + j) * hd, c->err));
+    CK(put_entries(c, L, 0, lat, n_new, hd, sa));
     if (c->opts->dump) {
         CK(be->qdq_fp4_e4m3(be, lat, n_new, hd, 16, c->err)); /* the value the cache holds */
         DUMP("attn.cmp_kv", DI_BF16, lat, 2, n_new, hd, 0);
@@ -405,35 +444,48 @@ static int gather_on_backend(fwd_ctx *c, const fwd_seq *q, const seq_attn *s, in
  * projection for the pass; each sequence's key rows are its previous window rows read from its cache
  * followed by its chunk's rows. The chunk's rows are written to the cache (which quantizes them
  * itself, from the row before the QDQ) AFTER the read, since a long chunk overwrites ring slots.
+ * Every sequence's reads are one decode, its writes one encode and its key rows one gather, whatever
+ * the number of sequences: the pass's kv rows and the previous rows share one buffer, from which the
+ * key rows of all sequences are gathered.
  *   u bf16 [T, D];  sa[i].win bf16 [n_win_rows_i, hd] out (block lifetime) */
 static int window_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa) {
     const di_config *cfg = c->cfg;
     const di_layer_w *w = &c->m->w.layers[L];
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, hd = cfg->head_dim;
-    uint16_t *kv; /* bf16 [T, hd] */
-    ALLOC(kv, T * hd, 0);
+    int64_t n_prev = 0, n_rows = 0; /* Σ previous rows, Σ key rows */
+    for (int i = 0; i < c->n_seq; i++) n_prev += c->seq[i].ck.s0 - c->seq[i].win_base, n_rows += c->seq[i].n_win_rows;
+    uint16_t *kv, *win;    /* bf16 [T + n_prev, hd]: the pass's rows, then the previous rows; bf16 [n_rows, hd] */
+    const uint8_t **rd;    /* [n_prev] cache addresses of the previous rows (host) */
+    uint8_t **wr;          /* [T] cache addresses of the pass's rows, NULL: not kept (host) */
+    int32_t *rows_h, *rows; /* int32 [n_rows] row of kv feeding each key row (host, backend) */
+    ALLOC(kv, (T + n_prev) * hd, 0);
+    ALLOC(win, n_rows * hd, 0);
+    HALLOC(rd, n_prev, 0);
+    HALLOC(wr, T, 0);
+    HALLOC(rows_h, n_rows, 0);
     CK(be->linear_fp8(be, u, T, D, w->wkv.w, w->wkv.s, hd, kv, c->err));
     CK(be->rmsnorm(be, kv, T, hd, w->kv_norm, (float)cfg->rms_norm_eps, kv, c->err));
     CK(be->rope(be, kv, T, 1, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope], false,
                 c->err));
+    int64_t p = 0, r = 0; /* previous rows and key rows so far */
     for (int i = 0; i < c->n_seq; i++) {
         const fwd_seq *q = &c->seq[i];
-        int64_t n_prev = q->ck.s0 - q->win_base;
-        ALLOC(sa[i].win, q->n_win_rows * hd, 0);
+        int64_t np = q->ck.s0 - q->win_base;
+        CK(di_cache_window_read_addrs(q->ck.cache, L, q->win_base, q->ck.s0, rd + p, c->err));
+        CK(di_cache_window_put_addrs(q->ck.cache, L, q->ck.s0, q->ck.T, wr + q->r0, c->err));
+        sa[i].win = win + r * hd;
         sa[i].n_kw = q->n_win_rows;
-        if (n_prev > 0) CK(di_cache_window_rows(q->ck.cache, L, q->win_base, q->ck.s0, sa[i].win, c->err));
-        CK(di_cache_window_put_rows(q->ck.cache, L, q->ck.s0, q->ck.T, kv + q->r0 * hd, c->err));
+        for (int64_t j = 0; j < np; j++) rows_h[r++] = (int32_t)(T + p + j);
+        for (int64_t t = 0; t < q->ck.T; t++) rows_h[r++] = (int32_t)(q->r0 + t);
+        p += np;
     }
+    CK(di_cache_rows_decode(be, DI_CACHE_ROWS_WINDOW, rd, n_prev, hd, kv + T * hd, c->err));
+    CK(di_cache_rows_encode(be, DI_CACHE_ROWS_WINDOW, kv, T, hd, wr, c->err));
     CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
-    for (int i = 0; i < c->n_seq; i++) {
-        const fwd_seq *q = &c->seq[i];
-        int64_t n_prev = q->ck.s0 - q->win_base;
-        CK(be->mem_copy(be, sa[i].win + n_prev * hd, kv + q->r0 * hd, sizeof(uint16_t) * (size_t)(q->ck.T * hd),
-                        c->err));
-    }
-    return DI_OK;
+    UPLOAD(rows, rows_h, n_rows, 0);
+    return be->gather_rows(be, kv, hd, rows, n_rows, win, c->err);
 }
 
 /* The compressed half of attention (compress ratio > 0), in the reference's order: the kv source's
@@ -499,8 +551,30 @@ static int dspark_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *s) {
     return DI_OK;
 }
 
+/* The sparse attention of every sequence of the pass in one call (be->sparse_attn_seqs): each query row
+ * with its sequence's key set and index lists, as one sparse_attn per sequence would.
+ *   q bf16 [T, H, hd];  idx_d int32 [Σ T_i·n_idx_i] (backend, sequence after sequence);  o bf16 [T, H, hd] */
+static int attend_seqs(fwd_ctx *c, const uint16_t *q, int H, int64_t hd, const seq_attn *sa, const int32_t *idx_d,
+                       const float *sink, uint16_t *o) {
+    di_attn_seq *ds_h, *ds; /* [n_seq] (host, backend) */
+    int32_t *seq_h, *seq;   /* int32 [T] sequence of each query row (host, backend) */
+    HALLOC(ds_h, c->n_seq, 0);
+    HALLOC(seq_h, c->T, 0);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+        const fwd_seq *s = &c->seq[i];
+        ds_h[i] = (di_attn_seq){.kv_win = sa[i].win, .n_win = sa[i].n_kw, .kv_cmp = sa[i].cmp, .n_cmp = sa[i].n_cmp,
+                                .idx = idx_d + off, .n_idx = sa[i].n_idx, .q0 = s->r0, .m = s->ck.T};
+        for (int64_t t = 0; t < s->ck.T; t++) seq_h[s->r0 + t] = (int32_t)i;
+    }
+    UPLOAD(ds, ds_h, c->n_seq, 0);
+    UPLOAD(seq, seq_h, c->T, 0);
+    return c->be->sparse_attn_seqs(c->be, q, c->T, H, (int)hd, ds, c->n_seq, seq, sink, (float)pow((double)hd, -0.5),
+                                   o, c->err);
+}
+
 /* Attention sub-layer: u bf16 [T, D] (normed collapse) → y bf16 [T, D]. Projections over all rows;
- * key sets, index lists and the sparse attention per sequence on its rows. */
+ * key sets and index lists per sequence; the sparse attention of every sequence on its rows, in one
+ * call where the backend offers sparse_attn_seqs. */
 static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
@@ -556,10 +630,15 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
         if (sa[i].top_dev) CK(gather_on_backend(c, &c->seq[i], &sa[i], idx_d + off));
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
-        const fwd_seq *s = &c->seq[i];
-        CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp, sa[i].n_cmp,
-                           sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5), o + s->r0 * H * hd, c->err));
+    if (be->sparse_attn_seqs && c->n_seq > 1) {
+        CK(attend_seqs(c, q, H, hd, sa, idx_d, sink, o));
+    } else {
+        for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+            const fwd_seq *s = &c->seq[i];
+            CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp,
+                               sa[i].n_cmp, sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5),
+                               o + s->r0 * H * hd, c->err));
+        }
     }
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));
     DUMP("attn.o", DI_BF16, o, 3, T, H, hd);
@@ -577,7 +656,9 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
 
 /* Steps of at most this many rows (decode, DSpark verify) dispatch the routed experts on the backend
  * (moe_routed: no router ids come back to the host); larger ones (prefill) plan the per-expert GEMMs
- * on the host, where the rows per expert make a GEMM worth its setup. Both compute the same values. */
+ * on the host, where the rows per expert make a GEMM worth its setup, and hand the plan to the backend's
+ * moe_grouped (all experts in a few launches, one ordered combine) or, without it, run the per-expert
+ * loop of ops. All three compute the same values. */
 #define MOE_ROUTED_MAX_T 64
 
 /* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
@@ -622,42 +703,68 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
         UPLOAD(rows, rows_h, T, 0);
         CK(be->moe_routed(be, v, T, D, I, ids, rw, K, E, tab, lim, acc, c->err));
     } else {
-        int32_t *ids_h, *rows_h; /* int32 [T, K] router ids; int32 [T·K + T] row lists (host) */
-        float *rw_h, *roww_h;    /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
-        int64_t *start;          /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
-        float *roww;             /* f32 [T·K] */
-        uint16_t *xg;            /* bf16 [T, D] */
+        int32_t *ids_h, *rows_h, *rank_h; /* int32 [T, K] router ids; [T·K + T] row lists; [T, K] row of each pair (host) */
+        float *rw_h, *roww_h;             /* f32 [T, K] routing weights; f32 [T·K] weight of each listed row (host) */
+        int64_t *start;                   /* int64 [E + 1] expert e's rows are rows_h[start[e] … start[e+1]) (host) */
+        float *roww;                      /* f32 [T·K] */
         HALLOC(ids_h, T * K, 0);
         HALLOC(rw_h, T * K, 0);
         HALLOC(rows_h, T * K + T, 0);
         HALLOC(roww_h, T * K, 0);
+        HALLOC(rank_h, T * K, 0);
         HALLOC(start, E + 1, 0);
-        ALLOC(xg, T * D, 0);
-        CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
         /* Expert dispatch planned on the host from the router's choice: one download (a
          * synchronisation point) per MoE layer; the per-expert GEMMs dominate at these sizes. */
         CK(fwd_download(c, ids_h, ids, sizeof(int32_t) * (size_t)(T * K)));
         CK(fwd_download(c, rw_h, rw, sizeof(float) * (size_t)(T * K)));
-        for (int e = 0; e < E; e++) {
-            start[e] = n_all;
-            for (int64_t t = 0; t < T; t++)
-                for (int j = 0; j < K; j++)
-                    if (ids_h[t * K + j] == e) rows_h[n_all] = (int32_t)t, roww_h[n_all] = rw_h[t * K + j], n_all++;
+        /* counting sort of the pairs i = t·K + j by expert, i ascending within an expert: the experts'
+         * rows in ascending id, each expert's in ascending (token, slot); ids outside [0, E) are dropped */
+        for (int64_t i = 0; i < T * K; i++)
+            if (ids_h[i] >= 0 && ids_h[i] < E) start[ids_h[i] + 1]++;
+        for (int e = 0; e < E; e++) start[e + 1] += start[e];
+        n_all = start[E];
+        for (int64_t i = 0; i < T * K; i++) {
+            int e = ids_h[i];
+            rank_h[i] = -1;
+            if (e < 0 || e >= E) continue;
+            int64_t r = start[e]++;
+            rows_h[r] = (int32_t)(i / K), roww_h[r] = rw_h[i], rank_h[i] = (int32_t)r;
         }
-        start[E] = n_all;
+        for (int e = E; e > 0; e--) start[e] = start[e - 1]; /* the sort advanced start[e] to expert e's end */
+        start[0] = 0;
         for (int64_t t = 0; t < T; t++) rows_h[n_all + t] = (int32_t)t; /* the shared expert: every row */
         UPLOAD(rows, rows_h, n_all + T, 0);
         UPLOAD(roww, roww_h, n_all > 0 ? n_all : 1, 0);
-        for (int e = 0; e < E; e++) {
-            int64_t n = start[e + 1] - start[e];
-            if (!n) continue;
-            const di_expert_w *ex = &w->experts[e];
-            CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
-            CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
-            CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
-            CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
-            CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
-            CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
+        if (be->moe_grouped) { /* every expert at once (backend.h), the same values */
+            di_moe_expert *tab; /* [E] the experts' backend pointers (host) */
+            int32_t *rank;      /* int32 [T, K] */
+            int64_t *start_d;   /* int64 [E + 1] */
+            uint8_t *ws;        /* di_moe_grouped_ws_bytes(n_all, D, I) bytes */
+            HALLOC(tab, E, 0);
+            for (int e = 0; e < E; e++) {
+                const di_expert_w *ex = &w->experts[e];
+                tab[e] = (di_moe_expert){ex->w1.w, ex->w1.s, ex->w3.w, ex->w3.s, ex->w2.w, ex->w2.s};
+            }
+            UPLOAD(rank, rank_h, T * K, 0);
+            UPLOAD(start_d, start, E + 1, 0);
+            ALLOC(ws, di_moe_grouped_ws_bytes(n_all, D, I), 0);
+            const di_moe_plan plan = {n_all, start, start_d, rows, roww, rank};
+            CK(be->moe_grouped(be, v, T, D, I, K, E, tab, &plan, lim, acc, ws, c->err));
+        } else {
+            uint16_t *xg; /* bf16 [T, D] */
+            ALLOC(xg, T * D, 0);
+            CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
+            for (int e = 0; e < E; e++) {
+                int64_t n = start[e + 1] - start[e];
+                if (!n) continue;
+                const di_expert_w *ex = &w->experts[e];
+                CK(be->gather_rows(be, v, D, rows + start[e], n, xg, c->err));
+                CK(be->linear_fp4(be, xg, n, D, ex->w1.w, ex->w1.s, I, g, c->err));
+                CK(be->linear_fp4(be, xg, n, D, ex->w3.w, ex->w3.s, I, u, c->err));
+                CK(be->swiglu(be, g, u, n, I, roww + start[e], lim, a, c->err));
+                CK(be->linear_fp4(be, a, n, I, ex->w2.w, ex->w2.s, D, ye, c->err));
+                CK(be->scatter_add_rows(be, ye, D, rows + start[e], n, acc, c->err));
+            }
         }
     }
     CK(be->linear_fp8(be, v, T, D, w->sh_w1.w, w->sh_w1.s, I, g, c->err));

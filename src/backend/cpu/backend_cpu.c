@@ -9,6 +9,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_moe_grouped.h"
+#include "backend/cpu/cpu_rows.h"
 #include "backend/cpu/graph_extra.h"
 #include "io/formats.h"
 #include "util/error.h"
@@ -400,11 +402,13 @@ int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_back
     be->gather_rows = a_gather_rows;
     be->scatter_add_rows = a_scatter_add_rows;
     be->moe_routed = di_cpu_moe_routed; /* over the slots above (either variant's kernels) */
+    be->moe_grouped = di_cpu_moe_grouped; /* likewise (cpu_moe_grouped.h) */
     be->f32_to_bf16 = a_f32_to_bf16;
     be->fill_f32 = a_fill_f32;
     be->engram_lookup = a_engram_lookup;
     be->engram_gate = a_engram_gate;
     if (variant == DI_CPU_SCALAR) fill_scalar(be);
+    di_cpu_rows_install(be); /* after compress_pool: the ring runs the variant's own */
     *out = be;
     return DI_OK;
 }

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_fused.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_gemm_bf16.h"
+#include "backend/cuda/cuda_moe_grouped.h"
 
 extern "C" int di_cuda_device_count(void) {
     int n = 0;
@@ -50,6 +51,7 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
     return DI_OK;
 }
 
+extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
 /* cuda_graph.cu (backend.h graph capture) */
 extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err);
 extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
@@ -144,11 +146,18 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
         be->linear_fp4 = di_cuda_linear_fp4_wgmma;
         be->sparse_attn = di_cuda_sparse_attn_fast;
     }
+    di_cuda_rows_install(be); /* after sparse_attn is chosen */
     be->router = di_cuda_router;
     be->swiglu = di_cuda_swiglu;
     be->gather_rows = di_cuda_gather_rows;
     be->scatter_add_rows = di_cuda_scatter_add_rows;
     be->moe_routed = di_cuda_moe_routed;
+    /* prefill experts (cuda_moe_grouped.cu): the exact per-expert kernels with one ordered combine, or with
+     * DI_CUDA_KERNELS=tensor the grouped wgmma GEMMs; DI_CUDA_MOE_GROUPED=off leaves the slot empty, so the
+     * graph runs its per-expert loop of ops as before */
+    const char *mg = getenv("DI_CUDA_MOE_GROUPED");
+    if (!mg || strcmp(mg, "off"))
+        be->moe_grouped = kern && !strcmp(kern, "tensor") ? di_cuda_moe_grouped_wgmma : di_cuda_moe_grouped;
     be->f32_to_bf16 = di_cuda_f32_to_bf16;
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;
@@ -169,6 +178,7 @@ extern "C" void di_backend_cuda_destroy(di_backend *be) {
     di_cuda_impl *c = di_cuda_state(be);
     if (c) {
         cudaStreamSynchronize(c->stream);
+        di_cuda_moe_grouped_release(be);
         cudaFree(c->ws);
         cudaStreamDestroy(c->stream);
         free(c);
