@@ -528,7 +528,8 @@ static bool graph_pass(const fwd_ctx *c) {
  * from device memory would need every attention / compressor / indexer kernel changed. Recording is
  * host work of the order of issuing the ops; what the graph removes is the device-side gap between
  * launches, and an update costs far less than an instantiation. A recording that fails (an op of this
- * model synchronises, e.g. a workspace growing with the context) is abandoned — nothing of it ran on
+ * model synchronises, e.g. a workspace growing with the context, or copies pageable host memory) is
+ * abandoned — nothing of it ran on
  * the device — and the pass runs op by op from its start (graph_fallbacks; after 8 the arena stays
  * eager). The rerun is sound: the host-side cache bookkeeping the abandoned attempt did is idempotent
  * (high-water marks and ring slots at fixed positions) and the pass reads none of it. */

@@ -36,8 +36,18 @@ typedef struct graph_set {
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; }
 
-static uint64_t topology(cudaGraph_t g) {
+static bool pageable(const void *p) {
+    cudaPointerAttributes a;
+    bool r = p && cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeUnregistered;
+    cudaGetLastError();
+    return r;
+}
+
+/* *unsafe: a recorded copy reads or writes pageable host memory — the graph would touch it when it
+ * runs, not when the op was issued, and the caller may have reused it by then. */
+static uint64_t topology(cudaGraph_t g, bool *unsafe) {
     size_t n = 0;
+    *unsafe = false;
     if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess) return 0;
     cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc(sizeof *nodes * (n ? n : 1));
     uint64_t h = mix(0xcbf29ce484222325ull, n);
@@ -49,6 +59,10 @@ static uint64_t topology(cudaGraph_t g) {
             cudaKernelNodeParams kp;
             if (t == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess)
                 h = mix(h, (uint64_t)(uintptr_t)kp.func);
+            cudaMemcpy3DParms mp;
+            if (t == cudaGraphNodeTypeMemcpy && cudaGraphMemcpyNodeGetParams(nodes[i], &mp) == cudaSuccess &&
+                (pageable(mp.srcPtr.ptr) || pageable(mp.dstPtr.ptr)))
+                *unsafe = true;
         }
     }
     free(nodes);
@@ -74,7 +88,12 @@ extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_upd
         return di_error_set(err, DI_ERR_NOMEM, "cuda graph: graph set");
     }
     *exec = gs;
-    uint64_t sig = topology(g);
+    bool unsafe;
+    uint64_t sig = topology(g, &unsafe);
+    if (unsafe) {
+        cudaGraphDestroy(g);
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda graph: the pass copies from pageable host memory");
+    }
     int slot = -1, lru = 0;
     for (int i = 0; i < GRAPH_SLOTS; i++) {
         if (gs->e[i].x && gs->e[i].sig == sig) slot = i;
