@@ -406,6 +406,23 @@ struct di_backend {
     int (*sparse_attn_seqs)(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
                             const di_attn_seq *seqs, int n_seq, const int32_t *seq_of, const float *sink,
                             float scale, uint16_t *out, di_error *err);
+    /* ---------------- graph capture (optional; NULL = every pass runs op by op) ----------------
+     * graph_begin: the ops issued from now on are recorded, not run. Between begin and end no op may
+     * wait for the device (no download); memory must not be allocated or freed (the forward's arena).
+     * graph_end: stop recording and run the recording. *exec is the caller's set of instantiated
+     * graphs (opaque, NULL at first): one of the same topology is updated with the recording's
+     * parameters (try_update false skips the attempt) — *replayed = true —, else the recording is
+     * instantiated into the set. exec NULL: drop the recording. On failure (an op refused to be
+     * recorded: the recording is incomplete) nothing recorded ran and recording has stopped.
+     * graph_free: release the set (waits for a launched graph). */
+    int (*graph_begin)(const di_backend *be, di_error *err);
+    int (*graph_end)(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
+    void (*graph_free)(const di_backend *be, void *exec);
+    /* Page-lock host memory the host writes and the ops' uploads read (the forward's upload staging):
+     * an upload from it is an asynchronous DMA, and a recorded upload reads it when the graph runs.
+     * NULL where uploads are plain copies (the CPU). */
+    int (*host_pin)(const di_backend *be, void *host, size_t bytes, di_error *err);
+    void (*host_unpin)(const di_backend *be, void *host);
 };
 
 

@@ -35,7 +35,10 @@ static void mem_release(fwd_ctx *c, struct fwd_mem m) {
 }
 
 static void *alloc_in(fwd_ctx *c, size_t bytes, int persist, bool host) {
-    void *p = host ? calloc(1, bytes ? bytes : 1) : c->be->mem_alloc(c->be, bytes ? bytes : 1, c->err);
+    void *p;
+    if (fwd_arena_alloc(c, bytes, persist, host, &p)) return NULL;
+    if (p) return p; /* arena bytes are released with the pass (or rewound with the block) */
+    p = host ? calloc(1, bytes ? bytes : 1) : c->be->mem_alloc(c->be, bytes ? bytes : 1, c->err);
     if (!p) {
         if (host) di_error_set(c->err, DI_ERR_NOMEM, "forward pass: allocation of %zu bytes", bytes);
         return NULL;
@@ -55,22 +58,27 @@ void *fwd_halloc(fwd_ctx *c, size_t bytes, int persist) { return alloc_in(c, byt
 
 void *fwd_upload(fwd_ctx *c, const void *host, size_t bytes, int persist) {
     void *p = fwd_alloc(c, bytes, persist);
-    if (p && c->be->mem_upload(c->be, p, host, bytes, c->err)) return NULL; /* freed with its list */
-    return p;
+    /* from the arena's pinned staging when there is one: an asynchronous copy from a fixed address */
+    if (p && c->be->mem_upload(c->be, p, fwd_arena_stage(c, host, bytes), bytes, c->err)) return NULL;
+    return p; /* (freed with its list on failure) */
 }
 
 int fwd_download(fwd_ctx *c, void *host, const void *src, size_t bytes) {
-    return c->be->mem_download(c->be, host, src, bytes, c->err);
+    int rc = c->be->mem_download(c->be, host, src, bytes, c->err);
+    if (!rc) fwd_arena_synced(c);
+    return rc;
 }
 
 void fwd_free_tmp(fwd_ctx *c) {
     for (size_t i = 0; i < c->n_tmp; i++) mem_release(c, c->tmp[i]);
     c->n_tmp = 0;
+    fwd_arena_free_tmp(c);
 }
 
 void fwd_ctx_free(fwd_ctx *c) {
     if (!c->be) return; /* never initialised */
     fwd_free_tmp(c);
+    fwd_arena_end(c);
     free(c->tmp);
     for (size_t i = 0; i < c->n_keep; i++) mem_release(c, c->keep[i]);
     free(c->keep);
@@ -286,6 +294,10 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_
     memset(c, 0, sizeof *c);
     c->m = m, c->cfg = cfg, c->be = be, c->opts = opts ? opts : &no_opts, c->err = err;
     if (n < 1) return di_error_set(err, DI_ERR_INVALID, "forward: no sequence in the batch");
+    int arc = fwd_arena_begin(c);
+    if (arc) return arc;
+    fwd_arena_key(c, (uint64_t)n);
+    for (int i = 0; i < n; i++) fwd_arena_key(c, (uint64_t)chunks[i].T);
     if (!(c->seq = fwd_halloc(c, sizeof *c->seq * (size_t)n, 1))) return err->code;
     c->n_seq = n;
     bool with_ids = chunks[0].ids != NULL;
@@ -370,7 +382,8 @@ int fwd_embed_streams(fwd_ctx *c, const int32_t *ids, uint16_t *x, float *pre) {
     if (!rows_d) return c->err->code;
     /* the repeat is a row gather: stream k of token t is embedding row t */
     rc = c->be->gather_rows(c->be, e, D, rows_d, T * hc, x, c->err);
-    if (!rc) rc = c->be->mem_upload(c->be, pre, pre_h, sizeof(float) * (size_t)(T * hc), c->err);
+    if (!rc) rc = c->be->mem_upload(c->be, pre, fwd_arena_stage(c, pre_h, sizeof(float) * (size_t)(T * hc)),
+                                    sizeof(float) * (size_t)(T * hc), c->err);
     fwd_free_tmp(c);
     return rc;
 }
@@ -468,7 +481,7 @@ static int head(fwd_ctx *c, const uint16_t *x, const float *pre) {
     return DI_OK;
 }
 
-int fwd_backbone(fwd_ctx *c) {
+static int backbone_ops(fwd_ctx *c) {
     const di_config *cfg = c->cfg;
     const di_backend *be = c->be;
     di_error *err = c->err;
@@ -494,6 +507,54 @@ int fwd_backbone(fwd_ctx *c) {
     CK(head(c, x, pre));
 done:
     return rc;
+}
+
+/* A pass the backend may record as a graph (be->graph_begin): nothing in it waits for the device —
+ * logits stay on the device, no dumps / hooks / per-block outputs, the top-k gathers and the MoE
+ * dispatch on the backend (decode steps and verify blocks, T ≤ 64 as forward_block.c moe() decides) —
+ * and the arena held the whole previous pass (no allocation outside it while recording). */
+static bool graph_pass(const fwd_ctx *c) {
+    return fwd_arena_graphs(c) && c->opts->logits_on_device && !c->opts->dump && !c->opts->block_hook && !c->out &&
+           c->T <= 64 && c->be->moe_routed && fwd_gather_on_backend(c);
+}
+
+/* With graphs on, every eligible pass is recorded and then run as one graph launch: the backend first
+ * tries to update its instantiated graph with the recording (cudaGraphExecUpdate: every kernel's new
+ * parameters and grid, every copy's new size; refused only for another topology) and instantiates anew
+ * when that fails. Why not replay a graph kept per shape key: the key (forward_arena.c) covers every
+ * request of the pass, and the lists that grow with the context (compressed entries, the window
+ * before it is full) change it at almost every decode step (41 of 42 passes in test_forward_arena),
+ * so a graph per key would be a fresh instantiation per step; a fixed-maximum grid reading the lengths
+ * from device memory would need every attention / compressor / indexer kernel changed. Recording is
+ * host work of the order of issuing the ops; what the graph removes is the device-side gap between
+ * launches, and an update costs far less than an instantiation. A recording that fails (an op of this
+ * model synchronises, e.g. a workspace growing with the context, or copies pageable host memory) is
+ * abandoned — nothing of it ran on
+ * the device — and the pass runs op by op from its start (graph_fallbacks; after 8 the arena stays
+ * eager). The rerun is sound: the host-side cache bookkeeping the abandoned attempt did is idempotent
+ * (high-water marks and ring slots at fixed positions) and the pass reads none of it. */
+int fwd_backbone(fwd_ctx *c) {
+    if (!graph_pass(c)) return backbone_ops(c);
+    const di_backend *be = c->be;
+    int rc = be->graph_begin(be, c->err);
+    if (rc) {
+        fwd_arena_count(c, 0, 0, 1);
+        return backbone_ops(c);
+    }
+    rc = backbone_ops(c);
+    bool replayed = false;
+    if (!rc) {
+        rc = be->graph_end(be, fwd_arena_exec(c), true, &replayed, c->err);
+        if (!rc) {
+            fwd_arena_count(c, !replayed, replayed, 0);
+            return DI_OK;
+        }
+    } else {
+        bool ignored;
+        be->graph_end(be, NULL, false, &ignored, c->err); /* stop recording, drop it */
+    }
+    fwd_arena_count(c, 0, 0, 1);
+    return backbone_ops(c); /* the recorded ops never ran: the pass from its start, op by op */
 }
 
 /* ---------------- one-shot prefill drivers ---------------- */

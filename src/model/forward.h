@@ -83,7 +83,40 @@ typedef struct di_fwd_opts {
     /* The chunks' logits pointers are backend memory: the head copies its rows there and downloads
      * nothing (the engine samples them on the device, engine/executor.h). false = host memory. */
     bool logits_on_device;
+    /* Persistent scratch for the pass (di_fwd_arena below); NULL = per-block allocations. */
+    struct di_fwd_arena *arena;
 } di_fwd_opts;
+
+/* A persistent scratch arena for the passes of one backend (forward_arena.c): one block of backend
+ * memory for every fwd_alloc of a pass (reset per pass, grown between passes when a pass needed more)
+ * and one host staging block for the pass's host-built plans (positions, index lists, block tables),
+ * pinned where the backend can (be->host_pin) so each plan upload is an asynchronous DMA from a fixed
+ * address. A pass of the same shape gets the same bytes at the same addresses in the same order,
+ * which is what a captured CUDA graph needs (arena.graphs). Results are bit-identical to the
+ * per-block allocations (both are zero-filled). One pass at a time: a pass that finds the arena busy
+ * (a nested pass) allocates per block as without it. */
+typedef struct di_fwd_arena di_fwd_arena;
+
+typedef struct di_fwd_arena_stats {
+    uint64_t passes;        /* passes that ran in the arena */
+    uint64_t grows;         /* (re)allocations of either block */
+    uint64_t spills;        /* allocations served outside the arena (a pass that outgrew it) */
+    size_t dev_bytes;       /* capacity of the backend block */
+    size_t host_bytes;      /* capacity of the host staging block */
+    uint64_t shape_key;     /* the last pass's shape key (forward_arena.c: what it hashes) */
+    uint64_t key_changes;   /* passes whose key differed from the pass before */
+    uint64_t captures;      /* CUDA graphs instantiated (graphs on) */
+    uint64_t replays;       /* passes that replayed an instantiated graph after updating it */
+    uint64_t graph_fallbacks; /* captures abandoned (an op that cannot be captured): the pass ran eagerly */
+} di_fwd_arena_stats;
+
+/* graphs: capture decode passes as backend graphs where the backend can (be->graph_begin); false, or
+ * env DI_CUDA_GRAPHS unset/0, keeps every pass eager. */
+int di_fwd_arena_create(const di_backend *be, bool graphs, di_fwd_arena **out, di_error *err);
+void di_fwd_arena_destroy(di_fwd_arena *a);
+void di_fwd_arena_get_stats(const di_fwd_arena *a, di_fwd_arena_stats *st);
+/* p lies in the arena's upload staging block (the sources a recorded pass may copy from; tests). */
+bool di_fwd_arena_is_staging(const di_fwd_arena *a, const void *p);
 
 /* A ready-made dump callback: records every stage tensor (copied, name prefixed by `prefix`) and
  * writes them all to one safetensors file — `deepinfer verify --dump-stages FILE`. Use with

@@ -94,7 +94,32 @@ typedef struct fwd_ctx {
     size_t n_keep, cap_keep;
     struct fwd_mem *tmp;                           /* allocations of the current block */
     size_t n_tmp, cap_tmp;
+
+    /* The persistent arena (forward_arena.c) this pass runs in, or NULL (opts->arena unset or busy). */
+    struct di_fwd_arena *ar;
+    size_t ar_lo, ar_hi;     /* backend block: block-lifetime bytes end at ar_lo, pass-lifetime start at ar_hi */
+    size_t ar_host;          /* host bytes used (fwd_halloc) */
+    size_t ar_stage;         /* upload staging bytes used */
+    size_t ar_lo_want, ar_keep_want, ar_want; /* the same as if everything had fit; ar_want = the peak */
+    bool ar_spill;           /* an allocation did not fit */
+    uint64_t key;            /* shape key of the pass so far (with or without an arena) */
 } fwd_ctx;
+
+/* Arena internals (forward_arena.c), used by the allocation functions below and fwd_backbone.
+ * fwd_arena_alloc: *out = arena bytes (zeroed) or NULL (no arena, or a spill: allocate per block);
+ * every request enters the shape key. fwd_arena_stage: a staging copy of host data for an upload (or
+ * host itself). fwd_arena_synced: a download drained the stream (no fence needed before the next pass). */
+int fwd_arena_begin(fwd_ctx *c);
+void fwd_arena_end(fwd_ctx *c);
+void fwd_arena_key(fwd_ctx *c, uint64_t v);
+int fwd_arena_alloc(fwd_ctx *c, size_t bytes, int persist, bool host, void **out);
+const void *fwd_arena_stage(fwd_ctx *c, const void *host, size_t bytes);
+void fwd_arena_free_tmp(fwd_ctx *c);
+void fwd_arena_synced(fwd_ctx *c);
+/* Graph capture of the backbone (fwd_backbone): eligible arena, its instantiated graph, the counters. */
+bool fwd_arena_graphs(const fwd_ctx *c);
+void **fwd_arena_exec(fwd_ctx *c);
+void fwd_arena_count(fwd_ctx *c, int captures, int replays, int fallbacks);
 
 /* Zeroed allocation in backend memory (fwd_alloc) or host memory (fwd_halloc), owned by the pass
  * (persist = 1) or by the current block (persist = 0); NULL after setting ctx->err on failure. */

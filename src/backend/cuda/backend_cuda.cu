@@ -52,6 +52,12 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
 }
 
 extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
+/* cuda_graph.cu (backend.h graph capture) */
+extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err);
+extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
+extern "C" void di_cuda_graph_free(const di_backend *be, void *exec);
+extern "C" int di_cuda_host_pin(const di_backend *be, void *host, size_t bytes, di_error *err);
+extern "C" void di_cuda_host_unpin(const di_backend *be, void *host);
 
 extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *err) {
     cudaDeviceProp prop;
@@ -158,6 +164,11 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->engram_gate = di_cuda_engram_gate;
     be->hc_pre = di_cuda_hc_pre;
     be->gather_topk = di_cuda_gather_topk;
+    be->graph_begin = di_cuda_graph_begin;
+    be->graph_end = di_cuda_graph_end;
+    be->graph_free = di_cuda_graph_free;
+    be->host_pin = di_cuda_host_pin;
+    be->host_unpin = di_cuda_host_unpin;
     *out = be;
     return DI_OK;
 }
