@@ -403,13 +403,15 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
 
-    /* prefill: one chunk, or chunks of --chunk tokens; all positions' logits only when dumping */
+    /* prefill: one chunk, or chunks of --chunk tokens (each told the prompt's end, so the chunking
+     * changes no bit); all positions' logits only when dumping */
     double t0 = now_s();
     int64_t cs = chunk > 0 ? chunk : T;
+    const di_fwd_opts po = {.prompt_end = T};
     for (int64_t p = 0; p < T; p += cs) {
         int64_t n = T - p < cs ? T - p : cs;
         float *dst = dump ? prompt_logits + p * V : logits;
-        if (di_session_forward(s, prompt + p, n, dump != NULL, dst, NULL, &err)) {
+        if (di_session_forward(s, prompt + p, n, dump != NULL, dst, &po, &err)) {
             cli_fail_err(&cli, &err);
             goto done;
         }

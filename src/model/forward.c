@@ -358,7 +358,8 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_
 
 int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
                   const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err) {
-    fwd_chunk k = {.cache = cache, .s0 = s0, .T = T, .ids = ids, .window_floor = opts ? opts->window_floor : 0};
+    fwd_chunk k = {.cache = cache, .s0 = s0, .T = T, .ids = ids, .window_floor = opts ? opts->window_floor : 0,
+                   .prompt_end = opts ? opts->prompt_end : 0};
     return fwd_ctx_init(c, m, be, &k, 1, opts, err);
 }
 

@@ -78,6 +78,12 @@ typedef struct di_fwd_opts {
      * to this chunk's queries and never read from the cache; 0 = the whole window. Single-sequence
      * passes only (a batch gives each chunk its own floor: di_session_chunk). */
     int64_t window_floor;
+    /* Chunked prefill: the end of the prompt this chunk belongs to (0 = the chunk's end). The chunk's
+     * index selections then span the whole prompt's entries, as in its one-shot prefill, so any
+     * chunking of a prompt gives the one-shot prefill's logits and cache bit for bit (ties among equal
+     * index scores are otherwise resolved by the selection's width). Single-sequence passes only (a
+     * batch gives each chunk its own: di_session_chunk). */
+    int64_t prompt_end;
     di_block_hook_fn block_hook; /* NULL = none */
     void *block_hook_ctx;
     /* The chunks' logits pointers are backend memory: the head copies its rows there and downloads

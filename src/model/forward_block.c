@@ -219,13 +219,15 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, con
 }
 
 /* The index keys every sequence scores at index layer L — all entries its chunk sees, from its key
- * source's cache — read for all sequences in one decode.  keys_of[i]: bf16 [ncmp_i, ihd] (backend),
- * NULL for a sequence that sees none */
+ * source's cache — read for all sequences in one decode. A prompt chunk's rows are as wide as its
+ * prompt (fwd_select_entries): the entries not written yet repeat the newest key (never visible, so
+ * scored −inf whatever they hold).  keys_of[i]: bf16 [nsel_i, ihd] (backend), NULL for a sequence
+ * that sees none */
 static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
     const di_layer_cfg *lc = &c->cfg->layer[L];
     int64_t ihd = c->cfg->index_head_dim, n = 0;
     for (int i = 0; i < c->n_seq; i++)
-        if (c->seq[i].pub[L].topk_k) n += (c->seq[i].ck.s0 + c->seq[i].ck.T) / lc->compress_ratio;
+        if (c->seq[i].pub[L].topk_k) n += fwd_select_entries(&c->seq[i].ck, lc->compress_ratio);
     const uint8_t **src; /* [n] cache addresses of the keys, sequence after sequence (host) */
     uint16_t *keys;      /* bf16 [n, ihd] */
     HALLOC(src, n, 0);
@@ -233,13 +235,15 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
     int64_t o = 0; /* keys listed so far */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
-        int64_t ncmp = (q->ck.s0 + q->ck.T) / lc->compress_ratio;
+        const int R = lc->compress_ratio;
+        int64_t ncmp = (q->ck.s0 + q->ck.T) / R, nsel = fwd_select_entries(&q->ck, R);
         keys_of[i] = NULL;
         if (!q->pub[L].topk_k) continue;
         if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
         CK(di_cache_entry_read_addrs(q->ck.cache, lc->index_key_source, 1, 0, ncmp, src + o, c->err));
+        for (int64_t e = ncmp; e < nsel; e++) src[o + e] = src[o + ncmp - 1];
         keys_of[i] = keys + o * ihd;
-        o += ncmp;
+        o += nsel;
     }
     return di_cache_rows_decode(c->be, DI_CACHE_ROWS_IKEY, src, n, ihd, keys, c->err);
 }
@@ -248,10 +252,11 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
  * score every index key visible to its chunk (read back from the key source's cache) with its own
  * rows (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate mask
  * (the candidate source; its own selection is not masked) and the top-k list of compressed entry ids,
- * ascending, −1 padded. Score rows are (s0+T)/R wide, as the reference's (T/R in its prefill, end/R
- * in decode); the CPU top-k replays torch's selection, whose choice among EXACTLY tied scores
- * depends on that width, so two chunkings of one prompt may pick different entries among ties (never
- * otherwise) — a sequence's width is its own, whatever else is in the batch.
+ * ascending, −1 padded. Score rows are fwd_select_entries wide — the reference's T/R in a prompt chunk
+ * (T = the whole prompt), end/R past it —, and so is k = min(index_topk, width): the CPU selections
+ * replay torch's, whose choice among EXACTLY tied scores depends on both, so every chunking of a
+ * prompt picks what its one-shot prefill picks. A sequence's width is its own, whatever else is in
+ * the batch.
  *   u bf16 [T, D];  qr bf16 [T, qr] */
 static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
@@ -263,9 +268,10 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     int64_t n_top = 0; /* Σ T_i·k_i: the pass's top-k lists, back to back in sequence order */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
-        int64_t ncmp = (q->ck.s0 + q->ck.T) / R;
-        q->pub[L].topk_k = (int)(ncmp < cfg->index_topk ? ncmp : cfg->index_topk);
-        if (c->out) c->out->topk_k[L] = q->pub[L].topk_k, c->out->n_keys[L] = ncmp;
+        int64_t ncmp = (q->ck.s0 + q->ck.T) / R, nsel = fwd_select_entries(&q->ck, R);
+        /* a chunk that sees no entry yet selects none (its lists would be all −1 padding) */
+        q->pub[L].topk_k = ncmp == 0 ? 0 : (int)(nsel < cfg->index_topk ? nsel : cfg->index_topk);
+        if (c->out) c->out->topk_k[L] = q->pub[L].topk_k, c->out->n_keys[L] = nsel;
         n_top += q->ck.T * q->pub[L].topk_k;
     }
     if (!n_top) return DI_OK; /* nothing visible yet: empty compressed lists */
@@ -298,7 +304,7 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     int64_t o = 0; /* sequence i's top-k lists are top[o_i …] */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
-        int64_t Ti = q->ck.T, ncmp = (q->ck.s0 + Ti) / R;
+        int64_t Ti = q->ck.T, ncmp = fwd_select_entries(&q->ck, R); /* score row width (≥ the visible entries) */
         int ksel = q->pub[L].topk_k;
         if (ksel == 0) continue;
         const uint16_t *keys = keys_of[i]; /* bf16 [ncmp, ihd] */

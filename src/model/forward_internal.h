@@ -32,6 +32,7 @@ typedef struct fwd_chunk {
     int64_t T;              /* tokens in the chunk (≥ 1) */
     const int32_t *ids;     /* int32 [T] (host); NULL for a DSpark draft block */
     int64_t window_floor;   /* SWA bounded replay: window positions below it are invisible (0 = none) */
+    int64_t prompt_end;     /* end of the prompt the chunk prefills (0 = the chunk's end): fwd_select_entries */
     bool dspark;            /* write the DSpark stage windows of the chunk (fwd_dspark_fill) */
     bool all_logits;        /* head rows: every position of the chunk, else the last one */
     float *logits;          /* f32 [T or 1, V] (host) or NULL: no head rows for this sequence */
@@ -140,6 +141,18 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_
 int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache *cache, int64_t s0,
                   const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
 void fwd_ctx_free(fwd_ctx *c);
+
+/* Width of a chunk's index selections at compress ratio R: the entries its score rows span, the top-k
+ * and candidate-block selections running over all of them (those past a row's visible ones are −inf).
+ * The CPU selections replay torch's, whose choice among EXACTLY tied scores depends on that width, and
+ * the reference scores its one-shot prefill T/R wide (T = the prompt), each decode step end/R wide. A
+ * prompt chunk is therefore as wide as its whole prompt (k->prompt_end) and picks what the one-shot
+ * prefill picks, so the cache a chunked prefill writes is the one-shot prefill's, bit for bit; a chunk
+ * past the prompt spans its own end: a decode step is as wide as the reference's. */
+static inline int64_t fwd_select_entries(const fwd_chunk *k, int R) {
+    int64_t end = k->s0 + k->T;
+    return (k->prompt_end > end ? k->prompt_end : end) / R;
+}
 
 /* The selected compressed entries of this pass are gathered by the backend from its own top-k lists
  * (be->gather_topk) instead of being planned on the host after a download: when the backend has the

@@ -66,8 +66,9 @@ int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const
     di_error local_err; /* the pass reports through err->code: never NULL inside */
     if (!err) err = &local_err;
     if (n_chunks < 1 || !chunks) return di_error_set(err, DI_ERR_INVALID, "session batch: %d chunks", n_chunks);
-    if (n_chunks > 1 && opts && opts->window_floor)
-        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor is per chunk in a batch of %d", n_chunks);
+    if (n_chunks > 1 && opts && (opts->window_floor || opts->prompt_end))
+        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor / prompt_end are per chunk in a batch of %d",
+                            n_chunks);
     const di_session *s0 = chunks[0].s;
     const di_config *cfg = &s0->m->cfg;
     fwd_chunk *ck = calloc((size_t)n_chunks, sizeof *ck); /* [n_chunks] */
@@ -84,8 +85,8 @@ int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const
         else if (k->s->broken)
             rc = broken_error(k->s, err);
         ck[i] = (fwd_chunk){.cache = k->s ? k->s->cache : NULL, .s0 = k->s ? di_cache_len(k->s->cache) : 0, .T = k->n,
-                            .ids = k->ids, .window_floor = k->window_floor, .dspark = k->s && k->s->dspark,
-                            .all_logits = k->all_logits, .logits = k->logits};
+                            .ids = k->ids, .window_floor = k->window_floor, .prompt_end = k->prompt_end,
+                            .dspark = k->s && k->s->dspark, .all_logits = k->all_logits, .logits = k->logits};
         dspark = dspark || ck[i].dspark;
     }
     fwd_ctx c;
@@ -111,7 +112,7 @@ int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const
 int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_logits, float *logits,
                        const di_fwd_opts *opts, di_error *err) {
     di_session_chunk k = {.s = s, .ids = ids, .n = n, .all_logits = all_logits, .logits = logits,
-                          .window_floor = opts ? opts->window_floor : 0};
+                          .window_floor = opts ? opts->window_floor : 0, .prompt_end = opts ? opts->prompt_end : 0};
     return di_session_forward_batch(&k, 1, opts, err);
 }
 
