@@ -81,9 +81,10 @@ static int restore_prefix(di_session_runner *r, sr_req *q, const di_step_seq *p,
         /* in passes no longer than the piece the scheduler budgeted, so a long prompt never becomes one
          * pass of P positions (whose index-score buffers grow as P²/R) */
         const int64_t chunk = p->n_tokens > 0 ? p->n_tokens : 1;
+        const di_fwd_opts po = {.prompt_end = p->n_prompt}; /* the passes select as the prompt's prefill */
         rc = DI_OK;
         for (int64_t t = 0; !rc && t < P; t += chunk)
-            rc = di_session_forward(q->s, p->restore_ids + t, P - t < chunk ? P - t : chunk, false, NULL, NULL, err);
+            rc = di_session_forward(q->s, p->restore_ids + t, P - t < chunk ? P - t : chunk, false, NULL, &po, err);
         if (!rc) r->n_positions += P;
     }
     if (rc) di_session_reset(q->s);
@@ -146,7 +147,8 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
                                 (long long)p->req_id, (long long)p->pos0, (long long)di_session_len(q->s));
         }
         r->chunks[n_ch++] = (di_session_chunk){.s = q->s, .ids = p->tokens + skip, .n = p->n_tokens - skip,
-                                               .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL};
+                                               .logits = p->logits_row >= 0 ? logits + (size_t)p->logits_row * V : NULL,
+                                               .prompt_end = p->n_prompt};
         positions += p->n_tokens - skip;
     }
     int rc = DI_OK;

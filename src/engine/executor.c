@@ -277,6 +277,7 @@ static void run_step(di_executor *e, const di_step_plan *p, di_step_result *res)
                                           .pos0 = it->pos0,
                                           .n_tokens = it->n_tokens,
                                           .tokens = e->tokens + off,
+                                          .n_prompt = r->n_prompt,
                                           .blocks = p->blocks + it->block_off,
                                           .n_blocks = it->n_blocks,
                                           .logits_row = it->samples ? rows++ : -1,

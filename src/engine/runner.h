@@ -30,6 +30,9 @@ typedef struct di_step_seq {
     int64_t pos0;          /* position of tokens[0] in the request's sequence */
     int32_t n_tokens;      /* >= 1 */
     const int32_t *tokens; /* [n_tokens] int32 input ids */
+    int64_t n_prompt;      /* the request's prompt length: a prefill piece's selections span the whole
+                            * prompt, so the budget's chunking changes no bit (di_session_chunk.prompt_end);
+                            * 0 = unknown (the piece's own end) */
     const int32_t *blocks; /* [n_blocks] int32 block table; covers positions [0, pos0 + n_tokens) */
     int32_t n_blocks;
     int32_t logits_row;    /* row of `logits` for position pos0 + n_tokens − 1, or −1: no logits */
