@@ -152,7 +152,7 @@ static int sr_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         positions += p->n_tokens - skip;
     }
     int rc = DI_OK;
-    const di_fwd_opts fo = {.logits_on_device = on_device};
+    const di_fwd_opts fo = {.logits_on_device = on_device, .arena = r->arena};
     if (!r->serial && n_ch > 0) {
         rc = di_session_forward_batch(r->chunks, n_ch, &fo, err);
         r->n_forwards++;
@@ -246,6 +246,16 @@ int di_session_runner_new(const di_model *model, const di_backend *be, int64_t m
     iface->cache_hit = sr_cache_hit;
     /* a CUDA backend (the only device backend) keeps the logits on the GPU for the executor's sampler */
     if (!be->host_memory && di_backend_cuda_stream && !strcmp(be->name, "cuda")) iface->device_logits = sr_device_logits;
+    /* device backends: one persistent scratch arena for every pass (no per-block allocations; decode
+     * passes captured as CUDA graphs when DI_CUDA_GRAPHS=1); the CPU passes allocate per block */
+    if (!be->host_memory) {
+        int rc = di_fwd_arena_create(be, false, &r->arena, err);
+        if (rc) {
+            di_idmap_destroy(&r->live);
+            free(r);
+            return rc;
+        }
+    }
     *out = r;
     return DI_OK;
 }
@@ -263,6 +273,7 @@ void di_session_runner_free(di_session_runner *r) {
     di_prefix_cache_destroy(r->prefix);
     di_cache_pool_destroy(r->pool); /* after the sessions: their caches live in it */
     if (r->d_logits) r->be->mem_free(r->be, r->d_logits);
+    di_fwd_arena_destroy(r->arena);
     free(r);
 }
 

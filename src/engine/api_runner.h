@@ -67,6 +67,7 @@ typedef struct di_session_runner {
     int64_t n_filled;       /* blocks written into the prefix cache */
     struct di_cache_pool *pool; /* paged caches (NULL: a private cache per session) */
     float *d_logits;        /* [cap_d_rows, V] f32 backend memory: a device step's logits rows */
+    struct di_fwd_arena *arena; /* device backends: the passes' persistent scratch (CUDA graphs with DI_CUDA_GRAPHS=1) */
     int32_t cap_d_rows;
 } di_session_runner;
 

@@ -331,6 +331,13 @@ int di_cache_rows_encode(const di_backend *be, di_cache_rows_kind kind, const ui
                          uint8_t *const *dst, di_error *err);
 int di_cache_rows_decode(const di_backend *be, di_cache_rows_kind kind, const uint8_t *const *src, int64_t n,
                          int64_t d, uint16_t *y, di_error *err);
+/* The same with the address list already in backend memory (the host list itself on a host-memory
+ * backend): the forward uploads it from its arena's pinned staging, so a pass allocates nothing and
+ * copies nothing from pageable memory (what a captured CUDA graph needs). */
+int di_cache_rows_encode_list(const di_backend *be, di_cache_rows_kind kind, const uint16_t *x, int64_t n, int64_t d,
+                              uint8_t *const *dst_list, di_error *err);
+int di_cache_rows_decode_list(const di_backend *be, di_cache_rows_kind kind, const uint8_t *const *src_list,
+                              int64_t n, int64_t d, uint16_t *y, di_error *err);
 /* The compressor state ring of a ratio ≥ 2 source for positions [p0, p1) fed in one
  * compress_pool_ring call (state f32 [n_blocks, 2, R, hd]); the checks and marks of
  * di_cache_cmp_state for each of their groups in order. */

@@ -417,6 +417,18 @@ static di_row_codec kind_codec(di_cache_rows_kind kind) {
     return kind == DI_CACHE_ROWS_WINDOW ? WINDOW_CODEC : kind == DI_CACHE_ROWS_CMP ? KV_CODEC : KEY_CODEC;
 }
 
+int di_cache_rows_encode_list(const di_backend *be, di_cache_rows_kind kind, const uint16_t *x, int64_t n, int64_t d,
+                              uint8_t *const *dst_list, di_error *err) {
+    if (n <= 0) return DI_OK;
+    return be->row_encode_scatter(be, kind_codec(kind), x, n, d, dst_list, err);
+}
+
+int di_cache_rows_decode_list(const di_backend *be, di_cache_rows_kind kind, const uint8_t *const *src_list,
+                              int64_t n, int64_t d, uint16_t *y, di_error *err) {
+    if (n <= 0) return DI_OK;
+    return be->row_decode_gather(be, kind_codec(kind), src_list, n, d, y, err);
+}
+
 int di_cache_rows_encode(const di_backend *be, di_cache_rows_kind kind, const uint16_t *x, int64_t n, int64_t d,
                          uint8_t *const *dst, di_error *err) {
     if (n <= 0) return DI_OK;

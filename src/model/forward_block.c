@@ -185,6 +185,14 @@ static int64_t *entry_positions(fwd_ctx *c, const seq_attn *sa, int64_t n_new, i
     return p ? fwd_upload(c, p, sizeof(int64_t) * (size_t)(n_new > 0 ? n_new : 1), 0) : NULL;
 }
 
+/* A host list of n cache row addresses where the batched row slots read it: the host list itself on a
+ * host-memory backend, else a copy uploaded through the pass's allocator (the arena's pinned staging
+ * when there is one: nothing allocated or copied from pageable memory inside a captured pass). */
+static const void *rows_list(fwd_ctx *c, const void *host, int64_t n) {
+    if (c->be->host_memory || n <= 0) return host;
+    return fwd_upload(c, host, sizeof(void *) * (size_t)n, 0);
+}
+
 /* Every sequence's new compressed entries (ikey 0) or index keys (1) into its cache in one encode:
  * the rows are in latent order, sequence after sequence, like their addresses.  x bf16 [n_new, d] */
 static int put_entries(fwd_ctx *c, int L, int ikey, const uint16_t *x, int64_t n_new, int64_t d, const seq_attn *sa) {
@@ -193,7 +201,9 @@ static int put_entries(fwd_ctx *c, int L, int ikey, const uint16_t *x, int64_t n
     for (int i = 0; i < c->n_seq; i++)
         CK(di_cache_entry_put_addrs(c->seq[i].ck.cache, L, ikey, sa[i].e0, sa[i].e0 + sa[i].n_new, dst + sa[i].lat0,
                                     c->err));
-    return di_cache_rows_encode(c->be, ikey ? DI_CACHE_ROWS_IKEY : DI_CACHE_ROWS_CMP, x, n_new, d, dst, c->err);
+    uint8_t *const *list = rows_list(c, dst, n_new);
+    if (!list && n_new > 0) return c->err->code;
+    return di_cache_rows_encode_list(c->be, ikey ? DI_CACHE_ROWS_IKEY : DI_CACHE_ROWS_CMP, x, n_new, d, list, c->err);
 }
 
 /* kv sources: index keys of the new entries from the (unrotated) latent — wk, k_norm, RoPE at the
@@ -245,7 +255,9 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
         keys_of[i] = keys + o * ihd;
         o += nsel;
     }
-    return di_cache_rows_decode(c->be, DI_CACHE_ROWS_IKEY, src, n, ihd, keys, c->err);
+    const uint8_t *const *list = rows_list(c, src, n);
+    if (!list && n > 0) return c->err->code;
+    return di_cache_rows_decode_list(c->be, DI_CACHE_ROWS_IKEY, list, n, ihd, keys, c->err);
 }
 
 /* Index sources: the queries and weights of every row in one projection each, then per sequence:
@@ -486,8 +498,11 @@ static int window_kv(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa) {
         for (int64_t t = 0; t < q->ck.T; t++) rows_h[r++] = (int32_t)(q->r0 + t);
         p += np;
     }
-    CK(di_cache_rows_decode(be, DI_CACHE_ROWS_WINDOW, rd, n_prev, hd, kv + T * hd, c->err));
-    CK(di_cache_rows_encode(be, DI_CACHE_ROWS_WINDOW, kv, T, hd, wr, c->err));
+    const uint8_t *const *rd_list = rows_list(c, rd, n_prev);
+    uint8_t *const *wr_list = rows_list(c, wr, T);
+    if ((!rd_list && n_prev > 0) || (!wr_list && T > 0)) return c->err->code;
+    CK(di_cache_rows_decode_list(be, DI_CACHE_ROWS_WINDOW, rd_list, n_prev, hd, kv + T * hd, c->err));
+    CK(di_cache_rows_encode_list(be, DI_CACHE_ROWS_WINDOW, kv, T, hd, wr_list, c->err));
     CK(be->qdq_fp8(be, kv, T, hd, 32, c->err));
     DUMP("attn.kv", DI_BF16, kv, 2, T, hd, 0);
     UPLOAD(rows, rows_h, n_rows, 0);
