@@ -67,7 +67,7 @@ int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const
     if (!err) err = &local_err;
     if (n_chunks < 1 || !chunks) return di_error_set(err, DI_ERR_INVALID, "session batch: %d chunks", n_chunks);
     if (n_chunks > 1 && opts && (opts->window_floor || opts->prompt_end))
-        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor / prompt_end are per chunk in a batch of %d",
+        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor and prompt_end are per chunk (%d chunks)",
                             n_chunks);
     const di_session *s0 = chunks[0].s;
     const di_config *cfg = &s0->m->cfg;
