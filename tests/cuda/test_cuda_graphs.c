@@ -103,8 +103,8 @@ static void run(const char *path, int mode, run_out *o) {
         di_session_destroy(s[i]);
         if (dl[i]) be->mem_free(be, dl[i]);
     }
+    di_model_close(m); /* device weights first: they live in the backend's memory (freed on its stream) */
     if (be) di_backend_destroy(be);
-    di_model_close(m);
 }
 
 static void model_checks(const char *path) {

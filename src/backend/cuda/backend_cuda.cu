@@ -152,12 +152,17 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->gather_rows = di_cuda_gather_rows;
     be->scatter_add_rows = di_cuda_scatter_add_rows;
     be->moe_routed = di_cuda_moe_routed;
-    /* prefill experts (cuda_moe_grouped.cu): the exact per-expert kernels with one ordered combine, or with
-     * DI_CUDA_KERNELS=tensor the grouped wgmma GEMMs; DI_CUDA_MOE_GROUPED=off leaves the slot empty, so the
-     * graph runs its per-expert loop of ops as before */
+    /* prefill experts (cuda_moe_grouped.cu): the exact per-expert kernels with one ordered combine.
+     * DI_CUDA_MOE_GROUPED=off leaves the slot empty, so the graph runs its per-expert loop of ops as before.
+     * With DI_CUDA_KERNELS=tensor the slot stays empty unless DI_CUDA_MOE_GROUPED=wgmma: its tensor variant
+     * failed its first H200 run (2026-11-30: a launch error on entry, bench/NOTES-gpu.md), so tensor runs
+     * keep the per-expert wgmma loop that verify has checked. */
     const char *mg = getenv("DI_CUDA_MOE_GROUPED");
-    if (!mg || strcmp(mg, "off"))
-        be->moe_grouped = kern && !strcmp(kern, "tensor") ? di_cuda_moe_grouped_wgmma : di_cuda_moe_grouped;
+    const bool tensor = kern && !strcmp(kern, "tensor");
+    if (!mg || strcmp(mg, "off")) {
+        if (!tensor) be->moe_grouped = di_cuda_moe_grouped;
+        else if (mg && !strcmp(mg, "wgmma")) be->moe_grouped = di_cuda_moe_grouped_wgmma;
+    }
     be->f32_to_bf16 = di_cuda_f32_to_bf16;
     be->fill_f32 = di_cuda_fill_f32;
     be->engram_lookup = di_cuda_engram_lookup;
