@@ -155,7 +155,7 @@ static int compressor(fwd_ctx *c, int L, const uint16_t *u, seq_attn *sa, uint16
         if (be->compress_pool_seqs && c->n_seq > 1) {
             di_pool_seq *ps;          /* [n_seq] (backend) */
             int32_t *eseq_h, *eseq;   /* int32 [n_new] sequence of each new entry (host, backend) */
-            HALLOC(eseq_h, n_new, 0);
+            HALLOC(eseq_h, n_new > 0 ? n_new : 1, 0); /* one element at least: it is uploaded as such */
             for (int i = 0; i < c->n_seq; i++)
                 for (int64_t j = 0; j < sa[i].n_new; j++) eseq_h[sa[i].lat0 + j] = (int32_t)i;
             UPLOAD(ps, ps_h, c->n_seq, 0);
