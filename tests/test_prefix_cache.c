@@ -698,6 +698,7 @@ static void test_preset_block64(void **st) {
     di_backend_destroy(be);
     di_model_close(m);
     tu_rmtree(dir);
+    free(dir);
 }
 
 int main(void) {
