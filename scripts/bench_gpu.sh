@@ -13,7 +13,9 @@
 #               build/deepinfer-static, the CUDA CLI, build/deepinfer — the device machine lacks
 #               jansson/PCRE2/utf8proc, so carry a static one: `make deepinfer-static` or `make deepinfer-cuda`)
 #   TORCH_LAYER the peer script (default: bench/torch_layer.py, else .carry/torch_layer.py)
-#   CKPT        checkpoint directory (default /tmp/fl for full-layer, /tmp/sm for small; reused if present)
+#   CKPT        checkpoint directory (default for full-layer: /mnt/ck/fl on a tmpfs mounted there when
+#               /tmp is no tmpfs and mounting works, else /tmp/fl; /tmp/sm for small; reused if present)
+#   CKPT_TMPFS  the full-layer checkpoint's tmpfs mount point (default /mnt/ck)
 #   DEEPINFER_CUDA the CUDA-enabled CLI for `bench gpu` (default: .carry/deepinfer-cuda, build/deepinfer-cuda,
 #               else DEEPINFER)
 #   TORCH_ARGS  extra arguments for torch_layer.py (e.g. --small, --layers 0,2, --no-compile); small
@@ -47,15 +49,37 @@ DICUDA=${DEEPINFER_CUDA:-$(pick .carry/deepinfer-cuda build/deepinfer-cuda)}
 # mkmodel runs with any CLI: the static one, else the CUDA one (its libraries are linked in statically)
 DI=${DEEPINFER:-$(pick .carry/deepinfer-static build/deepinfer-static "$DICUDA" build/deepinfer)}
 TL=${TORCH_LAYER:-$(pick bench/torch_layer.py .carry/torch_layer.py)}
-case $PRESET in
-    full-layer) CKPT=${CKPT:-/tmp/fl} ;;
-    *) CKPT=${CKPT:-/tmp/sm} ;;
-esac
+# The full-layer checkpoint (~36 GB) goes on a tmpfs. Written to the VM's disk (/tmp), the page cache
+# need not keep it — the device VM's memory starts near 31 GiB and grows with use — and `bench gpu` then
+# reads it back through mmap faults at the disk's speed: session 3's runs with CKPT=/tmp/fl printed
+# nothing for 100-120 s, the 39acd46 run loaded the same preset from a tmpfs in 8.1 s (bench/NOTES-gpu.md,
+# "Load time of bench gpu"). CKPT_TMPFS names the mount point (default /mnt/ck, mounted when absent).
+if [ -z "${CKPT:-}" ]; then
+    case $PRESET in
+        full-layer)
+            CKPT=/tmp/fl
+            TMPFS=${CKPT_TMPFS:-/mnt/ck}
+            if [ "$(stat -f -c %T /tmp 2>/dev/null)" != tmpfs ]; then
+                if [ "$(stat -f -c %T "$TMPFS" 2>/dev/null)" = tmpfs ] ||
+                    { mkdir -p "$TMPFS" && mount -t tmpfs -o size=42g tmpfs "$TMPFS"; } 2>/dev/null; then
+                    CKPT=$TMPFS/fl
+                fi
+            fi
+            ;;
+        *) CKPT=/tmp/sm ;;
+    esac
+fi
 
 {
     date -u +%Y-%m-%dT%H:%M:%SZ
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1
     df -h /tmp | tail -1
+    free -g | head -2
+    mkdir -p "$CKPT" 2>/dev/null
+    fs=$(stat -f -c %T "$CKPT" 2>/dev/null)
+    echo "checkpoint directory $CKPT on ${fs:-unknown}"
+    [ "$fs" = tmpfs ] || [ "$PRESET" != full-layer ] ||
+        echo "warning: the full-layer checkpoint is not on a tmpfs: bench gpu may read it from the disk (slow load)"
 } | tee "$OUTD/gpu.txt"
 
 # (a) the checkpoint (the index is written after the last weight shard: a cut-short write has none)

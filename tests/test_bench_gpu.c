@@ -13,6 +13,8 @@
 #include "backend/backend.h"
 #include "model/cache_pool.h"
 #include "model/cache_synth.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/session.h"
 #include "testutil.h"
 #include "util/error.h"
@@ -56,11 +58,33 @@ static json_t *run_bench(const char *args, int *status, int *err_lines) {
     int st = pclose(f);
     *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     if (!doc) fail_msg("`%s` printed no JSON document (%s)", cmd, je.text);
+    /* lines other than the load's phase lines ("bench gpu: opening", "opened", "checkpoint", "backend",
+     * "loaded": test_load_report reads those) */
     *err_lines = 0;
     FILE *e = fopen(errp, "r");
-    for (int ch; e && (ch = fgetc(e)) != EOF;) *err_lines += ch == '\n';
+    char line[2048];
+    while (e && fgets(line, sizeof line, e)) {
+        static const char *const load[] = {"bench gpu: opening ", "bench gpu: opened ", "bench gpu: checkpoint ",
+                                           "bench gpu: backend ", "bench gpu: weights "};
+        bool phase = false;
+        for (size_t i = 0; i < sizeof load / sizeof load[0]; i++) phase |= !strncmp(line, load[i], strlen(load[i]));
+        *err_lines += !phase;
+    }
     if (e) fclose(e);
     return doc;
+}
+
+/* stderr of the last run_bench */
+static char *last_stderr(void) {
+    char errp[1200];
+    snprintf(errp, sizeof errp, "%s/stderr.txt", g_dir);
+    FILE *e = fopen(errp, "r");
+    assert_non_null(e);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, e);
+    buf[n] = 0;
+    fclose(e);
+    return buf;
 }
 
 static double num(json_t *o, const char *k) {
@@ -200,6 +224,47 @@ static void test_prefill_first(void **state) {
     tu_report("stderr lines of a 2-shape run: %d", lines);
     assert_true(lines >= 12);
     json_decref(doc);
+}
+
+/* The load's phase lines (what the next H200 run reads to see where a slow load spends its time): the
+ * open phase with the checkpoint's tensor count, where its bytes are (file system, share in RAM: the
+ * tiny model was just written, so its pages are in the page cache), the backend, then "loaded", in
+ * that order. */
+static void test_load_report(void **state) {
+    (void)state;
+    int st, lines;
+    json_t *doc = run_bench("--batch 1 --context 64 --prefill 0 --iters 1 --warmup 0 --hbm-gbps 10", &st, &lines);
+    assert_int_equal(st, 0);
+    json_decref(doc);
+    const char *e = last_stderr();
+    const char *op = strstr(e, "bench gpu: opening "), *od = strstr(e, "bench gpu: opened in "),
+               *ck = strstr(e, "bench gpu: checkpoint before the upload: "), *bk = strstr(e, "bench gpu: backend cpu created in "),
+               *ld = strstr(e, " loaded on cpu in ");
+    if (!op || !od || !ck || !bk || !ld)
+        fail_msg("load phase lines missing from stderr:\n%s", e);
+    assert_true(op < od && od < ck && ck < bk && bk < ld);
+    di_model *m;
+    di_error err = {0};
+    assert_int_equal(di_model_open(g_dir, &m, &err), DI_OK);
+    double secs;
+    long long tensors;
+    assert_int_equal(sscanf(od, "bench gpu: opened in %lf s (%lld tensors)", &secs, &tensors), 2);
+    assert_int_equal(tensors, m->ck->n_tensors);
+    double gb, pct;
+    int shards;
+    char fs[32];
+    if (sscanf(ck, "bench gpu: checkpoint before the upload: %lf GB in %d shards on %31s %lf%% in RAM", &gb, &shards, fs,
+               &pct) != 4)
+        fail_msg("unparsed storage line: %.200s", ck);
+    assert_int_equal(shards, m->ck->n_shards);
+    double bytes = 0;
+    for (int i = 0; i < m->ck->n_shards; i++) bytes += (double)m->ck->shards[i]->file_size;
+    assert_true(fabs(gb - bytes / 1e9) <= 0.05 + 1e-9);
+    assert_true(strlen(fs) > 1 && fs[strlen(fs) - 1] == ','); /* "ext4," / "tmpfs," / "0x…," */
+    assert_true(pct > 90 && pct <= 100);
+    tu_report("tiny checkpoint: %.0f bytes, %d shards on %.*s, %.1f%% in RAM, opened in %.3f s", bytes, shards,
+              (int)strlen(fs) - 1, fs, pct, secs);
+    di_model_close(m);
 }
 
 static void test_bad_args(void **state) {
@@ -362,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_json_rows),
         cmocka_unit_test(test_prefill_first),
         cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_load_report),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

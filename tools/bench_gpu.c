@@ -38,6 +38,12 @@
  * --peer FILE: the --json document of bench/torch_layer.py on the same checkpoint; its time for the
  * same role and shape fills the `peer ms` column and peer/ours the `speedup` column.
  *
+ * Load (stderr, phase by phase as each ends): opening the checkpoint, the backend's creation, the
+ * weights' upload with progress every 4 GB (page-in of the mmapped checkpoint apart from the copy), and
+ * where the checkpoint's bytes are — its file system and the fraction already in RAM (mincore), before
+ * and after the upload, with MemTotal / MemAvailable: a checkpoint on a disk that the page cache does
+ * not hold loads at the disk's speed.
+ *
  * Output: the table on stdout (on stderr with --json, whose one document, {"rows": [...]}, owns
  * stdout). */
 #include <math.h>
@@ -51,6 +57,8 @@
 #include "backend/cuda/cuda_optime.h"
 #include "bench_read.h"
 #include "cli.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/cache_synth.h"
 #include "model/session.h"
 
@@ -449,6 +457,107 @@ static int bench_prefill(bench *b, int64_t P, di_error *err) {
     return rc;
 }
 
+/* ---------------- load, phase by phase ---------------- */
+
+/* The weights' upload seen from the backend table: mem_upload / mem_map_host wrapped for the load, so
+ * stderr shows progress and where the time goes — paging the checkpoint in (one read per page before
+ * each copy: the mmap faults, i.e. the storage) apart from the copy itself (staging + PCIe). A load
+ * that reads a disk-backed checkpoint (not in the page cache) runs at the disk's speed; one from tmpfs
+ * at the copy's (36 GB in 8.1 s on the H200 at 39acd46). */
+typedef struct load_watch {
+    int (*upload)(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err);
+    int (*map_host)(const di_backend *be, const void *host, size_t bytes, const void **view, di_error *err);
+    const char *device;
+    size_t page;
+    double t0, total, done, next; /* bytes */
+    double page_in_s, copy_s, map_s, map_bytes;
+    unsigned sink;
+} load_watch;
+
+static load_watch g_watch; /* one load at a time: the table's slots take no context */
+
+static int watch_upload(const di_backend *be, void *dst, const void *src, size_t bytes, di_error *err) {
+    load_watch *w = &g_watch;
+    double t0 = now_s();
+    const volatile unsigned char *p = src;
+    unsigned acc = 0;
+    for (size_t o = 0; o < bytes; o += w->page) acc += p[o];
+    if (bytes) acc += p[bytes - 1];
+    w->sink += acc;
+    double t1 = now_s();
+    int rc = w->upload(be, dst, src, bytes, err);
+    double t2 = now_s();
+    w->page_in_s += t1 - t0, w->copy_s += t2 - t1, w->done += (double)bytes;
+    if (w->done >= w->next) {
+        double el = t2 - w->t0;
+        fprintf(stderr, "bench gpu: weights to %s: %.1f of %.1f GB in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s)\n",
+                w->device, w->done / 1e9, w->total / 1e9, el, el > 0 ? w->done / el / 1e9 : 0, w->page_in_s, w->copy_s);
+        while (w->next <= w->done) w->next += 4e9;
+    }
+    return rc;
+}
+
+static int watch_map_host(const di_backend *be, const void *host, size_t bytes, const void **view, di_error *err) {
+    double t0 = now_s();
+    int rc = g_watch.map_host(be, host, bytes, view, err);
+    g_watch.map_s += now_s() - t0, g_watch.map_bytes += (double)bytes;
+    return rc;
+}
+
+static void report_storage(const di_model *m, const char *dir, const char *when) {
+    const di_checkpoint *ck = m->ck;
+    void *maps[256];
+    size_t sizes[256];
+    int n = ck->n_shards < 256 ? ck->n_shards : 256;
+    double bytes = 0;
+    for (int i = 0; i < n; i++) maps[i] = ck->shards[i]->map, sizes[i] = ck->shards[i]->file_size, bytes += (double)sizes[i];
+    bench_storage st;
+    bench_fs_name(dir, st.fs, sizeof st.fs);
+    st.resident = bench_resident(maps, sizes, n);
+    bench_meminfo(&st.mem_total_gib, &st.mem_avail_gib);
+    fprintf(stderr, "bench gpu: checkpoint %s: %.1f GB in %d shards on %s, %.1f%% in RAM (page cache / tmpfs); "
+            "MemTotal %.1f GiB, MemAvailable %.1f GiB\n", when, bytes / 1e9, ck->n_shards, st.fs,
+            st.resident >= 0 ? 100 * st.resident : -1.0, st.mem_total_gib, st.mem_avail_gib);
+}
+
+/* di_model_open + di_backend_create + di_model_to_backend, each phase timed on stderr as it ends (a
+ * load cut short shows the phase it was in). */
+static int load_model(const char *dir, const char *device, int threads, di_model **m, di_backend **be, di_error *err) {
+    double t0 = now_s();
+    fprintf(stderr, "bench gpu: opening %s (config, shards, inventory, weight views, wo_a to bf16)\n", dir);
+    int rc = di_model_open(dir, m, err);
+    if (rc) return rc;
+    double t1 = now_s();
+    fprintf(stderr, "bench gpu: opened in %.1f s (%lld tensors)\n", t1 - t0, (long long)(*m)->ck->n_tensors);
+    report_storage(*m, dir, "before the upload");
+    if ((rc = di_backend_create(device, threads, be, err))) return rc;
+    double t2 = now_s();
+    fprintf(stderr, "bench gpu: backend %s created in %.1f s\n", device, t2 - t1);
+    if ((*be)->host_memory) return di_model_to_backend(*m, *be, err); /* views in place: nothing to move */
+    const di_weights *w = &(*m)->w;
+    load_watch *lw = &g_watch;
+    memset(lw, 0, sizeof *lw);
+    lw->upload = (*be)->mem_upload, lw->map_host = (*be)->mem_map_host, lw->device = device;
+    long pg = sysconf(_SC_PAGESIZE);
+    lw->page = pg > 0 ? (size_t)pg : 4096;
+    for (int64_t i = 0; i < w->n_slots; i++)
+        if (!w->slots[i].mapped) lw->total += (double)w->slots[i].bytes;
+    lw->next = 4e9, lw->t0 = t2;
+    (*be)->mem_upload = watch_upload, (*be)->mem_map_host = watch_map_host;
+    rc = di_model_to_backend(*m, *be, err);
+    (*be)->mem_upload = lw->upload, (*be)->mem_map_host = lw->map_host;
+    if (rc) return rc;
+    double t3 = now_s();
+    unsigned char b; /* the last copies may still be in flight: wait for the stream */
+    if ((*m)->w.dev && (rc = (*be)->mem_download(*be, &b, (*m)->w.dev, 1, err))) return rc;
+    double t4 = now_s();
+    fprintf(stderr, "bench gpu: weights on %s: %.1f GB uploaded in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s, "
+            "drain %.1f s), %.2f GB of host tables mapped in %.1f s\n", device, lw->done / 1e9, t4 - t2,
+            t4 > t2 ? lw->done / (t4 - t2) / 1e9 : 0, lw->page_in_s, lw->copy_s, t4 - t3, lw->map_bytes / 1e9, lw->map_s);
+    report_storage(*m, dir, "after the upload");
+    return DI_OK;
+}
+
 /* ---------------- peer (torch_layer.py --json) ---------------- */
 
 static int peer_join(bench *b, const char *path, di_error *err) {
@@ -618,8 +727,7 @@ int bench_gpu(int argc, char **argv) {
         goto out;
     }
     double t_load = now_s();
-    if (di_model_open(model, &m, &err) || di_backend_create(device, (int)threads, &be, &err) ||
-        di_model_to_backend(m, be, &err)) {
+    if (load_model(model, device, (int)threads, &m, &be, &err)) {
         cli_fail_err(&cli, &err);
         goto out;
     }

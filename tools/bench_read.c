@@ -1,10 +1,13 @@
-/* Streaming-read bandwidth (tools/bench_read.h). */
+/* Streaming-read bandwidth and a checkpoint's storage (tools/bench_read.h). */
 #include "bench_read.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include "util/log.h"
 
@@ -47,4 +50,62 @@ double bench_read_bandwidth(int n_threads, size_t bytes, int reps) {
     free(buf);
     if (sink == 42) fputc(' ', stderr); /* keeps the sums observable */
     return best;
+}
+
+/* ---------------- storage of a checkpoint ---------------- */
+
+void bench_fs_name(const char *path, char *out, size_t cap) {
+    static const struct {
+        unsigned long magic;
+        const char *name;
+    } k[] = {{0x01021994ul, "tmpfs"},   {0xef53ul, "ext4"},      {0x794c7630ul, "overlay"}, {0x58465342ul, "xfs"},
+             {0x9123683eul, "btrfs"},   {0x6969ul, "nfs"},       {0x65735546ul, "fuse"},    {0x858458f6ul, "ramfs"},
+             {0x01021997ul, "9p"},      {0x2fc12fc1ul, "zfs"},   {0xf2f52010ul, "f2fs"},    {0x73717368ul, "squashfs"}};
+    struct statfs sf;
+    if (statfs(path, &sf) != 0) {
+        snprintf(out, cap, "unknown");
+        return;
+    }
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if ((unsigned long)sf.f_type == k[i].magic) {
+            snprintf(out, cap, "%s", k[i].name);
+            return;
+        }
+    snprintf(out, cap, "0x%lx", (unsigned long)sf.f_type);
+}
+
+double bench_resident(void *const *maps, const size_t *bytes, int n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0) return -1;
+    double in = 0, all = 0;
+    size_t chunk = (size_t)1 << 16; /* pages per mincore call: a 64 KiB vector */
+    unsigned char *v = malloc(chunk);
+    if (!v) return -1;
+    for (int i = 0; i < n; i++) {
+        size_t pages = (bytes[i] + (size_t)pg - 1) / (size_t)pg;
+        for (size_t p0 = 0; p0 < pages; p0 += chunk) {
+            size_t np = pages - p0 < chunk ? pages - p0 : chunk;
+            if (mincore((char *)maps[i] + p0 * (size_t)pg, np * (size_t)pg, v) != 0) {
+                free(v);
+                return -1;
+            }
+            for (size_t j = 0; j < np; j++) in += v[j] & 1;
+            all += (double)np;
+        }
+    }
+    free(v);
+    return all > 0 ? in / all : 1;
+}
+
+void bench_meminfo(double *total_gib, double *avail_gib) {
+    *total_gib = *avail_gib = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) *total_gib = (double)kb / (1 << 20);
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *avail_gib = (double)kb / (1 << 20);
+    }
+    fclose(f);
 }

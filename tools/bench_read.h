@@ -8,4 +8,21 @@
 
 double bench_read_bandwidth(int n_threads, size_t bytes, int reps);
 
+/* Where a checkpoint's bytes come from, for the load-time report of bench gpu: a model load that reads
+ * them from a block device page by page (mmap faults of 128 KiB read-around) runs at the disk's speed,
+ * one that finds them in RAM (tmpfs, page cache) at the copy's. */
+typedef struct bench_storage {
+    char fs[24];          /* file system of the directory: "tmpfs", "ext4", "overlay", … or "0x<magic>" */
+    double resident;      /* fraction of the mapped bytes in RAM (mincore), -1 when unknown */
+    double mem_total_gib, mem_avail_gib; /* /proc/meminfo MemTotal / MemAvailable, -1 when unknown */
+} bench_storage;
+
+/* The file system name of path (statfs). */
+void bench_fs_name(const char *path, char *out, size_t cap);
+/* Of the n page-aligned mappings maps[i] of bytes[i] bytes: the fraction of pages in RAM (mincore),
+ * -1 when mincore fails. */
+double bench_resident(void *const *maps, const size_t *bytes, int n);
+/* MemTotal and MemAvailable in GiB (-1 each when /proc/meminfo has none). */
+void bench_meminfo(double *total_gib, double *avail_gib);
+
 #endif
