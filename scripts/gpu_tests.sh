@@ -23,6 +23,16 @@
 #                    ../shared/golden/v41-mid-nosel when present)
 # DI_GPU_SECTIONS  which sections run (default "bins verify generate run"); DI_TINY_CASES the tiny
 #                  models of sections 3-4 (default tests/data/v41-tiny-sel and v41-tiny-nosel).
+#   5. (opt-in: DI_GPU_SECTIONS names "bench") `bench gpu` on the full-layer preset through
+#      scripts/bench_gpu.sh — the checkpoint written to a tmpfs, the load phase by phase (open, where the
+#      checkpoint's bytes are, upload progress with page-in / copy / drain), then the shapes
+#      (DI_BENCH_SHAPES, default B 1,64 x ctx 4K + an 8K prefill, --op-times); bounded by DI_BENCH_S
+#      (default 300 s) and DI_MKMODEL_S (default 120 s); its files go to DI_BENCH_OUT (default $OUT/bench
+#      when OUT is set, else a temporary directory).
+# Each test binary runs under DI_BIN_TIMEOUT seconds (default 300): one that hangs is cut and counted failed.
+# One device call for all of it (binaries and the CLI built here: make cuda-tests deepinfer-cuda):
+#   DI_GPU_SECTIONS="bins verify bench" DI_GOLDEN_CASES="tests/data/v41-tiny-sel tests/data/v41-tiny-nosel" \
+#     sh scripts/gpu_tests.sh build/cuda tests/data/kernels.safetensors
 # Set DI_SANITIZE=1 to run each test binary (DI_QUICK shapes) and each verify once more under
 # compute-sanitizer memcheck. DI_CUDA_TOPK=fast switches the CUDA selections to the parallel kernels
 # (tie rule: higher score, then lower position), which v41-tiny-sel's teacher-forced bound rejects.
@@ -68,9 +78,14 @@ for t in "$BIN_DIR"/test_*; do
     found=1
     echo "== $t"
     t0=$(date +%s)
-    "$t" "$KERNELS" >"$TMP/out" 2>&1
+    if command -v timeout >/dev/null 2>&1; then
+        timeout -k 5 "${DI_BIN_TIMEOUT:-300}" "$t" "$KERNELS" >"$TMP/out" 2>&1
+    else
+        "$t" "$KERNELS" >"$TMP/out" 2>&1
+    fi
     rc=$?
     cat "$TMP/out"
+    [ $rc = 124 ] && echo "== $t: cut after ${DI_BIN_TIMEOUT:-300} s"
     last=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$TMP/out" | tail -1)
     row "$(basename "$t")" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${last:-exit $rc} ($(($(date +%s) - t0)) s)"
     if [ "${DI_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
@@ -197,6 +212,32 @@ EOF
     done
 else
     row "verify / generate / run" FAIL "no CUDA CLI at $CLI (make deepinfer-cuda)"
+fi
+
+# ---- 5. bench gpu full-layer: the load phase by phase, then the shapes (opt-in) ----
+if section bench; then
+    if [ -x "$CLI" ]; then
+        if [ -n "${DI_BENCH_OUT:-}" ]; then BOUT=$DI_BENCH_OUT; elif [ -n "${OUT:-}" ]; then BOUT=$OUT/bench; else BOUT=$TMP/bench; fi
+        mkdir -p "$BOUT"
+        t0=$(date +%s)
+        echo "== bench gpu full-layer (files in $BOUT)"
+        DEEPINFER_CUDA="$CLI" DEEPINFER="$CLI" SKIP_TORCH=1 TIMEOUT_MKMODEL="${DI_MKMODEL_S:-120}" \
+            TIMEOUT_BENCH="${DI_BENCH_S:-300}" \
+            SHAPES="${DI_BENCH_SHAPES:---batch 1,64 --context 4096 --prefill 8192 --iters 3 --warmup 1 --prefill-iters 1 --prefill-warmup 0}" \
+            BENCH_ARGS="${DI_BENCH_ARGS:---op-times}" sh scripts/bench_gpu.sh full-layer "$BOUT" >"$TMP/bench" 2>&1
+        rc=$?
+        # the load lines, the checkpoint's place and every finished shape's rows (the log holds them all)
+        grep -E "^(bench gpu: |checkpoint directory|warning|mkmodel|deepinfer bench gpu: exit|swa|r[0-9]+-|role)" "$TMP/bench"
+        loaded=$(grep -o 'loaded on [a-z]* in [0-9.]* s' "$TMP/bench" | head -1)
+        store=$(grep -m1 'checkpoint before the upload' "$TMP/bench" | sed 's/.*before the upload: //; s/ (page cache.*//')
+        up=$(grep -m1 '^bench gpu: weights on cuda' "$TMP/bench" | sed 's/^bench gpu: weights on cuda: //; s/, [0-9.]* GB of host.*//')
+        rows=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["rows"]))' \
+            "$BOUT/deepinfer_bench_gpu-full-layer.json" 2>/dev/null || echo 0)
+        row "bench gpu full-layer" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
+            "${loaded:-no load line}; ${store:-no storage line}; upload ${up:-none}; $rows rows in the JSON ($(($(date +%s) - t0)) s)"
+    else
+        row "bench gpu full-layer" FAIL "no CUDA CLI at $CLI (make deepinfer-cuda)"
+    fi
 fi
 
 echo

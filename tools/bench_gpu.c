@@ -518,6 +518,9 @@ static void report_storage(const di_model *m, const char *dir, const char *when)
     fprintf(stderr, "bench gpu: checkpoint %s: %.1f GB in %d shards on %s, %.1f%% in RAM (page cache / tmpfs); "
             "MemTotal %.1f GiB, MemAvailable %.1f GiB\n", when, bytes / 1e9, ck->n_shards, st.fs,
             st.resident >= 0 ? 100 * st.resident : -1.0, st.mem_total_gib, st.mem_avail_gib);
+    if (!strcmp(when, "before the upload") && st.resident >= 0 && st.resident < 0.5 && strcmp(st.fs, "tmpfs"))
+        fprintf(stderr, "bench gpu: warning: most of the checkpoint is not in RAM: loading it reads %s at the "
+                "storage's speed (a tmpfs checkpoint loads at the copy's; scripts/bench_gpu.sh mounts one)\n", st.fs);
 }
 
 /* di_model_open + di_backend_create + di_model_to_backend, each phase timed on stderr as it ends (a

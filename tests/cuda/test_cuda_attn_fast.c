@@ -44,6 +44,7 @@
 #include "backend/cuda/cuda_attn_fast.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
+#include "cuda_testutil.h"
 
 #define NH 64
 #define DIM 512
@@ -54,40 +55,8 @@ static int n_pass, n_fail;
 static di_error g_err;
 #define E (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define CU(call)                                                                                                      \
-    do {                                                                                                              \
-        cudaError_t e_ = (call);                                                                                      \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                    \
-    } while (0)
-#define RUN(call)                                                                                                     \
-    do {                                                                                                              \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                                                   \
-    } while (0)
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
-/* uploads end with a device sync: the backend's non-blocking stream does not wait for cudaMemcpy */
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
-static void *dev_poison(size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    CU(cudaMemset(d, 0xA5, n ? n : 1)); /* unwritten outputs show up as mismatches */
-    CU(cudaDeviceSynchronize());
-    return d;
-}
+/* downloads wait for the backend's stream first (its ops do not order with cudaMemcpy) */
 static void *down(const void *d, size_t n) {
     void *h = xmalloc(n);
     RUN(di_backend_cuda_sync(gpu, E));
@@ -96,10 +65,7 @@ static void *down(const void *d, size_t n) {
 }
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
 /* bf16 of an approximately normal value (sum of 4 uniforms, sd ≈ sd) */
 static uint16_t rand_bf16_1(double sd) {
     uint64_t r = rnd();
@@ -179,7 +145,7 @@ static void problem_upload(problem *p) {
     p->dq = dup_dev(p->q, sizeof *p->q * (size_t)(p->m * NH * DIM));
     p->dsink = dup_dev(p->sink, sizeof p->sink);
     p->didx = dup_dev(p->idx, sizeof *p->idx * (size_t)(p->m * p->n_idx));
-    p->dout = dev_poison(sizeof *p->q * (size_t)(p->m * NH * DIM));
+    p->dout = dev_poisoned(sizeof *p->q * (size_t)(p->m * NH * DIM));
     p->n_valid = 0;
     for (int64_t i = 0; i < p->m * p->n_idx; i++) p->n_valid += p->idx[i] >= 0;
 }
@@ -420,7 +386,7 @@ int main(void) {
         uint16_t *gb = down(b->dout, sizeof *gb * (size_t)(b->m * NH * DIM));
         problem one = *b; /* row 77 alone: m = 1, 128 columns × 16 heads per block */
         one.m = 1, one.dq = b->dq + 77 * NH * DIM, one.didx = b->didx + 77 * 640;
-        one.dout = dev_poison(sizeof *gb * NH * DIM);
+        one.dout = dev_poisoned(sizeof *gb * NH * DIM);
         RUN(fast(&one, 0));
         uint16_t *g1 = down(one.dout, sizeof *g1 * NH * DIM);
         row("batch invariance", "row 77 of q[256] vs alone", cmp_bf16(g1, gb + 77 * NH * DIM, NH * DIM, DIM), 1);
@@ -429,7 +395,7 @@ int main(void) {
     if (!bench_only) { /* other shapes go to the scalar kernel: bit-identical to it */
         problem p = decode_problem(2, 4096, 1);
         uint16_t *qh = rand_bf16(2 * 8 * 128, 1.0);
-        uint16_t *dq = dup_dev(qh, sizeof *qh * 2 * 8 * 128), *o1 = dev_poison(2 * 2 * 8 * 128), *o2 = dev_poison(2 * 2 * 8 * 128);
+        uint16_t *dq = dup_dev(qh, sizeof *qh * 2 * 8 * 128), *o1 = dev_poisoned(2 * 2 * 8 * 128), *o2 = dev_poisoned(2 * 2 * 8 * 128);
         uint16_t *dkv = (uint16_t *)g_dpool; /* rows of 128 channels: any 1024 rows of the pool */
         int32_t *ix = xmalloc(sizeof *ix * 2 * 64);
         for (int i = 0; i < 128; i++) ix[i] = (int32_t)(rnd() % 1024) - (i % 13 == 0 ? 2000 : 0);

@@ -21,26 +21,14 @@
 #include "io/formats.h"
 #include "model/cache.h"
 #include "model/config.h"
+#include "cuda_testutil.h"
 
 static di_backend *cpu, *gpu;
 static int n_pass, n_fail;
 static di_error g_err;
 #define E (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define RUN(call)                                 \
-    do {                                          \
-        if ((call) != DI_OK) die(#call, g_err.msg); \
-    } while (0)
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
 
 /* device copies through the backend's own slots (what the graph uses) */
 static void *up(const void *h, size_t n) {
@@ -56,14 +44,8 @@ static void *down(const void *d, size_t n) {
 }
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-static double gauss(void) {
-    double u = (double)(rnd() >> 11) * 0x1p-53, v = (double)(rnd() >> 11) * 0x1p-53;
-    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
+static double gauss(void) { return ct_gauss(&rng); }
 /* bf16 values over many binades (scales from 2^-30 to 2^20 per group of 16), some exact zeros, so
  * every scale path of the quantizers (floors, subnormal codes, saturation) is exercised */
 static uint16_t *rand_rows(int64_t n) {

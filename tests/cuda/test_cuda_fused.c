@@ -32,6 +32,7 @@
 #include "model/cache_pool.h"
 #include "model/session.h"
 #include "model/weights.h"
+#include "cuda_testutil.h"
 
 static di_backend *gpu;
 static cudaEvent_t ev0, ev1;
@@ -39,40 +40,8 @@ static int n_pass, n_fail;
 static di_error g_err;
 #define E (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define CU(call)                                                                                                     \
-    do {                                                                                                             \
-        cudaError_t e_ = (call);                                                                                     \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                   \
-    } while (0)
-#define RUN(call)                                                                                                    \
-    do {                                                                                                             \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                                                  \
-    } while (0)
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
-/* Uploads end with a device synchronisation: the backend's stream does not wait for the legacy stream. */
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
-static void *dev(size_t n) { /* poisoned: unwritten outputs show up */
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    CU(cudaMemset(d, 0xA5, n ? n : 1));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
+/* downloads wait for the backend's stream first (its ops do not order with cudaMemcpy) */
 static void *down(const void *d, size_t n) {
     void *h = xmalloc(n);
     RUN(di_backend_cuda_sync(gpu, E));
@@ -85,10 +54,7 @@ static void put(void *d, const void *h, size_t n) {
 }
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
 static double unif(void) { return (double)(rnd() >> 11) * 0x1p-53; }
 static double gauss(void) { return sqrt(-2 * log(unif() + 1e-300)) * cos(6.283185307179586 * unif()); }
 static uint16_t *rand_bf16(int64_t n, double sd) {
@@ -186,11 +152,11 @@ static void pre_upload(const pre_in_h *in, pre_dev *d) {
     d->post_in = dup_dev(in->post_in, sizeof(float) * MMAX * HC);
     d->comb_in = dup_dev(in->comb_in, sizeof(float) * MMAX * HC * HC);
     d->pre_in = dup_dev(in->pre_in, sizeof(float) * MMAX * HC);
-    d->h = dev(sizeof(uint16_t) * MMAX * D);
-    d->mixes = dev(sizeof(float) * MMAX * NMIX);
-    d->pre = dev(sizeof(float) * MMAX * HC);
-    d->post = dev(sizeof(float) * MMAX * HC);
-    d->comb = dev(sizeof(float) * MMAX * HC * HC);
+    d->h = dev_poisoned(sizeof(uint16_t) * MMAX * D);
+    d->mixes = dev_poisoned(sizeof(float) * MMAX * NMIX);
+    d->pre = dev_poisoned(sizeof(float) * MMAX * HC);
+    d->post = dev_poisoned(sizeof(float) * MMAX * HC);
+    d->comb = dev_poisoned(sizeof(float) * MMAX * HC * HC);
 }
 
 static int fused_call(pre_dev *d, int64_t m, int64_t t0, bool expand, bool deferred) {
@@ -338,12 +304,12 @@ static void test_hc_pre_generic(void) {
     float *fn = rand_f32(nmix * hc * d, 0, 0.02), *base = rand_f32(nmix, 0, 1), scale[3] = {0.6f, 0.9f, 1.4f};
     float *post_in = rand_f32(m * hc, 1.0, 0.4), *comb_in = rand_f32(m * hc * hc, 0.3, 0.1), *pre_in = rand_f32(m * hc, 0.5, 0.2);
     uint16_t *dx = dup_dev(x, sizeof(uint16_t) * m * hc * d), *dz = dup_dev(z, sizeof(uint16_t) * m * d),
-             *dnw = dup_dev(nw, sizeof(uint16_t) * d), *dh = dev(sizeof(uint16_t) * m * d);
+             *dnw = dup_dev(nw, sizeof(uint16_t) * d), *dh = dev_poisoned(sizeof(uint16_t) * m * d);
     float *dfn = dup_dev(fn, sizeof(float) * nmix * hc * d), *dbase = dup_dev(base, sizeof(float) * nmix),
           *dscale = dup_dev(scale, sizeof scale), *dpost_in = dup_dev(post_in, sizeof(float) * m * hc),
           *dcomb_in = dup_dev(comb_in, sizeof(float) * m * hc * hc), *dpre_in = dup_dev(pre_in, sizeof(float) * m * hc),
-          *dmix = dev(sizeof(float) * m * nmix), *dpre = dev(sizeof(float) * m * hc), *dpost = dev(sizeof(float) * m * hc),
-          *dcomb = dev(sizeof(float) * m * hc * hc);
+          *dmix = dev_poisoned(sizeof(float) * m * nmix), *dpre = dev_poisoned(sizeof(float) * m * hc), *dpost = dev_poisoned(sizeof(float) * m * hc),
+          *dcomb = dev_poisoned(sizeof(float) * m * hc * hc);
     size_t nx = (size_t)(m * hc * d), nh = (size_t)(m * d), ns = (size_t)(m * (2 * hc + hc * hc));
     for (int v = 0; v < 2; v++) {
         uint16_t *res_x[3], *res_h[3];
@@ -399,11 +365,11 @@ static void test_hc_pre_prefill(void) {
     float *fn = rand_f32(NMIX * HC * D, 0, 0.02), *base = rand_f32(NMIX, 0, 1), scale[3] = {0.6f, 0.9f, 1.4f};
     float *post_in = rand_f32(MM * HC, 1.0, 0.4), *comb_in = rand_f32(MM * HC * HC, 0.25, 0.1), *pre_in = rand_f32(MM * HC, 0.5, 0.2);
     pre_dev d = {dup_dev(x, sizeof(uint16_t) * (size_t)(MM * HC * D)), dup_dev(z, sizeof(uint16_t) * (size_t)(MM * D)),
-                 dup_dev(nw, sizeof(uint16_t) * D), dev(sizeof(uint16_t) * (size_t)(MM * D)),
+                 dup_dev(nw, sizeof(uint16_t) * D), dev_poisoned(sizeof(uint16_t) * (size_t)(MM * D)),
                  dup_dev(fn, sizeof(float) * NMIX * HC * D), dup_dev(base, sizeof(float) * NMIX), dup_dev(scale, sizeof scale),
                  dup_dev(post_in, sizeof(float) * MM * HC), dup_dev(comb_in, sizeof(float) * MM * HC * HC),
-                 dup_dev(pre_in, sizeof(float) * MM * HC), dev(sizeof(float) * MM * NMIX), dev(sizeof(float) * MM * HC),
-                 dev(sizeof(float) * MM * HC), dev(sizeof(float) * MM * HC * HC)};
+                 dup_dev(pre_in, sizeof(float) * MM * HC), dev_poisoned(sizeof(float) * MM * NMIX), dev_poisoned(sizeof(float) * MM * HC),
+                 dev_poisoned(sizeof(float) * MM * HC), dev_poisoned(sizeof(float) * MM * HC * HC)};
     for (int mi = 0; mi < 2; mi++) {
         int64_t m = Ms[mi];
         for (int expand = 0; expand < 2; expand++) {
@@ -480,7 +446,7 @@ static void test_gather(void) {
             int32_t *idx_c = xmalloc(sizeof(int32_t) * (size_t)(m * ldi));
             for (int64_t i = 0; i < m * ldi; i++) idx_c[i] = -7;
             int32_t *idx_d = dup_dev(idx_c, sizeof(int32_t) * (size_t)(m * ldi));
-            uint16_t *rows_d = dev(sizeof(uint16_t) * (size_t)(nk * HD));
+            uint16_t *rows_d = dev_poisoned(sizeof(uint16_t) * (size_t)(nk * HD));
             RUN(di_cpu_gather_topk(NULL, codec, base, N_ENT, pg, PE, PROWS, ROFF, top, m, K, HD, 128, rows_c, idx_c + 128,
                                    ldi, E));
             RUN(di_cuda_gather_topk(gpu, codec, base_d, N_ENT, pg_d, PE, PROWS, ROFF, top_d, m, K, HD, 128, rows_d,
@@ -496,7 +462,7 @@ static void test_gather(void) {
             row("gather_topk idx", shape, idx_g, idx_c, m * ldi, 2, EXACT, -1);
             if (paged) {
                 /* what it replaces: download the lists (a stream sync), union on the host, upload, decode */
-                int32_t *ids_h = xmalloc(sizeof(int32_t) * (size_t)nk), *ids_d = dev(sizeof(int32_t) * (size_t)nk);
+                int32_t *ids_h = xmalloc(sizeof(int32_t) * (size_t)nk), *ids_d = dev_poisoned(sizeof(int32_t) * (size_t)nk);
                 double best = 1e30;
                 for (int r = 0; r < 21; r++) {
                     double t0 = now_us();

@@ -29,6 +29,7 @@
 #include "backend/cuda/cuda_gemm_bf16.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
+#include "cuda_testutil.h"
 
 static di_backend *cpu, *gpu;
 static cudaEvent_t ev0, ev1;
@@ -36,40 +37,8 @@ static int n_pass, n_fail;
 static di_error g_err;
 #define E (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define CU(call)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                     \
-    } while (0)
-#define RUN(call)                                                                                                      \
-    do {                                                                                                               \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                                                    \
-    } while (0)
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
-/* uploads end with a device sync: the backend's stream does not wait for the legacy default stream */
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
-static void *dev_poisoned(size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    CU(cudaMemset(d, 0xA5, n ? n : 1)); /* unwritten outputs show up as mismatches */
-    CU(cudaDeviceSynchronize());
-    return d;
-}
+/* downloads wait for the backend's stream first (its ops do not order with cudaMemcpy) */
 static void *down(const void *d, size_t n) {
     void *h = xmalloc(n);
     RUN(di_backend_cuda_sync(gpu, E));
@@ -79,14 +48,8 @@ static void *down(const void *d, size_t n) {
 
 /* ---------------- inputs ---------------- */
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-static double gauss(void) {
-    double u = (double)(rnd() >> 11) * 0x1p-53, v = (double)(rnd() >> 11) * 0x1p-53;
-    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
+static double gauss(void) { return ct_gauss(&rng); }
 /* N(0, 1) table: the M 8192 wo_a input has 268 M elements, too many for a log and a cos each */
 static float g_table[1 << 16];
 static uint16_t *rand_rows(int64_t rows, int64_t k, double sd) {

@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
+#include "cuda_testutil.h"
 
 static di_backend *cpu, *gpu;
 static int n_fail, n_pass;
@@ -39,40 +40,8 @@ static di_error g_err;
 #define E (&g_err)
 #define E_ERR (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define CU(call)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                     \
-    } while (0)
-#define RUN(call)                                                                                                      \
-    do {                                                                                                               \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                                                    \
-    } while (0)
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
-/* uploads end with a device sync: the backend's stream does not wait for the legacy default stream */
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
-static void *dev_poisoned(size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    CU(cudaMemset(d, 0xA5, n ? n : 1));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
+/* downloads wait for the whole device first */
 static void *down(const void *d, size_t n) {
     void *h = xmalloc(n);
     CU(cudaDeviceSynchronize());
@@ -82,15 +51,8 @@ static void *down(const void *d, size_t n) {
 
 /* ---------------- random inputs ---------------- */
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-static double unif(void) { return (double)(rnd() >> 11) * 0x1p-53; }
-static double gauss(void) {
-    double u = unif(), v = unif();
-    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
+static double gauss(void) { return ct_gauss(&rng); }
 static uint16_t *rand_bf16(int64_t n, double sd) {
     uint16_t *p = xmalloc(sizeof *p * (size_t)n);
     for (int64_t i = 0; i < n; i++) p[i] = di_f32_to_bf16((float)(gauss() * sd));

@@ -8,7 +8,9 @@
  *   plain    no arena (per-block cudaMallocAsync, pageable plan uploads): the reference
  *   arena    the arena, graphs off: logits bit-identical to plain, no capture
  *   graphs   the arena, graphs on: logits bit-identical to plain, replays > 0 (fallbacks reported)
- * and the time per decode step of each (forward + the logits download, wall clock, steps 8-31).
+ * and the time per decode step of each (forward + the logits download, wall clock, steps 8-31). Then one
+ * backend check: an op whose workspace must grow while the stream is recorded is refused (no
+ * synchronisation inside the capture, no lost block) and computes the CPU op's bits after.
  * One table row per check; last line "N passed, N failed"; exit status 1 if any check fails. A watchdog
  * ends the binary after 120 s with a FAIL line. Usage: test_cuda_graphs (models from $DI_GRAPH_MODELS,
  * space-separated; default the two tiny cases; DI_GRAPH_DEVICE=cpu runs them on the CPU backend, a harness
@@ -149,6 +151,63 @@ out:
     for (int k = 0; k < 3; k++) free(r[k].logits);
 }
 
+/* The backend's workspace while its stream is recorded (backend_cuda.cu di_cuda_workspace): an op that
+ * needs a larger workspace is refused with DI_ERR_UNSUPPORTED — no synchronisation inside the capture,
+ * no block lost (the growth used to clear the workspace pointer without freeing it) — the abandoned
+ * recording ran nothing, and the same op after it grows the workspace and gives the CPU op's bits. */
+static void workspace_check(void) {
+    enum { K = 512, N = 64, M_SMALL = 1, M_BIG = 64 };
+    di_backend *gpu = NULL, *cpu = NULL;
+    di_error err = {0};
+    uint16_t x[M_BIG * K], y_gpu[M_BIG * N], y_cpu[M_BIG * N]; /* bf16 [M, K], [M, N] */
+    uint8_t w[N * K], sc[((N + 31) / 32) * (K / 32)];         /* e4m3 [N, K], E8M0 [N/32, K/32] */
+    void *dx = NULL, *dw = NULL, *ds = NULL, *dy = NULL;
+    uint64_t r = 0x6A09E667F3BCC909ull;
+    for (int i = 0; i < M_BIG * K; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        x[i] = (uint16_t)(0x3c00 + (r % 0x300)) | (uint16_t)((r >> 20 & 1) << 15); /* ±[2^-7, 2^-1) */
+    }
+    for (int i = 0; i < N * K; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        w[i] = (uint8_t)(r % 0x7f) | (uint8_t)((r >> 20 & 1) << 7); /* no NaN code (0x7f / 0xff) */
+    }
+    memset(sc, 127, sizeof sc); /* 2^0 */
+    char detail[200] = "";
+    bool ok = false;
+    if (di_backend_create("cuda", 1, &gpu, &err) || di_backend_create("cpu", 1, &cpu, &err)) goto out;
+    if (!(dx = gpu->mem_alloc(gpu, sizeof x, &err)) || !(dw = gpu->mem_alloc(gpu, sizeof w, &err)) ||
+        !(ds = gpu->mem_alloc(gpu, sizeof sc, &err)) || !(dy = gpu->mem_alloc(gpu, sizeof y_gpu, &err)) ||
+        gpu->mem_upload(gpu, dx, x, sizeof x, &err) || gpu->mem_upload(gpu, dw, w, sizeof w, &err) ||
+        gpu->mem_upload(gpu, ds, sc, sizeof sc, &err) ||
+        gpu->linear_fp8(gpu, dx, M_SMALL, K, dw, ds, N, dy, &err)) /* the workspace for one row */
+        goto out;
+    if (gpu->graph_begin(gpu, &err)) goto out;
+    di_error in = {0};
+    int rc = gpu->linear_fp8(gpu, dx, M_BIG, K, dw, ds, N, dy, &in);
+    bool replayed;
+    di_error ignored = {0};
+    gpu->graph_end(gpu, NULL, false, &replayed, &ignored); /* abandon the recording */
+    if (rc != DI_ERR_UNSUPPORTED || !strstr(in.msg, "recorded")) {
+        snprintf(detail, sizeof detail, "in the recording: status %d, \"%.120s\" (expected a refused growth)", rc, in.msg);
+        goto out;
+    }
+    if (gpu->linear_fp8(gpu, dx, M_BIG, K, dw, ds, N, dy, &err) || gpu->mem_download(gpu, y_gpu, dy, sizeof y_gpu, &err) ||
+        cpu->linear_fp8(cpu, x, M_BIG, K, w, sc, N, y_cpu, &err))
+        goto out;
+    int differ = 0;
+    for (int i = 0; i < M_BIG * N; i++) differ += y_gpu[i] != y_cpu[i];
+    snprintf(detail, sizeof detail, "refused while recording; after: %d of %d outputs differ from the CPU", differ, M_BIG * N);
+    ok = differ == 0;
+out:
+    if (!detail[0]) snprintf(detail, sizeof detail, "%.190s", err.msg);
+    row("backend", "workspace growth while recording", detail, ok);
+    if (gpu) {
+        gpu->mem_free(gpu, dx), gpu->mem_free(gpu, dw), gpu->mem_free(gpu, ds), gpu->mem_free(gpu, dy);
+        di_backend_destroy(gpu);
+    }
+    di_backend_destroy(cpu);
+}
+
 int main(void) {
     signal(SIGALRM, watchdog);
     alarm(getenv("DI_QUICK") ? 600 : 120); /* DI_QUICK: under compute-sanitizer (gpu_tests.sh) */
@@ -164,6 +223,7 @@ int main(void) {
     snprintf(models, sizeof models, "%s", env ? env : "tests/data/v41-tiny-sel tests/data/v41-tiny-nosel");
     printf("%-14s %-34s %-70s %s\n", "model", "check", "detail", "result");
     for (char *save = NULL, *m = strtok_r(models, " ", &save); m; m = strtok_r(NULL, " ", &save)) model_checks(m);
+    if (!strcmp(g_dev, "cuda")) workspace_check();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -26,6 +26,7 @@
 #include "backend/cuda/cuda_moe_grouped.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
+#include "cuda_testutil.h"
 
 enum { D = 5120, I = 2304, K = 6, SAMPLES = 24 };
 static const float LIM = 10.0f;
@@ -33,20 +34,9 @@ static int E = 384;
 static int n_pass, n_fail;
 static di_error g_err;
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    printf("%d passed, %d failed\n", n_pass, n_fail + 1);
-    exit(2);
-}
-#define CU(call)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                     \
-    } while (0)
-#define RUN(call)                                                                                                      \
-    do {                                                                                                               \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                                                    \
-    } while (0)
+/* die()'s last line: the counts, the fatal error counted as a failure */
+static void counts_on_die(void) { printf("%d passed, %d failed\n", n_pass, n_fail + 1); }
+
 static void row(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void row(int ok, const char *fmt, ...) {
     va_list ap;
@@ -58,19 +48,7 @@ static void row(int ok, const char *fmt, ...) {
     ok ? n_pass++ : n_fail++;
 }
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
-/* uploads end with a device sync: the backends' streams do not wait for the legacy default stream */
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
+/* downloads wait for the whole device first (two backends, two streams) */
 static void *down(const void *d, size_t n) {
     void *h = xmalloc(n);
     CU(cudaDeviceSynchronize());
@@ -79,10 +57,7 @@ static void *down(const void *d, size_t n) {
 }
 
 static uint64_t rng = 0xBB67AE8584CAA73Bull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
 static double unif(void) { return (double)(rnd() >> 11) * 0x1p-53; }
 static double gauss(void) { return sqrt(-2 * log(unif() + 1e-300)) * cos(6.283185307179586 * unif()); }
 
@@ -391,6 +366,7 @@ static di_backend *gpu_with(const char *name, const char *val) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    ct_on_die = counts_on_die;
     if (di_cuda_device_count() < 1) {
         printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
         return 1;

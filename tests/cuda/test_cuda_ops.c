@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
 #include "io/safetensors.h"
+#include "cuda_testutil.h"
 
 static di_backend *cpu, *gpu;
 static cudaEvent_t ev0, ev1;
@@ -49,50 +50,16 @@ static int n_pass, n_fail;
 
 /* ---------------- plumbing ---------------- */
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define CU(call)                                                                        \
-    do {                                                                                \
-        cudaError_t e_ = (call);                                                        \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                      \
-    } while (0)
 
 static di_error g_err;
 #define E (&g_err)
-#define RUN(call)                                                                       \
-    do {                                                                                \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                     \
-    } while (0)
 
-/* The backend's stream does not wait for the legacy default stream, and a pageable cudaMemcpy /
- * cudaMemset may return before the data has landed: every upload ends with a device synchronisation
- * (seen: without it, a kernel read a recycled buffer's previous contents). */
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
-static void *dev(size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    CU(cudaMemset(d, 0xA5, n ? n : 1)); /* poison: unwritten outputs show up as mismatches */
-    CU(cudaDeviceSynchronize());
-    return d;
-}
+/* downloads wait for the backend's stream first (its ops do not order with cudaMemcpy) */
 static void *down(const void *d, size_t n) {
     void *h = malloc(n ? n : 1);
     RUN(di_backend_cuda_sync(gpu, E));
     CU(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
     return h;
-}
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
 }
 static void *xdup(const void *p, size_t n) { return memcpy(xmalloc(n), p, n); }
 
@@ -115,15 +82,8 @@ static float g_ms;
 
 /* ---------------- random inputs ---------------- */
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-static double unif(void) { return (double)(rnd() >> 11) * 0x1p-53; }
-static double gauss(void) {
-    double u = unif(), v = unif();
-    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
+static double gauss(void) { return ct_gauss(&rng); }
 static uint16_t *rand_bf16(int64_t n, double sd) {
     uint16_t *p = xmalloc(sizeof *p * (size_t)n);
     for (int64_t i = 0; i < n; i++) p[i] = di_f32_to_bf16((float)(gauss() * sd));
@@ -318,7 +278,7 @@ static void test_quant(void) {
     { /* act_quant FP8: codes and scales */
         uint8_t *q = xmalloc((size_t)(M * N)), *s = xmalloc((size_t)(M * N / 32));
         di_act_quant_fp8(x, M * N, 32, q, s);
-        uint8_t *dq = dev((size_t)(M * N)), *ds = dev((size_t)(M * N / 32));
+        uint8_t *dq = dev_poisoned((size_t)(M * N)), *ds = dev_poisoned((size_t)(M * N / 32));
         RUN(di_cuda_act_quant_fp8(dx, M * N, 32, dq, ds, di_backend_cuda_stream(gpu), E));
         uint8_t *gq = down(dq, (size_t)(M * N)), *gs = down(ds, (size_t)(M * N / 32));
         TIME(di_cuda_act_quant_fp8(dx, M * N, 32, dq, ds, di_backend_cuda_stream(gpu), E));
@@ -330,7 +290,7 @@ static void test_quant(void) {
         int g = e4 ? 16 : 32;
         uint8_t *q = xmalloc((size_t)(M * N / 2)), *s = xmalloc((size_t)(M * N / g));
         (e4 ? di_fp4_quant_e4m3 : di_fp4_quant_e8m0)(x, M * N, g, q, s);
-        uint8_t *dq = dev((size_t)(M * N / 2)), *ds = dev((size_t)(M * N / g));
+        uint8_t *dq = dev_poisoned((size_t)(M * N / 2)), *ds = dev_poisoned((size_t)(M * N / g));
         RUN((e4 ? di_cuda_fp4_quant_e4m3 : di_cuda_fp4_quant_e8m0)(dx, M * N, g, dq, ds, NULL, E));
         uint8_t *gq = down(dq, (size_t)(M * N / 2)), *gs = down(ds, (size_t)(M * N / g));
         char sh[64];
@@ -369,7 +329,7 @@ static void test_qlinear(int fp4, const char *name, int64_t M, int64_t K, int64_
     uint8_t *s = rand_e8m0(sbytes, fp4 ? -8 : -12, fp4 ? -2 : -6);
     uint16_t *yc = xmalloc(sizeof *yc * (size_t)(M * N));
     RUN((fp4 ? cpu->linear_fp4 : cpu->linear_fp8)(cpu, x, M, K, w, s, N, yc, E));
-    uint16_t *dx = dup_dev(x, sizeof *x * (size_t)(M * K)), *dy = dev(sizeof *yc * (size_t)(M * N));
+    uint16_t *dx = dup_dev(x, sizeof *x * (size_t)(M * K)), *dy = dev_poisoned(sizeof *yc * (size_t)(M * N));
     uint8_t *dw = dup_dev(w, (size_t)wbytes), *ds = dup_dev(s, (size_t)sbytes);
     RUN((fp4 ? gpu->linear_fp4 : gpu->linear_fp8)(gpu, dx, M, K, dw, ds, N, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * N));
@@ -389,7 +349,7 @@ static void test_blinear(int f32out, const char *name, int64_t M, int64_t K, int
     if (f32out) {
         float *yc = xmalloc(sizeof *yc * (size_t)(M * N));
         RUN(cpu->linear_f32(cpu, x, M, K, w, N, yc, E));
-        float *dy = dev(sizeof *yc * (size_t)(M * N));
+        float *dy = dev_poisoned(sizeof *yc * (size_t)(M * N));
         RUN(gpu->linear_f32(gpu, dx, M, K, dw, N, dy, E));
         float *yg = down(dy, sizeof *yc * (size_t)(M * N));
         TIME(gpu->linear_f32(gpu, dx, M, K, dw, N, dy, E));
@@ -398,7 +358,7 @@ static void test_blinear(int f32out, const char *name, int64_t M, int64_t K, int
     } else {
         uint16_t *yc = xmalloc(sizeof *yc * (size_t)(M * N));
         RUN(cpu->linear_bf16(cpu, x, M, K, w, N, yc, E));
-        uint16_t *dy = dev(sizeof *yc * (size_t)(M * N));
+        uint16_t *dy = dev_poisoned(sizeof *yc * (size_t)(M * N));
         RUN(gpu->linear_bf16(gpu, dx, M, K, dw, N, dy, E));
         uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * N));
         TIME(gpu->linear_bf16(gpu, dx, M, K, dw, N, dy, E));
@@ -413,7 +373,7 @@ static void test_grouped(int64_t M, int G, int64_t K, int64_t R) {
     uint16_t *yc = xmalloc(sizeof *yc * (size_t)(M * G * R));
     RUN(cpu->linear_grouped_bf16(cpu, x, M, G, K, w, R, yc, E));
     uint16_t *dx = dup_dev(x, sizeof *x * (size_t)(M * G * K)), *dw = dup_dev(w, sizeof *w * (size_t)(G * R * K));
-    uint16_t *dy = dev(sizeof *yc * (size_t)(M * G * R));
+    uint16_t *dy = dev_poisoned(sizeof *yc * (size_t)(M * G * R));
     RUN(gpu->linear_grouped_bf16(gpu, dx, M, G, K, dw, R, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * G * R));
     TIME(gpu->linear_grouped_bf16(gpu, dx, M, G, K, dw, R, dy, E));
@@ -429,7 +389,7 @@ static void test_rmsnorm(int64_t M, int64_t D, float eps, int alias) {
     uint16_t *yc = xmalloc(sizeof *yc * (size_t)(M * D));
     RUN(cpu->rmsnorm(cpu, x, M, D, w, eps, yc, E));
     uint16_t *dx = dup_dev(x, sizeof *x * (size_t)(M * D)), *dw = dup_dev(w, sizeof *w * (size_t)D);
-    uint16_t *dy = alias ? dx : dev(sizeof *yc * (size_t)(M * D));
+    uint16_t *dy = alias ? dx : dev_poisoned(sizeof *yc * (size_t)(M * D));
     RUN(gpu->rmsnorm(gpu, dx, M, D, dw, eps, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * D));
     if (!alias) TIME(gpu->rmsnorm(gpu, dx, M, D, dw, eps, dy, E));
@@ -468,7 +428,7 @@ static void test_embed_gather(void) {
     ids[3] = ids[7];
     uint16_t *yc = xmalloc(sizeof *yc * (size_t)(M * D));
     RUN(cpu->embed(cpu, t, V, D, ids, M, yc, E));
-    uint16_t *dt = dup_dev(t, sizeof *t * (size_t)(V * D)), *dy = dev(sizeof *yc * (size_t)(M * D));
+    uint16_t *dt = dup_dev(t, sizeof *t * (size_t)(V * D)), *dy = dev_poisoned(sizeof *yc * (size_t)(M * D));
     int32_t *di = dup_dev(ids, sizeof ids);
     RUN(gpu->embed(gpu, dt, V, D, di, M, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * D));
@@ -502,7 +462,7 @@ static void test_embed_gather(void) {
     uint16_t *bc = xmalloc(sizeof *bc * (size_t)n);
     RUN(cpu->f32_to_bf16(cpu, f, n, bc, E));
     float *df = dup_dev(f, sizeof *f * (size_t)n);
-    uint16_t *db = dev(sizeof *bc * (size_t)n);
+    uint16_t *db = dev_poisoned(sizeof *bc * (size_t)n);
     RUN(gpu->f32_to_bf16(gpu, df, n, db, E));
     uint16_t *bg = down(db, sizeof *bc * (size_t)n);
     TIME(gpu->f32_to_bf16(gpu, df, n, db, E));
@@ -524,7 +484,7 @@ static void test_mhc(int64_t M) {
     float *mc = xmalloc(sizeof *mc * (size_t)(M * nmix));
     RUN(cpu->hc_mixes(cpu, x, M, hc, D, fn, 1e-6f, mc, E));
     uint16_t *dx = dup_dev(x, sizeof *x * (size_t)(M * n));
-    float *dfn = dup_dev(fn, sizeof *fn * (size_t)(nmix * n)), *dm = dev(sizeof *mc * (size_t)(M * nmix));
+    float *dfn = dup_dev(fn, sizeof *fn * (size_t)(nmix * n)), *dm = dev_poisoned(sizeof *mc * (size_t)(M * nmix));
     RUN(gpu->hc_mixes(gpu, dx, M, hc, D, dfn, 1e-6f, dm, E));
     float *mg = down(dm, sizeof *mc * (size_t)(M * nmix));
     TIME(gpu->hc_mixes(gpu, dx, M, hc, D, dfn, 1e-6f, dm, E));
@@ -537,7 +497,7 @@ static void test_mhc(int64_t M) {
     float *pc = xmalloc(sizeof(float) * (size_t)(M * (2 * hc + hc * hc)));
     RUN(cpu->hc_sinkhorn(cpu, mixes, M, hc, scale, base, 20, 1e-6f, pc, pc + M * hc, pc + 2 * M * hc, E));
     float *dmx = dup_dev(mixes, sizeof *mixes * (size_t)(M * nmix)), *dsc = dup_dev(scale, sizeof scale);
-    float *dbs = dup_dev(base, sizeof *base * nmix), *dout = dev(sizeof(float) * (size_t)(M * (2 * hc + hc * hc)));
+    float *dbs = dup_dev(base, sizeof *base * nmix), *dout = dev_poisoned(sizeof(float) * (size_t)(M * (2 * hc + hc * hc)));
     RUN(gpu->hc_sinkhorn(gpu, dmx, M, hc, dsc, dbs, 20, 1e-6f, dout, dout + M * hc, dout + 2 * M * hc, E));
     float *pg = down(dout, sizeof(float) * (size_t)(M * (2 * hc + hc * hc)));
     TIME(gpu->hc_sinkhorn(gpu, dmx, M, hc, dsc, dbs, 20, 1e-6f, dout, dout + M * hc, dout + 2 * M * hc, E));
@@ -553,7 +513,7 @@ static void test_mhc(int64_t M) {
     /* collapse and expand with the Sinkhorn outputs as weights */
     uint16_t *yc = xmalloc(sizeof *yc * (size_t)(M * D));
     RUN(cpu->hc_collapse(cpu, x, pc, M, hc, D, yc, E));
-    uint16_t *dy = dev(sizeof *yc * (size_t)(M * D));
+    uint16_t *dy = dev_poisoned(sizeof *yc * (size_t)(M * D));
     float *dpc = dup_dev(pc, sizeof(float) * (size_t)(M * (2 * hc + hc * hc)));
     RUN(gpu->hc_collapse(gpu, dx, dpc, M, hc, D, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * D));
@@ -585,7 +545,7 @@ static void test_compress(int64_t M, int ratio, int64_t D) {
     RUN(di_cpu_compress_pool(a, g, M, 0, ratio, D, kvs, ss, yc, &n_out, E));
     free(kvs), free(ss);
     float *da = dup_dev(a, sizeof *a * (size_t)(M * D)), *dg = dup_dev(g, sizeof *g * (size_t)(M * D));
-    uint16_t *dy = dev(sizeof *yc * (size_t)(ng * D + 1));
+    uint16_t *dy = dev_poisoned(sizeof *yc * (size_t)(ng * D + 1));
     RUN(di_cuda_compress_pool(gpu, da, dg, M, ratio, D, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(ng * D));
     TIME(di_cuda_compress_pool(gpu, da, dg, M, ratio, D, dy, E));
@@ -605,7 +565,7 @@ static void test_compress_stream(int ratio, int64_t D, const int64_t *chunks, in
     RUN(di_cpu_compress_state_reset(st, st + ratio * D, ratio, D, E));
     float *dst = dup_dev(st, sizeof(float) * (size_t)(2 * ratio * D));
     int64_t n_max = T / ratio + 1;
-    uint16_t *yc = xmalloc(sizeof *yc * (size_t)(n_max * D)), *dy = dev(sizeof *yc * (size_t)(n_max * D));
+    uint16_t *yc = xmalloc(sizeof *yc * (size_t)(n_max * D)), *dy = dev_poisoned(sizeof *yc * (size_t)(n_max * D));
     float *da = dup_dev(a, sizeof *a * (size_t)(T * D)), *dg = dup_dev(g, sizeof *g * (size_t)(T * D));
     stats worst = {0, 0, 0, 1};
     int64_t pos = 0, total = 0, bad_counts = 0;
@@ -661,7 +621,7 @@ static float *test_indexer(int64_t M, int64_t nk, int with_cand) {
     uint16_t *dk = dup_dev(k, sizeof *k * (size_t)(nk * hd));
     int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M);
     uint8_t *dc = cand ? dup_dev(cand, (size_t)(M * nk)) : NULL;
-    float *ds = dev(sizeof *sc * (size_t)(M * nk));
+    float *ds = dev_poisoned(sizeof *sc * (size_t)(M * nk));
     RUN(gpu->indexer_scores(gpu, dq, dw, ws, dk, M, nh, hd, nk, dv, dc, ds, E));
     float *sg = down(ds, sizeof *sc * (size_t)(M * nk));
     TIME(gpu->indexer_scores(gpu, dq, dw, ws, dk, M, nh, hd, nk, dv, dc, ds, E));
@@ -691,7 +651,7 @@ static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) {
     int32_t *oc = xmalloc(sizeof *oc * (size_t)(M * k));
     RUN(di_cpu_topk(s, M, nk, vis, k, offset, oc, E)); /* the fast rule: higher score, then lower position */
     float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
-    int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M), *dout = dev(sizeof *oc * (size_t)(M * k));
+    int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M), *dout = dev_poisoned(sizeof *oc * (size_t)(M * k));
     RUN(di_cuda_topk(gpu, ds, M, nk, dv, k, offset, dout, E));
     int32_t *og = down(dout, sizeof *oc * (size_t)(M * k));
     TIME(di_cuda_topk(gpu, ds, M, nk, dv, k, offset, dout, E));
@@ -719,7 +679,7 @@ static void test_topk_unique(int64_t M, int64_t nk, int k) {
     int32_t *oc = xmalloc(sizeof *oc * (size_t)(M * k));
     RUN(cpu->topk(cpu, s, M, nk, vis, k, 5, oc, E));
     float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
-    int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M), *dout = dev(sizeof *oc * (size_t)(M * k));
+    int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M), *dout = dev_poisoned(sizeof *oc * (size_t)(M * k));
     RUN(gpu->topk(gpu, ds, M, nk, dv, k, 5, dout, E));
     int32_t *og = down(dout, sizeof *oc * (size_t)(M * k));
     TIME(gpu->topk(gpu, ds, M, nk, dv, k, 5, dout, E));
@@ -739,7 +699,7 @@ static void test_candidates(int64_t M, int64_t nk, int block, int topb, const fl
     RUN(di_cpu_candidate_mask(s, M, nk, vis, block, topb, mc, ws, E));
     float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
     int32_t *dv = dup_dev(vis, sizeof *vis * (size_t)M);
-    uint8_t *dm = dev((size_t)(M * nk));
+    uint8_t *dm = dev_poisoned((size_t)(M * nk));
     RUN(di_cuda_candidate_mask(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
     uint8_t *mg = down(dm, (size_t)(M * nk));
     TIME(di_cuda_candidate_mask(gpu, ds, M, nk, dv, block, topb, dm, NULL, E));
@@ -774,7 +734,7 @@ static void test_sparse_attn(int64_t M, int64_t n_win, int64_t n_cmp, int64_t n_
     uint16_t *oc = xmalloc(sizeof *oc * (size_t)(M * nh * d));
     RUN(cpu->sparse_attn(cpu, q, M, nh, d, kw, n_win, kc, n_cmp, sink, idx, n_idx, scale, oc, E));
     uint16_t *dq = dup_dev(q, sizeof *q * (size_t)(M * nh * d)), *dkw = dup_dev(kw, sizeof *kw * (size_t)(n_win * d));
-    uint16_t *dkc = dup_dev(kc, sizeof *kc * (size_t)(n_cmp * d)), *dout = dev(sizeof *oc * (size_t)(M * nh * d));
+    uint16_t *dkc = dup_dev(kc, sizeof *kc * (size_t)(n_cmp * d)), *dout = dev_poisoned(sizeof *oc * (size_t)(M * nh * d));
     float *dsk = dup_dev(sink, sizeof *sink * nh);
     int32_t *di = dup_dev(idx, sizeof *idx * (size_t)(M * n_idx));
     RUN(gpu->sparse_attn(gpu, dq, M, nh, d, dkw, n_win, dkc, n_cmp, dsk, di, n_idx, scale, dout, E));
@@ -797,8 +757,8 @@ static void test_router(int64_t M) {
     float *wc = xmalloc(sizeof *wc * (size_t)(M * k));
     RUN(cpu->router(cpu, l, M, ne, bias, 1.0f, k, true, 1.5f, ic, wc, E));
     float *dl = dup_dev(l, sizeof *l * (size_t)(M * ne)), *db = dup_dev(bias, sizeof *bias * ne);
-    int32_t *di = dev(sizeof *ic * (size_t)(M * k));
-    float *dw = dev(sizeof *wc * (size_t)(M * k));
+    int32_t *di = dev_poisoned(sizeof *ic * (size_t)(M * k));
+    float *dw = dev_poisoned(sizeof *wc * (size_t)(M * k));
     RUN(gpu->router(gpu, dl, M, ne, db, 1.0f, k, true, 1.5f, di, dw, E));
     int32_t *ig = down(di, sizeof *ic * (size_t)(M * k));
     float *wg = down(dw, sizeof *wc * (size_t)(M * k));
@@ -821,7 +781,7 @@ static void test_swiglu(int64_t M, int64_t N, int with_w, float lim) {
     RUN(cpu->swiglu(cpu, g, u, M, N, rw, lim, ac, E));
     uint16_t *dg = dup_dev(g, sizeof *g * (size_t)(M * N)), *du = dup_dev(u, sizeof *u * (size_t)(M * N));
     float *drw = rw ? dup_dev(rw, sizeof *rw * (size_t)M) : NULL;
-    uint16_t *da = dev(sizeof *ac * (size_t)(M * N));
+    uint16_t *da = dev_poisoned(sizeof *ac * (size_t)(M * N));
     RUN(gpu->swiglu(gpu, dg, du, M, N, drw, lim, da, E));
     uint16_t *ag = down(da, sizeof *ac * (size_t)(M * N));
     TIME(gpu->swiglu(gpu, dg, du, M, N, drw, lim, da, E));
@@ -905,9 +865,9 @@ static void moe_gpu_loop(const uint16_t *dx, int64_t T, const int32_t *ids, cons
     static float *droww;
     static uint16_t *xg, *g, *u, *a, *ye;
     if (!drows) {
-        drows = dev(sizeof *drows * PMAX), droww = dev(sizeof *droww * PMAX);
-        xg = dev(2 * (size_t)PMAX * MOE_D), g = dev(2 * (size_t)PMAX * MOE_I), u = dev(2 * (size_t)PMAX * MOE_I);
-        a = dev(2 * (size_t)PMAX * MOE_I), ye = dev(2 * (size_t)PMAX * MOE_D);
+        drows = dev_poisoned(sizeof *drows * PMAX), droww = dev_poisoned(sizeof *droww * PMAX);
+        xg = dev_poisoned(2 * (size_t)PMAX * MOE_D), g = dev_poisoned(2 * (size_t)PMAX * MOE_I), u = dev_poisoned(2 * (size_t)PMAX * MOE_I);
+        a = dev_poisoned(2 * (size_t)PMAX * MOE_I), ye = dev_poisoned(2 * (size_t)PMAX * MOE_D);
     }
     if (T * MOE_K > PMAX) die("moe_gpu_loop", "more than 64 tokens");
     int64_t n_all = 0, start[MOE_E + 1];
@@ -947,7 +907,7 @@ static void test_moe_routed(int64_t T, int repeat) {
     RUN(cpu_cr->moe_routed(cpu_cr, x, T, MOE_D, MOE_I, ids, w, MOE_K, MOE_E, moe_host, 10.0f, acc_cr, E));
     uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
     int32_t *dids = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));
-    float *dw = dup_dev(w, sizeof *w * (size_t)(T * MOE_K)), *dacc = dev(accb), *dloop = dev(accb);
+    float *dw = dup_dev(w, sizeof *w * (size_t)(T * MOE_K)), *dacc = dev_poisoned(accb), *dloop = dev_poisoned(accb);
     RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dw, MOE_K, MOE_E, moe_dev, 10.0f, dacc, E));
     float *ag = down(dacc, accb);
     TIME(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dw, MOE_K, MOE_E, moe_dev, 10.0f, dacc, E));
@@ -994,7 +954,7 @@ static void bench_gemv(void) {
     };
     static const int64_t ms[] = {1, 2, 4, 8, 16};
     cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
-    unsigned *sink = dev(4);
+    unsigned *sink = dev_poisoned(4);
     printf("\n# SM clock before the GEMV bench: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
     printf("# bench GEMV (us per call; GB/s; %% of 4470): slot = act-quant + GEMV launches; kernel = GEMV on codes;\n"
            "# graph = the slot's R calls replayed from one CUDA graph; read = plain 16-byte streaming read of the same bytes;\n"
@@ -1009,8 +969,8 @@ static void bench_gemv(void) {
         uint8_t **dw = xmalloc(sizeof *dw * (size_t)R), **ds = xmalloc(sizeof *ds * (size_t)R);
         for (int r = 0; r < R; r++) dw[r] = dup_dev(w, (size_t)wb), ds[r] = dup_dev(s, (size_t)sb);
         uint16_t *x = rand_bf16(16 * sh[i].k, 1.0);
-        uint16_t *dx = dup_dev(x, 2 * (size_t)(16 * sh[i].k)), *dy = dev(2 * (size_t)(16 * sh[i].n));
-        uint8_t *xq = dev((size_t)(16 * sh[i].k)), *xs = dev((size_t)(16 * sh[i].k / 32));
+        uint16_t *dx = dup_dev(x, 2 * (size_t)(16 * sh[i].k)), *dy = dev_poisoned(2 * (size_t)(16 * sh[i].n));
+        uint8_t *xq = dev_poisoned((size_t)(16 * sh[i].k)), *xs = dev_poisoned((size_t)(16 * sh[i].k / 32));
         RUN(di_cuda_act_quant_fp8(dx, 16 * sh[i].k, 32, xq, xs, st, E));
         double rd;
         BATCH(rd, R, di_cuda_stream_read(dw[r], wb, sink, st));
@@ -1107,7 +1067,7 @@ static void bench_moe(void) {
         int32_t *ids[SETS], *dids[SETS];
         float *w = rand_f32(T * MOE_K, 0.2, 0.05), *dw = dup_dev(w, sizeof *w * (size_t)(T * MOE_K));
         uint16_t *x = rand_bf16(T * MOE_D, 1.0), *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
-        float *dacc = dev(sizeof(float) * (size_t)(T * MOE_D));
+        float *dacc = dev_poisoned(sizeof(float) * (size_t)(T * MOE_D));
         double distinct = 0;
         for (int s = 0; s < SETS; s++) {
             ids[s] = xmalloc(sizeof(int32_t) * (size_t)(T * MOE_K));
@@ -1213,7 +1173,7 @@ static void test_engram(int64_t M) {
     RUN(cpu->engram_lookup(cpu, t, s, rows, hd, ids, M, cols, yc, E));
     uint8_t *dt = dup_dev(t, (size_t)(rows * hd)), *ds = dup_dev(s, (size_t)(rows * hd / 32));
     int64_t *di = dup_dev(ids, sizeof *ids * (size_t)(M * cols));
-    uint16_t *dy = dev(sizeof *yc * (size_t)(M * cols * hd));
+    uint16_t *dy = dev_poisoned(sizeof *yc * (size_t)(M * cols * hd));
     RUN(gpu->engram_lookup(gpu, dt, ds, rows, hd, di, M, cols, dy, E));
     uint16_t *yg = down(dy, sizeof *yc * (size_t)(M * cols * hd));
     TIME(gpu->engram_lookup(gpu, dt, ds, rows, hd, di, M, cols, dy, E));
@@ -1286,8 +1246,8 @@ static void test_kernels_file(const char *path) {
     { /* act_quant */
         uint16_t *x = kt("act_quant.x", 8 * 5120, 0), *qdq = kt("act_quant.qdq", 8 * 5120, 0);
         uint8_t *q = kt("act_quant.q", 8 * 5120, 0), *s = kt("act_quant.s", 8 * 160, 0);
-        uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dd = dev(2 * 8 * 5120);
-        uint8_t *dq = dev(8 * 5120), *ds = dev(8 * 160);
+        uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dd = dev_poisoned(2 * 8 * 5120);
+        uint8_t *dq = dev_poisoned(8 * 5120), *ds = dev_poisoned(8 * 160);
         RUN(di_cuda_act_quant_fp8(dx, 8 * 5120, 32, dq, ds, st, E));
         RUN(di_cuda_act_qdq_fp8(dx, 8 * 5120, 32, dd, st, E));
         uint8_t *gq = down(dq, 8 * 5120), *gs = down(ds, 8 * 160);
@@ -1315,7 +1275,7 @@ static void test_kernels_file(const char *path) {
         uint8_t *w = kt(f4 ? "fp4_linear.weight" : "fp8_linear.weight", wb, 0);
         uint8_t *s = kt(f4 ? "fp4_linear.scale" : "fp8_linear.scale", sb, 0);
         uint16_t *ref = kt(f4 ? "fp4_linear.out" : "fp8_linear.out", 8 * 256, 0);
-        uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dy = dev(2 * 8 * 256);
+        uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dy = dev_poisoned(2 * 8 * 256);
         uint8_t *dw = dup_dev(w, (size_t)wb), *ds = dup_dev(s, (size_t)sb);
         RUN((f4 ? gpu->linear_fp4 : gpu->linear_fp8)(gpu, dx, 8, 5120, dw, ds, 256, dy, E));
         uint16_t *g = down(dy, 2 * 8 * 256);
@@ -1324,7 +1284,7 @@ static void test_kernels_file(const char *path) {
     }
     { /* RMSNorm eps 1e-20 */
         uint16_t *x = kt("rmsnorm.x", 8 * 5120, 0), *w = kt("rmsnorm.weight", 5120, 0), *ref = kt("rmsnorm.out", 8 * 5120, 0);
-        uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dw = dup_dev(w, 2 * 5120), *dy = dev(2 * 8 * 5120);
+        uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dw = dup_dev(w, 2 * 5120), *dy = dev_poisoned(2 * 8 * 5120);
         RUN(gpu->rmsnorm(gpu, dx, 8, 5120, dw, 1e-20f, dy, E));
         uint16_t *g = down(dy, 2 * 8 * 5120);
         row("ref rmsnorm", "[8, 5120] eps 1e-20", cmp_bf16(g, ref, 8 * 5120), REF_TIGHT, -1);
@@ -1350,7 +1310,7 @@ static void test_kernels_file(const char *path) {
         float *sink = kt("sparse_attn.sink", 64, 1);
         int32_t *idx = kt("sparse_attn.idx", 4 * 160, 0);
         uint16_t *ref = kt("sparse_attn.out", 4 * 64 * 512, 0);
-        uint16_t *dq = dup_dev(q, 2 * 4 * 64 * 512), *dkv = dup_dev(kv, 2 * 192 * 512), *dy = dev(2 * 4 * 64 * 512);
+        uint16_t *dq = dup_dev(q, 2 * 4 * 64 * 512), *dkv = dup_dev(kv, 2 * 192 * 512), *dy = dev_poisoned(2 * 4 * 64 * 512);
         float *ds = dup_dev(sink, 4 * 64);
         int32_t *di = dup_dev(idx, 4 * 4 * 160);
         RUN(gpu->sparse_attn(gpu, dq, 4, 64, 512, dkv, 192, NULL, 0, ds, di, 160, (float)pow(512, -0.5), dy, E));
@@ -1365,7 +1325,7 @@ static void test_kernels_file(const char *path) {
         int32_t vis[4] = {300, 300, 300, 300};
         uint16_t *dq = dup_dev(q, 2 * 4 * 32 * 128), *dk = dup_dev(k, 2 * 300 * 128), *dw = dup_dev(w, 2 * 4 * 32);
         int32_t *dv = dup_dev(vis, sizeof vis);
-        float *ds = dev(4 * 4 * 300);
+        float *ds = dev_poisoned(4 * 4 * 300);
         RUN(gpu->indexer_scores(gpu, dq, dw, 1.0f, dk, 4, 32, 128, 300, dv, NULL, ds, E));
         float *g = down(ds, 4 * 4 * 300);
         uint16_t gb[1200];
@@ -1378,7 +1338,7 @@ static void test_kernels_file(const char *path) {
         int32_t *lens = kt("candidates.compress_lens", 6, 0), *ref = kt("candidates.mask", 6 * 300, 0);
         float *ds = dup_dev(sc, 4 * 6 * 300);
         int32_t *dl = dup_dev(lens, 4 * 6);
-        uint8_t *dm = dev(6 * 300);
+        uint8_t *dm = dev_poisoned(6 * 300);
         RUN(gpu->candidate_mask(gpu, ds, 6, 300, dl, 8, 16, dm, NULL, E));
         uint8_t *g = down(dm, 6 * 300), r8[1800];
         for (int i = 0; i < 1800; i++) r8[i] = ref[i] != 0;
@@ -1390,8 +1350,8 @@ static void test_kernels_file(const char *path) {
         float *bias = kt("router.bias", 384, 0);
         int32_t *ref = kt("router.topk_ids", 48, 0);
         uint16_t *dx = dup_dev(x, 2 * 8 * 5120), *dw = dup_dev(w, 2 * 384 * 5120);
-        float *db = dup_dev(bias, 4 * 384), *dl = dev(4 * 8 * 384), *dwt = dev(4 * 48);
-        int32_t *di = dev(4 * 48);
+        float *db = dup_dev(bias, 4 * 384), *dl = dev_poisoned(4 * 8 * 384), *dwt = dev_poisoned(4 * 48);
+        int32_t *di = dev_poisoned(4 * 48);
         RUN(gpu->linear_f32(gpu, dx, 8, 5120, dw, 384, dl, E));
         RUN(gpu->router(gpu, dl, 8, 384, db, 1.0f, 6, true, 1.5f, di, dwt, E));
         int32_t *g = down(di, 4 * 48);
@@ -1404,7 +1364,7 @@ static void test_kernels_file(const char *path) {
         float *base = kt("hc_sinkhorn.base", 24, 1), *ref = xmalloc(4 * 192);
         float *pre = kt("hc_sinkhorn.pre", 32, 0), *post = kt("hc_sinkhorn.post", 32, 0), *comb = kt("hc_sinkhorn.comb", 128, 0);
         memcpy(ref, pre, 128), memcpy(ref + 32, post, 128), memcpy(ref + 64, comb, 512);
-        float *dm = dup_dev(mixes, 4 * 192), *dsc = dup_dev(scale, 12), *db = dup_dev(base, 96), *dout = dev(4 * 192);
+        float *dm = dup_dev(mixes, 4 * 192), *dsc = dup_dev(scale, 12), *db = dup_dev(base, 96), *dout = dev_poisoned(4 * 192);
         RUN(gpu->hc_sinkhorn(gpu, dm, 8, 4, dsc, db, 20, 1e-6f, dout, dout + 32, dout + 64, E));
         float *g = down(dout, 4 * 192);
         row("ref hc_sinkhorn", "[8, 24] (pre|post|comb)", cmp_f32(g, ref, 192), REF_SINK, -1);

@@ -22,6 +22,7 @@
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
+#include "cuda_testutil.h"
 
 
 static di_backend *cpu, *gpu;
@@ -29,20 +30,7 @@ static int n_pass, n_fail;
 static di_error g_err;
 #define E (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define RUN(call)                                   \
-    do {                                            \
-        if ((call) != DI_OK) die(#call, g_err.msg); \
-    } while (0)
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
 static void *dev(size_t n) {
     void *d = gpu->mem_alloc(gpu, n, E);
     if (!d) die("mem_alloc", g_err.msg);
@@ -60,14 +48,8 @@ static void *down(const void *d, size_t n) {
 }
 
 static uint64_t rng = 0x452821E638D01377ull;
-static uint64_t rnd(void) {
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-static double gauss(void) {
-    double u = (double)(rnd() >> 11) * 0x1p-53, v = (double)(rnd() >> 11) * 0x1p-53;
-    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
+static uint64_t rnd(void) { return ct_xorshift(&rng); }
+static double gauss(void) { return ct_gauss(&rng); }
 /* bf16 over many binades per group of 16, some zeros, a few inf / NaN: every quantizer branch */
 static uint16_t *rand_rows(int64_t n) {
     uint16_t *p = xmalloc(sizeof *p * (size_t)n);

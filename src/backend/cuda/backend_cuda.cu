@@ -22,11 +22,25 @@ extern "C" int di_cuda_device_count(void) {
 int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *err) {
     di_cuda_impl *c = di_cuda_state(be);
     if (c->ws_bytes < bytes) {
+        /* While the stream is recorded (cuda_graph.cu) nothing may wait for it or free memory it uses: the
+         * growth is refused, the forward drops the recording and runs the pass op by op, which grows the
+         * workspace here. (The synchronisation used to be attempted and refused, and ws was cleared without
+         * the old block being freed: one leaked workspace per refused growth.) */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+            cudaGetLastError();
+            return di_error_set(err, DI_ERR_UNSUPPORTED,
+                                "cuda backend: workspace growth from %zu to %zu bytes while the stream is recorded",
+                                c->ws_bytes, bytes);
+        }
         /* ops already queued may still read the old buffer */
         cudaError_t e = cudaStreamSynchronize(c->stream);
         if (e == cudaSuccess && c->ws) e = cudaFree(c->ws);
+        if (e != cudaSuccess) /* the old block is kept (and freed with the backend) */
+            return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: workspace growth to %zu bytes: %s", bytes,
+                                cudaGetErrorString(e));
         c->ws = NULL, c->ws_bytes = 0;
-        if (e == cudaSuccess) e = cudaMalloc(&c->ws, bytes);
+        e = cudaMalloc(&c->ws, bytes);
         if (e == cudaErrorMemoryAllocation) {
             /* backend memory is a stream-ordered pool that keeps freed blocks (create below): hand
              * them back to the driver and try once more before calling it out of memory */
@@ -35,11 +49,26 @@ int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *
             if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
                 e = cudaMalloc(&c->ws, bytes);
         }
-        if (e != cudaSuccess)
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            c->ws = NULL;
             return di_error_set(err, DI_ERR_NOMEM, "cuda backend: %zu bytes of workspace: %s", bytes, cudaGetErrorString(e));
+        }
         c->ws_bytes = bytes;
     }
     *out = c->ws;
+    return DI_OK;
+}
+
+/* The CUDA runtime's current device is per host thread: a thread other than the one that created the
+ * backend (the engine's executor worker, src/engine/executor.c) must select the backend's device before
+ * its first CUDA call, or its launches go to device 0. Device 0 is the only one di_backend_create picks
+ * today, so nothing runs on a wrong device yet; this is the call such a thread makes first. */
+extern "C" int di_backend_cuda_bind_thread(const di_backend *be, di_error *err) {
+    cudaError_t e = cudaSetDevice(di_cuda_state(be)->device);
+    if (e != cudaSuccess)
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: select device %d on this thread: %s",
+                            di_cuda_state(be)->device, cudaGetErrorString(e));
     return DI_OK;
 }
 

@@ -9,10 +9,12 @@
  * and invalidates the recording, and graph_end reports it — the forward then runs the pass op by op. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_thread.cuh"
 
 #include <stdlib.h>
 
 extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err) {
+    di_cuda_bind_device(di_cuda_state(be)->device); /* the capture mode is per thread too */
     cudaError_t e = cudaStreamBeginCapture(di_cuda_state(be)->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -140,7 +142,7 @@ extern "C" void di_cuda_graph_free(const di_backend *be, void *exec) {
 /* Page-locked upload staging (backend.h host_pin): registered, not mapped — the ops never read it
  * directly, only the uploads copy from it. */
 extern "C" int di_cuda_host_pin(const di_backend *be, void *host, size_t bytes, di_error *err) {
-    (void)be;
+    di_cuda_bind_device(di_cuda_state(be)->device);
     cudaError_t e = cudaHostRegister(host, bytes ? bytes : 1, cudaHostRegisterDefault);
     if (e != cudaSuccess) {
         cudaGetLastError();

@@ -1,0 +1,75 @@
+/* Helpers shared by the CUDA test binaries (tests/cuda/test_cuda_*.c): a fatal exit, checks of CUDA
+ * runtime and backend calls, checked host allocation, device buffers through the runtime, and the
+ * xorshift64* stream each test draws its inputs from (every test keeps its own state and seed, so its
+ * inputs are the ones it always had). Header-only: every binary is one translation unit. */
+#ifndef DI_TESTS_CUDA_TESTUTIL_H
+#define DI_TESTS_CUDA_TESTUTIL_H
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Run by die() before it exits (a test that prints its pass / fail counts last sets it). */
+static void (*ct_on_die)(void);
+
+static inline void die(const char *what, const char *msg) {
+    fprintf(stderr, "FATAL %s: %s\n", what, msg);
+    if (ct_on_die) ct_on_die();
+    exit(2);
+}
+
+/* A CUDA runtime call that must succeed. */
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                     \
+    } while (0)
+
+/* A deepinfer call that must return DI_OK; the test declares `static di_error g_err` (the call's error). */
+#define RUN(call)                                                                                                      \
+    do {                                                                                                               \
+        if ((call) != DI_OK) die(#call, g_err.msg);                                                                    \
+    } while (0)
+
+static inline void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die("malloc", "out of memory");
+    return p;
+}
+
+/* A device copy of h[0, n) through the runtime. Uploads end with a device synchronisation: the
+ * backend's non-blocking stream does not wait for the legacy default stream, and a pageable cudaMemcpy
+ * may return before the data has landed (seen: without it, a kernel read a recycled buffer's previous
+ * contents). */
+static inline void *dup_dev(const void *h, size_t n) {
+    void *d;
+    CU(cudaMalloc(&d, n ? n : 1));
+    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    CU(cudaDeviceSynchronize());
+    return d;
+}
+
+/* n device bytes of 0xA5: outputs a kernel failed to write show up as mismatches. */
+static inline void *dev_poisoned(size_t n) {
+    void *d;
+    CU(cudaMalloc(&d, n ? n : 1));
+    CU(cudaMemset(d, 0xA5, n ? n : 1));
+    CU(cudaDeviceSynchronize());
+    return d;
+}
+
+/* xorshift64* on the caller's state; uniform in [0, 1) from its top 53 bits; a normal deviate by
+ * Box-Muller from two uniforms drawn in that order. */
+static inline uint64_t ct_xorshift(uint64_t *s) {
+    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1Dull;
+}
+static inline double ct_unif(uint64_t *s) { return (double)(ct_xorshift(s) >> 11) * 0x1p-53; }
+static inline double ct_gauss(uint64_t *s) {
+    double u = ct_unif(s), v = ct_unif(s);
+    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+#endif
