@@ -372,6 +372,7 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
         goto done;
     }
     uint64_t r = 0x9E3779B97F4A7C15ull ^ (uint64_t)(B * 131 + C);
+    double t0 = now_s();
     for (int64_t i = 0; i < B && !rc; i++) {
         di_session_opts so = {.max_tokens = C + 1, .spec_margin = -1, .dspark = false};
         rc = di_session_create(b->m, b->be, &so, &ss[i], err);
@@ -379,15 +380,24 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
         ids[i] = (int32_t)(xs(&r) % (uint64_t)cfg->vocab_size);
         ch[i] = (di_session_chunk){.s = ss[i], .ids = &ids[i], .n = 1};
     }
+    /* where a shape's time goes: the sessions' synthetic histories, the timed runs, the router pass */
+    double t1 = now_s();
+    if (!rc)
+        fprintf(stderr, "bench gpu:   %lld sessions with %lld synthetic positions each in %.1f s\n", (long long)B,
+                (long long)C, t1 - t0);
     double ms[DI_MAX_STAGES];
     decode_ctx d = {ch, (int)B};
     if (!rc) rc = measure(b, decode_run, &d, b->iters, b->warmup, ms, err);
+    double t2 = now_s();
     if (!rc) ec = calloc(1, sizeof *ec);
     if (!rc && !ec) rc = di_error_set(err, DI_ERR_NOMEM, "bench gpu: expert counts");
     if (!rc) { /* the same step once more, untimed, to see which experts the router picks */
         di_fwd_opts o = {.dump = count_experts, .dump_ctx = ec};
         rc = decode_run(&d, &o, err);
     }
+    if (!rc)
+        fprintf(stderr, "bench gpu:   %d runs%s in %.1f s, the router pass in %.1f s\n", b->warmup + b->iters,
+                b->op_times ? " + the op-times pass" : "", t2 - t1, now_s() - t2);
     di_cache_size cs;
     di_cache_opts co = {.max_tokens = C + 1, .spec_margin = 0};
     if (!rc) rc = di_cache_size_of(cfg, &co, &cs, err);
@@ -437,10 +447,15 @@ static int bench_prefill(bench *b, int64_t P, di_error *err) {
     uint64_t r = 0x2545F4914F6CDD1Dull;
     for (int64_t i = 0; i < P; i++) ids[i] = (int32_t)(xs(&r) % (uint64_t)cfg->vocab_size);
     di_session_opts so = {.max_tokens = P, .spec_margin = -1, .dspark = false};
+    double t0 = now_s();
     int rc = di_session_create(b->m, b->be, &so, &s, err);
     double ms[DI_MAX_STAGES];
     prefill_ctx p = {s, ids, P};
+    double t1 = now_s();
     if (!rc) rc = measure(b, prefill_run, &p, b->pf_iters, b->pf_warmup, ms, err);
+    if (!rc)
+        fprintf(stderr, "bench gpu:   session in %.1f s, %d runs%s in %.1f s\n", t1 - t0, b->pf_warmup + b->pf_iters,
+                b->op_times ? " + the op-times pass" : "", now_s() - t1);
     for (int k = 0; k < b->n_roles && !rc; k++) {
         row *w = add_row(b, err);
         if (!w) {
@@ -471,6 +486,7 @@ typedef struct load_watch {
     size_t page;
     double t0, total, done, next; /* bytes */
     double page_in_s, copy_s, map_s, map_bytes;
+    long uploads, maps;
     unsigned sink;
 } load_watch;
 
@@ -487,7 +503,7 @@ static int watch_upload(const di_backend *be, void *dst, const void *src, size_t
     double t1 = now_s();
     int rc = w->upload(be, dst, src, bytes, err);
     double t2 = now_s();
-    w->page_in_s += t1 - t0, w->copy_s += t2 - t1, w->done += (double)bytes;
+    w->page_in_s += t1 - t0, w->copy_s += t2 - t1, w->done += (double)bytes, w->uploads++;
     if (w->done >= w->next) {
         double el = t2 - w->t0;
         fprintf(stderr, "bench gpu: weights to %s: %.1f of %.1f GB in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s)\n",
@@ -500,7 +516,7 @@ static int watch_upload(const di_backend *be, void *dst, const void *src, size_t
 static int watch_map_host(const di_backend *be, const void *host, size_t bytes, const void **view, di_error *err) {
     double t0 = now_s();
     int rc = g_watch.map_host(be, host, bytes, view, err);
-    g_watch.map_s += now_s() - t0, g_watch.map_bytes += (double)bytes;
+    g_watch.map_s += now_s() - t0, g_watch.map_bytes += (double)bytes, g_watch.maps++;
     return rc;
 }
 
@@ -554,9 +570,10 @@ static int load_model(const char *dir, const char *device, int threads, di_model
     unsigned char b; /* the last copies may still be in flight: wait for the stream */
     if ((*m)->w.dev && (rc = (*be)->mem_download(*be, &b, (*m)->w.dev, 1, err))) return rc;
     double t4 = now_s();
-    fprintf(stderr, "bench gpu: weights on %s: %.1f GB uploaded in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s, "
-            "drain %.1f s), %.2f GB of host tables mapped in %.1f s\n", device, lw->done / 1e9, t4 - t2,
-            t4 > t2 ? lw->done / (t4 - t2) / 1e9 : 0, lw->page_in_s, lw->copy_s, t4 - t3, lw->map_bytes / 1e9, lw->map_s);
+    fprintf(stderr, "bench gpu: weights on %s: %.1f GB in %ld uploads in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s, "
+            "drain %.1f s), %.2f GB of host tables in %ld mappings in %.1f s\n", device, lw->done / 1e9, lw->uploads,
+            t4 - t2, t4 > t2 ? lw->done / (t4 - t2) / 1e9 : 0, lw->page_in_s, lw->copy_s, t4 - t3, lw->map_bytes / 1e9,
+            lw->maps, lw->map_s);
     report_storage(*m, dir, "after the upload");
     return DI_OK;
 }
