@@ -96,6 +96,16 @@ if [ ! -f "$CKPT/model.safetensors.index.json" ]; then
     [ $rc = 0 ] || { tail -5 "$OUTD/mkmodel.log"; exit 1; }
 fi
 
+# A checkpoint on a disk: write everything out before the timed load, so its write-back does not run
+# during the load, and report how long that took (the disk's write speed, and what a load straight after
+# mkmodel would have competed with: session 3's silent 100-120 s).
+if [ "$(stat -f -c %T "$CKPT" 2>/dev/null)" != tmpfs ]; then
+    t0=$(date +%s)
+    dw=$(grep -E '^(Dirty|Writeback):' /proc/meminfo 2>/dev/null | tr -s ' ' | tr '\n' ' ')
+    sync
+    echo "sync before the load: $(($(date +%s) - t0)) s (before it: ${dw:-no /proc/meminfo})" | tee -a "$OUTD/gpu.txt"
+fi
+
 # (b) the PyTorch peer
 status=0
 if [ "${SKIP_TORCH:-0}" = 1 ]; then

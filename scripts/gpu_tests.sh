@@ -227,14 +227,16 @@ if section bench; then
             BENCH_ARGS="${DI_BENCH_ARGS:---op-times}" sh scripts/bench_gpu.sh full-layer "$BOUT" >"$TMP/bench" 2>&1
         rc=$?
         # the load lines, the checkpoint's place and every finished shape's rows (the log holds them all)
-        grep -E "^(bench gpu: |checkpoint directory|warning|mkmodel|deepinfer bench gpu: exit|swa|r[0-9]+-|role)" "$TMP/bench"
+        grep -E "^(bench gpu: |checkpoint directory|warning|mkmodel|sync before|deepinfer bench gpu: exit|swa|r[0-9]+-|role)" "$TMP/bench"
         loaded=$(grep -o 'loaded on [a-z]* in [0-9.]* s' "$TMP/bench" | head -1)
-        store=$(grep -m1 'checkpoint before the upload' "$TMP/bench" | sed 's/.*before the upload: //; s/ (page cache.*//')
+        store=$(grep -m1 'checkpoint before the upload' "$TMP/bench" |
+            sed 's/.*before the upload: //; s/ (page cache \/ tmpfs); MemTotal [^,]*, MemAvailable [^,]*,/;/')
+        synced=$(grep -m1 '^sync before the load' "$TMP/bench")
         up=$(grep -m1 '^bench gpu: weights on cuda' "$TMP/bench" | sed 's/^bench gpu: weights on cuda: //; s/, [0-9.]* GB of host.*//')
         rows=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["rows"]))' \
             "$BOUT/deepinfer_bench_gpu-full-layer.json" 2>/dev/null || echo 0)
         row "bench gpu full-layer" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
-            "${loaded:-no load line}; ${store:-no storage line}; upload ${up:-none}; $rows rows in the JSON ($(($(date +%s) - t0)) s)"
+            "${loaded:-no load line}; ${store:-no storage line}; upload ${up:-none}; ${synced:+$synced; }$rows rows in the JSON ($(($(date +%s) - t0)) s)"
     else
         row "bench gpu full-layer" FAIL "no CUDA CLI at $CLI (make deepinfer-cuda)"
     fi

@@ -41,8 +41,9 @@
  * Load (stderr, phase by phase as each ends): opening the checkpoint, the backend's creation, the
  * weights' upload with progress every 4 GB (page-in of the mmapped checkpoint apart from the copy), and
  * where the checkpoint's bytes are — its file system and the fraction already in RAM (mincore), before
- * and after the upload, with MemTotal / MemAvailable: a checkpoint on a disk that the page cache does
- * not hold loads at the disk's speed.
+ * and after the upload, with MemTotal / MemAvailable and the system's Dirty / Writeback bytes (a
+ * checkpoint just written to a disk may still be going out to it): a checkpoint on a disk that the page
+ * cache does not hold loads at the disk's speed.
  *
  * Output: the table on stdout (on stderr with --json, whose one document, {"rows": [...]}, owns
  * stdout). */
@@ -530,10 +531,11 @@ static void report_storage(const di_model *m, const char *dir, const char *when)
     bench_storage st;
     bench_fs_name(dir, st.fs, sizeof st.fs);
     st.resident = bench_resident(maps, sizes, n);
-    bench_meminfo(&st.mem_total_gib, &st.mem_avail_gib);
+    bench_meminfo(&st);
     fprintf(stderr, "bench gpu: checkpoint %s: %.1f GB in %d shards on %s, %.1f%% in RAM (page cache / tmpfs); "
-            "MemTotal %.1f GiB, MemAvailable %.1f GiB\n", when, bytes / 1e9, ck->n_shards, st.fs,
-            st.resident >= 0 ? 100 * st.resident : -1.0, st.mem_total_gib, st.mem_avail_gib);
+            "MemTotal %.1f GiB, MemAvailable %.1f GiB, Dirty %.1f GiB, Writeback %.1f GiB\n", when, bytes / 1e9,
+            ck->n_shards, st.fs, st.resident >= 0 ? 100 * st.resident : -1.0, st.mem_total_gib, st.mem_avail_gib,
+            st.dirty_gib, st.writeback_gib);
     if (!strcmp(when, "before the upload") && st.resident >= 0 && st.resident < 0.5 && strcmp(st.fs, "tmpfs"))
         fprintf(stderr, "bench gpu: warning: most of the checkpoint is not in RAM: loading it reads %s at the "
                 "storage's speed (a tmpfs checkpoint loads at the copy's; scripts/bench_gpu.sh mounts one)\n", st.fs);

@@ -97,15 +97,17 @@ double bench_resident(void *const *maps, const size_t *bytes, int n) {
     return all > 0 ? in / all : 1;
 }
 
-void bench_meminfo(double *total_gib, double *avail_gib) {
-    *total_gib = *avail_gib = -1;
+void bench_meminfo(bench_storage *st) {
+    st->mem_total_gib = st->mem_avail_gib = st->dirty_gib = st->writeback_gib = -1;
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return;
     char line[256];
     while (fgets(line, sizeof line, f)) {
         unsigned long long kb;
-        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) *total_gib = (double)kb / (1 << 20);
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *avail_gib = (double)kb / (1 << 20);
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) st->mem_total_gib = (double)kb / (1 << 20);
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) st->mem_avail_gib = (double)kb / (1 << 20);
+        if (sscanf(line, "Dirty: %llu kB", &kb) == 1) st->dirty_gib = (double)kb / (1 << 20);
+        if (sscanf(line, "Writeback: %llu kB", &kb) == 1) st->writeback_gib = (double)kb / (1 << 20);
     }
     fclose(f);
 }

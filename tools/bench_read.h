@@ -15,6 +15,7 @@ typedef struct bench_storage {
     char fs[24];          /* file system of the directory: "tmpfs", "ext4", "overlay", … or "0x<magic>" */
     double resident;      /* fraction of the mapped bytes in RAM (mincore), -1 when unknown */
     double mem_total_gib, mem_avail_gib; /* /proc/meminfo MemTotal / MemAvailable, -1 when unknown */
+    double dirty_gib, writeback_gib;     /* Dirty / Writeback: written data not yet on the disk, -1 unknown */
 } bench_storage;
 
 /* The file system name of path (statfs). */
@@ -22,7 +23,7 @@ void bench_fs_name(const char *path, char *out, size_t cap);
 /* Of the n page-aligned mappings maps[i] of bytes[i] bytes: the fraction of pages in RAM (mincore),
  * -1 when mincore fails. */
 double bench_resident(void *const *maps, const size_t *bytes, int n);
-/* MemTotal and MemAvailable in GiB (-1 each when /proc/meminfo has none). */
-void bench_meminfo(double *total_gib, double *avail_gib);
+/* MemTotal, MemAvailable, Dirty and Writeback of /proc/meminfo in GiB (-1 each when absent). */
+void bench_meminfo(bench_storage *st);
 
 #endif
