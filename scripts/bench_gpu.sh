@@ -49,11 +49,10 @@ DICUDA=${DEEPINFER_CUDA:-$(pick .carry/deepinfer-cuda build/deepinfer-cuda)}
 # mkmodel runs with any CLI: the static one, else the CUDA one (its libraries are linked in statically)
 DI=${DEEPINFER:-$(pick .carry/deepinfer-static build/deepinfer-static "$DICUDA" build/deepinfer)}
 TL=${TORCH_LAYER:-$(pick bench/torch_layer.py .carry/torch_layer.py)}
-# The full-layer checkpoint (~36 GB) goes on a tmpfs. Written to the VM's disk (/tmp), the page cache
-# need not keep it — the device VM's memory starts near 31 GiB and grows with use — and `bench gpu` then
-# reads it back through mmap faults at the disk's speed: session 3's runs with CKPT=/tmp/fl printed
-# nothing for 100-120 s, the 39acd46 run loaded the same preset from a tmpfs in 8.1 s (bench/NOTES-gpu.md,
-# "Load time of bench gpu"). CKPT_TMPFS names the mount point (default /mnt/ck, mounted when absent).
+# The full-layer checkpoint (~36 GB) goes on a tmpfs: the 39acd46 run loaded it from one in 8.1 s, while
+# session 3's runs, which wrote it to /tmp (the VM's disk, /dev/vda) and loaded it right after, printed
+# nothing for 100-120 s (bench/NOTES-gpu.md, "Load time of bench gpu"). CKPT_TMPFS names the mount point
+# (default /mnt/ck, mounted when absent).
 if [ -z "${CKPT:-}" ]; then
     case $PRESET in
         full-layer)
