@@ -523,8 +523,8 @@ static int watch_map_host(const di_backend *be, const void *host, size_t bytes, 
 
 static void report_storage(const di_model *m, const char *dir, const char *when) {
     const di_checkpoint *ck = m->ck;
-    void *maps[256];
-    size_t sizes[256];
+    void *maps[256];   /* [shards] each shard's whole-file mapping (the first 256) */
+    size_t sizes[256]; /* [shards] its bytes */
     int n = ck->n_shards < 256 ? ck->n_shards : 256;
     double bytes = 0;
     for (int i = 0; i < n; i++) maps[i] = ck->shards[i]->map, sizes[i] = ck->shards[i]->file_size, bytes += (double)sizes[i];

@@ -79,7 +79,7 @@ double bench_resident(void *const *maps, const size_t *bytes, int n) {
     if (pg <= 0) return -1;
     double in = 0, all = 0;
     size_t chunk = (size_t)1 << 16; /* pages per mincore call: a 64 KiB vector */
-    unsigned char *v = malloc(chunk);
+    unsigned char *v = malloc(chunk); /* u8 [chunk]: mincore's per-page flags, bit 0 = resident */
     if (!v) return -1;
     for (int i = 0; i < n; i++) {
         size_t pages = (bytes[i] + (size_t)pg - 1) / (size_t)pg;
