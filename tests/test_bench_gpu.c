@@ -247,10 +247,13 @@ static void test_load_report(void **state) {
     di_model *m;
     di_error err = {0};
     assert_int_equal(di_model_open(g_dir, &m, &err), DI_OK);
-    double secs;
+    double secs, read_gb;
     long long tensors;
-    assert_int_equal(sscanf(od, "bench gpu: opened in %lf s (%lld tensors)", &secs, &tensors), 2);
+    assert_int_equal(sscanf(od, "bench gpu: opened in %lf s (%lld tensors; %lf GB read from storage)", &secs, &tensors,
+                            &read_gb),
+                     3);
     assert_int_equal(tensors, m->ck->n_tensors);
+    assert_true(read_gb >= 0 || read_gb == -1); /* -1: no /proc/self/io */
     double gb, pct;
     int shards;
     char fs[32];

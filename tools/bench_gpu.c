@@ -39,7 +39,8 @@
  * same role and shape fills the `peer ms` column and peer/ours the `speedup` column.
  *
  * Load (stderr, phase by phase as each ends): opening the checkpoint, the backend's creation, the
- * weights' upload with progress every 4 GB (page-in of the mmapped checkpoint apart from the copy), and
+ * weights' upload with progress every 4 GB or 10 s (page-in of the mmapped checkpoint apart from the copy,
+ * and the bytes the kernel read from storage for this process: /proc/self/io), and
  * where the checkpoint's bytes are — its file system and the fraction already in RAM (mincore), before
  * and after the upload, with MemTotal / MemAvailable and the system's Dirty / Writeback bytes (a
  * checkpoint just written to a disk may still be going out to it): a checkpoint on a disk that the page
@@ -486,6 +487,7 @@ typedef struct load_watch {
     const char *device;
     size_t page;
     double t0, total, done, next; /* bytes */
+    double last, read0;           /* time of the last progress line; storage reads before the upload */
     double page_in_s, copy_s, map_s, map_bytes;
     long uploads, maps;
     unsigned sink;
@@ -505,11 +507,15 @@ static int watch_upload(const di_backend *be, void *dst, const void *src, size_t
     int rc = w->upload(be, dst, src, bytes, err);
     double t2 = now_s();
     w->page_in_s += t1 - t0, w->copy_s += t2 - t1, w->done += (double)bytes, w->uploads++;
-    if (w->done >= w->next) {
-        double el = t2 - w->t0;
-        fprintf(stderr, "bench gpu: weights to %s: %.1f of %.1f GB in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s)\n",
-                w->device, w->done / 1e9, w->total / 1e9, el, el > 0 ? w->done / el / 1e9 : 0, w->page_in_s, w->copy_s);
+    if (w->done >= w->next || t2 - w->last >= 10) { /* every 4 GB, and every 10 s of a slow one */
+        double el = t2 - w->t0, rd = bench_storage_read_bytes();
+        fprintf(stderr,
+                "bench gpu: weights to %s: %.1f of %.1f GB in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s; "
+                "%.1f GB read from storage)\n",
+                w->device, w->done / 1e9, w->total / 1e9, el, el > 0 ? w->done / el / 1e9 : 0, w->page_in_s, w->copy_s,
+                rd >= 0 && w->read0 >= 0 ? (rd - w->read0) / 1e9 : -1.0);
         while (w->next <= w->done) w->next += 4e9;
+        w->last = t2;
     }
     return rc;
 }
@@ -544,12 +550,13 @@ static void report_storage(const di_model *m, const char *dir, const char *when)
 /* di_model_open + di_backend_create + di_model_to_backend, each phase timed on stderr as it ends (a
  * load cut short shows the phase it was in). */
 static int load_model(const char *dir, const char *device, int threads, di_model **m, di_backend **be, di_error *err) {
-    double t0 = now_s();
+    double t0 = now_s(), rd0 = bench_storage_read_bytes();
     fprintf(stderr, "bench gpu: opening %s (config, shards, inventory, weight views, wo_a to bf16)\n", dir);
     int rc = di_model_open(dir, m, err);
     if (rc) return rc;
-    double t1 = now_s();
-    fprintf(stderr, "bench gpu: opened in %.1f s (%lld tensors)\n", t1 - t0, (long long)(*m)->ck->n_tensors);
+    double t1 = now_s(), rd1 = bench_storage_read_bytes();
+    fprintf(stderr, "bench gpu: opened in %.1f s (%lld tensors; %.2f GB read from storage)\n", t1 - t0,
+            (long long)(*m)->ck->n_tensors, rd0 >= 0 && rd1 >= 0 ? (rd1 - rd0) / 1e9 : -1.0);
     report_storage(*m, dir, "before the upload");
     if ((rc = di_backend_create(device, threads, be, err))) return rc;
     double t2 = now_s();
@@ -563,7 +570,7 @@ static int load_model(const char *dir, const char *device, int threads, di_model
     lw->page = pg > 0 ? (size_t)pg : 4096;
     for (int64_t i = 0; i < w->n_slots; i++)
         if (!w->slots[i].mapped) lw->total += (double)w->slots[i].bytes;
-    lw->next = 4e9, lw->t0 = t2;
+    lw->next = 4e9, lw->t0 = lw->last = t2, lw->read0 = bench_storage_read_bytes();
     (*be)->mem_upload = watch_upload, (*be)->mem_map_host = watch_map_host;
     rc = di_model_to_backend(*m, *be, err);
     (*be)->mem_upload = lw->upload, (*be)->mem_map_host = lw->map_host;
@@ -572,10 +579,11 @@ static int load_model(const char *dir, const char *device, int threads, di_model
     unsigned char b; /* the last copies may still be in flight: wait for the stream */
     if ((*m)->w.dev && (rc = (*be)->mem_download(*be, &b, (*m)->w.dev, 1, err))) return rc;
     double t4 = now_s();
+    double rd = bench_storage_read_bytes();
     fprintf(stderr, "bench gpu: weights on %s: %.1f GB in %ld uploads in %.1f s (%.2f GB/s; page-in %.1f s, copy %.1f s, "
-            "drain %.1f s), %.2f GB of host tables in %ld mappings in %.1f s\n", device, lw->done / 1e9, lw->uploads,
-            t4 - t2, t4 > t2 ? lw->done / (t4 - t2) / 1e9 : 0, lw->page_in_s, lw->copy_s, t4 - t3, lw->map_bytes / 1e9,
-            lw->maps, lw->map_s);
+            "drain %.1f s; %.1f GB read from storage), %.2f GB of host tables in %ld mappings in %.1f s\n", device,
+            lw->done / 1e9, lw->uploads, t4 - t2, t4 > t2 ? lw->done / (t4 - t2) / 1e9 : 0, lw->page_in_s, lw->copy_s,
+            t4 - t3, rd >= 0 && lw->read0 >= 0 ? (rd - lw->read0) / 1e9 : -1.0, lw->map_bytes / 1e9, lw->maps, lw->map_s);
     report_storage(*m, dir, "after the upload");
     return DI_OK;
 }

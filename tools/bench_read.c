@@ -111,3 +111,16 @@ void bench_meminfo(bench_storage *st) {
     }
     fclose(f);
 }
+
+double bench_storage_read_bytes(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f) return -1;
+    char line[128];
+    double r = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long b;
+        if (sscanf(line, "read_bytes: %llu", &b) == 1) r = (double)b;
+    }
+    fclose(f);
+    return r;
+}

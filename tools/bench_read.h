@@ -23,6 +23,9 @@ void bench_fs_name(const char *path, char *out, size_t cap);
 /* Of the n page-aligned mappings maps[i] of bytes[i] bytes: the fraction of pages in RAM (mincore),
  * -1 when mincore fails. */
 double bench_resident(void *const *maps, const size_t *bytes, int n);
+/* Bytes this process has made the kernel read from storage (/proc/self/io read_bytes: page faults on
+ * mmapped files included, page-cache hits not), -1 when unknown. */
+double bench_storage_read_bytes(void);
 /* MemTotal, MemAvailable, Dirty and Writeback of /proc/meminfo in GiB (-1 each when absent). */
 void bench_meminfo(bench_storage *st);
 
