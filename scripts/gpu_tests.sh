@@ -229,6 +229,9 @@ if section bench; then
         # the load lines, the checkpoint's place and every finished shape's rows (the log holds them all)
         grep -E "^(bench gpu: |checkpoint directory|warning|mkmodel|sync before|deepinfer bench gpu: exit|swa|r[0-9]+-|role)" "$TMP/bench"
         loaded=$(grep -o 'loaded on [a-z]* in [0-9.]* s' "$TMP/bench" | head -1)
+        # a load cut short: where it was (the last phase or progress line)
+        [ -n "$loaded" ] || loaded="not loaded, last: $(grep -E '^bench gpu: (opening|opened|backend|weights to)' "$TMP/bench" |
+            tail -1 | sed 's/^bench gpu: //')"
         store=$(grep -m1 'checkpoint before the upload' "$TMP/bench" |
             sed 's/.*before the upload: //; s/ (page cache \/ tmpfs); MemTotal [^,]*, MemAvailable [^,]*,/;/')
         synced=$(grep -m1 '^sync before the load' "$TMP/bench")
