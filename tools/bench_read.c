@@ -58,7 +58,7 @@ void bench_fs_name(const char *path, char *out, size_t cap) {
     static const struct {
         unsigned long magic;
         const char *name;
-    } k[] = {{0x01021994ul, "tmpfs"},   {0xef53ul, "ext4"},      {0x794c7630ul, "overlay"}, {0x58465342ul, "xfs"},
+    } k[] = {{0x01021994ul, "tmpfs"},   {0xef53ul, "ext2/3/4"},  {0x794c7630ul, "overlay"}, {0x58465342ul, "xfs"},
              {0x9123683eul, "btrfs"},   {0x6969ul, "nfs"},       {0x65735546ul, "fuse"},    {0x858458f6ul, "ramfs"},
              {0x01021997ul, "9p"},      {0x2fc12fc1ul, "zfs"},   {0xf2f52010ul, "f2fs"},    {0x73717368ul, "squashfs"}};
     struct statfs sf;

@@ -18,7 +18,7 @@ typedef struct bench_storage {
     double dirty_gib, writeback_gib;     /* Dirty / Writeback: written data not yet on the disk, -1 unknown */
 } bench_storage;
 
-/* The file system name of path (statfs). */
+/* The file system name of path (statfs); ext2, ext3 and ext4 share one magic. */
 void bench_fs_name(const char *path, char *out, size_t cap);
 /* Of the n page-aligned mappings maps[i] of bytes[i] bytes: the fraction of pages in RAM (mincore),
  * -1 when mincore fails. */
