@@ -62,8 +62,9 @@ int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *
 
 /* The CUDA runtime's current device is per host thread: a thread other than the one that created the
  * backend (the engine's executor worker, src/engine/executor.c) must select the backend's device before
- * its first CUDA call, or its launches go to device 0. Device 0 is the only one di_backend_create picks
- * today, so nothing runs on a wrong device yet; this is the call such a thread makes first. */
+ * its first CUDA call, or its launches go to device 0. The memory and graph entry points do it on a
+ * thread's first call (cuda_thread.cuh); this is the explicit form, for a worker's start. Device 0 is the
+ * only one di_backend_create picks today, so nothing ran on a wrong device before. */
 extern "C" int di_backend_cuda_bind_thread(const di_backend *be, di_error *err) {
     cudaError_t e = cudaSetDevice(di_cuda_state(be)->device);
     if (e != cudaSuccess)

@@ -5,8 +5,9 @@
  * pass is recorded again (the ops' parameters — positions, list lengths, cache rows — change from step
  * to step); when the recording has the topology of the instantiated graph, cudaGraphExecUpdate moves the
  * new parameters into it, which is much cheaper than a new instantiation. The capture mode is
- * thread-local: a call that would synchronise from this thread (a download, a workspace growth) fails
- * and invalidates the recording, and graph_end reports it — the forward then runs the pass op by op. */
+ * thread-local: a call that would synchronise from this thread (a download) fails and invalidates the
+ * recording, a workspace growth is refused before it synchronises (backend_cuda.cu di_cuda_workspace), and
+ * graph_end reports either — the forward then runs the pass op by op. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_thread.cuh"
