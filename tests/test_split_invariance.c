@@ -22,7 +22,7 @@
  * by design: a prefix restore whose replay starts after 0 (SWA bounded replay; its error is bounded in
  * test_prefix_cache), and blocks restored from ANOTHER request (their entries carry that request's
  * selection widths).
- * ~15 s CPU here.  di-test: asan */
+ * ~15 s CPU here (~25 s under ASan, the golden-sized model only).  di-test: asan */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,10 +43,12 @@
 #define UNDER_ASAN 1
 #endif
 #endif
-#ifdef UNDER_ASAN
+#ifdef UNDER_ASAN /* ~5x slower: the golden-sized model only (the tiny preset's 129,280-row head dominates) */
 #define G_MAX 12 /* generated tokens of the reference run */
+#define WITH_PRESET false
 #else
 #define G_MAX 24
+#define WITH_PRESET true
 #endif
 
 enum { P_MAX = 160, CHUNK = 8 };
@@ -252,7 +254,7 @@ static void check_verify(const char *name, const char *dir, int P, int *ctl_bad)
 static void test_verify_blocks(void **state) {
     (void)state;
     int ctl = 0;
-    check_verify("mkmodel tiny seed 3", tiny_model(), 101, &ctl);
+    if (WITH_PRESET) check_verify("mkmodel tiny seed 3", tiny_model(), 101, &ctl);
     check_verify("v41-tiny-sel W128", w128_model(), 20, &ctl); /* generated rows before W: decode layout */
     assert_true(ctl > 0);
 }
@@ -282,7 +284,7 @@ static void check_recompute(const char *name, const char *dir, int P, int *ctl_b
 static void test_recompute(void **state) {
     (void)state;
     int ctl = 0;
-    check_recompute("mkmodel tiny seed 3", tiny_model(), 101, &ctl);
+    if (WITH_PRESET) check_recompute("mkmodel tiny seed 3", tiny_model(), 101, &ctl);
     check_recompute("v41-tiny-sel W128", w128_model(), 20, &ctl);
     assert_true(ctl > 0);
 }
@@ -312,7 +314,7 @@ static void test_crossing_pass(void **state) {
 static void test_recompute_runner(void **state) {
     (void)state;
     ctx x;
-    open_ctx(&x, "mkmodel tiny seed 3", tiny_model(), 101, 10);
+    open_ctx(&x, "v41-tiny-sel W128", w128_model(), 101, 10); /* prompt < W: the runner's pass is split */
     di_recompute_runner *rr;
     di_model_runner runner;
     di_error err = {0};
@@ -328,7 +330,7 @@ static void test_recompute_runner(void **state) {
         bad += !same_row(&x, row, p0 + n - 1);
         p0 += n;
     }
-    tu_report("recompute runner, mkmodel tiny seed 3, prompt 101: %d of %d rows differ from the cached decode", bad, x.G + 1);
+    tu_report("recompute runner, v41-tiny-sel W128, prompt 101: %d of %d rows differ from the cached decode", bad, x.G + 1);
     assert_int_equal(bad, 0);
     free(row);
     di_recompute_runner_free(rr);
@@ -403,7 +405,7 @@ static void check_restore(const char *name, const char *dir, int P, int64_t B, i
 static void test_prefix_restore_own(void **state) {
     (void)state;
     int ctl = 0;
-    check_restore("mkmodel tiny seed 3", tiny_model(), 101, 24, &ctl);
+    if (WITH_PRESET) check_restore("mkmodel tiny seed 3", tiny_model(), 101, 24, &ctl);
     check_restore("v41-tiny-sel W128", w128_model(), 90, 64, &ctl);
     assert_true(ctl > 0);
 }
