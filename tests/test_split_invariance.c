@@ -18,7 +18,8 @@
  * prompt layout for every row — that must differ somewhere, or the check proves nothing.
  *
  * Also: a pass that crosses the prompt's end (split in two by the session while the prompt is shorter
- * than W), and the engine's cache-free recompute runner against the cached decode. What stays inexact
+ * than W), the engine's cache-free recompute runner against the cached decode, and the scheduler's
+ * recompute pieces (none crosses the prompt's end; mock runner). What stays inexact
  * by design: a prefix restore whose replay starts after 0 (SWA bounded replay; its error is bounded in
  * test_prefix_cache), and blocks restored from ANOTHER request (their entries carry that request's
  * selection widths).
@@ -31,6 +32,8 @@
 #include <jansson.h>
 
 #include "backend/backend.h"
+#include "engine/engine_core.h"
+#include "engine/mock_runner.h"
 #include "engine/recompute_runner.h"
 #include "model/session.h"
 #include "model/weights.h"
@@ -410,12 +413,70 @@ static void test_prefix_restore_own(void **state) {
     assert_true(ctl > 0);
 }
 
+/* The scheduler's recompute pieces (engine level, the mock runner): a request preempted after some
+ * outputs re-prefills prompt ++ outputs in its own chunks with one more boundary at the prompt's end,
+ * so no piece crosses the prompt's end (one window layout per pass, forward.c window_lists); its
+ * outputs are those of the run without preemption. */
+static void test_recompute_pieces(void **state) {
+    (void)state;
+    enum { N = 6, OUT = 14 };
+    int32_t prompts[N][24], n_prompt[N];
+    int32_t tok[2][N][OUT];
+    int64_t n_tok[2][N], preempted = 0;
+    for (int run = 0; run < 2; run++) { /* 0: a roomy cache; 1: a tight one (preemptions) */
+        di_mock_options mo = {.n_vocab = 300, .max_context = 64, .block_tokens = 4, .n_blocks = run ? 22 : 400,
+                              .salt = 5, .sharpness = 8.0f};
+        di_mock_runner *mock;
+        di_model_runner runner;
+        di_error err = {0};
+        if (di_mock_runner_new(&mo, &mock, &runner, &err)) fail_msg("%s", err.msg);
+        di_core_options co = {.sched = {.max_seqs = 8, .max_step_tokens = 64, .prefill_chunk = 8}};
+        di_core *c;
+        if (di_core_new(&runner, &co, &c, &err)) fail_msg("%s", err.msg);
+        for (int i = 0; i < N; i++) {
+            n_prompt[i] = 9 + 2 * i; /* never a multiple of the chunk */
+            for (int t = 0; t < n_prompt[i]; t++) prompts[i][t] = 3 + (7 * i + 13 * t) % 290;
+            di_seq_params sp = {.sampling = di_sampling_params_default(), .max_tokens = OUT, .ignore_eos = 1};
+            sp.sampling.temperature = 0.0f;
+            if (di_core_add(c, i, prompts[i], n_prompt[i], &sp, &err)) fail_msg("%s", err.msg);
+            n_tok[run][i] = 0;
+        }
+        di_core_delta d[16];
+        for (int guard = 0; di_core_busy(c) && guard < 10000; guard++) {
+            if (di_core_step(c, &err)) fail_msg("step: %s", err.msg);
+            for (int32_t k; (k = di_core_poll(c, d, 16)) > 0;)
+                for (int32_t j = 0; j < k; j++) {
+                    for (int64_t t = 0; t < d[j].n_tokens && n_tok[run][d[j].id] < OUT; t++)
+                        tok[run][d[j].id][n_tok[run][d[j].id]++] = d[j].tokens[t];
+                    if (run && d[j].finish != DI_FINISH_REASON_NONE) preempted += d[j].preemptions;
+                }
+        }
+        for (int64_t l = 0; l < mock->n_log; l++) {
+            const di_mock_piece *q = &mock->log[l];
+            const int64_t P = n_prompt[q->req_id];
+            if (q->pos0 < P && q->pos0 + q->n_tokens > P)
+                fail_msg("run %d: request %lld piece [%lld, %lld) crosses its prompt's end %lld", run,
+                         (long long)q->req_id, (long long)q->pos0, (long long)(q->pos0 + q->n_tokens), (long long)P);
+        }
+        di_core_free(c);
+        di_mock_runner_free(mock);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(n_tok[1][i], n_tok[0][i]);
+        assert_memory_equal(tok[1][i], tok[0][i], sizeof(int32_t) * (size_t)n_tok[0][i]);
+    }
+    tu_report("recompute pieces: %d requests, %lld preemptions in the tight run, no piece crosses a prompt's end, "
+              "outputs identical to the roomy run", N, (long long)preempted);
+    assert_true(preempted > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verify_blocks),
         cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_crossing_pass),
         cmocka_unit_test(test_recompute_runner),
+        cmocka_unit_test(test_recompute_pieces),
         cmocka_unit_test(test_prefix_restore_own),
     };
     return cmocka_run_group_tests(tests, NULL, cleanup);
