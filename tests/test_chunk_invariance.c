@@ -4,7 +4,7 @@
  * the same canonical cache image (di_cache_image) after the prefill, and the same logits for the
  * decode steps that follow — on the mkmodel tiny preset (seed 3: ratio-2 and ratio-1 kv sources,
  * Engram, index top-k over hundreds of entries) and on both golden tiny models (tests/data/v41-tiny-sel,
- * -nosel). The index selections break EXACT ties among bf16 scores as torch's CPU select does, which
+ * -nosel, and -sel with the real 128-position window). The index selections break EXACT ties among bf16 scores as torch's CPU select does, which
  * depends on the width of the score rows; a chunk that does not know the prompt's end (prompt_end = 0)
  * scores only the entries up to its own end and picks differently among ties: the control run shows
  * that this prompt hits such ties on the mkmodel preset (so the comparison above has teeth).
@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "backend/backend.h"
 #include "model/session.h"
@@ -187,6 +189,34 @@ static void test_golden_sel(void **state) {
     check_model("v41-tiny-sel", tu_data("v41-tiny-sel"), GOLDEN_CONTROL);
 }
 
+/* v41-tiny-sel with the real model's 128-position window and index top-64 (the weights do not depend
+ * on either): the attention lists then span three 64-index blocks, so where a prompt row's window part
+ * ends matters — it is the one-shot prefill's min(W, prompt) whatever the chunk (forward.c
+ * window_lists; a chunk ending before W lists min(W, chunk end) without the prompt's end). */
+static void test_golden_sel_w128(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir("chunk_invariance_w128"), src[4096], dst[4096];
+    const char *files[] = {"model.safetensors", "model.safetensors.index.json", "engram_token_map.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(src, sizeof src, "%s/%s", tu_data("v41-tiny-sel"), files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        assert_int_equal(tu_copy_file(src, dst), 0);
+    }
+    snprintf(src, sizeof src, "%s/config.json", tu_data("v41-tiny-sel"));
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(src, 0, &je), *tc = cfg ? json_object_get(cfg, "text_config") : NULL;
+    assert_non_null(tc);
+    json_object_set_new(tc, "sliding_window", json_integer(128));
+    json_object_set_new(tc, "index_topk", json_integer(64));
+    assert_int_equal(json_dump_file(cfg, dst, JSON_INDENT(1)), 0);
+    json_decref(cfg);
+    bool ctl = check_model("v41-tiny-sel W128", dir, GOLDEN_CONTROL);
+    if (GOLDEN_CONTROL) assert_true(ctl); /* chunks without the prompt's end list their windows differently */
+    tu_rmtree(dir);
+    free(dir);
+}
+
 static void test_golden_nosel(void **state) {
     (void)state;
     check_model("v41-tiny-nosel", tu_data("v41-tiny-nosel"), GOLDEN_CONTROL);
@@ -197,6 +227,7 @@ int main(void) {
         cmocka_unit_test(test_mkmodel_tiny),
         cmocka_unit_test(test_golden_sel),
         cmocka_unit_test(test_golden_nosel),
+        cmocka_unit_test(test_golden_sel_w128),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/forward.h"
+#include "model/session.h"
 
 typedef struct di_recompute_hist {
     int32_t *tokens; /* [cap] int32 the request's positions 0..n−1 as fed so far */
@@ -44,18 +44,18 @@ static int rc_forward(void *ctx, const di_step_batch *b, float *logits, di_error
         memcpy(h->tokens + h->n, s->tokens, (size_t)s->n_tokens * sizeof *s->tokens);
         h->n += s->n_tokens;
         if (s->logits_row < 0) continue;
-        di_prefill_out out;
-        memset(&out, 0, sizeof out);
-        di_fwd_opts opts;
-        memset(&opts, 0, sizeof opts);
-        int rc = di_prefill(r->model, r->be, h->tokens, h->n, &opts, &out, err);
-        if (rc) {
-            di_prefill_out_free(&out);
-            return di_error_wrap(err, "recompute runner: request %lld, %lld positions", (long long)s->req_id, (long long)h->n);
-        }
-        memcpy(logits + (size_t)s->logits_row * (size_t)V, out.logits + (size_t)(h->n - 1) * (size_t)V,
-               (size_t)V * sizeof *logits);
-        di_prefill_out_free(&out);
+        /* one prefill of the whole history whose prompt rows select and list their windows as the
+         * prompt's prefill and whose generated rows as their decode steps (model/forward_internal.h):
+         * the logits the cached runner's decode steps give, bit for bit. A session over a cache of
+         * the history's size, dropped after the pass (it splits a pass that crosses a short prompt's
+         * end, model/session.c). */
+        di_session *ps = NULL;
+        di_session_opts so = {.max_tokens = h->n, .spec_margin = 0};
+        const di_fwd_opts opts = {.prompt_end = s->n_prompt};
+        int rc = di_session_create(r->model, r->be, &so, &ps, err);
+        if (!rc) rc = di_session_forward(ps, h->tokens, h->n, false, logits + (size_t)s->logits_row * (size_t)V, &opts, err);
+        di_session_destroy(ps);
+        if (rc) return di_error_wrap(err, "recompute runner: request %lld, %lld positions", (long long)s->req_id, (long long)h->n);
         r->n_prefills++;
         r->n_positions += h->n;
     }

@@ -271,6 +271,9 @@ static int preempt_newest(di_scheduler *s, di_error *err) {
 static int32_t next_piece(const di_scheduler *s, const di_seq *r, int32_t *samples) {
     int64_t len = di_seq_len(r), rest = len - r->n_cached;
     int32_t n = rest < r->chunk ? (int32_t)rest : r->chunk;
+    /* a recompute piece ends at the prompt's end: its rows past it take the decode steps' layout,
+     * the ones before it the prompt's (model/forward_internal.h), and a chunk has one layout */
+    if (r->n_cached < r->n_prompt && r->n_cached + n > r->n_prompt) n = (int32_t)(r->n_prompt - r->n_cached);
     *samples = n == rest;
     if (*samples && (r->n_out + r->n_pending >= r->params.max_tokens || len >= s->runner->max_context)) return 0;
     return n;

@@ -228,22 +228,31 @@ static int out_init(const di_config *cfg, int64_t T, di_prefill_out *o, di_error
     } while (0)
 
 /* Window index lists of one sequence (§5.3). Rows of its key set are positions win_base … s0+T−1.
- * A decode step (one query after position 0) lists the reference's ring oldest first: W entries,
- * entry j = position p−W+1+j, the positions before the sequence start as −1 FIRST. Any other chunk
- * lists each query's window ascending, min(W, s0+T) entries, −1 AFTER position p (the reference's
- * prefill order; for s0 = 0 it is exactly the reference's prefill). The order matters only through
- * the 64-index blocking of the attention kernel. */
+ * The reference has two layouts, and a row gets the one of the computation it stands for (the
+ * layout matters through the 64-index blocking of the attention kernel: where the window part ends,
+ * the compressed part begins):
+ *   - a prompt row (position p < prompt_end; every row when prompt_end = 0, except a one-token chunk
+ *     after position 0, which is a decode step) lists its window ascending, −1 AFTER p,
+ *     min(W, prompt end) entries: the one-shot prefill's layout, whatever chunk the row is in;
+ *   - a row past the prompt (p ≥ prompt_end > 0) lists the decode step's ring oldest first, W entries,
+ *     entry j = position p−W+1+j, positions before the sequence start as −1 FIRST: a DSpark verify
+ *     block or a recomputed output gets the decode step's list.
+ * One stride serves the whole chunk: a chunk that crosses the prompt's end before position W−1 lists
+ * its prompt rows W wide (−1 padded), which moves their compressed part (inexact for those rows; the
+ * scheduler never runs such a chunk, scheduler.h). */
 static int window_lists(fwd_ctx *c, fwd_seq *q) {
     int64_t W = c->cfg->sliding_window, s0 = q->ck.s0, T = q->ck.T;
     int64_t floor = q->ck.window_floor;
     q->win_base = s0 - W + 1 > 0 ? s0 - W + 1 : 0;
     if (q->win_base < floor) q->win_base = floor > s0 ? s0 : floor; /* rows below the floor are never read */
     q->n_win_rows = s0 + T - q->win_base;
-    bool decode = T == 1 && s0 > 0;
-    q->n_win = decode ? W : (s0 + T < W ? s0 + T : W);
+    const int64_t pe = q->ck.prompt_end;
+    const int64_t prompt = pe > 0 ? (pe > s0 + T ? pe : s0 + T) : s0 + T; /* the one-shot prefill's length */
+    const int64_t gen0 = pe > 0 ? pe : (T == 1 && s0 > 0 ? s0 : s0 + T); /* first row past the prompt */
+    q->n_win = gen0 < s0 + T ? W : (prompt < W ? prompt : W);
     if (!(q->win_idx = fwd_halloc(c, sizeof(int32_t) * (size_t)(T * q->n_win), 1))) return c->err->code;
     for (int64_t t = 0; t < T; t++) {
-        int64_t p = s0 + t, first = decode ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
+        int64_t p = s0 + t, first = p >= gen0 ? p - W + 1 : (p - W + 1 > 0 ? p - W + 1 : 0);
         for (int64_t j = 0; j < q->n_win; j++) {
             int64_t k = first + j;
             bool hide = k < 0 || k > p || k < floor || (c->opts->faults.window_no_history && k < s0);

@@ -78,11 +78,16 @@ typedef struct di_fwd_opts {
      * to this chunk's queries and never read from the cache; 0 = the whole window. Single-sequence
      * passes only (a batch gives each chunk its own floor: di_session_chunk). */
     int64_t window_floor;
-    /* Chunked prefill: the end of the prompt this chunk belongs to (0 = the chunk's end). The chunk's
-     * index selections then span the whole prompt's entries, as in its one-shot prefill, so any
-     * chunking of a prompt gives the one-shot prefill's logits and cache bit for bit (ties among equal
-     * index scores are otherwise resolved by the selection's width). Single-sequence passes only (a
-     * batch gives each chunk its own: di_session_chunk). */
+    /* The length of the request's prompt (0 = the chunk's end: the chunk ends the prompt). Each row is
+     * computed as the computation it stands for in the request's meaning — one-shot prefill of the
+     * prompt, then one decode step per generated token: a row before prompt_end selects over the whole
+     * prompt's entries and lists its window as the one-shot prefill does, a row at or after it as its
+     * decode step (model/forward_internal.h fwd_row_select_entries, forward.c window_lists). So any
+     * chunking of a prompt, a DSpark verify block and a recompute of generated tokens give the logits
+     * and cache of the one-shot prefill + decode steps bit for bit (ties among equal index scores are
+     * otherwise resolved by the selection's width; the window layout decides the attention's 64-index
+     * blocking). Set it on every pass of a request. Single-sequence passes only (a batch gives each
+     * chunk its own: di_session_chunk). */
     int64_t prompt_end;
     di_block_hook_fn block_hook; /* NULL = none */
     void *block_hook_ctx;
@@ -162,7 +167,9 @@ typedef struct di_prefill_out {
 void di_prefill_out_free(di_prefill_out *o);
 
 /* Free-running one-shot prefill of ids[0..T) from position 0: prompt logits for every position and
- * every block's output and pre-mix. */
+ * every block's output and pre-mix. One pass: with 0 < opts->prompt_end < min(T, W) (rows past a
+ * prompt shorter than the window) the prompt rows' window lists take the decode rows' width, which
+ * the one-shot prefill of that prompt does not have — di_session_forward splits such a pass. */
 int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T, const di_fwd_opts *opts,
                di_prefill_out *out, di_error *err);
 

@@ -264,11 +264,13 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
  * score every index key visible to its chunk (read back from the key source's cache) with its own
  * rows (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate mask
  * (the candidate source; its own selection is not masked) and the top-k list of compressed entry ids,
- * ascending, −1 padded. Score rows are fwd_select_entries wide — the reference's T/R in a prompt chunk
- * (T = the whole prompt), end/R past it —, and so is k = min(index_topk, width): the CPU selections
- * replay torch's, whose choice among EXACTLY tied scores depends on both, so every chunking of a
- * prompt picks what its one-shot prefill picks. A sequence's width is its own, whatever else is in
- * the batch.
+ * ascending, −1 padded. Each row selects over its own width (fwd_row_select_entries) — the
+ * reference's T/R for a prompt row (T = the whole prompt), (p+1)/R for a row past it, as its decode
+ * step — with k = min(index_topk, width): the CPU selections replay torch's, whose choice among
+ * EXACTLY tied scores depends on both, so every chunking of a prompt picks what its one-shot prefill
+ * picks and a verify block or a recompute picks what the decode steps picked. The scores are computed
+ * once, as wide as the chunk's last row (a score does not depend on the width); only the selections of
+ * the narrower rows run row by row. A sequence's widths are its own, whatever else is in the batch.
  *   u bf16 [T, D];  qr bf16 [T, qr] */
 static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
@@ -346,18 +348,39 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         DUMP("attn.index_scores", DI_F32, scores, 2, Ti, ncmp, 0);
         if (c->out) CK(fwd_download(c, c->out->index_scores[L], scores, sizeof(float) * (size_t)(Ti * ncmp)));
 
+        /* rows [0, t_full) are narrower than the last one (rows past the prompt, fwd_row_select_entries):
+         * each selects alone over its own width; the rest select together */
+        int64_t t_full = 0;
+        while (t_full < Ti && fwd_row_select_entries(&q->ck, q->ck.s0 + t_full, R) < ncmp) t_full++;
         if (lc->is_candidate_source) {
             int blk = cfg->candidate_block_size;
-            uint8_t *mask; /* uint8 [Ti, ncmp] */
+            uint8_t *mask; /* uint8 [Ti, ncmp]; a narrow row's columns past its width stay 0 (invisible) */
             float *ws;     /* f32 [ceil(ncmp / blk)] */
             ALLOC(mask, Ti * ncmp, 1);
             ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
-            CK(be->candidate_mask(be, scores, Ti, ncmp, vi, blk, cfg->candidate_topk_blocks, mask, ws, c->err));
+            for (int64_t t = 0; t < t_full; t++) {
+                int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
+                if (w > 0)
+                    CK(be->candidate_mask(be, scores + t * ncmp, 1, w, vi + t, blk, cfg->candidate_topk_blocks,
+                                          mask + t * ncmp, ws, c->err));
+            }
+            if (t_full < Ti)
+                CK(be->candidate_mask(be, scores + t_full * ncmp, Ti - t_full, ncmp, vi + t_full, blk,
+                                      cfg->candidate_topk_blocks, mask + t_full * ncmp, ws, c->err));
             DUMP("attn.candidates", DI_I8, mask, 2, Ti, ncmp, 0);
             q->pub[L].cand = mask;
             q->pub[L].n_cand = ncmp;
         }
-        CK(be->topk(be, scores, Ti, ncmp, vi, ksel, 0, top + o, c->err));
+        for (int64_t t = 0; t < t_full; t++) { /* k = min(index_topk, width), then −1 to ksel */
+            int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
+            int kt = (int)(w < cfg->index_topk ? w : cfg->index_topk);
+            int32_t *row = top + o + t * ksel;
+            if (kt > 0) CK(be->topk(be, scores + t * ncmp, 1, w, vi + t, kt, 0, row, c->err));
+            if (kt < ksel) CK(be->mem_set(be, row + kt, 0xff, sizeof(int32_t) * (size_t)(ksel - kt), c->err));
+        }
+        if (t_full < Ti)
+            CK(be->topk(be, scores + t_full * ncmp, Ti - t_full, ncmp, vi + t_full, ksel, 0, top + o + t_full * ksel,
+                        c->err));
         DUMP("attn.topk", DI_I32, top + o, 2, Ti, ksel, 0);
         q->pub[L].topk = on_backend ? NULL : top_h + o;
         q->pub[L].topk_dev = top + o;

@@ -32,7 +32,7 @@ typedef struct fwd_chunk {
     int64_t T;              /* tokens in the chunk (≥ 1) */
     const int32_t *ids;     /* int32 [T] (host); NULL for a DSpark draft block */
     int64_t window_floor;   /* SWA bounded replay: window positions below it are invisible (0 = none) */
-    int64_t prompt_end;     /* end of the prompt the chunk prefills (0 = the chunk's end): fwd_select_entries */
+    int64_t prompt_end;     /* end of the request's prompt (0 = the chunk's end): fwd_row_select_entries */
     bool dspark;            /* write the DSpark stage windows of the chunk (fwd_dspark_fill) */
     bool all_logits;        /* head rows: every position of the chunk, else the last one */
     float *logits;          /* f32 [T or 1, V] (host) or NULL: no head rows for this sequence */
@@ -142,16 +142,27 @@ int fwd_ctx_init1(fwd_ctx *c, const di_model *m, const di_backend *be, di_cache 
                   const int32_t *ids, int64_t T, const di_fwd_opts *opts, di_error *err);
 void fwd_ctx_free(fwd_ctx *c);
 
-/* Width of a chunk's index selections at compress ratio R: the entries its score rows span, the top-k
- * and candidate-block selections running over all of them (those past a row's visible ones are −inf).
- * The CPU selections replay torch's, whose choice among EXACTLY tied scores depends on that width, and
- * the reference scores its one-shot prefill T/R wide (T = the prompt), each decode step end/R wide. A
- * prompt chunk is therefore as wide as its whole prompt (k->prompt_end) and picks what the one-shot
- * prefill picks, so the cache a chunked prefill writes is the one-shot prefill's, bit for bit; a chunk
- * past the prompt spans its own end: a decode step is as wide as the reference's. */
+/* Width of the index selections at compress ratio R: the entries a score row spans, the top-k and
+ * candidate-block selections running over all of them (those past the row's visible ones are −inf).
+ * The CPU selections replay torch's, whose choice among EXACTLY tied scores depends on that width, so
+ * a row selects what the reference selects only at the reference's width: its one-shot prefill scores
+ * every prompt row T/R wide (T = the prompt), each decode step end/R wide. The width is therefore a
+ * property of the ROW, not of the pass that happens to compute it:
+ *   - a prompt row (position p < prompt_end) is prompt_end/R wide, whatever chunk it is in, so any
+ *     chunking of a prompt picks what its one-shot prefill picks;
+ *   - a row past the prompt (p ≥ prompt_end) is (p+1)/R wide, the decode step at p: a DSpark verify
+ *     block, or a readmitted request recomputing its generated tokens in one prefill, gives every row
+ *     the decode step's selection, hence its bits (and writes the decode steps' cache);
+ *   - prompt_end = 0 means the chunk ends the prompt: every row is (s0+T)/R wide (a one-shot prefill).
+ * Widths never decrease along a chunk; its last row is the widest (fwd_select_entries), the width of
+ * the pass's score buffers and of its top-k lists (a narrower row's list is −1 padded after its own
+ * k entries: trailing −1 change no attention bit). */
+static inline int64_t fwd_row_select_entries(const fwd_chunk *k, int64_t p, int R) {
+    int64_t pe = k->prompt_end > 0 ? k->prompt_end : k->s0 + k->T;
+    return (pe > p + 1 ? pe : p + 1) / R;
+}
 static inline int64_t fwd_select_entries(const fwd_chunk *k, int R) {
-    int64_t end = k->s0 + k->T;
-    return (k->prompt_end > end ? k->prompt_end : end) / R;
+    return fwd_row_select_entries(k, k->s0 + k->T - 1, R);
 }
 
 /* The selected compressed entries of this pass are gathered by the backend from its own top-k lists

@@ -62,13 +62,8 @@ static int broken_error(const di_session *s, di_error *err) {
                         (long long)di_cache_len(s->cache));
 }
 
-int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err) {
-    di_error local_err; /* the pass reports through err->code: never NULL inside */
-    if (!err) err = &local_err;
-    if (n_chunks < 1 || !chunks) return di_error_set(err, DI_ERR_INVALID, "session batch: %d chunks", n_chunks);
-    if (n_chunks > 1 && opts && (opts->window_floor || opts->prompt_end))
-        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor and prompt_end are per chunk (%d chunks)",
-                            n_chunks);
+/* One batched pass over chunks[0..n_chunks) (di_session_forward_batch). */
+static int forward_pass(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err) {
     const di_session *s0 = chunks[0].s;
     const di_config *cfg = &s0->m->cfg;
     fwd_chunk *ck = calloc((size_t)n_chunks, sizeof *ck); /* [n_chunks] */
@@ -106,6 +101,49 @@ int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const
     if (rc) unwind(chunks, extended); /* leave the sequences as they were */
     fwd_ctx_free(&c);
     free(ck);
+    return rc;
+}
+
+/* The window layout is one per chunk (forward.c window_lists): prompt rows take the one-shot
+ * prefill's, min(W, prompt) entries, rows past the prompt the decode step's, W entries. They differ
+ * while the prompt is shorter than W, so a chunk that crosses such a prompt's end runs as two passes —
+ * the prompt part with the batch, the rest after it — and every row keeps its own layout. Rare (the
+ * engine's recompute pieces end at the prompt's end, scheduler.c); the weights are read twice then. */
+static int64_t prompt_part(const di_session_chunk *k) {
+    if (!k->s || k->s->broken) return 0;
+    int64_t len = di_cache_len(k->s->cache), pe = k->prompt_end;
+    return pe > len && pe < len + k->n && pe < k->s->m->cfg.sliding_window ? pe - len : 0;
+}
+
+int di_session_forward_batch(const di_session_chunk *chunks, int n_chunks, const di_fwd_opts *opts, di_error *err) {
+    di_error local_err; /* the pass reports through err->code: never NULL inside */
+    if (!err) err = &local_err;
+    if (n_chunks < 1 || !chunks) return di_error_set(err, DI_ERR_INVALID, "session batch: %d chunks", n_chunks);
+    if (n_chunks > 1 && opts && (opts->window_floor || opts->prompt_end))
+        return di_error_set(err, DI_ERR_INVALID, "session batch: window_floor and prompt_end are per chunk (%d chunks)",
+                            n_chunks);
+    int n_split = 0;
+    for (int i = 0; i < n_chunks; i++) n_split += prompt_part(&chunks[i]) > 0;
+    if (!n_split) return forward_pass(chunks, n_chunks, opts, err);
+
+    di_session_chunk *head = malloc(sizeof *head * (size_t)n_chunks), *tail = malloc(sizeof *tail * (size_t)n_split);
+    int rc = head && tail ? DI_OK : di_error_set(err, DI_ERR_NOMEM, "session batch: %d chunks", n_chunks);
+    int n_tail = 0;
+    for (int i = 0; !rc && i < n_chunks; i++) {
+        const di_session_chunk *k = &chunks[i];
+        int64_t h = prompt_part(k);
+        head[i] = *k;
+        if (!h) continue;
+        const size_t V = (size_t)k->s->m->cfg.vocab_size;
+        head[i].n = h, head[i].logits = k->all_logits ? k->logits : NULL;
+        tail[n_tail++] = (di_session_chunk){.s = k->s, .ids = k->ids + h, .n = k->n - h, .all_logits = k->all_logits,
+                                            .logits = k->logits && k->all_logits ? k->logits + (size_t)h * V : k->logits,
+                                            .window_floor = k->window_floor, .prompt_end = k->prompt_end};
+    }
+    if (!rc) rc = forward_pass(head, n_chunks, opts, err);
+    if (!rc && (rc = forward_pass(tail, n_tail, opts, err)))
+        unwind(head, n_chunks); /* the tails are unwound: the first pass goes too, as for one pass */
+    free(head), free(tail);
     return rc;
 }
 

@@ -62,7 +62,10 @@ int di_session_forward(di_session *s, const int32_t *ids, int64_t n, bool all_lo
 /* One sequence's part of a batched forward: n ids appended at s's current length; logits as in
  * di_session_forward (f32 [n, V] when all_logits, else f32 [1, V]; NULL = none). window_floor: the
  * chunk's SWA bounded-replay floor (di_fwd_opts.window_floor; 0 = none). prompt_end: see
- * di_fwd_opts.prompt_end — set it to the prompt's length on every chunk of a chunked prefill. */
+ * di_fwd_opts.prompt_end — set it to the prompt's length on every chunk of a request (prefill chunks,
+ * verify blocks, recomputes). A chunk that crosses the prompt's end while the prompt is shorter than
+ * the window runs as two passes (its prompt part with the batch, the rest after it): one window
+ * layout per pass. */
 typedef struct di_session_chunk {
     di_session *s;
     const int32_t *ids; /* int32 [n] */
@@ -70,7 +73,7 @@ typedef struct di_session_chunk {
     bool all_logits;
     float *logits;
     int64_t window_floor;
-    int64_t prompt_end; /* a prefill chunk's prompt end (di_fwd_opts.prompt_end; 0 = the chunk's end) */
+    int64_t prompt_end; /* the request's prompt length (di_fwd_opts.prompt_end; 0 = the chunk's end) */
 } di_session_chunk;
 
 /* Batched forward (continuous batching): every chunk appended to its own session in ONE pass. The
