@@ -147,14 +147,157 @@ GVM_FN uint64_t gvm_smem(int mt, int nc, int64_t K) {
     return planes + 4 * (uint64_t)mt * (uint64_t)(K / 32) + 4 * (uint64_t)mt * (uint64_t)nc * (uint64_t)(K / 32);
 }
 
+/* ---- the device core (CUDA only): also called by cuda_moe.cu's grouped expert GEMVs ---- */
+#ifdef __CUDACC__
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
+
+#define GVM_WARPS 8 /* most warps per CTA */
+
+/* launch shape for K inputs: warps share the K units evenly, at most GVM_WARPS */
+static inline int gvm_threads(int64_t K) {
+    const int64_t nu = K / (64 * GVM_UP), per = (nu + GVM_WARPS - 1) / GVM_WARPS;
+    return (int)((nu + per - 1) / per) * 32;
+}
+
+/* d += a·b: m16n8k32, s8 × s8 → s32, exact (every partial sum here is far below 2^31) */
+static __device__ __forceinline__ void gvm_mma(int32_t d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* one lane's loads of one unit: weight words [pair][block j][row g / g+8], scale bytes of the pair */
+struct gvm_unit {
+    uint32_t w[GVM_UP][2][2];
+    uint32_t sw[GVM_UP]; /* byte j = s_w of block j of the pair, row g + 8·(q & 1) */
+};
+
+template <int NC>
+static __device__ __forceinline__ void gvm_load(const gv_args &a, int64_t tile, int64_t ntiles, int64_t u, int g, int q,
+                                                gvm_unit &f) {
+    const int64_t KB = a.K / 32, rowb = a.K / 2, n0 = tile * NC;
+    const bool ok = tile < ntiles;
+#pragma unroll
+    for (int i = 0; i < GVM_UP; i++) {
+        const int64_t kb0 = 2 * (u * GVM_UP + i);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int64_t row = n0 + g + 8 * r;
+                const bool live = ok && (NC == 16 || r == 0) && row < a.N;
+                f.w[i][j][r] = live ? __ldg((const uint32_t *)(a.w + row * rowb + (kb0 + j) * 16 + 4 * q)) : 0u;
+            }
+        const int64_t orow = n0 + g + 8 * (q & 1);
+        const bool live = ok && (NC == 16 || (q & 1) == 0) && orow < a.N;
+        f.sw[i] = live ? (uint32_t)__ldg((const uint16_t *)(a.wsc + orow * KB + kb0)) : 0u;
+    }
+}
+
+/* The tiles tile0, tile0 + step, … of y = x·Wᵀ for the mt ≤ MT rows whose x rows are xrow(m); out(m, n, v)
+ * receives the f32 result. sm: gvm_smem(MT, NC, K) bytes of shared memory. Every thread of the CTA calls
+ * this (it synchronises). Same functor interface as gv_run, so cuda_moe.cu can call it too. */
+template <int MT, int NC, class XRow, class Out>
+static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const Out out, int64_t tile0, int64_t step,
+                               unsigned char *sm) {
+    constexpr int MTP = MT == 1 ? 1 : MT; /* slots per block: rows (one row: the pair's blocks share a tile) */
+    constexpr int NT = MTP;               /* n8 tiles per block pair: 2·MTP slots, two per tile */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int g = lane >> 2, q = lane & 3, odd = q & 1;
+    const int64_t K = a.K, KB = K / 32, NU = KB / (2 * GVM_UP), ps = K + GVM_PAD;
+    const int64_t ntiles = (a.N + NC - 1) / NC;
+    uint8_t *xd = sm;                                           /* s8 [MT][3][ps] digit planes */
+    float *sxs = (float *)(sm + ((MT * 3 * ps + 15) & ~(int64_t)15)); /* f32 [MT][KB] */
+    float *pb = sxs + MT * KB;                                  /* f32 [MT][NC][KB] */
+    for (int64_t i = threadIdx.x; i < (int64_t)mt * (K / 4); i += blockDim.x) {
+        const int m = (int)(i / (K / 4));
+        const int64_t c = i % (K / 4);
+        uint32_t dig[3];
+        gvm_x_digits(__ldg((const uint32_t *)(a.xq + xrow(m) * K) + c), dig);
+#pragma unroll
+        for (int d = 0; d < 3; d++) *(uint32_t *)(xd + (m * 3 + d) * ps + 4 * c) = dig[d];
+    }
+    for (int64_t i = threadIdx.x; i < (int64_t)mt * KB; i += blockDim.x)
+        sxs[i] = gvm_e8m0(__ldg(a.xs + xrow((int)(i / KB)) * KB + i % KB));
+    __syncthreads();
+
+    const int bh = g >> 2, bd = g & 3; /* this lane's B column: slot half, digit (3: the zero column) */
+    gvm_unit nx;
+    gvm_load<NC>(a, tile0, ntiles, warp, g, q, nx);
+    for (int64_t tile = tile0; tile < ntiles; tile += step) {
+        const int64_t n0 = tile * NC;
+        for (int64_t u = warp; u < NU; u += nw) { /* warp-uniform: all lanes reach the MMAs and shuffles */
+            const gvm_unit f = nx;
+            const bool same = u + nw < NU; /* the next unit of this tile, else the first of the next tile */
+            gvm_load<NC>(a, same ? tile : tile + step, ntiles, same ? u + nw : warp, g, q, nx);
+#pragma unroll
+            for (int i = 0; i < GVM_UP; i++) {
+                const int64_t kb0 = 2 * (u * GVM_UP + i);
+                uint32_t apos[2][4], aneg[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    gvm_a_frag(f.w[i][j][0], f.w[i][j][1], apos[j], aneg[j]);
+                    if (NC == 8) /* rows g+8 lie outside the tile: constant zeros, their prmts dead code */
+                        apos[j][1] = apos[j][3] = aneg[j][1] = aneg[j][3] = 0u;
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    int32_t cp[4] = {0, 0, 0, 0}, cn[4] = {0, 0, 0, 0};
+                    int bj, bm;
+                    gvm_slot(MTP, 2 * t + bh, &bj, &bm);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        if (MT != 1 && j != (2 * t) / MTP) continue; /* this tile holds block j of the pair only */
+                        uint2 b = make_uint2(0u, 0u);
+                        if (bj == j && bd < 3 && bm < mt)
+                            b = *(const uint2 *)(xd + (bm * 3 + bd) * ps + (kb0 + j) * 32 + 8 * q);
+                        gvm_mma(cp, apos[j], b.x, b.y);
+                        gvm_mma(cn, aneg[j], b.x, b.y);
+                    }
+                    int32_t c[4];
+#pragma unroll
+                    for (int r = 0; r < 4; r++) c[r] = cp[r] - cn[r];
+                    const int32_t recv = __shfl_xor_sync(0xffffffffu, gvm_send(odd, c), 1);
+                    const int32_t s = gvm_block_sum(odd, c, recv);
+                    int oj, om;
+                    gvm_slot(MTP, 2 * t + (q >> 1), &oj, &om);
+                    const int orow = g + 8 * odd;
+                    if (om < mt && orow < NC && n0 + orow < a.N)
+                        pb[((int64_t)om * NC + orow) * KB + kb0 + oj] =
+                            gvm_block_value(s, sxs[om * KB + kb0 + oj], (f.sw[i] >> (8 * oj)) & 0xffu);
+                }
+            }
+        }
+        __syncthreads();
+        const int ncol = (int)min((int64_t)NC, a.N - n0);
+        for (int o = threadIdx.x; o < mt * ncol; o += blockDim.x) { /* the CPU's f32 adds, blocks ascending */
+            const int m = o / ncol, cc = o % ncol;
+            const float *p = pb + ((int64_t)m * NC + cc) * KB;
+            float acc = 0.0f;
+#pragma unroll 4
+            for (int64_t kb = 0; kb < KB; kb += 4) { /* KB % 4 == 0 (K % 128 == 0) */
+                const float4 v = *(const float4 *)(p + kb);
+                acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+            }
+            out(m, n0 + cc, acc);
+        }
+        __syncthreads();
+    }
+}
+#endif /* __CUDACC__ */
+
 /* ---- entry points (cuda_gemv_mma.cu) ---- */
 #include "backend/backend.h"
 #include "util/error.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* DI_CUDA_GEMV=mma in the environment (read once): linear_fp4 takes this GEMV for M ≤ 16 */
+/* DI_CUDA_GEMV=mma in the environment (read once): linear_fp4's M ≤ 16 path and moe_routed's expert
+ * GEMVs take this kernel. di_cuda_gemv_mma_set_enabled overrides the environment (tests, bench). */
 int di_cuda_gemv_mma_enabled(void);
+void di_cuda_gemv_mma_set_enabled(int on);
 /* Whether this kernel takes the call: 1 ≤ m ≤ 16, k % 128 == 0, w 16- and ws 2-byte aligned */
 int di_cuda_gemv_mma_fits(int64_t m, int64_t k, const void *w, const void *ws);
 /* y bf16 [m, n] = the MXFP4 linear of act-quantized rows xq e4m3 [m, k], xs E8M0 [m, k/32] with w packed
