@@ -94,7 +94,7 @@ static void row(const char *what, const char *shape, int64_t bad, int64_t n) {
     else n_pass++;
 }
 
-/* special: 0 random; 1 NaN / ±inf x in every row and NaN / 2^−127 / 2^127 weight scales */
+/* special: 0 random; 1 NaN x in row 0, −inf x in row 1, and 2^−127 / 2^103 / 2^127 / NaN weight scales */
 static void check_case(const char *name, int64_t M, int64_t N, int64_t K, int special) {
     uint16_t *x = xmalloc(2 * (size_t)(M * K));
     for (int64_t i = 0; i < M * K; i++) x[i] = di_f32_to_bf16((float)(gauss() * (i % 7 == 0 ? 8.0 : 1.0)));
@@ -102,11 +102,12 @@ static void check_case(const char *name, int64_t M, int64_t N, int64_t K, int sp
     for (int64_t i = 0; i < N * K / 2; i++) w[i] = (uint8_t)rnd();
     for (int64_t i = 0; i < N * K / 32; i++) ws[i] = (uint8_t)(117 + rnd() % 7);
     if (special) {
-        for (int64_t m = 0; m < M; m++) {
-            x[m * K + (37 * m) % K] = 0x7fc0;
-            if (K > 64) x[m * K + 64 + (11 * m) % 32] = m & 1 ? 0xff80 : 0x7f80;
-        }
-        for (int64_t i = 0; i < N * K / 32; i += 11) ws[i] = i % 3 == 0 ? 0 : i % 3 == 1 ? 254 : 255;
+        x[37 % K] = 0x7fc0;                         /* row 0: a NaN group */
+        if (M > 1) x[K + (64 + 11) % K] = 0xff80;   /* row 1: a −inf group (NaN scale too) */
+        const int64_t KB = K / 32; /* 2^−127 / 2^103 blocks; one NaN scale in rows ≡ 0 mod 8, one 2^127 in rows ≡ 1 */
+        for (int64_t i = 0; i < N * KB; i += 11) ws[i] = i % 2 ? 0 : 230;
+        for (int64_t n = 0; n < N; n++)
+            if (n % 8 < 2) ws[n * KB + (n * 5) % KB] = n % 8 ? 254 : 255;
     }
     uint16_t *y_cpu = xmalloc(2 * (size_t)(M * N));
     RUN(cpu->linear_fp4(cpu, x, M, K, w, ws, N, y_cpu, E));
