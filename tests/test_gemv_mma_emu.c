@@ -106,7 +106,7 @@ static void emu_launch(const problem *p, int MT, int NC, int64_t r0, int mt, uin
             gvm_x_digits(codes, dig);
             for (int d = 0; d < 3; d++) memcpy(xd + (m * 3 + d) * ps + 4 * c, &dig[d], 4);
         }
-        for (int64_t kb = 0; kb < KB; kb++) sxs[m * KB + kb] = gvm_e8m0(p->xs[(r0 + m) * KB + kb]);
+        for (int64_t kb = 0; kb < KB; kb++) sxs[m * KB + kb] = gvm_x_scale(p->xs[(r0 + m) * KB + kb]);
     }
     const int64_t ntiles = (N + NC - 1) / NC;
     for (int64_t tile = 0; tile < ntiles; tile++) {
@@ -230,6 +230,29 @@ static int64_t check_sums(const problem *p, int64_t M, const int64_t *sums, cons
     return bad;
 }
 
+/* y bf16 [M, N] from the codes by linear_q.c's contract: the block sum of the decoded values in f64 (NaN
+ * codes decode to NaN), rounded to f32, times s_x, times s_w, added in ascending block order */
+static void ref_outputs(const problem *p, int64_t M, uint16_t *y) {
+    const int64_t KB = p->K / 32;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < p->N; n++) {
+            float acc = 0.0f;
+            for (int64_t kb = 0; kb < KB; kb++) {
+                double s = 0;
+                for (int k = 0; k < 32; k++) {
+                    const int64_t kk = kb * 32 + k;
+                    const uint8_t b = p->w[n * (p->K / 2) + kk / 2];
+                    s += (double)di_e4m3_to_f32(p->xq[m * p->K + kk]) *
+                         (double)di_e2m1_to_f32(kk & 1 ? di_fp4_odd(b) : di_fp4_even(b));
+                }
+                float v = (float)s * di_e8m0_to_f32(p->xs[m * KB + kb]);
+                v = v * di_e8m0_to_f32(p->ws[n * KB + kb]);
+                acc = acc + v;
+            }
+            y[m * p->N + n] = di_f32_to_bf16(acc);
+        }
+}
+
 static int bf16_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
 /* outputs that differ (NaN = NaN); *nans counts the NaN outputs */
@@ -250,15 +273,26 @@ static int64_t diff_bf16(const uint16_t *a, const uint16_t *b, int64_t n, int64_
 /* ---- 1. every e4m3 code × every E2M1 code ---- */
 
 /* x row m: codes (m·37 + k) mod 256 (each block a run of 32 consecutive codes, 8 blocks cover all 256
- * codes, rows shifted); weight row n: code (n + k·(1 + n mod 5)) mod 16, rows of one constant code too */
+ * codes, rows shifted; the NaN codes in row 0 only); weight row n: code (n + k·(1 + n mod 5)) mod 16,
+ * rows 0–15 one constant code each. Checked: every block sum, and every output against the contract
+ * evaluated from the codes (ref_outputs), with x scales down to 2^−127 and NaN */
 static void test_all_codes(void **state) {
     (void)state;
     enum { M = 4, N = 53, K = 1024 };
     problem p = {N, K, NULL, NULL, NULL, NULL};
     uint8_t *xq = xmalloc(M * K), *xs = xmalloc(M * K / 32), *w = xmalloc(N * K / 2), *ws = xmalloc(N * K / 32);
     for (int m = 0; m < M; m++)
-        for (int k = 0; k < K; k++) xq[m * K + k] = (uint8_t)(m * 37 + k);
-    for (int i = 0; i < M * K / 32; i++) xs[i] = (uint8_t)(120 + i % 15);
+        for (int k = 0; k < K; k++) { /* rows past 0 without the NaN codes: their outputs stay finite */
+            uint8_t c = (uint8_t)(m * 37 + k);
+            xq[m * K + k] = m > 0 && (c & 0x7f) == 0x7f ? c ^ 1 : c;
+        }
+    for (int m = 0; m < M; m++) /* x scales: 2^−127 and 2^−118 (s_x·2^−10 subnormal), ordinary ones; the NaN
+                                 * byte where the block holds a NaN code (as act-quant pairs them) */
+        for (int kb = 0; kb < K / 32; kb++) {
+            int nan = 0;
+            for (int k = 0; k < 32; k++) nan |= (xq[m * K + kb * 32 + k] & 0x7f) == 0x7f;
+            xs[m * (K / 32) + kb] = nan ? 255 : kb % 8 == 0 ? (kb % 16 ? 9 : 0) : (uint8_t)(118 + (m + kb) % 12);
+        }
     for (int n = 0; n < N; n++)
         for (int k = 0; k < K; k += 2) {
             int c0 = n < 16 ? n : (n + k * (1 + n % 5)) & 15, c1 = n < 16 ? n : (n + (k + 1) * (1 + n % 5)) & 15;
@@ -269,17 +303,22 @@ static void test_all_codes(void **state) {
     int64_t *sums = xmalloc(sizeof(int64_t) * M * N * (K / 32));
     uint8_t *hits = xmalloc(M * N * (K / 32));
     uint16_t *y = xmalloc(2 * M * N);
+    uint16_t *y_ref = xmalloc(2 * M * N);
+    ref_outputs(&p, M, y_ref);
     int64_t total = 0;
     for (int nc = 8; nc <= 16; nc += 8)
         for (int64_t mm = 1; mm <= M; mm++) {
             memset(hits, 0, M * N * (K / 32));
             emu_gemv(&p, mm, nc, y, sums, hits);
-            int64_t checked;
+            int64_t checked, nans;
             assert_int_equal(check_sums(&p, mm, sums, hits, &checked), 0);
             total += checked;
+            assert_int_equal(diff_bf16(y, y_ref, mm * N, &nans), 0);
+            assert_true(nans >= N && (mm == 1 || nans < mm * N)); /* row 0 NaN, the others finite */
         }
     tu_report("all-codes block sums exact: %lld (256 e4m3 x 16 E2M1 codes, M 1-4, tiles 8 and 16)", (long long)total);
-    free(xq), free(xs), free(w), free(ws), free(sums), free(hits), free(y);
+    tu_report("all-codes outputs equal to the reference from codes: %d x %d, M 1-4, tiles 8 and 16", M, N);
+    free(xq), free(xs), free(w), free(ws), free(sums), free(hits), free(y), free(y_ref);
 }
 
 /* ---- 2. against the CPU op ---- */

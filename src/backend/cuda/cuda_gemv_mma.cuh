@@ -129,18 +129,24 @@ GVM_FN float gvm_mul(float a, float b) {
 #endif
 }
 
-/* P_b: the exact block sum S·2^−10 (int → f32 rounds once; the power-of-two step is exact, |S| < 2^27)
- * times s_x, then times s_w: the same three roundings as cuda_gemv.cuh and linear_q.c */
-GVM_FN float gvm_block_value(int32_t s, float sx, uint32_t sw_byte) {
+/* s_x·2^−10 of an x scale byte: exact (a power of two ≥ 2^−137, above the smallest f32 subnormal 2^−149;
+ * NaN stays NaN), computed once per (row, block) */
+GVM_FN float gvm_x_scale(uint32_t e) { return gvm_mul(gvm_e8m0(e), 0x1p-10f); }
+
+/* P_b = ((f32(S)·2^−10)·s_x)·s_w, the CPU's roundings (linear_q.c: the exact block sum S·2^−10 rounded
+ * once to f32, times s_x, then times s_w). f32(S)·2^−10 is exact (|S| < 2^27, a nonzero |f32(S)| ≥ 1), so
+ * (f32(S)·2^−10)·s_x and f32(S)·(s_x·2^−10) are the same real number rounded once: one multiply fewer
+ * per output, the same bits (sx10 = gvm_x_scale) */
+GVM_FN float gvm_block_value(int32_t s, float sx10, uint32_t sw_byte) {
 #ifdef __CUDA_ARCH__
-    const float p = __fmul_rn(__int2float_rn(s), 0x1p-10f);
+    const float p = __int2float_rn(s);
 #else
-    const float p = (float)s * 0x1p-10f;
+    const float p = (float)s;
 #endif
-    return gvm_mul(gvm_mul(p, sx), gvm_e8m0(sw_byte));
+    return gvm_mul(gvm_mul(p, sx10), gvm_e8m0(sw_byte));
 }
 
-/* Shared memory of the kernel: x digit planes s8 [MT][3][K + GVM_PAD], s_x f32 [MT][K/32], the block
+/* Shared memory of the kernel: x digit planes s8 [MT][3][K + GVM_PAD], s_x·2^−10 f32 [MT][K/32], the block
  * values f32 [MT][NC][K/32] */
 GVM_FN uint64_t gvm_smem(int mt, int nc, int64_t K) {
     uint64_t planes = ((uint64_t)mt * 3 * (uint64_t)(K + GVM_PAD) + 15) & ~(uint64_t)15;
@@ -220,7 +226,7 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
         for (int d = 0; d < 3; d++) *(uint32_t *)(xd + (m * 3 + d) * ps + 4 * c) = dig[d];
     }
     for (int64_t i = threadIdx.x; i < (int64_t)mt * KB; i += blockDim.x)
-        sxs[i] = gvm_e8m0(__ldg(a.xs + xrow((int)(i / KB)) * KB + i % KB));
+        sxs[i] = gvm_x_scale(__ldg(a.xs + xrow((int)(i / KB)) * KB + i % KB));
     __syncthreads();
 
     const int bh = g >> 2, bd = g & 3; /* this lane's B column: slot half, digit (3: the zero column) */
