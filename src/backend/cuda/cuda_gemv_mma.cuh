@@ -147,10 +147,11 @@ GVM_FN float gvm_block_value(int32_t s, float sx10, uint32_t sw_byte) {
 }
 
 /* Shared memory of the kernel: x digit planes s8 [MT][3][K + GVM_PAD], s_x·2^−10 f32 [MT][K/32], the block
- * values f32 [MT][NC][K/32] */
+ * values f32 [MT][NC][K/32 + 2] (the 2 spare words put a warp's 16 rows × 2 blocks of P_b stores in 32
+ * different banks) */
 GVM_FN uint64_t gvm_smem(int mt, int nc, int64_t K) {
     uint64_t planes = ((uint64_t)mt * 3 * (uint64_t)(K + GVM_PAD) + 15) & ~(uint64_t)15;
-    return planes + 4 * (uint64_t)mt * (uint64_t)(K / 32) + 4 * (uint64_t)mt * (uint64_t)nc * (uint64_t)(K / 32);
+    return planes + 4 * (uint64_t)mt * (uint64_t)(K / 32) + 4 * (uint64_t)mt * (uint64_t)nc * (uint64_t)(K / 32 + 2);
 }
 
 /* ---- the device core (CUDA only): also called by cuda_moe.cu's grouped expert GEMVs ---- */
@@ -212,11 +213,11 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
     constexpr int NT = MTP;               /* n8 tiles per block pair: 2·MTP slots, two per tile */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, q = lane & 3, odd = q & 1;
-    const int64_t K = a.K, KB = K / 32, NU = KB / (2 * GVM_UP), ps = K + GVM_PAD;
+    const int64_t K = a.K, KB = K / 32, KBP = KB + 2, NU = KB / (2 * GVM_UP), ps = K + GVM_PAD;
     const int64_t ntiles = (a.N + NC - 1) / NC;
     uint8_t *xd = sm;                                           /* s8 [MT][3][ps] digit planes */
     float *sxs = (float *)(sm + ((MT * 3 * ps + 15) & ~(int64_t)15)); /* f32 [MT][KB] */
-    float *pb = sxs + MT * KB;                                  /* f32 [MT][NC][KB] */
+    float *pb = sxs + MT * KB;                                  /* f32 [MT][NC][KBP] */
     for (int64_t i = threadIdx.x; i < (int64_t)mt * (K / 4); i += blockDim.x) {
         const int m = (int)(i / (K / 4));
         const int64_t c = i % (K / 4);
@@ -257,7 +258,7 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
                     for (int j = 0; j < 2; j++) {
                         if (MT != 1 && j != (2 * t) / MTP) continue; /* this tile holds block j of the pair only */
                         uint2 b = make_uint2(0u, 0u);
-                        if (bj == j && bd < 3 && bm < mt)
+                        if (bj == j && bd < 3 && (MT == 1 || bm < mt)) /* mt ≥ 1 */
                             b = *(const uint2 *)(xd + (bm * 3 + bd) * ps + (kb0 + j) * 32 + 8 * q);
                         gvm_mma(cp, apos[j], b.x, b.y);
                         gvm_mma(cn, aneg[j], b.x, b.y);
@@ -270,8 +271,8 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
                     int oj, om;
                     gvm_slot(MTP, 2 * t + (q >> 1), &oj, &om);
                     const int orow = g + 8 * odd;
-                    if (om < mt && orow < NC && n0 + orow < a.N)
-                        pb[((int64_t)om * NC + orow) * KB + kb0 + oj] =
+                    if ((MT == 1 || om < mt) && orow < NC && n0 + orow < a.N)
+                        pb[((int64_t)om * NC + orow) * KBP + kb0 + oj] =
                             gvm_block_value(s, sxs[om * KB + kb0 + oj], (f.sw[i] >> (8 * oj)) & 0xffu);
                 }
             }
@@ -280,12 +281,12 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
         const int ncol = (int)min((int64_t)NC, a.N - n0);
         for (int o = threadIdx.x; o < mt * ncol; o += blockDim.x) { /* the CPU's f32 adds, blocks ascending */
             const int m = o / ncol, cc = o % ncol;
-            const float *p = pb + ((int64_t)m * NC + cc) * KB;
+            const float *p = pb + ((int64_t)m * NC + cc) * KBP;
             float acc = 0.0f;
 #pragma unroll 4
-            for (int64_t kb = 0; kb < KB; kb += 4) { /* KB % 4 == 0 (K % 128 == 0) */
-                const float4 v = *(const float4 *)(p + kb);
-                acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+            for (int64_t kb = 0; kb < KB; kb += 2) { /* KB, KBP even: 8-byte loads */
+                const float2 v = *(const float2 *)(p + kb);
+                acc = __fadd_rn(__fadd_rn(acc, v.x), v.y);
             }
             out(m, n0 + cc, acc);
         }
