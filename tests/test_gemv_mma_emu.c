@@ -95,7 +95,7 @@ typedef struct {
 static void emu_launch(const problem *p, int MT, int NC, int64_t r0, int mt, uint16_t *y, int64_t *sums,
                        uint8_t *hits) {
     const int64_t K = p->K, N = p->N, KB = K / 32, NU = KB / (2 * GVM_UP), ps = K + GVM_PAD, rowb = K / 2;
-    const int MTP = MT == 1 ? 1 : MT, NT = MTP;
+    const int NT = MT; /* n8 tiles per block pair */
     uint8_t *xd = xmalloc((size_t)(MT * 3 * ps)); /* s8 [MT][3][ps] */
     float *sxs = xmalloc(sizeof(float) * (size_t)(MT * KB));
     float *pb = xmalloc(sizeof(float) * (size_t)(MT * NC * KB));
@@ -134,12 +134,12 @@ static void emu_launch(const problem *p, int MT, int NC, int64_t r0, int mt, uin
                 for (int t = 0; t < NT; t++) {
                     int32_t cp[32][4] = {{0}}, cn[32][4] = {{0}};
                     for (int j = 0; j < 2; j++) {
-                        if (MT != 1 && j != (2 * t) / MTP) continue;
+                        if (MT != 1 && j != (2 * t) / MT) continue;
                         uint32_t b[32][2];
                         for (int l = 0; l < 32; l++) {
                             const int g = l >> 2, q = l & 3, bh = g >> 2, bd = g & 3;
                             int bj, bm;
-                            gvm_slot(MTP, 2 * t + bh, &bj, &bm);
+                            gvm_slot(MT, 2 * t + bh, &bj, &bm);
                             b[l][0] = b[l][1] = 0;
                             if (bj == j && bd < 3 && bm < mt)
                                 memcpy(b[l], xd + (bm * 3 + bd) * ps + (kb0 + j) * 32 + 8 * q, 8);
@@ -156,7 +156,7 @@ static void emu_launch(const problem *p, int MT, int NC, int64_t r0, int mt, uin
                         const int g = l >> 2, q = l & 3, odd = q & 1;
                         const int32_t s = gvm_block_sum(odd, c[l], send[l ^ 1]); /* __shfl_xor_sync(…, 1) */
                         int oj, om;
-                        gvm_slot(MTP, 2 * t + (q >> 1), &oj, &om);
+                        gvm_slot(MT, 2 * t + (q >> 1), &oj, &om);
                         const int orow = g + 8 * odd;
                         if (om < mt && orow < NC && n0 + orow < N) {
                             const int64_t kb = kb0 + oj;

@@ -98,9 +98,10 @@ GVM_FN void gvm_x_digits(uint32_t codes, uint32_t dig[3]) {
     dig[0] = p0, dig[1] = p1, dig[2] = p2;
 }
 
-/* Slot s of a block pair (two slots per n8 MMA tile): block j (0, 1) of the pair and x row m. MTP = 1 for
- * one row (the pair's two blocks share each MMA tile), else the even row count (one block per tile). */
-GVM_FN void gvm_slot(int mtp, int s, int *j, int *m) { *j = s / mtp, *m = s % mtp; }
+/* Slot s = j·MT + m of a block pair (MT = 1, 2, 4 rows per launch; two slots per n8 MMA tile): block j
+ * (0, 1) of the pair, x row m. One row: the pair's two blocks share the tile; 2 or 4 rows: a tile holds
+ * two rows of one block. */
+GVM_FN void gvm_slot(int mt_rows, int s, int *j, int *m) { *j = s / mt_rows, *m = s % mt_rows; }
 
 /* The C fragment (rows g, g+8 × columns 2q, 2q+1) of a lane → its block sum S. Columns 4h..4h+3 hold
  * slot h's S0, S1, S2, 0: an even lane has S0, S1 of both rows, the odd lane next to it S2 of both. The
@@ -209,8 +210,7 @@ static __device__ __forceinline__ void gvm_load(const gv_args &a, int64_t tile, 
 template <int MT, int NC, class XRow, class Out>
 static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const Out out, int64_t tile0, int64_t step,
                                unsigned char *sm) {
-    constexpr int MTP = MT == 1 ? 1 : MT; /* slots per block: rows (one row: the pair's blocks share a tile) */
-    constexpr int NT = MTP;               /* n8 tiles per block pair: 2·MTP slots, two per tile */
+    constexpr int NT = MT; /* n8 MMA tiles per block pair: 2·MT slots, two per tile */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, q = lane & 3, odd = q & 1;
     const int64_t K = a.K, KB = K / 32, KBP = KB + 2, NU = KB / (2 * GVM_UP), ps = K + GVM_PAD;
@@ -253,10 +253,10 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
                 for (int t = 0; t < NT; t++) {
                     int32_t cp[4] = {0, 0, 0, 0}, cn[4] = {0, 0, 0, 0};
                     int bj, bm;
-                    gvm_slot(MTP, 2 * t + bh, &bj, &bm);
+                    gvm_slot(MT, 2 * t + bh, &bj, &bm);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
-                        if (MT != 1 && j != (2 * t) / MTP) continue; /* this tile holds block j of the pair only */
+                        if (MT != 1 && j != (2 * t) / MT) continue; /* this tile holds block j of the pair only */
                         uint2 b = make_uint2(0u, 0u);
                         if (bj == j && bd < 3 && (MT == 1 || bm < mt)) /* mt ≥ 1 */
                             b = *(const uint2 *)(xd + (bm * 3 + bd) * ps + (kb0 + j) * 32 + 8 * q);
@@ -269,7 +269,7 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
                     const int32_t recv = __shfl_xor_sync(0xffffffffu, gvm_send(odd, c), 1);
                     const int32_t s = gvm_block_sum(odd, c, recv);
                     int oj, om;
-                    gvm_slot(MTP, 2 * t + (q >> 1), &oj, &om);
+                    gvm_slot(MT, 2 * t + (q >> 1), &oj, &om);
                     const int orow = g + 8 * odd;
                     if ((MT == 1 || om < mt) && orow < NC && n0 + orow < a.N)
                         pb[((int64_t)om * NC + orow) * KBP + kb0 + oj] =
