@@ -1,6 +1,8 @@
 /* MXFP4 decode GEMV (M ≤ 16 rows, in groups of ≤ 4 per launch) with the exact 32-term block sums on the
- * int8 tensor cores (mma.sync m16n8k32 s8·s8 → s32). Opt-in: DI_CUDA_GEMV=mma routes linear_fp4's
- * small-M path here (cuda_gemm.cu); the default stays cuda_gemv.cuh. NOT YET RUN ON A GPU: exactness is
+ * int8 tensor cores (mma.sync m16n8k32 s8·s8 → s32): the launches of linear_fp4; the device core gvm_run
+ * is in cuda_gemv_mma.cuh (cuda_moe.cu's expert GEMVs call it too). Opt-in: DI_CUDA_GEMV=mma routes
+ * linear_fp4's small-M path (cuda_gemm.cu) and moe_routed's two expert launches here; the default stays
+ * cuda_gemv.cuh. NOT YET RUN ON A GPU: exactness is
  * argued in cuda_gemv_mma.cuh and checked by the host emulation tests/test_gemv_mma_emu.c (the same
  * lane functions, the PTX fragment layouts emulated); tests/cuda/test_cuda_gemv_mma.c is the device check.
  *
@@ -10,7 +12,8 @@
  * wants from it (gvm_a_frag) — and the pair's two scale bytes of the row whose output it writes; the
  * next unit's loads are issued before the current one is computed. Per pair and n8 tile: 2 MMAs per
  * block that the tile holds (A⁺ and A⁻ against the same B), C⁺ − C⁻, one shuffle to assemble S of one
- * (row, block) per lane, P_b = ((S·2^−10)·s_x)·s_w into shared memory. After the tile's last unit one
+ * (row, block) per lane, P_b = ((S·2^−10)·s_x)·s_w into shared memory (computed as (S·(s_x·2^−10))·s_w,
+ * the same bits: gvm_block_value). After the tile's last unit one
  * thread per (x row, column) adds P_0 … P_{KB−1} in order and rounds to bf16 — cuda_gemv.cuh's code.
  *
  * The x rows: their digit planes (s8 [MT][3][K + pad], built once per CTA from the e4m3 codes) give the
