@@ -23,6 +23,7 @@
  * experts without weights are skipped. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_gemv_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 typedef struct moe_table {
@@ -136,6 +137,39 @@ __global__ void __launch_bounds__(GV_WARPS * 32) moe_down_kernel(const __grid_co
                       NULL, sm);
 }
 
+/* The same two kernels on the tensor-core GEMV core (cuda_gemv_mma.cuh; opt-in DI_CUDA_GEMV=mma, not yet
+ * run on a GPU): same grid, same rows, same results by construction. sm: gvm_smem(MT, NC, K) bytes. */
+template <int MT, int NC>
+__global__ void __launch_bounds__(GVM_WARPS * 32) moe_up_mma_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
+                                                                    const uint8_t *xq, const uint8_t *xs, int64_t d,
+                                                                    int64_t inter, int k, uint16_t *g, uint16_t *u) {
+    extern __shared__ uint4 gv_sm[];
+    const int grp = blockIdx.y;
+    if (grp >= *pl.n_groups) return;
+    const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
+    const int64_t X = gridDim.x / 2;
+    const bool up = blockIdx.x >= X;
+    const int64_t tile = up ? blockIdx.x - X : blockIdx.x;
+    const gv_args a = {xq, xs, tab.p[e][up ? 2 : 0], tab.p[e][up ? 3 : 1], inter, d};
+    for (int r0 = 0; r0 < cnt; r0 += MT)
+        gvm_run<MT, NC>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
+                        moe_out{up ? u : g, inter, start + r0}, tile, X, (unsigned char *)gv_sm);
+}
+
+template <int MT, int NC>
+__global__ void __launch_bounds__(GVM_WARPS * 32) moe_down_mma_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
+                                                                      const uint8_t *aq, const uint8_t *as, int64_t d,
+                                                                      int64_t inter, uint16_t *y) {
+    extern __shared__ uint4 gv_sm[];
+    const int grp = blockIdx.y;
+    if (grp >= *pl.n_groups) return;
+    const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
+    const gv_args a = {aq, as, tab.p[e][4], tab.p[e][5], d, inter};
+    for (int r0 = 0; r0 < cnt; r0 += MT)
+        gvm_run<MT, NC>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
+                        (unsigned char *)gv_sm);
+}
+
 /* acc[t, c] = 0 + Σ f32(y[r, c]) over the ranks r of token t, ascending. grid (column blocks, token) */
 __global__ void moe_combine_kernel(const int32_t *rank, const uint16_t *y, int64_t d, int k, float *acc) {
     const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -188,6 +222,27 @@ static void moe_down(const moe_table &tab, const moe_plan &pl, int G, const uint
         tab, pl, aq, as, d, inter, y);
 }
 
+template <int MT>
+static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *xq, const uint8_t *xs,
+                          int64_t d, int64_t inter, int k, uint16_t *g, uint16_t *u, uint16_t *y, const uint8_t *aq,
+                          const uint8_t *as, int down, cudaStream_t st) {
+    static bool raised = false;
+    if (!raised) {
+        cudaFuncSetAttribute(moe_up_mma_kernel<MT, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM);
+        cudaFuncSetAttribute(moe_down_mma_kernel<MT, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM);
+        raised = true;
+    }
+    if (!down) {
+        const int64_t X = moe_split((inter + 15) / 16, 2 * G);
+        moe_up_mma_kernel<MT, 16><<<dim3((unsigned)(2 * X), (unsigned)G), gvm_threads(d), (size_t)gvm_smem(MT, 16, d), st>>>(
+            tab, pl, xq, xs, d, inter, k, g, u);
+    } else {
+        const int64_t X = moe_split((d + 15) / 16, G);
+        moe_down_mma_kernel<MT, 16><<<dim3((unsigned)X, (unsigned)G), gvm_threads(inter), (size_t)gvm_smem(MT, 16, inter),
+                                      st>>>(tab, pl, aq, as, d, inter, y);
+    }
+}
+
 /* Column tile of the expert GEMVs (same bits either way): 4 columns for one row per group (T = 1) and
  * for T > 16, 8 for 2 ≤ T ≤ 16 — measured (bench/NOTES-gpu.md). di_cuda_moe_set_variant: 0 = this
  * rule, 1 = always 4, 2 = always 8 (bench). */
@@ -231,10 +286,14 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
 
     moe_table tab;
     memset(&tab, 0, sizeof tab);
+    /* opt-in tensor-core GEMVs (DI_CUDA_GEMV=mma): K % 128 for both matrices, aligned pointers */
+    bool mma_ok = di_cuda_gemv_mma_enabled() && d % 128 == 0 && inter % 128 == 0 &&
+                  gvm_smem(4, 16, d > inter ? d : inter) <= MOE_SMEM;
     for (int e = 0; e < n_exp; e++) {
         const di_moe_expert *ex = &experts[e];
         const uint8_t *p[6] = {ex->w1, ex->s1, ex->w3, ex->s3, ex->w2, ex->s2};
         for (int j = 0; j < 6; j++) tab.p[e][j] = p[j];
+        for (int j = 0; j < 6; j++) mma_ok &= (uintptr_t)p[j] % (j % 2 ? 2 : 4) == 0; /* 4-byte weight, 2-byte scale loads */
     }
     cudaStream_t st = di_cuda_state(be)->stream;
     moe_plan_kernel<<<1, DI_MOE_ROUTED_MAX_PAIRS, 0, st>>>(tab, ids, weights, P, n_exp, pl);
@@ -244,7 +303,11 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
      * tokens share experts */
     const int mt = m == 1 ? 1 : m <= 16 ? 2 : 4;
     const int nc4 = g_moe_variant ? g_moe_variant == 1 : mt != 2;
-    switch (nc4 * 10 + mt) {
+    if (mma_ok) {
+        if (mt == 1) moe_gemvs_mma<1>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
+        else if (mt == 2) moe_gemvs_mma<2>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
+        else moe_gemvs_mma<4>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
+    } else switch (nc4 * 10 + mt) {
     case 1: moe_gemvs<1, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
     case 2: moe_gemvs<2, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
     case 4: moe_gemvs<4, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
@@ -255,7 +318,11 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if ((rc = di_cuda_launched("moe_routed up", err))) return rc;
     if ((rc = di_cuda_swiglu(be, g, u, P, inter, pl.rw, lim, a, err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(a, (int64_t)P * inter, 32, aq, as, st, err))) return rc;
-    switch (nc4 * 10 + mt) {
+    if (mma_ok) {
+        if (mt == 1) moe_gemvs_mma<1>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
+        else if (mt == 2) moe_gemvs_mma<2>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
+        else moe_gemvs_mma<4>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
+    } else switch (nc4 * 10 + mt) {
     case 1: moe_down<1, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
     case 2: moe_down<2, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
     case 4: moe_down<4, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
