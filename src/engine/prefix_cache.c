@@ -85,6 +85,7 @@ static di_prefix_node *child_of(const di_prefix_node *n, const int32_t *block, i
 int di_prefix_cache_match(di_prefix_cache *pc, const int32_t *ids, int64_t n, int64_t keep, di_prefix_hit *hit,
                           di_error *err) {
     memset(hit, 0, sizeof *hit);
+    hit->prompt_len = n;
     if (n < 0 || keep < 0)
         return di_error_set(err, DI_ERR_INVALID, "prefix cache match: %lld tokens, keep %lld", (long long)n,
                             (long long)keep);
@@ -145,7 +146,9 @@ int di_prefix_cache_restore(const di_prefix_cache *pc, const di_prefix_hit *hit,
             spans[d] = hit->nodes[d]->span;
             ends[d] = (int64_t)(d + 1) * pc->block;
         }
-        rc = di_session_prefix_restore(s, ids, keep, spans, ends, hit->n_blocks, logits, NULL, err);
+        /* the replayed rows are prompt rows of this request: its prompt's selection width (forward.h) */
+        di_fwd_opts fo = {.prompt_end = hit->prompt_len};
+        rc = di_session_prefix_restore(s, ids, keep, spans, ends, hit->n_blocks, logits, &fo, err);
     }
     free(spans);
     free(ends);

@@ -82,6 +82,7 @@ typedef struct di_prefix_hit {
     int64_t matched;        /* whole-block tokens that matched, also when the hit was declined (≤ keep) */
     int n_blocks;
     di_prefix_node **nodes; /* [n_blocks], owned by the hit */
+    int64_t prompt_len;     /* n of the di_prefix_cache_match that made it: the replay's prompt_end */
 } di_prefix_hit;
 
 /* The replay length the engine uses for a config: W + di_cache_default_margin(cfg) — what

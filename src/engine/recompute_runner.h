@@ -1,7 +1,8 @@
 /* A model runner over the real model that keeps no attention cache: every logits row is the last
- * row of a one-shot di_prefill (model/forward.h) of the request's whole history. O(T²) per request,
- * so only for small models and short sequences — but exact by construction (each row is the
- * reference's prefill of that history, independent of chunking, batch and preemption) and available
+ * row of one pass over the request's whole history told its prompt's length (prompt rows as the
+ * prompt's prefill, generated rows as their decode steps: di_fwd_opts.prompt_end, model/forward.h),
+ * i.e. the cached runner's logits bit for bit. O(T²) per request, so only for small models and short
+ * sequences — but exact by construction (independent of chunking, batch and preemption) and available
  * before the incremental cache-based forward is. It lets the engine run the tiny checkpoints end to
  * end (test_engine_tiny) and is the baseline the cached runner must agree with.
  *

@@ -21,11 +21,14 @@
  * continues sampling at the position where it stopped. Sampling is keyed by (seed, position), so
  * the continuation is the same as without preemption whenever the recomputed logits are the same.
  * The recompute prefills prompt ++ outputs in chunks where the original run had a prefill and then
- * one decode step per token, so a real model reproduces the cache bit for bit only if a position's
- * result does not depend on whether it was computed in a chunk or in a decode step — which is what
- * the batch-invariant kernels promise (one KV layout and one reduction order for prefill and
- * decode); otherwise the continuation may drift after a preemption. Swapping to host memory is not
- * implemented.
+ * one decode step per token; its pieces are the request's own chunks [0, c), [c, 2c), … with one
+ * more boundary at the prompt's end. The runner is told the prompt's length with every piece
+ * (di_step_seq.n_prompt), and the model computes each row as the computation it stands for: a prompt
+ * row with the one-shot prefill's index-selection width and window layout, a row past the prompt as
+ * its decode step (model/forward_internal.h fwd_row_select_entries, forward.c window_lists) — one
+ * layout per chunk, hence the boundary. With the batch-invariant kernels the recompute reproduces the
+ * logits and the cache bit for bit and the continuation is unchanged (tests/test_split_invariance.c).
+ * Swapping to host memory is not implemented.
  *
  * Prefix cache (runner->prefix, engine/prefix_cache.h). The tree is this thread's:
  *   admission  a request that starts from position 0 looks its prompt up; a hit of P tokens (more
