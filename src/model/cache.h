@@ -363,9 +363,9 @@ int di_cache_image(const di_cache *c, uint8_t *out, int64_t cap, int64_t *writte
 
 /* ---- prefix export / import (engine/prefix_cache.h: bounded replay, deepinfer-features §11) ----
  * What is exact to reuse from a sequence at a token boundary B: the compressed KV entries and index
- * keys of every kv source up to B (append-only arrays, a pure function of tokens [0, B) and of the prompt length of the request that
- * computed them: its index-selection width), the
- * compressor carry state and the Engram history. B must be a multiple of every compress ratio, so
+ * keys of every kv source up to B (append-only arrays, a pure function of tokens [0, B) and of the
+ * prompt length of the request that computed them: its index-selection width), the compressor carry
+ * state and the Engram history. B must be a multiple of every compress ratio, so
  * no compressor row is pending at B (the state is the reset state) — di_cache_prefix_align gives
  * the least such multiple. The Engram history is a function of the token ids alone; the session
  * restores it from them (di_session_prefix_restore). The window rings are NOT part of a prefix: a
