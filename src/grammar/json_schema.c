@@ -238,7 +238,7 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 /* ---- keyword handling ---- */
 
 static const char *const k_unsupported[] = {"if",           "then",          "else",
-                                            "contains",      "minContains",  "maxContains",   "multipleOf",
+                                            "contains",      "minContains",  "maxContains",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
 
@@ -429,168 +429,6 @@ static int32_t string_sym(js *c, json_t *s) {
     int32_t ch = c->strchar;
     if (hi > 100000 || lo > 100000) return di_js_fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
     return seq(c, (int32_t[]){q, di_cfg_repeat(c->g, ch, lo, hi), q}, 3);
-}
-
-/* ---- integer ranges as digit grammars ---- */
-
-static int32_t digit_class(js *c, int lo, int hi) { return di_cfg_range(c->g, (uint8_t)('0' + lo), (uint8_t)('0' + hi)); }
-
-/* Decimal strings of exactly n digits (leading zeros allowed here) with value in [lo, hi], given
- * as digit arrays. Classic split: common leading digit, else lo's branch, a free middle, hi's branch. */
-static int32_t same_len_range(js *c, const char *lo, const char *hi, size_t n) {
-    if (n == 0) return empty(c);
-    if (n == 1) return digit_class(c, lo[0] - '0', hi[0] - '0');
-    int32_t nt = di_cfg_nt(c->g, NULL);
-    if (lo[0] == hi[0]) {
-        int32_t r[2] = {digit_class(c, lo[0] - '0', lo[0] - '0'), same_len_range(c, lo + 1, hi + 1, n - 1)};
-        di_cfg_rule(c->g, nt, r, 2);
-        return nt;
-    }
-    char nines[24], zeros[24];
-    memset(nines, '9', n - 1);
-    memset(zeros, '0', n - 1);
-    int32_t r1[2] = {digit_class(c, lo[0] - '0', lo[0] - '0'), same_len_range(c, lo + 1, nines, n - 1)};
-    di_cfg_rule(c->g, nt, r1, 2);
-    if (hi[0] - lo[0] > 1) {
-        int32_t r2[2] = {digit_class(c, lo[0] - '0' + 1, hi[0] - '0' - 1), di_cfg_repeat(c->g, digit_class(c, 0, 9), (int64_t)n - 1, (int64_t)n - 1)};
-        di_cfg_rule(c->g, nt, r2, 2);
-    }
-    int32_t r3[2] = {digit_class(c, hi[0] - '0', hi[0] - '0'), same_len_range(c, zeros, hi + 1, n - 1)};
-    di_cfg_rule(c->g, nt, r3, 2);
-    return nt;
-}
-
-/* Canonical decimals (no leading zeros) of the non-negative integers in [lo, hi]; hi < 0 means
- * unbounded. lo <= hi when bounded. */
-static int32_t nonneg_range(js *c, int64_t lo, int64_t hi) {
-    int32_t nt = di_cfg_nt(c->g, NULL);
-    char a[24], b[24];
-    int la = snprintf(a, sizeof a, "%lld", (long long)lo);
-    int lb = hi >= 0 ? snprintf(b, sizeof b, "%lld", (long long)hi) : la;
-    for (int len = la; len <= lb && !c->rc; len++) {
-        /* the slice of [lo, hi] with exactly len digits */
-        char x[24], y[24];
-        if (len == la) memcpy(x, a, (size_t)la + 1);
-        else x[0] = '1', memset(x + 1, '0', (size_t)len - 1), x[len] = 0;
-        if (hi >= 0 && len == lb) memcpy(y, b, (size_t)lb + 1);
-        else memset(y, '9', (size_t)len), y[len] = 0;
-        int32_t r = same_len_range(c, x, y, (size_t)len);
-        di_cfg_rule(c->g, nt, &r, 1);
-    }
-    if (hi < 0) { /* every longer number: [1-9][0-9]{la,} */
-        int32_t r[2] = {digit_class(c, 1, 9), di_cfg_repeat(c->g, digit_class(c, 0, 9), la, -1)};
-        di_cfg_rule(c->g, nt, r, 2);
-    }
-    return nt;
-}
-
-/* Integers in [lo, hi] (has_lo/has_hi false = unbounded on that side). */
-static int32_t int_range(js *c, bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
-    if (has_lo && has_hi && lo > hi) return nothing(c);
-    int32_t nt = di_cfg_nt(c->g, NULL);
-    /* zero and positives */
-    if (!has_hi || hi >= 0) {
-        int32_t r = nonneg_range(c, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
-        di_cfg_rule(c->g, nt, &r, 1);
-    }
-    /* negatives: "-" then the magnitude in [max(1, -hi), -lo] */
-    if (!has_lo || lo < 0) {
-        int64_t mlo = has_hi && hi < 0 ? -hi : 1, mhi = has_lo ? -lo : -1;
-        int32_t r[2] = {di_cfg_byte(c->g, '-'), nonneg_range(c, mlo, mhi)};
-        di_cfg_rule(c->g, nt, r, 2);
-    }
-    return nt;
-}
-
-/* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
- * (and the mirror for maxima). Both draft-4 (boolean exclusive flags) and draft-6+ forms. */
-/* The tighter of minimum/exclusiveMinimum (or the maxima): draft 4 boolean exclusive flags and
- * draft 6+ numeric ones. Returns false when there is no bound on that side. */
-static bool num_bound(js *c, json_t *s, bool upper, double *val, bool *excl) {
-    const char *inc = upper ? "maximum" : "minimum", *exc = upper ? "exclusiveMaximum" : "exclusiveMinimum";
-    json_t *vi = json_object_get(s, inc), *ve = json_object_get(s, exc);
-    bool have = false;
-    if (json_is_number(vi)) have = true, *val = json_number_value(vi), *excl = json_is_true(ve);
-    if (json_is_number(ve)) {
-        double e = json_number_value(ve);
-        if (!have || (upper ? e <= *val : e >= *val)) *val = e, *excl = true;
-        have = true;
-    }
-    if (have && (*val > 9e15 || *val < -9e15)) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "numeric bound beyond +-9e15"), false;
-    return have;
-}
-
-/* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
- * (and the mirror for maxima). */
-static bool int_bound(js *c, json_t *s, bool upper, int64_t *out) {
-    double best = 0;
-    bool excl = false;
-    if (!num_bound(c, s, upper, &best, &excl)) return false;
-    double f = upper ? floor(best) : ceil(best);
-    if (excl && f == best) f += upper ? -1 : 1;
-    *out = (int64_t)f;
-    return true;
-}
-
-/* Magnitudes [lo, hi] (hi unbounded when !has_hi) as canonical digits, or NULL-language. */
-static int32_t mag_range(js *c, int64_t lo, bool has_hi, int64_t hi) {
-    if (has_hi && hi < lo) return nothing(c);
-    return nonneg_range(c, lo, has_hi ? hi : -1);
-}
-
-/* Non-integer numbers between integral bounds, as the union of four exact pieces (no exponent:
- * a subset of the valid spellings): k and k.ddd for x >= 0, -k and -k.ddd for x < 0. A piece
- * with a fraction keeps only integer parts k whose whole interval [k, k+1) (or (-(k+1), -k])
- * lies inside the bounds. */
-static int32_t bounded_number(js *c, bool has_lo, int64_t lo, bool ex_lo, bool has_hi, int64_t hi, bool ex_hi) {
-    di_cfg *g = c->g;
-    int32_t nt = di_cfg_nt(g, NULL);
-    int32_t frac = seq(c, (int32_t[]){di_cfg_byte(g, '.'), di_cfg_plus(g, digit_class(c, 0, 9))}, 2);
-    int32_t minus = di_cfg_byte(g, '-');
-    int64_t low_int = has_lo ? (ex_lo ? lo + 1 : lo) : 0; /* smallest allowed integer (when >= 0) */
-    if (!has_hi || hi >= 0) {
-        int64_t k_lo = low_int > 0 ? low_int : 0;
-        int32_t a = mag_range(c, k_lo, has_hi, has_hi ? (ex_hi ? hi - 1 : hi) : 0);
-        int32_t b = seq(c, (int32_t[]){mag_range(c, k_lo, has_hi, hi - 1), frac}, 2);
-        di_cfg_rule(g, nt, &a, 1);
-        di_cfg_rule(g, nt, &b, 1);
-    }
-    if (!has_lo || lo < 0) {
-        int64_t c_lo = has_hi ? (ex_hi ? -hi + 1 : -hi) : 1, d_lo = c_lo;
-        if (c_lo < 1) c_lo = 1;
-        if (d_lo < 0) d_lo = 0;
-        int32_t cc = seq(c, (int32_t[]){minus, mag_range(c, c_lo, has_lo, has_lo ? (ex_lo ? -lo - 1 : -lo) : 0)}, 2);
-        int32_t d = seq(c, (int32_t[]){minus, mag_range(c, d_lo, has_lo, -lo - 1), frac}, 3);
-        di_cfg_rule(g, nt, &cc, 1);
-        di_cfg_rule(g, nt, &d, 1);
-    }
-    return nt;
-}
-
-static int32_t number_sym(js *c, json_t *s, bool integer) {
-    static const char *bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-    bool any = false;
-    for (size_t i = 0; i < 4; i++) {
-        json_t *b = json_object_get(s, bounds[i]);
-        if (b && !json_is_number(b) && !json_is_boolean(b))
-            return di_js_fail(c, DI_ERR_INVALID, "numeric bound '%s' is not a number", bounds[i]);
-        if (json_is_number(b)) any = true;
-    }
-    if (!any) return integer ? c->integer : c->number;
-    if (integer) {
-        int64_t lo = 0, hi = 0;
-        bool has_lo = int_bound(c, s, false, &lo), has_hi = !c->rc && int_bound(c, s, true, &hi);
-        if (c->rc) return 0;
-        return int_range(c, has_lo, lo, has_hi, hi);
-    }
-    /* numbers: integral bounds only (e.g. 0..1, 0..100); fractional bounds are refused */
-    double lo = 0, hi = 0;
-    bool ex_lo = false, ex_hi = false;
-    bool has_lo = num_bound(c, s, false, &lo, &ex_lo), has_hi = !c->rc && num_bound(c, s, true, &hi, &ex_hi);
-    if (c->rc) return 0;
-    if ((has_lo && lo != floor(lo)) || (has_hi && hi != floor(hi)))
-        return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "non-integral bound on a non-integer number");
-    return bounded_number(c, has_lo, (int64_t)lo, ex_lo, has_hi, (int64_t)hi, ex_hi);
 }
 
 /* Code points a free-form key may use: no controls, no '"', and no '\\' (escapes would let
@@ -955,8 +793,8 @@ static int32_t array_sym(js *c, json_t *s) {
 
 static int32_t typed(js *c, json_t *s, const char *t) {
     if (!strcmp(t, "string")) return string_sym(c, s);
-    if (!strcmp(t, "number")) return number_sym(c, s, false);
-    if (!strcmp(t, "integer")) return number_sym(c, s, true);
+    if (!strcmp(t, "number")) return di_js_number(c, s, false);
+    if (!strcmp(t, "integer")) return di_js_number(c, s, true);
     if (!strcmp(t, "boolean")) return c->boolean;
     if (!strcmp(t, "null")) return c->null;
     if (!strcmp(t, "object")) return object_sym(c, s);
@@ -1084,8 +922,8 @@ static int32_t schema_body(js *c, json_t *s) {
         json_object_get(s, "format"))
         return string_sym(c, s);
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
-        json_object_get(s, "exclusiveMaximum"))
-        return number_sym(c, s, false);
+        json_object_get(s, "exclusiveMaximum") || json_object_get(s, "multipleOf"))
+        return di_js_number(c, s, false);
     return c->value;
 }
 
