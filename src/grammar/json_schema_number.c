@@ -145,8 +145,9 @@ typedef struct dec {
     char fr[400];
 } dec;
 
-/* The shortest decimal that reads back as d (at most 17 significant digits). */
-static void dec_of(double d, dec *out) {
+/* The shortest decimal that reads back as d (at most 17 significant digits); false when |d| >= 1e20
+ * (callers refuse such values first). */
+static bool dec_of(double d, dec *out) {
     char buf[48];
     for (int p = 1; p <= 17; p++) {
         snprintf(buf, sizeof buf, "%.*e", p - 1, d);
@@ -164,8 +165,9 @@ static void dec_of(double d, dec *out) {
     if (d == 0) {
         out->neg = false;
         strcpy(out->ip, "0");
-        return;
+        return true;
     }
+    if (point > 20) return false;
     if (point <= 0) {
         strcpy(out->ip, "0");
         size_t z = (size_t)-point;
@@ -178,6 +180,7 @@ static void dec_of(double d, dec *out) {
     }
     size_t n = strlen(out->fr);
     while (n && out->fr[n - 1] == '0') out->fr[--n] = 0;
+    return true;
 }
 
 static bool dec_zero(const dec *a) { return !strcmp(a->ip, "0") && !a->fr[0]; }
@@ -211,8 +214,7 @@ static bool bound_dec(js *c, json_t *s, bool upper, dec *out) {
     bool excl = false;
     if (!num_bound(c, s, upper, &v, &excl)) return false;
     if (excl) v = nextafter(v, upper ? -INFINITY : INFINITY);
-    dec_of(v, out);
-    return true;
+    return dec_of(v, out); /* |v| <= 9e15: num_bound refused the rest */
 }
 
 /* ---- numbers with bounds: fraction digits compared with a bound's fraction ---- */
@@ -411,7 +413,8 @@ static int32_t multiple_sym(js *c, json_t *s, bool integer, const dec *lo, const
     if (!json_is_number(k) || !(json_number_value(k) > 0) || !isfinite(json_number_value(k)))
         return di_js_fail(c, DI_ERR_INVALID, "%s", "multipleOf is not a positive number");
     dec kd;
-    dec_of(json_number_value(k), &kd);
+    if (json_number_value(k) >= 1e15 || !dec_of(json_number_value(k), &kd))
+        return di_js_fail(c, DI_ERR_LIMIT, "%s", "multipleOf of 1e15 or more (only 0 has at most 15 digits)");
     char kdig[448];
     snprintf(kdig, sizeof kdig, "%s%s", kd.ip, kd.fr);
     const char *p = kdig;
