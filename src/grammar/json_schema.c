@@ -221,12 +221,14 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     if (!vals) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
     if (cst) json_array_append(vals, cst);
     for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
-    for (size_t i = json_array_size(vals); type && i-- > 0;) {
+    json_t *not_strs = json_object_get(s, DI_JS_NOT_STRINGS);
+    for (size_t i = json_array_size(vals); (type || not_strs) && i-- > 0;) {
         json_t *x = json_array_get(vals, i);
-        bool ok = false;
+        bool ok = !type;
         if (json_is_string(type)) ok = di_js_value_has_type(x, json_string_value(type));
         for (size_t t = 0; json_is_array(type) && t < json_array_size(type); t++)
             ok = ok || (json_is_string(json_array_get(type, t)) && di_js_value_has_type(x, json_string_value(json_array_get(type, t))));
+        if (json_is_string(x) && json_object_get(not_strs, json_string_value(x))) ok = false;
         if (!ok) json_array_remove(vals, i);
     }
     /* an integral real such as 1.0 serializes as "1.0", which is still a valid spelling */
@@ -359,9 +361,17 @@ static size_t single_atom(const char *re, int64_t *qlo, int64_t *qhi) {
     return atom;
 }
 
+static int32_t other_key(js *c, json_t *props);
+
 static int32_t string_sym(js *c, json_t *s) {
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    json_t *not_strs = json_object_get(s, DI_JS_NOT_STRINGS);
+    if (not_strs) { /* a string other than the listed ones, spelled without escapes */
+        if (!json_is_object(not_strs) || mn || mx || pat || fmt)
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {enum} beside a pattern, format or length");
+        return other_key(c, not_strs);
+    }
     int64_t lo = json_is_integer(mn) ? json_integer_value(mn) : 0;
     int64_t hi = json_is_integer(mx) ? json_integer_value(mx) : -1;
     if (lo < 0 || (hi >= 0 && hi < lo)) return nothing(c);

@@ -10,6 +10,10 @@
 
 #include "grammar/json_schema.h"
 
+/* Internal keyword that rewrites add to a string schema: an object whose keys are the string
+ * values the instance must differ from (from not {enum}); compiled like a free member key. */
+#define DI_JS_NOT_STRINGS "$di_not_strings"
+
 typedef struct memo_ent {
     const json_t *key;
     int32_t nt;

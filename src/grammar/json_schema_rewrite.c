@@ -303,12 +303,56 @@ json_t *di_js_narrow_oneof(js *c, json_t *branches) {
     return out;
 }
 
+/* Names whose absence makes every object fail n: n is a conjunction (type object, required,
+ * allOf, anyOf; annotations aside) and one conjunct failing is enough: the first required name, or
+ * a failing allOf part, or every anyOf branch failing. Appends them to names; false when n has
+ * another form (names may then hold leftovers, which the caller discards). */
+static bool forbid_names(js *c, json_t *n, json_t *names, int depth) {
+    if (json_is_object(n) && json_object_size(n) == 1 && json_is_string(json_object_get(n, "$ref"))) n = deref(c, n);
+    if (!json_is_object(n) || depth > 8) return false;
+    json_t *req = NULL, *all = NULL, *any = NULL, *v;
+    const char *k;
+    json_object_foreach(n, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (!strcmp(k, "required")) req = v;
+        else if (!strcmp(k, "allOf")) all = v;
+        else if (!strcmp(k, "anyOf")) any = v;
+        else if (strcmp(k, "type") || !json_is_string(v) || strcmp(json_string_value(v), "object")) return false;
+    }
+    if (json_is_string(json_array_get(req, 0))) return json_array_append(names, json_array_get(req, 0)) == 0;
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        size_t had = json_array_size(names);
+        if (forbid_names(c, json_array_get(all, i), names, depth + 1)) return true;
+        while (json_array_size(names) > had) json_array_remove(names, had);
+    }
+    if (!json_array_size(any)) return false;
+    for (size_t i = 0; i < json_array_size(any); i++)
+        if (!forbid_names(c, json_array_get(any, i), names, depth + 1)) return false;
+    return true;
+}
+
+/* A string schema with no constraint besides its type (the values of a not-enum are then left
+ * out with the key machinery, which cannot also apply a pattern or length). */
+static bool plain_string(json_t *m) {
+    const char *k;
+    json_t *v;
+    bool str = false;
+    json_object_foreach(m, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (strcmp(k, "type")) return false;
+        str = json_is_string(v) && !strcmp(json_string_value(v), "string");
+    }
+    return str;
+}
+
 /* dependencies / dependentRequired / dependentSchemas and simple forms of "not", rewritten into
  * keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
  * - a dependent name list becomes required (exact when the trigger is required, else narrower);
  * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
- * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower);
- *   not {enum/const} removes values from a sibling enum/const; not true = false; not false = true.
+ * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower), and
+ *   so do allOf / anyOf of such schemas (forbid_names), keeping to objects;
+ * - not {enum/const} removes values from a sibling enum/const, or beside a plain string type
+ *   leaves those strings out (DI_JS_NOT_STRINGS); not true = false; not false = true.
  * Anything else is refused. Returns s itself when nothing applies, NULL after di_js_fail(). */
 json_t *di_js_rewrite(js *c, json_t *s) {
     static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
@@ -378,14 +422,39 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         json_object_set_new(m, "type", list);
         return m;
     }
-    if (nk == 1 && !strcmp(only, "required") && json_array_size(json_object_get(n, "required"))) {
-        const char *name = json_string_value(json_array_get(json_object_get(n, "required"), 0));
-        if (!name) return di_js_fail(c, DI_ERR_INVALID, "%s", "not: required entry is not a string"), NULL;
-        json_t *props = json_object_get(m, "properties");
-        if (props && !json_is_object(props)) return di_js_fail(c, DI_ERR_INVALID, "%s", "properties is not an object"), NULL;
+    json_t *names = json_array();
+    if (!names) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+    if (forbid_names(c, n, names, 0)) {
+        /* objects without these names fail n; a non-object may pass n (its required is vacuous):
+         * keep to objects */
+        json_t *have = json_object_get(m, "type"), *props = json_object_get(m, "properties");
+        if ((have && !(type_bits_of(have) & (1u << 5))) || (props && !json_is_object(props))) {
+            json_decref(names);
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {required} beside a non-object type"), NULL;
+        }
+        json_object_set_new(m, "type", json_string("object"));
         json_t *np = props ? json_deep_copy(props) : json_object();
-        json_object_set_new(np, name, json_false()); /* an absent or declared name: absent now */
+        for (size_t i = 0; i < json_array_size(names); i++) /* an absent or declared name: absent now */
+            json_object_set_new(np, json_string_value(json_array_get(names, i)), json_false());
         json_object_set_new(m, "properties", np);
+        json_decref(names);
+        return m;
+    }
+    json_decref(names);
+    /* not {enum/const of strings} beside a plain string: strings other than those values */
+    json_t *nen0 = json_object_get(n, "enum"), *ncst0 = json_object_get(n, "const");
+    if (nk == 1 && (nen0 || ncst0) && plain_string(m)) {
+        json_t *vals = ncst0 ? json_pack("[O]", ncst0) : json_deep_copy(nen0);
+        json_t *strs = json_object();
+        for (size_t i = 0; vals && strs && i < json_array_size(vals); i++)
+            if (json_is_string(json_array_get(vals, i))) /* other values never match a string */
+                json_object_set_new(strs, json_string_value(json_array_get(vals, i)), json_true());
+        json_decref(vals);
+        if (!strs) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        json_t *prev = json_object_get(m, DI_JS_NOT_STRINGS); /* from an earlier rewrite of a merged part */
+        if (json_is_object(prev)) json_object_update(strs, prev);
+        json_object_set_new(m, "type", json_string("string"));
+        json_object_set_new(m, DI_JS_NOT_STRINGS, strs);
         return m;
     }
     json_t *en = json_object_get(m, "enum"), *cst = json_object_get(m, "const");
@@ -405,6 +474,7 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         return m;
     }
     return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s",
-                "keyword 'not' other than not-type, not-required, not-enum/const beside enum/const, true/false"),
+                "keyword 'not' other than not-type, not-required (also in allOf/anyOf), not-enum/const beside "
+                "enum/const or a plain string, true/false"),
            NULL;
 }
