@@ -219,7 +219,9 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     json_t *type = json_object_get(s, "type");
     json_t *vals = json_array();
     if (!vals) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
-    if (cst) json_array_append(vals, cst);
+    bool cst_in_enum = !json_is_array(en);
+    for (size_t i = 0; cst && !cst_in_enum && i < json_array_size(en); i++) cst_in_enum = json_equal(cst, json_array_get(en, i));
+    if (cst && cst_in_enum) json_array_append(vals, cst); /* const and enum (e.g. from allOf) must both hold */
     for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
     json_t *not_strs = json_object_get(s, DI_JS_NOT_STRINGS);
     for (size_t i = json_array_size(vals); (type || not_strs) && i-- > 0;) {
@@ -239,8 +241,7 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 
 /* ---- keyword handling ---- */
 
-static const char *const k_unsupported[] = {"if",           "then",          "else",
-                                            "contains",      "minContains",  "maxContains",
+static const char *const k_unsupported[] = {"contains",      "minContains",  "maxContains",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
 

@@ -16,8 +16,63 @@
  * soundness relies on, so PCRE2 may accept more but must not accept less. */
 const uint32_t di_js_pcre2_opts = PCRE2_UTF | PCRE2_UCP | PCRE2_ALT_BSUX;
 
-/* allOf: merge the parts into one schema when their keywords do not overlap (other than
- * required, which unions, and type, which must agree); otherwise reject. */
+static unsigned type_bits_of(const json_t *t);
+static const char *const k_type_names[7];
+
+/* if/then/else of an allOf part as the equivalent anyOf (see di_js_rewrite), so that two parts'
+ * conditions combine like two anyOf; a new reference, NULL when p has none. */
+static json_t *cond_anyof(json_t *p) {
+    json_t *cif = json_object_get(p, "if"), *cthen = json_object_get(p, "then"), *celse = json_object_get(p, "else");
+    if (!cif || (!cthen && !celse)) return NULL;
+    return json_pack("[{s:[O,O]},{s:[{s:O},O]}]", "allOf", cif, cthen ? cthen : json_true(), "allOf", "not", cif,
+                     celse ? celse : json_true());
+}
+
+/* Keyword k in two allOf parts (values a, b) as one keyword that holds exactly when both do:
+ * enum values in both, types in both, the tighter count or bound, anyOf of every pair of
+ * branches (at most 64), not of either. NULL when k has no such combination. */
+static json_t *merge_keyword(const char *k, json_t *a, json_t *b) {
+    if (!strcmp(k, "enum") && json_is_array(a) && json_is_array(b)) {
+        json_t *r = json_array();
+        for (size_t i = 0; r && i < json_array_size(a); i++)
+            for (size_t j = 0; j < json_array_size(b); j++)
+                if (json_equal(json_array_get(a, i), json_array_get(b, j))) {
+                    json_array_append(r, json_array_get(a, i));
+                    break;
+                }
+        return r;
+    }
+    if (!strcmp(k, "type")) {
+        unsigned x = type_bits_of(a), y = type_bits_of(b), both = x & y;
+        if (!x || !y) return NULL;
+        json_t *r = json_array();
+        for (unsigned t = 0; r && t < 7; t++) /* number (bits 1 and 2) also lists integer: skip it then */
+            if ((both >> t) & 1 && !(t == 2 && (both & 2))) json_array_append_new(r, json_string(k_type_names[t]));
+        return r;
+    }
+    static const char *lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"};
+    static const char *upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"};
+    for (size_t i = 0; i < 5; i++) {
+        bool lo = !strcmp(k, lower[i]), hi = !strcmp(k, upper[i]);
+        if ((lo || hi) && json_is_number(a) && json_is_number(b)) {
+            double x = json_number_value(a), y = json_number_value(b);
+            return json_incref(lo ? (x >= y ? a : b) : (x <= y ? a : b));
+        }
+    }
+    if (!strcmp(k, "anyOf") && json_is_array(a) && json_is_array(b)) {
+        if (json_array_size(a) * json_array_size(b) > 64) return NULL;
+        json_t *r = json_array();
+        for (size_t i = 0; r && i < json_array_size(a); i++)
+            for (size_t j = 0; j < json_array_size(b); j++)
+                json_array_append_new(r, json_pack("{s:[O,O]}", "allOf", json_array_get(a, i), json_array_get(b, j)));
+        return r;
+    }
+    if (!strcmp(k, "not")) return json_pack("{s:[O,O]}", "anyOf", a, b);
+    return NULL;
+}
+
+/* allOf: merge the parts into one schema keyword by keyword: required unions, properties take
+ * allOf per name, keywords in several parts combine by merge_keyword; otherwise reject. */
 json_t *di_js_merge_allof(js *c, json_t *s) {
     json_t *m = json_deep_copy(s);
     if (!m) return NULL;
@@ -26,7 +81,31 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
     for (size_t i = 0; i < json_array_size(parts) && !c->rc; i++) {
         json_t *p = json_array_get(parts, i);
         json_t *ref = json_object_get(p, "$ref");
-        if (ref && json_is_string(ref)) p = di_js_resolve_ref(c, json_string_value(ref));
+        /* a bare $ref part is its target; with siblings it stays a $ref keyword (compiled as allOf) */
+        bool bare = true;
+        const char *k0;
+        json_t *v0;
+        json_object_foreach(p, k0, v0) if (di_js_constrains(k0) && strcmp(k0, "$ref")) bare = false;
+        if (ref && json_is_string(ref) && bare) p = di_js_resolve_ref(c, json_string_value(ref));
+        json_t *cond = json_is_object(p) ? cond_anyof(p) : NULL;
+        if (cond) { /* the part's if/then/else as anyOf */
+            json_t *q = json_deep_copy(p);
+            json_object_del(q, "if"), json_object_del(q, "then"), json_object_del(q, "else");
+            json_t *both = json_object_get(q, "anyOf") ? merge_keyword("anyOf", json_object_get(q, "anyOf"), cond) : json_incref(cond);
+            json_decref(cond);
+            if (!both) {
+                json_decref(q);
+                json_decref(m);
+                return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "allOf: if/then/else beside anyOf with more than 64 combinations"), NULL;
+            }
+            json_object_set_new(q, "anyOf", both);
+            json_array_append_new(c->keep, q);
+            p = q;
+        }
+        if (json_is_false(p)) { /* nothing passes this part */
+            json_decref(m);
+            return json_false();
+        }
         if (!p || !json_is_object(p)) {
             if (!json_is_true(p)) di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "allOf part that is not an object schema");
             continue;
@@ -61,6 +140,11 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
                 }
                 json_object_set_new(m, k, u);
             } else if (!json_equal(have, v) && di_js_constrains(k)) { /* differing annotations: keep the first */
+                json_t *both = merge_keyword(k, have, v);
+                if (both) {
+                    json_object_set_new(m, k, both);
+                    continue;
+                }
                 json_decref(m);
                 return di_js_fail(c, DI_ERR_UNSUPPORTED, "allOf: keyword '%s' appears in more than one part", k), NULL;
             }
@@ -96,7 +180,7 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
 
 /* Types a schema admits, as bits of k_type_names (integer is a subset of number: its own bit, and
  * "number" sets both). Without "type", the types of const/enum values, else all. */
-static const char *const k_type_names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
+static const char *const k_type_names[7] = {"string", "number", "integer", "boolean", "null", "object", "array"};
 
 static unsigned value_type_bits(const json_t *v) {
     unsigned b = 0;
@@ -303,22 +387,14 @@ json_t *di_js_narrow_oneof(js *c, json_t *branches) {
     return out;
 }
 
-/* Names whose absence makes every object fail n: n is a conjunction (type object, required,
- * allOf, anyOf; annotations aside) and one conjunct failing is enough: the first required name, or
- * a failing allOf part, or every anyOf branch failing. Appends them to names; false when n has
- * another form (names may then hold leftovers, which the caller discards). */
+/* Names whose absence makes every object fail n. n is the conjunction of its keywords, so one
+ * failing is enough: its first required name, or a failing allOf part, or every anyOf branch
+ * failing. Appends them to names; false when none is found (names may then hold leftovers, which
+ * the caller discards). */
 static bool forbid_names(js *c, json_t *n, json_t *names, int depth) {
     if (json_is_object(n) && json_object_size(n) == 1 && json_is_string(json_object_get(n, "$ref"))) n = deref(c, n);
     if (!json_is_object(n) || depth > 8) return false;
-    json_t *req = NULL, *all = NULL, *any = NULL, *v;
-    const char *k;
-    json_object_foreach(n, k, v) {
-        if (!di_js_constrains(k)) continue;
-        if (!strcmp(k, "required")) req = v;
-        else if (!strcmp(k, "allOf")) all = v;
-        else if (!strcmp(k, "anyOf")) any = v;
-        else if (strcmp(k, "type") || !json_is_string(v) || strcmp(json_string_value(v), "object")) return false;
-    }
+    json_t *req = json_object_get(n, "required"), *all = json_object_get(n, "allOf"), *any = json_object_get(n, "anyOf");
     if (json_is_string(json_array_get(req, 0))) return json_array_append(names, json_array_get(req, 0)) == 0;
     for (size_t i = 0; i < json_array_size(all); i++) {
         size_t had = json_array_size(names);
@@ -345,8 +421,9 @@ static bool plain_string(json_t *m) {
     return str;
 }
 
-/* dependencies / dependentRequired / dependentSchemas and simple forms of "not", rewritten into
- * keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
+/* if/then/else, dependencies / dependentRequired / dependentSchemas and simple forms of "not",
+ * rewritten into keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
+ * - if/then/else becomes anyOf [allOf [if, then], allOf [not if, else]] (exact);
  * - a dependent name list becomes required (exact when the trigger is required, else narrower);
  * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
  * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower), and
@@ -356,12 +433,27 @@ static bool plain_string(json_t *m) {
  * Anything else is refused. Returns s itself when nothing applies, NULL after di_js_fail(). */
 json_t *di_js_rewrite(js *c, json_t *s) {
     static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
+    static const char *cond_kw[] = {"if", "then", "else"};
     bool any = json_object_get(s, "not") != NULL;
-    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]);
+    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]) || json_object_get(s, cond_kw[i]);
     if (!any) return s;
     json_t *m = json_deep_copy(s);
     if (!m) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
     json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+    /* if/then/else: (if and then) or (not if and else), as one more allOf part holding that anyOf;
+     * the two branches compile through allOf and the "not" rewrites below (a form of not they do
+     * not handle is refused there). then/else without if, or if alone, constrain nothing. */
+    json_t *cif = json_object_get(s, "if"), *cthen = json_object_get(s, "then"), *celse = json_object_get(s, "else");
+    for (size_t i = 0; i < 3; i++) json_object_del(m, cond_kw[i]);
+    if (cif && (cthen || celse)) {
+        json_t *all = json_object_get(m, "allOf");
+        if (all && !json_is_array(all)) return di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
+        json_t *alt = json_pack("{s:[{s:[O,O]},{s:[{s:O},O]}]}", "anyOf", "allOf", cif, cthen ? cthen : json_true(), "allOf",
+                                "not", cif, celse ? celse : json_true());
+        if (!alt) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        if (!all) json_object_set_new(m, "allOf", all = json_array());
+        json_array_append_new(all, alt);
+    }
     for (size_t i = 0; i < 3; i++) {
         json_t *deps = json_object_get(s, dep_kw[i]);
         if (!deps) continue;
@@ -441,6 +533,30 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         return m;
     }
     json_decref(names);
+    /* not {properties: {p: S}}: p is present and fails S (n passes every non-object: objects only) */
+    json_t *nprops = json_object_get(n, "properties");
+    if (nk == 1 && json_is_object(nprops) && json_object_size(nprops) == 1) {
+        const char *p = json_object_iter_key(json_object_iter(nprops));
+        json_t *ps = json_object_get(nprops, p), *have = json_object_get(m, "type");
+        json_t *props = json_object_get(m, "properties"), *req = json_object_get(m, "required");
+        if ((have && !(type_bits_of(have) & (1u << 5))) || (props && !json_is_object(props)) || (req && !json_is_array(req)))
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {properties} beside a non-object type"), NULL;
+        json_t *np = props ? json_deep_copy(props) : json_object();
+        json_t *prev = json_object_get(np, p);
+        json_t *neg = prev ? json_pack("{s:[O,{s:O}]}", "allOf", prev, "not", ps) : json_pack("{s:O}", "not", ps);
+        if (!np || !neg) return json_decref(np), json_decref(neg), di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        json_object_set_new(np, p, neg);
+        json_object_set_new(m, "properties", np);
+        if (!req) json_object_set_new(m, "required", req = json_array());
+        if (!in_required(req, p)) json_array_append_new(req, json_string(p));
+        json_object_set_new(m, "type", json_string("object"));
+        return m;
+    }
+    /* not {const/enum} beside type boolean: the other value */
+    json_t *mt = json_object_get(m, "type");
+    if (nk == 1 && (json_object_get(n, "enum") || json_object_get(n, "const")) && json_is_string(mt) &&
+        !strcmp(json_string_value(mt), "boolean") && !json_object_get(m, "enum") && !json_object_get(m, "const"))
+        json_object_set_new(m, "enum", json_pack("[b,b]", 1, 0));
     /* not {enum/const of strings} beside a plain string: strings other than those values */
     json_t *nen0 = json_object_get(n, "enum"), *ncst0 = json_object_get(n, "const");
     if (nk == 1 && (nen0 || ncst0) && plain_string(m)) {
