@@ -603,6 +603,40 @@ static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
     return shared;
 }
 
+/* Members with a count in [lo, hi] (hi < 0: unbounded): declared members mems[0..n) in order
+ * (reqd: must appear), then additional ones (`member`, -1 when none may appear). S[k][j]: members
+ * k.. remain, j written; without hi, counts >= lo share the column lo. */
+static int32_t counted_members(js *c, const int32_t *mems, const bool *reqd, size_t n, int32_t member, int64_t lo, int64_t hi) {
+    di_cfg *g = c->g;
+    size_t cols = (size_t)(hi >= 0 ? hi : lo) + 1;
+    int32_t *S = malloc((n + 1) * cols * sizeof *S);
+    if (!S) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    for (size_t i = 0; i < (n + 1) * cols; i++) S[i] = di_cfg_nt(g, NULL);
+    int32_t ce = member >= 0 ? seq(c, (int32_t[]){c->comma, member}, 2) : -1;
+    for (size_t j = 0; j < cols; j++) { /* additional members: t of them, j + t in [lo, hi] */
+        int32_t tail = S[n * cols + j];
+        int64_t tlo = lo > (int64_t)j ? lo - (int64_t)j : 0, thi = hi >= 0 ? hi - (int64_t)j : -1;
+        if (tlo == 0) di_cfg_rule(g, tail, NULL, 0);
+        if (member < 0 || thi == 0) continue;
+        int32_t r = j ? di_cfg_repeat(g, ce, tlo ? tlo : 1, thi)
+                      : seq(c, (int32_t[]){member, di_cfg_repeat(g, ce, tlo > 1 ? tlo - 1 : 0, thi < 0 ? -1 : thi - 1)}, 2);
+        di_cfg_rule(g, tail, &r, 1);
+    }
+    for (size_t k = n; k-- > 0;)
+        for (size_t j = 0; j < cols; j++) {
+            int32_t at = S[k * cols + j];
+            if (hi < 0 || (int64_t)j < hi) { /* member k written */
+                size_t j2 = j + 1 < cols ? j + 1 : cols - 1;
+                int32_t r[3] = {c->comma, mems[k], S[(k + 1) * cols + j2]};
+                di_cfg_rule(g, at, j ? r : r + 1, j ? 3 : 2);
+            }
+            if (!reqd[k]) di_cfg_rule(g, at, &S[(k + 1) * cols + j], 1);
+        }
+    int32_t body = S[0];
+    free(S);
+    return body;
+}
+
 static int32_t object_sym(js *c, json_t *s) {
     di_cfg *g = c->g;
     json_t *props = json_object_get(s, "properties");
@@ -653,12 +687,13 @@ static int32_t object_sym(js *c, json_t *s) {
             }
     }
     bool closed = json_is_false(addl) && !pp;
-    bool non_empty = false;
+    bool non_empty = false, counted = false;
+    int64_t count_lo = 0, count_hi = -1;
     if (mnp) {
         if (!json_is_integer(mnp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "minProperties is not an integer");
         json_int_t m = json_integer_value(mnp);
         if (m > (json_int_t)n_req) {
-            if (m > 1) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'minProperties' above 1 and above the required count");
+            if (m > 1) count_lo = m, counted = true;
             non_empty = true;
         }
     }
@@ -666,9 +701,14 @@ static int32_t object_sym(js *c, json_t *s) {
         if (!json_is_integer(mxp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "maxProperties is not an integer");
         json_int_t m = json_integer_value(mxp);
         if (m < (json_int_t)n_req) return nothing(c);
-        if (!closed || (json_int_t)n > m)
-            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'maxProperties' not implied by a closed property list");
+        if (!closed || (json_int_t)n > m) count_hi = m, counted = true;
     }
+    /* counted chain: S[k][j] = members k..n-1 remain, j written so far (without maxProperties,
+     * counts from minProperties up behave alike and share the last column) */
+    int64_t cols = (count_hi >= 0 ? count_hi : count_lo) + 1;
+    if (counted && (count_hi >= 0 && count_hi < count_lo)) return nothing(c);
+    if (counted && (cols > 1001 || (int64_t)(n + 1) * cols > 50000))
+        return di_js_fail(c, DI_ERR_LIMIT, "%s", "minProperties/maxProperties: (declared names + 1) x count above 50000 states");
     /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first).
      * Q[k]: members k..n-1 remain, none written yet, at least one must be (minProperties 1). */
     int32_t(*P)[3] = calloc(n + 1, sizeof *P);
@@ -708,6 +748,12 @@ static int32_t object_sym(js *c, json_t *s) {
         int32_t none = nothing(c);
         di_cfg_rule(g, P[n][2], &none, 1);
     }
+    int32_t *mems = calloc(n + 1, sizeof *mems);
+    bool *reqd = calloc(n + 1, sizeof *reqd);
+    if (!mems || !reqd) {
+        free(P), free(mems), free(reqd);
+        return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    }
     size_t k = 0;
     const char *key;
     json_object_foreach(props, key, ps) {
@@ -719,12 +765,13 @@ static int32_t object_sym(js *c, json_t *s) {
         char *qk = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL; /* the key as a JSON string literal */
         json_decref(ks);
         if (!qk) {
-            free(P);
+            free(P), free(mems), free(reqd);
             return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         }
         int32_t v = sub(c, ps, "properties", key);
         int32_t mem = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
         free(qk);
+        mems[k] = mem, reqd[k] = required;
         for (int e = 0; e < 2; e++) {
             int32_t with[3] = {c->comma, mem, P[k + 1][1]};
             di_cfg_rule(g, P[k][e], e ? with : with + 1, e ? 3 : 2);
@@ -735,8 +782,8 @@ static int32_t object_sym(js *c, json_t *s) {
         if (!required) di_cfg_rule(g, P[k][2], &P[k + 1][2], 1);
         k++;
     }
-    int32_t body = P[0][non_empty ? 2 : 0];
-    free(P);
+    int32_t body = counted ? counted_members(c, mems, reqd, n, extra ? member : -1, count_lo, count_hi) : P[0][non_empty ? 2 : 0];
+    free(P), free(mems), free(reqd);
     return seq(c, (int32_t[]){c->lbrace, body, c->rbrace}, 3);
 }
 
