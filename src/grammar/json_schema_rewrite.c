@@ -28,9 +28,56 @@ static json_t *cond_anyof(json_t *p) {
                      celse ? celse : json_true());
 }
 
+/* The values of a schema that is only const or enum (annotations aside); NULL otherwise. */
+static json_t *values_only(json_t *s) {
+    const char *k;
+    json_t *v, *r = NULL;
+    if (!json_is_object(s)) return NULL;
+    json_object_foreach(s, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (r || (strcmp(k, "const") && (strcmp(k, "enum") || !json_is_array(v)))) return json_decref(r), NULL;
+        r = strcmp(k, "const") ? json_deep_copy(v) : json_pack("[O]", v);
+    }
+    return r;
+}
+
+/* The single name of a schema that is only {properties: {p: X}} (annotations aside); NULL otherwise. */
+static const char *one_property(json_t *s) {
+    const char *k, *name = NULL;
+    json_t *v;
+    if (!json_is_object(s)) return NULL;
+    json_object_foreach(s, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (name || strcmp(k, "properties") || !json_is_object(v) || json_object_size(v) != 1) return NULL;
+        name = json_object_iter_key(json_object_iter(v));
+    }
+    return name;
+}
+
+/* A schema for "a or b" in a form the not rewrite handles where possible: const/enum lists
+ * unite, {properties: {p: X}} or {properties: {p: Y}} is {properties: {p: X or Y}} (p absent
+ * passes both); otherwise anyOf [a, b]. A new reference. */
+static json_t *either(json_t *a, json_t *b, int depth) {
+    json_t *va = values_only(a), *vb = values_only(b);
+    if (va && vb) {
+        json_array_extend(va, vb);
+        json_decref(vb);
+        return json_pack("{s:o}", "enum", va);
+    }
+    json_decref(va), json_decref(vb);
+    const char *pa = one_property(a), *pb = one_property(b);
+    if (pa && pb && !strcmp(pa, pb) && depth < 8) {
+        json_t *x = json_object_get(json_object_get(a, "properties"), pa);
+        json_t *y = json_object_get(json_object_get(b, "properties"), pb);
+        json_t *u = either(x, y, depth + 1);
+        return u ? json_pack("{s:{s:o}}", "properties", pa, u) : NULL;
+    }
+    return json_pack("{s:[O,O]}", "anyOf", a, b);
+}
+
 /* Keyword k in two allOf parts (values a, b) as one keyword that holds exactly when both do:
  * enum values in both, types in both, the tighter count or bound, anyOf of every pair of
- * branches (at most 64), not of either. NULL when k has no such combination. */
+ * branches (at most 64), not of either, both allOf lists. NULL when k has no such combination. */
 static json_t *merge_keyword(const char *k, json_t *a, json_t *b) {
     if (!strcmp(k, "enum") && json_is_array(a) && json_is_array(b)) {
         json_t *r = json_array();
@@ -67,7 +114,12 @@ static json_t *merge_keyword(const char *k, json_t *a, json_t *b) {
                 json_array_append_new(r, json_pack("{s:[O,O]}", "allOf", json_array_get(a, i), json_array_get(b, j)));
         return r;
     }
-    if (!strcmp(k, "not")) return json_pack("{s:[O,O]}", "anyOf", a, b);
+    if (!strcmp(k, "not")) return either(a, b, 0); /* not A and not B = not (A or B) */
+    if (!strcmp(k, "allOf") && json_is_array(a) && json_is_array(b)) {
+        json_t *r = json_deep_copy(a);
+        if (r) json_array_extend(r, b);
+        return r;
+    }
     return NULL;
 }
 
@@ -140,6 +192,10 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
                 }
                 json_object_set_new(m, k, u);
             } else if (!json_equal(have, v) && di_js_constrains(k)) { /* differing annotations: keep the first */
+                if (!strcmp(k, "const")) { /* two different constants: nothing passes */
+                    json_decref(m);
+                    return json_false();
+                }
                 json_t *both = merge_keyword(k, have, v);
                 if (both) {
                     json_object_set_new(m, k, both);
@@ -434,7 +490,9 @@ static bool plain_string(json_t *m) {
 json_t *di_js_rewrite(js *c, json_t *s) {
     static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
     static const char *cond_kw[] = {"if", "then", "else"};
-    bool any = json_object_get(s, "not") != NULL;
+    /* beside allOf, "not" waits for the merge: it may negate values or names another part adds */
+    bool defer_not = json_object_get(s, "allOf") != NULL;
+    bool any = !defer_not && json_object_get(s, "not") != NULL;
     for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]) || json_object_get(s, cond_kw[i]);
     if (!any) return s;
     json_t *m = json_deep_copy(s);
@@ -481,7 +539,7 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         }
     }
     json_t *n = json_object_get(s, "not");
-    if (!n) return m;
+    if (!n || defer_not) return m;
     json_object_del(m, "not");
     if (json_is_object(n) && json_is_string(json_object_get(n, "$ref"))) {
         json_t *t = di_js_resolve_ref(c, json_string_value(json_object_get(n, "$ref")));
