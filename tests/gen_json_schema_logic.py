@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates tests/data/grammar/json_schema_logic.json for tests/test_json_schema_logic.c: schemas using
-if/then/else, not, allOf combinations and min/maxProperties, each with candidate instances (every
+if/then/else, not, allOf combinations, dependencies and min/maxProperties, each with candidate instances (every
 subset of a few keys, in the schema's property order, times a few values; compact JSON) labelled
 valid/invalid by Python jsonschema (the schema's draft, Draft 7 by default) and, when llguidance and
 the DeepSeek tokenizer are available, with llguidance's decision. Test tooling only:
@@ -51,6 +51,9 @@ CASES = [
     ({"anyOf": [{"required": ["a"]}, {"required": ["b"]}], "allOf": [{"anyOf": [{"required": ["c"]}, {"required": ["a"]}]}],
       "properties": {"a": {}, "b": {}, "c": {}}},
      {"a": [1], "b": [1], "c": [1]}, []),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "string"}},
+      "dependencies": {"a": {"required": ["b"]}, "c": {"properties": {"b": {"minimum": 5}}}}},
+     {"a": [1], "b": [2, 7], "c": ["s"], "z": [0]}, []),
 ]
 
 

@@ -481,7 +481,8 @@ static bool plain_string(json_t *m) {
  * rewritten into keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
  * - if/then/else becomes anyOf [allOf [if, then], allOf [not if, else]] (exact);
  * - a dependent name list becomes required (exact when the trigger is required, else narrower);
- * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
+ * - a dependent schema joins allOf when its trigger is required, else allOf gets anyOf [trigger
+ *   absent, trigger required and the schema] (exact); a trivial one is dropped;
  * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower), and
  *   so do allOf / anyOf of such schemas (forbid_names), keeping to objects;
  * - not {enum/const} removes values from a sibling enum/const, or beside a plain string type
@@ -533,8 +534,13 @@ json_t *di_js_rewrite(js *c, json_t *s) {
                 if (all && !json_is_array(all)) return di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
                 if (!all) json_object_set_new(m, "allOf", all = json_array());
                 json_array_append(all, v);
-            } else {
-                return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' with a schema for an optional property", dep_kw[i]), NULL;
+            } else { /* an optional trigger: absent, or present and the dependent schema holds */
+                json_t *all = json_object_get(m, "allOf");
+                if (all && !json_is_array(all)) return di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
+                json_t *alt = json_pack("{s:[{s:{s:b}},{s:[s],s:[O]}]}", "anyOf", "properties", a, 0, "required", a, "allOf", v);
+                if (!alt) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+                if (!all) json_object_set_new(m, "allOf", all = json_array());
+                json_array_append_new(all, alt);
             }
         }
     }
