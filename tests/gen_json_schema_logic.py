@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates tests/data/grammar/json_schema_logic.json for tests/test_json_schema_logic.c: schemas using
-if/then/else, not, allOf combinations, dependencies and min/maxProperties, each with candidate instances (every
+if/then/else, not, allOf combinations, dependencies, min/maxProperties and lengths beside enum, each with candidate instances (every
 subset of a few keys, in the schema's property order, times a few values; compact JSON) labelled
 valid/invalid by Python jsonschema (the schema's draft, Draft 7 by default) and, when llguidance and
 the DeepSeek tokenizer are available, with llguidance's decision. Test tooling only:
@@ -54,6 +54,8 @@ CASES = [
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "string"}},
       "dependencies": {"a": {"required": ["b"]}, "c": {"properties": {"b": {"minimum": 5}}}}},
      {"a": [1], "b": [2, 7], "c": ["s"], "z": [0]}, []),
+    ({"enum": ["a", "ab", "abc", "\u00e9\u00e9", "\U0001F600", 1, None], "minLength": 2, "maxLength": 2},
+     {}, ["a", "ab", "abc", "\u00e9\u00e9", "\U0001F600", 1, None, "zz"]),
 ]
 
 
@@ -99,14 +101,14 @@ def main():
     for schema, keys, extra in CASES:
         v = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)
         inst = candidates(keys, extra)
-        texts = [json.dumps(x, separators=(",", ":")) for x in inst]
+        texts = [json.dumps(x, separators=(",", ":"), ensure_ascii=False) for x in inst]
         case = {"schema": schema, "instances": [[t, v.is_valid(x)] for t, x in zip(texts, inst)]}
         if decide:
             case["llguidance"] = decide(schema, texts)
         out.append(case)
     path = os.path.join(os.path.dirname(__file__), "data", "grammar", "json_schema_logic.json")
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(out, fh, separators=(",", ":"))
+        json.dump(out, fh, separators=(",", ":"), ensure_ascii=False)
         fh.write("\n")
     n = sum(len(c["instances"]) for c in out)
     print(f"{path}: {len(out)} schemas, {n} instances, llguidance {'yes' if decide else 'no'}", file=sys.stderr)
