@@ -340,6 +340,19 @@ static void test_numbers_limits(void **state) {
     gt_bytes_free(&tb);
     tu_report("multipleOf 0.997 (997 residues, 15 digits): compiled in %.1f ms CPU", dt * 1e3);
     assert_true(dt < 2.0);
+    /* 200 such properties exceed the grammar's size limit: a clear error, soon */
+    size_t cap = 200 * 80 + 64, n = 0;
+    char *many = malloc(cap);
+    n += (size_t)snprintf(many + n, cap - n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(many + n, cap - n, "%s\"p%d\":{\"type\":\"number\",\"multipleOf\":0.997}", i ? "," : "", i);
+    snprintf(many + n, cap - n, "}}");
+    t0 = cpu_s();
+    expect_error(many, DI_ERR_LIMIT, "grammar too large");
+    dt = cpu_s() - t0;
+    tu_report("200 properties with multipleOf 0.997: refused (grammar size limit) after %.1f ms CPU", dt * 1e3);
+    assert_true(dt < 5.0);
+    free(many);
 }
 
 int main(void) {

@@ -319,6 +319,7 @@ static int64_t pow10_mod(int e, int64_t p) {
  * left, m) and are shared by all slices. */
 static int32_t mul_state(mul_ctx *x, int pos, int64_t m, bool tl, bool th, int ph) {
     js *c = x->c;
+    if (c->rc || di_cfg_failed(c->g)) return 0; /* a size limit was hit: stop walking the states */
     int total = x->ip_len + x->sc;
     int32_t *slot = NULL;
     if (!tl && !th) {
