@@ -365,14 +365,16 @@ static bool disjoint(js *c, json_t *a, json_t *b, int depth) {
             all_fail = !may_match(c, json_array_get(en, i), y, 0);
         if (all_fail) return true;
     }
-    /* one forbids a property the other requires (properties: {p: false}), on objects only */
+    /* one forbids a property the other requires (properties: {p: false}, or a closed object,
+     * additionalProperties false without patternProperties, that does not declare p), on objects only */
     for (int side = 0; side < 2; side++) {
         json_t *x = side ? b : a, *y = side ? a : b;
         json_t *px = json_object_get(x, "properties"), *ry = json_object_get(y, "required");
+        bool closed = json_is_false(json_object_get(x, "additionalProperties")) && !json_object_get(x, "patternProperties");
         bool objects_only = !(type_bits(x) & ~(1u << 5)) || !(type_bits(y) & ~(1u << 5));
         for (size_t i = 0; objects_only && i < json_array_size(ry); i++) {
             const char *name = json_string_value(json_array_get(ry, i));
-            if (name && json_is_false(json_object_get(px, name))) return true;
+            if (name && (json_is_false(json_object_get(px, name)) || (closed && !json_object_get(px, name)))) return true;
         }
     }
     /* a required property in both, with disjoint schemas (const/enum tags, types) */
