@@ -392,7 +392,7 @@ static void test_schema_errors(void **state) {
                         "matches declared property 'ab'");
     expect_schema_error("{\"type\":\"object\",\"minProperties\":5000}", "minProperties");
     expect_schema_error("{\"type\":\"object\",\"maxProperties\":100000}", "maxProperties");
-    expect_schema_error("{\"type\":\"object\",\"dependentSchemas\":{\"a\":{\"required\":[\"b\"]}}}", "optional property");
+    expect_schema_error("{\"type\":\"object\",\"dependentSchemas\":[1]}", "is not an object");
     expect_schema_error("{\"type\":\"string\",\"pattern\":\"^a+b$\",\"maxLength\":4}", "minLength/maxLength");
     expect_schema_error("{\"properties\":{\"a\":{\"$ref\":\"#/nope\"}}}", "does not resolve");
     expect_schema_error("{\"properties\":{\"a\":{\"$ref\":\"http://x/y\"}}}", "not local");
