@@ -6,6 +6,7 @@
  * counted (the grammar emits a subset: schema property order, compact spelling) and must not
  * fall below the floor; masks are compared with brute force.  di-test: asan */
 #include <jansson.h>
+#include <time.h>
 
 #include "grammar_testlib.h"
 
@@ -94,7 +95,52 @@ static void test_logic_refusals(void **state) {
     expect_error("{\"allOf\":[{\"multipleOf\":3},{\"multipleOf\":5}]}", DI_ERR_UNSUPPORTED, "multipleOf");
 }
 
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 12 nested objects, each with 6 if/then parts in allOf (64 anyOf branches per level): the
+ * branches share the nested subschemas, so compile work stays linear in the depth (it was
+ * 64^depth when every branch copied them: minutes). */
+static void test_logic_nested_conditions(void **state) {
+    (void)state;
+    size_t cap = 1 << 16;
+    char *cur = malloc(cap), *next = malloc(cap);
+    snprintf(cur, cap, "{\"type\":\"string\"}");
+    for (int d = 0; d < 12; d++) {
+        size_t n = (size_t)snprintf(next, cap, "{\"type\":\"object\",\"properties\":{");
+        for (int i = 0; i < 6; i++)
+            n += (size_t)snprintf(next + n, cap - n, "\"k%d\":{\"type\":\"string\"},\"q%d\":{\"type\":\"integer\"},", i, i);
+        n += (size_t)snprintf(next + n, cap - n, "\"x\":%s},\"allOf\":[", cur);
+        for (int i = 0; i < 6; i++)
+            n += (size_t)snprintf(next + n, cap - n, "%s{\"if\":{\"required\":[\"k%d\"]},\"then\":{\"required\":[\"q%d\"]}}",
+                                  i ? "," : "", i, i);
+        snprintf(next + n, cap - n, "]}");
+        char *t = cur;
+        cur = next, next = t;
+    }
+    double t0 = cpu_s();
+    di_grammar *g = NULL;
+    di_error err = {0};
+    int rc = di_grammar_from_json_schema(cur, strlen(cur), NULL, &g, &err);
+    double dt = cpu_s() - t0;
+    tu_report("12 nested levels of 6 if/then parts (%zu bytes): rc %d in %.0f ms CPU", strlen(cur), rc, dt * 1e3);
+    if (rc) fail_msg("%s", err.msg);
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    assert_true(full_match(g, v, "{\"k0\":\"a\",\"q0\":1}"));
+    assert_false(full_match(g, v, "{\"k0\":\"a\"}"));
+    assert_true(dt < 5.0);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+    free(cur), free(next);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_logic_cases), cmocka_unit_test(test_logic_refusals)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_logic_cases), cmocka_unit_test(test_logic_refusals),
+                                       cmocka_unit_test(test_logic_nested_conditions)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

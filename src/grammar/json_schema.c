@@ -888,8 +888,9 @@ static int32_t schema_body(js *c, json_t *s) {
         json_t *kv;
         json_object_foreach(s, k, kv) if (di_js_constrains(k) && strcmp(k, "$ref")) siblings = true;
         if (siblings) {
-            json_t *m = json_deep_copy(s);
+            json_t *m = json_copy(s); /* shallow (subschemas stay shared); allOf is copied below */
             json_t *parts = json_object_get(m, "allOf");
+            if (json_is_array(parts)) json_object_set_new(m, "allOf", parts = json_copy(parts));
             if (!m || (parts && !json_is_array(parts))) {
                 json_decref(m);
                 return c->rc ? 0 : di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array");
@@ -934,7 +935,7 @@ static int32_t schema_body(js *c, json_t *s) {
         for (size_t i = 0; i < json_array_size(arr) && !c->rc; i++) {
             json_t *br = json_array_get(arr, i);
             if (siblings) {
-                json_t *tmp = json_deep_copy(s);
+                json_t *tmp = json_copy(s); /* shallow: subschemas stay shared (see di_js_merge_allof) */
                 json_object_del(tmp, "anyOf");
                 json_object_del(tmp, "oneOf");
                 json_t *one_part = json_array();

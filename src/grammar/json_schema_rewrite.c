@@ -116,7 +116,7 @@ static json_t *merge_keyword(const char *k, json_t *a, json_t *b) {
     }
     if (!strcmp(k, "not")) return either(a, b, 0); /* not A and not B = not (A or B) */
     if (!strcmp(k, "allOf") && json_is_array(a) && json_is_array(b)) {
-        json_t *r = json_deep_copy(a);
+        json_t *r = json_copy(a);
         if (r) json_array_extend(r, b);
         return r;
     }
@@ -126,7 +126,9 @@ static json_t *merge_keyword(const char *k, json_t *a, json_t *b) {
 /* allOf: merge the parts into one schema keyword by keyword: required unions, properties take
  * allOf per name, keywords in several parts combine by merge_keyword; otherwise reject. */
 json_t *di_js_merge_allof(js *c, json_t *s) {
-    json_t *m = json_deep_copy(s);
+    /* shallow: the parts' subschemas stay shared (never modified in place), so the memo compiles
+     * a subschema once however many merged copies (anyOf branches, conditions) refer to it */
+    json_t *m = json_copy(s);
     if (!m) return NULL;
     json_object_del(m, "allOf");
     json_t *parts = json_object_get(s, "allOf");
@@ -141,7 +143,7 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
         if (ref && json_is_string(ref) && bare) p = di_js_resolve_ref(c, json_string_value(ref));
         json_t *cond = json_is_object(p) ? cond_anyof(p) : NULL;
         if (cond) { /* the part's if/then/else as anyOf */
-            json_t *q = json_deep_copy(p);
+            json_t *q = json_copy(p);
             json_object_del(q, "if"), json_object_del(q, "then"), json_object_del(q, "else");
             json_t *both = json_object_get(q, "anyOf") ? merge_keyword("anyOf", json_object_get(q, "anyOf"), cond) : json_incref(cond);
             json_decref(cond);
@@ -173,7 +175,7 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
                 json_array_extend(u, v);
                 json_object_set_new(m, k, u);
             } else if (!strcmp(k, "properties") && json_is_object(have) && json_is_object(v)) {
-                json_t *u = json_deep_copy(have);
+                json_t *u = json_copy(have);
                 const char *pk;
                 json_t *pv;
                 json_object_foreach(v, pk, pv) {
@@ -498,9 +500,14 @@ json_t *di_js_rewrite(js *c, json_t *s) {
     bool any = !defer_not && json_object_get(s, "not") != NULL;
     for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]) || json_object_get(s, cond_kw[i]);
     if (!any) return s;
-    json_t *m = json_deep_copy(s);
+    /* shallow, with the arrays appended to below copied: subschemas stay shared */
+    json_t *m = json_copy(s);
     if (!m) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
     json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+    for (size_t i = 0; i < 2; i++) {
+        json_t *arr = json_object_get(m, i ? "allOf" : "required");
+        if (json_is_array(arr)) json_object_set_new(m, i ? "allOf" : "required", json_copy(arr));
+    }
     /* if/then/else: (if and then) or (not if and else), as one more allOf part holding that anyOf;
      * the two branches compile through allOf and the "not" rewrites below (a form of not they do
      * not handle is refused there). then/else without if, or if alone, constrain nothing. */
@@ -591,7 +598,7 @@ json_t *di_js_rewrite(js *c, json_t *s) {
             return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {required} beside a non-object type"), NULL;
         }
         json_object_set_new(m, "type", json_string("object"));
-        json_t *np = props ? json_deep_copy(props) : json_object();
+        json_t *np = props ? json_copy(props) : json_object();
         for (size_t i = 0; i < json_array_size(names); i++) /* an absent or declared name: absent now */
             json_object_set_new(np, json_string_value(json_array_get(names, i)), json_false());
         json_object_set_new(m, "properties", np);
@@ -607,7 +614,7 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         json_t *props = json_object_get(m, "properties"), *req = json_object_get(m, "required");
         if ((have && !(type_bits_of(have) & (1u << 5))) || (props && !json_is_object(props)) || (req && !json_is_array(req)))
             return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {properties} beside a non-object type"), NULL;
-        json_t *np = props ? json_deep_copy(props) : json_object();
+        json_t *np = props ? json_copy(props) : json_object();
         json_t *prev = json_object_get(np, p);
         json_t *neg = prev ? json_pack("{s:[O,{s:O}]}", "allOf", prev, "not", ps) : json_pack("{s:O}", "not", ps);
         if (!np || !neg) return json_decref(np), json_decref(neg), di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
