@@ -214,9 +214,13 @@ static int32_t enum_sym(js *c, const json_t *arr);
 static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     const char *k;
     json_t *v;
-    json_object_foreach(s, k, v) if (di_js_constrains(k) && strcmp(k, "const") && strcmp(k, "enum") && strcmp(k, "type") &&
-                                     strcmp(k, "minLength") && strcmp(k, "maxLength"))
-        return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
+    static const char *filters[] = {"const", "enum", "type", "minLength", "maxLength",
+                                    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    json_object_foreach(s, k, v) {
+        bool known = !di_js_constrains(k);
+        for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++) known = known || !strcmp(k, filters[i]);
+        if (!known) return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
+    }
     json_t *type = json_object_get(s, "type");
     json_t *mnl = json_object_get(s, "minLength"), *mxl = json_object_get(s, "maxLength");
     if ((mnl && !json_is_integer(mnl)) || (mxl && !json_is_integer(mxl)))
@@ -228,13 +232,23 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     if (cst && cst_in_enum) json_array_append(vals, cst); /* const and enum (e.g. from allOf) must both hold */
     for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
     json_t *not_strs = json_object_get(s, DI_JS_NOT_STRINGS);
-    for (size_t i = json_array_size(vals); (type || not_strs || mnl || mxl) && i-- > 0;) {
+    json_t *bnd[4] = {json_object_get(s, "minimum"), json_object_get(s, "exclusiveMinimum"), json_object_get(s, "maximum"),
+                      json_object_get(s, "exclusiveMaximum")};
+    for (size_t i = json_array_size(vals); (type || not_strs || mnl || mxl || bnd[0] || bnd[1] || bnd[2] || bnd[3]) && i-- > 0;) {
         json_t *x = json_array_get(vals, i);
         bool ok = !type;
         if (json_is_string(type)) ok = di_js_value_has_type(x, json_string_value(type));
         for (size_t t = 0; json_is_array(type) && t < json_array_size(type); t++)
             ok = ok || (json_is_string(json_array_get(type, t)) && di_js_value_has_type(x, json_string_value(json_array_get(type, t))));
         if (json_is_string(x) && json_object_get(not_strs, json_string_value(x))) ok = false;
+        for (int b = 0; b < 4 && json_is_number(x); b++) {
+            /* bounds compare doubles; a real value equal to an inclusive bound is dropped too: its
+             * 17-digit spelling and the bound's text may differ as decimals, integers do not */
+            if (!json_is_number(bnd[b])) continue;
+            double xv = json_number_value(x), bv = json_number_value(bnd[b]);
+            bool lower = b < 2, strict = b & 1 || json_is_true(bnd[b ^ 1]) || !json_is_integer(x);
+            if (lower ? (xv < bv || (strict && xv == bv)) : (xv > bv || (strict && xv == bv))) ok = false;
+        }
         if (json_is_string(x) && (mnl || mxl)) { /* length in code points (jansson holds UTF-8) */
             json_int_t n = 0;
             for (const char *p = json_string_value(x); *p; p++) n += ((uint8_t)*p & 0xC0) != 0x80;
