@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generates tests/data/grammar/json_schema_logic.json for tests/test_json_schema_logic.c: schemas using
 if/then/else, not, allOf combinations, dependencies, min/maxProperties, lengths and bounds beside
-enum and oneOf of closed objects, each with candidate instances (every
+enum, oneOf of closed objects and propertyNames, each with candidate instances (every
 subset of a few keys, in the schema's property order, times a few values; compact JSON) labelled
 valid/invalid by Python jsonschema (the schema's draft, Draft 7 by default) and, when llguidance and
 the DeepSeek tokenizer are available, with llguidance's decision. Test tooling only:
@@ -63,6 +63,9 @@ CASES = [
      {}, [1, 2, 3, 2.5, 0.1, "x", None, 0]),
     ({"$schema": "http://json-schema.org/draft-04/schema#", "enum": [1, 2, 3], "minimum": 2, "exclusiveMinimum": True},
      {}, [1, 2, 3]),
+    ({"type": "object", "propertyNames": {"pattern": "^(\\w\\d)+$"}, "additionalProperties": {"type": "integer"}},
+     {"a1": [1, "s"], "b": [2], "c3d4": [3], "_9": [0]}, []),
+    ({"propertyNames": False}, {"a": [1]}, [1, "s"]),
     ({"enum": ["a", "ab", "abc", "\u00e9\u00e9", "\U0001F600", 1, None], "minLength": 2, "maxLength": 2},
      {}, ["a", "ab", "abc", "\u00e9\u00e9", "\U0001F600", 1, None, "zz"]),
 ]

@@ -265,7 +265,7 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 /* ---- keyword handling ---- */
 
 static const char *const k_unsupported[] = {"contains",      "minContains",  "maxContains",
-                                            "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+                                            "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
 
 static int32_t schema_sym(js *c, json_t *s);
@@ -670,6 +670,27 @@ static int32_t object_sym(js *c, json_t *s) {
     if (props && !json_is_object(props)) return di_js_fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
     if (pp && !json_is_object(pp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "patternProperties is not an object");
     if (!json_object_size(pp)) pp = NULL;
+    /* propertyNames: false allows only {}; {pattern: P} (beside type string) makes the free keys
+     * pattern keys, on an object without declared or pattern properties (a pattern key could
+     * spell a declared name); other forms are refused */
+    json_t *pn = json_object_get(s, "propertyNames");
+    const char *pn_re = NULL;
+    if (json_is_false(pn)) {
+        if (json_array_size(req)) return nothing(c);
+        return seq(c, (int32_t[]){c->lbrace, c->rbrace}, 2);
+    }
+    if (pn && !di_js_trivial(pn)) {
+        const char *k;
+        json_t *v;
+        bool ok = json_is_object(pn) && json_is_string(json_object_get(pn, "pattern"));
+        json_object_foreach(pn, k, v) if (di_js_constrains(k) && strcmp(k, "pattern") &&
+                                          (strcmp(k, "type") || !json_is_string(v) || strcmp(json_string_value(v), "string")))
+            ok = false;
+        if (!ok || json_object_size(props) || json_array_size(req) || pp)
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s",
+                              "keyword 'propertyNames' other than a pattern on an object without declared properties");
+        pn_re = json_string_value(json_object_get(pn, "pattern"));
+    }
     /* a required name without a declared schema is governed by the pattern it matches, else by
      * additionalProperties: declare it with that schema (after the declared ones) so it is
      * generated and excluded from extra keys */
@@ -745,7 +766,7 @@ static int32_t object_sym(js *c, json_t *s) {
     bool free_keys = !json_is_false(addl) && !shared;
     if (free_keys) {
         int32_t av = addl && json_is_object(addl) ? sub(c, addl, "additionalProperties", NULL) : c->value;
-        int32_t key = n ? other_key(c, props) : c->string;
+        int32_t key = pn_re ? pattern_key(c, pn_re) : n ? other_key(c, props) : c->string;
         int32_t r[3] = {key, c->colon, av};
         di_cfg_rule(g, member, r, 3);
         extra = true;
@@ -995,7 +1016,8 @@ static int32_t schema_body(js *c, json_t *s) {
     /* no type: infer from the keywords present; a value of another type is also valid per the
      * spec, but generating one would ignore the keywords, so restrict to the implied type */
     if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties") ||
-        json_object_get(s, "patternProperties") || json_object_get(s, "minProperties") || json_object_get(s, "maxProperties"))
+        json_object_get(s, "patternProperties") || json_object_get(s, "minProperties") || json_object_get(s, "maxProperties") ||
+        json_object_get(s, "propertyNames"))
         return object_sym(c, s);
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems") || json_object_get(s, "additionalItems") || json_object_get(s, "uniqueItems"))
