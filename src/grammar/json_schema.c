@@ -214,19 +214,46 @@ static int32_t enum_sym(js *c, const json_t *arr);
 static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
     const char *k;
     json_t *v;
-    json_object_foreach(s, k, v) if (di_js_constrains(k) && strcmp(k, "const") && strcmp(k, "enum") && strcmp(k, "type"))
-        return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
+    static const char *filters[] = {"const", "enum", "type", "minLength", "maxLength",
+                                    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    json_object_foreach(s, k, v) {
+        bool known = !di_js_constrains(k);
+        for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++) known = known || !strcmp(k, filters[i]);
+        if (!known) return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' beside const/enum", k);
+    }
     json_t *type = json_object_get(s, "type");
+    json_t *mnl = json_object_get(s, "minLength"), *mxl = json_object_get(s, "maxLength");
+    if ((mnl && !json_is_integer(mnl)) || (mxl && !json_is_integer(mxl)))
+        return di_js_fail(c, DI_ERR_INVALID, "%s", "minLength/maxLength is not an integer");
     json_t *vals = json_array();
     if (!vals) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
-    if (cst) json_array_append(vals, cst);
+    bool cst_in_enum = !json_is_array(en);
+    for (size_t i = 0; cst && !cst_in_enum && i < json_array_size(en); i++) cst_in_enum = json_equal(cst, json_array_get(en, i));
+    if (cst && cst_in_enum) json_array_append(vals, cst); /* const and enum (e.g. from allOf) must both hold */
     for (size_t i = 0; !cst && i < json_array_size(en); i++) json_array_append(vals, json_array_get(en, i));
-    for (size_t i = json_array_size(vals); type && i-- > 0;) {
+    json_t *not_strs = json_object_get(s, DI_JS_NOT_STRINGS);
+    json_t *bnd[4] = {json_object_get(s, "minimum"), json_object_get(s, "exclusiveMinimum"), json_object_get(s, "maximum"),
+                      json_object_get(s, "exclusiveMaximum")};
+    for (size_t i = json_array_size(vals); (type || not_strs || mnl || mxl || bnd[0] || bnd[1] || bnd[2] || bnd[3]) && i-- > 0;) {
         json_t *x = json_array_get(vals, i);
-        bool ok = false;
+        bool ok = !type;
         if (json_is_string(type)) ok = di_js_value_has_type(x, json_string_value(type));
         for (size_t t = 0; json_is_array(type) && t < json_array_size(type); t++)
             ok = ok || (json_is_string(json_array_get(type, t)) && di_js_value_has_type(x, json_string_value(json_array_get(type, t))));
+        if (json_is_string(x) && json_object_get(not_strs, json_string_value(x))) ok = false;
+        for (int b = 0; b < 4 && json_is_number(x); b++) {
+            /* bounds compare doubles; a real value equal to an inclusive bound is dropped too: its
+             * 17-digit spelling and the bound's text may differ as decimals, integers do not */
+            if (!json_is_number(bnd[b])) continue;
+            double xv = json_number_value(x), bv = json_number_value(bnd[b]);
+            bool lower = b < 2, strict = b & 1 || json_is_true(bnd[b ^ 1]) || !json_is_integer(x);
+            if (lower ? (xv < bv || (strict && xv == bv)) : (xv > bv || (strict && xv == bv))) ok = false;
+        }
+        if (json_is_string(x) && (mnl || mxl)) { /* length in code points (jansson holds UTF-8) */
+            json_int_t n = 0;
+            for (const char *p = json_string_value(x); *p; p++) n += ((uint8_t)*p & 0xC0) != 0x80;
+            if ((mnl && n < json_integer_value(mnl)) || (mxl && n > json_integer_value(mxl))) ok = false;
+        }
         if (!ok) json_array_remove(vals, i);
     }
     /* an integral real such as 1.0 serializes as "1.0", which is still a valid spelling */
@@ -237,9 +264,8 @@ static int32_t const_enum_sym(js *c, json_t *s, json_t *cst, json_t *en) {
 
 /* ---- keyword handling ---- */
 
-static const char *const k_unsupported[] = {"if",           "then",          "else",
-                                            "contains",      "minContains",  "maxContains",   "multipleOf",
-                                            "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+static const char *const k_unsupported[] = {"contains",      "minContains",  "maxContains",
+                                            "unevaluatedProperties", "unevaluatedItems",
                                             "$dynamicRef",   "$recursiveRef"};
 
 static int32_t schema_sym(js *c, json_t *s);
@@ -359,9 +385,17 @@ static size_t single_atom(const char *re, int64_t *qlo, int64_t *qhi) {
     return atom;
 }
 
+static int32_t other_key(js *c, json_t *props);
+
 static int32_t string_sym(js *c, json_t *s) {
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    json_t *not_strs = json_object_get(s, DI_JS_NOT_STRINGS);
+    if (not_strs) { /* a string other than the listed ones, spelled without escapes */
+        if (!json_is_object(not_strs) || mn || mx || pat || fmt)
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {enum} beside a pattern, format or length");
+        return other_key(c, not_strs);
+    }
     int64_t lo = json_is_integer(mn) ? json_integer_value(mn) : 0;
     int64_t hi = json_is_integer(mx) ? json_integer_value(mx) : -1;
     if (lo < 0 || (hi >= 0 && hi < lo)) return nothing(c);
@@ -429,168 +463,6 @@ static int32_t string_sym(js *c, json_t *s) {
     int32_t ch = c->strchar;
     if (hi > 100000 || lo > 100000) return di_js_fail(c, DI_ERR_LIMIT, "%s", "string length bound above 100000");
     return seq(c, (int32_t[]){q, di_cfg_repeat(c->g, ch, lo, hi), q}, 3);
-}
-
-/* ---- integer ranges as digit grammars ---- */
-
-static int32_t digit_class(js *c, int lo, int hi) { return di_cfg_range(c->g, (uint8_t)('0' + lo), (uint8_t)('0' + hi)); }
-
-/* Decimal strings of exactly n digits (leading zeros allowed here) with value in [lo, hi], given
- * as digit arrays. Classic split: common leading digit, else lo's branch, a free middle, hi's branch. */
-static int32_t same_len_range(js *c, const char *lo, const char *hi, size_t n) {
-    if (n == 0) return empty(c);
-    if (n == 1) return digit_class(c, lo[0] - '0', hi[0] - '0');
-    int32_t nt = di_cfg_nt(c->g, NULL);
-    if (lo[0] == hi[0]) {
-        int32_t r[2] = {digit_class(c, lo[0] - '0', lo[0] - '0'), same_len_range(c, lo + 1, hi + 1, n - 1)};
-        di_cfg_rule(c->g, nt, r, 2);
-        return nt;
-    }
-    char nines[24], zeros[24];
-    memset(nines, '9', n - 1);
-    memset(zeros, '0', n - 1);
-    int32_t r1[2] = {digit_class(c, lo[0] - '0', lo[0] - '0'), same_len_range(c, lo + 1, nines, n - 1)};
-    di_cfg_rule(c->g, nt, r1, 2);
-    if (hi[0] - lo[0] > 1) {
-        int32_t r2[2] = {digit_class(c, lo[0] - '0' + 1, hi[0] - '0' - 1), di_cfg_repeat(c->g, digit_class(c, 0, 9), (int64_t)n - 1, (int64_t)n - 1)};
-        di_cfg_rule(c->g, nt, r2, 2);
-    }
-    int32_t r3[2] = {digit_class(c, hi[0] - '0', hi[0] - '0'), same_len_range(c, zeros, hi + 1, n - 1)};
-    di_cfg_rule(c->g, nt, r3, 2);
-    return nt;
-}
-
-/* Canonical decimals (no leading zeros) of the non-negative integers in [lo, hi]; hi < 0 means
- * unbounded. lo <= hi when bounded. */
-static int32_t nonneg_range(js *c, int64_t lo, int64_t hi) {
-    int32_t nt = di_cfg_nt(c->g, NULL);
-    char a[24], b[24];
-    int la = snprintf(a, sizeof a, "%lld", (long long)lo);
-    int lb = hi >= 0 ? snprintf(b, sizeof b, "%lld", (long long)hi) : la;
-    for (int len = la; len <= lb && !c->rc; len++) {
-        /* the slice of [lo, hi] with exactly len digits */
-        char x[24], y[24];
-        if (len == la) memcpy(x, a, (size_t)la + 1);
-        else x[0] = '1', memset(x + 1, '0', (size_t)len - 1), x[len] = 0;
-        if (hi >= 0 && len == lb) memcpy(y, b, (size_t)lb + 1);
-        else memset(y, '9', (size_t)len), y[len] = 0;
-        int32_t r = same_len_range(c, x, y, (size_t)len);
-        di_cfg_rule(c->g, nt, &r, 1);
-    }
-    if (hi < 0) { /* every longer number: [1-9][0-9]{la,} */
-        int32_t r[2] = {digit_class(c, 1, 9), di_cfg_repeat(c->g, digit_class(c, 0, 9), la, -1)};
-        di_cfg_rule(c->g, nt, r, 2);
-    }
-    return nt;
-}
-
-/* Integers in [lo, hi] (has_lo/has_hi false = unbounded on that side). */
-static int32_t int_range(js *c, bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
-    if (has_lo && has_hi && lo > hi) return nothing(c);
-    int32_t nt = di_cfg_nt(c->g, NULL);
-    /* zero and positives */
-    if (!has_hi || hi >= 0) {
-        int32_t r = nonneg_range(c, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
-        di_cfg_rule(c->g, nt, &r, 1);
-    }
-    /* negatives: "-" then the magnitude in [max(1, -hi), -lo] */
-    if (!has_lo || lo < 0) {
-        int64_t mlo = has_hi && hi < 0 ? -hi : 1, mhi = has_lo ? -lo : -1;
-        int32_t r[2] = {di_cfg_byte(c->g, '-'), nonneg_range(c, mlo, mhi)};
-        di_cfg_rule(c->g, nt, r, 2);
-    }
-    return nt;
-}
-
-/* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
- * (and the mirror for maxima). Both draft-4 (boolean exclusive flags) and draft-6+ forms. */
-/* The tighter of minimum/exclusiveMinimum (or the maxima): draft 4 boolean exclusive flags and
- * draft 6+ numeric ones. Returns false when there is no bound on that side. */
-static bool num_bound(js *c, json_t *s, bool upper, double *val, bool *excl) {
-    const char *inc = upper ? "maximum" : "minimum", *exc = upper ? "exclusiveMaximum" : "exclusiveMinimum";
-    json_t *vi = json_object_get(s, inc), *ve = json_object_get(s, exc);
-    bool have = false;
-    if (json_is_number(vi)) have = true, *val = json_number_value(vi), *excl = json_is_true(ve);
-    if (json_is_number(ve)) {
-        double e = json_number_value(ve);
-        if (!have || (upper ? e <= *val : e >= *val)) *val = e, *excl = true;
-        have = true;
-    }
-    if (have && (*val > 9e15 || *val < -9e15)) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "numeric bound beyond +-9e15"), false;
-    return have;
-}
-
-/* A numeric bound as an integer limit: minimum m -> ceil(m), exclusiveMinimum m -> floor(m)+1
- * (and the mirror for maxima). */
-static bool int_bound(js *c, json_t *s, bool upper, int64_t *out) {
-    double best = 0;
-    bool excl = false;
-    if (!num_bound(c, s, upper, &best, &excl)) return false;
-    double f = upper ? floor(best) : ceil(best);
-    if (excl && f == best) f += upper ? -1 : 1;
-    *out = (int64_t)f;
-    return true;
-}
-
-/* Magnitudes [lo, hi] (hi unbounded when !has_hi) as canonical digits, or NULL-language. */
-static int32_t mag_range(js *c, int64_t lo, bool has_hi, int64_t hi) {
-    if (has_hi && hi < lo) return nothing(c);
-    return nonneg_range(c, lo, has_hi ? hi : -1);
-}
-
-/* Non-integer numbers between integral bounds, as the union of four exact pieces (no exponent:
- * a subset of the valid spellings): k and k.ddd for x >= 0, -k and -k.ddd for x < 0. A piece
- * with a fraction keeps only integer parts k whose whole interval [k, k+1) (or (-(k+1), -k])
- * lies inside the bounds. */
-static int32_t bounded_number(js *c, bool has_lo, int64_t lo, bool ex_lo, bool has_hi, int64_t hi, bool ex_hi) {
-    di_cfg *g = c->g;
-    int32_t nt = di_cfg_nt(g, NULL);
-    int32_t frac = seq(c, (int32_t[]){di_cfg_byte(g, '.'), di_cfg_plus(g, digit_class(c, 0, 9))}, 2);
-    int32_t minus = di_cfg_byte(g, '-');
-    int64_t low_int = has_lo ? (ex_lo ? lo + 1 : lo) : 0; /* smallest allowed integer (when >= 0) */
-    if (!has_hi || hi >= 0) {
-        int64_t k_lo = low_int > 0 ? low_int : 0;
-        int32_t a = mag_range(c, k_lo, has_hi, has_hi ? (ex_hi ? hi - 1 : hi) : 0);
-        int32_t b = seq(c, (int32_t[]){mag_range(c, k_lo, has_hi, hi - 1), frac}, 2);
-        di_cfg_rule(g, nt, &a, 1);
-        di_cfg_rule(g, nt, &b, 1);
-    }
-    if (!has_lo || lo < 0) {
-        int64_t c_lo = has_hi ? (ex_hi ? -hi + 1 : -hi) : 1, d_lo = c_lo;
-        if (c_lo < 1) c_lo = 1;
-        if (d_lo < 0) d_lo = 0;
-        int32_t cc = seq(c, (int32_t[]){minus, mag_range(c, c_lo, has_lo, has_lo ? (ex_lo ? -lo - 1 : -lo) : 0)}, 2);
-        int32_t d = seq(c, (int32_t[]){minus, mag_range(c, d_lo, has_lo, -lo - 1), frac}, 3);
-        di_cfg_rule(g, nt, &cc, 1);
-        di_cfg_rule(g, nt, &d, 1);
-    }
-    return nt;
-}
-
-static int32_t number_sym(js *c, json_t *s, bool integer) {
-    static const char *bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-    bool any = false;
-    for (size_t i = 0; i < 4; i++) {
-        json_t *b = json_object_get(s, bounds[i]);
-        if (b && !json_is_number(b) && !json_is_boolean(b))
-            return di_js_fail(c, DI_ERR_INVALID, "numeric bound '%s' is not a number", bounds[i]);
-        if (json_is_number(b)) any = true;
-    }
-    if (!any) return integer ? c->integer : c->number;
-    if (integer) {
-        int64_t lo = 0, hi = 0;
-        bool has_lo = int_bound(c, s, false, &lo), has_hi = !c->rc && int_bound(c, s, true, &hi);
-        if (c->rc) return 0;
-        return int_range(c, has_lo, lo, has_hi, hi);
-    }
-    /* numbers: integral bounds only (e.g. 0..1, 0..100); fractional bounds are refused */
-    double lo = 0, hi = 0;
-    bool ex_lo = false, ex_hi = false;
-    bool has_lo = num_bound(c, s, false, &lo, &ex_lo), has_hi = !c->rc && num_bound(c, s, true, &hi, &ex_hi);
-    if (c->rc) return 0;
-    if ((has_lo && lo != floor(lo)) || (has_hi && hi != floor(hi)))
-        return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "non-integral bound on a non-integer number");
-    return bounded_number(c, has_lo, (int64_t)lo, ex_lo, has_hi, (int64_t)hi, ex_hi);
 }
 
 /* Code points a free-form key may use: no controls, no '"', and no '\\' (escapes would let
@@ -754,6 +626,40 @@ static json_t *check_patterns(js *c, json_t *pp, json_t *props) {
     return shared;
 }
 
+/* Members with a count in [lo, hi] (hi < 0: unbounded): declared members mems[0..n) in order
+ * (reqd: must appear), then additional ones (`member`, -1 when none may appear). S[k][j]: members
+ * k.. remain, j written; without hi, counts >= lo share the column lo. */
+static int32_t counted_members(js *c, const int32_t *mems, const bool *reqd, size_t n, int32_t member, int64_t lo, int64_t hi) {
+    di_cfg *g = c->g;
+    size_t cols = (size_t)(hi >= 0 ? hi : lo) + 1;
+    int32_t *S = malloc((n + 1) * cols * sizeof *S);
+    if (!S) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    for (size_t i = 0; i < (n + 1) * cols; i++) S[i] = di_cfg_nt(g, NULL);
+    int32_t ce = member >= 0 ? seq(c, (int32_t[]){c->comma, member}, 2) : -1;
+    for (size_t j = 0; j < cols; j++) { /* additional members: t of them, j + t in [lo, hi] */
+        int32_t tail = S[n * cols + j];
+        int64_t tlo = lo > (int64_t)j ? lo - (int64_t)j : 0, thi = hi >= 0 ? hi - (int64_t)j : -1;
+        if (tlo == 0) di_cfg_rule(g, tail, NULL, 0);
+        if (member < 0 || thi == 0) continue;
+        int32_t r = j ? di_cfg_repeat(g, ce, tlo ? tlo : 1, thi)
+                      : seq(c, (int32_t[]){member, di_cfg_repeat(g, ce, tlo > 1 ? tlo - 1 : 0, thi < 0 ? -1 : thi - 1)}, 2);
+        di_cfg_rule(g, tail, &r, 1);
+    }
+    for (size_t k = n; k-- > 0;)
+        for (size_t j = 0; j < cols; j++) {
+            int32_t at = S[k * cols + j];
+            if (hi < 0 || (int64_t)j < hi) { /* member k written */
+                size_t j2 = j + 1 < cols ? j + 1 : cols - 1;
+                int32_t r[3] = {c->comma, mems[k], S[(k + 1) * cols + j2]};
+                di_cfg_rule(g, at, j ? r : r + 1, j ? 3 : 2);
+            }
+            if (!reqd[k]) di_cfg_rule(g, at, &S[(k + 1) * cols + j], 1);
+        }
+    int32_t body = S[0];
+    free(S);
+    return body;
+}
+
 static int32_t object_sym(js *c, json_t *s) {
     di_cfg *g = c->g;
     json_t *props = json_object_get(s, "properties");
@@ -764,6 +670,27 @@ static int32_t object_sym(js *c, json_t *s) {
     if (props && !json_is_object(props)) return di_js_fail(c, DI_ERR_INVALID, "%s", "properties is not an object");
     if (pp && !json_is_object(pp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "patternProperties is not an object");
     if (!json_object_size(pp)) pp = NULL;
+    /* propertyNames: false allows only {}; {pattern: P} (beside type string) makes the free keys
+     * pattern keys, on an object without declared or pattern properties (a pattern key could
+     * spell a declared name); other forms are refused */
+    json_t *pn = json_object_get(s, "propertyNames");
+    const char *pn_re = NULL;
+    if (json_is_false(pn)) {
+        if (json_array_size(req)) return nothing(c);
+        return seq(c, (int32_t[]){c->lbrace, c->rbrace}, 2);
+    }
+    if (pn && !di_js_trivial(pn)) {
+        const char *k;
+        json_t *v;
+        bool ok = json_is_object(pn) && json_is_string(json_object_get(pn, "pattern"));
+        json_object_foreach(pn, k, v) if (di_js_constrains(k) && strcmp(k, "pattern") &&
+                                          (strcmp(k, "type") || !json_is_string(v) || strcmp(json_string_value(v), "string")))
+            ok = false;
+        if (!ok || json_object_size(props) || json_array_size(req) || pp)
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s",
+                              "keyword 'propertyNames' other than a pattern on an object without declared properties");
+        pn_re = json_string_value(json_object_get(pn, "pattern"));
+    }
     /* a required name without a declared schema is governed by the pattern it matches, else by
      * additionalProperties: declare it with that schema (after the declared ones) so it is
      * generated and excluded from extra keys */
@@ -804,12 +731,13 @@ static int32_t object_sym(js *c, json_t *s) {
             }
     }
     bool closed = json_is_false(addl) && !pp;
-    bool non_empty = false;
+    bool non_empty = false, counted = false;
+    int64_t count_lo = 0, count_hi = -1;
     if (mnp) {
         if (!json_is_integer(mnp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "minProperties is not an integer");
         json_int_t m = json_integer_value(mnp);
         if (m > (json_int_t)n_req) {
-            if (m > 1) return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'minProperties' above 1 and above the required count");
+            if (m > 1) count_lo = m, counted = true;
             non_empty = true;
         }
     }
@@ -817,9 +745,14 @@ static int32_t object_sym(js *c, json_t *s) {
         if (!json_is_integer(mxp)) return di_js_fail(c, DI_ERR_INVALID, "%s", "maxProperties is not an integer");
         json_int_t m = json_integer_value(mxp);
         if (m < (json_int_t)n_req) return nothing(c);
-        if (!closed || (json_int_t)n > m)
-            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'maxProperties' not implied by a closed property list");
+        if (!closed || (json_int_t)n > m) count_hi = m, counted = true;
     }
+    /* counted chain: S[k][j] = members k..n-1 remain, j written so far (without maxProperties,
+     * counts from minProperties up behave alike and share the last column) */
+    int64_t cols = (count_hi >= 0 ? count_hi : count_lo) + 1;
+    if (counted && (count_hi >= 0 && count_hi < count_lo)) return nothing(c);
+    if (counted && (cols > 1001 || (int64_t)(n + 1) * cols > 50000))
+        return di_js_fail(c, DI_ERR_LIMIT, "%s", "minProperties/maxProperties: (declared names + 1) x count above 50000 states");
     /* P[k][e]: members k..n-1 remain; e = a member was already written (a comma comes first).
      * Q[k]: members k..n-1 remain, none written yet, at least one must be (minProperties 1). */
     int32_t(*P)[3] = calloc(n + 1, sizeof *P);
@@ -833,7 +766,7 @@ static int32_t object_sym(js *c, json_t *s) {
     bool free_keys = !json_is_false(addl) && !shared;
     if (free_keys) {
         int32_t av = addl && json_is_object(addl) ? sub(c, addl, "additionalProperties", NULL) : c->value;
-        int32_t key = n ? other_key(c, props) : c->string;
+        int32_t key = pn_re ? pattern_key(c, pn_re) : n ? other_key(c, props) : c->string;
         int32_t r[3] = {key, c->colon, av};
         di_cfg_rule(g, member, r, 3);
         extra = true;
@@ -859,6 +792,12 @@ static int32_t object_sym(js *c, json_t *s) {
         int32_t none = nothing(c);
         di_cfg_rule(g, P[n][2], &none, 1);
     }
+    int32_t *mems = calloc(n + 1, sizeof *mems);
+    bool *reqd = calloc(n + 1, sizeof *reqd);
+    if (!mems || !reqd) {
+        free(P), free(mems), free(reqd);
+        return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
+    }
     size_t k = 0;
     const char *key;
     json_object_foreach(props, key, ps) {
@@ -870,12 +809,13 @@ static int32_t object_sym(js *c, json_t *s) {
         char *qk = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL; /* the key as a JSON string literal */
         json_decref(ks);
         if (!qk) {
-            free(P);
+            free(P), free(mems), free(reqd);
             return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory");
         }
         int32_t v = sub(c, ps, "properties", key);
         int32_t mem = seq(c, (int32_t[]){lit(c, qk), c->colon, v}, 3);
         free(qk);
+        mems[k] = mem, reqd[k] = required;
         for (int e = 0; e < 2; e++) {
             int32_t with[3] = {c->comma, mem, P[k + 1][1]};
             di_cfg_rule(g, P[k][e], e ? with : with + 1, e ? 3 : 2);
@@ -886,8 +826,8 @@ static int32_t object_sym(js *c, json_t *s) {
         if (!required) di_cfg_rule(g, P[k][2], &P[k + 1][2], 1);
         k++;
     }
-    int32_t body = P[0][non_empty ? 2 : 0];
-    free(P);
+    int32_t body = counted ? counted_members(c, mems, reqd, n, extra ? member : -1, count_lo, count_hi) : P[0][non_empty ? 2 : 0];
+    free(P), free(mems), free(reqd);
     return seq(c, (int32_t[]){c->lbrace, body, c->rbrace}, 3);
 }
 
@@ -955,8 +895,8 @@ static int32_t array_sym(js *c, json_t *s) {
 
 static int32_t typed(js *c, json_t *s, const char *t) {
     if (!strcmp(t, "string")) return string_sym(c, s);
-    if (!strcmp(t, "number")) return number_sym(c, s, false);
-    if (!strcmp(t, "integer")) return number_sym(c, s, true);
+    if (!strcmp(t, "number")) return di_js_number(c, s, false);
+    if (!strcmp(t, "integer")) return di_js_number(c, s, true);
     if (!strcmp(t, "boolean")) return c->boolean;
     if (!strcmp(t, "null")) return c->null;
     if (!strcmp(t, "object")) return object_sym(c, s);
@@ -983,8 +923,9 @@ static int32_t schema_body(js *c, json_t *s) {
         json_t *kv;
         json_object_foreach(s, k, kv) if (di_js_constrains(k) && strcmp(k, "$ref")) siblings = true;
         if (siblings) {
-            json_t *m = json_deep_copy(s);
+            json_t *m = json_copy(s); /* shallow (subschemas stay shared); allOf is copied below */
             json_t *parts = json_object_get(m, "allOf");
+            if (json_is_array(parts)) json_object_set_new(m, "allOf", parts = json_copy(parts));
             if (!m || (parts && !json_is_array(parts))) {
                 json_decref(m);
                 return c->rc ? 0 : di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array");
@@ -1029,7 +970,7 @@ static int32_t schema_body(js *c, json_t *s) {
         for (size_t i = 0; i < json_array_size(arr) && !c->rc; i++) {
             json_t *br = json_array_get(arr, i);
             if (siblings) {
-                json_t *tmp = json_deep_copy(s);
+                json_t *tmp = json_copy(s); /* shallow: subschemas stay shared (see di_js_merge_allof) */
                 json_object_del(tmp, "anyOf");
                 json_object_del(tmp, "oneOf");
                 json_t *one_part = json_array();
@@ -1075,7 +1016,8 @@ static int32_t schema_body(js *c, json_t *s) {
     /* no type: infer from the keywords present; a value of another type is also valid per the
      * spec, but generating one would ignore the keywords, so restrict to the implied type */
     if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties") ||
-        json_object_get(s, "patternProperties") || json_object_get(s, "minProperties") || json_object_get(s, "maxProperties"))
+        json_object_get(s, "patternProperties") || json_object_get(s, "minProperties") || json_object_get(s, "maxProperties") ||
+        json_object_get(s, "propertyNames"))
         return object_sym(c, s);
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems") || json_object_get(s, "additionalItems") || json_object_get(s, "uniqueItems"))
@@ -1084,8 +1026,8 @@ static int32_t schema_body(js *c, json_t *s) {
         json_object_get(s, "format"))
         return string_sym(c, s);
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
-        json_object_get(s, "exclusiveMaximum"))
-        return number_sym(c, s, false);
+        json_object_get(s, "exclusiveMaximum") || json_object_get(s, "multipleOf"))
+        return di_js_number(c, s, false);
     return c->value;
 }
 

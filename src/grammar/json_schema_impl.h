@@ -1,6 +1,6 @@
 /* Internals shared by the JSON Schema front-end's files: the compiler context and the helpers
- * both json_schema.c (compilation) and json_schema_rewrite.c (allOf merge, oneOf disjointness,
- * dependencies / not rewrites) use. Not part of any public API. */
+ * json_schema.c (compilation), json_schema_number.c (numbers) and json_schema_rewrite.c (allOf
+ * merge, oneOf disjointness, dependencies / not rewrites) use. Not part of any public API. */
 #ifndef DI_GRAMMAR_JSON_SCHEMA_IMPL_H
 #define DI_GRAMMAR_JSON_SCHEMA_IMPL_H
 
@@ -9,6 +9,10 @@
 #include <stdint.h>
 
 #include "grammar/json_schema.h"
+
+/* Internal keyword that rewrites add to a string schema: an object whose keys are the string
+ * values the instance must differ from (from not {enum}); compiled like a free member key. */
+#define DI_JS_NOT_STRINGS "$di_not_strings"
 
 typedef struct memo_ent {
     const json_t *key;
@@ -45,6 +49,11 @@ bool di_js_constrains(const char *k);
 bool di_js_trivial(const json_t *s);
 /* Is v of JSON type t as "type" spells it (integers are also numbers)? */
 bool di_js_value_has_type(const json_t *v, const char *t);
+
+/* ---- json_schema_number.c ---- */
+
+/* "integer" (integer true) or "number" with its bounds and multipleOf (what is emitted: see the .c). */
+int32_t di_js_number(js *c, json_t *s, bool integer);
 
 /* ---- json_schema_rewrite.c ---- */
 

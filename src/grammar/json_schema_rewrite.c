@@ -16,17 +16,150 @@
  * soundness relies on, so PCRE2 may accept more but must not accept less. */
 const uint32_t di_js_pcre2_opts = PCRE2_UTF | PCRE2_UCP | PCRE2_ALT_BSUX;
 
-/* allOf: merge the parts into one schema when their keywords do not overlap (other than
- * required, which unions, and type, which must agree); otherwise reject. */
+static unsigned type_bits_of(const json_t *t);
+static const char *const k_type_names[7];
+
+/* if/then/else of an allOf part as the equivalent anyOf (see di_js_rewrite), so that two parts'
+ * conditions combine like two anyOf; a new reference, NULL when p has none. */
+static json_t *cond_anyof(json_t *p) {
+    json_t *cif = json_object_get(p, "if"), *cthen = json_object_get(p, "then"), *celse = json_object_get(p, "else");
+    if (!cif || (!cthen && !celse)) return NULL;
+    return json_pack("[{s:[O,O]},{s:[{s:O},O]}]", "allOf", cif, cthen ? cthen : json_true(), "allOf", "not", cif,
+                     celse ? celse : json_true());
+}
+
+/* The values of a schema that is only const or enum (annotations aside); NULL otherwise. */
+static json_t *values_only(json_t *s) {
+    const char *k;
+    json_t *v, *r = NULL;
+    if (!json_is_object(s)) return NULL;
+    json_object_foreach(s, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (r || (strcmp(k, "const") && (strcmp(k, "enum") || !json_is_array(v)))) return json_decref(r), NULL;
+        r = strcmp(k, "const") ? json_deep_copy(v) : json_pack("[O]", v);
+    }
+    return r;
+}
+
+/* The single name of a schema that is only {properties: {p: X}} (annotations aside); NULL otherwise. */
+static const char *one_property(json_t *s) {
+    const char *k, *name = NULL;
+    json_t *v;
+    if (!json_is_object(s)) return NULL;
+    json_object_foreach(s, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (name || strcmp(k, "properties") || !json_is_object(v) || json_object_size(v) != 1) return NULL;
+        name = json_object_iter_key(json_object_iter(v));
+    }
+    return name;
+}
+
+/* A schema for "a or b" in a form the not rewrite handles where possible: const/enum lists
+ * unite, {properties: {p: X}} or {properties: {p: Y}} is {properties: {p: X or Y}} (p absent
+ * passes both); otherwise anyOf [a, b]. A new reference. */
+static json_t *either(json_t *a, json_t *b, int depth) {
+    json_t *va = values_only(a), *vb = values_only(b);
+    if (va && vb) {
+        json_array_extend(va, vb);
+        json_decref(vb);
+        return json_pack("{s:o}", "enum", va);
+    }
+    json_decref(va), json_decref(vb);
+    const char *pa = one_property(a), *pb = one_property(b);
+    if (pa && pb && !strcmp(pa, pb) && depth < 8) {
+        json_t *x = json_object_get(json_object_get(a, "properties"), pa);
+        json_t *y = json_object_get(json_object_get(b, "properties"), pb);
+        json_t *u = either(x, y, depth + 1);
+        return u ? json_pack("{s:{s:o}}", "properties", pa, u) : NULL;
+    }
+    return json_pack("{s:[O,O]}", "anyOf", a, b);
+}
+
+/* Keyword k in two allOf parts (values a, b) as one keyword that holds exactly when both do:
+ * enum values in both, types in both, the tighter count or bound, anyOf of every pair of
+ * branches (at most 64), not of either, both allOf lists. NULL when k has no such combination. */
+static json_t *merge_keyword(const char *k, json_t *a, json_t *b) {
+    if (!strcmp(k, "enum") && json_is_array(a) && json_is_array(b)) {
+        json_t *r = json_array();
+        for (size_t i = 0; r && i < json_array_size(a); i++)
+            for (size_t j = 0; j < json_array_size(b); j++)
+                if (json_equal(json_array_get(a, i), json_array_get(b, j))) {
+                    json_array_append(r, json_array_get(a, i));
+                    break;
+                }
+        return r;
+    }
+    if (!strcmp(k, "type")) {
+        unsigned x = type_bits_of(a), y = type_bits_of(b), both = x & y;
+        if (!x || !y) return NULL;
+        json_t *r = json_array();
+        for (unsigned t = 0; r && t < 7; t++) /* number (bits 1 and 2) also lists integer: skip it then */
+            if ((both >> t) & 1 && !(t == 2 && (both & 2))) json_array_append_new(r, json_string(k_type_names[t]));
+        return r;
+    }
+    static const char *lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"};
+    static const char *upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"};
+    for (size_t i = 0; i < 5; i++) {
+        bool lo = !strcmp(k, lower[i]), hi = !strcmp(k, upper[i]);
+        if ((lo || hi) && json_is_number(a) && json_is_number(b)) {
+            double x = json_number_value(a), y = json_number_value(b);
+            return json_incref(lo ? (x >= y ? a : b) : (x <= y ? a : b));
+        }
+    }
+    if (!strcmp(k, "anyOf") && json_is_array(a) && json_is_array(b)) {
+        if (json_array_size(a) * json_array_size(b) > 64) return NULL;
+        json_t *r = json_array();
+        for (size_t i = 0; r && i < json_array_size(a); i++)
+            for (size_t j = 0; j < json_array_size(b); j++)
+                json_array_append_new(r, json_pack("{s:[O,O]}", "allOf", json_array_get(a, i), json_array_get(b, j)));
+        return r;
+    }
+    if (!strcmp(k, "not")) return either(a, b, 0); /* not A and not B = not (A or B) */
+    if (!strcmp(k, "allOf") && json_is_array(a) && json_is_array(b)) {
+        json_t *r = json_copy(a);
+        if (r) json_array_extend(r, b);
+        return r;
+    }
+    return NULL;
+}
+
+/* allOf: merge the parts into one schema keyword by keyword: required unions, properties take
+ * allOf per name, keywords in several parts combine by merge_keyword; otherwise reject. */
 json_t *di_js_merge_allof(js *c, json_t *s) {
-    json_t *m = json_deep_copy(s);
+    /* shallow: the parts' subschemas stay shared (never modified in place), so the memo compiles
+     * a subschema once however many merged copies (anyOf branches, conditions) refer to it */
+    json_t *m = json_copy(s);
     if (!m) return NULL;
     json_object_del(m, "allOf");
     json_t *parts = json_object_get(s, "allOf");
     for (size_t i = 0; i < json_array_size(parts) && !c->rc; i++) {
         json_t *p = json_array_get(parts, i);
         json_t *ref = json_object_get(p, "$ref");
-        if (ref && json_is_string(ref)) p = di_js_resolve_ref(c, json_string_value(ref));
+        /* a bare $ref part is its target; with siblings it stays a $ref keyword (compiled as allOf) */
+        bool bare = true;
+        const char *k0;
+        json_t *v0;
+        json_object_foreach(p, k0, v0) if (di_js_constrains(k0) && strcmp(k0, "$ref")) bare = false;
+        if (ref && json_is_string(ref) && bare) p = di_js_resolve_ref(c, json_string_value(ref));
+        json_t *cond = json_is_object(p) ? cond_anyof(p) : NULL;
+        if (cond) { /* the part's if/then/else as anyOf */
+            json_t *q = json_copy(p);
+            json_object_del(q, "if"), json_object_del(q, "then"), json_object_del(q, "else");
+            json_t *both = json_object_get(q, "anyOf") ? merge_keyword("anyOf", json_object_get(q, "anyOf"), cond) : json_incref(cond);
+            json_decref(cond);
+            if (!both) {
+                json_decref(q);
+                json_decref(m);
+                return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "allOf: if/then/else beside anyOf with more than 64 combinations"), NULL;
+            }
+            json_object_set_new(q, "anyOf", both);
+            json_array_append_new(c->keep, q);
+            p = q;
+        }
+        if (json_is_false(p)) { /* nothing passes this part */
+            json_decref(m);
+            return json_false();
+        }
         if (!p || !json_is_object(p)) {
             if (!json_is_true(p)) di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "allOf part that is not an object schema");
             continue;
@@ -42,7 +175,7 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
                 json_array_extend(u, v);
                 json_object_set_new(m, k, u);
             } else if (!strcmp(k, "properties") && json_is_object(have) && json_is_object(v)) {
-                json_t *u = json_deep_copy(have);
+                json_t *u = json_copy(have);
                 const char *pk;
                 json_t *pv;
                 json_object_foreach(v, pk, pv) {
@@ -61,6 +194,15 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
                 }
                 json_object_set_new(m, k, u);
             } else if (!json_equal(have, v) && di_js_constrains(k)) { /* differing annotations: keep the first */
+                if (!strcmp(k, "const")) { /* two different constants: nothing passes */
+                    json_decref(m);
+                    return json_false();
+                }
+                json_t *both = merge_keyword(k, have, v);
+                if (both) {
+                    json_object_set_new(m, k, both);
+                    continue;
+                }
                 json_decref(m);
                 return di_js_fail(c, DI_ERR_UNSUPPORTED, "allOf: keyword '%s' appears in more than one part", k), NULL;
             }
@@ -96,7 +238,7 @@ json_t *di_js_merge_allof(js *c, json_t *s) {
 
 /* Types a schema admits, as bits of k_type_names (integer is a subset of number: its own bit, and
  * "number" sets both). Without "type", the types of const/enum values, else all. */
-static const char *const k_type_names[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
+static const char *const k_type_names[7] = {"string", "number", "integer", "boolean", "null", "object", "array"};
 
 static unsigned value_type_bits(const json_t *v) {
     unsigned b = 0;
@@ -225,14 +367,16 @@ static bool disjoint(js *c, json_t *a, json_t *b, int depth) {
             all_fail = !may_match(c, json_array_get(en, i), y, 0);
         if (all_fail) return true;
     }
-    /* one forbids a property the other requires (properties: {p: false}), on objects only */
+    /* one forbids a property the other requires (properties: {p: false}, or a closed object,
+     * additionalProperties false without patternProperties, that does not declare p), on objects only */
     for (int side = 0; side < 2; side++) {
         json_t *x = side ? b : a, *y = side ? a : b;
         json_t *px = json_object_get(x, "properties"), *ry = json_object_get(y, "required");
+        bool closed = json_is_false(json_object_get(x, "additionalProperties")) && !json_object_get(x, "patternProperties");
         bool objects_only = !(type_bits(x) & ~(1u << 5)) || !(type_bits(y) & ~(1u << 5));
         for (size_t i = 0; objects_only && i < json_array_size(ry); i++) {
             const char *name = json_string_value(json_array_get(ry, i));
-            if (name && json_is_false(json_object_get(px, name))) return true;
+            if (name && (json_is_false(json_object_get(px, name)) || (closed && !json_object_get(px, name)))) return true;
         }
     }
     /* a required property in both, with disjoint schemas (const/enum tags, types) */
@@ -303,21 +447,81 @@ json_t *di_js_narrow_oneof(js *c, json_t *branches) {
     return out;
 }
 
-/* dependencies / dependentRequired / dependentSchemas and simple forms of "not", rewritten into
- * keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
+/* Names whose absence makes every object fail n. n is the conjunction of its keywords, so one
+ * failing is enough: its first required name, or a failing allOf part, or every anyOf branch
+ * failing. Appends them to names; false when none is found (names may then hold leftovers, which
+ * the caller discards). */
+static bool forbid_names(js *c, json_t *n, json_t *names, int depth) {
+    if (json_is_object(n) && json_object_size(n) == 1 && json_is_string(json_object_get(n, "$ref"))) n = deref(c, n);
+    if (!json_is_object(n) || depth > 8) return false;
+    json_t *req = json_object_get(n, "required"), *all = json_object_get(n, "allOf"), *any = json_object_get(n, "anyOf");
+    if (json_is_string(json_array_get(req, 0))) return json_array_append(names, json_array_get(req, 0)) == 0;
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        size_t had = json_array_size(names);
+        if (forbid_names(c, json_array_get(all, i), names, depth + 1)) return true;
+        while (json_array_size(names) > had) json_array_remove(names, had);
+    }
+    if (!json_array_size(any)) return false;
+    for (size_t i = 0; i < json_array_size(any); i++)
+        if (!forbid_names(c, json_array_get(any, i), names, depth + 1)) return false;
+    return true;
+}
+
+/* A string schema with no constraint besides its type (the values of a not-enum are then left
+ * out with the key machinery, which cannot also apply a pattern or length). */
+static bool plain_string(json_t *m) {
+    const char *k;
+    json_t *v;
+    bool str = false;
+    json_object_foreach(m, k, v) {
+        if (!di_js_constrains(k)) continue;
+        if (strcmp(k, "type")) return false;
+        str = json_is_string(v) && !strcmp(json_string_value(v), "string");
+    }
+    return str;
+}
+
+/* if/then/else, dependencies / dependentRequired / dependentSchemas and simple forms of "not",
+ * rewritten into keywords the compiler handles. Narrowing is sound (the grammar accepts a subset):
+ * - if/then/else becomes anyOf [allOf [if, then], allOf [not if, else]] (exact);
  * - a dependent name list becomes required (exact when the trigger is required, else narrower);
- * - a dependent schema joins allOf when its trigger is required; a trivial one is dropped;
- * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower);
- *   not {enum/const} removes values from a sibling enum/const; not true = false; not false = true.
+ * - a dependent schema joins allOf when its trigger is required, else allOf gets anyOf [trigger
+ *   absent, trigger required and the schema] (exact); a trivial one is dropped;
+ * - not {type: T} removes T from the types; not {required: [a, ...]} forbids a (narrower), and
+ *   so do allOf / anyOf of such schemas (forbid_names), keeping to objects;
+ * - not {enum/const} removes values from a sibling enum/const, or beside a plain string type
+ *   leaves those strings out (DI_JS_NOT_STRINGS); not true = false; not false = true.
  * Anything else is refused. Returns s itself when nothing applies, NULL after di_js_fail(). */
 json_t *di_js_rewrite(js *c, json_t *s) {
     static const char *dep_kw[] = {"dependencies", "dependentRequired", "dependentSchemas"};
-    bool any = json_object_get(s, "not") != NULL;
-    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]);
+    static const char *cond_kw[] = {"if", "then", "else"};
+    /* beside allOf, "not" waits for the merge: it may negate values or names another part adds */
+    bool defer_not = json_object_get(s, "allOf") != NULL;
+    bool any = !defer_not && json_object_get(s, "not") != NULL;
+    for (size_t i = 0; i < 3; i++) any = any || json_object_get(s, dep_kw[i]) || json_object_get(s, cond_kw[i]);
     if (!any) return s;
-    json_t *m = json_deep_copy(s);
+    /* shallow, with the arrays appended to below copied: subschemas stay shared */
+    json_t *m = json_copy(s);
     if (!m) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
     json_array_append_new(c->keep, m); /* memo keys are pointers: keep the copy alive */
+    for (size_t i = 0; i < 2; i++) {
+        json_t *arr = json_object_get(m, i ? "allOf" : "required");
+        if (json_is_array(arr)) json_object_set_new(m, i ? "allOf" : "required", json_copy(arr));
+    }
+    /* if/then/else: (if and then) or (not if and else), as one more allOf part holding that anyOf;
+     * the two branches compile through allOf and the "not" rewrites below (a form of not they do
+     * not handle is refused there). then/else without if, or if alone, constrain nothing. */
+    json_t *cif = json_object_get(s, "if"), *cthen = json_object_get(s, "then"), *celse = json_object_get(s, "else");
+    for (size_t i = 0; i < 3; i++) json_object_del(m, cond_kw[i]);
+    if (cif && (cthen || celse)) {
+        json_t *all = json_object_get(m, "allOf");
+        if (all && !json_is_array(all)) return di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
+        json_t *alt = json_pack("{s:[{s:[O,O]},{s:[{s:O},O]}]}", "anyOf", "allOf", cif, cthen ? cthen : json_true(), "allOf",
+                                "not", cif, celse ? celse : json_true());
+        if (!alt) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        if (!all) json_object_set_new(m, "allOf", all = json_array());
+        json_array_append_new(all, alt);
+    }
     for (size_t i = 0; i < 3; i++) {
         json_t *deps = json_object_get(s, dep_kw[i]);
         if (!deps) continue;
@@ -339,13 +543,18 @@ json_t *di_js_rewrite(js *c, json_t *s) {
                 if (all && !json_is_array(all)) return di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
                 if (!all) json_object_set_new(m, "allOf", all = json_array());
                 json_array_append(all, v);
-            } else {
-                return di_js_fail(c, DI_ERR_UNSUPPORTED, "keyword '%s' with a schema for an optional property", dep_kw[i]), NULL;
+            } else { /* an optional trigger: absent, or present and the dependent schema holds */
+                json_t *all = json_object_get(m, "allOf");
+                if (all && !json_is_array(all)) return di_js_fail(c, DI_ERR_INVALID, "%s", "allOf is not an array"), NULL;
+                json_t *alt = json_pack("{s:[{s:{s:b}},{s:[s],s:[O]}]}", "anyOf", "properties", a, 0, "required", a, "allOf", v);
+                if (!alt) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+                if (!all) json_object_set_new(m, "allOf", all = json_array());
+                json_array_append_new(all, alt);
             }
         }
     }
     json_t *n = json_object_get(s, "not");
-    if (!n) return m;
+    if (!n || defer_not) return m;
     json_object_del(m, "not");
     if (json_is_object(n) && json_is_string(json_object_get(n, "$ref"))) {
         json_t *t = di_js_resolve_ref(c, json_string_value(json_object_get(n, "$ref")));
@@ -378,14 +587,63 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         json_object_set_new(m, "type", list);
         return m;
     }
-    if (nk == 1 && !strcmp(only, "required") && json_array_size(json_object_get(n, "required"))) {
-        const char *name = json_string_value(json_array_get(json_object_get(n, "required"), 0));
-        if (!name) return di_js_fail(c, DI_ERR_INVALID, "%s", "not: required entry is not a string"), NULL;
-        json_t *props = json_object_get(m, "properties");
-        if (props && !json_is_object(props)) return di_js_fail(c, DI_ERR_INVALID, "%s", "properties is not an object"), NULL;
-        json_t *np = props ? json_deep_copy(props) : json_object();
-        json_object_set_new(np, name, json_false()); /* an absent or declared name: absent now */
+    json_t *names = json_array();
+    if (!names) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+    if (forbid_names(c, n, names, 0)) {
+        /* objects without these names fail n; a non-object may pass n (its required is vacuous):
+         * keep to objects */
+        json_t *have = json_object_get(m, "type"), *props = json_object_get(m, "properties");
+        if ((have && !(type_bits_of(have) & (1u << 5))) || (props && !json_is_object(props))) {
+            json_decref(names);
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {required} beside a non-object type"), NULL;
+        }
+        json_object_set_new(m, "type", json_string("object"));
+        json_t *np = props ? json_copy(props) : json_object();
+        for (size_t i = 0; i < json_array_size(names); i++) /* an absent or declared name: absent now */
+            json_object_set_new(np, json_string_value(json_array_get(names, i)), json_false());
         json_object_set_new(m, "properties", np);
+        json_decref(names);
+        return m;
+    }
+    json_decref(names);
+    /* not {properties: {p: S}}: p is present and fails S (n passes every non-object: objects only) */
+    json_t *nprops = json_object_get(n, "properties");
+    if (nk == 1 && json_is_object(nprops) && json_object_size(nprops) == 1) {
+        const char *p = json_object_iter_key(json_object_iter(nprops));
+        json_t *ps = json_object_get(nprops, p), *have = json_object_get(m, "type");
+        json_t *props = json_object_get(m, "properties"), *req = json_object_get(m, "required");
+        if ((have && !(type_bits_of(have) & (1u << 5))) || (props && !json_is_object(props)) || (req && !json_is_array(req)))
+            return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s", "keyword 'not' {properties} beside a non-object type"), NULL;
+        json_t *np = props ? json_copy(props) : json_object();
+        json_t *prev = json_object_get(np, p);
+        json_t *neg = prev ? json_pack("{s:[O,{s:O}]}", "allOf", prev, "not", ps) : json_pack("{s:O}", "not", ps);
+        if (!np || !neg) return json_decref(np), json_decref(neg), di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        json_object_set_new(np, p, neg);
+        json_object_set_new(m, "properties", np);
+        if (!req) json_object_set_new(m, "required", req = json_array());
+        if (!in_required(req, p)) json_array_append_new(req, json_string(p));
+        json_object_set_new(m, "type", json_string("object"));
+        return m;
+    }
+    /* not {const/enum} beside type boolean: the other value */
+    json_t *mt = json_object_get(m, "type");
+    if (nk == 1 && (json_object_get(n, "enum") || json_object_get(n, "const")) && json_is_string(mt) &&
+        !strcmp(json_string_value(mt), "boolean") && !json_object_get(m, "enum") && !json_object_get(m, "const"))
+        json_object_set_new(m, "enum", json_pack("[b,b]", 1, 0));
+    /* not {enum/const of strings} beside a plain string: strings other than those values */
+    json_t *nen0 = json_object_get(n, "enum"), *ncst0 = json_object_get(n, "const");
+    if (nk == 1 && (nen0 || ncst0) && plain_string(m)) {
+        json_t *vals = ncst0 ? json_pack("[O]", ncst0) : json_deep_copy(nen0);
+        json_t *strs = json_object();
+        for (size_t i = 0; vals && strs && i < json_array_size(vals); i++)
+            if (json_is_string(json_array_get(vals, i))) /* other values never match a string */
+                json_object_set_new(strs, json_string_value(json_array_get(vals, i)), json_true());
+        json_decref(vals);
+        if (!strs) return di_js_fail(c, DI_ERR_NOMEM, "%s", "out of memory"), NULL;
+        json_t *prev = json_object_get(m, DI_JS_NOT_STRINGS); /* from an earlier rewrite of a merged part */
+        if (json_is_object(prev)) json_object_update(strs, prev);
+        json_object_set_new(m, "type", json_string("string"));
+        json_object_set_new(m, DI_JS_NOT_STRINGS, strs);
         return m;
     }
     json_t *en = json_object_get(m, "enum"), *cst = json_object_get(m, "const");
@@ -405,6 +663,7 @@ json_t *di_js_rewrite(js *c, json_t *s) {
         return m;
     }
     return di_js_fail(c, DI_ERR_UNSUPPORTED, "%s",
-                "keyword 'not' other than not-type, not-required, not-enum/const beside enum/const, true/false"),
+                "keyword 'not' other than not-type, not-required (also in allOf/anyOf), not-enum/const beside "
+                "enum/const or a plain string, true/false"),
            NULL;
 }
