@@ -45,7 +45,7 @@ struct di_grammar_matcher {
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
-    uint64_t n_edges, n_summaries;
+    uint64_t n_edges, n_summaries, n_replays;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
      * value, valid when lstamp[i] == lgen. */
@@ -383,7 +383,8 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
-                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .summaries = m->n_summaries};
+                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays,
+                                 .summaries = m->n_summaries};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -466,6 +467,19 @@ static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class 
     for (int w = 0; w < 8; w++)
         for (uint32_t x = bytes->bits[w]; x; x &= x - 1)
             di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
+}
+
+/* State id's sets are on top: store DEAD for every byte its set does not scan (di_earley_push
+ * rejects them before any work), once per state. A later walk that reaches the state through known
+ * transitions then skips its dead bytes without replaying the path to it (a dead byte was the
+ * first unknown edge of most replays). Exact: equal keys scan equal byte sets. */
+static void mark_dead(di_grammar_matcher *m, di_gcache_table *tab, int32_t id) {
+    if (id <= 0 || atomic_load_explicit(&tab->dead_done[id], memory_order_relaxed)) return;
+    const di_cfg_class *scan = di_earley_next_bytes(&m->e);
+    for (int w = 0; w < 8; w++)
+        for (uint32_t x = ~scan->bits[w]; x; x &= x - 1)
+            di_gcache_set_next(tab, id, (uint8_t)(w * 32 + __builtin_ctz(x)), DI_ST_DEAD);
+    atomic_store_explicit(&tab->dead_done[id], 1, memory_order_relaxed);
 }
 
 static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
@@ -748,13 +762,15 @@ static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool ut
 
 /* Push the path bytes of depths md+1..upto so that the Earley sets of depths 0..upto exist. Each
  * prefix of a trie path the walk reached was viable, so each push succeeds. */
-static int replay(di_grammar_matcher *m, size_t *md, size_t upto, di_error *err) {
+static int replay(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, size_t upto, di_error *err) {
     while (*md < upto) {
+        m->n_replays++;
         int rc = di_earley_push(&m->e, m->path[*md + 1], err);
         if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
         if (rc < 0) return rc;
         (*md)++;
         if ((rc = update_sigs(m, err))) return rc;
+        mark_dead(m, tab, m->vid[*md]); /* the walk keeps vid exact along the path, or 0 */
     }
     return DI_OK;
 }
@@ -794,7 +810,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         next = DI_ST_CONTEXT;
     }
     if (next == DI_ST_UNKNOWN) {
-        if ((rc = replay(m, md, d - 1, err))) return rc;
+        if ((rc = replay(m, tab, md, d - 1, err))) return rc;
         di_cfg_class same;
         if (parent > 0) byte_equiv(e, byte, &same);
         bool ctx = false;
@@ -823,6 +839,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         } else {
             next = di_gcache_intern(c, tab, k);
             if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
+            mark_dead(m, tab, next);
         }
     }
     uint32_t bnd = m->lbd[d - 1];
@@ -837,7 +854,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             bnd = slot->bnd;
         } else {
             if (!pushed) {
-                if ((rc = replay(m, md, d - 1, err))) return rc;
+                if ((rc = replay(m, tab, md, d - 1, err))) return rc;
                 rc = di_earley_push(e, byte, err);
                 if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a context transition was rejected");
                 if (rc < 0) return rc;
@@ -854,6 +871,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 k = state_key(m);
             }
             next = di_gcache_intern(c, tab, k);
+            mark_dead(m, tab, next);
             if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
@@ -893,6 +911,9 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
         while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
         walk_pop(m, base, &md, keep);
         for (uint32_t k = keep; k < len; k++) m->path[k + 1] = tb[k];
+        /* the states above the root and below the parent are not known here: 0, so that a
+         * replay through them marks nothing (mark_dead) */
+        for (uint32_t k = 1; k + 1 < e->depth; k++) m->vid[k] = DI_ST_UNKNOWN;
         m->vid[e->depth - 1] = e->parent;
         m->lbd[e->depth - 1] = m->lbd[0];
         int rc = 1;
@@ -1021,6 +1042,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
+    if (tab) mark_dead(m, tab, m->vid[0]);
     rc = loop_mask(m, tab, base, root, mask, err);
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
@@ -1044,7 +1066,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 blk = block_of(m, tab, parent, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned);
                 bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
                 if (big && ((blk == -2 && summaries_left > 0) || (blk == -1 && chain_left > 0))) { /* no summary yet, or a chain to extend */
-                    if ((rc = replay(m, &md, d - 1, err))) goto out;
+                    if ((rc = replay(m, tab, &md, d - 1, err))) goto out;
                     use_boundary(m, m->lbd[d - 1]);
                     if (blk == -2) {
                         summaries_left--;

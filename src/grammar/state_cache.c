@@ -22,6 +22,7 @@ static void table_free(di_gcache_table *t) {
     if (t->rows) munmap(t->rows, t->rows_bytes);
     free(t->loop);
     free(t->loop_ready);
+    free(t->dead_done);
     free(t->key);
     free(t->hash);
     free(t);
@@ -41,9 +42,10 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     t->rows = rows == MAP_FAILED ? NULL : rows;
     t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
     t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
+    t->dead_done = calloc((size_t)t->cap + 1, sizeof *t->dead_done);
     t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);
     t->hash = malloc(t->hcap * sizeof *t->hash);
-    if (!t->rows || !t->loop || !t->loop_ready || !t->key || !t->hash) {
+    if (!t->rows || !t->loop || !t->loop_ready || !t->dead_done || !t->key || !t->hash) {
         table_free(t);
         return NULL;
     }

@@ -64,6 +64,7 @@ typedef struct di_gcache_table {
     size_t rows_bytes;
     di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
     _Atomic uint8_t *loop_ready; /* [cap + 1] */
+    _Atomic uint8_t *dead_done;  /* [cap + 1] every byte the state does not scan is stored DEAD in its row */
     di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
     size_t hcap;         /* power of two >= 2 * cap */
