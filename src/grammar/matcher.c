@@ -469,17 +469,13 @@ static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class 
             di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
 }
 
-/* State id's sets are on top: store DEAD for every byte its set does not scan (di_earley_push
- * rejects them before any work), once per state. A later walk that reaches the state through known
- * transitions then skips its dead bytes without replaying the path to it (a dead byte was the
- * first unknown edge of most replays). Exact: equal keys scan equal byte sets. */
-static void mark_dead(di_grammar_matcher *m, di_gcache_table *tab, int32_t id) {
-    if (id <= 0 || atomic_load_explicit(&tab->dead_done[id], memory_order_relaxed)) return;
-    const di_cfg_class *scan = di_earley_next_bytes(&m->e);
-    for (int w = 0; w < 8; w++)
-        for (uint32_t x = ~scan->bits[w]; x; x &= x - 1)
-            di_gcache_set_next(tab, id, (uint8_t)(w * 32 + __builtin_ctz(x)), DI_ST_DEAD);
-    atomic_store_explicit(&tab->dead_done[id], 1, memory_order_relaxed);
+/* State id's sets are on top: record the bytes its set scans, once per state. A later walk that
+ * reaches the state through known transitions then rejects any other byte without replaying the
+ * path to it (a dead byte was the first unknown edge of most replays). Exact: di_earley_push
+ * rejects exactly the bytes outside the scan union, and equal keys scan equal byte sets. */
+static void note_scan(di_grammar_matcher *m, di_gcache_table *tab, int32_t id) {
+    if (id <= 0 || atomic_load_explicit(&tab->scan_ready[id], memory_order_relaxed)) return;
+    di_gcache_scan_put(m->g->cache, tab, id, di_earley_next_bytes(&m->e));
 }
 
 static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
@@ -770,7 +766,7 @@ static int replay(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, size_
         if (rc < 0) return rc;
         (*md)++;
         if ((rc = update_sigs(m, err))) return rc;
-        mark_dead(m, tab, m->vid[*md]); /* the walk keeps vid exact along the path, or 0 */
+        note_scan(m, tab, m->vid[*md]); /* the walk keeps vid exact along the path, or 0 */
     }
     return DI_OK;
 }
@@ -809,6 +805,13 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         like = (uint8_t)(DI_ST_CONTEXT_0 - next);
         next = DI_ST_CONTEXT;
     }
+    if (next == DI_ST_UNKNOWN && parent > 0) {
+        const di_cfg_class *scan = di_gcache_scan_get(tab, parent);
+        if (scan && !di_cfg_class_has(scan, byte)) {
+            di_gcache_set_next(tab, parent, byte, DI_ST_DEAD);
+            return 0;
+        }
+    }
     if (next == DI_ST_UNKNOWN) {
         if ((rc = replay(m, tab, md, d - 1, err))) return rc;
         di_cfg_class same;
@@ -839,7 +842,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         } else {
             next = di_gcache_intern(c, tab, k);
             if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
-            mark_dead(m, tab, next);
+            note_scan(m, tab, next);
         }
     }
     uint32_t bnd = m->lbd[d - 1];
@@ -871,7 +874,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 k = state_key(m);
             }
             next = di_gcache_intern(c, tab, k);
-            mark_dead(m, tab, next);
+            note_scan(m, tab, next);
             if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
@@ -1042,7 +1045,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
-    if (tab) mark_dead(m, tab, m->vid[0]);
+    if (tab) note_scan(m, tab, m->vid[0]);
     rc = loop_mask(m, tab, base, root, mask, err);
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
