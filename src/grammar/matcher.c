@@ -1086,9 +1086,10 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
     if (tab) note_scan(m, tab, m->vid[0]);
-    rc = loop_mask(m, tab, base, root, mask, err);
+    rc = loop_mask(m, tab, base, root, mask, err); /* writes mask only when it returns 1 */
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
+    memset(mask, 0, di_grammar_mask_words(v->n_vocab) * sizeof *mask);
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
     /* summaries computed per walk, bounded even where they do not pay: 8 for states met in the
      * walk, and one chain's worth (DI_CHAIN_CHARS + 1) to complete the chain of a state whose
@@ -1179,8 +1180,7 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
         m->cache_hits++;
     } else {
         m->cache_misses++;
-        memset(mask, 0, words * sizeof *mask);
-        rc = walk_trie(m, mask, err);
+        rc = walk_trie(m, mask, err); /* writes every word of mask */
         if (rc) return rc;
         di_gcache_mask_put(m->g->cache, v, key, mask);
     }
