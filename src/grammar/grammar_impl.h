@@ -107,11 +107,11 @@ struct di_grammar_vocab {
     uint32_t *by_class;     /* [DI_N_CLASSES * words] */
     uint32_t *text;         /* [words] */
     uint32_t *class_off;    /* [DI_N_CLASSES + 1] */
-    int32_t *class_tok;     /* ascending token ids per class */
+    int32_t *class_tok;     /* token ids per class, in trie preorder */
     uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
-    uint8_t *blob;          /* all token bytes back to back in id order, so that walking a class's
-                               ascending ids reads them forward instead of chasing pointers */
-    uint32_t *blob_off;     /* [n_vocab + 1] */
+    uint8_t *blob;          /* all token bytes back to back, text tokens in trie preorder, so that
+                               walking a class list reads them forward instead of chasing pointers */
+    uint32_t *blob_off;     /* [n_vocab] where token t's lens[t] bytes start in blob */
     uint32_t max_len;       /* longest token in bytes */
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */

@@ -929,7 +929,7 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
     for (uint32_t x = 0; x < n; x++) {
         const di_gcache_ctxtok *e = &ent[x];
         const uint8_t *tb = v->blob + v->blob_off[e->tok];
-        uint32_t len = v->blob_off[e->tok + 1] - v->blob_off[e->tok];
+        uint32_t len = v->lens[e->tok];
         uint32_t keep = 0; /* sets materialized for the prefix shared with the previous token */
         while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
         walk_pop(m, base, &md, keep);
@@ -1021,7 +1021,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
             int32_t t = v->class_tok[x];
             if (v->tok_class[t] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
             const uint8_t *tb = v->blob + v->blob_off[t];
-            uint32_t len = v->blob_off[t + 1] - v->blob_off[t];
+            uint32_t len = v->lens[t];
             /* the prefix this token shares with the previous one keeps its states (and the sets
              * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
             uint32_t keep = 0;

@@ -96,10 +96,16 @@ static int token_classes(di_grammar_vocab *v) {
     v->blob_off = malloc(((size_t)v->n_vocab + 1) * sizeof *v->blob_off);
     if (!v->tok_class || !v->blob_off) return DI_ERR_NOMEM;
     size_t total = 0, nb = 0;
-    for (uint32_t t = 0; t < v->n_vocab; t++) {
+    for (uint32_t x = 0; x < v->n_pre; x++) { /* text tokens in trie preorder, as the class lists */
+        int32_t t = v->pre_tok[x];
         v->blob_off[t] = (uint32_t)nb;
         nb += v->lens[t];
     }
+    for (uint32_t t = 0; t < v->n_vocab; t++)
+        if (v->special[t] || !v->lens[t]) {
+            v->blob_off[t] = (uint32_t)nb;
+            nb += v->lens[t];
+        }
     v->blob_off[v->n_vocab] = (uint32_t)nb;
     if (nb > UINT32_MAX || !(v->blob = malloc(nb + 1))) return DI_ERR_NOMEM;
     for (uint32_t t = 0; t < v->n_vocab; t++)
@@ -124,7 +130,11 @@ static int token_classes(di_grammar_vocab *v) {
         return DI_ERR_NOMEM;
     }
     memcpy(fill, v->class_off, DI_N_CLASSES * sizeof *fill);
-    for (uint32_t t = 0; t < v->n_vocab; t++) {
+    /* in trie preorder: a block mask walks a class's tokens one after the other and keeps the
+     * parse states of the prefix a token shares with the previous one, so tokens with a common
+     * prefix (".com", ".org", ...) follow each other and replay nothing */
+    for (uint32_t x = 0; x < v->n_pre; x++) {
+        int32_t t = v->pre_tok[x];
         uint32_t bits = v->tok_class[t];
         for (int k = 0; k < DI_N_CLASSES; k++)
             if ((bits >> k) & 1) v->class_tok[fill[k]++] = (int32_t)t;
