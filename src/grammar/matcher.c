@@ -1018,10 +1018,11 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
-            int32_t t = v->class_tok[x];
-            if (v->tok_class[t] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
-            const uint8_t *tb = v->blob + v->blob_off[t];
-            uint32_t len = v->lens[t];
+            uint32_t p = v->class_pre[x];
+            if (v->pre_class[p] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
+            int32_t t = v->pre_tok[p];
+            const uint8_t *tb = v->blob + v->pre_off[p];
+            uint32_t len = v->pre_off[p + 1] - v->pre_off[p];
             /* the prefix this token shares with the previous one keeps its states (and the sets
              * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
             uint32_t keep = 0;
