@@ -935,7 +935,7 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
         walk_pop(m, base, &md, keep);
         for (uint32_t k = keep; k < len; k++) m->path[k + 1] = tb[k];
         /* the states above the root and below the parent are not known here: 0, so that a
-         * replay through them marks nothing (mark_dead) */
+         * replay through them records nothing (note_scan) */
         for (uint32_t k = 1; k + 1 < e->depth; k++) m->vid[k] = DI_ST_UNKNOWN;
         m->vid[e->depth - 1] = e->parent;
         m->lbd[e->depth - 1] = m->lbd[0];
