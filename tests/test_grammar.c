@@ -318,6 +318,69 @@ static void test_counted_chain(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* The bytes a state scans are recorded when its sets are first at hand (matcher.c: note_scan),
+ * so a later walk that reaches it through known transitions rejects other bytes without
+ * replaying the path to it. Masks before and after, and after a rollback into an earlier list
+ * element, must equal brute force; every recorded scan set must agree with the transitions
+ * learned by pushes (a live transition only on a scanned byte, a dead one only off it). */
+static void test_scan_marks(void **state) {
+    (void)state;
+    static const char re[] = "\\[(a|bc|\"[a-f]{0,6}\")(, ?(a|bc|\"[a-f]{0,6}\"))*\\]";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    di_grammar *g = regex_or_fail(re);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char text[] = "[\"ab\", a, \"cafe\",bc, \"d\"]";
+    uint64_t replays_first = 0, replays_later = 0;
+    for (size_t i = 0; text[i]; i++) {
+        di_grammar_walk_stats before, after;
+        di_grammar_matcher_walk_stats(m, &before);
+        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
+        di_grammar_matcher_walk_stats(m, &after);
+        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, re);
+        if (i < 8) replays_first += after.replays - before.replays;
+        else replays_later += after.replays - before.replays;
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("%s", err.msg); /* token b + 1 = byte b */
+        if (i == 20) { /* back into the second element, then on again */
+            if (di_grammar_matcher_rollback(m, 9, &err)) fail_msg("%s", err.msg);
+            if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
+            gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, re);
+            for (size_t k = 12; k <= 20; k++)
+                if (di_grammar_matcher_accept_token(m, (uint8_t)text[k] + 1, &err)) fail_msg("%s", err.msg);
+        }
+    }
+    assert_true(di_grammar_matcher_can_end(m));
+    /* this grammar's states scan at most 10 bytes ([a-f] , space quote bracket; none after the end) */
+    const di_gcache_table *t = g->cache->cur;
+    int32_t marked = 0;
+    for (int32_t id = 1; id <= t->n; id++) {
+        const di_cfg_class *sc = di_gcache_scan_get(t, id);
+        if (!sc) continue;
+        marked++;
+        int n_scan = 0;
+        for (int b = 0; b < 256; b++) {
+            int32_t next = di_gcache_next(t, id, (uint8_t)b);
+            bool scanned = di_cfg_class_has(sc, (uint8_t)b);
+            n_scan += scanned;
+            if (next == DI_ST_DEAD) assert_false(scanned);
+            else if (next != DI_ST_UNKNOWN) assert_true(scanned);
+        }
+        assert_in_range(n_scan, 0, 10);
+    }
+    assert_true(marked * 2 >= t->n);
+    tu_report("scan marks: %d of %d states marked", (int)marked, (int)t->n);
+    tu_report("scan marks: %llu replays in the first 8 masks, %llu in the other %zu",
+              (unsigned long long)replays_first, (unsigned long long)replays_later, strlen(text) - 8);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -621,7 +684,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
-        cmocka_unit_test(test_counted_chain),
+        cmocka_unit_test(test_counted_chain),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

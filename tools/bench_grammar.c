@@ -225,12 +225,13 @@ static void run_one(const char *dir, const char *file, const di_tokenizer *tok, 
                 di_grammar_walk_stats w1;
                 di_grammar_matcher_walk_stats(mt, &w1);
                 fprintf(stderr,
-                        "# %s step %zu: %.1f us, %zu allowed, then \"%.*s\" (%s%s, %llu edges, %llu pushes, %llu "
+                        "# %s step %zu: %.1f us, %zu allowed, then \"%.*s\" (%s%s, %llu edges, %llu pushes (%llu replays), %llu "
                         "summaries, %llu subtrees whole, %llu context edges)\n",
                         r->name, i, ts[i] * 1e6, cnt, (int)tl, tb ? tb : "",
                         w1.cached > w0.cached ? "cached" : w1.block_masks > w0.block_masks ? "block mask" : "trie walk",
                         w1.block_hits > w0.block_hits ? " (cached block)" : "", (unsigned long long)(w1.edges - w0.edges),
-                        (unsigned long long)(w1.pushes - w0.pushes), (unsigned long long)(w1.summaries - w0.summaries),
+                        (unsigned long long)(w1.pushes - w0.pushes),
+                        (unsigned long long)(w1.replays - w0.replays), (unsigned long long)(w1.summaries - w0.summaries),
                         (unsigned long long)(w1.blocks - w0.blocks), (unsigned long long)(w1.ctx_edges - w0.ctx_edges));
             }
             if (!((mask[t >> 5] >> (t & 31)) & 1u)) {

@@ -39,7 +39,6 @@ static int grow_hash(di_earley *m, size_t need, di_error *err) {
     return DI_OK;
 }
 
-/* Add an item to the set under construction unless present. Returns <0 on error. */
 /* Sets below this size are deduplicated by a linear scan: most sets the trie walk builds are
  * that small, and a scan over a few cache lines beats hashing. Larger sets switch to the table. */
 #define SMALL_SET 24
@@ -51,46 +50,66 @@ static void hash_insert(di_earley *m, uint64_t key) {
     m->hkey[h] = key;
 }
 
-static int append_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
+static int grow_items(di_earley *m, di_error *err) {
+    size_t cap = m->cap_items ? m->cap_items * 2 : 1024;
+    di_earley_item *p = realloc(m->items, cap * sizeof *p);
+    if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
+    m->items = p;
+    m->cap_items = cap;
+    return DI_OK;
+}
+
+static inline int append_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
     if (m->n_items == m->cap_items) {
-        size_t cap = m->cap_items ? m->cap_items * 2 : 1024;
-        di_earley_item *p = realloc(m->items, cap * sizeof *p);
-        if (!p) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
-        m->items = p;
-        m->cap_items = cap;
+        int rc = grow_items(m, err);
+        if (rc) return rc;
     }
     m->items[m->n_items++] = (di_earley_item){pos, origin};
     return 1;
 }
 
+static int work_limit(di_error *err) {
+    return di_error_set(err, DI_ERR_LIMIT,
+                        "grammar matcher: more than %u item operations for one byte (grammar too ambiguous)",
+                        DI_EARLEY_MAX_WORK);
+}
+
+static int add_item_large(di_earley *m, uint32_t pos, uint32_t origin, size_t count, di_error *err);
+
+/* The set under construction just reached SMALL_SET items: index them all in the hash table. */
+static int index_small_set(di_earley *m, di_error *err) {
+    size_t before = m->hcap;
+    int rc = grow_hash(m, SMALL_SET * 2, err); /* re-inserts the set when it reallocates */
+    if (rc) return rc;
+    if (m->hcap == before)
+        for (size_t x = m->set_off[m->n_sets]; x < m->n_items; x++)
+            hash_insert(m, key_of(m->items[x].pos, m->items[x].origin));
+    return 1;
+}
+
 /* Add an item to the set under construction unless present. Returns 1 if added, 0 if present,
- * <0 on error. */
-static int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
+ * <0 on error. The large-set path and the limit errors are out of line, so that this one stays
+ * small enough to inline into close_set (~20 calls per pushed byte). */
+static inline int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
     size_t first = m->set_off[m->n_sets];
     size_t count = m->n_items - first;
+    if (__builtin_expect(++m->work > DI_EARLEY_MAX_WORK, 0)) return work_limit(err);
+    if (count >= SMALL_SET) return add_item_large(m, pos, origin, count, err);
+    uint64_t bit = 1ull << (((uint64_t)pos * 0x9E3779B97F4A7C15ull + origin * 0xC2B2AE3D27D4EB4Full) >> 58);
+    if (m->small_seen & bit)
+        for (size_t x = first; x < m->n_items; x++)
+            if (m->items[x].pos == pos && m->items[x].origin == origin) return 0;
+    m->small_seen |= bit;
+    int rc = append_item(m, pos, origin, err);
+    if (rc < 0 || count + 1 < SMALL_SET) return rc;
+    return index_small_set(m, err);
+}
+
+/* add_item for a set of SMALL_SET items or more: deduplicated by the hash table. */
+static int add_item_large(di_earley *m, uint32_t pos, uint32_t origin, size_t count, di_error *err) {
     if (count + 1 > DI_EARLEY_MAX_SET_ITEMS)
         return di_error_set(err, DI_ERR_LIMIT, "grammar matcher: Earley set exceeds %u items (grammar too ambiguous)",
                             DI_EARLEY_MAX_SET_ITEMS);
-    if (++m->work > DI_EARLEY_MAX_WORK)
-        return di_error_set(err, DI_ERR_LIMIT,
-                            "grammar matcher: more than %u item operations for one byte (grammar too ambiguous)",
-                            DI_EARLEY_MAX_WORK);
-    if (count < SMALL_SET) {
-        uint64_t bit = 1ull << (((uint64_t)pos * 0x9E3779B97F4A7C15ull + origin * 0xC2B2AE3D27D4EB4Full) >> 58);
-        if (m->small_seen & bit)
-            for (size_t x = first; x < m->n_items; x++)
-                if (m->items[x].pos == pos && m->items[x].origin == origin) return 0;
-        m->small_seen |= bit;
-        int rc = append_item(m, pos, origin, err);
-        if (rc < 0 || count + 1 < SMALL_SET) return rc;
-        /* the set just reached SMALL_SET items: index them all */
-        size_t before = m->hcap;
-        rc = grow_hash(m, SMALL_SET * 2, err); /* re-inserts the set when it reallocates */
-        if (rc) return rc;
-        if (m->hcap == before)
-            for (size_t x = first; x < m->n_items; x++) hash_insert(m, key_of(m->items[x].pos, m->items[x].origin));
-        return 1;
-    }
     int rc = grow_hash(m, count + 1, err);
     if (rc) return rc;
     uint64_t key = key_of(pos, origin);
@@ -132,37 +151,33 @@ static int begin_set(di_earley *m, di_error *err) {
 }
 
 #define SMALL_WAIT 12
-static _Thread_local const di_earley *g_sort_m; /* qsort context for cmp_wait */
 
 static int cmp_wait(const void *a, const void *b) {
-    const di_earley *m = g_sort_m;
-    int32_t x = m->g->psym[m->items[*(const uint32_t *)a].pos], y = m->g->psym[m->items[*(const uint32_t *)b].pos];
-    if (x != y) return x < y ? -1 : 1;
-    return *(const uint32_t *)a < *(const uint32_t *)b ? -1 : 1;
+    const di_earley_wait *x = a, *y = b;
+    if (x->sym != y->sym) return x->sym < y->sym ? -1 : 1;
+    if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1; /* a total order: qsort is not stable */
+    return x->origin < y->origin ? -1 : x->origin > y->origin;
 }
 
 /* Index the items of set `cur` that wait on a nonterminal (see di_earley.wait). */
 static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
-    size_t first = m->set_off[cur], count = 0;
-    for (size_t k = first; k < m->n_items; k++)
-        if (m->g->psym[m->items[k].pos] >= 0) count++;
+    size_t first = m->set_off[cur], count = m->n_items - first;
     if (m->n_wait + count > m->cap_wait) {
         size_t cap = m->cap_wait ? m->cap_wait : 1024;
         while (cap < m->n_wait + count) cap *= 2;
-        uint32_t *w = realloc(m->wait, cap * sizeof *w);
+        di_earley_wait *w = realloc(m->wait, cap * sizeof *w);
         if (!w) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
         m->wait = w;
         m->cap_wait = cap;
     }
-    uint32_t *w = m->wait + m->n_wait;
+    di_earley_wait *w = m->wait + m->n_wait;
     size_t n = 0;
-    for (size_t k = first; k < m->n_items; k++)
-        if (m->g->psym[m->items[k].pos] >= 0) w[n++] = (uint32_t)k;
-    if (n > SMALL_WAIT) { /* small lists are scanned linearly by close_set */
-        g_sort_m = m;
-        qsort(w, n, sizeof *w, cmp_wait);
-        g_sort_m = NULL;
+    for (size_t k = first; k < m->n_items; k++) {
+        di_earley_item it = m->items[k];
+        int32_t s = m->g->psym[it.pos];
+        if (s >= 0) w[n++] = (di_earley_wait){s, it.pos, it.origin};
     }
+    if (n > SMALL_WAIT) qsort(w, n, sizeof *w, cmp_wait); /* small lists are scanned linearly by close_set */
     m->n_wait += n;
     return DI_OK;
 }
@@ -182,25 +197,20 @@ static int close_set(di_earley *m, di_error *err) {
              * already advanced everything that waits on a nullable symbol (Aycock-Horspool). */
             if (it.origin < m->opaque_below) m->opaque_hits++;
             if (it.origin == cur) continue;
-            const uint32_t *w = m->wait + m->wait_off[it.origin];
+            const di_earley_wait *w = m->wait + m->wait_off[it.origin];
             size_t nw = m->wait_off[it.origin + 1] - m->wait_off[it.origin];
             if (nw <= SMALL_WAIT) {
-                for (size_t x = 0; x < nw && rc >= 0; x++) {
-                    di_earley_item y = m->items[w[x]];
-                    if (g->psym[y.pos] == lhs) rc = add_item(m, y.pos + 1, y.origin, err);
-                }
+                for (size_t x = 0; x < nw && rc >= 0; x++)
+                    if (w[x].sym == lhs) rc = add_item(m, w[x].pos + 1, w[x].origin, err);
             } else {
                 size_t lo = 0, hi = nw;
                 while (lo < hi) { /* first waiting item with symbol >= lhs */
                     size_t mid = (lo + hi) / 2;
-                    if (g->psym[m->items[w[mid]].pos] < lhs) lo = mid + 1;
+                    if (w[mid].sym < lhs) lo = mid + 1;
                     else hi = mid;
                 }
-                for (size_t x = lo; x < nw && rc >= 0; x++) {
-                    di_earley_item y = m->items[w[x]];
-                    if (g->psym[y.pos] != lhs) break;
-                    rc = add_item(m, y.pos + 1, y.origin, err);
-                }
+                for (size_t x = lo; x < nw && w[x].sym == lhs && rc >= 0; x++)
+                    rc = add_item(m, w[x].pos + 1, w[x].origin, err);
             }
         } else if (s >= 0) {
             for (uint32_t r = g->nt_rule_off[s]; r < g->nt_rule_off[s + 1] && rc >= 0; r++)

@@ -27,16 +27,23 @@ typedef struct di_earley_item {
     uint32_t origin; /* index of the set where this rule instance started */
 } di_earley_item;
 
+typedef struct di_earley_wait {
+    int32_t sym;     /* the nonterminal after the dot */
+    uint32_t pos;    /* the waiting item */
+    uint32_t origin;
+} di_earley_wait;
+
 typedef struct di_earley {
     const di_cfg *g;
     di_earley_item *items;    /* [n_items] all sets back to back */
     size_t n_items, cap_items;
     uint32_t *set_off;        /* [n_sets + 1] item offsets per set */
     di_cfg_class *scan;       /* [n_sets] union of bytes that some item of the set can scan */
-    /* Completion index: per set, the indices of items with a nonterminal after the dot, sorted by
-     * that nonterminal, so completing A at origin j touches only the items waiting on A instead
-     * of all of set j (keeps ambiguous grammars such as (a*)*b at O(n^2) instead of O(n^3)). */
-    uint32_t *wait;           /* [n_wait] item indices */
+    /* Completion index: per set, the items with a nonterminal after the dot, with that
+     * nonterminal, sorted by it when the list is long, so completing A at origin j touches only
+     * the items waiting on A instead of all of set j (keeps ambiguous grammars such as (a*)*b at
+     * O(n^2) instead of O(n^3)); the copy keeps completion's scan off the item array. */
+    di_earley_wait *wait;     /* [n_wait] */
     uint32_t *wait_off;       /* [n_sets + 1] offsets into wait */
     size_t n_wait, cap_wait;
     size_t n_sets, cap_sets;

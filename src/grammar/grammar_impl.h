@@ -103,15 +103,19 @@ struct di_grammar_vocab {
      * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < DI_N_BUCKETS), that are
      * not valid UTF-8 (DI_CLASS_BAD_UTF8), that contain a byte >= 0x80 (DI_CLASS_HIGH) or that
      * hold more than DI_CHAIN_CHARS characters (lead bytes and ASCII; DI_CLASS_LONG);
-     * class_tok[class_off[k] .. class_off[k + 1]) lists the same tokens. text: all text tokens. */
+     * class_pre[class_off[k] .. class_off[k + 1]) lists the same tokens as ascending preorder
+     * positions (index into pre_tok), so that a block mask walking a list reads pre_class, pre_off
+     * and the blob forward instead of jumping by token id. text: all text tokens. */
     uint32_t *by_class;     /* [DI_N_CLASSES * words] */
     uint32_t *text;         /* [words] */
     uint32_t *class_off;    /* [DI_N_CLASSES + 1] */
-    int32_t *class_tok;     /* ascending token ids per class */
+    uint32_t *class_pre;    /* preorder positions per class */
+    uint32_t *pre_class;    /* [n_pre] class bits of the token at each preorder position */
     uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
-    uint8_t *blob;          /* all token bytes back to back in id order, so that walking a class's
-                               ascending ids reads them forward instead of chasing pointers */
-    uint32_t *blob_off;     /* [n_vocab + 1] */
+    uint8_t *blob;          /* all token bytes back to back, text tokens in trie preorder */
+    uint32_t *pre_off;      /* [n_pre + 1] where the token at preorder position p starts in blob
+                               (its bytes end at pre_off[p + 1]) */
+    uint32_t *blob_off;     /* [n_vocab] where token t's lens[t] bytes start in blob */
     uint32_t max_len;       /* longest token in bytes */
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */

@@ -45,7 +45,7 @@ struct di_grammar_matcher {
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
-    uint64_t n_edges, n_summaries;
+    uint64_t n_edges, n_summaries, n_replays;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
      * value, valid when lstamp[i] == lgen. */
@@ -383,7 +383,8 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
-                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .summaries = m->n_summaries};
+                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays,
+                                 .summaries = m->n_summaries};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -466,6 +467,15 @@ static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class 
     for (int w = 0; w < 8; w++)
         for (uint32_t x = bytes->bits[w]; x; x &= x - 1)
             di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
+}
+
+/* State id's sets are on top: record the bytes its set scans, once per state. A later walk that
+ * reaches the state through known transitions then rejects any other byte without replaying the
+ * path to it (a dead byte was the first unknown edge of most replays). Exact: di_earley_push
+ * rejects exactly the bytes outside the scan union, and equal keys scan equal byte sets. */
+static void note_scan(di_grammar_matcher *m, di_gcache_table *tab, int32_t id) {
+    if (id <= 0 || atomic_load_explicit(&tab->scan_ready[id], memory_order_relaxed)) return;
+    di_gcache_scan_put(m->g->cache, tab, id, di_earley_next_bytes(&m->e));
 }
 
 static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
@@ -748,13 +758,15 @@ static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool ut
 
 /* Push the path bytes of depths md+1..upto so that the Earley sets of depths 0..upto exist. Each
  * prefix of a trie path the walk reached was viable, so each push succeeds. */
-static int replay(di_grammar_matcher *m, size_t *md, size_t upto, di_error *err) {
+static int replay(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, size_t upto, di_error *err) {
     while (*md < upto) {
+        m->n_replays++;
         int rc = di_earley_push(&m->e, m->path[*md + 1], err);
         if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
         if (rc < 0) return rc;
         (*md)++;
         if ((rc = update_sigs(m, err))) return rc;
+        note_scan(m, tab, m->vid[*md]); /* the walk keeps vid exact along the path, or 0 */
     }
     return DI_OK;
 }
@@ -793,8 +805,15 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         like = (uint8_t)(DI_ST_CONTEXT_0 - next);
         next = DI_ST_CONTEXT;
     }
+    if (next == DI_ST_UNKNOWN && parent > 0) {
+        const di_cfg_class *scan = di_gcache_scan_get(tab, parent);
+        if (scan && !di_cfg_class_has(scan, byte)) {
+            di_gcache_set_next(tab, parent, byte, DI_ST_DEAD);
+            return 0;
+        }
+    }
     if (next == DI_ST_UNKNOWN) {
-        if ((rc = replay(m, md, d - 1, err))) return rc;
+        if ((rc = replay(m, tab, md, d - 1, err))) return rc;
         di_cfg_class same;
         if (parent > 0) byte_equiv(e, byte, &same);
         bool ctx = false;
@@ -823,6 +842,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         } else {
             next = di_gcache_intern(c, tab, k);
             if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
+            note_scan(m, tab, next);
         }
     }
     uint32_t bnd = m->lbd[d - 1];
@@ -837,7 +857,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             bnd = slot->bnd;
         } else {
             if (!pushed) {
-                if ((rc = replay(m, md, d - 1, err))) return rc;
+                if ((rc = replay(m, tab, md, d - 1, err))) return rc;
                 rc = di_earley_push(e, byte, err);
                 if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a context transition was rejected");
                 if (rc < 0) return rc;
@@ -854,12 +874,33 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 k = state_key(m);
             }
             next = di_gcache_intern(c, tab, k);
+            note_scan(m, tab, next);
             if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
     m->vid[d] = next;
     m->lbd[d] = bnd;
     return 1;
+}
+
+/* walk_edge with its common cases inline: a known successor or a known dead byte (most edges of
+ * a walk once the automaton is learned) cost a table lookup, not a call. */
+static inline int walk_step(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t d, di_error *err) {
+    int32_t parent = m->vid[d - 1];
+    if (parent > 0) {
+        int32_t next = di_gcache_next(tab, parent, m->path[d]);
+        if (next > 0) {
+            m->n_edges++;
+            m->vid[d] = next;
+            m->lbd[d] = m->lbd[d - 1];
+            return 1;
+        }
+        if (next == DI_ST_DEAD) {
+            m->n_edges++;
+            return 0;
+        }
+    }
+    return walk_edge(m, tab, md, d, err);
 }
 
 /* Pop the walk's Earley sets back to depth `depth` (the sets of depths 0..depth stay). */
@@ -888,20 +929,48 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
     for (uint32_t x = 0; x < n; x++) {
         const di_gcache_ctxtok *e = &ent[x];
         const uint8_t *tb = v->blob + v->blob_off[e->tok];
-        uint32_t len = v->blob_off[e->tok + 1] - v->blob_off[e->tok];
+        uint32_t len = v->lens[e->tok];
         uint32_t keep = 0; /* sets materialized for the prefix shared with the previous token */
         while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
         walk_pop(m, base, &md, keep);
         for (uint32_t k = keep; k < len; k++) m->path[k + 1] = tb[k];
+        /* the states above the root and below the parent are not known here: 0, so that a
+         * replay through them records nothing (note_scan) */
+        for (uint32_t k = 1; k + 1 < e->depth; k++) m->vid[k] = DI_ST_UNKNOWN;
         m->vid[e->depth - 1] = e->parent;
         m->lbd[e->depth - 1] = m->lbd[0];
         int rc = 1;
-        for (uint32_t d = e->depth; d <= len && rc == 1; d++) rc = walk_edge(m, tab, &md, d, err);
+        for (uint32_t d = e->depth; d <= len && rc == 1; d++) rc = walk_step(m, tab, &md, d, err);
         if (rc < 0) return rc;
         if (rc == 1) set_bit(mask, e->tok);
     }
     walk_pop(m, base, &md, 0);
     return DI_OK;
+}
+
+/* mask = text & ~(union of the token classes in `classes`), 16 bytes at a time in chunks that
+ * stay in L1 (a block mask clears ~20 classes of 16 KiB each: this loop was 10% of the
+ * instructions of schema_small's cold request word by word). */
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+static void text_minus_classes(uint32_t *mask, const uint32_t *text, const uint32_t *by_class, size_t words,
+                               uint32_t classes) {
+    enum { CHUNK = 512 }; /* words */
+    for (size_t w0 = 0; w0 < words; w0 += CHUNK) {
+        size_t n = words - w0 < CHUNK ? words - w0 : CHUNK, n4 = n & ~(size_t)3;
+        uint32_t *mk = mask + w0;
+        memcpy(mk, text + w0, n * sizeof *mk);
+        for (uint32_t c = classes; c; c &= c - 1) {
+            const uint32_t *cb = by_class + (size_t)__builtin_ctz(c) * words + w0;
+            for (size_t w = 0; w < n4; w += 4) {
+                u32x4 a, b;
+                memcpy(&a, mk + w, sizeof a);
+                memcpy(&b, cb + w, sizeof b);
+                a &= ~b;
+                memcpy(mk + w, &a, sizeof a);
+            }
+            for (size_t w = n4; w < n; w++) mk[w] &= ~cb[w];
+        }
+    }
 }
 
 static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, sig128 root_key, uint32_t *mask,
@@ -943,21 +1012,17 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     }
     bool cacheable = m->lbd[0] != 0; /* a context-free root: the block holds in every context */
     size_t words = di_grammar_mask_words(v->n_vocab);
-    memcpy(mask, v->text, words * sizeof *mask);
-    for (int k = 0; k < DI_N_CLASSES; k++)
-        if (((bad | dead) >> k) & 1) {
-            const uint32_t *cb = v->by_class + (size_t)k * words;
-            for (size_t w = 0; w < words; w++) mask[w] &= ~cb[w];
-        }
+    text_minus_classes(mask, v->text, v->by_class, words, bad | dead);
     size_t md = 0;
     uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
-            int32_t t = v->class_tok[x];
-            if (v->tok_class[t] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
-            const uint8_t *tb = v->blob + v->blob_off[t];
-            uint32_t len = v->blob_off[t + 1] - v->blob_off[t];
+            uint32_t p = v->class_pre[x];
+            if (v->pre_class[p] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
+            int32_t t = v->pre_tok[p];
+            const uint8_t *tb = v->blob + v->pre_off[p];
+            uint32_t len = v->pre_off[p + 1] - v->pre_off[p];
             /* the prefix this token shares with the previous one keeps its states (and the sets
              * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
             uint32_t keep = 0;
@@ -969,7 +1034,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
             for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
                 uint64_t before = m->n_ctx_edges;
-                if ((rc = walk_edge(m, tab, &md, d, err)) != 1) break;
+                if ((rc = walk_step(m, tab, &md, d, err)) != 1) break;
                 m->ctxd[d] = m->ctxd[d - 1] ? m->ctxd[d - 1] : m->n_ctx_edges != before ? d : 0;
             }
             if (rc < 0) return rc;
@@ -1021,9 +1086,11 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = di_gcache_intern(c, tab, root);
-    rc = loop_mask(m, tab, base, root, mask, err);
+    if (tab) note_scan(m, tab, m->vid[0]);
+    rc = loop_mask(m, tab, base, root, mask, err); /* writes mask only when it returns 1 */
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
+    memset(mask, 0, di_grammar_mask_words(v->n_vocab) * sizeof *mask);
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
     /* summaries computed per walk, bounded even where they do not pay: 8 for states met in the
      * walk, and one chain's worth (DI_CHAIN_CHARS + 1) to complete the chain of a state whose
@@ -1044,7 +1111,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 blk = block_of(m, tab, parent, &blk_ascii, &blk_utf8, &blk_any, &blk_nohigh, &blk_scanned);
                 bool big = nd->end - i >= SKIP_SUMMARY_NODES && (md == d - 1 || nd->end - i >= SKIP_REPLAY_NODES);
                 if (big && ((blk == -2 && summaries_left > 0) || (blk == -1 && chain_left > 0))) { /* no summary yet, or a chain to extend */
-                    if ((rc = replay(m, &md, d - 1, err))) goto out;
+                    if ((rc = replay(m, tab, &md, d - 1, err))) goto out;
                     use_boundary(m, m->lbd[d - 1]);
                     if (blk == -2) {
                         summaries_left--;
@@ -1067,7 +1134,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 continue;
             }
         }
-        rc = walk_edge(m, tab, &md, d, err);
+        rc = walk_step(m, tab, &md, d, err);
         if (rc < 0) goto out;
         if (rc == 0) {
             i = nd->end;
@@ -1114,8 +1181,7 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
         m->cache_hits++;
     } else {
         m->cache_misses++;
-        memset(mask, 0, words * sizeof *mask);
-        rc = walk_trie(m, mask, err);
+        rc = walk_trie(m, mask, err); /* writes every word of mask */
         if (rc) return rc;
         di_gcache_mask_put(m->g->cache, v, key, mask);
     }

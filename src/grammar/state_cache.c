@@ -22,6 +22,8 @@ static void table_free(di_gcache_table *t) {
     if (t->rows) munmap(t->rows, t->rows_bytes);
     free(t->loop);
     free(t->loop_ready);
+    free(t->scan);
+    free(t->scan_ready);
     free(t->key);
     free(t->hash);
     free(t);
@@ -41,9 +43,11 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     t->rows = rows == MAP_FAILED ? NULL : rows;
     t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
     t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
+    t->scan = malloc(((size_t)t->cap + 1) * sizeof *t->scan);
+    t->scan_ready = calloc((size_t)t->cap + 1, sizeof *t->scan_ready);
     t->key = malloc(((size_t)t->cap + 1) * sizeof *t->key);
     t->hash = malloc(t->hcap * sizeof *t->hash);
-    if (!t->rows || !t->loop || !t->loop_ready || !t->key || !t->hash) {
+    if (!t->rows || !t->loop || !t->loop_ready || !t->scan || !t->scan_ready || !t->key || !t->hash) {
         table_free(t);
         return NULL;
     }
@@ -131,6 +135,16 @@ void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, con
     if (!atomic_load_explicit(&t->loop_ready[id], memory_order_relaxed)) {
         t->loop[id] = *s;
         atomic_store_explicit(&t->loop_ready[id], 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan) {
+    if (!t || id <= 0 || id > t->cap) return;
+    pthread_mutex_lock(&c->lock);
+    if (!atomic_load_explicit(&t->scan_ready[id], memory_order_relaxed)) {
+        t->scan[id] = *scan;
+        atomic_store_explicit(&t->scan_ready[id], 1, memory_order_release);
     }
     pthread_mutex_unlock(&c->lock);
 }

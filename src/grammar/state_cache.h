@@ -64,6 +64,8 @@ typedef struct di_gcache_table {
     size_t rows_bytes;
     di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
     _Atomic uint8_t *loop_ready; /* [cap + 1] */
+    di_cfg_class *scan;          /* [cap + 1] bytes the state's Earley set scans, valid once scan_ready[id] */
+    _Atomic uint8_t *scan_ready; /* [cap + 1] */
     di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
     size_t hcap;         /* power of two >= 2 * cap */
@@ -136,6 +138,14 @@ static inline bool di_gcache_loop_get(const di_gcache_table *t, int32_t id, di_g
 }
 /* Publish the loop summary of state id (racing walks compute the same summary; the first wins). */
 void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s);
+
+/* Bytes state id scans, if some walk has recorded them (lock-free: published with release). Any
+ * other byte is dead from the state: equal keys hash equal scan items. */
+static inline const di_cfg_class *di_gcache_scan_get(const di_gcache_table *t, int32_t id) {
+    return atomic_load_explicit(&t->scan_ready[id], memory_order_acquire) ? &t->scan[id] : NULL;
+}
+/* Record the bytes state id scans (racing walks record the same set; the first wins). */
+void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan);
 
 /* The cached block of context-free root k in table generation `table`: its mask into mask and its
  * context tokens into ent (at most cap); false if absent or larger than cap. */

@@ -19,7 +19,9 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->by_class);
     free(v->text);
     free(v->class_off);
-    free(v->class_tok);
+    free(v->class_pre);
+    free(v->pre_class);
+    free(v->pre_off);
     free(v->tok_class);
     free(v->blob);
     free(v->blob_off);
@@ -94,12 +96,21 @@ static int token_classes(di_grammar_vocab *v) {
     if (!v->by_class || !v->text || !v->class_off) return DI_ERR_NOMEM;
     v->tok_class = calloc(v->n_vocab, sizeof *v->tok_class);
     v->blob_off = malloc(((size_t)v->n_vocab + 1) * sizeof *v->blob_off);
-    if (!v->tok_class || !v->blob_off) return DI_ERR_NOMEM;
+    v->pre_off = malloc(((size_t)v->n_pre + 1) * sizeof *v->pre_off);
+    v->pre_class = malloc(((size_t)v->n_pre + 1) * sizeof *v->pre_class);
+    if (!v->tok_class || !v->blob_off || !v->pre_off || !v->pre_class) return DI_ERR_NOMEM;
     size_t total = 0, nb = 0;
-    for (uint32_t t = 0; t < v->n_vocab; t++) {
-        v->blob_off[t] = (uint32_t)nb;
+    for (uint32_t x = 0; x < v->n_pre; x++) { /* text tokens in trie preorder, as the class lists */
+        int32_t t = v->pre_tok[x];
+        v->blob_off[t] = v->pre_off[x] = (uint32_t)nb;
         nb += v->lens[t];
     }
+    v->pre_off[v->n_pre] = (uint32_t)nb;
+    for (uint32_t t = 0; t < v->n_vocab; t++)
+        if (v->special[t] || !v->lens[t]) {
+            v->blob_off[t] = (uint32_t)nb;
+            nb += v->lens[t];
+        }
     v->blob_off[v->n_vocab] = (uint32_t)nb;
     if (nb > UINT32_MAX || !(v->blob = malloc(nb + 1))) return DI_ERR_NOMEM;
     for (uint32_t t = 0; t < v->n_vocab; t++)
@@ -117,17 +128,20 @@ static int token_classes(di_grammar_vocab *v) {
             }
     }
     for (int k = 0; k < DI_N_CLASSES; k++) v->class_off[k + 1] += v->class_off[k];
-    v->class_tok = malloc((total + 1) * sizeof *v->class_tok);
+    v->class_pre = malloc((total + 1) * sizeof *v->class_pre);
     uint32_t *fill = malloc(DI_N_CLASSES * sizeof *fill);
-    if (!v->class_tok || !fill) {
+    if (!v->class_pre || !fill) {
         free(fill);
         return DI_ERR_NOMEM;
     }
     memcpy(fill, v->class_off, DI_N_CLASSES * sizeof *fill);
-    for (uint32_t t = 0; t < v->n_vocab; t++) {
-        uint32_t bits = v->tok_class[t];
+    /* in trie preorder: a block mask walks a class's tokens one after the other and keeps the
+     * parse states of the prefix a token shares with the previous one, so tokens with a common
+     * prefix (".com", ".org", ...) follow each other and replay nothing */
+    for (uint32_t x = 0; x < v->n_pre; x++) {
+        uint32_t bits = v->pre_class[x] = v->tok_class[v->pre_tok[x]];
         for (int k = 0; k < DI_N_CLASSES; k++)
-            if ((bits >> k) & 1) v->class_tok[fill[k]++] = (int32_t)t;
+            if ((bits >> k) & 1) v->class_pre[fill[k]++] = x;
     }
     free(fill);
     return DI_OK;
