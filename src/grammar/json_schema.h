@@ -20,8 +20,11 @@
  * items, additionalItems, minItems, maxItems), strings (minLength, maxLength, pattern, format:
  * date-time, date, time, email, uuid, ipv4, hostname, uri; length bounds beside a pattern/format
  * when implied by its shortest match or when the pattern is one repeated atom such as
- * ^[a-z0-9]+$), numbers and integers (integer bounds exact; non-integer numbers with integral
- * bounds; fractional bounds on numbers are rejected).
+ * ^[a-z0-9]+$), numbers and integers (bounds, fractional ones included, as exact decimal languages;
+ * multipleOf as a residue automaton of at most 1,000 states and 15 digits: json_schema_number.c),
+ * if/then/else, not (types, values, required names also inside allOf/anyOf, one-property
+ * properties, strings beside a plain string type), min/maxProperties (counted member chain),
+ * propertyNames (false, or a pattern without declared properties).
  *
  * Output shape: object members appear in the schema's property order, additional members after
  * the declared ones with keys that differ from every declared name (and use no escapes);
@@ -31,8 +34,8 @@
  * Pattern checks made at compile time (a declared name against patternProperties, an enum value
  * against a oneOf branch's pattern) use PCRE2, whose syntax covers the supported regex subset.
  *
- * Keywords that constrain the language but are not implemented (if/then/else, contains,
- * uniqueItems, multipleOf, propertyNames, unevaluated*, other forms of the keywords above) fail
+ * Keywords that constrain the language but are not implemented (contains, uniqueItems,
+ * unevaluated*, other forms of the keywords above) fail
  * with DI_ERR_UNSUPPORTED naming the keyword and its JSON pointer, so a mask never allows text the
  * schema rejects. Annotations (title, description, default, examples, $comment, ...) are ignored. */
 #ifndef DI_GRAMMAR_JSON_SCHEMA_H
