@@ -470,6 +470,40 @@ static void test_recompute_pieces(void **state) {
     assert_true(preempted > 0);
 }
 
+/* prompt_end is checked: a one-shot prefill takes none inside its tokens, a pass no negative one and
+ * none beyond the model's context; each refusal leaves the session usable. */
+static void test_prompt_end_refused(void **state) {
+    (void)state;
+    ctx x;
+    open_ctx(&x, "tiny", tiny_model(), 12, 1);
+    di_error err = {0};
+    di_prefill_out out;
+    memset(&out, 0, sizeof out);
+    di_fwd_opts o = {.prompt_end = 5};
+    assert_int_equal(di_prefill(x.m, x.be, x.ids, 12, &o, &out, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "prompt end 5"));
+    o.prompt_end = 12; /* the whole prompt: the same as none */
+    assert_int_equal(di_prefill(x.m, x.be, x.ids, 12, &o, &out, &err), DI_OK);
+    assert_memory_equal(out.logits, x.ref, sizeof(float) * (size_t)(12 * x.V));
+    di_prefill_out_free(&out);
+    di_session *s = session(&x);
+    const int64_t bad[] = {-1, x.m->cfg.max_position_embeddings + 1};
+    for (int i = 0; i < 2; i++) {
+        o.prompt_end = bad[i];
+        memset(&err, 0, sizeof err);
+        assert_int_equal(di_session_forward(s, x.ids, 12, true, NULL, &o, &err), DI_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "prompt end"));
+    }
+    float *l = malloc(sizeof(float) * (size_t)(12 * x.V));
+    assert_non_null(l);
+    fwd(&x, s, 0, 12, true, l, 12);
+    assert_memory_equal(l, x.ref, sizeof(float) * (size_t)(12 * x.V));
+    tu_report("prompt_end refusals: inside a one-shot prefill, negative, beyond the context; session intact after them");
+    free(l);
+    di_session_destroy(s);
+    close_ctx(&x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verify_blocks),
@@ -478,6 +512,7 @@ int main(void) {
         cmocka_unit_test(test_recompute_runner),
         cmocka_unit_test(test_recompute_pieces),
         cmocka_unit_test(test_prefix_restore_own),
+        cmocka_unit_test(test_prompt_end_refused),
     };
     return cmocka_run_group_tests(tests, NULL, cleanup);
 }

@@ -316,6 +316,11 @@ int fwd_ctx_init(fwd_ctx *c, const di_model *m, const di_backend *be, const fwd_
         if (!k->cache) return di_error_set(err, DI_ERR_INVALID, "forward: sequence %d of the batch: no cache", i);
         if ((k->ids != NULL) != with_ids)
             return di_error_set(err, DI_ERR_INVALID, "forward: sequence %d of the batch: ids given for some chunks only", i);
+        /* a prompt longer than the model's context would size the score rows beyond any real pass */
+        if (k->prompt_end < 0 || (cfg->max_position_embeddings > 0 && k->prompt_end > cfg->max_position_embeddings))
+            return di_error_set(err, DI_ERR_INVALID,
+                                "forward: sequence %d of the batch: prompt end %lld outside [0, %lld] (the model's context)",
+                                i, (long long)k->prompt_end, (long long)cfg->max_position_embeddings);
         for (int j = 0; j < i; j++)
             if (chunks[j].cache == k->cache)
                 return di_error_set(err, DI_ERR_INVALID, "forward: sequences %d and %d of the batch share one cache", j, i);
@@ -581,6 +586,11 @@ int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int6
     if (!err) err = &local_err;
     const di_config *cfg = &m->cfg;
     if (T <= 0) return di_error_set(err, DI_ERR_INVALID, "prefill: empty prompt");
+    if (opts && opts->prompt_end != 0 && opts->prompt_end != T)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "prefill: prompt end %lld inside a one-shot prefill of %lld tokens (its prompt is all of "
+                            "them; a pass past a prompt's end is di_session_forward's)",
+                            (long long)opts->prompt_end, (long long)T);
     int rc = out_init(cfg, T, out, err);
     if (rc) return rc;
     fwd_ctx c;

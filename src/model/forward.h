@@ -167,9 +167,9 @@ typedef struct di_prefill_out {
 void di_prefill_out_free(di_prefill_out *o);
 
 /* Free-running one-shot prefill of ids[0..T) from position 0: prompt logits for every position and
- * every block's output and pre-mix. One pass: with 0 < opts->prompt_end < min(T, W) (rows past a
- * prompt shorter than the window) the prompt rows' window lists take the decode rows' width, which
- * the one-shot prefill of that prompt does not have — di_session_forward splits such a pass. */
+ * every block's output and pre-mix. ids is the whole prompt: opts->prompt_end must be 0 or T (a pass
+ * that runs past a prompt's end — rows computed as decode steps — is di_session_forward's, which
+ * splits it where one layout per pass cannot hold). */
 int di_prefill(const di_model *m, const di_backend *be, const int32_t *ids, int64_t T, const di_fwd_opts *opts,
                di_prefill_out *out, di_error *err);
 

@@ -354,7 +354,8 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         while (t_full < Ti && fwd_row_select_entries(&q->ck, q->ck.s0 + t_full, R) < ncmp) t_full++;
         if (lc->is_candidate_source) {
             int blk = cfg->candidate_block_size;
-            uint8_t *mask; /* uint8 [Ti, ncmp]; a narrow row's columns past its width stay 0 (invisible) */
+            uint8_t *mask; /* uint8 [Ti, ncmp]; a narrow row's columns past its width are left unwritten:
+                            * its scorer reads only entries < its visible count <= its width */
             float *ws;     /* f32 [ceil(ncmp / blk)] */
             ALLOC(mask, Ti * ncmp, 1);
             ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
