@@ -1,6 +1,6 @@
 /* The engine end to end on the tiny V4.1 checkpoint (tests/data/v41-tiny-nosel) through the
- * cache-free recompute runner: its tokens and logprobs equal a plain loop of di_prefill + sampler,
- * in sync and async mode, alone and batched, with and without preemption.  di-test: asan */
+ * cache-free recompute runner: its tokens and logprobs equal a plain loop of prefill + decode steps
+ * and the sampler, in sync and async mode, alone and batched, with and without preemption.  di-test: asan */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +8,7 @@
 #include "engine/engine_core.h"
 #include "engine/recompute_runner.h"
 #include "model/forward.h"
+#include "model/session.h"
 #include "testutil.h"
 
 enum { N_REQ = 3, N_OUT = 5 };
@@ -40,32 +41,36 @@ static void make_reqs(req *r, int32_t V) {
     }
 }
 
-/* The meaning of a request: prefill the whole history, sample, append, repeat. */
+/* The meaning of a request: one-shot prefill of the prompt, sample, then one decode step per sampled
+ * token (a session over the real cache, model/session.h), sample, repeat. */
 static void plain_loop(const di_model *m, const di_backend *be, req *r) {
     const int32_t V = m->cfg.vocab_size, eos = m->cfg.eos_token_id;
     di_sampler *s;
     assert_int_equal(di_sampler_new(V, &s, NULL), DI_OK);
+    di_session_opts so = {.max_tokens = r->n_prompt + N_OUT, .spec_margin = -1};
+    di_session *ss;
+    di_error err = {0};
+    if (di_session_create(m, be, &so, &ss, &err)) fail_msg("%s", err.msg);
+    float *logits = malloc(sizeof(float) * (size_t)V); /* f32 [V]: the last row of each pass */
+    assert_non_null(logits);
     int32_t hist[32];
     memcpy(hist, r->prompt, (size_t)r->n_prompt * sizeof *hist);
     int64_t len = r->n_prompt;
     r->n = 0;
+    const di_fwd_opts opts = {.prompt_end = r->n_prompt};
+    if (di_session_forward(ss, hist, len, false, logits, &opts, &err)) fail_msg("%s", err.msg);
     while (r->n < N_OUT) {
-        di_prefill_out out;
-        memset(&out, 0, sizeof out);
-        di_fwd_opts opts;
-        memset(&opts, 0, sizeof opts);
-        di_error err = {0};
-        if (di_prefill(m, be, hist, len, &opts, &out, &err)) fail_msg("%s", err.msg);
-        di_sample_row row = {out.logits + (size_t)(len - 1) * (size_t)V, &r->p.sampling, r->prompt, r->n_prompt,
-                             hist + r->n_prompt, r->n, NULL, len, 0};
+        di_sample_row row = {logits, &r->p.sampling, r->prompt, r->n_prompt, hist + r->n_prompt, r->n, NULL, len, 0};
         di_sample_result res;
         assert_int_equal(di_sampler_sample(s, &row, &res, NULL), DI_OK);
-        di_prefill_out_free(&out);
         r->tok[r->n] = res.token;
         r->lp[r->n++] = res.logprob;
         hist[len++] = res.token;
-        if (res.token == eos) break;
+        if (res.token == eos || r->n == N_OUT) break;
+        if (di_session_forward(ss, hist + len - 1, 1, false, logits, &opts, &err)) fail_msg("%s", err.msg);
     }
+    free(logits);
+    di_session_destroy(ss);
     di_sampler_free(s);
 }
 
@@ -138,7 +143,7 @@ static void test_tiny_end_to_end(void **state) {
             }
         }
     }
-    tu_report("tiny checkpoint through the engine: %d requests x %d tokens identical to di_prefill + sampler in 5 "
+    tu_report("tiny checkpoint through the engine: %d requests x %d tokens identical to prefill + decode steps + sampler in 5 "
               "configurations (sync/async, alone/batched), %lld preemptions", N_REQ, N_OUT, (long long)preempted);
     assert_true(preempted > 0);
     di_backend_destroy(be);
