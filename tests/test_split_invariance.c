@@ -23,7 +23,7 @@
  * by design: a prefix restore whose replay starts after 0 (SWA bounded replay; its error is bounded in
  * test_prefix_cache), and blocks restored from ANOTHER request (their entries carry that request's
  * selection widths).
- * ~15 s CPU here (~25 s under ASan, the golden-sized model only).  di-test: asan */
+ * ~22 s CPU here (~35 s under ASan, the golden-sized model only).  di-test: asan */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -470,6 +470,56 @@ static void test_recompute_pieces(void **state) {
     assert_true(preempted > 0);
 }
 
+/* DSpark on: one pass over the prompt plus k generated tokens (rows past the prompt at their decode
+ * width; split by the session when the prompt is shorter than the window) fills the stage windows as
+ * prefill + decode steps do, so the next draft (ids, confidences, draft logits) is bit-identical.
+ * Control: the same pass with the old rule (prompt_end 0) must differ on the long prompt. */
+static void draft_after(const ctx *x, int k, int64_t prompt_end, int32_t *ids, float *conf, float *lg) {
+    const int n = x->P + x->G;
+    di_session_opts so = {.max_tokens = n + 8, .spec_margin = -1, .dspark = true};
+    di_session *s = NULL;
+    di_error err = {0};
+    if (di_session_create(x->m, x->be, &so, &s, &err)) fail_msg("dspark session: %s", err.msg);
+    int first = k < 0 ? x->P : x->P + k;
+    fwd(x, s, 0, first, false, NULL, prompt_end);
+    for (int p = first; p < n; p++) fwd(x, s, p, 1, false, NULL, x->P);
+    int32_t tok = argmax(x->ref + (int64_t)(n - 1) * x->V, x->V);
+    if (di_session_draft(s, tok, NULL, NULL, ids, conf, lg, NULL, &err)) fail_msg("draft: %s", err.msg);
+    di_session_destroy(s);
+}
+
+static int dspark_differ(const ctx *x, int64_t prompt_end) {
+    const int B = x->m->cfg.dspark_block_size;
+    const size_t nl = (size_t)B * (size_t)x->V;
+    int32_t ia[16], ib[16];
+    float ca[16], cb[16], *la = malloc(sizeof(float) * nl), *lb = malloc(sizeof(float) * nl);
+    assert_true(B > 0 && B < 16 && la && lb);
+    draft_after(x, -1, x->P, ia, ca, la);
+    int differ = 0;
+    for (int k = 1; k <= 4; k++) {
+        draft_after(x, k, prompt_end < 0 ? 0 : x->P, ib, cb, lb);
+        differ += memcmp(ia, ib, sizeof(int32_t) * (size_t)(B + 1)) || memcmp(ca, cb, sizeof(float) * (size_t)B) ||
+                  memcmp(la, lb, sizeof(float) * nl);
+    }
+    free(la), free(lb);
+    return differ;
+}
+
+static void test_dspark_split(void **state) {
+    (void)state;
+    const int prompts[2] = {10, 101}; /* shorter than the window 16 (split pass) / longer (per-row widths) */
+    for (int i = 0; i < 2; i++) {
+        ctx x;
+        open_ctx(&x, "tiny", tiny_model(), prompts[i], 6);
+        int differ = dspark_differ(&x, x.P), ctl = i == 1 ? dspark_differ(&x, -1) : -1;
+        tu_report("DSpark on, tiny W16, prompt %d: draft after one pass over prompt + k generated (k 1-4) vs prefill "
+                  "+ decode steps: %d of 4 differ (control, old rule: %d)", prompts[i], differ, ctl);
+        assert_int_equal(differ, 0);
+        if (i == 1) assert_true(ctl > 0);
+        close_ctx(&x);
+    }
+}
+
 /* prompt_end is checked: a one-shot prefill takes none inside its tokens, a pass no negative one and
  * none beyond the model's context; each refusal leaves the session usable. */
 static void test_prompt_end_refused(void **state) {
@@ -513,6 +563,7 @@ int main(void) {
         cmocka_unit_test(test_recompute_pieces),
         cmocka_unit_test(test_prefix_restore_own),
         cmocka_unit_test(test_prompt_end_refused),
+        cmocka_unit_test(test_dspark_split),
     };
     return cmocka_run_group_tests(tests, NULL, cleanup);
 }
