@@ -147,4 +147,15 @@ static inline int gt_walk(const di_grammar *g, const di_grammar_vocab *v, const 
     return checked;
 }
 
+/* A JSON Schema the front end must refuse with this code and a message holding needle. */
+static inline void gt_expect_schema_error(const char *src, int code, const char *needle) {
+    di_grammar *g = NULL;
+    di_error err = {0};
+    int rc = di_grammar_from_json_schema(src, strlen(src), NULL, &g, &err);
+    if (rc == DI_OK) fail_msg("schema compiled: %s", src);
+    assert_null(g);
+    if (rc != code) fail_msg("%s: code %d, expected %d (%s)", src, rc, code, err.msg);
+    if (!strstr(err.msg, needle)) fail_msg("error '%s' lacks '%s'", err.msg, needle);
+}
+
 #endif

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
 
 #include "backend/backend.h"
 #include "model/session.h"
@@ -195,22 +194,8 @@ static void test_golden_sel(void **state) {
  * window_lists; a chunk ending before W lists min(W, chunk end) without the prompt's end). */
 static void test_golden_sel_w128(void **state) {
     (void)state;
-    char *dir = tu_tmpdir("chunk_invariance_w128"), src[4096], dst[4096];
-    const char *files[] = {"model.safetensors", "model.safetensors.index.json", "engram_token_map.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(src, sizeof src, "%s/%s", tu_data("v41-tiny-sel"), files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-        assert_int_equal(tu_copy_file(src, dst), 0);
-    }
-    snprintf(src, sizeof src, "%s/config.json", tu_data("v41-tiny-sel"));
-    snprintf(dst, sizeof dst, "%s/config.json", dir);
-    json_error_t je;
-    json_t *cfg = json_load_file(src, 0, &je), *tc = cfg ? json_object_get(cfg, "text_config") : NULL;
-    assert_non_null(tc);
-    json_object_set_new(tc, "sliding_window", json_integer(128));
-    json_object_set_new(tc, "index_topk", json_integer(64));
-    assert_int_equal(json_dump_file(cfg, dst, JSON_INDENT(1)), 0);
-    json_decref(cfg);
+    char *dir = tu_tmpdir("chunk_invariance_w128");
+    assert_int_equal(tu_write_sel_w128(dir), 0);
     bool ctl = check_model("v41-tiny-sel W128", dir, GOLDEN_CONTROL);
     if (GOLDEN_CONTROL) assert_true(ctl); /* chunks without the prompt's end list their windows differently */
     tu_rmtree(dir);

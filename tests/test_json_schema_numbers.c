@@ -303,27 +303,17 @@ static double cpu_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void expect_error(const char *src, int code, const char *needle) {
-    di_grammar *g = NULL;
-    di_error err = {0};
-    int rc = di_grammar_from_json_schema(src, strlen(src), NULL, &g, &err);
-    if (rc == DI_OK) fail_msg("schema compiled: %s", src);
-    assert_null(g);
-    if (rc != code) fail_msg("%s: code %d, expected %d (%s)", src, rc, code, err.msg);
-    if (!strstr(err.msg, needle)) fail_msg("error '%s' lacks '%s'", err.msg, needle);
-}
-
 /* Hostile and malformed multipleOf / bounds: clear errors, bounded work. */
 static void test_numbers_limits(void **state) {
     (void)state;
-    expect_error("{\"type\":\"integer\",\"multipleOf\":1234567}", DI_ERR_LIMIT, "residue states");
-    expect_error("{\"type\":\"number\",\"multipleOf\":1e-20}", DI_ERR_LIMIT, "multipleOf");
-    expect_error("{\"type\":\"number\",\"multipleOf\":1e300}", DI_ERR_LIMIT, "multipleOf");
-    expect_error("{\"type\":\"number\",\"multipleOf\":0}", DI_ERR_INVALID, "positive");
-    expect_error("{\"type\":\"number\",\"multipleOf\":-2}", DI_ERR_INVALID, "positive");
-    expect_error("{\"type\":\"number\",\"multipleOf\":\"2\"}", DI_ERR_INVALID, "positive");
-    expect_error("{\"type\":\"number\",\"minimum\":1e300}", DI_ERR_UNSUPPORTED, "9e15");
-    expect_error("{\"type\":\"number\",\"minimum\":2,\"maximum\":1.5}", DI_ERR_INVALID, "matches no string");
+    gt_expect_schema_error("{\"type\":\"integer\",\"multipleOf\":1234567}", DI_ERR_LIMIT, "residue states");
+    gt_expect_schema_error("{\"type\":\"number\",\"multipleOf\":1e-20}", DI_ERR_LIMIT, "multipleOf");
+    gt_expect_schema_error("{\"type\":\"number\",\"multipleOf\":1e300}", DI_ERR_LIMIT, "multipleOf");
+    gt_expect_schema_error("{\"type\":\"number\",\"multipleOf\":0}", DI_ERR_INVALID, "positive");
+    gt_expect_schema_error("{\"type\":\"number\",\"multipleOf\":-2}", DI_ERR_INVALID, "positive");
+    gt_expect_schema_error("{\"type\":\"number\",\"multipleOf\":\"2\"}", DI_ERR_INVALID, "positive");
+    gt_expect_schema_error("{\"type\":\"number\",\"minimum\":1e300}", DI_ERR_UNSUPPORTED, "9e15");
+    gt_expect_schema_error("{\"type\":\"number\",\"minimum\":2,\"maximum\":1.5}", DI_ERR_INVALID, "matches no string");
     /* the largest residue automaton allowed, with the widest bounds: compile time stays small */
     const char *big = "{\"type\":\"number\",\"multipleOf\":0.997,\"minimum\":-9e14,\"maximum\":9e14}";
     double t0 = cpu_s();
@@ -348,7 +338,7 @@ static void test_numbers_limits(void **state) {
         n += (size_t)snprintf(many + n, cap - n, "%s\"p%d\":{\"type\":\"number\",\"multipleOf\":0.997}", i ? "," : "", i);
     snprintf(many + n, cap - n, "}}");
     t0 = cpu_s();
-    expect_error(many, DI_ERR_LIMIT, "grammar too large");
+    gt_expect_schema_error(many, DI_ERR_LIMIT, "grammar too large");
     dt = cpu_s() - t0;
     tu_report("200 properties with multipleOf 0.997: refused (grammar size limit) after %.1f ms CPU", dt * 1e3);
     assert_true(dt < 5.0);

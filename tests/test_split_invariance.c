@@ -29,7 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
 
 #include "backend/backend.h"
 #include "engine/engine_core.h"
@@ -211,22 +210,7 @@ static char *g_w128_dir;
 static const char *w128_model(void) {
     if (g_w128_dir) return g_w128_dir;
     const char *model = g_w128_dir = tu_tmpdir("split_invariance_w128");
-    const char *files[] = {"model.safetensors", "model.safetensors.index.json", "engram_token_map.safetensors"};
-    char src[4096], dst[4096];
-    for (int i = 0; i < 3; i++) {
-        snprintf(src, sizeof src, "%s/%s", tu_data("v41-tiny-sel"), files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", model, files[i]);
-        assert_int_equal(tu_copy_file(src, dst), 0);
-    }
-    snprintf(src, sizeof src, "%s/config.json", tu_data("v41-tiny-sel"));
-    snprintf(dst, sizeof dst, "%s/config.json", model);
-    json_error_t je;
-    json_t *cfg = json_load_file(src, 0, &je), *tc = cfg ? json_object_get(cfg, "text_config") : NULL;
-    assert_non_null(tc);
-    json_object_set_new(tc, "sliding_window", json_integer(128));
-    json_object_set_new(tc, "index_topk", json_integer(64));
-    assert_int_equal(json_dump_file(cfg, dst, JSON_INDENT(1)), 0);
-    json_decref(cfg);
+    assert_int_equal(tu_write_sel_w128(model), 0);
     return model;
 }
 

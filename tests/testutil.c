@@ -2,6 +2,8 @@
 
 #include "model/mkmodel.h"
 
+#include <jansson.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,4 +88,24 @@ int tu_write_tiny_model(const char *dir, uint64_t seed, const char *tokenizer) {
         return -1;
     }
     return 0;
+}
+
+int tu_write_sel_w128(const char *dir) {
+    const char *files[] = {"model.safetensors", "model.safetensors.index.json", "engram_token_map.safetensors"};
+    char src[4096], dst[4096];
+    for (int i = 0; i < 3; i++) {
+        snprintf(src, sizeof src, "%s/%s", tu_data("v41-tiny-sel"), files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        if (tu_copy_file(src, dst)) return -1;
+    }
+    snprintf(src, sizeof src, "%s/config.json", tu_data("v41-tiny-sel"));
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(src, 0, &je), *tc = cfg ? json_object_get(cfg, "text_config") : NULL;
+    int rc = -1;
+    if (tc && !json_object_set_new(tc, "sliding_window", json_integer(128)) &&
+        !json_object_set_new(tc, "index_topk", json_integer(64)))
+        rc = json_dump_file(cfg, dst, JSON_INDENT(1));
+    json_decref(cfg);
+    return rc;
 }

@@ -23,6 +23,9 @@ int tu_copy_file(const char *src, const char *dst);
 /* Write the tiny random-weight preset (mkmodel) into dir with this seed, shipping the tokenizer at
  * tokenizer (a file or directory; NULL = none). 0 on success; prints the error otherwise. */
 int tu_write_tiny_model(const char *dir, uint64_t seed, const char *tokenizer);
+/* Write v41-tiny-sel (tests/data) into dir with the real model's 128-position window and index top-64:
+ * prompts shorter and longer than the window, several 64-index attention blocks. 0 on success. */
+int tu_write_sel_w128(const char *dir);
 /* Print a measured number in TAP-comment form so CI logs show it: "# name: value". */
 void tu_report(const char *fmt, ...);
 
