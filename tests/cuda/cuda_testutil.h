@@ -72,4 +72,20 @@ static inline double ct_gauss(uint64_t *s) {
     return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
 }
 
+/* Best per-call time (ms) of 5 batches of R calls of `call` (r = 0 … R−1 the copy index) on stream st,
+ * timed by the caller's events ev0 / ev1. */
+#define BATCH(out, R, call)                                                             \
+    do {                                                                                \
+        (out) = 1e30;                                                                   \
+        for (int rep_ = 0; rep_ < 5; rep_++) {                                          \
+            CU(cudaEventRecord(ev0, st));                                               \
+            for (int r = 0; r < (R); r++) call;                                         \
+            CU(cudaEventRecord(ev1, st));                                               \
+            CU(cudaEventSynchronize(ev1));                                              \
+            float t_;                                                                   \
+            CU(cudaEventElapsedTime(&t_, ev0, ev1));                                    \
+            if (t_ / (R) < (out)) (out) = t_ / (R);                                     \
+        }                                                                               \
+    } while (0)
+
 #endif

@@ -23,45 +23,13 @@
 #include "backend/cuda/cuda_gemv_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
+#include "cuda_testutil.h"
 
 static di_backend *cpu, *gpu;
 static int n_fail, n_pass;
 static di_error g_err;
 #define E (&g_err)
 
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "FATAL %s: %s\n", what, msg);
-    exit(2);
-}
-#define CU(call)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));                                                     \
-    } while (0)
-#define RUN(call)                                                                                                      \
-    do {                                                                                                               \
-        if ((call) != DI_OK) die(#call, g_err.msg);                                                                    \
-    } while (0)
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("malloc", "out of memory");
-    return p;
-}
-static void *dup_dev(const void *h, size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    if (n) CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
-static void *dev(size_t n) {
-    void *d;
-    CU(cudaMalloc(&d, n ? n : 1));
-    CU(cudaMemset(d, 0xA5, n ? n : 1));
-    CU(cudaDeviceSynchronize());
-    return d;
-}
 static void *down(const void *d, size_t n) {
     void *h = xmalloc(n);
     CU(cudaDeviceSynchronize());
@@ -113,9 +81,9 @@ static void check_case(const char *name, int64_t M, int64_t N, int64_t K, int sp
     RUN(cpu->linear_fp4(cpu, x, M, K, w, ws, N, y_cpu, E));
 
     cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
-    uint16_t *dx = dup_dev(x, 2 * (size_t)(M * K)), *dy = dev(2 * (size_t)(M * N));
+    uint16_t *dx = dup_dev(x, 2 * (size_t)(M * K)), *dy = dev_poisoned(2 * (size_t)(M * N));
     uint8_t *dw = dup_dev(w, (size_t)(N * K / 2)), *dws = dup_dev(ws, (size_t)(N * K / 32));
-    uint8_t *xq = dev((size_t)(M * K)), *xs = dev((size_t)(M * K / 32));
+    uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * K / 32));
     RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
     RUN(di_cuda_gemv_codes(gpu, 1, xq, xs, M, K, dw, dws, N, dy, E));
     uint16_t *y_cur = down(dy, 2 * (size_t)(M * N));
@@ -208,7 +176,7 @@ static void check_moe(int64_t T, int rep) {
     for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
     uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
     int32_t *dids = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));
-    float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev(4 * (size_t)(T * MOE_D));
+    float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
     float *acc[2];
     for (int on = 0; on < 2; on++) {
         di_cuda_gemv_mma_set_enabled(on);
@@ -230,19 +198,6 @@ static void check_moe(int64_t T, int rep) {
 
 /* ---- bench ---- */
 #define GBS(t) (t) * 1e3, by / ((t) * 1e6), 100 * by / ((t) * 1e6) / 4470
-#define BATCH(out, R, call)                                                                                            \
-    do {                                                                                                               \
-        (out) = 1e30;                                                                                                  \
-        for (int rep_ = 0; rep_ < 5; rep_++) {                                                                         \
-            CU(cudaEventRecord(ev0, st));                                                                              \
-            for (int r = 0; r < (R); r++) call;                                                                        \
-            CU(cudaEventRecord(ev1, st));                                                                              \
-            CU(cudaEventSynchronize(ev1));                                                                             \
-            float t_;                                                                                                  \
-            CU(cudaEventElapsedTime(&t_, ev0, ev1));                                                                   \
-            if (t_ / (R) < (out)) (out) = t_ / (R);                                                                    \
-        }                                                                                                              \
-    } while (0)
 
 static void bench(void) {
     static const struct { const char *name; int64_t n, k; } sh[] = {{"expert w1/w3", 2304, 5120}, {"expert w2", 5120, 2304}};
@@ -251,7 +206,7 @@ static void bench(void) {
     cudaEvent_t ev0, ev1;
     CU(cudaEventCreate(&ev0));
     CU(cudaEventCreate(&ev1));
-    unsigned *sink = dev(4);
+    unsigned *sink = dev_poisoned(4);
     printf("\n# SM clock: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
     printf("# bench (us per call on act-quantized rows; GB/s and %% of 4470 GB/s on weights + scales; best of 5 batches,\n"
            "# weights rotated over >= 256 MB): current = cuda_gemv.cuh; mma8 / mma16 = cuda_gemv_mma.cu with 8 / 16-column\n"
@@ -266,8 +221,8 @@ static void bench(void) {
         for (int r = 0; r < R; r++) dw[r] = dup_dev(w, (size_t)wb), ds[r] = dup_dev(s, (size_t)sb);
         uint16_t *x = xmalloc(2 * (size_t)(4 * K));
         for (int64_t j = 0; j < 4 * K; j++) x[j] = di_f32_to_bf16((float)gauss());
-        uint16_t *dx = dup_dev(x, 2 * (size_t)(4 * K)), *dy = dev(2 * (size_t)(4 * N));
-        uint8_t *xq = dev((size_t)(4 * K)), *xs = dev((size_t)(4 * K / 32));
+        uint16_t *dx = dup_dev(x, 2 * (size_t)(4 * K)), *dy = dev_poisoned(2 * (size_t)(4 * N));
+        uint8_t *xq = dev_poisoned((size_t)(4 * K)), *xs = dev_poisoned((size_t)(4 * K / 32));
         RUN(di_cuda_act_quant_fp8(dx, 4 * K, 32, xq, xs, st, E));
         double rd, by = (double)(wb + sb);
         BATCH(rd, R, di_cuda_stream_read(dw[r], wb, sink, st));
@@ -316,7 +271,7 @@ static void bench_moe(void) {
         uint16_t *x = xmalloc(2 * (size_t)(T * MOE_D));
         for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
         uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
-        float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev(4 * (size_t)(T * MOE_D));
+        float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
         double t[2];
         for (int on = 0; on < 2; on++) {
             di_cuda_gemv_mma_set_enabled(on);

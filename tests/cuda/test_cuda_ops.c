@@ -931,20 +931,6 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* best per-call time (ms) of 5 batches of R calls of `call` (r = 0 … R−1 the copy index) */
-#define BATCH(out, R, call)                                                             \
-    do {                                                                                \
-        (out) = 1e30;                                                                   \
-        for (int rep_ = 0; rep_ < 5; rep_++) {                                          \
-            CU(cudaEventRecord(ev0, st));                                               \
-            for (int r = 0; r < (R); r++) call;                                         \
-            CU(cudaEventRecord(ev1, st));                                               \
-            CU(cudaEventSynchronize(ev1));                                              \
-            float t_;                                                                   \
-            CU(cudaEventElapsedTime(&t_, ev0, ev1));                                    \
-            if (t_ / (R) < (out)) (out) = t_ / (R);                                     \
-        }                                                                               \
-    } while (0)
 
 static void bench_gemv(void) {
     static const struct { int fp4; const char *name; int64_t n, k; } sh[] = {
