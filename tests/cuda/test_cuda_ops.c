@@ -455,6 +455,26 @@ static void test_embed_gather(void) {
     float *ag = down(da, sizeof *acc * (size_t)(M * D));
     TIME(gpu->scatter_add_rows(gpu, dyy, D, dr, R, da, E));
     row("scatter_add_rows", "384 rows -> [64, 5120] f32", cmp_f32(ag, ac, M * D), EXACT, g_ms);
+    {   /* one expert's list, strictly increasing token ids (the parallel form): 320 of 1024 rows */
+        const int64_t R2 = 320, M2 = 1024;
+        int32_t rows2[320];
+        for (int64_t i = 0, t = 0; i < R2; i++, t++) {
+            while ((int64_t)(rnd() % (uint64_t)(M2 - t)) >= R2 - i) t++; /* keep R2 - i of the M2 - t left */
+            rows2[i] = (int32_t)t;
+        }
+        uint16_t *y2 = rand_bf16(R2 * D, 1.0);
+        float *acc2 = rand_f32(M2 * D, 0, 1), *ac2 = xdup(acc2, sizeof *acc2 * (size_t)(M2 * D));
+        RUN(cpu->scatter_add_rows(cpu, y2, D, rows2, R2, ac2, E));
+        uint16_t *dy2 = dup_dev(y2, sizeof *y2 * (size_t)(R2 * D));
+        int32_t *dr2 = dup_dev(rows2, sizeof rows2);
+        float *da2 = dup_dev(acc2, sizeof *acc2 * (size_t)(M2 * D));
+        RUN(gpu->scatter_add_rows(gpu, dy2, D, dr2, R2, da2, E));
+        float *ag2 = down(da2, sizeof *acc2 * (size_t)(M2 * D));
+        TIME(gpu->scatter_add_rows(gpu, dy2, D, dr2, R2, da2, E));
+        row("scatter_add_rows", "320 increasing rows -> [1024, 5120] f32", cmp_f32(ag2, ac2, M2 * D), EXACT, g_ms);
+        free(y2), free(acc2), free(ac2), free(ag2);
+        cudaFree(dy2), cudaFree(dr2), cudaFree(da2);
+    }
     /* conversions */
     const int64_t n = 1 << 20;
     float *f = rand_f32(n, 0, 100);
