@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_gemm_mma.cuh"
 #include "backend/cuda/cuda_gemv_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -273,6 +274,10 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
         gv_args a = {xq, xs, w, wsc, n, k};
         return gv_linear(fp4, a, m, y, st, op, err);
     }
+    /* opt-in (DI_CUDA_GEMM=mma): the block sums on the int8 tensor cores, the same results as qgemm_kernel
+     * below by construction (cuda_gemm_mma.cuh) */
+    if (variant == 0 && m > GV_MAX_M && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w))
+        return di_cuda_gemm_mma_run(fp4, xq, xs, m, k, w, wsc, n, y, st, err);
     size_t pb_bytes = sizeof(float) * (size_t)(m * (k / QB));
     if (variant == 1 && m <= GEMV_MAX_M && pb_bytes <= 48 * 1024) {
         qgemv_kernel<<<(unsigned)n, GEMV_THREADS, pb_bytes, st>>>(xq, xs, w, wsc, fp4, (int)m, n, k, y);

@@ -1,0 +1,233 @@
+/* Block-scaled FP8 / MXFP4 GEMM for M > 16 rows with the exact 32-term block sums on the int8 tensor
+ * cores (mma.sync m16n8k32 s8·s8 → s32): the same results as qgemm_kernel (cuda_gemm.cu) and the CPU op,
+ * bit for bit by construction (the argument and the lane arithmetic: cuda_gemm_mma.cuh; the host
+ * emulation tests/test_gemm_mma_emu.c runs that arithmetic against di_cpu_linear_fp4 / fp8; the GPU test
+ * tests/cuda/test_cuda_gemm_mma.c compares with qgemm_kernel and the CPU op). Opt-in: DI_CUDA_GEMM=mma.
+ *
+ * Work split. A CTA computes a tile of BM x rows × GMM_BN (128) weight rows over all of K; its 8 warps
+ * hold 32 x rows × BM/32 A tiles (16 weight rows) each. K advances in stages of GMM_KS (2) blocks
+ * through two shared buffers: while the warps run the MMAs of stage s, every thread holds its global
+ * loads of stage s+1 in registers, then converts and stores them into the other buffer (one barrier per
+ * stage). The conversion happens once per CTA and element: x codes → three s8 digit planes and s_x
+ * pre-scaled by 2^−10 (2^−18); MXFP4 weights → one s8 plane (2w); FP8 weights → three digit planes
+ * and s_w, NaN where the block holds a NaN code.
+ *
+ * Per block and warp, for each (A tile, n8 x tile): MXFP4 3 MMAs (one per x digit plane) and
+ * S = S0 + 2^7·S1 + 2^14·S2 in int32; FP8 9 MMAs into the five accumulators T0 … T4 and S in int64
+ * (gmm_sum_fp8). Then per output register f32(S), ×s_x, ×s_w, + acc — ascending blocks, like the CPU.
+ * One bf16 rounding when K is done. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_mma.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+#define GMM_SMEM_MAX (200 * 1024)
+
+struct gmm_args {
+    const uint8_t *xq, *xs; /* e4m3 [M, K], E8M0 [M, K/32] */
+    const uint8_t *w, *wsc; /* e4m3 [N, K] + E8M0 [ceil(N/32), K/32], or E2M1 [N, K/2] + E8M0 [N, K/32] */
+    int64_t M, N, K;
+    uint16_t *y; /* bf16 [M, N] */
+};
+
+/* One thread's global loads of one stage: x code words (rows t/16 + 16i, word t % 16 of the stage's 16
+ * per row), the x scale byte of (row t/2, block t % 2) for t < 2·BM, the weight bytes and scale byte of
+ * (row t/2, block t % 2) (MXFP4: 16 bytes, FP8: 32). */
+template <int FP8, int BM>
+struct gmm_fetch {
+    uint32_t x[BM / 16];
+    uint4 w[2]; /* w[1]: FP8 only */
+    uint32_t xs, ws;
+};
+
+template <int FP8, int BM>
+static __device__ __forceinline__ void gmm_load(const gmm_args &a, int64_t m0, int64_t n0, int64_t kb0,
+                                                gmm_fetch<FP8, BM> &f) {
+    const int t = threadIdx.x, KB = (int)(a.K / 32);
+#pragma unroll
+    for (int i = 0; i < BM / 16; i++) {
+        const int64_t m = m0 + t / 16 + 16 * i;
+        f.x[i] = m < a.M ? __ldg((const uint32_t *)(a.xq + m * a.K + kb0 * 32) + t % 16) : 0u;
+    }
+    const int64_t mx = m0 + t / 2;
+    f.xs = t < 2 * BM && mx < a.M ? __ldg(a.xs + mx * KB + kb0 + t % 2) : 0u;
+    const int64_t n = n0 + t / 2, kb = kb0 + t % 2;
+    const bool live = n < a.N;
+    if (FP8) {
+        const uint4 *p = (const uint4 *)(a.w + n * a.K + kb * 32);
+        f.w[0] = live ? __ldcs(p) : make_uint4(0u, 0u, 0u, 0u);
+        f.w[1] = live ? __ldcs(p + 1) : make_uint4(0u, 0u, 0u, 0u);
+        f.ws = live ? __ldg(a.wsc + (n / 32) * KB + kb) : 0u;
+    } else {
+        f.w[0] = live ? __ldcs((const uint4 *)(a.w + n * (a.K / 2) + kb * 16)) : make_uint4(0u, 0u, 0u, 0u);
+        f.ws = live ? __ldg(a.wsc + n * KB + kb) : 0u;
+    }
+}
+
+/* the conversions of gmm_fetch into stage buffer sb (gmm_stage_thread) */
+template <int FP8, int BM>
+static __device__ __forceinline__ void gmm_store(const gmm_fetch<FP8, BM> &f, unsigned char *sb) {
+    gmm_stage_thread(FP8, BM, threadIdx.x, f.x, f.xs, (const uint32_t *)f.w, f.ws, sb);
+}
+
+/* d = a·b + c: m16n8k32, s8 × s8 → s32, exact (every partial sum here is far below 2^31) */
+static __device__ __forceinline__ void gmm_mma(int32_t d[4], const uint32_t a[4], uint2 b, const int32_t c[4]) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+
+/* the A fragment of plane p, A tile starting at weight row n (rows n + g, n + g + 8) */
+static __device__ __forceinline__ void gmm_a_frag(const unsigned char *wp, int g, int q, uint32_t a[4]) {
+    const uint2 lo = *(const uint2 *)(wp + g * 32 + 8 * q), hi = *(const uint2 *)(wp + (g + 8) * 32 + 8 * q);
+    a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
+}
+
+template <int FP8, int BM>
+__global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a) {
+    extern __shared__ uint4 gmm_sm[];
+    constexpr int AF = BM / 32;
+    const uint32_t SB = gmm_stage_bytes(FP8, BM);
+    unsigned char *sm = (unsigned char *)gmm_sm;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * GMM_BN, NS = a.K / (32 * GMM_KS);
+    int wx0, wn0;
+    gmm_warp(BM, warp, &wx0, &wn0);
+    const int32_t zero[4] = {0, 0, 0, 0};
+    float acc[AF][4][4];
+#pragma unroll
+    for (int i = 0; i < AF; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.0f;
+
+    gmm_fetch<FP8, BM> f;
+    gmm_load<FP8, BM>(a, m0, n0, 0, f);
+    gmm_store<FP8, BM>(f, sm);
+    __syncthreads();
+    for (int64_t s = 0; s < NS; s++) {
+        const unsigned char *sb = sm + (s & 1) * SB;
+        if (s + 1 < NS) gmm_load<FP8, BM>(a, m0, n0, (s + 1) * GMM_KS, f);
+#pragma unroll
+        for (int kb = 0; kb < GMM_KS; kb++) {
+            uint2 b[4][3]; /* x digit planes of the warp's 4 n8 tiles */
+            float2 sx[4];  /* pre-scaled s_x of x rows 2q, 2q+1 of each tile */
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int d = 0; d < 3; d++) b[j][d] = *(const uint2 *)(sb + gmm_off_x(BM, kb, d, wx0 + 8 * j + g) + 8 * q);
+                sx[j] = *(const float2 *)(sb + gmm_off_sx(FP8, BM, kb) + 4 * (wx0 + 8 * j + 2 * q));
+            }
+            const float *sws = (const float *)(sb + gmm_off_sw(FP8, BM, kb));
+#pragma unroll
+            for (int i = 0; i < AF; i++) {
+                const int nr = wn0 + 16 * i;
+                uint32_t A[3][4]; /* planes 1, 2: FP8 only */
+#pragma unroll
+                for (int p = 0; p < (FP8 ? 3 : 1); p++) gmm_a_frag(sb + gmm_off_w(FP8, BM, kb, p, nr), g, q, A[p]);
+                const float sw0 = sws[nr + g], sw1 = sws[nr + g + 8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float fs[4];
+                    if (FP8) { /* T_s = Σ_{p+d=s} A_p·B_d: the MMAs of one T_s chained on the tensor core */
+                        int32_t t0[4], t1[4], t2[4], t3[4], t4[4];
+                        gmm_mma(t0, A[0], b[j][0], zero);
+                        gmm_mma(t1, A[0], b[j][1], zero);
+                        gmm_mma(t1, A[1], b[j][0], t1);
+                        gmm_mma(t2, A[0], b[j][2], zero);
+                        gmm_mma(t2, A[1], b[j][1], t2);
+                        gmm_mma(t2, A[2], b[j][0], t2);
+                        gmm_mma(t3, A[1], b[j][2], zero);
+                        gmm_mma(t3, A[2], b[j][1], t3);
+                        gmm_mma(t4, A[2], b[j][2], zero);
+#pragma unroll
+                        for (int r = 0; r < 4; r++) fs[r] = gmm_sum_fp8(t0[r], t1[r], t2[r], t3[r], t4[r]);
+                    } else {
+                        int32_t c0[4], c1[4], c2[4];
+                        gmm_mma(c0, A[0], b[j][0], zero);
+                        gmm_mma(c1, A[0], b[j][1], zero);
+                        gmm_mma(c2, A[0], b[j][2], zero);
+#pragma unroll
+                        for (int r = 0; r < 4; r++) fs[r] = gmm_i2f(gmm_sum_fp4(c0[r], c1[r], c2[r]));
+                    }
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        acc[i][j][r] = gmm_add_block(acc[i][j][r], fs[r], r & 1 ? sx[j].y : sx[j].x, r >> 1 ? sw1 : sw0);
+                }
+            }
+        }
+        if (s + 1 < NS) gmm_store<FP8, BM>(f, sm + ((s + 1) & 1) * SB);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < AF; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int xr, nr;
+                gmm_c_pos(wx0, wn0, i, j, r, g, q, &xr, &nr);
+                const int64_t m = m0 + xr, n = n0 + nr;
+                if (m < a.M && n < a.N) a.y[m * a.N + n] = d_to_bf16(acc[i][j][r]);
+            }
+}
+
+template <int FP8, int BM>
+static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
+    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM);
+    static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
+    if (!raised) {
+        cudaFuncSetAttribute(gmm_kernel<FP8, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
+        raised = true;
+    }
+    const dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)((a.M + BM - 1) / BM));
+    gmm_kernel<FP8, BM><<<grid, GMM_WARPS * 32, smem, st>>>(a);
+    return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm)" : "linear_fp4 (mma gemm)", err);
+}
+
+/* x-row tile: the smallest of 32 / 64 / 128 holding M, at most 64 for FP8 (its 128-row tile spills: 9
+ * MMAs' operands per A tile); a guess until the device bench times them (di_cuda_gemm_mma_set_tile) */
+static int g_gmm_bm = 0;
+extern "C" void di_cuda_gemm_mma_set_tile(int bm) { g_gmm_bm = bm == 32 || bm == 64 || bm == 128 ? bm : 0; }
+static int gmm_tile(int fp4, int64_t m) {
+    const int bm = g_gmm_bm ? g_gmm_bm : m <= 32 ? 32 : m <= 64 ? 64 : 128;
+    return !fp4 && bm > 64 ? 64 : bm;
+}
+
+extern "C" int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w) {
+    return m >= 1 && (m + 31) / 32 <= 65535 && k > 0 && k % (32 * GMM_KS) == 0 && (uintptr_t)w % 16 == 0;
+}
+
+static int g_gmm_on = -1; /* −1: not read yet */
+extern "C" int di_cuda_gemm_mma_enabled(void) {
+    if (g_gmm_on < 0) {
+        const char *v = getenv("DI_CUDA_GEMM");
+        g_gmm_on = v && strcmp(v, "mma") == 0;
+    }
+    return g_gmm_on;
+}
+extern "C" void di_cuda_gemm_mma_set_enabled(int on) { g_gmm_on = on ? 1 : 0; }
+
+extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k,
+                                    const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, void *stream,
+                                    di_error *err) {
+    if (!di_cuda_gemm_mma_fits(m, k, w) || n < 1 || (n + GMM_BN - 1) / GMM_BN > 0x7fffffff)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cuda mma gemm: M %lld (>= 1), K %lld (a multiple of %d), N %lld, weight pointer "
+                            "16-byte aligned",
+                            (long long)m, (long long)k, 32 * GMM_KS, (long long)n);
+    const gmm_args a = {xq, xs, w, ws, m, n, k, y};
+    cudaStream_t st = (cudaStream_t)stream;
+    const int bm = gmm_tile(fp4, m);
+    switch ((fp4 ? 1000 : 0) + bm) {
+    case 32: return gmm_launch_t<1, 32>(a, st, err);
+    case 64: return gmm_launch_t<1, 64>(a, st, err);
+    case 1032: return gmm_launch_t<0, 32>(a, st, err);
+    case 1064: return gmm_launch_t<0, 64>(a, st, err);
+    default: return gmm_launch_t<0, 128>(a, st, err);
+    }
+}

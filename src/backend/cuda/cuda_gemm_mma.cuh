@@ -1,0 +1,228 @@
+/* The block-scaled FP8 / MXFP4 GEMM (M > 16 rows) with exact block sums on the int8 tensor cores:
+ * lane-level arithmetic shared by the kernel (cuda_gemm_mma.cu) and its host emulation
+ * (tests/test_gemm_mma_emu.c). Compiles as C11 (host) and as CUDA C++ (device); every function here is
+ * the one both run. The weight / x conversions reuse cuda_gemv_mma.cuh's lane functions.
+ *
+ * Contract (linear_q.c): per 32-wide K block b the exact value of Σ q_x·q_w is rounded once to f32,
+ * multiplied by s_x then s_w, and the block values P_b are added to an f32 accumulator in ascending b;
+ * one bf16 rounding at the end. Only the exact block sum is formed differently here, so the results are
+ * qgemm_kernel's (cuda_gemm.cu) bit for bit by construction:
+ *
+ *   X = x·2^9 ∈ ℤ, |X| ≤ 15·2^14 (the e4m3 NaN codes counted as 15·2^14; see below), split into signed
+ *   base-128 digits X = x0 + 2^7·x1 + 2^14·x2 (|x0|, |x1| ≤ 127, |x2| ≤ 15: s8).
+ *   MXFP4 weights: W = 2·w ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} is one s8 plane. Per block
+ *     S = Σ_32 X·W = S0 + 2^7·S1 + 2^14·S2,  S_d = Σ_32 x_d·W,  |S_d| ≤ 32·127·12 < 2^17,
+ *     |S| ≤ 32·15·2^14·12 < 2^27: the combination is exact in int32; S·2^−10 = Σ x·w.
+ *   FP8 weights: W = w·2^9 has the same three digit planes w0, w1, w2, so nine MMAs, gathered by the
+ *   weight of their product in five accumulators T_s = Σ_{i+j=s} Σ_32 x_i·w_j (the tensor core adds the
+ *   MMAs of one T_s; every partial sum is an exact int32):
+ *     |T0| ≤ 32·127² < 2^19, |T1| ≤ 2·32·127² < 2^20, |T2| ≤ 32·(127² + 2·127·15) < 2^20,
+ *     |T3| ≤ 2·32·127·15 < 2^17, |T4| ≤ 32·15² < 2^13;
+ *     S = lo + 2^14·hi with lo = T0 + 2^7·T1 (|lo| < 2^28) and hi = T2 + 2^7·T3 + 2^14·T4 (|hi| < 2^28),
+ *     both exact int32; S itself (|S| < 2^41) is formed in int64 and rounded once to f32
+ *     (__ll2float_rn / the C conversion, both round to nearest even); S·2^−18 = Σ x·w.
+ *   Every nonzero |f32(S)| ≥ 1, so f32(S)·2^−10 (2^−18) is exact, and (f32(S)·2^−10)·s_x equals
+ *   f32(S)·(s_x·2^−10) — one rounding of the same real number (s_x·2^−18 ≥ 2^−145 is still exact). The
+ *   kernel multiplies by the pre-scaled s_x once per (x row, block), then by s_w: the CPU's two
+ *   roundings.
+ *
+ * Special values. An act-quantized group holding NaN or ±inf has scale byte 255 (NaN) and codes 0x7F
+ * (formats.c): its finite stand-in X = ±15·2^14 does not matter, P_b = f32(S)·NaN·s_w is NaN like the
+ * CPU's. FP8 weight codes 0x7F / 0xFF are NaN on the CPU (every product with them, so the block sum):
+ * the staging sees them while it converts the block and stores NaN as that (row, block)'s s_w, which
+ * makes P_b NaN the same way. E8M0 byte 255 is NaN, byte 0 is 2^−127 (di_e8m0_to_f32). NaN outputs
+ * carry the GPU's canonical NaN like qgemm_kernel's (the CPU's x86 payloads differ: compare NaN as NaN).
+ *
+ * MMA operands (mma.m16n8k32.row.col.s32.s8.s8.s32; g = lane / 4, q = lane % 4): A = 16 weight rows ×
+ * one block's 32 values, B = 8 x rows. A lane takes bytes 8q … 8q+7 of a 32-byte row: bytes 8q … 8q+3
+ * play k 4q … 4q+3 (A register 0 / 1, B register 0) and 8q+4 … 8q+7 play k 16+4q … (A register 2 / 3,
+ * B register 1); A and B use the same map, and a block sum does not depend on which k a value plays.
+ * C: c0 = (weight row g, x row 2q), c1 = (g, 2q+1), c2 = (g+8, 2q), c3 = (g+8, 2q+1). */
+#ifndef DI_BACKEND_CUDA_CUDA_GEMM_MMA_CUH
+#define DI_BACKEND_CUDA_CUDA_GEMM_MMA_CUH
+
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_gemv_mma.cuh"
+
+#define GMM_FN GVM_FN
+#define GMM_BN 128    /* weight rows (output columns) per CTA */
+#define GMM_KS 2      /* K blocks per pipeline stage: K % (32·GMM_KS) == 0 */
+#define GMM_WARPS 8   /* warps per CTA */
+#define GMM_WX 32     /* x rows per warp (4 n8 tiles) */
+
+/* ---- the tile geometry: BM (32, 64, 128) x rows per CTA; the 8 warps as (BM/32) along x × the rest
+ * along the weight rows, so a warp holds 32 x rows × GMM_BN/(8·32/BM) weight rows = BM/32 A tiles ---- */
+/* A tiles (16 weight rows) per warp */
+GMM_FN int gmm_af(int bm) { return bm / 32; }
+/* warp w → its x-row offset (wm·32) and weight-row offset (wn·16·AF) inside the CTA tile */
+GMM_FN void gmm_warp(int bm, int w, int *x0, int *n0) {
+    const int wmx = bm / GMM_WX; /* warps along x */
+    *x0 = (w % wmx) * GMM_WX, *n0 = (w / wmx) * 16 * gmm_af(bm);
+}
+
+/* Weight planes: 1 (MXFP4, W = 2w as s8) or 3 (FP8, the base-128 digits of W = w·2^9) */
+GMM_FN int gmm_planes(int fp8) { return fp8 ? 3 : 1; }
+
+/* One stage buffer (bytes; 16-aligned parts): x digit planes s8 [KS][3][BM][32], weight planes
+ * s8 [KS][P][BN][32], s_x·2^−10 (2^−18) f32 [KS][BM], s_w f32 [KS][BN] (NaN where an FP8 block holds a
+ * NaN code). Rows of 32 bytes back to back: the 8-byte fragment loads of a half warp (4 rows × 4
+ * lanes) cover 128 consecutive bytes, no bank conflicts. */
+GMM_FN uint32_t gmm_off_x(int bm, int kb, int d, int row) { return (uint32_t)(((kb * 3 + d) * bm + row) * 32); }
+GMM_FN uint32_t gmm_off_w(int fp8, int bm, int kb, int p, int row) {
+    return (uint32_t)(GMM_KS * 3 * bm * 32 + ((kb * gmm_planes(fp8) + p) * GMM_BN + row) * 32);
+}
+GMM_FN uint32_t gmm_off_sx(int fp8, int bm, int kb) {
+    return (uint32_t)(GMM_KS * 3 * bm * 32 + GMM_KS * gmm_planes(fp8) * GMM_BN * 32 + kb * bm * 4);
+}
+GMM_FN uint32_t gmm_off_sw(int fp8, int bm, int kb) { return gmm_off_sx(fp8, bm, GMM_KS) + (uint32_t)(kb * GMM_BN * 4); }
+GMM_FN uint32_t gmm_stage_bytes(int fp8, int bm) { return gmm_off_sw(fp8, bm, GMM_KS); }
+
+/* ---- staging (global → shared), the conversions ---- */
+
+/* 8 packed E2M1 codes (nibble i = value i) → 2·w as s8, bytes of values 0..3 (*lo) and 4..7 (*hi):
+ * |2w| from the magnitude table, its negation from the negated table, picked by the sign bit */
+GMM_FN uint32_t gmm_e2m1x4_s8(uint32_t nib16) {
+    const uint32_t mag = nib16 & 0x7777u;
+    const uint32_t pos = gvm_prmt(GVM_MAG_LO, GVM_MAG_HI, mag);       /* 0 1 2 3 4 6 8 12 */
+    const uint32_t neg = gvm_prmt(0xFDFEFF00u, 0xF4F8FAFCu, mag);      /* 0 −1 −2 −3 −4 −6 −8 −12 */
+    const uint32_t sgn = gvm_prmt(0x0000FF00u, 0u, (nib16 >> 3) & 0x1111u); /* 0xFF where the sign is set */
+    return (pos & ~sgn) | (neg & sgn);
+}
+GMM_FN void gmm_e2m1x8_s8(uint32_t w, uint32_t *lo, uint32_t *hi) {
+    *lo = gmm_e2m1x4_s8(w & 0xffffu), *hi = gmm_e2m1x4_s8(w >> 16);
+}
+
+/* 4 FP8 weight codes → their digit planes (gvm_x_digits: the same e4m3 → integer map); returns nonzero
+ * when one of them is a NaN code (0x7F / 0xFF) */
+GMM_FN uint32_t gmm_w8_digits(uint32_t codes, uint32_t dig[3]) {
+    gvm_x_digits(codes, dig);
+    const uint32_t m = codes & 0x7f7f7f7fu; /* a byte is 0x7F iff its low 7 bits are all ones */
+    return (m + 0x01010101u) & 0x80808080u; /* 0x7F + 1 sets bit 7; a byte ≤ 0x7E neither does nor carries */
+}
+
+/* s_x·2^−10 (MXFP4) or s_x·2^−18 (FP8) of an x scale byte: exact (≥ 2^−145; NaN stays NaN) */
+GMM_FN float gmm_x_scale(int fp8, uint32_t e) { return gvm_mul(gvm_e8m0(e), fp8 ? 0x1p-18f : 0x1p-10f); }
+
+/* 16 bytes to shared memory (16-aligned) */
+GMM_FN void gmm_st16(unsigned char *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+#ifdef __CUDA_ARCH__
+    *(uint4 *)p = make_uint4(a, b, c, d);
+#else
+    const uint32_t v[4] = {a, b, c, d};
+    memcpy(p, v, 16);
+#endif
+}
+GMM_FN void gmm_st4(unsigned char *p, uint32_t a) {
+#ifdef __CUDA_ARCH__
+    *(uint32_t *)p = a;
+#else
+    memcpy(p, &a, 4);
+#endif
+}
+
+/* What thread t (0 … 255) of the CTA converts into stage buffer sb from its global loads of the stage:
+ * xw = the x code words of rows t/16 + 16i (i < BM/16), word t % 16 of the row's 16 (2 blocks × 8);
+ * xs = the x scale byte of (row t/2, block t % 2), t < 2·BM; w = the weight words of (row t/2, block
+ * t % 2) — MXFP4 w[0 … 3] (32 codes), FP8 w[0 … 7] (32 codes) — and ws its scale byte. */
+GMM_FN void gmm_stage_thread(int fp8, int bm, int t, const uint32_t *xw, uint32_t xs, const uint32_t *w, uint32_t ws,
+                             unsigned char *sb) {
+    for (int i = 0; i < bm / 16; i++) {
+        const int row = t / 16 + 16 * i, c = t % 16;
+        uint32_t dig[3];
+        gvm_x_digits(xw[i], dig);
+        for (int d = 0; d < 3; d++) gmm_st4(sb + gmm_off_x(bm, c / 8, d, row) + 4 * (c % 8), dig[d]);
+    }
+    if (t < 2 * bm) {
+        const float v = gmm_x_scale(fp8, xs);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        gmm_st4(sb + gmm_off_sx(fp8, bm, t % 2) + 4 * (t / 2), u);
+    }
+    const int row = t / 2, kb = t % 2;
+    float sw = gvm_e8m0(ws);
+    if (fp8) {
+        uint32_t dig[8][3], nan = 0;
+        for (int i = 0; i < 8; i++) nan |= gmm_w8_digits(w[i], dig[i]);
+        for (int p = 0; p < 3; p++) {
+            unsigned char *dst = sb + gmm_off_w(fp8, bm, kb, p, row);
+            gmm_st16(dst, dig[0][p], dig[1][p], dig[2][p], dig[3][p]);
+            gmm_st16(dst + 16, dig[4][p], dig[5][p], dig[6][p], dig[7][p]);
+        }
+        if (nan) sw = gvm_e8m0(255); /* a NaN code: the CPU's block sum is NaN, so P_b */
+    } else {
+        uint32_t v[8];
+        for (int i = 0; i < 4; i++) gmm_e2m1x8_s8(w[i], &v[2 * i], &v[2 * i + 1]);
+        unsigned char *dst = sb + gmm_off_w(fp8, bm, kb, 0, row);
+        gmm_st16(dst, v[0], v[1], v[2], v[3]);
+        gmm_st16(dst + 16, v[4], v[5], v[6], v[7]);
+    }
+    uint32_t u;
+    memcpy(&u, &sw, 4);
+    gmm_st4(sb + gmm_off_sw(fp8, bm, kb) + 4 * row, u);
+}
+
+/* Output of C register r (0 … 3) of a lane (g, q) in the n8 tile j of A tile i of a warp at (wx0, wn0):
+ * x row and weight row inside the CTA tile */
+GMM_FN void gmm_c_pos(int wx0, int wn0, int i, int j, int r, int g, int q, int *xr, int *nr) {
+    *xr = wx0 + 8 * j + 2 * q + (r & 1), *nr = wn0 + 16 * i + g + 8 * (r >> 1);
+}
+
+/* ---- the block sums and values ---- */
+
+/* S of one C register from the three plane results (MXFP4) */
+GMM_FN int32_t gmm_sum_fp4(int32_t s0, int32_t s1, int32_t s2) { return s0 + s1 * 128 + s2 * 16384; }
+
+/* f32(S) of one C register from the five accumulators T0 … T4 (FP8): lo + 2^14·hi in int64, one rounding */
+GMM_FN float gmm_sum_fp8(int32_t t0, int32_t t1, int32_t t2, int32_t t3, int32_t t4) {
+    const int32_t lo = t0 + t1 * 128, hi = t2 + t3 * 128 + t4 * 16384;
+    const int64_t s = (int64_t)lo + (int64_t)hi * 16384;
+#ifdef __CUDA_ARCH__
+    return __ll2float_rn(s);
+#else
+    return (float)s;
+#endif
+}
+GMM_FN float gmm_i2f(int32_t s) {
+#ifdef __CUDA_ARCH__
+    return __int2float_rn(s);
+#else
+    return (float)s;
+#endif
+}
+
+/* acc + P_b, P_b = (f32(S)·sx)·sw: the CPU's roundings, never fused */
+GMM_FN float gmm_add_block(float acc, float fs, float sx, float sw) {
+    const float p = gvm_mul(gvm_mul(fs, sx), sw);
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(acc, p);
+#else
+    return acc + p;
+#endif
+}
+
+/* ---- entry points (cuda_gemm_mma.cu) ---- */
+#include "backend/backend.h"
+#include "util/error.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* On when DI_CUDA_GEMM=mma is in the environment (read once): linear_fp8 / linear_fp4 take this kernel
+ * for M > 16 rows where it fits. di_cuda_gemm_mma_set_enabled overrides the environment (tests, bench). */
+int di_cuda_gemm_mma_enabled(void);
+void di_cuda_gemm_mma_set_enabled(int on);
+/* Whether this kernel takes the call: m ≥ 1, k % 64 == 0, w 16-byte aligned */
+int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w);
+/* y bf16 [m, n] = the block-scaled linear of act-quantized rows xq e4m3 [m, k], xs E8M0 [m, k/32] with
+ * w e4m3 [n, k] + ws E8M0 [ceil(n/32), k/32] (fp4 = 0) or w packed E2M1 [n, k/2] + ws E8M0 [n, k/32]
+ * (fp4 = 1), device pointers, on stream (a cudaStream_t) */
+int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
+                         const uint8_t *ws, int64_t n, uint16_t *y, void *stream, di_error *err);
+/* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
+void di_cuda_gemm_mma_set_tile(int bm);
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,442 @@
+/* Host emulation of the tensor-core FP8 / MXFP4 GEMM (src/backend/cuda/cuda_gemm_mma.cu), no GPU needed.
+ * di-test: asan
+ *
+ * The kernel's arithmetic is its lane functions (cuda_gemm_mma.cuh, compiled here as C: the staging
+ * conversions gmm_stage_thread, the shared-memory layout gmm_off_*, the warp map gmm_warp, the sums
+ * gmm_sum_fp4 / gmm_sum_fp8, the block value gmm_add_block, the output map gmm_c_pos) plus the one warp
+ * primitive emulated from its PTX definition: mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment layouts
+ * as the PTX ISA gives them; the input this test takes on trust, checked by tests/cuda/test_cuda_gemm_mma.c
+ * on the GPU). The walk is the kernel's: CTA tiles of BM x rows × 128 weight rows, stages of 2 blocks
+ * through two buffers, per warp and block the MMAs of every (A tile, n8 tile), the f32 accumulators.
+ *
+ * Checked, bit for bit:
+ *  1. every e4m3 x code × every E2M1 / e4m3 weight code: outputs against the contract evaluated from the
+ *     codes (f64 block sums), with x scales 2^−127 … and NaN, FP8 weight NaN codes;
+ *  2. the bf16 outputs against the CPU ops di_cpu_linear_fp4 / di_cpu_linear_fp8 from bf16 x: at V4.1
+ *     shapes (expert w1/w3 2304×5120, the FP8 k5120 n512 projection) and on special inputs (zero rows,
+ *     rows at the e4m3 limit whose P_b overflow, NaN / ±inf x, weight scales 2^−127 / 2^127 / NaN, FP8
+ *     weight NaN codes, partial tiles N = 37 / M = 19), every x-row tile (32, 64, 128).
+ * NaN outputs are compared as NaN (the GPU's canonical NaN and x86's payloads differ in bits); every
+ * other output bit for bit. Every MMA partial sum is checked to fit int32 (the exactness claim). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_gemm_mma.cuh"
+#include "io/formats.h"
+#include "testutil.h"
+#include "util/threadpool.h"
+
+static di_threadpool *tp;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return rng * 0x2545F4914F6CDD1Dull;
+}
+static double gauss(void) {
+    double u = ((double)(rnd() >> 11) + 0.5) * 0x1p-53, v = (double)(rnd() >> 11) * 0x1p-53;
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* d[lane] = A·B + c[lane] of one mma.m16n8k32.row.col.s32.s8.s8.s32 (PTX fragment layouts; g = lane / 4,
+ * q = lane % 4): A register 0 byte i = A[g][4q+i], 1 = A[g+8][4q+i], 2 = A[g][16+4q+i], 3 = A[g+8][16+4q+i];
+ * B register 0 byte i = B[4q+i][g], 1 = B[16+4q+i][g]; C: c0 = C[g][2q], c1 = C[g][2q+1], c2 = C[g+8][2q],
+ * c3 = C[g+8][2q+1]. In int64, then checked to fit int32. d may be c. */
+static void emu_mma(int32_t d[32][4], const uint32_t a[32][4], const uint32_t b[32][2], const int32_t c[32][4]) {
+    int8_t A[16][32], B[32][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, q = l & 3;
+        for (int i = 0; i < 4; i++) {
+            A[g][4 * q + i] = (int8_t)(a[l][0] >> (8 * i));
+            A[g + 8][4 * q + i] = (int8_t)(a[l][1] >> (8 * i));
+            A[g][16 + 4 * q + i] = (int8_t)(a[l][2] >> (8 * i));
+            A[g + 8][16 + 4 * q + i] = (int8_t)(a[l][3] >> (8 * i));
+            B[4 * q + i][g] = (int8_t)(b[l][0] >> (8 * i));
+            B[16 + 4 * q + i][g] = (int8_t)(b[l][1] >> (8 * i));
+        }
+    }
+    int32_t D[16][8];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            int32_t s = 0; /* |Σ| ≤ 32·127² < 2^19 */
+            for (int k = 0; k < 32; k++) s += A[r][k] * B[k][n];
+            D[r][n] = s;
+        }
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, q = l & 3;
+        const int64_t v[4] = {(int64_t)c[l][0] + D[g][2 * q], (int64_t)c[l][1] + D[g][2 * q + 1],
+                              (int64_t)c[l][2] + D[g + 8][2 * q], (int64_t)c[l][3] + D[g + 8][2 * q + 1]};
+        for (int r = 0; r < 4; r++) {
+            assert_true(v[r] >= INT32_MIN && v[r] <= INT32_MAX);
+            d[l][r] = (int32_t)v[r];
+        }
+    }
+}
+
+typedef struct {
+    int fp8;
+    int64_t M, N, K;
+    const uint8_t *xq, *xs; /* e4m3 [M, K], E8M0 [M, K/32] */
+    const uint8_t *w, *ws;  /* FP8: e4m3 [N, K] + E8M0 [ceil(N/32), K/32]; MXFP4: E2M1 [N, K/2] + E8M0 [N, K/32] */
+} problem;
+
+static uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* gmm_load of thread t for the stage at block kb0, then gmm_stage_thread into sb */
+static void emu_stage(const problem *p, int bm, int64_t m0, int64_t n0, int64_t kb0, unsigned char *sb) {
+    const int64_t KB = p->K / 32;
+    for (int t = 0; t < GMM_WARPS * 32; t++) {
+        uint32_t xw[128 / 16], w[8] = {0}, xs = 0, ws = 0;
+        for (int i = 0; i < bm / 16; i++) {
+            const int64_t m = m0 + t / 16 + 16 * i;
+            xw[i] = m < p->M ? ld32(p->xq + m * p->K + kb0 * 32 + 4 * (t % 16)) : 0u;
+        }
+        const int64_t mx = m0 + t / 2;
+        if (t < 2 * bm && mx < p->M) xs = p->xs[mx * KB + kb0 + t % 2];
+        const int64_t n = n0 + t / 2, kb = kb0 + t % 2;
+        if (n < p->N) {
+            for (int i = 0; i < (p->fp8 ? 8 : 4); i++)
+                w[i] = ld32(p->w + (p->fp8 ? n * p->K + kb * 32 : n * (p->K / 2) + kb * 16) + 4 * i);
+            ws = p->ws[(p->fp8 ? n / 32 : n) * KB + kb];
+        }
+        gmm_stage_thread(p->fp8, bm, t, xw, xs, w, ws, sb);
+    }
+}
+
+static float ldf(const unsigned char *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* the kernel on one CTA tile; y bf16 [M, N] */
+static void emu_cta(const problem *p, int bm, int64_t m0, int64_t n0, uint16_t *y) {
+    const int fp8 = p->fp8, AF = gmm_af(bm), P = gmm_planes(fp8);
+    const int64_t NS = p->K / (32 * GMM_KS);
+    const uint32_t SB = gmm_stage_bytes(fp8, bm);
+    unsigned char *sm = xmalloc(2 * (size_t)SB);
+    memset(sm, 0x5A, 2 * (size_t)SB); /* every byte read is written first (else the results show it) */
+    float(*acc)[32][4][4][4] = xmalloc(sizeof(float) * GMM_WARPS * 32 * 4 * 4 * 4); /* [warp][lane][i][j][r] */
+    for (size_t i = 0; i < (size_t)GMM_WARPS * 32 * 64; i++) ((float *)acc)[i] = 0.0f;
+    static const int32_t zero[32][4];
+    emu_stage(p, bm, m0, n0, 0, sm);
+    for (int64_t s = 0; s < NS; s++) {
+        const unsigned char *sb = sm + (s & 1) * SB;
+        for (int warp = 0; warp < GMM_WARPS; warp++) {
+            int wx0, wn0;
+            gmm_warp(bm, warp, &wx0, &wn0);
+            for (int kb = 0; kb < GMM_KS; kb++) {
+                uint32_t b[4][3][32][2];
+                float sx[4][32][2], sw[4][32][2];
+                for (int l = 0; l < 32; l++) {
+                    const int g = l >> 2, q = l & 3;
+                    for (int j = 0; j < 4; j++) {
+                        for (int d = 0; d < 3; d++) {
+                            const unsigned char *at = sb + gmm_off_x(bm, kb, d, wx0 + 8 * j + g) + 8 * q;
+                            b[j][d][l][0] = ld32(at), b[j][d][l][1] = ld32(at + 4);
+                        }
+                        for (int h = 0; h < 2; h++) sx[j][l][h] = ldf(sb + gmm_off_sx(fp8, bm, kb) + 4 * (wx0 + 8 * j + 2 * q + h));
+                    }
+                    for (int i = 0; i < AF; i++)
+                        for (int h = 0; h < 2; h++) sw[i][l][h] = ldf(sb + gmm_off_sw(fp8, bm, kb) + 4 * (wn0 + 16 * i + g + 8 * h));
+                }
+                for (int i = 0; i < AF; i++) {
+                    uint32_t A[3][32][4];
+                    for (int pl = 0; pl < P; pl++)
+                        for (int l = 0; l < 32; l++) {
+                            const int g = l >> 2, q = l & 3;
+                            const unsigned char *wp = sb + gmm_off_w(fp8, bm, kb, pl, wn0 + 16 * i);
+                            A[pl][l][0] = ld32(wp + g * 32 + 8 * q), A[pl][l][2] = ld32(wp + g * 32 + 8 * q + 4);
+                            A[pl][l][1] = ld32(wp + (g + 8) * 32 + 8 * q), A[pl][l][3] = ld32(wp + (g + 8) * 32 + 8 * q + 4);
+                        }
+                    for (int j = 0; j < 4; j++) {
+                        float fs[32][4];
+                        if (fp8) { /* the kernel's chain: T_s = Σ_{p+d=s} A_p·B_d */
+                            int32_t t0[32][4], t1[32][4], t2[32][4], t3[32][4], t4[32][4];
+                            emu_mma(t0, A[0], b[j][0], zero);
+                            emu_mma(t1, A[0], b[j][1], zero);
+                            emu_mma(t1, A[1], b[j][0], t1);
+                            emu_mma(t2, A[0], b[j][2], zero);
+                            emu_mma(t2, A[1], b[j][1], t2);
+                            emu_mma(t2, A[2], b[j][0], t2);
+                            emu_mma(t3, A[1], b[j][2], zero);
+                            emu_mma(t3, A[2], b[j][1], t3);
+                            emu_mma(t4, A[2], b[j][2], zero);
+                            for (int l = 0; l < 32; l++)
+                                for (int r = 0; r < 4; r++) fs[l][r] = gmm_sum_fp8(t0[l][r], t1[l][r], t2[l][r], t3[l][r], t4[l][r]);
+                        } else {
+                            int32_t c0[32][4], c1[32][4], c2[32][4];
+                            emu_mma(c0, A[0], b[j][0], zero);
+                            emu_mma(c1, A[0], b[j][1], zero);
+                            emu_mma(c2, A[0], b[j][2], zero);
+                            for (int l = 0; l < 32; l++)
+                                for (int r = 0; r < 4; r++) fs[l][r] = gmm_i2f(gmm_sum_fp4(c0[l][r], c1[l][r], c2[l][r]));
+                        }
+                        for (int l = 0; l < 32; l++)
+                            for (int r = 0; r < 4; r++) {
+                                float *a = &acc[warp][l][i][j][r];
+                                *a = gmm_add_block(*a, fs[l][r], sx[j][l][r & 1], sw[i][l][r >> 1]);
+                            }
+                    }
+                }
+            }
+        }
+        if (s + 1 < NS) emu_stage(p, bm, m0, n0, (s + 1) * GMM_KS, sm + ((s + 1) & 1) * SB);
+    }
+    for (int warp = 0; warp < GMM_WARPS; warp++) {
+        int wx0, wn0;
+        gmm_warp(bm, warp, &wx0, &wn0);
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < AF; i++)
+                for (int j = 0; j < 4; j++)
+                    for (int r = 0; r < 4; r++) {
+                        int xr, nr;
+                        gmm_c_pos(wx0, wn0, i, j, r, l >> 2, l & 3, &xr, &nr);
+                        const int64_t m = m0 + xr, n = n0 + nr;
+                        if (m < p->M && n < p->N) y[m * p->N + n] = di_f32_to_bf16(acc[warp][l][i][j][r]);
+                    }
+    }
+    free(sm), free(acc);
+}
+
+static void emu_gemm(const problem *p, int bm, uint16_t *y) {
+    for (int64_t m0 = 0; m0 < p->M; m0 += bm)
+        for (int64_t n0 = 0; n0 < p->N; n0 += GMM_BN) emu_cta(p, bm, m0, n0, y);
+}
+
+/* ---- references ---- */
+
+static float w_value(const problem *p, int64_t n, int64_t k) {
+    if (p->fp8) return di_e4m3_to_f32(p->w[n * p->K + k]);
+    const uint8_t b = p->w[n * (p->K / 2) + k / 2];
+    return di_e2m1_to_f32(k & 1 ? di_fp4_odd(b) : di_fp4_even(b));
+}
+
+/* y from the codes by linear_q.c's contract: f64 block sums of the decoded values (NaN codes NaN),
+ * rounded to f32, × s_x, × s_w, added in ascending block order */
+static void ref_outputs(const problem *p, uint16_t *y) {
+    const int64_t KB = p->K / 32;
+    for (int64_t m = 0; m < p->M; m++)
+        for (int64_t n = 0; n < p->N; n++) {
+            float acc = 0.0f;
+            for (int64_t kb = 0; kb < KB; kb++) {
+                double s = 0;
+                for (int k = 0; k < 32; k++)
+                    s += (double)di_e4m3_to_f32(p->xq[m * p->K + kb * 32 + k]) * (double)w_value(p, n, kb * 32 + k);
+                float v = (float)s * di_e8m0_to_f32(p->xs[m * KB + kb]);
+                v = v * di_e8m0_to_f32(p->ws[(p->fp8 ? n / 32 : n) * KB + kb]);
+                acc = acc + v;
+            }
+            y[m * p->N + n] = di_f32_to_bf16(acc);
+        }
+}
+
+static int bf16_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
+
+/* outputs that differ (NaN = NaN); *nans counts the NaN outputs */
+static int64_t diff_bf16(const uint16_t *a, const uint16_t *b, int64_t n, int64_t *nans) {
+    int64_t bad = 0;
+    *nans = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (bf16_nan(a[i]) || bf16_nan(b[i])) {
+            *nans += 1;
+            bad += !(bf16_nan(a[i]) && bf16_nan(b[i]));
+        } else {
+            bad += a[i] != b[i];
+        }
+    }
+    return bad;
+}
+
+/* ---- 1. every code pair, against the contract from the codes ---- */
+
+/* x row m: codes (m·37 + k) mod 256 (8 blocks cover all 256 codes; the NaN codes in row 0 only, its
+ * blocks with them scaled by the NaN byte as act-quant pairs them); weight row n: MXFP4 code
+ * (n + k·(1 + n mod 5)) mod 16, FP8 code (n·29 + k·(1 + n mod 3)) mod 256 (the NaN codes in rows
+ * n ≡ 0 mod 7 only, elsewhere replaced by their neighbour) */
+static void all_codes(int fp8) {
+    enum { M = 40, N = 150, K = 512 }; /* M, N past one tile: partial tiles in both directions */
+    const int64_t KB = K / 32, wrow = fp8 ? K : K / 2, srows = fp8 ? (N + 31) / 32 : N;
+    uint8_t *xq = xmalloc(M * K), *xs = xmalloc(M * KB), *w = xmalloc((size_t)(N * wrow)), *ws = xmalloc((size_t)(srows * KB));
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) {
+            const uint8_t c = (uint8_t)(m * 37 + k);
+            xq[m * K + k] = m > 0 && (c & 0x7f) == 0x7f ? c ^ 1 : c;
+        }
+    for (int m = 0; m < M; m++)
+        for (int kb = 0; kb < KB; kb++) {
+            int nan = 0;
+            for (int k = 0; k < 32; k++) nan |= (xq[m * K + kb * 32 + k] & 0x7f) == 0x7f;
+            xs[m * KB + kb] = nan ? 255 : kb % 8 == 0 ? (kb % 16 ? 9 : 0) : (uint8_t)(118 + (m + kb) % 12);
+        }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            if (fp8) {
+                uint8_t c = (uint8_t)(n * 29 + k * (1 + n % 3));
+                if ((c & 0x7f) == 0x7f && n % 7) c ^= 1;
+                w[n * K + k] = c;
+            } else if (k % 2 == 0) {
+                const int c0 = (n + k * (1 + n % 5)) & 15, c1 = (n + (k + 1) * (1 + n % 5)) & 15;
+                w[n * K / 2 + k / 2] = di_fp4_pack((uint8_t)c0, (uint8_t)c1);
+            }
+        }
+    for (int i = 0; i < srows * KB; i++) ws[i] = (uint8_t)(118 + i % 19);
+    problem p = {fp8, M, N, K, xq, xs, w, ws};
+    uint16_t *y = xmalloc(2 * M * N), *y_ref = xmalloc(2 * M * N);
+    ref_outputs(&p, y_ref);
+    for (int bm = 32; bm <= 128; bm *= 2) {
+        memset(y, 0xA5, 2 * M * N);
+        emu_gemm(&p, bm, y);
+        int64_t nans, bad = diff_bf16(y, y_ref, M * N, &nans);
+        tu_report("all codes %s M%d N%d K%d tile %d: %lld of %d outputs differ (%lld NaN)", fp8 ? "fp8" : "fp4", M, N, K,
+                  bm, (long long)bad, M * N, (long long)nans);
+        assert_int_equal(bad, 0);
+        assert_true(nans >= N && nans < M * N); /* row 0 NaN (and FP8 rows ≡ 0 mod 7), the others finite */
+    }
+    free(xq), free(xs), free(w), free(ws), free(y), free(y_ref);
+}
+static void test_all_codes_fp4(void **state) {
+    (void)state;
+    all_codes(0);
+}
+static void test_all_codes_fp8(void **state) {
+    (void)state;
+    all_codes(1);
+}
+
+/* ---- 2. against the CPU op ---- */
+
+typedef enum { X_GAUSS, X_ZERO_ROWS, X_LIMIT, X_NAN_INF } xkind;
+typedef enum { W_RANDOM, W_EXTREME } wkind;
+
+static void run_case(const char *name, int fp8, int64_t M, int64_t N, int64_t K, xkind xk, wkind wk, int bm) {
+    const int64_t KB = K / 32, wrow = fp8 ? K : K / 2, srows = fp8 ? (N + 31) / 32 : N;
+    uint16_t *x = xmalloc(2 * (size_t)(M * K));
+    for (int64_t i = 0; i < M * K; i++) x[i] = di_f32_to_bf16((float)(gauss() * (i % 7 == 0 ? 8.0 : 1.0)));
+    if (xk == X_ZERO_ROWS)
+        for (int64_t i = 0; i < K; i++) {
+            x[i] = 0;
+            if (M > 1 && (i / 32) % 2) x[K + i] = 0x8000; /* -0 */
+        }
+    if (xk == X_LIMIT) { /* blocks at ±448, blocks of subnormal codes; the last row's first block near the
+                          * bf16 maximum: its P_b overflow to ±inf */
+        for (int64_t i = 0; i < M * K; i++) {
+            if ((i / 32) % 3 == 0) x[i] = di_f32_to_bf16((i & 1 ? -1.0f : 1.0f) * 1.0e4f);
+            else if ((i / 32) % 3 == 1) x[i] = di_f32_to_bf16(i % 32 == 0 ? 448.0f : (float)((i % 5) * 0x1p-9));
+        }
+        for (int64_t i = 0; i < 32; i++) x[(M - 1) * K + i] = di_f32_to_bf16((i & 1 ? -1.0f : 1.0f) * 3.0e38f);
+    }
+    if (xk == X_NAN_INF)
+        for (int64_t m = 0; m < M; m += 2) {
+            x[m * K + (5 + 64 * m) % K] = 0x7fc0;
+            x[m * K + (300 + 32 * m) % K] = m & 2 ? 0xff80 : 0x7f80;
+        }
+    uint8_t *w = xmalloc((size_t)(N * wrow)), *ws = xmalloc((size_t)(srows * KB));
+    for (int64_t i = 0; i < N * wrow; i++) {
+        w[i] = (uint8_t)rnd();
+        if (fp8 && (w[i] & 0x7f) == 0x7f) w[i] ^= 1; /* NaN codes only where planted below */
+    }
+    for (int64_t i = 0; i < srows * KB; i++) ws[i] = (uint8_t)(127 - 10 + (int)(rnd() % 7));
+    if (wk == W_EXTREME) { /* every 7th scale 2^−127 or 2^103; one NaN and one 2^127 scale; FP8: NaN codes in
+                            * rows 3 and 40 */
+        for (int64_t i = 0; i < srows * KB; i += 7) ws[i] = i % 2 ? 0 : 230;
+        ws[(srows - 1) * KB + KB / 2] = 255;
+        ws[KB / 3] = 254;
+        if (fp8) {
+            w[3 * K + 77] = 0x7f;
+            if (N > 40) w[40 * K + K - 1] = 0xff;
+        }
+    }
+    uint16_t *y_cpu = xmalloc(2 * (size_t)(M * N)), *y_emu = xmalloc(2 * (size_t)(M * N));
+    size_t wsb = di_cpu_qlinear_workspace(M, K, tp);
+    void *wsp = xmalloc(wsb);
+    di_error err = {0};
+    if (fp8) assert_int_equal(di_cpu_linear_fp8(tp, M, N, K, x, K, w, ws, y_cpu, N, wsp, wsb, &err), DI_OK);
+    else assert_int_equal(di_cpu_linear_fp4(tp, M, N, K, x, K, w, ws, y_cpu, N, wsp, wsb, &err), DI_OK);
+    uint8_t *xq = xmalloc((size_t)(M * K)), *xs = xmalloc((size_t)(M * KB));
+    di_act_quant_fp8(x, M * K, 32, xq, xs); /* the CUDA act-quant is bit-identical to this one */
+    problem p = {fp8, M, N, K, xq, xs, w, ws};
+    memset(y_emu, 0xA5, 2 * (size_t)(M * N));
+    emu_gemm(&p, bm, y_emu);
+    int64_t nans, bad = diff_bf16(y_emu, y_cpu, M * N, &nans);
+    tu_report("%s %s M%lld N%lld K%lld tile %d: %lld of %lld outputs differ (%lld NaN)", name, fp8 ? "fp8" : "fp4",
+              (long long)M, (long long)N, (long long)K, bm, (long long)bad, (long long)(M * N), (long long)nans);
+    assert_int_equal(bad, 0);
+    if (xk == X_NAN_INF) assert_true(nans >= (M + 1) / 2 * N && nans < M * N); /* the even rows only */
+    if (wk == W_EXTREME) assert_true(nans > 0 && nans < M * N);
+    if (xk == X_GAUSS && wk == W_RANDOM) assert_int_equal(nans, 0);
+    if (xk == X_LIMIT && wk == W_RANDOM) assert_true(nans <= N);
+    free(x), free(w), free(ws), free(y_cpu), free(y_emu), free(wsp), free(xq), free(xs);
+}
+
+static void test_real_shapes(void **state) {
+    (void)state;
+    run_case("expert w1/w3", 0, 17, 2304, 5120, X_GAUSS, W_RANDOM, 32);
+    run_case("wo-like", 1, 20, 512, 5120, X_GAUSS, W_RANDOM, 32);
+}
+
+static void test_special(void **state) {
+    (void)state;
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        run_case("zero rows", fp8, 19, 256, 1024, X_ZERO_ROWS, W_RANDOM, 32);
+        run_case("e4m3 limit", fp8, 33, 128, 640, X_LIMIT, W_RANDOM, 64);
+        run_case("NaN/inf x", fp8, 24, 128, 512, X_NAN_INF, W_RANDOM, 32);
+        run_case("extreme w", fp8, 70, 200, 768, X_GAUSS, W_EXTREME, 128);
+        run_case("edge N37", fp8, 19, 37, 384, X_LIMIT, W_EXTREME, 64);
+    }
+}
+
+/* the lane functions on their own: 2w bytes for every E2M1 code, FP8 weight digits recombine to w·2^9
+ * and flag exactly the NaN codes */
+static void test_lane_functions(void **state) {
+    (void)state;
+    for (uint32_t c = 0; c < 256; c++) {
+        uint32_t lo, hi;
+        const uint32_t wv = c * 0x01010101u;
+        gmm_e2m1x8_s8(wv, &lo, &hi);
+        for (int i = 0; i < 8; i++) {
+            const uint32_t code = (wv >> (4 * i)) & 15u, reg = i < 4 ? lo : hi;
+            assert_int_equal((int)(int8_t)(reg >> (8 * (i & 3))), (int)(2.0f * di_e2m1_to_f32((uint8_t)code)));
+        }
+        uint32_t dig[3];
+        const uint32_t nan = gmm_w8_digits(wv ^ 0x00ff0000u, dig); /* byte 2 the code's complement */
+        for (int i = 0; i < 4; i++) {
+            const uint8_t code = (uint8_t)((wv ^ 0x00ff0000u) >> (8 * i));
+            const int d0 = (int8_t)(dig[0] >> (8 * i)), d1 = (int8_t)(dig[1] >> (8 * i)), d2 = (int8_t)(dig[2] >> (8 * i));
+            assert_true(d2 >= -15 && d2 <= 15);
+            const float v = di_e4m3_to_f32(code);
+            assert_int_equal(((nan >> (8 * i)) & 0x80u) != 0, isnan(v) != 0);
+            if (!isnan(v)) assert_true((double)(d0 + 128 * d1 + 16384 * d2) == (double)v * 512.0);
+        }
+    }
+    /* the FP8 combination at its extremes: the five accumulators at their bounds (|S| < 2^41) */
+    const int32_t T[5] = {32 * 127 * 127, 2 * 32 * 127 * 127, 32 * (127 * 127 + 2 * 127 * 15), 2 * 32 * 127 * 15, 32 * 15 * 15};
+    const double exact = T[0] + 0x1p7 * T[1] + 0x1p14 * T[2] + 0x1p21 * T[3] + 0x1p28 * T[4];
+    assert_true((double)gmm_sum_fp8(T[0], T[1], T[2], T[3], T[4]) == (double)(float)exact);
+    assert_true((double)gmm_sum_fp8(-T[0], -T[1], -T[2], -T[3], -T[4]) == -(double)(float)exact);
+    assert_true(gmm_x_scale(1, 0) == 0x1p-145f && gmm_x_scale(0, 0) == 0x1p-137f && isnan(gmm_x_scale(1, 255)));
+}
+
+int main(void) {
+    di_error err = {0};
+    if (di_threadpool_create(2, &tp, &err)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lane_functions), cmocka_unit_test(test_all_codes_fp4), cmocka_unit_test(test_all_codes_fp8),
+        cmocka_unit_test(test_special),        cmocka_unit_test(test_real_shapes),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    di_threadpool_destroy(tp);
+    return rc;
+}
