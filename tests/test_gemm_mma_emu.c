@@ -1,8 +1,9 @@
 /* Host emulation of the tensor-core FP8 / MXFP4 GEMM (src/backend/cuda/cuda_gemm_mma.cu), no GPU needed.
  * di-test: asan
  *
- * The kernel's arithmetic is its lane functions (cuda_gemm_mma.cuh, compiled here as C: the staging
- * conversions gmm_stage_thread, the shared-memory layout gmm_off_*, the warp map gmm_warp, the sums
+ * The kernel's arithmetic is its lane functions (cuda_gemm_mma.cuh, compiled here as C: the x digit
+ * pre-pass layout gmm_xd_off, the stage copy map gmm_x_chunk, the weight conversions gmm_stage_thread
+ * (the FP8 table gmm_w8_entry), the shared-memory layout gmm_off_*, the warp map gmm_warp, the sums
  * gmm_sum_fp4 / gmm_sum_fp8, the block value gmm_add_block, the output map gmm_c_pos) plus the one warp
  * primitive emulated from its PTX definition: mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment layouts
  * as the PTX ISA gives them; the input this test takes on trust, checked by tests/cuda/test_cuda_gemm_mma.c
@@ -10,8 +11,9 @@
  * through two buffers, per warp and block the MMAs of every (A tile, n8 tile), the f32 accumulators.
  *
  * Checked, bit for bit:
- *  1. every e4m3 x code × every E2M1 / e4m3 weight code: outputs against the contract evaluated from the
- *     codes (f64 block sums), with x scales 2^−127 … and NaN, FP8 weight NaN codes;
+ *  1. every e4m3 x code × every E2M1 / e4m3 weight code: every exact block sum S (each (row, column, block)
+ *     written exactly once) against Σ X·W from the decoded values in f64, and the outputs against the
+ *     contract evaluated from the codes, with x scales 2^−127 … and NaN, FP8 weight NaN codes;
  *  2. the bf16 outputs against the CPU ops di_cpu_linear_fp4 / di_cpu_linear_fp8 from bf16 x: at V4.1
  *     shapes (expert w1/w3 2304×5120, the FP8 k5120 n512 projection) and on special inputs (zero rows,
  *     rows at the e4m3 limit whose P_b overflow, NaN / ±inf x, weight scales 2^−127 / 2^127 / NaN, FP8
@@ -94,15 +96,32 @@ static uint32_t ld32(const uint8_t *p) {
     return v;
 }
 
-/* gmm_load of thread t for the stage at block kb0, then gmm_stage_thread into sb */
-static void emu_stage(const problem *p, int bm, int64_t m0, int64_t n0, int64_t kb0, unsigned char *sb) {
-    const int64_t KB = p->K / 32;
-    for (int t = 0; t < GMM_WARPS * 32; t++) {
-        uint32_t xw[128 / 16], w[8] = {0}, xs = 0, ws = 0;
-        for (int i = 0; i < bm / 16; i++) {
-            const int64_t m = m0 + t / 16 + 16 * i;
-            xw[i] = m < p->M ? ld32(p->xq + m * p->K + kb0 * 32 + 4 * (t % 16)) : 0u;
+/* the pre-pass gmm_xprep: x digit planes s8 [M][K/32][3][32] */
+static uint8_t *emu_xprep(const problem *p) {
+    uint8_t *xd = xmalloc((size_t)gmm_xd_bytes(p->M, p->K));
+    for (int64_t m = 0; m < p->M; m++)
+        for (int64_t c = 0; c < p->K / 4; c++) {
+            uint32_t dig[3];
+            gvm_x_digits(ld32(p->xq + m * p->K + 4 * c), dig);
+            for (int d = 0; d < 3; d++) memcpy(xd + gmm_xd_off(p->K, m, c / 8, d) + 4 * (c % 8), &dig[d], 4);
         }
+    return xd;
+}
+
+/* One stage at block kb0 into sb: the x chunk copies (gmm_copy_x, zeros past M), then every thread's
+ * gmm_load and gmm_stage_thread */
+static void emu_stage(const problem *p, const uint8_t *xd, const uint32_t *tab, int bm, int64_t m0, int64_t n0,
+                      int64_t kb0, unsigned char *sb) {
+    const int64_t KB = p->K / 32;
+    for (int i = 0; i < 12 * bm; i++) {
+        int row, gb;
+        uint32_t so;
+        gmm_x_chunk(bm, i, &row, &gb, &so);
+        if (m0 + row < p->M) memcpy(sb + so, xd + gmm_xd_off(p->K, m0 + row, kb0, 0) + gb, 16);
+        else memset(sb + so, 0, 16);
+    }
+    for (int t = 0; t < GMM_WARPS * 32; t++) {
+        uint32_t w[8] = {0}, xs = 0, ws = 0;
         const int64_t mx = m0 + t / 2;
         if (t < 2 * bm && mx < p->M) xs = p->xs[mx * KB + kb0 + t % 2];
         const int64_t n = n0 + t / 2, kb = kb0 + t % 2;
@@ -111,7 +130,7 @@ static void emu_stage(const problem *p, int bm, int64_t m0, int64_t n0, int64_t 
                 w[i] = ld32(p->w + (p->fp8 ? n * p->K + kb * 32 : n * (p->K / 2) + kb * 16) + 4 * i);
             ws = p->ws[(p->fp8 ? n / 32 : n) * KB + kb];
         }
-        gmm_stage_thread(p->fp8, bm, t, xw, xs, w, ws, sb);
+        gmm_stage_thread(p->fp8, bm, t, xs, w, ws, tab, sb);
     }
 }
 
@@ -121,8 +140,10 @@ static float ldf(const unsigned char *p) {
     return v;
 }
 
-/* the kernel on one CTA tile; y bf16 [M, N] */
-static void emu_cta(const problem *p, int bm, int64_t m0, int64_t n0, uint16_t *y) {
+/* the kernel on one CTA tile; y bf16 [M, N]; sums (optional) int64 [M][N][K/32] receives each exact block
+ * sum S, hits counts the writes */
+static void emu_cta(const problem *p, const uint8_t *xd, int bm, int64_t m0, int64_t n0, uint16_t *y, int64_t *sums,
+                    uint8_t *hits) {
     const int fp8 = p->fp8, AF = gmm_af(bm), P = gmm_planes(fp8);
     const int64_t NS = p->K / (32 * GMM_KS);
     const uint32_t SB = gmm_stage_bytes(fp8, bm);
@@ -131,7 +152,9 @@ static void emu_cta(const problem *p, int bm, int64_t m0, int64_t n0, uint16_t *
     float(*acc)[32][4][4][4] = xmalloc(sizeof(float) * GMM_WARPS * 32 * 4 * 4 * 4); /* [warp][lane][i][j][r] */
     for (size_t i = 0; i < (size_t)GMM_WARPS * 32 * 64; i++) ((float *)acc)[i] = 0.0f;
     static const int32_t zero[32][4];
-    emu_stage(p, bm, m0, n0, 0, sm);
+    uint32_t tab[256]; /* the kernel's shared table (FP8) */
+    for (uint32_t c = 0; c < 256; c++) tab[c] = gmm_w8_entry(c);
+    emu_stage(p, xd, tab, bm, m0, n0, 0, sm);
     for (int64_t s = 0; s < NS; s++) {
         const unsigned char *sb = sm + (s & 1) * SB;
         for (int warp = 0; warp < GMM_WARPS; warp++) {
@@ -162,7 +185,7 @@ static void emu_cta(const problem *p, int bm, int64_t m0, int64_t n0, uint16_t *
                             A[pl][l][1] = ld32(wp + (g + 8) * 32 + 8 * q), A[pl][l][3] = ld32(wp + (g + 8) * 32 + 8 * q + 4);
                         }
                     for (int j = 0; j < 4; j++) {
-                        float fs[32][4];
+                        int64_t S[32][4];
                         if (fp8) { /* the kernel's chain: T_s = Σ_{p+d=s} A_p·B_d */
                             int32_t t0[32][4], t1[32][4], t2[32][4], t3[32][4], t4[32][4];
                             emu_mma(t0, A[0], b[j][0], zero);
@@ -175,25 +198,33 @@ static void emu_cta(const problem *p, int bm, int64_t m0, int64_t n0, uint16_t *
                             emu_mma(t3, A[2], b[j][1], t3);
                             emu_mma(t4, A[2], b[j][2], zero);
                             for (int l = 0; l < 32; l++)
-                                for (int r = 0; r < 4; r++) fs[l][r] = gmm_sum_fp8(t0[l][r], t1[l][r], t2[l][r], t3[l][r], t4[l][r]);
+                                for (int r = 0; r < 4; r++) S[l][r] = gmm_sum_fp8(t0[l][r], t1[l][r], t2[l][r], t3[l][r], t4[l][r]);
                         } else {
                             int32_t c0[32][4], c1[32][4], c2[32][4];
                             emu_mma(c0, A[0], b[j][0], zero);
                             emu_mma(c1, A[0], b[j][1], zero);
                             emu_mma(c2, A[0], b[j][2], zero);
                             for (int l = 0; l < 32; l++)
-                                for (int r = 0; r < 4; r++) fs[l][r] = gmm_i2f(gmm_sum_fp4(c0[l][r], c1[l][r], c2[l][r]));
+                                for (int r = 0; r < 4; r++) S[l][r] = gmm_sum_fp4(c0[l][r], c1[l][r], c2[l][r]);
                         }
                         for (int l = 0; l < 32; l++)
                             for (int r = 0; r < 4; r++) {
                                 float *a = &acc[warp][l][i][j][r];
-                                *a = gmm_add_block(*a, fs[l][r], sx[j][l][r & 1], sw[i][l][r >> 1]);
+                                const float fs = fp8 ? gmm_l2f(S[l][r]) : gmm_i2f((int32_t)S[l][r]);
+                                *a = gmm_add_block(*a, fs, sx[j][l][r & 1], sw[i][l][r >> 1]);
+                                int xr, nr;
+                                gmm_c_pos(wx0, wn0, i, j, r, l >> 2, l & 3, &xr, &nr);
+                                if (sums && m0 + xr < p->M && n0 + nr < p->N) {
+                                    const int64_t at = ((m0 + xr) * p->N + n0 + nr) * (p->K / 32) + s * GMM_KS + kb;
+                                    sums[at] = S[l][r];
+                                    hits[at]++;
+                                }
                             }
                     }
                 }
             }
         }
-        if (s + 1 < NS) emu_stage(p, bm, m0, n0, (s + 1) * GMM_KS, sm + ((s + 1) & 1) * SB);
+        if (s + 1 < NS) emu_stage(p, xd, tab, bm, m0, n0, (s + 1) * GMM_KS, sm + ((s + 1) & 1) * SB);
     }
     for (int warp = 0; warp < GMM_WARPS; warp++) {
         int wx0, wn0;
@@ -211,9 +242,11 @@ static void emu_cta(const problem *p, int bm, int64_t m0, int64_t n0, uint16_t *
     free(sm), free(acc);
 }
 
-static void emu_gemm(const problem *p, int bm, uint16_t *y) {
+static void emu_gemm(const problem *p, int bm, uint16_t *y, int64_t *sums, uint8_t *hits) {
+    uint8_t *xd = emu_xprep(p);
     for (int64_t m0 = 0; m0 < p->M; m0 += bm)
-        for (int64_t n0 = 0; n0 < p->N; n0 += GMM_BN) emu_cta(p, bm, m0, n0, y);
+        for (int64_t n0 = 0; n0 < p->N; n0 += GMM_BN) emu_cta(p, xd, bm, m0, n0, y, sums, hits);
+    free(xd);
 }
 
 /* ---- references ---- */
@@ -222,6 +255,37 @@ static float w_value(const problem *p, int64_t n, int64_t k) {
     if (p->fp8) return di_e4m3_to_f32(p->w[n * p->K + k]);
     const uint8_t b = p->w[n * (p->K / 2) + k / 2];
     return di_e2m1_to_f32(k & 1 ? di_fp4_odd(b) : di_fp4_even(b));
+}
+
+/* Σ X·W of one block from the decoded values, exact in f64 (X = x·2^9; W = 2w or w·2^9). The NaN codes
+ * count as ±15·2^14 (the kernel's finite stand-in; x NaN codes only occur with a NaN scale, FP8 weight
+ * NaN codes make the kernel's s_w NaN) */
+static double ref_block(const problem *p, int64_t m, int64_t n, int64_t kb) {
+    double s = 0;
+    for (int k = 0; k < 32; k++) {
+        const int64_t kk = kb * 32 + k;
+        const uint8_t xc = p->xq[m * p->K + kk];
+        const double xv = (xc & 0x7f) == 0x7f ? (xc & 0x80 ? -480.0 : 480.0) : (double)di_e4m3_to_f32(xc);
+        double wv = w_value(p, n, kk);
+        if (p->fp8 && (p->w[n * p->K + kk] & 0x7f) == 0x7f) wv = p->w[n * p->K + kk] & 0x80 ? -480.0 : 480.0;
+        s += xv * wv;
+    }
+    return s * (p->fp8 ? 0x1p18 : 0x1p10);
+}
+
+/* every (row, column, block) sum written once and equal to ref_block */
+static int64_t check_sums(const problem *p, const int64_t *sums, const uint8_t *hits) {
+    int64_t bad = 0, KB = p->K / 32;
+    for (int64_t m = 0; m < p->M; m++)
+        for (int64_t n = 0; n < p->N; n++)
+            for (int64_t kb = 0; kb < KB; kb++) {
+                const int64_t at = (m * p->N + n) * KB + kb;
+                const double r = ref_block(p, m, n, kb);
+                if ((hits[at] != 1 || (double)sums[at] != r) && bad++ < 5)
+                    fprintf(stderr, "S (%lld, %lld, %lld) = %lld (%d writes), exact %.1f\n", (long long)m, (long long)n,
+                            (long long)kb, (long long)sums[at], hits[at], r);
+            }
+    return bad;
 }
 
 /* y from the codes by linear_q.c's contract: f64 block sums of the decoded values (NaN codes NaN),
@@ -296,16 +360,21 @@ static void all_codes(int fp8) {
     problem p = {fp8, M, N, K, xq, xs, w, ws};
     uint16_t *y = xmalloc(2 * M * N), *y_ref = xmalloc(2 * M * N);
     ref_outputs(&p, y_ref);
+    int64_t *sums = xmalloc(sizeof(int64_t) * M * N * KB);
+    uint8_t *hits = xmalloc(M * N * KB);
     for (int bm = 32; bm <= 128; bm *= 2) {
         memset(y, 0xA5, 2 * M * N);
-        emu_gemm(&p, bm, y);
+        memset(hits, 0, M * N * KB);
+        emu_gemm(&p, bm, y, sums, hits);
+        assert_int_equal(check_sums(&p, sums, hits), 0);
         int64_t nans, bad = diff_bf16(y, y_ref, M * N, &nans);
         tu_report("all codes %s M%d N%d K%d tile %d: %lld of %d outputs differ (%lld NaN)", fp8 ? "fp8" : "fp4", M, N, K,
                   bm, (long long)bad, M * N, (long long)nans);
         assert_int_equal(bad, 0);
         assert_true(nans >= N && nans < M * N); /* row 0 NaN (and FP8 rows ≡ 0 mod 7), the others finite */
     }
-    free(xq), free(xs), free(w), free(ws), free(y), free(y_ref);
+    tu_report("all codes %s: %d block sums exact per tile", fp8 ? "fp8" : "fp4", M * N * (int)KB);
+    free(xq), free(xs), free(w), free(ws), free(y), free(y_ref), free(sums), free(hits);
 }
 static void test_all_codes_fp4(void **state) {
     (void)state;
@@ -369,7 +438,7 @@ static void run_case(const char *name, int fp8, int64_t M, int64_t N, int64_t K,
     di_act_quant_fp8(x, M * K, 32, xq, xs); /* the CUDA act-quant is bit-identical to this one */
     problem p = {fp8, M, N, K, xq, xs, w, ws};
     memset(y_emu, 0xA5, 2 * (size_t)(M * N));
-    emu_gemm(&p, bm, y_emu);
+    emu_gemm(&p, bm, y_emu, NULL, NULL);
     int64_t nans, bad = diff_bf16(y_emu, y_cpu, M * N, &nans);
     tu_report("%s %s M%lld N%lld K%lld tile %d: %lld of %lld outputs differ (%lld NaN)", name, fp8 ? "fp8" : "fp4",
               (long long)M, (long long)N, (long long)K, bm, (long long)bad, (long long)(M * N), (long long)nans);
@@ -410,8 +479,9 @@ static void test_lane_functions(void **state) {
             const uint32_t code = (wv >> (4 * i)) & 15u, reg = i < 4 ? lo : hi;
             assert_int_equal((int)(int8_t)(reg >> (8 * (i & 3))), (int)(2.0f * di_e2m1_to_f32((uint8_t)code)));
         }
-        uint32_t dig[3];
-        const uint32_t nan = gmm_w8_digits(wv ^ 0x00ff0000u, dig); /* byte 2 the code's complement */
+        uint32_t dig[3], tab[256];
+        for (uint32_t e = 0; e < 256; e++) tab[e] = gmm_w8_entry(e);
+        const uint32_t nan = gmm_w8_digits(wv ^ 0x00ff0000u, tab, dig); /* byte 2 the code's complement */
         for (int i = 0; i < 4; i++) {
             const uint8_t code = (uint8_t)((wv ^ 0x00ff0000u) >> (8 * i));
             const int d0 = (int8_t)(dig[0] >> (8 * i)), d1 = (int8_t)(dig[1] >> (8 * i)), d2 = (int8_t)(dig[2] >> (8 * i));
@@ -424,8 +494,9 @@ static void test_lane_functions(void **state) {
     /* the FP8 combination at its extremes: the five accumulators at their bounds (|S| < 2^41) */
     const int32_t T[5] = {32 * 127 * 127, 2 * 32 * 127 * 127, 32 * (127 * 127 + 2 * 127 * 15), 2 * 32 * 127 * 15, 32 * 15 * 15};
     const double exact = T[0] + 0x1p7 * T[1] + 0x1p14 * T[2] + 0x1p21 * T[3] + 0x1p28 * T[4];
-    assert_true((double)gmm_sum_fp8(T[0], T[1], T[2], T[3], T[4]) == (double)(float)exact);
-    assert_true((double)gmm_sum_fp8(-T[0], -T[1], -T[2], -T[3], -T[4]) == -(double)(float)exact);
+    assert_true((double)gmm_sum_fp8(T[0], T[1], T[2], T[3], T[4]) == exact);
+    assert_true((double)gmm_sum_fp8(-T[0], -T[1], -T[2], -T[3], -T[4]) == -exact);
+    assert_true(gmm_l2f(gmm_sum_fp8(T[0], T[1], T[2], T[3], T[4])) == (float)exact);
     assert_true(gmm_x_scale(1, 0) == 0x1p-145f && gmm_x_scale(0, 0) == 0x1p-137f && isnan(gmm_x_scale(1, 255)));
 }
 

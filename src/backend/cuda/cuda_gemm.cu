@@ -259,10 +259,16 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight pointer not 16-byte aligned", op);
     if (m == 0 || n == 0) return DI_OK;
     void *wsp;
+    /* opt-in (DI_CUDA_GEMM=mma): M > 16 rows with the block sums on the int8 tensor cores, the same results
+     * as qgemm_kernel below by construction (cuda_gemm_mma.cuh); it needs x's digit planes as scratch */
+    const int gmm = variant == 0 && m > GV_MAX_M && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
-    int rc = di_cuda_workspace(be, codes + scales, &wsp, err);
+    if (gmm) scales = (scales + 15) & ~(size_t)15;
+    size_t digits = gmm ? (size_t)di_cuda_gemm_mma_scratch(m, k) : 0;
+    int rc = di_cuda_workspace(be, codes + scales + digits, &wsp, err);
     if (rc) return rc;
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
+    uint8_t *xd = xs + scales;                      /* mma: s8 x digit planes (cuda_gemm_mma.cuh) */
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
@@ -274,10 +280,7 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
         gv_args a = {xq, xs, w, wsc, n, k};
         return gv_linear(fp4, a, m, y, st, op, err);
     }
-    /* opt-in (DI_CUDA_GEMM=mma): the block sums on the int8 tensor cores, the same results as qgemm_kernel
-     * below by construction (cuda_gemm_mma.cuh) */
-    if (variant == 0 && m > GV_MAX_M && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w))
-        return di_cuda_gemm_mma_run(fp4, xq, xs, m, k, w, wsc, n, y, st, err);
+    if (gmm) return di_cuda_gemm_mma_run(fp4, xq, xs, m, k, w, wsc, n, y, xd, st, err);
     size_t pb_bytes = sizeof(float) * (size_t)(m * (k / QB));
     if (variant == 1 && m <= GEMV_MAX_M && pb_bytes <= 48 * 1024) {
         qgemv_kernel<<<(unsigned)n, GEMV_THREADS, pb_bytes, st>>>(xq, xs, w, wsc, fp4, (int)m, n, k, y);

@@ -4,13 +4,15 @@
  * emulation tests/test_gemm_mma_emu.c runs that arithmetic against di_cpu_linear_fp4 / fp8; the GPU test
  * tests/cuda/test_cuda_gemm_mma.c compares with qgemm_kernel and the CPU op). Opt-in: DI_CUDA_GEMM=mma.
  *
- * Work split. A CTA computes a tile of BM x rows × GMM_BN (128) weight rows over all of K; its 8 warps
- * hold 32 x rows × BM/32 A tiles (16 weight rows) each. K advances in stages of GMM_KS (2) blocks
- * through two shared buffers: while the warps run the MMAs of stage s, every thread holds its global
- * loads of stage s+1 in registers, then converts and stores them into the other buffer (one barrier per
- * stage). The conversion happens once per CTA and element: x codes → three s8 digit planes and s_x
- * pre-scaled by 2^−10 (2^−18); MXFP4 weights → one s8 plane (2w); FP8 weights → three digit planes
- * and s_w, NaN where the block holds a NaN code.
+ * Work split. A pre-pass (gmm_xprep) turns the act-quantized x codes into three s8 digit planes in the
+ * caller's scratch, once per call, laid out so that a stage of one row is 192 contiguous bytes. A CTA
+ * computes a tile of BM x rows × GMM_BN (128) weight rows over all of K; its 8 warps hold 32 x rows ×
+ * BM/32 A tiles (16 weight rows) each. K advances in stages of GMM_KS (2) blocks through two shared
+ * buffers: while the warps run the MMAs of stage s, the x planes of stage s+1 travel by cp.async into the
+ * other buffer and every thread holds its weight loads of stage s+1 in registers, then converts and
+ * stores them (one barrier per stage). Weights are converted once per CTA and element: MXFP4 → one s8
+ * plane (2w, byte permutes); FP8 → three digit planes through a 256-entry shared table, s_w set to NaN
+ * where the block holds a NaN code; s_x is pre-scaled by 2^−10 (2^−18).
  *
  * Per block and warp, for each (A tile, n8 x tile): MXFP4 3 MMAs (one per x digit plane) and
  * S = S0 + 2^7·S1 + 2^14·S2 in int32; FP8 9 MMAs into the five accumulators T0 … T4 and S in int64
@@ -26,31 +28,54 @@
 #define GMM_SMEM_MAX (200 * 1024)
 
 struct gmm_args {
-    const uint8_t *xq, *xs; /* e4m3 [M, K], E8M0 [M, K/32] */
+    const uint8_t *xd, *xs; /* x digit planes s8 [M][K/32][3][32] (gmm_xprep), E8M0 [M, K/32] */
     const uint8_t *w, *wsc; /* e4m3 [N, K] + E8M0 [ceil(N/32), K/32], or E2M1 [N, K/2] + E8M0 [N, K/32] */
     int64_t M, N, K;
     uint16_t *y; /* bf16 [M, N] */
 };
 
-/* One thread's global loads of one stage: x code words (rows t/16 + 16i, word t % 16 of the stage's 16
- * per row), the x scale byte of (row t/2, block t % 2) for t < 2·BM, the weight bytes and scale byte of
- * (row t/2, block t % 2) (MXFP4: 16 bytes, FP8: 32). */
-template <int FP8, int BM>
+/* The pre-pass: e4m3 codes xq [M, K] → the digit planes xd, one 4-code word per thread */
+__global__ void gmm_xprep(const uint8_t *xq, int64_t M, int64_t K, uint8_t *xd) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, words = K / 4;
+    if (i >= M * words) return;
+    const int64_t m = i / words, c = i % words;
+    uint32_t dig[3];
+    gvm_x_digits(__ldg((const uint32_t *)xq + i), dig);
+#pragma unroll
+    for (int d = 0; d < 3; d++) *(uint32_t *)(xd + gmm_xd_off(K, m, c / 8, d) + 4 * (c % 8)) = dig[d];
+}
+
+/* 16 bytes global → shared without registers; src_bytes 0 fills zeros (rows past M) */
+static __device__ __forceinline__ void gmm_cp16(unsigned char *dst, const void *src, int src_bytes) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+static __device__ __forceinline__ void gmm_cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+static __device__ __forceinline__ void gmm_cp_wait(void) { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+/* a stage's x digit planes: 12·BM chunks of 16 bytes, straight into stage buffer sb (gmm_x_chunk) */
+template <int BM>
+static __device__ __forceinline__ void gmm_copy_x(const gmm_args &a, int64_t m0, int64_t kb0, unsigned char *sb) {
+    for (int i = threadIdx.x; i < 12 * BM; i += GMM_WARPS * 32) {
+        int row, gb;
+        uint32_t so;
+        gmm_x_chunk(BM, i, &row, &gb, &so);
+        const bool live = m0 + row < a.M;
+        gmm_cp16(sb + so, a.xd + (live ? gmm_xd_off(a.K, m0 + row, kb0, 0) + gb : 0), live ? 16 : 0);
+    }
+    gmm_cp_commit();
+}
+
+/* One thread's global loads of one stage: the x scale byte of (row t/2, block t % 2) for t < 2·BM, the
+ * weight bytes and scale byte of (row t/2, block t % 2) (MXFP4: 16 bytes, FP8: 32). */
 struct gmm_fetch {
-    uint32_t x[BM / 16];
     uint4 w[2]; /* w[1]: FP8 only */
     uint32_t xs, ws;
 };
 
 template <int FP8, int BM>
-static __device__ __forceinline__ void gmm_load(const gmm_args &a, int64_t m0, int64_t n0, int64_t kb0,
-                                                gmm_fetch<FP8, BM> &f) {
+static __device__ __forceinline__ void gmm_load(const gmm_args &a, int64_t m0, int64_t n0, int64_t kb0, gmm_fetch &f) {
     const int t = threadIdx.x, KB = (int)(a.K / 32);
-#pragma unroll
-    for (int i = 0; i < BM / 16; i++) {
-        const int64_t m = m0 + t / 16 + 16 * i;
-        f.x[i] = m < a.M ? __ldg((const uint32_t *)(a.xq + m * a.K + kb0 * 32) + t % 16) : 0u;
-    }
     const int64_t mx = m0 + t / 2;
     f.xs = t < 2 * BM && mx < a.M ? __ldg(a.xs + mx * KB + kb0 + t % 2) : 0u;
     const int64_t n = n0 + t / 2, kb = kb0 + t % 2;
@@ -68,8 +93,8 @@ static __device__ __forceinline__ void gmm_load(const gmm_args &a, int64_t m0, i
 
 /* the conversions of gmm_fetch into stage buffer sb (gmm_stage_thread) */
 template <int FP8, int BM>
-static __device__ __forceinline__ void gmm_store(const gmm_fetch<FP8, BM> &f, unsigned char *sb) {
-    gmm_stage_thread(FP8, BM, threadIdx.x, f.x, f.xs, (const uint32_t *)f.w, f.ws, sb);
+static __device__ __forceinline__ void gmm_store(const gmm_fetch &f, const uint32_t *tab, unsigned char *sb) {
+    gmm_stage_thread(FP8, BM, threadIdx.x, f.xs, (const uint32_t *)f.w, f.ws, tab, sb);
 }
 
 /* d = a·b + c: m16n8k32, s8 × s8 → s32, exact (every partial sum here is far below 2^31) */
@@ -105,13 +130,21 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.0f;
 
-    gmm_fetch<FP8, BM> f;
+    uint32_t *tab = (uint32_t *)(sm + 2 * SB); /* FP8: u32 [256] gmm_w8_entry */
+    if (FP8) tab[threadIdx.x] = gmm_w8_entry(threadIdx.x); /* 256 threads */
+    gmm_fetch f;
+    gmm_copy_x<BM>(a, m0, 0, sm);
     gmm_load<FP8, BM>(a, m0, n0, 0, f);
-    gmm_store<FP8, BM>(f, sm);
+    __syncthreads(); /* the table */
+    gmm_store<FP8, BM>(f, tab, sm);
+    gmm_cp_wait();
     __syncthreads();
     for (int64_t s = 0; s < NS; s++) {
         const unsigned char *sb = sm + (s & 1) * SB;
-        if (s + 1 < NS) gmm_load<FP8, BM>(a, m0, n0, (s + 1) * GMM_KS, f);
+        if (s + 1 < NS) {
+            gmm_copy_x<BM>(a, m0, (s + 1) * GMM_KS, sm + ((s + 1) & 1) * SB);
+            gmm_load<FP8, BM>(a, m0, n0, (s + 1) * GMM_KS, f);
+        }
 #pragma unroll
         for (int kb = 0; kb < GMM_KS; kb++) {
             uint2 b[4][3]; /* x digit planes of the warp's 4 n8 tiles */
@@ -145,7 +178,7 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a
                         gmm_mma(t3, A[2], b[j][1], t3);
                         gmm_mma(t4, A[2], b[j][2], zero);
 #pragma unroll
-                        for (int r = 0; r < 4; r++) fs[r] = gmm_sum_fp8(t0[r], t1[r], t2[r], t3[r], t4[r]);
+                        for (int r = 0; r < 4; r++) fs[r] = gmm_l2f(gmm_sum_fp8(t0[r], t1[r], t2[r], t3[r], t4[r]));
                     } else {
                         int32_t c0[4], c1[4], c2[4];
                         gmm_mma(c0, A[0], b[j][0], zero);
@@ -160,7 +193,8 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a
                 }
             }
         }
-        if (s + 1 < NS) gmm_store<FP8, BM>(f, sm + ((s + 1) & 1) * SB);
+        if (s + 1 < NS) gmm_store<FP8, BM>(f, tab, sm + ((s + 1) & 1) * SB);
+        gmm_cp_wait();
         __syncthreads();
     }
 #pragma unroll
@@ -178,7 +212,7 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a
 
 template <int FP8, int BM>
 static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
-    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM);
+    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
     static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
     if (!raised) {
         cudaFuncSetAttribute(gmm_kernel<FP8, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
@@ -212,16 +246,24 @@ extern "C" int di_cuda_gemm_mma_enabled(void) {
 }
 extern "C" void di_cuda_gemm_mma_set_enabled(int on) { g_gmm_on = on ? 1 : 0; }
 
+extern "C" uint64_t di_cuda_gemm_mma_scratch(int64_t m, int64_t k) { return (gmm_xd_bytes(m, k) + 15) & ~(uint64_t)15; }
+
 extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k,
-                                    const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, void *stream,
-                                    di_error *err) {
+                                    const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd,
+                                    void *stream, di_error *err) {
     if (!di_cuda_gemm_mma_fits(m, k, w) || n < 1 || (n + GMM_BN - 1) / GMM_BN > 0x7fffffff)
         return di_error_set(err, DI_ERR_INVALID,
                             "cuda mma gemm: M %lld (>= 1), K %lld (a multiple of %d), N %lld, weight pointer "
                             "16-byte aligned",
                             (long long)m, (long long)k, 32 * GMM_KS, (long long)n);
-    const gmm_args a = {xq, xs, w, ws, m, n, k, y};
+    if ((uintptr_t)xd % 16)
+        return di_error_set(err, DI_ERR_INVALID, "cuda mma gemm: x digit scratch not 16-byte aligned");
     cudaStream_t st = (cudaStream_t)stream;
+    const int64_t words = m * (k / 4);
+    gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, m, k, xd);
+    int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits)", err);
+    if (rc) return rc;
+    const gmm_args a = {xd, xs, w, ws, m, n, k, y};
     const int bm = gmm_tile(fp4, m);
     switch ((fp4 ? 1000 : 0) + bm) {
     case 32: return gmm_launch_t<1, 32>(a, st, err);

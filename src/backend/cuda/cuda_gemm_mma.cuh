@@ -94,12 +94,36 @@ GMM_FN void gmm_e2m1x8_s8(uint32_t w, uint32_t *lo, uint32_t *hi) {
     *lo = gmm_e2m1x4_s8(w & 0xffffu), *hi = gmm_e2m1x4_s8(w >> 16);
 }
 
-/* 4 FP8 weight codes → their digit planes (gvm_x_digits: the same e4m3 → integer map); returns nonzero
- * when one of them is a NaN code (0x7F / 0xFF) */
-GMM_FN uint32_t gmm_w8_digits(uint32_t codes, uint32_t dig[3]) {
-    gvm_x_digits(codes, dig);
-    const uint32_t m = codes & 0x7f7f7f7fu; /* a byte is 0x7F iff its low 7 bits are all ones */
-    return (m + 0x01010101u) & 0x80808080u; /* 0x7F + 1 sets bit 7; a byte ≤ 0x7E neither does nor carries */
+/* FP8 weight codes → digit planes through a 256-entry table (built once per CTA in shared memory): entry
+ * of code c = its three digit bytes (gvm_x_digits: the same e4m3 → integer map as x) and 0x80 in byte 3
+ * for the NaN codes 0x7F / 0xFF. Per 4 codes: 4 lookups and 8 byte permutes instead of the ~80 integer
+ * instructions of the arithmetic split. */
+GMM_FN uint32_t gmm_w8_entry(uint32_t code) {
+    uint32_t dig[3];
+    gvm_x_digits(code & 0xffu, dig);
+    return (dig[0] & 0xffu) | (dig[1] & 0xffu) << 8 | (dig[2] & 0xffu) << 16 | ((code & 0x7fu) == 0x7fu ? 0x80u << 24 : 0u);
+}
+/* 4 codes (byte i = value i) → the 3 planes (byte i = value i); returns nonzero when one is a NaN code */
+GMM_FN uint32_t gmm_w8_digits(uint32_t codes, const uint32_t *tab, uint32_t dig[3]) {
+    const uint32_t e0 = tab[codes & 0xffu], e1 = tab[(codes >> 8) & 0xffu], e2 = tab[(codes >> 16) & 0xffu],
+                   e3 = tab[codes >> 24];
+    const uint32_t a = gvm_prmt(e0, e1, 0x5140u), b = gvm_prmt(e2, e3, 0x5140u); /* planes 0, 1 of values 0 1 | 2 3 */
+    const uint32_t c = gvm_prmt(e0, e1, 0x7362u), d = gvm_prmt(e2, e3, 0x7362u); /* plane 2, NaN byte */
+    dig[0] = gvm_prmt(a, b, 0x5410u), dig[1] = gvm_prmt(a, b, 0x7632u), dig[2] = gvm_prmt(c, d, 0x5410u);
+    return gvm_prmt(c, d, 0x7632u) & 0x80808080u;
+}
+
+/* ---- x digit planes in global memory (the pre-pass gmm_xprep, once per call): s8 [M][K/32][3][32], so
+ * a stage's x of one row (2 blocks × 3 planes × 32 bytes) is 192 contiguous bytes ---- */
+GMM_FN uint64_t gmm_xd_bytes(int64_t m, int64_t k) { return (uint64_t)m * (uint64_t)k * 3; }
+/* byte offset of plane d of block kb of row m */
+GMM_FN int64_t gmm_xd_off(int64_t k, int64_t m, int64_t kb, int d) { return (m * (k / 32) + kb) * 96 + d * 32; }
+/* Chunk i (0 … 12·BM − 1) of a stage's x copy: 16 bytes of row i / 12 at byte 16·(i mod 12) of the row's
+ * 192 (block (i mod 12) / 6, plane (i mod 6) / 2, half i mod 2) → its offset in the stage buffer */
+GMM_FN void gmm_x_chunk(int bm, int i, int *row, int *gbyte, uint32_t *soff) {
+    const int r = i % 12;
+    *row = i / 12, *gbyte = 16 * r;
+    *soff = gmm_off_x(bm, r / 6, (r % 6) / 2, i / 12) + 16 * (uint32_t)(r % 2);
 }
 
 /* s_x·2^−10 (MXFP4) or s_x·2^−18 (FP8) of an x scale byte: exact (≥ 2^−145; NaN stays NaN) */
@@ -122,18 +146,12 @@ GMM_FN void gmm_st4(unsigned char *p, uint32_t a) {
 #endif
 }
 
-/* What thread t (0 … 255) of the CTA converts into stage buffer sb from its global loads of the stage:
- * xw = the x code words of rows t/16 + 16i (i < BM/16), word t % 16 of the row's 16 (2 blocks × 8);
- * xs = the x scale byte of (row t/2, block t % 2), t < 2·BM; w = the weight words of (row t/2, block
- * t % 2) — MXFP4 w[0 … 3] (32 codes), FP8 w[0 … 7] (32 codes) — and ws its scale byte. */
-GMM_FN void gmm_stage_thread(int fp8, int bm, int t, const uint32_t *xw, uint32_t xs, const uint32_t *w, uint32_t ws,
+/* What thread t (0 … 255) of the CTA converts into stage buffer sb from its global loads of the stage
+ * (x itself comes as digit planes, copied: gmm_x_chunk): xs = the x scale byte of (row t/2, block t % 2)
+ * for t < 2·BM; w = the weight words of (row t/2, block t % 2) — MXFP4 w[0 … 3] (32 codes), FP8
+ * w[0 … 7] (32 codes, tab = the gmm_w8_entry table) — and ws its scale byte. */
+GMM_FN void gmm_stage_thread(int fp8, int bm, int t, uint32_t xs, const uint32_t *w, uint32_t ws, const uint32_t *tab,
                              unsigned char *sb) {
-    for (int i = 0; i < bm / 16; i++) {
-        const int row = t / 16 + 16 * i, c = t % 16;
-        uint32_t dig[3];
-        gvm_x_digits(xw[i], dig);
-        for (int d = 0; d < 3; d++) gmm_st4(sb + gmm_off_x(bm, c / 8, d, row) + 4 * (c % 8), dig[d]);
-    }
     if (t < 2 * bm) {
         const float v = gmm_x_scale(fp8, xs);
         uint32_t u;
@@ -144,7 +162,7 @@ GMM_FN void gmm_stage_thread(int fp8, int bm, int t, const uint32_t *xw, uint32_
     float sw = gvm_e8m0(ws);
     if (fp8) {
         uint32_t dig[8][3], nan = 0;
-        for (int i = 0; i < 8; i++) nan |= gmm_w8_digits(w[i], dig[i]);
+        for (int i = 0; i < 8; i++) nan |= gmm_w8_digits(w[i], tab, dig[i]);
         for (int p = 0; p < 3; p++) {
             unsigned char *dst = sb + gmm_off_w(fp8, bm, kb, p, row);
             gmm_st16(dst, dig[0][p], dig[1][p], dig[2][p], dig[3][p]);
@@ -174,10 +192,13 @@ GMM_FN void gmm_c_pos(int wx0, int wn0, int i, int j, int r, int g, int q, int *
 /* S of one C register from the three plane results (MXFP4) */
 GMM_FN int32_t gmm_sum_fp4(int32_t s0, int32_t s1, int32_t s2) { return s0 + s1 * 128 + s2 * 16384; }
 
-/* f32(S) of one C register from the five accumulators T0 … T4 (FP8): lo + 2^14·hi in int64, one rounding */
-GMM_FN float gmm_sum_fp8(int32_t t0, int32_t t1, int32_t t2, int32_t t3, int32_t t4) {
+/* S of one C register from the five accumulators T0 … T4 (FP8): lo + 2^14·hi, exact in int64 */
+GMM_FN int64_t gmm_sum_fp8(int32_t t0, int32_t t1, int32_t t2, int32_t t3, int32_t t4) {
     const int32_t lo = t0 + t1 * 128, hi = t2 + t3 * 128 + t4 * 16384;
-    const int64_t s = (int64_t)lo + (int64_t)hi * 16384;
+    return (int64_t)lo + (int64_t)hi * 16384;
+}
+/* f32(S), S from gmm_sum_fp8 or gmm_sum_fp4: one rounding to nearest even */
+GMM_FN float gmm_l2f(int64_t s) {
 #ifdef __CUDA_ARCH__
     return __ll2float_rn(s);
 #else
@@ -216,9 +237,11 @@ void di_cuda_gemm_mma_set_enabled(int on);
 int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w);
 /* y bf16 [m, n] = the block-scaled linear of act-quantized rows xq e4m3 [m, k], xs E8M0 [m, k/32] with
  * w e4m3 [n, k] + ws E8M0 [ceil(n/32), k/32] (fp4 = 0) or w packed E2M1 [n, k/2] + ws E8M0 [n, k/32]
- * (fp4 = 1), device pointers, on stream (a cudaStream_t) */
+ * (fp4 = 1), device pointers, on stream (a cudaStream_t); xd: di_cuda_gemm_mma_scratch bytes of scratch */
 int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
-                         const uint8_t *ws, int64_t n, uint16_t *y, void *stream, di_error *err);
+                         const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err);
+/* Bytes of the device scratch xd that di_cuda_gemm_mma_run needs (the x digit planes, 16-byte aligned) */
+uint64_t di_cuda_gemm_mma_scratch(int64_t m, int64_t k);
 /* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
 void di_cuda_gemm_mma_set_tile(int bm);
 #ifdef __cplusplus
