@@ -223,13 +223,28 @@ static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
     return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm)" : "linear_fp4 (mma gemm)", err);
 }
 
+static int gmm_n_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
+    }
+    return n;
+}
+
 /* x-row tile: the smallest of 32 / 64 / 128 holding M, at most 64 for FP8 (its 128-row tile spills: 9
- * MMAs' operands per A tile); a guess until the device bench times them (di_cuda_gemm_mma_set_tile) */
+ * MMAs' operands per A tile), halved while the grid would leave SMs idle (an expert with ~128 prefill rows
+ * on 2304 weight rows: 18 CTAs at 128, 72 at 32). A guess until the device bench times the tiles
+ * (di_cuda_gemm_mma_set_tile). */
 static int g_gmm_bm = 0;
 extern "C" void di_cuda_gemm_mma_set_tile(int bm) { g_gmm_bm = bm == 32 || bm == 64 || bm == 128 ? bm : 0; }
-static int gmm_tile(int fp4, int64_t m) {
-    const int bm = g_gmm_bm ? g_gmm_bm : m <= 32 ? 32 : m <= 64 ? 64 : 128;
-    return !fp4 && bm > 64 ? 64 : bm;
+static int gmm_tile(int fp4, int64_t m, int64_t n) {
+    int bm = g_gmm_bm ? g_gmm_bm : m <= 32 ? 32 : m <= 64 ? 64 : 128;
+    if (!fp4 && bm > 64) bm = 64;
+    const int64_t nt = (n + GMM_BN - 1) / GMM_BN;
+    while (!g_gmm_bm && bm > 32 && nt * ((m + bm - 1) / bm) < gmm_n_sms()) bm /= 2;
+    return bm;
 }
 
 extern "C" int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w) {
@@ -264,7 +279,7 @@ extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *x
     int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits)", err);
     if (rc) return rc;
     const gmm_args a = {xd, xs, w, ws, m, n, k, y};
-    const int bm = gmm_tile(fp4, m);
+    const int bm = gmm_tile(fp4, m, n);
     switch ((fp4 ? 1000 : 0) + bm) {
     case 32: return gmm_launch_t<1, 32>(a, st, err);
     case 64: return gmm_launch_t<1, 64>(a, st, err);
