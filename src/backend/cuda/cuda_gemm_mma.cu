@@ -67,7 +67,9 @@ static __device__ __forceinline__ void gmm_copy_x(const gmm_args &a, int64_t m0,
 }
 
 /* One thread's global loads of one stage: the x scale byte of (row t/2, block t % 2) for t < 2·BM, the
- * weight bytes and scale byte of (row t/2, block t % 2) (MXFP4: 16 bytes, FP8: 32). */
+ * weight bytes and scale byte of (row t/2, block t % 2) (MXFP4: 16 bytes, FP8: 32). Weights through the
+ * default cache policy, not evict-first: at prefill sizes the CTAs of the other x-row tiles read the same
+ * weight tile again. */
 struct gmm_fetch {
     uint4 w[2]; /* w[1]: FP8 only */
     uint32_t xs, ws;
@@ -82,11 +84,11 @@ static __device__ __forceinline__ void gmm_load(const gmm_args &a, int64_t m0, i
     const bool live = n < a.N;
     if (FP8) {
         const uint4 *p = (const uint4 *)(a.w + n * a.K + kb * 32);
-        f.w[0] = live ? __ldcs(p) : make_uint4(0u, 0u, 0u, 0u);
-        f.w[1] = live ? __ldcs(p + 1) : make_uint4(0u, 0u, 0u, 0u);
+        f.w[0] = live ? __ldg(p) : make_uint4(0u, 0u, 0u, 0u);
+        f.w[1] = live ? __ldg(p + 1) : make_uint4(0u, 0u, 0u, 0u);
         f.ws = live ? __ldg(a.wsc + (n / 32) * KB + kb) : 0u;
     } else {
-        f.w[0] = live ? __ldcs((const uint4 *)(a.w + n * (a.K / 2) + kb * 16)) : make_uint4(0u, 0u, 0u, 0u);
+        f.w[0] = live ? __ldg((const uint4 *)(a.w + n * (a.K / 2) + kb * 16)) : make_uint4(0u, 0u, 0u, 0u);
         f.ws = live ? __ldg(a.wsc + n * KB + kb) : 0u;
     }
 }
