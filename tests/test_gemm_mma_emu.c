@@ -17,7 +17,8 @@
  *  2. the bf16 outputs against the CPU ops di_cpu_linear_fp4 / di_cpu_linear_fp8 from bf16 x: at V4.1
  *     shapes (expert w1/w3 2304×5120, the FP8 k5120 n512 projection) and on special inputs (zero rows,
  *     rows at the e4m3 limit whose P_b overflow, NaN / ±inf x, weight scales 2^−127 / 2^127 / NaN, FP8
- *     weight NaN codes, partial tiles N = 37 / M = 19), every x-row tile (32, 64, 128).
+ *     weight NaN codes, partial tiles N = 37 / M = 19, three x-row tiles M = 150), every x-row tile
+ *     (32, 64, 128).
  * NaN outputs are compared as NaN (the GPU's canonical NaN and x86's payloads differ in bits); every
  * other output bit for bit. Every MMA partial sum is checked to fit int32 (the exactness claim). */
 #include <math.h>
@@ -171,10 +172,12 @@ static void emu_cta(const problem *p, const uint8_t *xd, int bm, int64_t m0, int
                             const unsigned char *at = sb + gmm_off_x(bm, kb, d, wx0 + 8 * j + g) + 8 * q;
                             b[j][d][l][0] = ld32(at), b[j][d][l][1] = ld32(at + 4);
                         }
-                        for (int h = 0; h < 2; h++) sx[j][l][h] = ldf(sb + gmm_off_sx(fp8, bm, kb) + 4 * (wx0 + 8 * j + 2 * q + h));
+                        for (int h = 0; h < 2; h++)
+                            sx[j][l][h] = ldf(sb + gmm_off_sx(fp8, bm, kb) + 4 * (wx0 + 8 * j + 2 * q + h));
                     }
                     for (int i = 0; i < AF; i++)
-                        for (int h = 0; h < 2; h++) sw[i][l][h] = ldf(sb + gmm_off_sw(fp8, bm, kb) + 4 * (wn0 + 16 * i + g + 8 * h));
+                        for (int h = 0; h < 2; h++)
+                            sw[i][l][h] = ldf(sb + gmm_off_sw(fp8, bm, kb) + 4 * (wn0 + 16 * i + g + 8 * h));
                 }
                 for (int i = 0; i < AF; i++) {
                     uint32_t A[3][32][4];
@@ -199,7 +202,8 @@ static void emu_cta(const problem *p, const uint8_t *xd, int bm, int64_t m0, int
                             emu_mma(t3, A[2], b[j][1], t3);
                             emu_mma(t4, A[2], b[j][2], zero);
                             for (int l = 0; l < 32; l++)
-                                for (int r = 0; r < 4; r++) S[l][r] = gmm_sum_fp8(t0[l][r], t1[l][r], t2[l][r], t3[l][r], t4[l][r]);
+                                for (int r = 0; r < 4; r++)
+                                    S[l][r] = gmm_sum_fp8(t0[l][r], t1[l][r], t2[l][r], t3[l][r], t4[l][r]);
                         } else {
                             int32_t c0[32][4], c1[32][4], c2[32][4];
                             emu_mma(c0, A[0], b[j][0], zero);
@@ -334,7 +338,8 @@ static int64_t diff_bf16(const uint16_t *a, const uint16_t *b, int64_t n, int64_
 static void all_codes(int fp8) {
     enum { M = 40, N = 150, K = 512 }; /* M, N past one tile: partial tiles in both directions */
     const int64_t KB = K / 32, wrow = fp8 ? K : K / 2, srows = fp8 ? (N + 31) / 32 : N;
-    uint8_t *xq = xmalloc(M * K), *xs = xmalloc(M * KB), *w = xmalloc((size_t)(N * wrow)), *ws = xmalloc((size_t)(srows * KB));
+    uint8_t *xq = xmalloc(M * K), *xs = xmalloc(M * KB);
+    uint8_t *w = xmalloc((size_t)(N * wrow)), *ws = xmalloc((size_t)(srows * KB));
     for (int m = 0; m < M; m++)
         for (int k = 0; k < K; k++) {
             const uint8_t c = (uint8_t)(m * 37 + k);
@@ -471,6 +476,7 @@ static void test_special(void **state) {
         run_case("NaN/inf x", fp8, 24, 128, 512, X_NAN_INF, W_RANDOM, 32);
         run_case("extreme w", fp8, 70, 200, 768, X_GAUSS, W_EXTREME, 128);
         run_case("edge N37", fp8, 19, 37, 384, X_LIMIT, W_EXTREME, 64);
+        run_case("three x tiles", fp8, 150, 140, 256, X_NAN_INF, W_EXTREME, 64); /* partial in both directions */
     }
 }
 
@@ -499,7 +505,8 @@ static void test_lane_functions(void **state) {
         }
     }
     /* the FP8 combination at its extremes: the five accumulators at their bounds (|S| < 2^41) */
-    const int32_t T[5] = {32 * 127 * 127, 2 * 32 * 127 * 127, 32 * (127 * 127 + 2 * 127 * 15), 2 * 32 * 127 * 15, 32 * 15 * 15};
+    const int32_t T[5] = {32 * 127 * 127, 2 * 32 * 127 * 127, 32 * (127 * 127 + 2 * 127 * 15), 2 * 32 * 127 * 15,
+                          32 * 15 * 15};
     const double exact = T[0] + 0x1p7 * T[1] + 0x1p14 * T[2] + 0x1p21 * T[3] + 0x1p28 * T[4];
     assert_true((double)gmm_sum_fp8(T[0], T[1], T[2], T[3], T[4]) == exact);
     assert_true((double)gmm_sum_fp8(-T[0], -T[1], -T[2], -T[3], -T[4]) == -exact);

@@ -225,7 +225,8 @@ static void bench(void) {
 #define TF(t) (t), flop / ((t) * 1e9)
             printf("bench gemm-mma %-17s M%-5lld | qgemm %9.3f ms %6.1f TF/s | mma %9.3f ms %6.1f TF/s | speed-up %6.1fx "
                    "| mma32 %8.3f ms %6.1f | mma64 %8.3f ms %6.1f | mma128 %8.3f ms %6.1f\n",
-                   shapes[s].name, (long long)M, TF(tq), TF(tm), tq / tm, TF(tt[0]), TF(tt[1]), tt[2], tt[2] > 0 ? flop / (tt[2] * 1e9) : 0.0);
+                   shapes[s].name, (long long)M, TF(tq), TF(tm), tq / tm, TF(tt[0]), TF(tt[1]), tt[2],
+                   tt[2] > 0 ? flop / (tt[2] * 1e9) : 0.0);
             fflush(stdout);
             free(x), cudaFree(dx), cudaFree(dy), cudaFree(xq), cudaFree(xs), cudaFree(xd);
         }

@@ -52,8 +52,9 @@
 #define GMM_WARPS 8   /* warps per CTA */
 #define GMM_WX 32     /* x rows per warp (4 n8 tiles) */
 
-/* ---- the tile geometry: BM (32, 64, 128) x rows per CTA; the 8 warps as (BM/32) along x × the rest
- * along the weight rows, so a warp holds 32 x rows × GMM_BN/(8·32/BM) weight rows = BM/32 A tiles ---- */
+/* ---- the tile geometry: BM (32, 64, 128) x rows per CTA; the 8 warps as BM/32 along x × 256/BM along
+ * the weight rows, so a warp holds 32 x rows (4 n8 tiles) × BM/2 weight rows (BM/32 A tiles) ---- */
+
 /* A tiles (16 weight rows) per warp */
 GMM_FN int gmm_af(int bm) { return bm / 32; }
 /* warp w → its x-row offset (wm·32) and weight-row offset (wn·16·AF) inside the CTA tile */
@@ -81,8 +82,9 @@ GMM_FN uint32_t gmm_stage_bytes(int fp8, int bm) { return gmm_off_sw(fp8, bm, GM
 
 /* ---- staging (global → shared), the conversions ---- */
 
-/* 8 packed E2M1 codes (nibble i = value i) → 2·w as s8, bytes of values 0..3 (*lo) and 4..7 (*hi):
- * |2w| from the magnitude table, its negation from the negated table, picked by the sign bit */
+/* 4 packed E2M1 codes (nibble i = value i) → 2·w as s8 (byte i = value i): |2w| from the magnitude
+ * table, −|2w| from the negated table, picked by the sign bit (cuda_gemv.cuh's gv_e2m1x4_s8, here on the
+ * host too) */
 GMM_FN uint32_t gmm_e2m1x4_s8(uint32_t nib16) {
     const uint32_t mag = nib16 & 0x7777u;
     const uint32_t pos = gvm_prmt(GVM_MAG_LO, GVM_MAG_HI, mag);       /* 0 1 2 3 4 6 8 12 */
@@ -90,6 +92,7 @@ GMM_FN uint32_t gmm_e2m1x4_s8(uint32_t nib16) {
     const uint32_t sgn = gvm_prmt(0x0000FF00u, 0u, (nib16 >> 3) & 0x1111u); /* 0xFF where the sign is set */
     return (pos & ~sgn) | (neg & sgn);
 }
+/* 8 codes → the bytes of values 0..3 (*lo) and 4..7 (*hi) */
 GMM_FN void gmm_e2m1x8_s8(uint32_t w, uint32_t *lo, uint32_t *hi) {
     *lo = gmm_e2m1x4_s8(w & 0xffffu), *hi = gmm_e2m1x4_s8(w >> 16);
 }
