@@ -13,7 +13,8 @@ static int check_row(const char *op, const di_index_row *r, int64_t i, int64_t w
     if (r->nk < 0 || r->w < 0 || r->w > r->nk || r->w > w_max || r->vis < 0 || r->vis > r->w || r->k < 0 ||
         r->k > r->w || r->kp < r->k || r->s0 < 0 || r->o0 < 0)
         return di_error_set(err, DI_ERR_INVALID,
-                            "%s: row %lld: %d keys, width %d (call max %lld), %d visible, k %d of %d, offsets %lld/%lld",
+                            "%s: row %lld: %d keys, width %d (call max %lld), %d visible, k %d of %d, "
+                            "offsets %lld/%lld",
                             op, (long long)i, r->nk, r->w, (long long)w_max, r->vis, r->k, r->kp, (long long)r->s0,
                             (long long)r->o0);
     return DI_OK;
@@ -21,14 +22,17 @@ static int check_row(const char *op, const di_index_row *r, int64_t i, int64_t w
 
 static int indexer_scores_rows(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, int64_t m,
                                int nh, int hd, const di_index_row *rows, int64_t nk_max, float *scores, di_error *err) {
-    if (m < 0 || nh < 1 || hd < 1) return di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: %lld rows, %d heads × %d", (long long)m, nh, hd);
+    if (m < 0 || nh < 1 || hd < 1)
+        return di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: %lld rows, %d heads × %d", (long long)m, nh, hd);
     for (int64_t i = 0; i < m; i++) {
         const di_index_row *r = &rows[i];
         int rc = check_row("indexer_scores_rows", r, i, nk_max, err);
-        if (!rc && r->nk > nk_max) rc = di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: row %lld scores %d keys, call max %lld", (long long)i, r->nk, (long long)nk_max);
+        if (!rc && r->nk > nk_max)
+            rc = di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: row %lld scores %d keys, call max %lld",
+                              (long long)i, r->nk, (long long)nk_max);
         if (!rc && r->nk > 0)
-            rc = be->indexer_scores(be, q + i * nh * hd, w + i * nh, w_scale, r->keys, 1, nh, hd, r->nk, &r->vis, r->cand,
-                                    scores + r->s0, err);
+            rc = be->indexer_scores(be, q + i * nh * hd, w + i * nh, w_scale, r->keys, 1, nh, hd, r->nk, &r->vis,
+                                    r->cand, scores + r->s0, err);
         if (rc) return rc;
     }
     return DI_OK;
@@ -39,8 +43,9 @@ static int candidate_mask_rows(const di_backend *be, const float *scores, int64_
     if (m < 0 || block < 1 || w_max < 0)
         return di_error_set(err, DI_ERR_INVALID, "candidate_mask_rows: %lld rows, block %d, width %lld", (long long)m,
                             block, (long long)w_max);
-    float *ws = malloc(sizeof(float) * (size_t)((w_max + block - 1) / block + 1)); /* f32 [ceil(w_max / block)] */
-    if (!ws) return di_error_set(err, DI_ERR_NOMEM, "candidate_mask_rows: scratch of %lld blocks", (long long)(w_max / block + 1));
+    int64_t nb = (w_max + block - 1) / block + 1;
+    float *ws = malloc(sizeof(float) * (size_t)nb); /* f32 [ceil(w_max / block)] */
+    if (!ws) return di_error_set(err, DI_ERR_NOMEM, "candidate_mask_rows: scratch of %lld blocks", (long long)nb);
     int rc = DI_OK;
     for (int64_t i = 0; i < m && !rc; i++) {
         const di_index_row *r = &rows[i];
@@ -73,8 +78,8 @@ static int gather_topk_seqs(const di_backend *be, di_row_codec codec, int64_t d,
     for (int s = 0; s < n_seq; s++) {
         const di_gather_seq *g = &seqs[s];
         if (g->m * g->k > mk_max)
-            return di_error_set(err, DI_ERR_INVALID, "gather_topk_seqs: sequence %d gathers %lld rows, call max %lld", s,
-                                (long long)(g->m * g->k), (long long)mk_max);
+            return di_error_set(err, DI_ERR_INVALID, "gather_topk_seqs: sequence %d gathers %lld rows, call max %lld",
+                                s, (long long)(g->m * g->k), (long long)mk_max);
         int rc = be->gather_topk(be, codec, g->base, g->n_entries, g->pages, g->page_entries, g->page_rows, g->row_off,
                                  g->top, g->m, g->k, d, g->row0, g->rows, g->idx, g->ldi, err);
         if (rc) return rc;

@@ -37,7 +37,8 @@ static int indexer_scores_rows(const di_backend *be, const uint16_t *q, const ui
     size_t shm = d_index_tile_shm(nh, hd);
     if (m < 0 || nk_max < 0 || nh < 1 || hd < 2 || hd % 2 || shm > 200 * 1024)
         return di_error_set(err, DI_ERR_INVALID,
-                            "cuda indexer_scores_rows: %lld rows, %lld keys at most, %d heads × %d (even, ≤ 200 KiB staged)",
+                            "cuda indexer_scores_rows: %lld rows, %lld keys at most, %d heads × %d (even, "
+                            "≤ 200 KiB staged)",
                             (long long)m, (long long)nk_max, nh, hd);
     if (m == 0 || nk_max == 0) return DI_OK;
     cudaFuncSetAttribute(indexer_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
@@ -189,12 +190,14 @@ static int gather_topk_seqs(const di_backend *be, di_row_codec codec, int64_t d,
                             int64_t mk_max, di_error *err) {
     if (codec < DI_CODEC_FP8_E8M0 || codec > DI_CODEC_FP4_E8M0 || d < 1 || d % di_row_codec_group(codec) || n_seq < 0 ||
         n_seq > ROWS_PER_GRID || mk_max < 0)
-        return di_error_set(err, DI_ERR_INVALID, "cuda gather_topk_seqs: codec %d, width %lld, %d sequences, %lld rows at most",
-                            (int)codec, (long long)d, n_seq, (long long)mk_max);
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cuda gather_topk_seqs: codec %d, width %lld, %d sequences, %lld rows at most", (int)codec,
+                            (long long)d, n_seq, (long long)mk_max);
     int64_t n = mk_max * (d / 8);
     if (n == 0 || n_seq == 0) return DI_OK;
     dim3 grid(di_cuda_blocks(n, 256), (unsigned)n_seq);
-    gather_topk_seqs_kernel<<<grid, 256, 0, di_cuda_state(be)->stream>>>((int)codec, d, di_row_codec_bytes(codec, d), seqs);
+    gather_topk_seqs_kernel<<<grid, 256, 0, di_cuda_state(be)->stream>>>((int)codec, d, di_row_codec_bytes(codec, d),
+                                                                          seqs);
     return di_cuda_launched("gather_topk_seqs", err);
 }
 
