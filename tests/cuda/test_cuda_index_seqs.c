@@ -8,10 +8,13 @@
  * each); and gather_topk_seqs against gather_topk per sequence (contiguous and paged tables).
  * Cases: decode batches of 1, 8 and 64 at 4K context (ratio 2: 2K entries; ratio 1: 4K), 8 at 64K,
  * mixed batches with verify blocks past the prompt (every row its own width) and prompt chunks (rows
- * as wide as the prompt, visibility growing), inputs from a few values in half the sequences (exactly
- * tied scores: the replay's width-dependent choices), with and without a candidate mask input.
+ * as wide as the prompt, visibility growing), repeated keys (equal scores at two positions) and zero
+ * queries in half the sequences (every visible score 0: the replay's width-dependent choice decides the
+ * whole row), with and without a candidate mask input.
  * DI_BENCH=1: per-layer time of the per-sequence loop and of the batched calls for a decode step of 64
  * sequences at 4K (the bench's full-layer preset shape).
+ * DI_TEST_ON_CPU=1 (no GPU needed): the same harness on the CPU backend's slots for the 4K cases — a
+ * check of the test itself (descriptors, offsets, the loop), not of the kernels.
  * One table row per case; last line "N passed, N failed"; exit status 1 if any case fails. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -20,6 +23,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_fused.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
@@ -52,6 +56,11 @@ static void *down(const di_backend *be, const void *d, size_t n) {
     if (n) RUN(be->mem_download(be, h, d, n, E));
     return h;
 }
+/* Waits for the backend's stream (the CPU backend is synchronous). */
+static void sync_be(const di_backend *be) {
+    if (!strcmp(be->name, "cuda")) RUN(di_backend_cuda_sync(be, E));
+}
+
 static int64_t bytes_differ(const void *a, const void *b, int64_t n) {
     int64_t d = 0;
     for (int64_t i = 0; i < n; i++) d += ((const uint8_t *)a)[i] != ((const uint8_t *)b)[i];
@@ -69,7 +78,7 @@ static void row(const char *op, const char *shape, int64_t differing, int64_t to
 typedef struct seq_spec {
     char kind;
     int T, nk, vis0;
-    bool flat; /* queries from a few values: many exactly tied scores */
+    bool flat; /* zero queries: every visible score 0, all tied (the replay decides every row) */
 } seq_spec;
 
 typedef struct tcase {
@@ -127,7 +136,7 @@ static void case_build(tcase *c) {
     c->wt = xmalloc(sizeof(uint16_t) * (size_t)c->T * c->nh);
     for (int i = 0; i < c->n_seq; i++)
         for (int64_t j = (int64_t)c->r0[i] * c->nh * HD; j < (int64_t)(c->r0[i] + c->s[i].T) * c->nh * HD; j++)
-            c->q[j] = c->s[i].flat ? few_values() : gauss_bf16();
+            c->q[j] = c->s[i].flat ? 0 : j % 3 ? gauss_bf16() : few_values();
     for (int64_t j = 0; j < (int64_t)c->T * c->nh; j++) c->wt[j] = gauss_bf16();
     c->cand = NULL;
     if (c->cand_in) {
@@ -190,6 +199,13 @@ static const float W_SCALE = 0.015625f; /* 128^-0.5 · 64^-0.5 (any value: both 
 
 /* The graph's per-sequence calls (forward_block.c select_seq). */
 static void run_loop(const di_backend *be, const tcase *c, const dev_run *d) {
+    static float *ws;        /* f32 [ceil(nk / CBLK)]: the mask's scratch (used by the CPU backend only) */
+    static int64_t ws_n;
+    if (c->cand_src && ws_n < c->nk_max / CBLK + 1) {
+        free(ws);
+        ws_n = c->nk_max / CBLK + 1;
+        ws = xmalloc(sizeof(float) * (size_t)ws_n);
+    }
     for (int i = 0; i < c->n_seq; i++) {
         const seq_spec *s = &c->s[i];
         const int r0 = c->r0[i], nk = s->nk;
@@ -205,10 +221,10 @@ static void run_loop(const di_backend *be, const tcase *c, const dev_run *d) {
             uint8_t *mk = d->mask + c->s0[i];
             for (int t = 0; t < t_full; t++)
                 RUN(be->candidate_mask(be, sc + (int64_t)t * nk, 1, c->w[r0 + t], vi + t, CBLK, CKEEP,
-                                       mk + (int64_t)t * nk, NULL, E));
+                                       mk + (int64_t)t * nk, ws, E));
             if (t_full < s->T)
                 RUN(be->candidate_mask(be, sc + (int64_t)t_full * nk, s->T - t_full, nk, vi + t_full, CBLK, CKEEP,
-                                       mk + (int64_t)t_full * nk, NULL, E));
+                                       mk + (int64_t)t_full * nk, ws, E));
         }
         for (int t = 0; t < t_full; t++) {
             int w = c->w[r0 + t], kt = w < TOPK ? w : TOPK;
@@ -272,7 +288,7 @@ static void check_gather(const di_backend *be, const tcase *c, const dev_run *d,
                             ga[i].k, D_KV, ga[i].row0, ga[i].rows, ga[i].idx, ga[i].ldi, E))
     GATHER_LOOP;
     RUN(be->gather_topk_seqs(be, codec, D_KV, dgb, c->n_seq, mk_max, E));
-    RUN(di_backend_cuda_sync(be, E));
+    sync_be(be);
     uint16_t *ha = down(be, ra, sizeof(uint16_t) * (size_t)(n_rows * D_KV)), *hb2 = down(be, rb2, sizeof(uint16_t) * (size_t)(n_rows * D_KV));
     int32_t *hia = down(be, ia, sizeof(int32_t) * (size_t)n_idx), *hib = down(be, ib, sizeof(int32_t) * (size_t)n_idx);
     row("gather_topk_seqs rows", shape, bytes_differ(ha, hb2, (int64_t)sizeof(uint16_t) * n_rows * D_KV) / 2, n_rows * D_KV);
@@ -294,29 +310,46 @@ static void check_gather(const di_backend *be, const tcase *c, const dev_run *d,
 static void check_case(const di_backend *be, const char *rule, tcase *c, bool bench) {
     char shape[160];
     snprintf(shape, sizeof shape, "%s, %s", c->name, rule);
-    st = (cudaStream_t)di_backend_cuda_stream(be); /* the bench's events time this backend's stream */
+    if (!strcmp(be->name, "cuda")) st = (cudaStream_t)di_backend_cuda_stream(be); /* the bench's events' stream */
     dev_run d;
     run_alloc(be, c, &d);
     run_poison(be, c, &d);
     run_loop(be, c, &d);
-    RUN(di_backend_cuda_sync(be, E));
+    sync_be(be);
     float *sa = down(be, d.scores, sizeof(float) * (size_t)c->n_sc);
     uint8_t *ma = down(be, d.mask, (size_t)c->n_sc);
     int32_t *ta = down(be, d.top, sizeof(int32_t) * (size_t)c->n_top);
     run_poison(be, c, &d);
     run_rows(be, c, &d);
-    RUN(di_backend_cuda_sync(be, E));
+    sync_be(be);
     float *sb = down(be, d.scores, sizeof(float) * (size_t)c->n_sc);
     uint8_t *mb = down(be, d.mask, (size_t)c->n_sc);
     int32_t *tb = down(be, d.top, sizeof(int32_t) * (size_t)c->n_top);
     row("indexer_scores_rows", shape, bytes_differ(sa, sb, (int64_t)sizeof(float) * c->n_sc) / 4, c->n_sc);
     if (c->cand_src) row("candidate_mask_rows", shape, bytes_differ(ma, mb, c->n_sc), c->n_sc);
     row("topk_rows", shape, bytes_differ(ta, tb, (int64_t)sizeof(int32_t) * c->n_top) / 4, c->n_top);
-    int64_t zeros = 0, pads = 0;
+    int64_t zeros = 0, pads = 0, cut_ties = 0; /* rows whose k-th best visible score has an equal outside */
     for (int64_t j = 0; j < c->n_sc; j++) zeros += sb[j] == 0.0f;
     for (int64_t j = 0; j < c->n_top; j++) pads += tb[j] == -1;
-    printf("#   %s: %lld exact-zero scores, %lld padded ids\n", shape, (long long)zeros, (long long)pads);
+    for (int i = 0; i < c->n_seq; i++)
+        for (int t = 0; t < c->s[i].T; t++) {
+            const int r = c->r0[i] + t, k = c->w[r] < TOPK ? c->w[r] : TOPK;
+            const float *sr = sb + c->s0[i] + (int64_t)t * c->s[i].nk;
+            const int32_t *tr = tb + c->o0[i] + t * c->kq[i];
+            float kth = INFINITY; /* the smallest selected score */
+            int n_sel = 0;
+            for (int j = 0; j < k; j++)
+                if (tr[j] >= 0) kth = sr[tr[j]] < kth ? sr[tr[j]] : kth, n_sel++;
+            int64_t eq = 0;
+            for (int j = 0; j < c->vis[r]; j++) eq += sr[j] == kth;
+            int64_t eq_in = 0;
+            for (int j = 0; j < k; j++) eq_in += tr[j] >= 0 && sr[tr[j]] == kth;
+            cut_ties += n_sel == k && eq > eq_in;
+        }
+    printf("#   %s: %lld exact-zero scores, %lld padded ids, %lld rows with a tie across the cut\n", shape,
+           (long long)zeros, (long long)pads, (long long)cut_ties);
     if (be == g_torch) check_gather(be, c, &d, c->name, bench); /* the gather does not depend on the rule */
+    bench = bench && !strcmp(be->name, "cuda");
     if (bench) {
         double t_loop, t_rows;
         BATCH(t_loop, 10, run_loop(be, c, &d));
@@ -363,31 +396,40 @@ static void run_case(tcase *c, bool bench) {
 
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
-    if (di_cuda_device_count() < 1) {
-        printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
-        return 1;
+    const bool on_cpu = getenv("DI_TEST_ON_CPU") != NULL;
+    if (on_cpu) { /* the harness on the CPU backend's slots (its selections replay torch: both "rules" do) */
+        RUN(di_backend_cpu_create(2, &g_fast, E));
+        RUN(di_backend_cpu_create(2, &g_torch, E));
+        di_cpu_fused_install(g_torch);
+    } else {
+        if (di_cuda_device_count() < 1) {
+            printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
+            return 1;
+        }
+        setenv("DI_CUDA_TOPK", "fast", 1);
+        RUN(di_backend_cuda_create(0, &g_fast, E));
+        unsetenv("DI_CUDA_TOPK");
+        RUN(di_backend_cuda_create(0, &g_torch, E));
     }
-    setenv("DI_CUDA_TOPK", "fast", 1);
-    RUN(di_backend_cuda_create(0, &g_fast, E));
-    unsetenv("DI_CUDA_TOPK");
-    RUN(di_backend_cuda_create(0, &g_torch, E));
     if (!g_fast->topk_rows || !g_torch->topk_rows || !g_torch->indexer_scores_rows || !g_torch->candidate_mask_rows ||
         !g_torch->gather_topk_seqs)
-        die("slots", "the CUDA backend has no batched index selection (DI_CUDA_INDEX_SEQS=off?)");
-    cudaEventCreate(&ev0), cudaEventCreate(&ev1);
-    const bool bench = getenv("DI_BENCH") != NULL;
+        die("slots", "the backend has no batched index selection (DI_CUDA_INDEX_SEQS=off?)");
+    if (!on_cpu) cudaEventCreate(&ev0), cudaEventCreate(&ev1);
+    const bool bench = getenv("DI_BENCH") != NULL && !on_cpu;
     printf("%-30s %-52s %25s %s\n", "op", "shape", "differing / total", "result");
     static tcase c; /* large: static */
     decode_case(&c, 32, 1, 4096, 2, false, false), run_case(&c, false);
     decode_case(&c, 32, 8, 4096, 1, true, false), run_case(&c, false);
-    decode_case(&c, 32, 64, 4096, 2, false, false), run_case(&c, bench); /* the bench's ratio-2 index layer */
-    decode_case(&c, 32, 64, 4096, 1, false, true), run_case(&c, bench);  /* its candidate source */
-    decode_case(&c, 64, 8, 4096, 1, true, false), run_case(&c, false);
-    decode_case(&c, 32, 8, 65536, 1, false, true), run_case(&c, false);
-    decode_case(&c, 32, 8, 65536, 2, true, false), run_case(&c, false);
+    if (!on_cpu) {
+        decode_case(&c, 32, 64, 4096, 2, false, false), run_case(&c, bench); /* the bench's ratio-2 index layer */
+        decode_case(&c, 32, 64, 4096, 1, false, true), run_case(&c, bench);  /* its candidate source */
+        decode_case(&c, 64, 8, 4096, 1, true, false), run_case(&c, false);
+        decode_case(&c, 32, 8, 65536, 1, false, true), run_case(&c, false);
+        decode_case(&c, 32, 8, 65536, 2, true, false), run_case(&c, false);
+    }
     mixed_case(&c, 32, 4096, false, true), run_case(&c, false);
     mixed_case(&c, 32, 4096, true, false), run_case(&c, false);
-    mixed_case(&c, 32, 65536, false, true), run_case(&c, false);
+    if (!on_cpu) mixed_case(&c, 32, 65536, false, true), run_case(&c, false);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_backend_destroy(g_fast);
     di_backend_destroy(g_torch);
