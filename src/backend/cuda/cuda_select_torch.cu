@@ -7,7 +7,7 @@
  * and greedy decoding gives the CPU's tokens.
  *
  * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory,
- * one thread per row. The top-k avoids it where it cannot matter: rows whose output the ties cannot
+ * one thread per row; the rest of a row's work on its CTA. The top-k avoids it where it cannot matter: rows whose output the ties cannot
  * change (see topk_replay_rows_kernel) take the parallel kernel's result, and only the others are
  * replayed. The candidate mask replays every row (one layer per pass, a few thousand
  * blocks per row). The parallel kernels of cuda_select.cu alone (higher score, then lower position: a
@@ -147,46 +147,103 @@ static __device__ void torch_cpu_topk(telem *q, int64_t n, int64_t k) {
         nth_element(q, q + k - 1, q + n);
 }
 
-/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, nk] scratch */
-__global__ void topk_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis, int k,
-                                  int32_t offset, const uint8_t *only, telem *q, int32_t *out) {
-    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (rr >= nr) return;
-    int64_t r = r0 + rr;
-    if (only && !only[r]) return;
-    telem *row = q + rr * nk;
-    for (int64_t j = 0; j < nk; j++) row[j] = telem{scores[r * nk + j], (int32_t)j};
-    torch_cpu_topk(row, nk, k);
-    /* the selected positions ascending (the reference sorts them), then ≥ vis marked −1 */
-    int32_t *o = out + r * k;
-    for (int j = 0; j < k; j++) {
-        int32_t v = row[j].i;
-        int p = j;
-        while (p > 0 && o[p - 1] > v) o[p] = o[p - 1], p--;
-        o[p] = v;
+/* One CTA per row. The replay itself is serial (thread 0); what is not — filling the row, the candidate
+ * blocks' maxima, sorting the kept positions, writing the mask — runs on all SEL_THREADS threads (one
+ * thread per row did all of it: 0.68 ms per decode row for the 4K-context candidate mask on the H200,
+ * 2026-11-30). The serial part works in shared memory, where a dependent load costs tens of cycles, not
+ * the hundreds of a global one:
+ *   - a row of at most SEL_SMEM_MAX bytes is copied there whole and the replay runs on it;
+ *   - a longer row on the heap path (k·64 ≤ n: 65,536 indexer scores at a 64K context, 9 ms per row
+ *     from global memory) keeps only the heap there and streams the rest through in chunks: the heap
+ *     selection reads each later entry once, in order, and only the heap is written (the entries it
+ *     swaps out of the heap are never read again: the output is the heap's set);
+ *   - anything else (an introselect over a row longer than SEL_SMEM_MAX) replays in the global scratch.
+ * Each thread computes the same values in the same order as the one-thread version; writes before a
+ * barrier are visible to the CTA after it. */
+#define SEL_THREADS 256
+#define SEL_SMEM_MAX (192 * 1024) /* dynamic shared memory a replay may take */
+#define SEL_CHUNK 2048            /* entries per streamed chunk of the heap path */
+
+static bool g_sel_smem_raised = false;
+
+/* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk(row, nk, k)
+ * when k·64 ≤ nk, for the output's purpose (the set in f[0..k)). heap: k entries, buf: SEL_CHUNK. */
+static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf) {
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{s[j], (int32_t)j};
+    __syncthreads();
+    if (threadIdx.x == 0) make_heap(heap, k);
+    for (int64_t c0 = k; c0 < nk; c0 += SEL_CHUNK) {
+        const int64_t n = nk - c0 < SEL_CHUNK ? nk - c0 : SEL_CHUNK;
+        __syncthreads(); /* thread 0 is done with the previous chunk */
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) buf[j] = telem{s[c0 + j], (int32_t)(c0 + j)};
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int64_t j = 0; j < n; j++)
+                if (before(buf[j], heap[0])) adjust_heap(heap, 0, k, buf[j]);
     }
-    for (int j = 0; j < k; j++) o[j] = o[j] < vis[r] ? o[j] + offset : -1;
+    __syncthreads();
 }
 
-__global__ void cand_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis,
-                                  int block, int64_t nb, int64_t keep, telem *q, uint8_t *kept, uint8_t *mask) {
-    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (rr >= nr) return;
-    int64_t r = r0 + rr;
+/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, nk] scratch (mode 0). grid: nr.
+ * mode 0: replay in q; 1: the row in shared memory; 2: heap in shared memory, row streamed. */
+__global__ void __launch_bounds__(SEL_THREADS) topk_torch_kernel(const float *scores, int64_t r0, int64_t nr,
+                                                                 int64_t nk, const int32_t *vis, int k, int32_t offset,
+                                                                 const uint8_t *only, telem *q, int mode, int32_t *out) {
+    extern __shared__ telem sel_sm[];
+    const int64_t rr = blockIdx.x, r = r0 + rr;
+    if (only && !only[r]) return;
+    telem *row = mode == 0 ? q + rr * nk : sel_sm;
+    if (mode == 2) {
+        heap_select_streamed(scores + r * nk, nk, k, sel_sm, sel_sm + k);
+    } else {
+        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) row[j] = telem{scores[r * nk + j], (int32_t)j};
+        __syncthreads();
+        if (threadIdx.x == 0) torch_cpu_topk(row, nk, k);
+        __syncthreads();
+    }
+    /* the selected positions ascending (the reference sorts them; positions are distinct, so a position's
+     * place is the count of smaller ones), then ≥ vis marked −1 */
+    int32_t *o = out + r * k;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int32_t v = row[j].i;
+        int p = 0;
+        for (int i = 0; i < k; i++) p += row[i].i < v;
+        o[p] = v < vis[r] ? v + offset : -1;
+    }
+}
+
+/* grid: nr; q: [nr, nb] scratch, kept: [nr, nb]; in_smem: the nb block entries in shared memory */
+__global__ void __launch_bounds__(SEL_THREADS) cand_torch_kernel(const float *scores, int64_t r0, int64_t nr,
+                                                                 int64_t nk, const int32_t *vis, int block, int64_t nb,
+                                                                 int64_t keep, telem *q, int in_smem, uint8_t *kept,
+                                                                 uint8_t *mask) {
+    extern __shared__ telem sel_sm[];
+    const int64_t rr = blockIdx.x, r = r0 + rr;
     const float *s = scores + r * nk;
-    telem *row = q + rr * nb;
+    telem *row = in_smem ? sel_sm : q + rr * nb;
     uint8_t *kp = kept + rr * nb;
-    int64_t last = vis[r] > 0 ? (vis[r] - 1) / block : -1;
-    for (int64_t b = 0; b < nb; b++) {
+    const int64_t last = vis[r] > 0 ? (vis[r] - 1) / block : -1;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
         float mx = -INFINITY;
         for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
         row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
         kp[b] = 0;
     }
-    torch_cpu_topk(row, nb, keep);
-    for (int64_t j = 0; j < keep; j++)
-        if (row[j].v > -INFINITY) kp[row[j].i] = 1;
-    for (int64_t n = 0; n < nk; n++) mask[r * nk + n] = kp[n / block];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        torch_cpu_topk(row, nb, keep);
+        for (int64_t j = 0; j < keep; j++)
+            if (row[j].v > -INFINITY) kp[row[j].i] = 1;
+    }
+    __syncthreads();
+    for (int64_t n = threadIdx.x; n < nk; n += blockDim.x) mask[r * nk + n] = kp[n / block];
+}
+
+static void sel_raise_smem(void) {
+    if (g_sel_smem_raised) return;
+    cudaFuncSetAttribute(topk_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SEL_SMEM_MAX);
+    cudaFuncSetAttribute(cand_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SEL_SMEM_MAX);
+    g_sel_smem_raised = true;
 }
 
 /* ---- which rows need the replay ----
@@ -280,9 +337,14 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
         topk_replay_rows_kernel<<<(unsigned)m, CHECK_THREADS, 0, st>>>(scores, nk, vis, k, only);
         if ((rc = di_cuda_launched("topk (tie check)", err))) return rc;
     }
+    sel_raise_smem();
+    const size_t row_b = sizeof(telem) * (size_t)nk, heap_b = sizeof(telem) * ((size_t)k + SEL_CHUNK);
+    const int mode = row_b <= SEL_SMEM_MAX ? 1 : (int64_t)k * 64 <= nk && heap_b <= SEL_SMEM_MAX ? 2 : 0;
+    const size_t smem = mode == 1 ? row_b : mode == 2 ? heap_b : 0;
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
-        topk_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, k, offset, only, q, out);
+        topk_torch_kernel<<<(unsigned)nr, SEL_THREADS, smem, st>>>(scores, r0, nr, nk, vis, k, offset, only, q, mode,
+                                                                   out);
         if ((rc = di_cuda_launched("topk (torch replay)", err))) return rc;
     }
     return DI_OK;
@@ -303,10 +365,13 @@ extern "C" int di_cuda_candidate_mask_torch(const di_backend *be, const float *s
     if (rc) return rc;
     cudaStream_t st = di_cuda_state(be)->stream;
     uint8_t *kept = (uint8_t *)q + rows * nb * (int64_t)sizeof(telem);
+    sel_raise_smem();
+    const size_t row_b = sizeof(telem) * (size_t)nb;
+    const int in_smem = row_b <= SEL_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
-        cand_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, block, nb, keep, (telem *)q,
-                                                                kept, mask);
+        cand_torch_kernel<<<(unsigned)nr, SEL_THREADS, in_smem ? row_b : 0, st>>>(scores, r0, nr, nk, vis, block, nb, keep,
+                                                                                   (telem *)q, in_smem, kept, mask);
         if ((rc = di_cuda_launched("candidate_mask (torch replay)", err))) return rc;
     }
     return DI_OK;
