@@ -253,13 +253,16 @@ static void bench_moe(void) {
     cudaEvent_t ev0, ev1;
     CU(cudaEventCreate(&ev0));
     CU(cudaEventCreate(&ev1));
-    static const int64_t ts[] = {1, 5, 16};
+    /* T tokens routed over the first ne experts: ne < 384 is a skewed step like bench gpu's B = 64 (54
+     * experts), where some experts take tens of rows */
+    static const int64_t ts[][2] = {{1, 384}, {5, 384}, {16, 384}, {64, 384}, {64, 48}};
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
-        const int64_t T = ts[ti];
+        const int64_t T = ts[ti][0];
+        const int ne = (int)ts[ti][1];
         int32_t *dids[8];
         double experts = 0;
         for (int r = 0; r < 8; r++) {
-            int32_t *ids = moe_ids(T, 384, 0);
+            int32_t *ids = moe_ids(T, ne, 0);
             int seen[384] = {0};
             for (int64_t i = 0; i < T * MOE_K; i++) experts += !seen[ids[i]]++;
             dids[r] = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));

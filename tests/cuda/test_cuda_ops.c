@@ -455,6 +455,26 @@ static void test_embed_gather(void) {
     float *ag = down(da, sizeof *acc * (size_t)(M * D));
     TIME(gpu->scatter_add_rows(gpu, dyy, D, dr, R, da, E));
     row("scatter_add_rows", "384 rows -> [64, 5120] f32", cmp_f32(ag, ac, M * D), EXACT, g_ms);
+    {   /* one expert's list, strictly increasing token ids (the parallel form): 320 of 1024 rows */
+        const int64_t R2 = 320, M2 = 1024;
+        int32_t rows2[320];
+        for (int64_t i = 0, t = 0; i < R2; i++, t++) {
+            while ((int64_t)(rnd() % (uint64_t)(M2 - t)) >= R2 - i) t++; /* keep R2 - i of the M2 - t left */
+            rows2[i] = (int32_t)t;
+        }
+        uint16_t *y2 = rand_bf16(R2 * D, 1.0);
+        float *acc2 = rand_f32(M2 * D, 0, 1), *ac2 = xdup(acc2, sizeof *acc2 * (size_t)(M2 * D));
+        RUN(cpu->scatter_add_rows(cpu, y2, D, rows2, R2, ac2, E));
+        uint16_t *dy2 = dup_dev(y2, sizeof *y2 * (size_t)(R2 * D));
+        int32_t *dr2 = dup_dev(rows2, sizeof rows2);
+        float *da2 = dup_dev(acc2, sizeof *acc2 * (size_t)(M2 * D));
+        RUN(gpu->scatter_add_rows(gpu, dy2, D, dr2, R2, da2, E));
+        float *ag2 = down(da2, sizeof *acc2 * (size_t)(M2 * D));
+        TIME(gpu->scatter_add_rows(gpu, dy2, D, dr2, R2, da2, E));
+        row("scatter_add_rows", "320 increasing rows -> [1024, 5120] f32", cmp_f32(ag2, ac2, M2 * D), EXACT, g_ms);
+        free(y2), free(acc2), free(ac2), free(ag2);
+        cudaFree(dy2), cudaFree(dr2), cudaFree(da2);
+    }
     /* conversions */
     const int64_t n = 1 << 20;
     float *f = rand_f32(n, 0, 100);
@@ -752,7 +772,9 @@ static void test_sparse_attn(int64_t M, int64_t n_win, int64_t n_cmp, int64_t n_
 static void test_router(int64_t M) {
     const int ne = 384, k = 6;
     float *l = rand_f32(M * ne, 0, 2), *bias = rand_f32(ne, 0, 0.1);
-    for (int e = 0; e < 8; e++) l[e] = l[8 + e]; /* token 0: equal logits → equal σ, ties on ids */
+    for (int e = 0; e < 16; e++) bias[e] = 0.05f;
+    for (int e = 0; e < 8; e++) l[e] = l[8 + e] = 3.0f + 0.25f * (float)(e % 3); /* token 0: equal scores, ties on ids */
+    if (M > 1) l[ne + 3] = NAN, l[ne + 200] = NAN;                               /* token 1: NaN never wins */
     int32_t *ic = xmalloc(sizeof *ic * (size_t)(M * k));
     float *wc = xmalloc(sizeof *wc * (size_t)(M * k));
     RUN(cpu->router(cpu, l, M, ne, bias, 1.0f, k, true, 1.5f, ic, wc, E));
@@ -1478,10 +1500,12 @@ int main(int argc, char **argv) {
         test_candidates(16, 4096, 8, 2048, isc);
         test_candidates(16, 65536, 8, 2048, NULL);
         test_candidates(16, 4096, 8, 16, NULL);
+        test_candidates(2, 1 << 21, 8, 2048, NULL); /* 262,144 blocks: too many for shared memory */
         free(isc), free(isc2);
         test_topk(16, 16384, 512, 128);
         test_topk(8, 300, 512 > 300 ? 300 : 512, 0);
         test_topk(4, 262144, 512, 128);
+        test_topk(2, 32768, 1024, 3); /* introselect over a row too long for shared memory: the global replay */
         test_topk_unique(16, 16384, 512);
         test_topk_unique(4, 262144, 512);
         test_topk_unique(64, 700, 512);

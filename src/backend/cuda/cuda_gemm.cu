@@ -265,8 +265,8 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
-    /* opt-in (DI_CUDA_GEMV=mma, not yet run on a GPU): the MXFP4 GEMV with its block sums on the int8
-     * tensor cores, the same results by construction (cuda_gemv_mma.cuh) */
+    /* the MXFP4 GEMV with its block sums on the int8 tensor cores, the same results as the CUDA-core
+     * GEMV below (cuda_gemv_mma.cuh; DI_CUDA_GEMV=simt takes that one) */
     if (variant == 0 && fp4 && di_cuda_gemv_mma_enabled() && di_cuda_gemv_mma_fits(m, k, w, wsc))
         return di_cuda_gemv_mma_run(xq, xs, m, k, w, wsc, n, y, st, err);
     if (variant == 0 && m <= GV_MAX_M && gv_smem(fp4, 4, k) <= 200 * 1024) {

@@ -301,8 +301,8 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* DI_CUDA_GEMV=mma in the environment (read once): linear_fp4's M ≤ 16 path and moe_routed's expert
- * GEMVs take this kernel. di_cuda_gemv_mma_set_enabled overrides the environment (tests, bench). */
+/* On unless DI_CUDA_GEMV=simt is in the environment (read once): linear_fp4's M ≤ 16 path and moe_routed's
+ * expert GEMVs take this kernel. di_cuda_gemv_mma_set_enabled overrides the environment (tests, bench). */
 int di_cuda_gemv_mma_enabled(void);
 void di_cuda_gemv_mma_set_enabled(int on);
 /* Whether this kernel takes the call: 1 ≤ m ≤ 16, k % 128 == 0, w 16- and ws 2-byte aligned */

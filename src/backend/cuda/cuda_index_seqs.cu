@@ -86,14 +86,22 @@ __global__ void __launch_bounds__(CHECK_THREADS) topk_rows_check_kernel(const fl
     if (threadIdx.x == 0) replay[blockIdx.x] = again;
 }
 
-/* One thread per row of rows [r0, r0 + nr) flagged for the replay; q telem [nr, w_max] scratch. */
-__global__ void topk_rows_torch_kernel(const float *scores, const di_index_row *rows, int64_t r0, int64_t nr,
-                                       int64_t w_max, const uint8_t *only, telem *q, int32_t *out) {
-    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (rr >= nr || !only[r0 + rr]) return;
+/* One CTA per row of rows [r0, r0 + nr) flagged for the replay, in its own mode (d_topk_replay_mode of its
+ * width and k, as di_cuda_topk_torch picks it for that row alone); q telem [nr, w_max] global scratch. */
+__global__ void __launch_bounds__(REPLAY_THREADS) topk_rows_torch_kernel(const float *scores, const di_index_row *rows,
+                                                                         int64_t r0, int64_t w_max, const uint8_t *only,
+                                                                         telem *q, int32_t *out) {
+    extern __shared__ telem sel_sm[];
+    const int64_t rr = blockIdx.x;
+    if (!only[r0 + rr]) return;
     const di_index_row r = rows[r0 + rr];
-    d_topk_torch_row(scores + r.s0, r.w, r.vis, r.k, 0, q + rr * w_max, out + r.o0);
+    size_t need;
+    const int mode = d_topk_replay_mode(r.w, r.k, &need);
+    d_topk_torch_row(scores + r.s0, r.w, r.vis, r.k, 0, q + rr * w_max, mode, sel_sm, out + r.o0);
 }
+
+/* The replay kernels take up to REPLAY_SMEM_MAX of dynamic shared memory (set once). */
+static void raise_smem(void);
 
 static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows,
                            int64_t w_max, int32_t *out, di_error *err) {
@@ -108,9 +116,12 @@ static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m,
     cudaStream_t st = di_cuda_state(be)->stream;
     topk_rows_check_kernel<<<(unsigned)m, CHECK_THREADS, 0, st>>>(scores, rows, only);
     if ((rc = di_cuda_launched("topk_rows (tie check)", err))) return rc;
+    raise_smem();
+    /* every row's mode fits: a row in shared memory needs ≤ its width's bytes, the others ≤ the maximum */
+    const size_t row_b = sizeof(telem) * (size_t)w_max, smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += n) {
         int64_t nr = m - r0 < n ? m - r0 : n;
-        topk_rows_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, rows, r0, nr, w_max, only, q, out);
+        topk_rows_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, smem, st>>>(scores, rows, r0, w_max, only, q, out);
         if ((rc = di_cuda_launched("topk_rows (torch replay)", err))) return rc;
     }
     return DI_OK;
@@ -142,16 +153,21 @@ static int candidate_mask_rows_fast(const di_backend *be, const float *scores, i
     return di_cuda_launched("candidate_mask_rows", err);
 }
 
-/* One thread per row of rows [r0, r0 + nr): di_cuda_candidate_mask_torch's row over its width w.
+/* One CTA per row of rows [r0, r0 + nr): di_cuda_candidate_mask_torch's row over its width w, its block
+ * scores in shared memory when they fit (as that op decides for the row alone), else in q.
  * q telem [nr, nb_max] then kept uint8 [nr, nb_max] scratch. */
-__global__ void cand_rows_torch_kernel(const float *scores, const di_index_row *rows, int64_t r0, int64_t nr, int block,
-                                       int topk_blocks, int64_t nb_max, telem *q, uint8_t *kept, uint8_t *mask) {
-    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (rr >= nr) return;
+__global__ void __launch_bounds__(REPLAY_THREADS) cand_rows_torch_kernel(const float *scores, const di_index_row *rows,
+                                                                         int64_t r0, int block, int topk_blocks,
+                                                                         int64_t nb_max, telem *q, uint8_t *kept,
+                                                                         uint8_t *mask) {
+    extern __shared__ telem sel_sm[];
+    const int64_t rr = blockIdx.x;
     const di_index_row r = rows[r0 + rr];
     const int64_t nb = ((int64_t)r.w + block - 1) / block, keep = topk_blocks < nb ? topk_blocks : nb;
-    if (nb == 0) return;
-    d_cand_torch_row(scores + r.s0, r.w, r.vis, block, nb, keep, q + rr * nb_max, kept + rr * nb_max, mask + r.s0);
+    if (nb == 0) return; /* the per-sequence op writes nothing for a row of width 0 */
+    const bool in_smem = sizeof(telem) * (size_t)nb <= REPLAY_SMEM_MAX;
+    d_cand_torch_row(scores + r.s0, r.w, r.vis, block, nb, keep, in_smem ? sel_sm : q + rr * nb_max,
+                     kept + rr * nb_max, mask + r.s0);
 }
 
 static int candidate_mask_rows_torch(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows,
@@ -166,13 +182,23 @@ static int candidate_mask_rows_torch(const di_backend *be, const float *scores, 
     if ((rc = di_cuda_workspace(be, (size_t)(n * per), &q, err))) return rc;
     uint8_t *kept = (uint8_t *)q + n * nb_max * (int64_t)sizeof(telem);
     cudaStream_t st = di_cuda_state(be)->stream;
+    raise_smem();
+    const size_t row_b = sizeof(telem) * (size_t)nb_max, smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += n) {
         int64_t nr = m - r0 < n ? m - r0 : n;
-        cand_rows_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, rows, r0, nr, block, topk_blocks, nb_max,
-                                                                     (telem *)q, kept, mask);
+        cand_rows_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, smem, st>>>(scores, rows, r0, block, topk_blocks, nb_max,
+                                                                           (telem *)q, kept, mask);
         if ((rc = di_cuda_launched("candidate_mask_rows (torch replay)", err))) return rc;
     }
     return DI_OK;
+}
+
+static void raise_smem(void) {
+    static bool raised = false;
+    if (raised) return;
+    cudaFuncSetAttribute(topk_rows_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);
+    cudaFuncSetAttribute(cand_rows_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);
+    raised = true;
 }
 
 /* ---------------- gathers ---------------- */

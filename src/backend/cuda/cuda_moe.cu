@@ -5,14 +5,16 @@
  * Six launches per call, for every (token, slot) pair of the step at once:
  *   plan      one CTA ranks the pairs by (expert id, pair index) — the order in which the host-planned
  *             loop visits them (experts ascending, each expert's tokens ascending, a token's slots
- *             ascending) — and cuts the ranked list into groups of one expert;
+ *             ascending) — cuts the ranked list into groups of one expert and each group into passes
+ *             of up to MT rows;
  *   quant     the exact FP8 act-quantization of the m input rows (cuda_quant.cu);
- *   up        w1 and w3 of every group: the GEMV core of cuda_gemv.cuh with grid (column tiles of w1
- *             then w3, groups); a CTA past the step's group count returns at once. Each expert's
- *             weights are read once per step, its rows (ranks) from the token rows of x;
+ *   up        w1 and w3 of every pass: the GEMV core of cuda_gemv.cuh (or cuda_gemv_mma.cuh) on a 1-D
+ *             grid spread over the passes the plan found (moe_assign). Each expert's weights are read
+ *             from memory once per step (its further passes mostly from L2), its rows (ranks) from the
+ *             token rows of x;
  *   swiglu    with the routing weight of each ranked row (the swiglu slot's kernel);
  *   quant     of the SwiGLU rows;
- *   down      w2 per group, the same way;
+ *   down      w2 per pass, the same way;
  *   combine   acc[t] = 0 + Σ f32(y) over t's ranked rows in ascending rank.
  * Every row of every GEMV is computed as the linear_fp4 slot computes it (each row's result depends on
  * that row alone), SwiGLU is the same kernel, and the f32 sum sees the same terms in the same order as
@@ -38,15 +40,18 @@ typedef struct moe_plan {
     int32_t *g_expert; /* int32 [G] */
     int32_t *g_start;  /* int32 [G] first rank of the group */
     int32_t *g_count;  /* int32 [G] */
+    int32_t *g_pass;   /* int32 [G + 1] first pass of the group: passes of MT rows, Σ ⌈count / MT⌉ before it */
     int32_t *n_groups; /* int32 [1] */
 } moe_plan;
 
-/* One CTA of DI_MOE_ROUTED_MAX_PAIRS threads, thread i = pair i; O(P²) compares (P ≤ 1024). */
+/* One CTA of DI_MOE_ROUTED_MAX_PAIRS threads, thread i = pair i; O(P²) compares (P ≤ 1024). mt: the rows
+ * of one GEMV pass (the MT the GEMV kernels are instantiated with). */
 __global__ void __launch_bounds__(DI_MOE_ROUTED_MAX_PAIRS) moe_plan_kernel(const __grid_constant__ moe_table tab,
                                                                            const int32_t *ids, const float *weights,
-                                                                           int P, int n_exp, moe_plan pl) {
+                                                                           int P, int n_exp, int mt, moe_plan pl) {
     __shared__ int key[DI_MOE_ROUTED_MAX_PAIRS];   /* expert id, n_exp for a skipped pair (sorts last) */
     __shared__ uint8_t first[DI_MOE_ROUTED_MAX_PAIRS]; /* the group's first pair */
+    __shared__ int passes[DI_MOE_ROUTED_MAX_PAIRS]; /* ⌈count / mt⌉ at a group's first pair, else 0 */
     const int i = threadIdx.x;
     int kk = n_exp;
     if (i < P) {
@@ -71,17 +76,21 @@ __global__ void __launch_bounds__(DI_MOE_ROUTED_MAX_PAIRS) moe_plan_kernel(const
         }
         first[i] = fst;
     }
-    int n_groups = __syncthreads_count(fst); /* also orders first[] for the reads below */
+    if (i < DI_MOE_ROUTED_MAX_PAIRS) passes[i] = fst ? (cnt + mt - 1) / mt : 0;
+    int n_groups = __syncthreads_count(fst); /* also orders first[] and passes[] for the reads below */
     if (i >= P) return;
     pl.order[rank] = i;
     pl.rw[rank] = weights[i];
     pl.rank[i] = kk < n_exp ? rank : -1;
     if (fst) {
-        int g = 0;
-        for (int p = 0; p < P; p++) g += first[p] && key[p] < kk;
-        pl.g_expert[g] = kk, pl.g_start[g] = rank, pl.g_count[g] = cnt;
+        int g = 0, pass = 0;
+        for (int p = 0; p < P; p++)
+            if (first[p] && key[p] < kk) g++, pass += passes[p];
+        pl.g_expert[g] = kk, pl.g_start[g] = rank, pl.g_count[g] = cnt, pl.g_pass[g] = pass;
+        if (g == n_groups - 1) pl.g_pass[n_groups] = pass + passes[i];
     }
     if (i == 0) *pl.n_groups = n_groups;
+    if (i == 0 && n_groups == 0) pl.g_pass[0] = 0;
 }
 
 /* x row of tile row m: the token of the ranked pair (up), or the ranked row itself (down) */
@@ -101,59 +110,88 @@ struct moe_out {
     __device__ void operator()(int m, int64_t n, float v) const { y[(base + m) * ld + n] = d_to_bf16(v); }
 };
 
-/* grid (2·X, group): CTAs [0, X) take w1's tiles x, x + X, …, CTAs [X, 2X) w3's; g, u bf16 [P, inter] by
- * rank. A CTA of a group past the step's count returns at once. */
+/* Which part of the work a CTA takes. The grid is sized on the host, before the plan exists, for the
+ * most groups a step can have (min(P, n_exp)); the plan usually finds far fewer, and uneven ones (a
+ * decode batch's tokens share experts: 54 groups for 64 tokens × 6 slots in bench gpu's routing, some
+ * with tens of rows). A grid of one CTA column per possible group left most CTAs idle and gave each
+ * real group one or two CTAs to walk all its tiles and rows (42.8 ms for the B = 64 step on the H200,
+ * 2026-11-30). So the work is cut into units of equal size — one pass of up to MT rows of one group
+ * over one matrix (parts: w1 and w3 for the up projection, w2 alone for the down one) — and the whole
+ * 1-D grid is spread over the units that exist, read on the device: U = passes · parts, per = ⌊V / U⌋
+ * CTAs per unit (at most its tile count); CTA v takes unit v / per, tiles v % per, v % per + per, …
+ * Which CTA computes an output changes nothing in its value (it depends on its row and column only),
+ * so the result is the same bits for any grid. Returns false for a CTA with no unit. */
+struct moe_cta {
+    int grp, part, r0; /* group, matrix part, first rank of the pass within the group */
+    int64_t tile0, step;
+};
+template <int MT>
+static __device__ __forceinline__ bool moe_assign(const moe_plan &pl, int parts, int64_t ntiles, moe_cta &c) {
+    const int ng = *pl.n_groups;
+    const int64_t V = gridDim.x, U = (int64_t)pl.g_pass[ng] * parts;
+    if (U == 0) return false;
+    int64_t per = V / U;
+    per = per < 1 ? 1 : per > ntiles ? ntiles : per;
+    const int64_t u = blockIdx.x / per;
+    if (u >= U) return false;
+    const int pass = (int)(u / parts);
+    int lo = 0, hi = ng - 1; /* the group g with g_pass[g] ≤ pass < g_pass[g + 1] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (pl.g_pass[mid] <= pass) lo = mid;
+        else hi = mid - 1;
+    }
+    c.grp = lo, c.part = (int)(u % parts), c.r0 = (pass - pl.g_pass[lo]) * MT;
+    c.tile0 = blockIdx.x % per, c.step = per;
+    return true;
+}
+
+/* 1-D grid (moe_assign, 2 parts): part 0 takes w1's tiles, part 1 w3's, for the pass's rows; g, u bf16
+ * [P, inter] by rank. */
 template <int MT, int NC>
 __global__ void __launch_bounds__(GV_WARPS * 32) moe_up_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                const uint8_t *xq, const uint8_t *xs, int64_t d,
                                                                int64_t inter, int k, uint16_t *g, uint16_t *u) {
     extern __shared__ uint4 gv_sm[];
     float *sm = (float *)gv_sm; /* gv_smem(1, MT, d, NC) bytes */
-    const int grp = blockIdx.y;
-    if (grp >= *pl.n_groups) return;
-    const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
-    const int64_t X = gridDim.x / 2;
-    const bool up = blockIdx.x >= X;
-    const int64_t tile = up ? blockIdx.x - X : blockIdx.x;
+    moe_cta c;
+    if (!moe_assign<MT>(pl, 2, (inter + NC - 1) / NC, c)) return;
+    const int e = pl.g_expert[c.grp], start = pl.g_start[c.grp], cnt = pl.g_count[c.grp];
+    const bool up = c.part == 1;
     const gv_args a = {xq, xs, tab.p[e][up ? 2 : 0], tab.p[e][up ? 3 : 1], inter, d};
-    for (int r0 = 0; r0 < cnt; r0 += MT)
-        gv_run<1, MT, NC>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
-                      moe_out{up ? u : g, inter, start + r0}, tile, X, NULL, sm);
+    gv_run<1, MT, NC>(a, moe_rows_token{pl.order, k, start + c.r0}, min(MT, cnt - c.r0),
+                      moe_out{up ? u : g, inter, start + c.r0}, c.tile0, c.step, NULL, sm);
 }
 
-/* grid (X, group): w2's tiles x, x + X, …; aq, as: the act-quantized SwiGLU rows by rank; y bf16 [P, d] */
+/* 1-D grid (moe_assign, 1 part): w2's tiles; aq, as: the act-quantized SwiGLU rows by rank; y bf16 [P, d] */
 template <int MT, int NC>
 __global__ void __launch_bounds__(GV_WARPS * 32) moe_down_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                  const uint8_t *aq, const uint8_t *as, int64_t d,
                                                                  int64_t inter, uint16_t *y) {
     extern __shared__ uint4 gv_sm[];
     float *sm = (float *)gv_sm; /* gv_smem(1, MT, inter, NC) bytes */
-    const int grp = blockIdx.y;
-    if (grp >= *pl.n_groups) return;
-    const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
+    moe_cta c;
+    if (!moe_assign<MT>(pl, 1, (d + NC - 1) / NC, c)) return;
+    const int e = pl.g_expert[c.grp], start = pl.g_start[c.grp], cnt = pl.g_count[c.grp];
     const gv_args a = {aq, as, tab.p[e][4], tab.p[e][5], d, inter};
-    for (int r0 = 0; r0 < cnt; r0 += MT)
-        gv_run<1, MT, NC>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
-                      NULL, sm);
+    gv_run<1, MT, NC>(a, moe_rows_rank{start + c.r0}, min(MT, cnt - c.r0), moe_out{y, d, start + c.r0}, c.tile0,
+                      c.step, NULL, sm);
 }
 
-/* The same two kernels on the tensor-core GEMV core (cuda_gemv_mma.cuh; opt-in DI_CUDA_GEMV=mma, not yet
- * run on a GPU): same grid, same rows, same results by construction. sm: gvm_smem(MT, NC, K) bytes. */
+/* The same two kernels on the tensor-core GEMV core (cuda_gemv_mma.cuh; the default, DI_CUDA_GEMV=simt
+ * takes the two above): same grid, same rows, same results. sm: gvm_smem(MT, NC, K) bytes. */
 template <int MT, int NC>
 __global__ void __launch_bounds__(GVM_WARPS * 32) moe_up_mma_kernel(const __grid_constant__ moe_table tab, moe_plan pl,
                                                                     const uint8_t *xq, const uint8_t *xs, int64_t d,
                                                                     int64_t inter, int k, uint16_t *g, uint16_t *u) {
     extern __shared__ uint4 gv_sm[];
-    const int grp = blockIdx.y;
-    if (grp >= *pl.n_groups) return;
-    const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
-    const int64_t X = gridDim.x / 2;
-    const bool up = blockIdx.x >= X;
-    const int64_t tile = up ? blockIdx.x - X : blockIdx.x;
+    moe_cta c;
+    if (!moe_assign<MT>(pl, 2, (inter + NC - 1) / NC, c)) return;
+    const int e = pl.g_expert[c.grp], start = pl.g_start[c.grp], cnt = pl.g_count[c.grp];
+    const bool up = c.part == 1;
     const gv_args a = {xq, xs, tab.p[e][up ? 2 : 0], tab.p[e][up ? 3 : 1], inter, d};
-    for (int r0 = 0; r0 < cnt; r0 += MT)
-        gvm_run<MT, NC>(a, moe_rows_token{pl.order, k, start + r0}, min(MT, cnt - r0),
-                        moe_out{up ? u : g, inter, start + r0}, tile, X, (unsigned char *)gv_sm);
+    gvm_run<MT, NC>(a, moe_rows_token{pl.order, k, start + c.r0}, min(MT, cnt - c.r0),
+                    moe_out{up ? u : g, inter, start + c.r0}, c.tile0, c.step, (unsigned char *)gv_sm);
 }
 
 template <int MT, int NC>
@@ -161,13 +199,12 @@ __global__ void __launch_bounds__(GVM_WARPS * 32) moe_down_mma_kernel(const __gr
                                                                       const uint8_t *aq, const uint8_t *as, int64_t d,
                                                                       int64_t inter, uint16_t *y) {
     extern __shared__ uint4 gv_sm[];
-    const int grp = blockIdx.y;
-    if (grp >= *pl.n_groups) return;
-    const int e = pl.g_expert[grp], start = pl.g_start[grp], cnt = pl.g_count[grp];
+    moe_cta c;
+    if (!moe_assign<MT>(pl, 1, (d + NC - 1) / NC, c)) return;
+    const int e = pl.g_expert[c.grp], start = pl.g_start[c.grp], cnt = pl.g_count[c.grp];
     const gv_args a = {aq, as, tab.p[e][4], tab.p[e][5], d, inter};
-    for (int r0 = 0; r0 < cnt; r0 += MT)
-        gvm_run<MT, NC>(a, moe_rows_rank{start + r0}, min(MT, cnt - r0), moe_out{y, d, start + r0}, blockIdx.x, gridDim.x,
-                        (unsigned char *)gv_sm);
+    gvm_run<MT, NC>(a, moe_rows_rank{start + c.r0}, min(MT, cnt - c.r0), moe_out{y, d, start + c.r0}, c.tile0,
+                    c.step, (unsigned char *)gv_sm);
 }
 
 /* acc[t, c] = 0 + Σ f32(y[r, c]) over the ranks r of token t, ascending. grid (column blocks, token) */
@@ -194,36 +231,35 @@ static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 #define MOE_SMEM (160 * 1024) /* dynamic shared memory the GEMV kernels may use (x digits, scales, pb) */
 
-/* CTAs per group along the tiles: about MOE_CTAS in all over the G groups a step may have (the plan
- * may find fewer), each CTA walking several tiles when the groups are few */
+/* The 1-D grid of the GEMV kernels: about MOE_CTAS CTAs, spread on the device over the units the plan
+ * finds (moe_assign); at least one per unit of the most a step can have (one pass per pair: P · parts),
+ * so every unit has a CTA whatever the plan finds. */
 #define MOE_CTAS (132 * 8)
-static int64_t moe_split(int64_t tiles, int G) {
-    int64_t x = (MOE_CTAS + G - 1) / G;
-    return x < 1 ? 1 : x > tiles ? tiles : x;
+static unsigned moe_grid(int P, int parts) {
+    const int64_t v = (int64_t)P * parts;
+    return (unsigned)(v > MOE_CTAS ? v : MOE_CTAS);
 }
 
 template <int MT, int NC>
-static void moe_gemvs(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *xq, const uint8_t *xs, int64_t d,
+static void moe_gemvs(const moe_table &tab, const moe_plan &pl, int P, const uint8_t *xq, const uint8_t *xs, int64_t d,
                       int64_t inter, int k, uint16_t *g, uint16_t *u, cudaStream_t st) {
     static bool raised = false;
     if (!raised) cudaFuncSetAttribute(moe_up_kernel<MT, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
-    const int64_t X = moe_split((inter + NC - 1) / NC, 2 * G);
-    moe_up_kernel<MT, NC><<<dim3((unsigned)(2 * X), (unsigned)G), gv_threads(1, d), gv_smem(1, MT, d, NC), st>>>(
+    moe_up_kernel<MT, NC><<<moe_grid(P, 2), gv_threads(1, d), gv_smem(1, MT, d, NC), st>>>(
         tab, pl, xq, xs, d, inter, k, g, u);
 }
 
 template <int MT, int NC>
-static void moe_down(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *aq, const uint8_t *as, int64_t d,
+static void moe_down(const moe_table &tab, const moe_plan &pl, int P, const uint8_t *aq, const uint8_t *as, int64_t d,
                      int64_t inter, uint16_t *y, cudaStream_t st) {
     static bool raised = false;
     if (!raised) cudaFuncSetAttribute(moe_down_kernel<MT, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM), raised = true;
-    const int64_t X = moe_split((d + NC - 1) / NC, G);
-    moe_down_kernel<MT, NC><<<dim3((unsigned)X, (unsigned)G), gv_threads(1, inter), gv_smem(1, MT, inter, NC), st>>>(
+    moe_down_kernel<MT, NC><<<moe_grid(P, 1), gv_threads(1, inter), gv_smem(1, MT, inter, NC), st>>>(
         tab, pl, aq, as, d, inter, y);
 }
 
 template <int MT>
-static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int G, const uint8_t *xq, const uint8_t *xs,
+static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int P, const uint8_t *xq, const uint8_t *xs,
                           int64_t d, int64_t inter, int k, uint16_t *g, uint16_t *u, uint16_t *y, const uint8_t *aq,
                           const uint8_t *as, int down, cudaStream_t st) {
     static bool raised = false;
@@ -233,12 +269,10 @@ static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int G, const
         raised = true;
     }
     if (!down) {
-        const int64_t X = moe_split((inter + 15) / 16, 2 * G);
-        moe_up_mma_kernel<MT, 16><<<dim3((unsigned)(2 * X), (unsigned)G), gvm_threads(d), (size_t)gvm_smem(MT, 16, d), st>>>(
+        moe_up_mma_kernel<MT, 16><<<moe_grid(P, 2), gvm_threads(d), (size_t)gvm_smem(MT, 16, d), st>>>(
             tab, pl, xq, xs, d, inter, k, g, u);
     } else {
-        const int64_t X = moe_split((d + 15) / 16, G);
-        moe_down_mma_kernel<MT, 16><<<dim3((unsigned)X, (unsigned)G), gvm_threads(inter), (size_t)gvm_smem(MT, 16, inter),
+        moe_down_mma_kernel<MT, 16><<<moe_grid(P, 1), gvm_threads(inter), (size_t)gvm_smem(MT, 16, inter),
                                       st>>>(tab, pl, aq, as, d, inter, y);
     }
 }
@@ -263,10 +297,10 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
                             (long long)d, (long long)inter);
     if (m == 0) return DI_OK;
     const int P = (int)(m * k), G = P < n_exp ? P : n_exp;
-    size_t off[16], bytes = 0;
+    size_t off[17], bytes = 0;
     const size_t sz[] = {
         al256(4 * (size_t)P), al256(4 * (size_t)P), al256(4 * (size_t)P), al256(4 * (size_t)G), al256(4 * (size_t)G),
-        al256(4 * (size_t)G), al256(4),
+        al256(4 * (size_t)G), al256(4 * (size_t)(G + 1)), al256(4),               /* g_count, g_pass, n_groups */
         al256((size_t)(m * d)), al256((size_t)(m * d / 32)),                       /* x codes, scales */
         al256(2 * (size_t)P * inter), al256(2 * (size_t)P * inter), al256(2 * (size_t)P * inter), /* g, u, a */
         al256((size_t)P * inter), al256((size_t)P * inter / 32),                   /* a codes, scales */
@@ -279,14 +313,14 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if (rc) return rc;
     uint8_t *b = (uint8_t *)wsp;
     moe_plan pl = {(int32_t *)(b + off[0]), (float *)(b + off[1]),   (int32_t *)(b + off[2]), (int32_t *)(b + off[3]),
-                   (int32_t *)(b + off[4]), (int32_t *)(b + off[5]), (int32_t *)(b + off[6])};
-    uint8_t *xq = b + off[7], *xs = b + off[8], *aq = b + off[12], *as = b + off[13];
-    uint16_t *g = (uint16_t *)(b + off[9]), *u = (uint16_t *)(b + off[10]), *a = (uint16_t *)(b + off[11]);
-    uint16_t *y = (uint16_t *)(b + off[14]);
+                   (int32_t *)(b + off[4]), (int32_t *)(b + off[5]), (int32_t *)(b + off[6]), (int32_t *)(b + off[7])};
+    uint8_t *xq = b + off[8], *xs = b + off[9], *aq = b + off[13], *as = b + off[14];
+    uint16_t *g = (uint16_t *)(b + off[10]), *u = (uint16_t *)(b + off[11]), *a = (uint16_t *)(b + off[12]);
+    uint16_t *y = (uint16_t *)(b + off[15]);
 
     moe_table tab;
     memset(&tab, 0, sizeof tab);
-    /* opt-in tensor-core GEMVs (DI_CUDA_GEMV=mma): K % 128 for both matrices, aligned pointers */
+    /* the tensor-core GEMVs (unless DI_CUDA_GEMV=simt): K % 128 for both matrices, aligned pointers */
     bool mma_ok = di_cuda_gemv_mma_enabled() && d % 128 == 0 && inter % 128 == 0 &&
                   gvm_smem(4, 16, d > inter ? d : inter) <= MOE_SMEM;
     for (int e = 0; e < n_exp; e++) {
@@ -296,39 +330,39 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
         for (int j = 0; j < 6; j++) mma_ok &= (uintptr_t)p[j] % (j % 2 ? 2 : 4) == 0; /* 4-byte weight, 2-byte scale loads */
     }
     cudaStream_t st = di_cuda_state(be)->stream;
-    moe_plan_kernel<<<1, DI_MOE_ROUTED_MAX_PAIRS, 0, st>>>(tab, ids, weights, P, n_exp, pl);
-    if ((rc = di_cuda_launched("moe_routed plan", err))) return rc;
-    if ((rc = di_cuda_act_quant_fp8(x, m * d, 32, xq, xs, st, err))) return rc;
-    /* rows per group: 1 for a single token (unless it names an expert twice: more passes); a few when
+    /* rows per pass: 1 for a single token (unless it names an expert twice: more passes); a few when
      * tokens share experts */
     const int mt = m == 1 ? 1 : m <= 16 ? 2 : 4;
+    moe_plan_kernel<<<1, DI_MOE_ROUTED_MAX_PAIRS, 0, st>>>(tab, ids, weights, P, n_exp, mt, pl);
+    if ((rc = di_cuda_launched("moe_routed plan", err))) return rc;
+    if ((rc = di_cuda_act_quant_fp8(x, m * d, 32, xq, xs, st, err))) return rc;
     const int nc4 = g_moe_variant ? g_moe_variant == 1 : mt != 2;
     if (mma_ok) {
-        if (mt == 1) moe_gemvs_mma<1>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
-        else if (mt == 2) moe_gemvs_mma<2>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
-        else moe_gemvs_mma<4>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
+        if (mt == 1) moe_gemvs_mma<1>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
+        else if (mt == 2) moe_gemvs_mma<2>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
+        else moe_gemvs_mma<4>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
     } else switch (nc4 * 10 + mt) {
-    case 1: moe_gemvs<1, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
-    case 2: moe_gemvs<2, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
-    case 4: moe_gemvs<4, 8>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
-    case 11: moe_gemvs<1, 4>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
-    case 12: moe_gemvs<2, 4>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
-    default: moe_gemvs<4, 4>(tab, pl, G, xq, xs, d, inter, k, g, u, st); break;
+    case 1: moe_gemvs<1, 8>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
+    case 2: moe_gemvs<2, 8>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
+    case 4: moe_gemvs<4, 8>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
+    case 11: moe_gemvs<1, 4>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
+    case 12: moe_gemvs<2, 4>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
+    default: moe_gemvs<4, 4>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
     }
     if ((rc = di_cuda_launched("moe_routed up", err))) return rc;
     if ((rc = di_cuda_swiglu(be, g, u, P, inter, pl.rw, lim, a, err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(a, (int64_t)P * inter, 32, aq, as, st, err))) return rc;
     if (mma_ok) {
-        if (mt == 1) moe_gemvs_mma<1>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
-        else if (mt == 2) moe_gemvs_mma<2>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
-        else moe_gemvs_mma<4>(tab, pl, G, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
+        if (mt == 1) moe_gemvs_mma<1>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
+        else if (mt == 2) moe_gemvs_mma<2>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
+        else moe_gemvs_mma<4>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
     } else switch (nc4 * 10 + mt) {
-    case 1: moe_down<1, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
-    case 2: moe_down<2, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
-    case 4: moe_down<4, 8>(tab, pl, G, aq, as, d, inter, y, st); break;
-    case 11: moe_down<1, 4>(tab, pl, G, aq, as, d, inter, y, st); break;
-    case 12: moe_down<2, 4>(tab, pl, G, aq, as, d, inter, y, st); break;
-    default: moe_down<4, 4>(tab, pl, G, aq, as, d, inter, y, st); break;
+    case 1: moe_down<1, 8>(tab, pl, P, aq, as, d, inter, y, st); break;
+    case 2: moe_down<2, 8>(tab, pl, P, aq, as, d, inter, y, st); break;
+    case 4: moe_down<4, 8>(tab, pl, P, aq, as, d, inter, y, st); break;
+    case 11: moe_down<1, 4>(tab, pl, P, aq, as, d, inter, y, st); break;
+    case 12: moe_down<2, 4>(tab, pl, P, aq, as, d, inter, y, st); break;
+    default: moe_down<4, 4>(tab, pl, P, aq, as, d, inter, y, st); break;
     }
     if ((rc = di_cuda_launched("moe_routed down", err))) return rc;
     moe_combine_kernel<<<dim3(di_cuda_blocks(d, 256), (unsigned)m), 256, 0, st>>>(pl.rank, y, d, k, acc);

@@ -366,38 +366,94 @@ static __device__ void torch_cpu_topk(telem *q, int64_t n, int64_t k) {
         nth_element(q, q + k - 1, q + n);
 }
 
-/* One row's replay (one thread): torch's top-k set of s[0, nk), positions ascending, those ≥ vis
- * marked −1, + offset.  row telem [nk] scratch;  o int32 [k] */
-static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, telem *row,
-                                        int32_t *o) {
-    for (int64_t j = 0; j < nk; j++) row[j] = telem{s[j], (int32_t)j};
-    torch_cpu_topk(row, nk, k);
-    /* the selected positions ascending (the reference sorts them), then ≥ vis marked −1 */
-    for (int j = 0; j < k; j++) {
-        int32_t v = row[j].i;
-        int p = j;
-        while (p > 0 && o[p - 1] > v) o[p] = o[p - 1], p--;
-        o[p] = v;
+/* One CTA per row. The replay itself is serial (thread 0); what is not — filling the row, the candidate
+ * blocks' maxima, sorting the kept positions, writing the mask — runs on all REPLAY_THREADS threads (one
+ * thread per row did all of it: 0.68 ms per decode row for the 4K-context candidate mask on the H200,
+ * 2026-11-30). The serial part works in shared memory, where a dependent load costs tens of cycles, not
+ * the hundreds of a global one:
+ *   - a row of at most REPLAY_SMEM_MAX bytes is copied there whole and the replay runs on it;
+ *   - a longer row on the heap path (k·64 ≤ n: 65,536 indexer scores at a 64K context, 9 ms per row
+ *     from global memory) keeps only the heap there and streams the rest through in chunks: the heap
+ *     selection reads each later entry once, in order, and only the heap is written (the entries it
+ *     swaps out of the heap are never read again: the output is the heap's set);
+ *   - anything else (an introselect over a row longer than REPLAY_SMEM_MAX) replays in the global scratch.
+ * Each thread computes the same values in the same order as the one-thread version; writes before a
+ * barrier are visible to the CTA after it. */
+#define REPLAY_THREADS 256
+#define REPLAY_SMEM_MAX (192 * 1024) /* dynamic shared memory a replay may take */
+#define REPLAY_CHUNK 2048            /* entries per streamed chunk of the heap path */
+
+/* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk(row, nk, k)
+ * when k·64 ≤ nk, for the output's purpose (the set in f[0..k)). heap: k entries, buf: REPLAY_CHUNK. */
+static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf) {
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{s[j], (int32_t)j};
+    __syncthreads();
+    if (threadIdx.x == 0) make_heap(heap, k);
+    for (int64_t c0 = k; c0 < nk; c0 += REPLAY_CHUNK) {
+        const int64_t n = nk - c0 < REPLAY_CHUNK ? nk - c0 : REPLAY_CHUNK;
+        __syncthreads(); /* thread 0 is done with the previous chunk */
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) buf[j] = telem{s[c0 + j], (int32_t)(c0 + j)};
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int64_t j = 0; j < n; j++)
+                if (before(buf[j], heap[0])) adjust_heap(heap, 0, k, buf[j]);
     }
-    for (int j = 0; j < k; j++) o[j] = o[j] < vis ? o[j] + offset : -1;
+    __syncthreads();
 }
 
-/* One row's candidate mask by the replay (one thread): block scores = max over the block's entries, the
- * newest visible block pinned to +inf, torch's best `keep` of the nb blocks kept.
- *   s f32 [nk];  row telem [nb], kp uint8 [nb] scratch;  mask uint8 [nk] */
+/* Where a top-k replay of k of nk entries runs: 1 the row in shared memory, 2 the heap in shared memory
+ * and the row streamed (heap path), 0 the global scratch; *smem: the bytes it needs. */
+static __host__ __device__ inline int d_topk_replay_mode(int64_t nk, int k, size_t *smem) {
+    const size_t row_b = sizeof(telem) * (size_t)nk, heap_b = sizeof(telem) * ((size_t)k + REPLAY_CHUNK);
+    const int mode = row_b <= REPLAY_SMEM_MAX ? 1 : (int64_t)k * 64 <= nk && heap_b <= REPLAY_SMEM_MAX ? 2 : 0;
+    *smem = mode == 1 ? row_b : mode == 2 ? heap_b : 0;
+    return mode;
+}
+
+/* One row's top-k replay on a CTA of REPLAY_THREADS: torch's set of s[0, nk), positions ascending, those
+ * ≥ vis marked −1, + offset. q telem [nk] global scratch (mode 0), sm: the launch's dynamic shared memory
+ * (d_topk_replay_mode bytes at least).  o int32 [k] */
+static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, telem *q,
+                                        int mode, telem *sm, int32_t *o) {
+    telem *row = mode == 0 ? q : sm;
+    if (mode == 2) {
+        heap_select_streamed(s, nk, k, sm, sm + k);
+    } else {
+        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) row[j] = telem{s[j], (int32_t)j};
+        __syncthreads();
+        if (threadIdx.x == 0) torch_cpu_topk(row, nk, k);
+        __syncthreads();
+    }
+    /* the selected positions ascending (the reference sorts them; positions are distinct, so a position's
+     * place is the count of smaller ones), then ≥ vis marked −1 */
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int32_t v = row[j].i;
+        int p = 0;
+        for (int i = 0; i < k; i++) p += row[i].i < v;
+        o[p] = v < vis ? v + offset : -1;
+    }
+}
+
+/* One row's candidate mask by the replay on a CTA of REPLAY_THREADS: block scores = max over the block's
+ * entries, the newest visible block pinned to +inf, torch's best `keep` of the nb blocks kept.
+ *   s f32 [nk];  row telem [nb] (shared or global scratch), kp uint8 [nb] scratch;  mask uint8 [nk] */
 static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis, int block, int64_t nb, int64_t keep,
                                         telem *row, uint8_t *kp, uint8_t *mask) {
-    int64_t last = vis > 0 ? (vis - 1) / block : -1;
-    for (int64_t b = 0; b < nb; b++) {
+    const int64_t last = vis > 0 ? (vis - 1) / block : -1;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
         float mx = -INFINITY;
         for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
         row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
         kp[b] = 0;
     }
-    torch_cpu_topk(row, nb, keep);
-    for (int64_t j = 0; j < keep; j++)
-        if (row[j].v > -INFINITY) kp[row[j].i] = 1;
-    for (int64_t n = 0; n < nk; n++) mask[n] = kp[n / block];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        torch_cpu_topk(row, nb, keep);
+        for (int64_t j = 0; j < keep; j++)
+            if (row[j].v > -INFINITY) kp[row[j].i] = 1;
+    }
+    __syncthreads();
+    for (int64_t n = threadIdx.x; n < nk; n += blockDim.x) mask[n] = kp[n / block];
 }
 
 /* ---- which rows need the replay ----

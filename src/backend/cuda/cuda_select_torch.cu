@@ -7,7 +7,7 @@
  * and greedy decoding gives the CPU's tokens.
  *
  * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory,
- * one thread per row. The top-k avoids it where it cannot matter: rows whose output the ties cannot
+ * one thread per row; the rest of a row's work on its CTA. The top-k avoids it where it cannot matter: rows whose output the ties cannot
  * change (see topk_replay_rows_kernel) take the parallel kernel's result, and only the others are
  * replayed. The candidate mask replays every row (one layer per pass, a few thousand
  * blocks per row). The parallel kernels of cuda_select.cu alone (higher score, then lower position: a
@@ -15,22 +15,37 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_select.cuh" /* the replay itself, per row */
 
-/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, nk] scratch */
-__global__ void topk_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis, int k,
-                                  int32_t offset, const uint8_t *only, telem *q, int32_t *out) {
-    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (rr >= nr) return;
-    int64_t r = r0 + rr;
+static bool g_sel_smem_raised = false;
+
+/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, nk] scratch (mode 0). grid: nr.
+ * mode (d_topk_replay_mode) 0: replay in q; 1: the row in shared memory; 2: heap in shared memory, row
+ * streamed. */
+__global__ void __launch_bounds__(REPLAY_THREADS) topk_torch_kernel(const float *scores, int64_t r0, int64_t nr,
+                                                                    int64_t nk, const int32_t *vis, int k,
+                                                                    int32_t offset, const uint8_t *only, telem *q,
+                                                                    int mode, int32_t *out) {
+    extern __shared__ telem sel_sm[];
+    const int64_t rr = blockIdx.x, r = r0 + rr;
     if (only && !only[r]) return;
-    d_topk_torch_row(scores + r * nk, nk, vis[r], k, offset, q + rr * nk, out + r * k);
+    d_topk_torch_row(scores + r * nk, nk, vis[r], k, offset, q + rr * nk, mode, sel_sm, out + r * k);
 }
 
-__global__ void cand_torch_kernel(const float *scores, int64_t r0, int64_t nr, int64_t nk, const int32_t *vis,
-                                  int block, int64_t nb, int64_t keep, telem *q, uint8_t *kept, uint8_t *mask) {
-    int64_t rr = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (rr >= nr) return;
-    int64_t r = r0 + rr;
-    d_cand_torch_row(scores + r * nk, nk, vis[r], block, nb, keep, q + rr * nb, kept + rr * nb, mask + r * nk);
+/* grid: nr; q: [nr, nb] scratch, kept: [nr, nb]; in_smem: the nb block entries in shared memory */
+__global__ void __launch_bounds__(REPLAY_THREADS) cand_torch_kernel(const float *scores, int64_t r0, int64_t nr,
+                                                                    int64_t nk, const int32_t *vis, int block,
+                                                                    int64_t nb, int64_t keep, telem *q, int in_smem,
+                                                                    uint8_t *kept, uint8_t *mask) {
+    extern __shared__ telem sel_sm[];
+    const int64_t rr = blockIdx.x, r = r0 + rr;
+    d_cand_torch_row(scores + r * nk, nk, vis[r], block, nb, keep, in_smem ? sel_sm : q + rr * nb, kept + rr * nb,
+                     mask + r * nk);
+}
+
+static void sel_raise_smem(void) {
+    if (g_sel_smem_raised) return;
+    cudaFuncSetAttribute(topk_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);
+    cudaFuncSetAttribute(cand_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);
+    g_sel_smem_raised = true;
 }
 
 /* which rows need the replay: d_topk_needs_replay (cuda_select.cuh), one block per row */
@@ -62,9 +77,13 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
         topk_replay_rows_kernel<<<(unsigned)m, CHECK_THREADS, 0, st>>>(scores, nk, vis, k, only);
         if ((rc = di_cuda_launched("topk (tie check)", err))) return rc;
     }
+    sel_raise_smem();
+    size_t smem;
+    const int mode = d_topk_replay_mode(nk, k, &smem);
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
-        topk_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, k, offset, only, q, out);
+        topk_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, smem, st>>>(scores, r0, nr, nk, vis, k, offset, only, q, mode,
+                                                                   out);
         if ((rc = di_cuda_launched("topk (torch replay)", err))) return rc;
     }
     return DI_OK;
@@ -85,10 +104,13 @@ extern "C" int di_cuda_candidate_mask_torch(const di_backend *be, const float *s
     if (rc) return rc;
     cudaStream_t st = di_cuda_state(be)->stream;
     uint8_t *kept = (uint8_t *)q + rows * nb * (int64_t)sizeof(telem);
+    sel_raise_smem();
+    const size_t row_b = sizeof(telem) * (size_t)nb;
+    const int in_smem = row_b <= REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
-        cand_torch_kernel<<<di_cuda_blocks(nr, 32), 32, 0, st>>>(scores, r0, nr, nk, vis, block, nb, keep, (telem *)q,
-                                                                kept, mask);
+        cand_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, in_smem ? row_b : 0, st>>>(scores, r0, nr, nk, vis, block, nb, keep,
+                                                                                   (telem *)q, in_smem, kept, mask);
         if ((rc = di_cuda_launched("candidate_mask (torch replay)", err))) return rc;
     }
     return DI_OK;
