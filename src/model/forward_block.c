@@ -307,9 +307,9 @@ static int select_seq(fwd_ctx *c, int L, const sel_pass *p, int i, const int32_t
     const seq_sel *s = &p->ss[i];
     const int R = cfg->layer[L].compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
     const int64_t Ti = q->ck.T, nk = s->nk;
-    const int32_t *vi = vis + q->r0;                          /* int32 [Ti] */
-    float *scores = p->scores + s->s0;                        /* f32 [Ti, nk] */
-    int32_t *top = p->top + s->o0;                            /* int32 [Ti, k] */
+    const int32_t *vi = vis + q->r0;   /* int32 [Ti] */
+    float *scores = p->scores + s->s0; /* f32 [Ti, nk] */
+    int32_t *top = p->top + s->o0;     /* int32 [Ti, k] */
     CK(be->indexer_scores(be, p->qi + q->r0 * ih * ihd, p->iw + q->r0 * ih, p->w_scale, p->keys_of[i], Ti, ih, ihd, nk,
                           vi, s->cand, scores, c->err));
     int64_t t_full = 0;
