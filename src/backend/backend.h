@@ -49,7 +49,7 @@ typedef struct di_moe_expert {
 } di_moe_expert;
 /* moe_routed limits: a step of at most this many (token, slot) pairs, and experts per layer (the CUDA
  * backend passes the expert table by value as a kernel parameter, ≤ 32 KiB) */
-#define DI_MOE_ROUTED_MAX_PAIRS 1024
+#define DI_MOE_ROUTED_MAX_PAIRS 2048
 #define DI_MOE_ROUTED_MAX_EXPERTS 384
 
 /* The host plan of a prefill step's routed experts (moe_grouped): the (token, slot) pairs with a valid

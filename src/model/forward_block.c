@@ -810,7 +810,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
  * on the host, where the rows per expert make a GEMM worth its setup, and hand the plan to the backend's
  * moe_grouped (all experts in a few launches, one ordered combine) or, without it, run the per-expert
  * loop of ops. All three compute the same values. */
-#define MOE_ROUTED_MAX_T 64
+#define MOE_ROUTED_MAX_T 256
 
 /* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
  * accumulated in f32 per token, the shared expert last (reference MoE.forward). */

@@ -1407,6 +1407,7 @@ static void test_moe_rows(void) {
     test_moe_routed(16, 0);
     test_moe_routed(16, 1);
     test_moe_routed(64, 1);
+    test_moe_routed(256, 1); /* 1,536 pairs: the plan's threads take two pairs each */
 }
 
 int main(int argc, char **argv) {
