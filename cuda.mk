@@ -4,7 +4,9 @@
 #                    build/cuda/test_cuda_cache: the cache row codecs and a device cache against the host's;
 #                    build/cuda/test_cuda_sample: the GPU sampler against the CPU sampler, bit for bit;
 #                    build/cuda/test_cuda_engine: the engine on the GPU (batch invariance, seeded sampling
-#                    against the CPU backend, GPU sampling path against the host path); every
+#                    against the CPU backend, GPU sampling path against the host path);
+#                    build/cuda/test_cuda_index_seqs: the batched index selection against the per-sequence
+#                    ops (DI_BENCH=1: their times; DI_TEST_ON_CPU=1: the harness on the CPU, no GPU); every
 #                    tests/cuda/test_*.c is one binary (wildcard below)
 #   make deepinfer-cuda  the CLI with the CUDA backend linked in (`--device cuda`), static like below
 # Run on an H200 with scripts/gpu_tests.sh.

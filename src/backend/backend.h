@@ -49,7 +49,7 @@ typedef struct di_moe_expert {
 } di_moe_expert;
 /* moe_routed limits: a step of at most this many (token, slot) pairs, and experts per layer (the CUDA
  * backend passes the expert table by value as a kernel parameter, ≤ 32 KiB) */
-#define DI_MOE_ROUTED_MAX_PAIRS 1024
+#define DI_MOE_ROUTED_MAX_PAIRS 2048
 #define DI_MOE_ROUTED_MAX_EXPERTS 384
 
 /* The host plan of a prefill step's routed experts (moe_grouped): the (token, slot) pairs with a valid
@@ -89,6 +89,32 @@ typedef struct di_pool_seq {
     float *state; /* f32 [n_blocks, 2, R, d] */
     int64_t start_pos, m, row0, out0;
 } di_pool_seq;
+
+/* One query row of a batched index selection (indexer_scores_rows, candidate_mask_rows, topk_rows;
+ * backend memory, pointers into it). The row is what the per-sequence op sees when called on that row
+ * alone: its sequence's keys and candidate row, its own width, visible count and k. */
+typedef struct di_index_row {
+    const uint16_t *keys; /* bf16 [nk, hd] its sequence's index keys */
+    const uint8_t *cand;  /* uint8 [nk] its candidate row, or NULL (no mask) */
+    int64_t s0;           /* its scores f32 [nk] at scores + s0; its candidate mask uint8 [w] at mask + s0 */
+    int64_t o0;           /* its top-k list int32 [kp] at out + o0 */
+    int32_t nk;           /* keys scored (the per-sequence call's row width) */
+    int32_t w;            /* selection width ≤ nk: scores [0, w) compete (the selection call's nk) */
+    int32_t vis;          /* entries visible, ≤ w */
+    int32_t k, kp;        /* top-k, k ≤ w; its list is −1 padded from k to kp */
+} di_index_row;
+
+/* One sequence of a batched gather_topk (gather_topk_seqs; backend memory): gather_topk's arguments
+ * for that sequence. */
+typedef struct di_gather_seq {
+    const uint8_t *base;   /* uint8 [*, row bytes] its compressed-KV rows */
+    const int32_t *pages;  /* int32 [ceil(n_entries / page_entries)] or NULL */
+    const int32_t *top;    /* int32 [m, k] */
+    uint16_t *rows;        /* bf16 [m·k, d] out */
+    int32_t *idx;          /* int32 [m, ldi] out (columns [0, k) of each row) */
+    int64_t n_entries, page_entries, page_rows, row_off, m, ldi;
+    int32_t k, row0;
+} di_gather_seq;
 
 /* Fault injection for the mutation tests (tests/test_verify.c). Off (all zero) in every normal run;
  * a backend honours the switches that live inside its ops, the graph honours the others
@@ -406,6 +432,26 @@ struct di_backend {
     int (*sparse_attn_seqs)(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
                             const di_attn_seq *seqs, int n_seq, const int32_t *seq_of, const float *sink,
                             float scale, uint16_t *out, di_error *err);
+    /* ---------------- batched index selection (optional; NULL = per-sequence / per-row calls) ----------------
+     * indexer_scores, candidate_mask, topk and gather_topk over the rows of every sequence of a pass in one
+     * call each, every row with its own key set, width, visible count and k (di_index_row): row i's output
+     * is, bit for bit, that of the per-sequence op called on row i alone with the row's nk / w / vis / k
+     * (the selections' tie order depends on w and k: torch's replay is kept per row). Their CPU versions
+     * are those per-row calls (backend/cpu/rows_batch.c), the CUDA kernels run the per-row device code of
+     * the per-sequence kernels (backend/cuda/cuda_index_seqs.cu).
+     *   indexer_scores_rows: q bf16 [m, nh, hd];  w bf16 [m, nh];  rows [m];  scores f32 (rows' s0, nk);
+     *     nk_max ≥ every row's nk
+     *   candidate_mask_rows: mask uint8 (rows' s0, w): each row's w columns written;  w_max ≥ every w
+     *   topk_rows: out int32 (rows' o0, kp): positions ascending (offset 0), −1 padded to kp;  w_max ≥ every w
+     *   gather_topk_seqs: gather_topk for each of n_seq sequences (codec, d shared);  mk_max ≥ every m·k */
+    int (*indexer_scores_rows)(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, int64_t m,
+                               int nh, int hd, const di_index_row *rows, int64_t nk_max, float *scores, di_error *err);
+    int (*candidate_mask_rows)(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows,
+                               int64_t w_max, int block, int topk_blocks, uint8_t *mask, di_error *err);
+    int (*topk_rows)(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows, int64_t w_max,
+                     int32_t *out, di_error *err);
+    int (*gather_topk_seqs)(const di_backend *be, di_row_codec codec, int64_t d, const di_gather_seq *seqs, int n_seq,
+                            int64_t mk_max, di_error *err);
     /* ---------------- graph capture (optional; NULL = every pass runs op by op) ----------------
      * graph_begin: the ops issued from now on are recorded, not run. Between begin and end no op may
      * wait for the device (no download); memory must not be allocated or freed (the forward's arena).

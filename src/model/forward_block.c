@@ -269,9 +269,117 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
  * step — with k = min(index_topk, width): the CPU selections replay torch's, whose choice among
  * EXACTLY tied scores depends on both, so every chunking of a prompt picks what its one-shot prefill
  * picks and a verify block or a recompute picks what the decode steps picked. The scores are computed
- * once, as wide as the chunk's last row (a score does not depend on the width); only the selections of
- * the narrower rows run row by row. A sequence's widths are its own, whatever else is in the batch.
- *   u bf16 [T, D];  qr bf16 [T, qr] */
+ * once, as wide as the chunk's last row (a score does not depend on the width). A sequence's widths
+ * are its own, whatever else is in the batch.
+ * Launches: with the backend's batched slots (indexer_scores_rows, candidate_mask_rows, topk_rows) a
+ * pass of several sequences, or one with narrower rows, runs each op once over all its rows, every row
+ * described by its own width, visible count and k (select_rows); otherwise each op runs once per
+ * sequence, the narrower rows one by one (select_seq). The values are the same either way. */
+
+/* One sequence's part of an index layer's selection. */
+typedef struct seq_sel {
+    int64_t s0;          /* its score rows (and candidate mask rows): f32 [T_i, nk] at scores + s0 */
+    int64_t o0;          /* its top-k lists: int32 [T_i, k] at top + o0 */
+    int64_t nk;          /* score row width: fwd_select_entries */
+    int k;               /* top-k of its widest row; 0: it selects nothing */
+    const uint8_t *cand; /* uint8 [T_i, nk] its candidate source's mask (backend), or NULL */
+} seq_sel;
+
+/* The layer's selection buffers and inputs (indexer). */
+typedef struct sel_pass {
+    const uint16_t *qi, *iw;  /* bf16 [T, ih, ihd] index queries, bf16 [T, ih] weights */
+    float w_scale;
+    const uint16_t **keys_of; /* [n_seq] bf16 [nk_i, ihd] each sequence's index keys (backend) */
+    const int32_t *vis_h;     /* int32 [T] entries visible to each row (host) */
+    const seq_sel *ss;        /* [n_seq] */
+    float *scores;            /* f32 [Σ T_i·nk_i] */
+    uint8_t *mask;            /* uint8 [Σ T_i·nk_i] candidate masks, or NULL (not a candidate source) */
+    int32_t *top;             /* int32 [Σ T_i·k_i] */
+} sel_pass;
+
+/* Sequence i's scores, candidate mask and top-k lists with the per-sequence ops: the rows [0, t_full)
+ * narrower than the last one (rows past the prompt) select alone over their own width, the rest
+ * together.  vis int32 [T] (backend) */
+static int select_seq(fwd_ctx *c, int L, const sel_pass *p, int i, const int32_t *vis) {
+    const di_config *cfg = c->cfg;
+    const di_backend *be = c->be;
+    const fwd_seq *q = &c->seq[i];
+    const seq_sel *s = &p->ss[i];
+    const int R = cfg->layer[L].compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
+    const int64_t Ti = q->ck.T, nk = s->nk;
+    const int32_t *vi = vis + q->r0;   /* int32 [Ti] */
+    float *scores = p->scores + s->s0; /* f32 [Ti, nk] */
+    int32_t *top = p->top + s->o0;     /* int32 [Ti, k] */
+    CK(be->indexer_scores(be, p->qi + q->r0 * ih * ihd, p->iw + q->r0 * ih, p->w_scale, p->keys_of[i], Ti, ih, ihd, nk,
+                          vi, s->cand, scores, c->err));
+    int64_t t_full = 0;
+    while (t_full < Ti && fwd_row_select_entries(&q->ck, q->ck.s0 + t_full, R) < nk) t_full++;
+    if (p->mask) {
+        int blk = cfg->candidate_block_size;
+        uint8_t *mask = p->mask + s->s0; /* uint8 [Ti, nk]; a narrow row's columns past its width are left
+                                          * unwritten: its scorer reads only entries < its visible count */
+        float *ws;                       /* f32 [ceil(nk / blk)] */
+        ALLOC(ws, (nk + blk - 1) / blk + 1, 0);
+        for (int64_t t = 0; t < t_full; t++) {
+            int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
+            if (w > 0)
+                CK(be->candidate_mask(be, scores + t * nk, 1, w, vi + t, blk, cfg->candidate_topk_blocks, mask + t * nk,
+                                      ws, c->err));
+        }
+        if (t_full < Ti)
+            CK(be->candidate_mask(be, scores + t_full * nk, Ti - t_full, nk, vi + t_full, blk, cfg->candidate_topk_blocks,
+                                  mask + t_full * nk, ws, c->err));
+    }
+    for (int64_t t = 0; t < t_full; t++) { /* k = min(index_topk, width), then −1 to the sequence's k */
+        int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
+        int kt = (int)(w < cfg->index_topk ? w : cfg->index_topk);
+        int32_t *row = top + t * s->k;
+        if (kt > 0) CK(be->topk(be, scores + t * nk, 1, w, vi + t, kt, 0, row, c->err));
+        if (kt < s->k) CK(be->mem_set(be, row + kt, 0xff, sizeof(int32_t) * (size_t)(s->k - kt), c->err));
+    }
+    if (t_full < Ti)
+        CK(be->topk(be, scores + t_full * nk, Ti - t_full, nk, vi + t_full, s->k, 0, top + t_full * s->k, c->err));
+    return DI_OK;
+}
+
+/* Every sequence's scores, candidate masks and top-k lists in one call of each batched slot: row r of
+ * the pass as the per-sequence ops see it (its sequence's keys and candidate row, its own width, visible
+ * count and k). A sequence that selects nothing contributes empty rows (no keys, width 0). */
+static int select_rows(fwd_ctx *c, int L, const sel_pass *p) {
+    const di_config *cfg = c->cfg;
+    const di_backend *be = c->be;
+    const int R = cfg->layer[L].compress_ratio;
+    di_index_row *rows_h, *rows; /* [T] (host, backend) */
+    int64_t nk_max = 0, w_max = 0;
+    HALLOC(rows_h, c->T, 0);
+    for (int i = 0; i < c->n_seq; i++) {
+        const fwd_seq *q = &c->seq[i];
+        const seq_sel *s = &p->ss[i];
+        for (int64_t t = 0; t < q->ck.T; t++) {
+            di_index_row *r = &rows_h[q->r0 + t];
+            if (!s->k) {
+                *r = (di_index_row){0}; /* no keys, width 0: nothing scored or selected */
+                continue;
+            }
+            int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
+            *r = (di_index_row){.keys = p->keys_of[i], .cand = s->cand ? s->cand + t * s->nk : NULL,
+                                .s0 = s->s0 + t * s->nk, .o0 = s->o0 + t * s->k, .nk = (int32_t)s->nk, .w = (int32_t)w,
+                                .vis = p->vis_h[q->r0 + t], .k = (int32_t)(w < cfg->index_topk ? w : cfg->index_topk),
+                                .kp = s->k};
+            nk_max = s->nk > nk_max ? s->nk : nk_max;
+            w_max = w > w_max ? w : w_max;
+        }
+    }
+    UPLOAD(rows, rows_h, c->T, 0);
+    CK(be->indexer_scores_rows(be, p->qi, p->iw, p->w_scale, c->T, cfg->index_n_heads, cfg->index_head_dim, rows, nk_max,
+                               p->scores, c->err));
+    if (p->mask)
+        CK(be->candidate_mask_rows(be, p->scores, c->T, rows, w_max, cfg->candidate_block_size,
+                                   cfg->candidate_topk_blocks, p->mask, c->err));
+    return be->topk_rows(be, p->scores, c->T, rows, w_max, p->top, c->err);
+}
+
+/*   u bf16 [T, D];  qr bf16 [T, qr] */
 static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
@@ -279,14 +387,29 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     const di_backend *be = c->be;
     int64_t T = c->T, D = cfg->hidden_size, qrk = cfg->q_lora_rank;
     int R = lc->compress_ratio, ih = cfg->index_n_heads, ihd = cfg->index_head_dim;
-    int64_t n_top = 0; /* Σ T_i·k_i: the pass's top-k lists, back to back in sequence order */
+    seq_sel *ss; /* [n_seq] (host) */
+    HALLOC(ss, c->n_seq, 0);
+    int64_t n_top = 0, n_sc = 0; /* Σ T_i·k_i: the pass's top-k lists, back to back in sequence order; Σ T_i·nk_i */
+    bool narrow = false;         /* some row selects over less than its sequence's width */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
         int64_t ncmp = (q->ck.s0 + q->ck.T) / R, nsel = fwd_select_entries(&q->ck, R);
         /* a chunk that sees no entry yet selects none (its lists would be all −1 padding) */
         q->pub[L].topk_k = ncmp == 0 ? 0 : (int)(nsel < cfg->index_topk ? nsel : cfg->index_topk);
         if (c->out) c->out->topk_k[L] = q->pub[L].topk_k, c->out->n_keys[L] = nsel;
-        n_top += q->ck.T * q->pub[L].topk_k;
+        ss[i] = (seq_sel){.s0 = n_sc, .o0 = n_top, .nk = nsel, .k = q->pub[L].topk_k, .cand = NULL};
+        if (!ss[i].k) continue;
+        n_top += q->ck.T * ss[i].k;
+        n_sc += q->ck.T * nsel;
+        narrow |= fwd_row_select_entries(&q->ck, q->ck.s0, R) < nsel;
+        if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
+            const fwd_pub *cs = source(c, q, L, lc->candidate_source, "candidate");
+            if (!cs) return c->err->code;
+            if (cs->n_cand != nsel)
+                return di_error_set(c->err, DI_ERR_INTERNAL, "layer %d: candidate mask over %lld entries, scores over %lld",
+                                    L, (long long)cs->n_cand, (long long)nsel);
+            ss[i].cand = cs->cand;
+        }
     }
     if (!n_top) return DI_OK; /* nothing visible yet: empty compressed lists */
 
@@ -300,96 +423,57 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     CK(be->linear_bf16(be, u, T, D, w->idx_weights_proj, ih, iw, c->err));
     DUMP("attn.index_w", DI_BF16, iw, 2, T, ih, 0);
     /* the reference scales the weights by index_head_dim^-0.5 · n_heads^-0.5 (a Python double) */
-    float w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5));
-    int32_t *vis_h, *vis; /* int32 [T] compressed entries visible to each row's query (host, backend) */
-    int32_t *top, *top_h = NULL; /* int32 [n_top] (backend; host copy): pass lifetime, reuse layers read them */
+    sel_pass p = {.qi = qi, .iw = iw, .w_scale = (float)(pow(ihd, -0.5) * pow(ih, -0.5)), .ss = ss};
+    int32_t *vis_h;              /* int32 [T] compressed entries visible to each row's query (host) */
+    int32_t *top_h = NULL;       /* int32 [n_top] host copy of the top-k lists: pass lifetime, reuse layers read them */
     bool on_backend = fwd_gather_on_backend(c);
     HALLOC(vis_h, T, 0);
-    ALLOC(top, n_top, 1);
+    ALLOC(p.scores, n_sc, 0);
+    if (lc->is_candidate_source) ALLOC(p.mask, n_sc, 1);
+    ALLOC(p.top, n_top, 1);
     if (!on_backend || c->out) HALLOC(top_h, n_top, 1);
     for (int i = 0; i < c->n_seq; i++)
         for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
-    UPLOAD(vis, vis_h, T, 0);
+    p.vis_h = vis_h;
+    HALLOC(p.keys_of, c->n_seq, 0);
+    CK(read_index_keys(c, L, p.keys_of));
 
-    const uint16_t **keys_of; /* [n_seq] each sequence's index keys (backend) */
-    HALLOC(keys_of, c->n_seq, 0);
-    CK(read_index_keys(c, L, keys_of));
+    bool rows = be->indexer_scores_rows && be->topk_rows && (be->candidate_mask_rows || !p.mask);
+    if (rows && (c->n_seq > 1 || narrow)) {
+        CK(select_rows(c, L, &p));
+    } else {
+        int32_t *vis; /* int32 [T] (backend) */
+        UPLOAD(vis, vis_h, T, 0);
+        for (int i = 0; i < c->n_seq; i++)
+            if (ss[i].k) CK(select_seq(c, L, &p, i, vis));
+    }
 
-    int64_t o = 0; /* sequence i's top-k lists are top[o_i …] */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
-        int64_t Ti = q->ck.T, ncmp = fwd_select_entries(&q->ck, R); /* score row width (≥ the visible entries) */
-        int ksel = q->pub[L].topk_k;
-        if (ksel == 0) continue;
-        const uint16_t *keys = keys_of[i]; /* bf16 [ncmp, ihd] */
-        float *scores;                     /* f32 [Ti, ncmp] */
-        ALLOC(scores, Ti * ncmp, 0);
+        const seq_sel *s = &ss[i];
+        int64_t Ti = q->ck.T;
+        if (!s->k) continue;
+        DUMP("attn.index_scores", DI_F32, p.scores + s->s0, 2, Ti, s->nk, 0);
         if (c->out) { /* owned by c->out (golden names prefill_layer{L}_index_scores / _topk) */
-            c->out->index_scores[L] = calloc((size_t)(Ti * ncmp), sizeof(float));
-            c->out->topk[L] = calloc((size_t)(Ti * ksel), sizeof(int32_t));
+            c->out->index_scores[L] = calloc((size_t)(Ti * s->nk), sizeof(float));
+            c->out->topk[L] = calloc((size_t)(Ti * s->k), sizeof(int32_t));
             if (!c->out->index_scores[L] || !c->out->topk[L])
                 return di_error_set(c->err, DI_ERR_NOMEM, "layer %d: index scores [%lld, %lld]", L, (long long)Ti,
-                                    (long long)ncmp);
+                                    (long long)s->nk);
+            CK(fwd_download(c, c->out->index_scores[L], p.scores + s->s0, sizeof(float) * (size_t)(Ti * s->nk)));
         }
-
-        const uint8_t *cand = NULL;
-        if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
-            const fwd_pub *cs = source(c, q, L, lc->candidate_source, "candidate");
-            if (!cs) return c->err->code;
-            if (cs->n_cand != ncmp)
-                return di_error_set(c->err, DI_ERR_INTERNAL,
-                                    "layer %d: candidate mask over %lld entries, scores over %lld", L,
-                                    (long long)cs->n_cand, (long long)ncmp);
-            cand = cs->cand;
+        if (p.mask) {
+            DUMP("attn.candidates", DI_I8, p.mask + s->s0, 2, Ti, s->nk, 0);
+            q->pub[L].cand = p.mask + s->s0;
+            q->pub[L].n_cand = s->nk;
         }
-        const int32_t *vi = vis + q->r0; /* int32 [Ti] */
-        CK(be->indexer_scores(be, qi + q->r0 * ih * ihd, iw + q->r0 * ih, w_scale, keys, Ti, ih, ihd, ncmp, vi, cand,
-                              scores, c->err));
-        DUMP("attn.index_scores", DI_F32, scores, 2, Ti, ncmp, 0);
-        if (c->out) CK(fwd_download(c, c->out->index_scores[L], scores, sizeof(float) * (size_t)(Ti * ncmp)));
-
-        /* rows [0, t_full) are narrower than the last one (rows past the prompt, fwd_row_select_entries):
-         * each selects alone over its own width; the rest select together */
-        int64_t t_full = 0;
-        while (t_full < Ti && fwd_row_select_entries(&q->ck, q->ck.s0 + t_full, R) < ncmp) t_full++;
-        if (lc->is_candidate_source) {
-            int blk = cfg->candidate_block_size;
-            uint8_t *mask; /* uint8 [Ti, ncmp]; a narrow row's columns past its width are left unwritten:
-                            * its scorer reads only entries < its visible count <= its width */
-            float *ws;     /* f32 [ceil(ncmp / blk)] */
-            ALLOC(mask, Ti * ncmp, 1);
-            ALLOC(ws, (ncmp + blk - 1) / blk + 1, 0);
-            for (int64_t t = 0; t < t_full; t++) {
-                int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
-                if (w > 0)
-                    CK(be->candidate_mask(be, scores + t * ncmp, 1, w, vi + t, blk, cfg->candidate_topk_blocks,
-                                          mask + t * ncmp, ws, c->err));
-            }
-            if (t_full < Ti)
-                CK(be->candidate_mask(be, scores + t_full * ncmp, Ti - t_full, ncmp, vi + t_full, blk,
-                                      cfg->candidate_topk_blocks, mask + t_full * ncmp, ws, c->err));
-            DUMP("attn.candidates", DI_I8, mask, 2, Ti, ncmp, 0);
-            q->pub[L].cand = mask;
-            q->pub[L].n_cand = ncmp;
-        }
-        for (int64_t t = 0; t < t_full; t++) { /* k = min(index_topk, width), then −1 to ksel */
-            int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
-            int kt = (int)(w < cfg->index_topk ? w : cfg->index_topk);
-            int32_t *row = top + o + t * ksel;
-            if (kt > 0) CK(be->topk(be, scores + t * ncmp, 1, w, vi + t, kt, 0, row, c->err));
-            if (kt < ksel) CK(be->mem_set(be, row + kt, 0xff, sizeof(int32_t) * (size_t)(ksel - kt), c->err));
-        }
-        if (t_full < Ti)
-            CK(be->topk(be, scores + t_full * ncmp, Ti - t_full, ncmp, vi + t_full, ksel, 0, top + o + t_full * ksel,
-                        c->err));
-        DUMP("attn.topk", DI_I32, top + o, 2, Ti, ksel, 0);
-        q->pub[L].topk = on_backend ? NULL : top_h + o;
-        q->pub[L].topk_dev = top + o;
-        o += Ti * ksel;
+        DUMP("attn.topk", DI_I32, p.top + s->o0, 2, Ti, s->k, 0);
+        q->pub[L].topk = on_backend ? NULL : top_h + s->o0;
+        q->pub[L].topk_dev = p.top + s->o0;
     }
     /* Without a backend gather, the gathers of the selected entries are planned on the host
      * (gather_compressed): one download per index layer for the whole pass, a synchronisation point. */
-    if (top_h) CK(fwd_download(c, top_h, top, sizeof(int32_t) * (size_t)n_top));
+    if (top_h) CK(fwd_download(c, top_h, p.top, sizeof(int32_t) * (size_t)n_top));
     if (c->out) /* golden convention: offset into [window rows ‖ compressed] (= T from position 0) */
         for (int64_t j = 0; j < n_top; j++)
             c->out->topk[L][j] = top_h[j] < 0 ? -1 : top_h[j] + (int32_t)c->seq[0].n_win_rows;
@@ -463,23 +547,46 @@ static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, i
     return DI_OK;
 }
 
-/* The backend gather planned by gather_compressed: s->cmp and the compressed columns of the sequence's
- * index lists (idx int32 [T, n_idx], backend) from the top-k lists where they are; a paged cache's
- * block table is uploaded for it (no synchronisation). The entries' codec is the cache's (cache_rows.c:
- * compressed KV = FP4 with E4M3 scales per 16).  */
-static int gather_on_backend(fwd_ctx *c, const fwd_seq *q, const seq_attn *s, int32_t *idx) {
+/* The backend gathers planned by gather_compressed: each sequence's s->cmp and the compressed columns of
+ * its index lists (idx int32 [T_i, n_idx_i], backend) from the top-k lists where they are; a paged
+ * cache's block table is uploaded for it (no synchronisation). The entries' codec is the cache's
+ * (cache_rows.c: compressed KV = FP4 with E4M3 scales per 16). One gather_topk_seqs call for every
+ * sequence where the backend has it, else one gather_topk per sequence.
+ *   idx_d int32 [Σ T_i·n_idx_i] (backend, sequence after sequence) */
+static int gather_on_backend(fwd_ctx *c, const seq_attn *sa, int32_t *idx_d) {
     const di_backend *be = c->be;
-    const di_cache *k = q->ck.cache;
-    const di_cache_stage *st = &k->stage[s->kv_stage];
-    const int32_t *pages = NULL; /* int32 [n_pages] (backend) */
-    if (k->pool) {
-        int32_t *pd;
-        UPLOAD(pd, k->pages, k->n_pages > 0 ? k->n_pages : 1, 0);
-        pages = pd;
+    di_gather_seq *gs_h, *gs; /* [n_seq] the sequences that gather (host, backend) */
+    int n = 0;
+    int64_t mk_max = 0;
+    HALLOC(gs_h, c->n_seq, 0);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+        const fwd_seq *q = &c->seq[i];
+        const seq_attn *s = &sa[i];
+        if (!s->top_dev) continue;
+        const di_cache *k = q->ck.cache;
+        const di_cache_stage *st = &k->stage[s->kv_stage];
+        const int32_t *pages = NULL; /* int32 [n_pages] (backend) */
+        if (k->pool) {
+            int32_t *pd;
+            UPLOAD(pd, k->pages, k->n_pages > 0 ? k->n_pages : 1, 0);
+            pages = pd;
+        }
+        gs_h[n++] = (di_gather_seq){.base = st->cmp, .pages = pages, .top = s->top_dev, .rows = (uint16_t *)s->cmp,
+                                    .idx = idx_d + off + q->n_win, .n_entries = s->n_ent, .page_entries = st->page_entries,
+                                    .page_rows = k->cmp_page_rows, .row_off = st->cmp_row0, .m = q->ck.T, .ldi = s->n_idx,
+                                    .k = (int32_t)s->kc, .row0 = (int32_t)q->n_win_rows};
+        mk_max = q->ck.T * s->kc > mk_max ? q->ck.T * s->kc : mk_max;
     }
-    return be->gather_topk(be, DI_CODEC_FP4_E4M3, st->cmp, s->n_ent, pages, st->page_entries, k->cmp_page_rows,
-                           st->cmp_row0, s->top_dev, q->ck.T, (int)s->kc, c->cfg->head_dim, (int32_t)q->n_win_rows,
-                           (uint16_t *)s->cmp, idx + q->n_win, s->n_idx, c->err);
+    if (be->gather_topk_seqs && n > 1) {
+        UPLOAD(gs, gs_h, n, 0);
+        return be->gather_topk_seqs(be, DI_CODEC_FP4_E4M3, c->cfg->head_dim, gs, n, mk_max, c->err);
+    }
+    for (int j = 0; j < n; j++) {
+        const di_gather_seq *g = &gs_h[j];
+        CK(be->gather_topk(be, DI_CODEC_FP4_E4M3, g->base, g->n_entries, g->pages, g->page_entries, g->page_rows,
+                           g->row_off, g->top, g->m, g->k, c->cfg->head_dim, g->row0, g->rows, g->idx, g->ldi, c->err));
+    }
+    return DI_OK;
 }
 
 /* The window KV of every row (wkv → kv_norm → RoPE → FP8 QDQ of all hd channels, groups of 32), one
@@ -671,8 +778,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
         memcpy(idx_h + off, sa[i].idx, sizeof(int32_t) * (size_t)(c->seq[i].ck.T * sa[i].n_idx));
     UPLOAD(idx_d, idx_h, n_all, 0);
-    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
-        if (sa[i].top_dev) CK(gather_on_backend(c, &c->seq[i], &sa[i], idx_d + off));
+    CK(gather_on_backend(c, sa, idx_d));
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
     if (be->sparse_attn_seqs && c->n_seq > 1) {
@@ -704,7 +810,7 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
  * on the host, where the rows per expert make a GEMM worth its setup, and hand the plan to the backend's
  * moe_grouped (all experts in a few launches, one ordered combine) or, without it, run the per-expert
  * loop of ops. All three compute the same values. */
-#define MOE_ROUTED_MAX_T 64
+#define MOE_ROUTED_MAX_T 256
 
 /* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
  * accumulated in f32 per token, the shared expert last (reference MoE.forward). */

@@ -80,8 +80,9 @@ typedef struct di_session_chunk {
  * token-parallel work (embedding, Engram, mHC, norms, every projection GEMM, router and the experts
  * grouped over all rows, the head) runs once over the concatenated rows of all chunks, so each weight
  * is read once per step; cache reads and writes, compressor pooling and the sparse attention run once
- * for all sequences (batched slots where the backend has them); window lists, indexer and top-k per sequence. Every backend op is row-wise batch invariant, so each
- * chunk's logits (and cache) are bit-identical to its di_session_forward alone, whatever the other
+ * for all sequences (batched slots where the backend has them); window lists per sequence; indexer,
+ * candidate mask, top-k and gathers in one call per layer where the backend has the batched slots.
+ * Every backend op is row-wise batch invariant, so each chunk's logits (and cache) are bit-identical to its di_session_forward alone, whatever the other
  * chunks (tests/test_forward_batch.c). Chunks may mix decode steps, prefill chunks and DSpark verify
  * blocks (a session with DSpark on gets its stage windows written). The sessions must be distinct and
  * share the model and backend. opts: dumps / faults (NULL = none); opts->window_floor must be 0 (the

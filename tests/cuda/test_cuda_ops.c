@@ -772,7 +772,9 @@ static void test_sparse_attn(int64_t M, int64_t n_win, int64_t n_cmp, int64_t n_
 static void test_router(int64_t M) {
     const int ne = 384, k = 6;
     float *l = rand_f32(M * ne, 0, 2), *bias = rand_f32(ne, 0, 0.1);
-    for (int e = 0; e < 8; e++) l[e] = l[8 + e]; /* token 0: equal logits → equal σ, ties on ids */
+    for (int e = 0; e < 16; e++) bias[e] = 0.05f;
+    for (int e = 0; e < 8; e++) l[e] = l[8 + e] = 3.0f + 0.25f * (float)(e % 3); /* token 0: equal scores, ties on ids */
+    if (M > 1) l[ne + 3] = NAN, l[ne + 200] = NAN;                               /* token 1: NaN never wins */
     int32_t *ic = xmalloc(sizeof *ic * (size_t)(M * k));
     float *wc = xmalloc(sizeof *wc * (size_t)(M * k));
     RUN(cpu->router(cpu, l, M, ne, bias, 1.0f, k, true, 1.5f, ic, wc, E));
@@ -1405,6 +1407,7 @@ static void test_moe_rows(void) {
     test_moe_routed(16, 0);
     test_moe_routed(16, 1);
     test_moe_routed(64, 1);
+    test_moe_routed(256, 1); /* 1,536 pairs: the plan's threads take two pairs each */
 }
 
 int main(int argc, char **argv) {
@@ -1498,10 +1501,12 @@ int main(int argc, char **argv) {
         test_candidates(16, 4096, 8, 2048, isc);
         test_candidates(16, 65536, 8, 2048, NULL);
         test_candidates(16, 4096, 8, 16, NULL);
+        test_candidates(2, 1 << 21, 8, 2048, NULL); /* 262,144 blocks: too many for shared memory */
         free(isc), free(isc2);
         test_topk(16, 16384, 512, 128);
         test_topk(8, 300, 512 > 300 ? 300 : 512, 0);
         test_topk(4, 262144, 512, 128);
+        test_topk(2, 32768, 1024, 3); /* introselect over a row too long for shared memory: the global replay */
         test_topk_unique(16, 16384, 512);
         test_topk_unique(4, 262144, 512);
         test_topk_unique(64, 700, 512);

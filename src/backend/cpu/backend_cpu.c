@@ -409,6 +409,7 @@ int di_backend_cpu_create_variant(int n_threads, di_cpu_variant variant, di_back
     be->engram_gate = a_engram_gate;
     if (variant == DI_CPU_SCALAR) fill_scalar(be);
     di_cpu_rows_install(be); /* after compress_pool: the ring runs the variant's own */
+    di_cpu_index_rows_install(be); /* after the scorer and the selections, likewise */
     *out = be;
     return DI_OK;
 }

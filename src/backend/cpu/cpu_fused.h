@@ -17,7 +17,8 @@ int di_cpu_gather_topk(const di_backend *be, di_row_codec codec, const uint8_t *
                        const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows, int32_t *idx,
                        int64_t ldi, di_error *err);
 
-/* Fill the fused slots of a CPU backend (either kernel variant). */
+/* Fill the fused slots of a CPU backend (either kernel variant), and gather_topk_seqs (gather_topk per
+ * sequence, index_rows.c). */
 void di_cpu_fused_install(di_backend *be);
 
 #endif

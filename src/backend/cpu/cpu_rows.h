@@ -8,4 +8,10 @@
  * the table's own compress_pool / sparse_attn, so call it after those are set (FAST or SCALAR). */
 void di_cpu_rows_install(di_backend *be);
 
+/* The batched index selection (index_rows.c; backend.h "batched index selection"): indexer_scores_rows,
+ * candidate_mask_rows and topk_rows run the table's own per-sequence ops row by row, so call it after
+ * those are set; gather_topk_seqs runs its gather_topk, installed with it (fused.c). */
+void di_cpu_index_rows_install(di_backend *be);
+void di_cpu_gather_seqs_install(di_backend *be);
+
 #endif

@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cpu/cpu_fused.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_rows.h"
 #include "util/error.h"
 
 int di_cpu_hc_pre(const di_backend *be, uint16_t *x, const uint16_t *z, const float *post_in, const float *comb_in,
@@ -51,4 +52,5 @@ int di_cpu_gather_topk(const di_backend *be, di_row_codec codec, const uint8_t *
 void di_cpu_fused_install(di_backend *be) {
     be->hc_pre = di_cpu_hc_pre;
     be->gather_topk = di_cpu_gather_topk;
+    di_cpu_gather_seqs_install(be); /* one gather_topk per sequence */
 }

@@ -82,6 +82,7 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
 }
 
 extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
+extern "C" void di_cuda_index_seqs_install(di_backend *be); /* cuda_index_seqs.cu: batched index selection */
 /* cuda_graph.cu (backend.h graph capture) */
 extern "C" int di_cuda_graph_begin(const di_backend *be, di_error *err);
 extern "C" int di_cuda_graph_end(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
@@ -199,6 +200,7 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     be->engram_gate = di_cuda_engram_gate;
     be->hc_pre = di_cuda_hc_pre;
     be->gather_topk = di_cuda_gather_topk;
+    di_cuda_index_seqs_install(be); /* after the scorer, the selections and gather_topk are chosen */
     be->graph_begin = di_cuda_graph_begin;
     be->graph_end = di_cuda_graph_end;
     be->graph_free = di_cuda_graph_free;

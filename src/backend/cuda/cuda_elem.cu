@@ -212,12 +212,17 @@ static __device__ __forceinline__ bool router_beats(float sa, int ia, float sb, 
     return sa > sb || (sa == sb && ia < ib);
 }
 
-/* One block per token: σ and σ + bias of every expert in parallel into shared memory, then thread 0
- * runs the CPU's insertion into the sorted best-k list (n_exp·k compares) and the weight sum in
- * selection order. Shared: f32 [2, n_exp]. */
+/* One block per token: σ and σ + bias of every expert in parallel into shared memory; then each expert's
+ * rank = the number of experts that beat it (router_beats is a strict total order: score descending,
+ * ids breaking ties, NaN after every number and among themselves by id), so the experts of rank < k
+ * are the CPU's sorted best-k list — its insertion keeps exactly the k greatest in this order — found
+ * with n_exp compares per expert in parallel instead of one thread's insertion (55 µs per decode token
+ * for 384 experts on the H200, 2026-11-30). Thread 0 then sums the weights in selection order.
+ * Shared: f32 [2, n_exp] + int [ROUTER_MAX_TOPK]. */
 __global__ void router_kernel(const float *logits, int n_exp, const float *bias, float temp, int k, float scale,
                               int32_t *ids, float *weights) {
     extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias */
+    __shared__ int chosen[ROUTER_MAX_TOPK];
     float *sig = rsh, *sc = rsh + n_exp;
     const float *l = logits + (int64_t)blockIdx.x * n_exp;
     for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
@@ -225,22 +230,14 @@ __global__ void router_kernel(const float *logits, int n_exp, const float *bias,
         sc[e] = __fadd_rn(sig[e], bias ? bias[e] : 0.0f);
     }
     __syncthreads();
-    if (threadIdx.x) return;
-    int chosen[ROUTER_MAX_TOPK];
-    float cs[ROUTER_MAX_TOPK];
-    int n = 0;
-    for (int e = 0; e < n_exp; e++) {
-        float s = sc[e];
-        if (n == k && !router_beats(s, e, cs[n - 1], chosen[n - 1])) continue;
-        int p = n < k ? n++ : k - 1;
-        while (p > 0 && router_beats(s, e, cs[p - 1], chosen[p - 1])) {
-            chosen[p] = chosen[p - 1];
-            cs[p] = cs[p - 1];
-            p--;
-        }
-        chosen[p] = e;
-        cs[p] = s;
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
+        const float s = sc[e];
+        int rank = 0;
+        for (int f = 0; f < n_exp && rank < k; f++) rank += router_beats(sc[f], f, s, e);
+        if (rank < k) chosen[rank] = e;
     }
+    __syncthreads();
+    if (threadIdx.x) return;
     int32_t *id = ids + (int64_t)blockIdx.x * k;
     float *w = weights + (int64_t)blockIdx.x * k;
     float sum = 0.0f;
@@ -263,7 +260,7 @@ extern "C" int di_cuda_router(const di_backend *be, const float *logits, int64_t
         return di_error_set(err, DI_ERR_INVALID, "cuda router: top-%d of %d experts", k, n_exp);
     if (!normalize) return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda router: norm_topk_prob = false");
     if (m == 0) return DI_OK;
-    router_kernel<<<(unsigned)m, 128, 2 * n_exp * sizeof(float), di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp,
+    router_kernel<<<(unsigned)m, 384, 2 * n_exp * sizeof(float), di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp,
                                                                                                k, scale, ids, weights);
     return di_cuda_launched("router", err);
 }

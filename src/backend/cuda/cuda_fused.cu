@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_fused.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_select.cuh" /* gather_topk's per-item decode */
 
 #define HC_MAX 8           /* DI_HC_MAX of cpu_attn.h */
 #define PRE_THREADS 256    /* the f64 reductions' partition: the unfused kernels' block size */
@@ -330,48 +331,15 @@ extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t 
 
 /* ---------------- gather_topk ---------------- */
 
-/* One thread per 8 consecutive values of an output row (one scale: groups are 16 or 32): the decode of
- * row_decode_kernel, bf16(f32(code) · f32(scale)), stored as one 16-byte vector when aligned; the
- * first thread of each (t, j) writes its idx entry. */
+/* One thread per 8 consecutive values of an output row (d_gather_topk_item, cuda_select.cuh). */
 __global__ void gather_topk_kernel(int codec, const uint8_t *base, int64_t n_entries, const int32_t *pages,
                                    int64_t page_entries, int64_t page_rows, int64_t row_off, const int32_t *top,
                                    int64_t m, int k, int64_t d, int64_t rb, int32_t row0, uint16_t *rows, int32_t *idx,
                                    int64_t ldi, int vec) {
-    const int64_t gpr = d / 8; /* 8-value groups per row */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= m * k * gpr) return;
-    int64_t i = e / gpr, col = (e % gpr) * 8; /* i = t·k + j */
-    int64_t ent = top[i];
-    bool valid = ent >= 0 && ent < n_entries;
-    if (col == 0) idx[(i / k) * ldi + i % k] = valid ? row0 + (int32_t)i : -1;
-    uint32_t o[4] = {0, 0, 0, 0}; /* bf16 [8] packed */
-    if (valid) {
-        int64_t r = pages ? (int64_t)pages[ent / page_entries] * page_rows + row_off + ent % page_entries : ent;
-        const uint8_t *row = base + r * rb;
-        if (codec == DI_CODEC_FP8_E8M0) {
-            float sc = d_e8m0(row[d + col / 32]);
-            for (int l = 0; l < 8; l++) {
-                uint32_t y = d_to_bf16(__fmul_rn(d_e4m3_decode(row[col + l]), sc));
-                o[l / 2] |= (l & 1) ? y << 16 : y;
-            }
-        } else {
-            int group = codec == DI_CODEC_FP4_E4M3 ? 16 : 32;
-            uint8_t scb = row[d / 2 + col / group];
-            float sc = codec == DI_CODEC_FP4_E4M3 ? d_e4m3_decode(scb) : d_e8m0(scb);
-            for (int b = 0; b < 4; b++) {
-                uint8_t byte = row[col / 2 + b];
-                uint32_t lo = d_to_bf16(__fmul_rn(d_e2m1_decode(byte & 15u), sc));
-                uint32_t hi = d_to_bf16(__fmul_rn(d_e2m1_decode(byte >> 4), sc));
-                o[b] = lo | (hi << 16);
-            }
-        }
-    }
-    uint16_t *y = rows + i * d + col;
-    if (vec) {
-        *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
-    } else {
-        for (int l = 0; l < 8; l++) y[l] = (uint16_t)(o[l / 2] >> (16 * (l & 1)));
-    }
+    if (e >= m * k * (d / 8)) return;
+    d_gather_topk_item(codec, base, n_entries, pages, page_entries, page_rows, row_off, top, k, d, rb, row0, rows, idx,
+                       ldi, vec, e);
 }
 
 extern "C" int di_cuda_gather_topk(const di_backend *be, di_row_codec codec, const uint8_t *base, int64_t n_entries,

@@ -44,28 +44,30 @@ typedef struct moe_plan {
     int32_t *n_groups; /* int32 [1] */
 } moe_plan;
 
-/* One CTA of DI_MOE_ROUTED_MAX_PAIRS threads, thread i = pair i; O(P²) compares (P ≤ 1024). mt: the rows
- * of one GEMV pass (the MT the GEMV kernels are instantiated with). */
-__global__ void __launch_bounds__(DI_MOE_ROUTED_MAX_PAIRS) moe_plan_kernel(const __grid_constant__ moe_table tab,
-                                                                           const int32_t *ids, const float *weights,
-                                                                           int P, int n_exp, int mt, moe_plan pl) {
-    __shared__ int key[DI_MOE_ROUTED_MAX_PAIRS];   /* expert id, n_exp for a skipped pair (sorts last) */
+/* One CTA; its threads take pairs i, i + PLAN_THREADS, …; O(P²) compares (P ≤ DI_MOE_ROUTED_MAX_PAIRS).
+ * mt: the rows of one GEMV pass (the MT the GEMV kernels are instantiated with). */
+#define PLAN_THREADS 1024
+__global__ void __launch_bounds__(PLAN_THREADS) moe_plan_kernel(const __grid_constant__ moe_table tab,
+                                                                const int32_t *ids, const float *weights, int P,
+                                                                int n_exp, int mt, moe_plan pl) {
+    __shared__ int key[DI_MOE_ROUTED_MAX_PAIRS];      /* expert id, n_exp for a skipped pair (sorts last) */
     __shared__ uint8_t first[DI_MOE_ROUTED_MAX_PAIRS]; /* the group's first pair */
-    __shared__ int passes[DI_MOE_ROUTED_MAX_PAIRS]; /* ⌈count / mt⌉ at a group's first pair, else 0 */
-    const int i = threadIdx.x;
-    int kk = n_exp;
-    if (i < P) {
-        int id = ids[i];
+    __shared__ int passes[DI_MOE_ROUTED_MAX_PAIRS];   /* ⌈count / mt⌉ at a group's first pair, else 0 */
+    __shared__ int rank_of[DI_MOE_ROUTED_MAX_PAIRS], count_of[DI_MOE_ROUTED_MAX_PAIRS];
+    __shared__ int n_groups_sh;
+    if (threadIdx.x == 0) n_groups_sh = 0;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        int kk = n_exp, id = ids[i];
         if (id >= 0 && id < n_exp && tab.p[id][0] && tab.p[id][1] && tab.p[id][2] && tab.p[id][3] && tab.p[id][4] &&
             tab.p[id][5])
             kk = id;
         key[i] = kk;
     }
     __syncthreads();
-    int rank = 0, cnt = 0;
-    bool fst = false;
-    if (i < P) {
-        fst = kk < n_exp;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int kk = key[i];
+        int rank = 0, cnt = 0;
+        bool fst = kk < n_exp;
         for (int p = 0; p < P; p++) {
             int kp = key[p];
             rank += kp < kk || (kp == kk && p < i);
@@ -75,22 +77,27 @@ __global__ void __launch_bounds__(DI_MOE_ROUTED_MAX_PAIRS) moe_plan_kernel(const
             }
         }
         first[i] = fst;
+        passes[i] = fst ? (cnt + mt - 1) / mt : 0;
+        rank_of[i] = rank, count_of[i] = cnt;
+        if (fst) atomicAdd(&n_groups_sh, 1);
     }
-    if (i < DI_MOE_ROUTED_MAX_PAIRS) passes[i] = fst ? (cnt + mt - 1) / mt : 0;
-    int n_groups = __syncthreads_count(fst); /* also orders first[] and passes[] for the reads below */
-    if (i >= P) return;
-    pl.order[rank] = i;
-    pl.rw[rank] = weights[i];
-    pl.rank[i] = kk < n_exp ? rank : -1;
-    if (fst) {
-        int g = 0, pass = 0;
-        for (int p = 0; p < P; p++)
-            if (first[p] && key[p] < kk) g++, pass += passes[p];
-        pl.g_expert[g] = kk, pl.g_start[g] = rank, pl.g_count[g] = cnt, pl.g_pass[g] = pass;
-        if (g == n_groups - 1) pl.g_pass[n_groups] = pass + passes[i];
+    __syncthreads(); /* orders first[], passes[] and the group count for the reads below */
+    const int n_groups = n_groups_sh;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int kk = key[i], rank = rank_of[i];
+        pl.order[rank] = i;
+        pl.rw[rank] = weights[i];
+        pl.rank[i] = kk < n_exp ? rank : -1;
+        if (first[i]) {
+            int g = 0, pass = 0;
+            for (int p = 0; p < P; p++)
+                if (first[p] && key[p] < kk) g++, pass += passes[p];
+            pl.g_expert[g] = kk, pl.g_start[g] = rank, pl.g_count[g] = count_of[i], pl.g_pass[g] = pass;
+            if (g == n_groups - 1) pl.g_pass[n_groups] = pass + passes[i];
+        }
     }
-    if (i == 0) *pl.n_groups = n_groups;
-    if (i == 0 && n_groups == 0) pl.g_pass[0] = 0;
+    if (threadIdx.x == 0) *pl.n_groups = n_groups;
+    if (threadIdx.x == 0 && n_groups == 0) pl.g_pass[0] = 0;
 }
 
 /* x row of tile row m: the token of the ranked pair (up), or the ranked row itself (down) */
@@ -333,7 +340,7 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     /* rows per pass: 1 for a single token (unless it names an expert twice: more passes); a few when
      * tokens share experts */
     const int mt = m == 1 ? 1 : m <= 16 ? 2 : 4;
-    moe_plan_kernel<<<1, DI_MOE_ROUTED_MAX_PAIRS, 0, st>>>(tab, ids, weights, P, n_exp, mt, pl);
+    moe_plan_kernel<<<1, PLAN_THREADS, 0, st>>>(tab, ids, weights, P, n_exp, mt, pl);
     if ((rc = di_cuda_launched("moe_routed plan", err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(x, m * d, 32, xq, xs, st, err))) return rc;
     const int nc4 = g_moe_variant ? g_moe_variant == 1 : mt != 2;

@@ -142,6 +142,10 @@ extern "C" int di_cuda_optime_install(di_backend *be, di_error *err) {
     DI_OPTIME_WRAP(compress_pool_ring);
     DI_OPTIME_WRAP(compress_pool_seqs);
     DI_OPTIME_WRAP(sparse_attn_seqs);
+    DI_OPTIME_WRAP(indexer_scores_rows);
+    DI_OPTIME_WRAP(candidate_mask_rows);
+    DI_OPTIME_WRAP(topk_rows);
+    DI_OPTIME_WRAP(gather_topk_seqs);
     return DI_OK;
 }
 

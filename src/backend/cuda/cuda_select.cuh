@@ -1,0 +1,573 @@
+/* The per-row device code of the index path (spec §4.4, §5.1, §5.3, §5.6), shared by the per-sequence
+ * kernels (cuda_select.cu, cuda_select_torch.cu, cuda_fused.cu's gather_topk) and the batched ones
+ * (cuda_index_seqs.cu): each function computes one row (or one tile of a row) of its op from row
+ * pointers and the row's own sizes, so a kernel over the rows of one call and a kernel over rows with
+ * their own widths run the same instructions on each row and agree bit for bit by construction. */
+#ifndef DI_BACKEND_CUDA_CUDA_SELECT_CUH
+#define DI_BACKEND_CUDA_CUDA_SELECT_CUH
+
+#include "backend/cuda/cuda_common.cuh"
+
+/* ---------------- indexer scores ---------------- */
+#define IDX_KEYS 128 /* keys per block (one per thread) */
+
+/* Dynamic shared memory of d_index_tile: q f32 [nh, hd] ‖ w' f32 [nh] ‖ keys bf16-pairs u32 [128, hd/2 + 1]. */
+static inline size_t d_index_tile_shm(int nh, int hd) {
+    return sizeof(float) * ((size_t)nh * hd + nh) + sizeof(uint32_t) * IDX_KEYS * (size_t)(hd / 2 + 1);
+}
+
+/* Keys [n0, n0 + 128) of one query's score row, one thread per key (block of IDX_KEYS threads). The
+ * per-head dot product is indexer.c's dot_bf16 order (8 strided f32 lanes, combined pairwise), then the
+ * bf16 roundings of einsum, relu·w' and the head sum.
+ *   q bf16 [nh, hd];  w bf16 [nh];  k bf16 [nk, hd];  cand uint8 [nk] or NULL;  scores f32 [nk];
+ *   ish: d_index_tile_shm bytes (the +1 word staggers key rows over the banks). hd even. */
+static __device__ __forceinline__ void d_index_tile(const uint16_t *q, const uint16_t *w, float w_scale,
+                                                    const uint16_t *k, int nh, int hd, int64_t nk, int32_t vis,
+                                                    const uint8_t *cand, float *scores, int64_t n0, float *ish) {
+    const int hw = hd / 2 + 1;
+    float *qs = ish, *wsc = ish + nh * hd;
+    uint32_t *ks = (uint32_t *)(wsc + nh);
+    for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) qs[e] = d_bf16(q[e]);
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) wsc[h] = d_round_bf16(__fmul_rn(d_bf16(w[h]), w_scale));
+    for (int e = threadIdx.x; e < IDX_KEYS * (hd / 2); e += blockDim.x) {
+        int r = e / (hd / 2), c = e % (hd / 2);
+        ks[r * hw + c] = n0 + r < nk ? *(const uint32_t *)(k + (n0 + r) * hd + 2 * c) : 0u;
+    }
+    __syncthreads();
+    const int64_t n = n0 + threadIdx.x;
+    if (n >= nk) return;
+    float *out = scores + n;
+    if (n >= vis || (cand && !cand[n])) {
+        *out = -INFINITY;
+        return;
+    }
+    const uint32_t *kr = ks + threadIdx.x * hw;
+    float acc = 0.0f;
+    for (int h = 0; h < nh; h++) {
+        const float *qh = qs + h * hd;
+        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int j = 0;
+        for (; j + 8 <= hd; j += 8) {
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                uint32_t v = kr[j / 2 + p];
+                lane[2 * p] = __fadd_rn(lane[2 * p], __fmul_rn(qh[j + 2 * p], d_bf16((uint16_t)v)));
+                lane[2 * p + 1] = __fadd_rn(lane[2 * p + 1], __fmul_rn(qh[j + 2 * p + 1], d_bf16((uint16_t)(v >> 16))));
+            }
+        }
+        for (; j < hd; j++) { /* hd % 8 tail, lane j & 7 (never taken at V4.1's hd = 128) */
+            uint32_t v = kr[j / 2];
+            float kv = d_bf16((uint16_t)(j & 1 ? v >> 16 : v));
+            switch (j & 7) {
+            case 0: lane[0] = __fadd_rn(lane[0], __fmul_rn(qh[j], kv)); break;
+            case 2: lane[2] = __fadd_rn(lane[2], __fmul_rn(qh[j], kv)); break;
+            case 4: lane[4] = __fadd_rn(lane[4], __fmul_rn(qh[j], kv)); break;
+            default: lane[6] = __fadd_rn(lane[6], __fmul_rn(qh[j], kv)); break; /* hd even: j & 7 even here */
+            }
+        }
+        float dt = __fadd_rn(__fadd_rn(__fadd_rn(lane[0], lane[1]), __fadd_rn(lane[2], lane[3])),
+                             __fadd_rn(__fadd_rn(lane[4], lane[5]), __fadd_rn(lane[6], lane[7])));
+        float d = d_round_bf16(dt);
+        float r = d > 0.0f ? d : 0.0f;
+        acc = __fadd_rn(acc, d_round_bf16(__fmul_rn(r, wsc[h])));
+    }
+    *out = d_round_bf16(acc);
+}
+
+/* ---------------- block-parallel exact selection (cuda_select.cu) ---------------- */
+#define SEL_THREADS 512
+
+static __device__ __forceinline__ uint32_t order_key(float f) {
+    if (f == 0.0f) f = 0.0f; /* −0 → +0 */
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static __device__ __forceinline__ bool selectable(float f) { return f > -INFINITY; } /* not −inf, not NaN */
+
+typedef struct sel_cut {
+    int all;          /* every selectable entry is taken */
+    uint32_t key;     /* the k-th largest key */
+    long long ties;   /* how many entries with key == `key` are taken (the first ones) */
+} sel_cut;
+
+/* Exclusive block scan of one int per thread (SEL_THREADS threads): returns the thread's prefix and
+ * sets *total to the block's sum. sh: 33 ints. */
+static __device__ int block_scan_excl(int v, int *sh, int *total) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    __syncthreads(); /* sh may still be read from the previous call */
+    if (lane == 31) sh[w] = incl;
+    __syncthreads();
+    if (w == 0) {
+        int s = lane < SEL_THREADS / 32 ? sh[lane] : 0, si = s;
+        for (int o = 1; o < 32; o <<= 1) {
+            int t = __shfl_up_sync(0xffffffffu, si, o);
+            if (lane >= o) si += t;
+        }
+        sh[lane] = si - s;
+        if (lane == 31) sh[32] = si;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return sh[w] + incl - v;
+}
+
+/* Finds the cut of a top-k over s[0, n) (s in global memory); every thread gets it. hist: 256 ints. */
+static __device__ sel_cut block_find_cut(const float *s, int64_t n, int64_t k, unsigned *hist) {
+    __shared__ sel_cut c;               /* the cut, shared by every thread */
+    __shared__ unsigned long long cnt;  /* selectable entries */
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    unsigned long long local = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local += selectable(s[i]);
+    atomicAdd(&cnt, local);
+    __syncthreads();
+    if (threadIdx.x == 0) c.all = (long long)cnt <= k, c.key = 0, c.ties = k;
+    __syncthreads();
+    if (c.all) return c;
+    uint32_t prefix = 0, mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            float f = s[i];
+            if (!selectable(f)) continue;
+            uint32_t key = order_key(f);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            long long need = c.ties;
+            int b = 255;
+            while ((long long)hist[b] < need) need -= hist[b--];
+            c.ties = need;
+            c.key |= (uint32_t)b << shift;
+        }
+        __syncthreads();
+        prefix = c.key;
+        mask |= 255u << shift;
+    }
+    return c;
+}
+
+/* Where an emission goes: a top-k row (out != NULL: taken position i → out[pos] = i + offset) or a
+ * candidate mask row (taken or not, block i's entries of mask get the decision). */
+typedef struct sel_sink {
+    int32_t *out;  /* int32 [k] of this row, or NULL */
+    int32_t offset;
+    uint8_t *mask; /* uint8 [nk] of this row (when out is NULL) */
+    int64_t nk;
+    int block;
+} sel_sink;
+
+/* Walks s[0, n) in ascending position in chunks of SEL_THREADS, deciding each entry against the cut
+ * (equal keys taken lowest position first, through a block scan of the equal flags) and emitting it.
+ * Returns the number taken. */
+static __device__ int block_emit(const float *s, int64_t n, sel_cut c, int *sh, sel_sink e) {
+    int base = 0;
+    long long eq_before = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += SEL_THREADS) {
+        int64_t i = c0 + threadIdx.x;
+        float f = i < n ? s[i] : -INFINITY;
+        bool sel = selectable(f);
+        uint32_t key = order_key(f);
+        bool gt = sel && (c.all || key > c.key), eq = sel && !c.all && key == c.key;
+        int eq_total, take_total;
+        int eq_prefix = block_scan_excl(eq, sh, &eq_total);
+        bool take = gt || (eq && eq_before + eq_prefix < c.ties);
+        int pos = block_scan_excl(take, sh, &take_total);
+        if (i < n) {
+            if (e.out) {
+                if (take) e.out[base + pos] = (int32_t)i + e.offset;
+            } else {
+                int64_t end = (i + 1) * e.block < e.nk ? (i + 1) * e.block : e.nk;
+                for (int64_t j = i * e.block; j < end; j++) e.mask[j] = take;
+            }
+        }
+        base += take_total;
+        eq_before += eq_total;
+    }
+    return base;
+}
+
+/* One query row's top-k (one block of SEL_THREADS): the best k of its vis visible scores (clamped to
+ * [0, nk]), positions ascending + offset, −1 padded to kp ≥ k. k = 0 selects nothing.
+ *   s f32 [nk];  out int32 [kp] */
+static __device__ void d_topk_row(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, int32_t *out, int kp) {
+    __shared__ unsigned hist[256]; /* radix histogram of one 8-bit digit */
+    __shared__ int sh[33];         /* block-scan scratch: warp sums + total */
+    int taken = 0;
+    if (k > 0) {
+        int64_t n = vis < 0 ? 0 : (vis > nk ? nk : vis);
+        sel_cut c = block_find_cut(s, n, k, hist);
+        sel_sink e = {out, offset, NULL, 0, 0};
+        taken = block_emit(s, n, c, sh, e);
+    }
+    for (int j = taken + threadIdx.x; j < kp; j += SEL_THREADS) out[j] = -1;
+}
+
+/* One query row's candidate mask (one block of SEL_THREADS): block maxima (NaN never wins, as topk.c's
+ * `>` scan), the newest visible entry's block pinned to +inf, the best kb selectable blocks kept.
+ *   s f32 [nk];  blk f32 [ceil(nk / block)] scratch;  mask uint8 [nk] */
+static __device__ void d_candidate_row(const float *s, int64_t nk, int32_t vis, int block, int64_t kb, float *blk,
+                                       uint8_t *mask) {
+    __shared__ unsigned hist[256]; /* radix histogram of one 8-bit digit */
+    __shared__ int sh[33];         /* block-scan scratch: warp sums + total */
+    const int64_t nb = (nk + block - 1) / block;
+    for (int64_t b = threadIdx.x; b < nb; b += SEL_THREADS) {
+        float mx = -INFINITY;
+        int64_t end = (b + 1) * block < nk ? (b + 1) * block : nk;
+        for (int64_t n = b * block; n < end; n++) mx = s[n] > mx ? s[n] : mx;
+        blk[b] = mx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && vis > 0) blk[(vis - 1) / block] = INFINITY;
+    __syncthreads();
+    sel_cut c = block_find_cut(blk, nb, kb, hist);
+    sel_sink e = {NULL, 0, mask, nk, block};
+    block_emit(blk, nb, c, sh, e);
+}
+
+/* ---------------- torch's CPU selection, replayed (cuda_select_torch.cu) ---------------- */
+typedef struct telem {
+    float v;
+    int32_t i;
+} telem;
+
+static __device__ __forceinline__ bool before(telem x, telem y) { return (isnan(x.v) && !isnan(y.v)) || x.v > y.v; }
+
+static __device__ __forceinline__ void swap_e(telem *a, telem *b) {
+    telem t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static __device__ void push_heap(telem *f, int64_t hole, int64_t top, telem val) {
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && before(f[parent], val)) {
+        f[hole] = f[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    f[hole] = val;
+}
+
+static __device__ void adjust_heap(telem *f, int64_t hole, int64_t len, telem val) {
+    int64_t top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (before(f[child], f[child - 1])) child--;
+        f[hole] = f[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        f[hole] = f[child - 1];
+        hole = child - 1;
+    }
+    push_heap(f, hole, top, val);
+}
+
+static __device__ void make_heap(telem *f, int64_t len) {
+    if (len < 2) return;
+    for (int64_t parent = (len - 2) / 2;; parent--) {
+        adjust_heap(f, parent, len, f[parent]);
+        if (parent == 0) return;
+    }
+}
+
+static __device__ void heap_select(telem *f, int64_t mid, int64_t len) {
+    make_heap(f, mid);
+    for (int64_t i = mid; i < len; i++)
+        if (before(f[i], f[0])) {
+            telem val = f[i];
+            f[i] = f[0];
+            adjust_heap(f, 0, mid, val);
+        }
+}
+
+static __device__ void median_to_first(telem *r, telem *a, telem *b, telem *c) {
+    if (before(*a, *b)) {
+        if (before(*b, *c))
+            swap_e(r, b);
+        else if (before(*a, *c))
+            swap_e(r, c);
+        else
+            swap_e(r, a);
+    } else if (before(*a, *c))
+        swap_e(r, a);
+    else if (before(*b, *c))
+        swap_e(r, c);
+    else
+        swap_e(r, b);
+}
+
+static __device__ telem *unguarded_partition(telem *first, telem *last, telem *pivot) {
+    for (;;) {
+        while (before(*first, *pivot)) first++;
+        last--;
+        while (before(*pivot, *last)) last--;
+        if (!(first < last)) return first;
+        swap_e(first, last);
+        first++;
+    }
+}
+
+static __device__ void insertion_sort(telem *first, telem *last) {
+    if (first == last) return;
+    for (telem *i = first + 1; i != last; i++) {
+        telem val = *i;
+        if (before(val, *first)) {
+            for (telem *p = i; p != first; p--) *p = p[-1]; /* memmove(first + 1, first, i − first) */
+            *first = val;
+        } else {
+            telem *j = i, *prev = i - 1;
+            while (before(val, *prev)) *j = *prev, j = prev--;
+            *j = val;
+        }
+    }
+}
+
+static __device__ int floor_log2(int64_t n) {
+    int l = 0;
+    while (n >>= 1) l++;
+    return l;
+}
+
+static __device__ void nth_element(telem *first, telem *nth, telem *last) {
+    int depth = 2 * floor_log2(last - first);
+    while (last - first > 3) {
+        if (depth == 0) {
+            heap_select(first, nth - first + 1, last - first);
+            swap_e(first, nth);
+            return;
+        }
+        depth--;
+        telem *mid = first + (last - first) / 2;
+        median_to_first(first, first + 1, mid, last - 1);
+        telem *cut = unguarded_partition(first + 1, last, first);
+        if (cut <= nth)
+            first = cut;
+        else
+            last = cut;
+    }
+    insertion_sort(first, last);
+}
+
+static __device__ void torch_cpu_topk(telem *q, int64_t n, int64_t k) {
+    if (k * 64 <= n)
+        heap_select(q, k, n);
+    else
+        nth_element(q, q + k - 1, q + n);
+}
+
+/* One CTA per row. The replay itself is serial (thread 0); what is not — filling the row, the candidate
+ * blocks' maxima, sorting the kept positions, writing the mask — runs on all REPLAY_THREADS threads (one
+ * thread per row did all of it: 0.68 ms per decode row for the 4K-context candidate mask on the H200,
+ * 2026-11-30). The serial part works in shared memory, where a dependent load costs tens of cycles, not
+ * the hundreds of a global one:
+ *   - a row of at most REPLAY_SMEM_MAX bytes is copied there whole and the replay runs on it;
+ *   - a longer row on the heap path (k·64 ≤ n: 65,536 indexer scores at a 64K context, 9 ms per row
+ *     from global memory) keeps only the heap there and streams the rest through in chunks: the heap
+ *     selection reads each later entry once, in order, and only the heap is written (the entries it
+ *     swaps out of the heap are never read again: the output is the heap's set);
+ *   - anything else (an introselect over a row longer than REPLAY_SMEM_MAX) replays in the global scratch.
+ * Each thread computes the same values in the same order as the one-thread version; writes before a
+ * barrier are visible to the CTA after it. */
+#define REPLAY_THREADS 256
+#define REPLAY_SMEM_MAX (192 * 1024) /* dynamic shared memory a replay may take */
+#define REPLAY_CHUNK 2048            /* entries per streamed chunk of the heap path */
+
+/* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk(row, nk, k)
+ * when k·64 ≤ nk, for the output's purpose (the set in f[0..k)). heap: k entries, buf: REPLAY_CHUNK. */
+static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf) {
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{s[j], (int32_t)j};
+    __syncthreads();
+    if (threadIdx.x == 0) make_heap(heap, k);
+    for (int64_t c0 = k; c0 < nk; c0 += REPLAY_CHUNK) {
+        const int64_t n = nk - c0 < REPLAY_CHUNK ? nk - c0 : REPLAY_CHUNK;
+        __syncthreads(); /* thread 0 is done with the previous chunk */
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) buf[j] = telem{s[c0 + j], (int32_t)(c0 + j)};
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int64_t j = 0; j < n; j++)
+                if (before(buf[j], heap[0])) adjust_heap(heap, 0, k, buf[j]);
+    }
+    __syncthreads();
+}
+
+/* Where a top-k replay of k of nk entries runs: 1 the row in shared memory, 2 the heap in shared memory
+ * and the row streamed (heap path), 0 the global scratch; *smem: the bytes it needs. */
+static __host__ __device__ inline int d_topk_replay_mode(int64_t nk, int k, size_t *smem) {
+    const size_t row_b = sizeof(telem) * (size_t)nk, heap_b = sizeof(telem) * ((size_t)k + REPLAY_CHUNK);
+    const int mode = row_b <= REPLAY_SMEM_MAX ? 1 : (int64_t)k * 64 <= nk && heap_b <= REPLAY_SMEM_MAX ? 2 : 0;
+    *smem = mode == 1 ? row_b : mode == 2 ? heap_b : 0;
+    return mode;
+}
+
+/* One row's top-k replay on a CTA of REPLAY_THREADS: torch's set of s[0, nk), positions ascending, those
+ * ≥ vis marked −1, + offset. q telem [nk] global scratch (mode 0), sm: the launch's dynamic shared memory
+ * (d_topk_replay_mode bytes at least).  o int32 [k] */
+static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, telem *q,
+                                        int mode, telem *sm, int32_t *o) {
+    telem *row = mode == 0 ? q : sm;
+    if (mode == 2) {
+        heap_select_streamed(s, nk, k, sm, sm + k);
+    } else {
+        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) row[j] = telem{s[j], (int32_t)j};
+        __syncthreads();
+        if (threadIdx.x == 0) torch_cpu_topk(row, nk, k);
+        __syncthreads();
+    }
+    /* the selected positions ascending (the reference sorts them; positions are distinct, so a position's
+     * place is the count of smaller ones), then ≥ vis marked −1 */
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int32_t v = row[j].i;
+        int p = 0;
+        for (int i = 0; i < k; i++) p += row[i].i < v;
+        o[p] = v < vis ? v + offset : -1;
+    }
+}
+
+/* One row's candidate mask by the replay on a CTA of REPLAY_THREADS: block scores = max over the block's
+ * entries, the newest visible block pinned to +inf, torch's best `keep` of the nb blocks kept.
+ *   s f32 [nk];  row telem [nb] (shared or global scratch), kp uint8 [nb] scratch;  mask uint8 [nk] */
+static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis, int block, int64_t nb, int64_t keep,
+                                        telem *row, uint8_t *kp, uint8_t *mask) {
+    const int64_t last = vis > 0 ? (vis - 1) / block : -1;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+        float mx = -INFINITY;
+        for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
+        row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
+        kp[b] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        torch_cpu_topk(row, nb, keep);
+        for (int64_t j = 0; j < keep; j++)
+            if (row[j].v > -INFINITY) kp[row[j].i] = 1;
+    }
+    __syncthreads();
+    for (int64_t n = threadIdx.x; n < nk; n += blockDim.x) mask[n] = kp[n / block];
+}
+
+/* ---- which rows need the replay ----
+ * The replay's choice matters only where it is ambiguous AND visible. With torch's order as an
+ * unsigned key (NaN highest, all NaNs equal; then by value, −0 = +0), t the key of the k-th best entry
+ * of the row, A = {key > t}, E = {key = t} and U = [0, vis): the selection is A plus some k − |A|
+ * entries of E, and the output lists its positions in U ascending, then −1. That output is fixed
+ * whenever the set is unique (|A| + |E| = k) or no entry of E lies in U: it is then Q = {j ∈ U :
+ * key ≥ t}, ascending, −1 padded. The parallel kernel of cuda_select.cu (selectable = finite or +inf
+ * entries in U, best first) outputs the same when Q holds no NaN and no −inf and it cannot pick more
+ * than Q: |Q| = k, or no selectable entry of U is outside Q. Common cases it covers: a row without a
+ * tie at the k-th score, and an early prompt row with fewer than k visible entries (the −inf ties lie
+ * past vis). One block per row finds t by a 32-step bitwise search over the key counts. */
+#define KEY_NAN 0xFFFFFFFFu
+#define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
+#define CHECK_THREADS 256
+
+static __device__ __forceinline__ uint32_t torch_key(float f) {
+    if (isnan(f)) return KEY_NAN;
+    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static __device__ unsigned block_sum_u32(unsigned v, unsigned *sh) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* sh may still be read by the previous call */
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    unsigned t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
+    return t;
+}
+
+/* Whether a row needs the replay (the test above), one block of CHECK_THREADS.  s f32 [nk] */
+static __device__ bool d_topk_needs_replay(const float *s, int64_t nk, int32_t vis, int k) {
+    __shared__ unsigned sh[CHECK_THREADS / 32];
+    uint32_t t = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+        uint32_t cand = t | (1u << bit);
+        unsigned c = 0;
+        for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) c += torch_key(s[j]) >= cand;
+        if (block_sum_u32(c, sh) >= (unsigned)k) t = cand;
+    }
+    int64_t v = vis;
+    unsigned ge = 0, eq_u = 0, q = 0, q_bad = 0, low_sel = 0; /* |A ∪ E|, |E ∩ U|, |Q|, Q's NaN/−inf, U \ Q selectable */
+    for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) {
+        uint32_t key = torch_key(s[j]);
+        bool in_u = j < v, sel = key != KEY_NAN && key > KEY_NEG_INF;
+        ge += key >= t;
+        eq_u += in_u && key == t;
+        q += in_u && key >= t;
+        q_bad += in_u && key >= t && !sel;
+        low_sel += in_u && key < t && sel;
+    }
+    ge = block_sum_u32(ge, sh);
+    eq_u = block_sum_u32(eq_u, sh);
+    q = block_sum_u32(q, sh);
+    q_bad = block_sum_u32(q_bad, sh);
+    low_sel = block_sum_u32(low_sel, sh);
+    bool fixed = ge == (unsigned)k || eq_u == 0;
+    bool same = fixed && q_bad == 0 && (q == (unsigned)k || low_sel == 0);
+    return !same;
+}
+
+/* Rows per launch so a replay's scratch stays within 256 MiB (a long-context chunk is processed in slices). */
+static inline int64_t d_rows_per_launch(int64_t m, int64_t per_row) {
+    int64_t cap = ((int64_t)256 << 20) / (per_row > 0 ? per_row : 1);
+    return cap < 1 ? 1 : cap < m ? cap : m;
+}
+
+/* ---------------- gather of the selected compressed entries (gather_topk) ---------------- */
+
+/* Work item e of one sequence's gather: 8 consecutive values of output row i = e / (d/8) (one scale:
+ * groups are 16 or 32), the decode of row_decode_kernel, bf16(f32(code) · f32(scale)), stored as one
+ * 16-byte vector when `vec` (rows 16-byte aligned); the first item of each (t, j) writes its idx entry.
+ * gather_topk's arguments; rb = di_row_codec_bytes(codec, d). */
+static __device__ __forceinline__ void d_gather_topk_item(int codec, const uint8_t *base, int64_t n_entries,
+                                                          const int32_t *pages, int64_t page_entries, int64_t page_rows,
+                                                          int64_t row_off, const int32_t *top, int k, int64_t d,
+                                                          int64_t rb, int32_t row0, uint16_t *rows, int32_t *idx,
+                                                          int64_t ldi, int vec, int64_t e) {
+    const int64_t gpr = d / 8; /* 8-value groups per row */
+    int64_t i = e / gpr, col = (e % gpr) * 8; /* i = t·k + j */
+    int64_t ent = top[i];
+    bool valid = ent >= 0 && ent < n_entries;
+    if (col == 0) idx[(i / k) * ldi + i % k] = valid ? row0 + (int32_t)i : -1;
+    uint32_t o[4] = {0, 0, 0, 0}; /* bf16 [8] packed */
+    if (valid) {
+        int64_t r = pages ? (int64_t)pages[ent / page_entries] * page_rows + row_off + ent % page_entries : ent;
+        const uint8_t *row = base + r * rb;
+        if (codec == DI_CODEC_FP8_E8M0) {
+            float sc = d_e8m0(row[d + col / 32]);
+            for (int l = 0; l < 8; l++) {
+                uint32_t y = d_to_bf16(__fmul_rn(d_e4m3_decode(row[col + l]), sc));
+                o[l / 2] |= (l & 1) ? y << 16 : y;
+            }
+        } else {
+            int group = codec == DI_CODEC_FP4_E4M3 ? 16 : 32;
+            uint8_t scb = row[d / 2 + col / group];
+            float sc = codec == DI_CODEC_FP4_E4M3 ? d_e4m3_decode(scb) : d_e8m0(scb);
+            for (int b = 0; b < 4; b++) {
+                uint8_t byte = row[col / 2 + b];
+                uint32_t lo = d_to_bf16(__fmul_rn(d_e2m1_decode(byte & 15u), sc));
+                uint32_t hi = d_to_bf16(__fmul_rn(d_e2m1_decode(byte >> 4), sc));
+                o[b] = lo | (hi << 16);
+            }
+        }
+    }
+    uint16_t *y = rows + i * d + col;
+    if (vec) {
+        *(uint4 *)y = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+        for (int l = 0; l < 8; l++) y[l] = (uint16_t)(o[l / 2] >> (16 * (l & 1)));
+    }
+}
+
+#endif
