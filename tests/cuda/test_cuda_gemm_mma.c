@@ -3,7 +3,7 @@
  *
  * 1. Exactness at the V4.1 shapes — MXFP4 experts w1/w3 (N 2304, K 5120) and w2 (N 5120, K 2304); FP8
  *    (K, N) = (6144, 25600), (8192, 5120), (5120, 2304), (1280, 32768), (5120, 1280), (5120, 512),
- *    (2304, 5120) — for M = 17, 64, 256, 1000, 8192: the backend slot with the switch on (act-quant + the
+ *    (2304, 5120) — for M = 17, 64, 128, 256, 1000, 8192: the backend slot with the switch on (act-quant + the
  *    new kernel) against the switch off (act-quant + qgemm_kernel), every output bit for bit, NaN bits
  *    included (both GPU); each x-row tile (32 / 64 / 128, FP8 ≤ 64) on the act-quantized rows for
  *    M ≤ 256; against the CPU op (NaN counted as NaN: the CPU's NaN payloads differ from the GPU's
@@ -188,7 +188,7 @@ static const struct {
     {1, 5120, 1280, "fp8 k5120 n1280"}, {1, 5120, 512, "fp8 k5120 n512"}, {1, 2304, 5120, "fp8 k2304 n5120"},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
-static const int64_t ms[] = {17, 64, 256, 1000, 8192};
+static const int64_t ms[] = {17, 64, 128, 256, 1000, 8192}; /* 128: a prefill expert's typical rows */
 
 /* ---- bench ---- */
 static void bench(void) {
