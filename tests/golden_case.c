@@ -20,9 +20,9 @@ int open_case(const char *dir, fixture *f) {
 }
 
 void close_case(fixture *f) {
-    di_backend_destroy(f->be);
     di_golden_close(f->g);
-    di_model_close(f->m);
+    di_model_close(f->m); /* before its backend */
+    di_backend_destroy(f->be);
 }
 
 /* Full verify of one case; asserts every bound and prints every number. */

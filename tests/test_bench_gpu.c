@@ -375,8 +375,8 @@ static void test_synthetic_cache(void **state) {
     di_session_destroy(s);
     free(logits), free(ia), free(ib), free(rows);
     di_cache_destroy(a), di_cache_destroy(b);
-    di_backend_destroy(be);
     di_model_close(m);
+    di_backend_destroy(be);
 }
 
 /* The per-block hook: before/after each backbone block in layer order, once per pass; a non-zero
@@ -420,8 +420,8 @@ static void test_block_hook(void **state) {
     assert_non_null(strstr(err.msg, "hook refused layer 1"));
     assert_int_equal(di_session_len(s), 3); /* the failed chunk was rolled back */
     di_session_destroy(s);
-    di_backend_destroy(be);
     di_model_close(m);
+    di_backend_destroy(be);
 }
 
 int main(void) {

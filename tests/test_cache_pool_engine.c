@@ -133,8 +133,8 @@ static void test_preemption_exact(void **state) {
                   async ? "async" : "sync", (long long)pre);
     }
     assert_true(total > 0);
-    di_backend_destroy(be);
     di_model_close(m);
+    di_backend_destroy(be);
 }
 
 static void test_budget_too_small(void **state) {
@@ -159,8 +159,8 @@ static void test_budget_too_small(void **state) {
     assert_same_tokens(&got[1], &want[1], "small pool", 1);
     tu_report("pool of 4 pages: the too-long request refused, the other two complete (%lld preemptions)",
               (long long)pre);
-    di_backend_destroy(be);
     di_model_close(m);
+    di_backend_destroy(be);
 }
 
 /* The public option: cache_bytes sizes the pool at open; a budget below the fixed slots and one page

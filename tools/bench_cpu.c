@@ -150,8 +150,8 @@ static int bench_model(const char *dir, const char *name, int64_t P, int64_t N, 
     row->roof_prefill = bw / row->bytes_prefill;
 done:
     di_session_destroy(s);
+    di_model_close(m); /* before its backend */
     di_backend_destroy(be);
-    di_model_close(m);
     free(ids), free(logits);
     return rc;
 }

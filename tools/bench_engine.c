@@ -63,8 +63,10 @@ static void runner_free(bench_runner *r) {
     di_mock_runner_free(r->mock);
     di_recompute_runner_free(r->rr);
     di_session_runner_free(r->sr);
-    if (r->be) di_backend_destroy(r->be);
+    /* the model first: its device weights are freed on the backend's stream (the other order crashed in
+     * cudaFreeAsync at the end of every `bench engine --device cuda` run on the H200) */
     if (r->model) di_model_close(r->model);
+    if (r->be) di_backend_destroy(r->be);
     memset(r, 0, sizeof *r);
 }
 
@@ -193,8 +195,8 @@ static int bench_shared_prefix(const di_cli *cli, const char *model_dir, int thr
         }
     }
     free(ids);
+    if (m) di_model_close(m); /* before its backend (runner_free) */
     if (be) di_backend_destroy(be);
-    if (m) di_model_close(m);
     if (rc) return cli_fail_err(cli, &err);
     if (cli->json) {
         json_t *rows = json_array();

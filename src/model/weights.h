@@ -139,6 +139,8 @@ typedef struct di_model {
 int di_model_open(const char *dir, di_model **out, di_error *err);
 /* di_weights_to_backend on the model's weights. */
 int di_model_to_backend(di_model *m, const di_backend *be, di_error *err);
+/* Frees the model, its device weights on the backend it was uploaded to: close the model before
+ * destroying that backend. */
 void di_model_close(di_model *m);
 
 #endif

@@ -882,7 +882,7 @@ static void moe_ids(int64_t T, int repeat, int32_t *ids) {
 /* forward_block.c's host-planned loop over the GPU ops (the path moe() takes for large steps); scratch
  * for up to 64 tokens allocated once, the row lists uploaded on the stream as moe() does */
 static void moe_gpu_loop(const uint16_t *dx, int64_t T, const int32_t *ids, const float *w, float *dacc) {
-    enum { PMAX = 64 * MOE_K };
+    enum { PMAX = 256 * MOE_K };
     static int32_t *drows;
     static float *droww;
     static uint16_t *xg, *g, *u, *a, *ye;
@@ -891,7 +891,7 @@ static void moe_gpu_loop(const uint16_t *dx, int64_t T, const int32_t *ids, cons
         xg = dev_poisoned(2 * (size_t)PMAX * MOE_D), g = dev_poisoned(2 * (size_t)PMAX * MOE_I), u = dev_poisoned(2 * (size_t)PMAX * MOE_I);
         a = dev_poisoned(2 * (size_t)PMAX * MOE_I), ye = dev_poisoned(2 * (size_t)PMAX * MOE_D);
     }
-    if (T * MOE_K > PMAX) die("moe_gpu_loop", "more than 64 tokens");
+    if (T * MOE_K > PMAX) die("moe_gpu_loop", "more than 256 tokens");
     int64_t n_all = 0, start[MOE_E + 1];
     int32_t rows[PMAX];
     float roww[PMAX];
