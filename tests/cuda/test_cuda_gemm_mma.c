@@ -1,5 +1,6 @@
 /* GPU test (and, with DI_BENCH=1, benchmark) of the tensor-core FP8 / MXFP4 GEMM for M > 16 rows
- * (src/backend/cuda/cuda_gemm_mma.cu, opt-in DI_CUDA_GEMM=mma). Written without a GPU: not yet run.
+ * (src/backend/cuda/cuda_gemm_mma.cu, the default; DI_CUDA_GEMM=simt for qgemm_kernel). First GPU run
+ * 2026-11-30: 176 passed, 0 failed.
  *
  * 1. Exactness at the V4.1 shapes — MXFP4 experts w1/w3 (N 2304, K 5120) and w2 (N 5120, K 2304); FP8
  *    (K, N) = (6144, 25600), (8192, 5120), (5120, 2304), (1280, 32768), (5120, 1280), (5120, 512),

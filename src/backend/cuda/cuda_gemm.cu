@@ -259,8 +259,8 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight pointer not 16-byte aligned", op);
     if (m == 0 || n == 0) return DI_OK;
     void *wsp;
-    /* opt-in (DI_CUDA_GEMM=mma): M > 16 rows with the block sums on the int8 tensor cores, the same results
-     * as qgemm_kernel below by construction (cuda_gemm_mma.cuh); it needs x's digit planes as scratch */
+    /* M > 16 rows with the block sums on the int8 tensor cores (unless DI_CUDA_GEMM=simt), the same results
+     * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch */
     const int gmm = variant == 0 && m > GV_MAX_M && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
     if (gmm) scales = (scales + 15) & ~(size_t)15;

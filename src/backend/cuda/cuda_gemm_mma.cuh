@@ -232,7 +232,7 @@ GMM_FN float gmm_add_block(float acc, float fs, float sx, float sw) {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* On when DI_CUDA_GEMM=mma is in the environment (read once): linear_fp8 / linear_fp4 take this kernel
+/* On unless DI_CUDA_GEMM=simt is in the environment (read once): linear_fp8 / linear_fp4 take this kernel
  * for M > 16 rows where it fits. di_cuda_gemm_mma_set_enabled overrides the environment (tests, bench). */
 int di_cuda_gemm_mma_enabled(void);
 void di_cuda_gemm_mma_set_enabled(int on);
