@@ -1389,6 +1389,7 @@ static void test_gemv_rows(void) {
     test_qlinear(0, "wkv", 1, 5120, 512, 0);
     test_qlinear(0, "wo_b", 4, 8192, 5120, 0);
     test_qlinear(0, "wq_b", 16, 1280, 32768, 0);
+    test_qlinear(0, "engram wkv", 8, 6144, 25600, 1); /* 5-16 rows of a wide FP8 weight: the MMA GEMM */
     test_qlinear(0, "shared w2", 5, 2304, 5120, 1);
     test_qlinear(0, "edge", 16, 96, 37, 1);
     test_qlinear(0, "edge", 1, 32, 9, 0);

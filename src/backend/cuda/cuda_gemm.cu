@@ -260,8 +260,13 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     if (m == 0 || n == 0) return DI_OK;
     void *wsp;
     /* M > 16 rows with the block sums on the int8 tensor cores (unless DI_CUDA_GEMM=simt), the same results
-     * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch */
-    const int gmm = variant == 0 && m > GV_MAX_M && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
+     * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch.
+     * Also FP8 at 5–16 rows for wide weights, where the GEMV's launches of 4 rows each read the weights
+     * again (H200, 2026-11-30: k6144 n25600 M 8 1.0 ms as a GEMV, 0.47 ms here at M 17; k1280 n32768
+     * 0.24 vs 0.11 ms; narrower weights stay on the GEMV: k8192 n5120 0.28 vs 0.33 ms). Both are exact, so
+     * the choice changes no bit. */
+    const int gmm_rows = m > GV_MAX_M || (!fp4 && m > 4 && n >= 16384);
+    const int gmm = variant == 0 && gmm_rows && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
     if (gmm) scales = (scales + 15) & ~(size_t)15;
     size_t digits = gmm ? (size_t)di_cuda_gemm_mma_scratch(m, k) : 0;
@@ -276,7 +281,7 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
      * GEMV below (cuda_gemv_mma.cuh; DI_CUDA_GEMV=simt takes that one) */
     if (variant == 0 && fp4 && di_cuda_gemv_mma_enabled() && di_cuda_gemv_mma_fits(m, k, w, wsc))
         return di_cuda_gemv_mma_run(xq, xs, m, k, w, wsc, n, y, st, err);
-    if (variant == 0 && m <= GV_MAX_M && gv_smem(fp4, 4, k) <= 200 * 1024) {
+    if (variant == 0 && !gmm && m <= GV_MAX_M && gv_smem(fp4, 4, k) <= 200 * 1024) {
         gv_args a = {xq, xs, w, wsc, n, k};
         return gv_linear(fp4, a, m, y, st, op, err);
     }
