@@ -146,6 +146,60 @@ static void test_ebnf_masks(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Right recursion (`f ::= "-" f`): every "-" adds a set whose only item waiting on f ends its
+ * rule, so all depths have one future and must share one state key (matcher.c: leo_effect);
+ * before, each depth was a new state, and a vocabulary with runs of 80 dashes learned 80 states
+ * per mask. After the second dash every mask must come from the mask cache, equal brute force,
+ * and survive a rollback; nesting by parentheses must still give different states (the number
+ * of ")" differs), and a chain that ends inside parentheses must still close them. */
+static void test_right_recursion(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(1000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = ebnf_or_fail("root ::= f\nf ::= \"-\" f | \"x\" | \"(\" f \")\" | \"(\" f \"+\" f \")\"\n");
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    const char *text = "(--(----x+--x)+--";
+    uint64_t hits_at_dash[32] = {0};
+    for (size_t i = 0; text[i]; i++) {
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("accept: %s", err.msg);
+        uint64_t h0, h1, miss;
+        di_grammar_matcher_cache_stats(m, &h0, &miss);
+        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+        di_grammar_matcher_cache_stats(m, &h1, &miss);
+        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "right recursion");
+        hits_at_dash[i] = h1 - h0;
+    }
+    /* "(--(----": positions 2 (second dash after "(") and 5..7 (dashes 2-4 after the inner "(")
+     * repeat a state; position 3 (the inner "(") and 4 (its first dash) are new */
+    assert_int_equal(hits_at_dash[2], 1);
+    assert_int_equal(hits_at_dash[5], 1);
+    assert_int_equal(hits_at_dash[6], 1);
+    assert_int_equal(hits_at_dash[7], 1);
+    assert_int_equal(hits_at_dash[3], 0);
+    /* after "+" (inner and outer construct) the second dash repeats its own state */
+    assert_int_equal(hits_at_dash[11], 1);
+    assert_int_equal(hits_at_dash[16], 1);
+    if (di_grammar_matcher_rollback(m, 6, &err)) fail_msg("rollback: %s", err.msg);
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "right recursion after rollback");
+    for (const char *p = "x))"; *p; p++)
+        if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("accept %c: %s", *p, err.msg);
+    assert_true(di_grammar_matcher_can_end(m));
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "right recursion closed");
+    int checked = 0;
+    for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 7919, 40, "right recursion walk");
+    tu_report("right recursion: %d random-walk masks checked", checked);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static const char *k_person =
     "{\"type\":\"object\",\"properties\":{"
     "\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},"
@@ -485,7 +539,7 @@ static void test_schema_hostile(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks),
+        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks), cmocka_unit_test(test_right_recursion),
         cmocka_unit_test(test_schema_accept), cmocka_unit_test(test_schema_errors), cmocka_unit_test(test_schema_masks),
         cmocka_unit_test(test_schema_hostile), cmocka_unit_test(test_schema_int_ranges),
         cmocka_unit_test(test_schema_coverage),

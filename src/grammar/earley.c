@@ -295,6 +295,28 @@ int di_earley_push_bytes(di_earley *m, const uint8_t *b, size_t n, di_error *err
     return 1;
 }
 
+const di_earley_wait *di_earley_sole_wait(const di_earley *m, size_t set, int32_t sym) {
+    const di_earley_wait *w = m->wait + m->wait_off[set];
+    size_t nw = m->wait_off[set + 1] - m->wait_off[set], lo = 0;
+    if (nw > SMALL_WAIT) { /* sorted by symbol (build_wait) */
+        size_t hi = nw;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (w[mid].sym < sym) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo == nw || w[lo].sym != sym || (lo + 1 < nw && w[lo + 1].sym == sym)) return NULL;
+        return &w[lo];
+    }
+    const di_earley_wait *one = NULL;
+    for (; lo < nw; lo++)
+        if (w[lo].sym == sym) {
+            if (one) return NULL;
+            one = &w[lo];
+        }
+    return one;
+}
+
 bool di_earley_accepting(const di_earley *m) {
     size_t last = m->n_sets - 1;
     for (size_t x = m->set_off[last]; x < m->set_off[last + 1]; x++)

@@ -83,6 +83,9 @@ static inline void di_earley_pop_to(di_earley *m, size_t n_sets) {
     }
 }
 
+/* The only item of sealed set `set` waiting on nonterminal sym, or NULL if none or several. */
+const di_earley_wait *di_earley_sole_wait(const di_earley *m, size_t set, int32_t sym);
+
 /* Could the bytes pushed so far be a complete sentence? */
 bool di_earley_accepting(const di_earley *m);
 

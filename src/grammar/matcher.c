@@ -42,6 +42,12 @@ struct di_grammar_matcher {
      * Inside a JSON string every character leads to the same key, so only the first token of a
      * string pays for the trie walk, and only in the first request that reaches that state. */
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
+    /* Completion effects through right-recursive chains (leo_effect), memoized per set for one
+     * nonterminal: leo_sym[i] (-1: none) -> leo_eff[i] for full keys; lleo_* for context-free
+     * keys, valid when lleo_stamp[i] == lgen. */
+    int32_t *leo_sym, *lleo_sym;    /* [cap_sig] */
+    sig128 *leo_eff, *lleo_eff;     /* [cap_sig] */
+    uint32_t *lleo_stamp;           /* [cap_sig] */
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
@@ -158,6 +164,11 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
     free(m->set_sig);
+    free(m->leo_sym);
+    free(m->lleo_sym);
+    free(m->leo_eff);
+    free(m->lleo_eff);
+    free(m->lleo_stamp);
     free(m->lsig);
     free(m->lstamp);
     free(m->lbd);
@@ -235,6 +246,45 @@ static void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
     h->b += mix64(((uint64_t)pos * 0x9E3779B97F4A7C15ull) ^ mix64(o.b + 0x5851F42D4C957F2Dull));
 }
 
+/* ---- right-recursive chains (Leo's deterministic reductions, used for keys only) ----
+ * In `factor ::= "-" factor` every "-" adds a set whose only item waiting on factor is
+ * `factor -> "-" . factor`, the last symbol of its rule, pointing to the set before: completing
+ * factor there just completes factor one set lower, and so on down to where the chain started.
+ * Hashed through origins, each depth gave a new key (ebnf_arith: 80 new states per mask for the
+ * tokens of 80 dashes), although every depth has the same future. So an item that is the sole
+ * waiter on its symbol B in its set, with B last in its rule and an earlier origin, is hashed by
+ * the effect of completing B there: completing its lhs A at its origin, followed down the chain
+ * as long as the same holds there (leo_effect), ending in "A completes at a set with this
+ * signature". Equal effects mean equal completions (the finished items of the chain are not
+ * read by anything but completion, and keys leave them out), so equal keys still mean equal
+ * futures; a context-free chain that reaches the context ends in "A completes in the context",
+ * which the recogniser reports as an opaque hit in every state of that key alike. */
+#define LEO_TAG 0x80000000u           /* item "position" of a chain item: LEO_TAG | B (positions < 2^23) */
+#define LEO_MAX_DEPTH 64              /* deeper chains end early (still sound, only less sharing) */
+
+static inline sig128 leo_base(int32_t a, sig128 set) {
+    return (sig128){set.a ^ mix64((uint64_t)(uint32_t)a + 0x632BE59BD9B4E019ull),
+                    set.b ^ mix64((uint64_t)(uint32_t)a * 0x9E3779B97F4A7C15ull + 0x8CB92BA72F3D8DD7ull)};
+}
+
+/* The sole item of set i waiting on sym, if sym is the last symbol of its rule and its origin is
+ * below i + same (same = 1: a unit rule predicted in set i itself, `factor -> . neg` with
+ * `neg -> "-" factor`, continues the chain in set i with its lhs), or NULL. */
+static inline const di_earley_wait *leo_item(const di_earley *e, size_t i, int32_t sym, size_t same) {
+    const di_earley_wait *w = di_earley_sole_wait(e, i, sym);
+    return w && w->origin < i + same && e->g->psym[w->pos + 1] == DI_CFG_END ? w : NULL;
+}
+
+/* Effect of completing nonterminal a at set o, over full signatures. */
+static sig128 leo_effect(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
+    if (m->leo_sym[o] == a) return m->leo_eff[o];
+    const di_earley_wait *w = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
+    sig128 r = w ? leo_effect(m, w->origin, m->g->cfg->plhs[w->pos], depth + 1) : leo_base(a, m->set_sig[o]);
+    m->leo_sym[o] = a;
+    m->leo_eff[o] = r;
+    return r;
+}
+
 static int update_sigs(di_grammar_matcher *m, di_error *err) {
     const di_earley *e = &m->e;
     if (e->n_sets > m->cap_sig) {
@@ -244,19 +294,36 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         if (p) m->set_sig = p;
         sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
         if (q) m->lsig = q;
-        uint32_t *st = q ? realloc(m->lstamp, cap * sizeof *st) : NULL;
+        sig128 *le = q ? realloc(m->leo_eff, cap * sizeof *le) : NULL;
+        if (le) m->leo_eff = le;
+        sig128 *lle = le ? realloc(m->lleo_eff, cap * sizeof *lle) : NULL;
+        if (lle) m->lleo_eff = lle;
+        int32_t *ls = lle ? realloc(m->leo_sym, cap * sizeof *ls) : NULL;
+        if (ls) m->leo_sym = ls;
+        int32_t *lls = ls ? realloc(m->lleo_sym, cap * sizeof *lls) : NULL;
+        if (lls) m->lleo_sym = lls;
+        uint32_t *lst = lls ? realloc(m->lleo_stamp, cap * sizeof *lst) : NULL;
+        if (lst) m->lleo_stamp = lst;
+        uint32_t *st = lst ? realloc(m->lstamp, cap * sizeof *st) : NULL;
         if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
         memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
         m->lstamp = st;
         m->cap_sig = cap;
     }
+    const int32_t *psym = m->g->cfg->psym;
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
         m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
+        m->lleo_stamp[i] = 0;
+        m->leo_sym[i] = -1;
         sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
         for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
             di_earley_item it = e->items[x];
-            if (m->g->cfg->psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
-            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+            int32_t b = psym[it.pos];
+            if (b < 0) continue; /* terminal or end: not read by completion */
+            if (it.origin < i && psym[it.pos + 1] == DI_CFG_END && leo_item(e, i, b, 0))
+                add_item_sig(&h, LEO_TAG | (uint32_t)b, leo_effect(m, it.origin, m->g->cfg->plhs[it.pos], 0));
+            else
+                add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
         }
         m->set_sig[i] = h;
     }
@@ -297,6 +364,21 @@ static sig128 state_key(const di_grammar_matcher *m) {
 
 /* Context-free signature of set i (see lsig). Origins point to earlier sets, so the recursion
  * ends; its depth is bounded and *ok cleared beyond it. */
+static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok);
+
+/* leo_effect over context-free signatures: a chain that reaches the context ends there. */
+static sig128 lleo_effect(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok) {
+    if (o < m->lb) return leo_base(a, OPAQUE_SIG);
+    if (m->lleo_stamp[o] == m->lgen && m->lleo_sym[o] == a) return m->lleo_eff[o];
+    const di_earley_wait *w = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
+    sig128 r = w ? lleo_effect(m, w->origin, m->g->cfg->plhs[w->pos], depth + 1, ok)
+                 : leo_base(a, lsig_of(m, o, depth + 1, ok));
+    m->lleo_stamp[o] = m->lgen;
+    m->lleo_sym[o] = a;
+    m->lleo_eff[o] = r;
+    return r;
+}
+
 static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
     if (i < m->lb) return OPAQUE_SIG;
     if (m->lstamp[i] == m->lgen) return m->lsig[i];
@@ -305,11 +387,16 @@ static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
         return OPAQUE_SIG;
     }
     const di_earley *e = &m->e;
+    const int32_t *psym = m->g->cfg->psym;
     sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
-        if (m->g->cfg->psym[it.pos] < 0) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, depth + 1, ok));
+        int32_t b = psym[it.pos];
+        if (b < 0) continue;
+        if (it.origin < i && psym[it.pos + 1] == DI_CFG_END && leo_item(e, i, b, 0))
+            add_item_sig(&h, LEO_TAG | (uint32_t)b, lleo_effect(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
+        else
+            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, depth + 1, ok));
     }
     m->lsig[i] = h;
     m->lstamp[i] = m->lgen;
