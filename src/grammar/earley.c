@@ -150,7 +150,7 @@ static int begin_set(di_earley *m, di_error *err) {
     return DI_OK;
 }
 
-#define SMALL_WAIT 12
+#define SMALL_WAIT DI_EARLEY_SMALL_WAIT
 
 static int cmp_wait(const void *a, const void *b) {
     const di_earley_wait *x = a, *y = b;

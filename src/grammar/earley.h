@@ -27,6 +27,9 @@ typedef struct di_earley_item {
     uint32_t origin; /* index of the set where this rule instance started */
 } di_earley_item;
 
+/* Wait lists longer than this are sorted by symbol (di_earley.wait); shorter ones are scanned. */
+#define DI_EARLEY_SMALL_WAIT 12
+
 typedef struct di_earley_wait {
     int32_t sym;     /* the nonterminal after the dot */
     uint32_t pos;    /* the waiting item */

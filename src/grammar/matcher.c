@@ -21,6 +21,7 @@ typedef struct mstate {
     uint8_t tail[DI_GRAMMAR_MAX_STOP_LEN]; /* last constrained bytes, for stop strings spanning tokens */
 } mstate;
 
+#define LEFF_MEMO 4096 /* direct-mapped (set, nonterminal) -> context-free completion effect */
 #define BLK_MEMO 1024 /* direct-mapped by state id: a walk revisits its parents' blocks thousands of times */
 
 struct di_grammar_matcher {
@@ -43,11 +44,11 @@ struct di_grammar_matcher {
      * string pays for the trie walk, and only in the first request that reaches that state. */
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
     /* Completion effects through right-recursive chains (leo_effect), memoized per set for one
-     * nonterminal: leo_sym[i] (-1: none) -> leo_eff[i] for full keys; lleo_* for context-free
-     * keys, valid when lleo_stamp[i] == lgen. */
-    int32_t *leo_sym, *lleo_sym;    /* [cap_sig] */
-    sig128 *leo_eff, *lleo_eff;     /* [cap_sig] */
-    uint32_t *lleo_stamp;           /* [cap_sig] */
+     * nonterminal: leo_sym[i] (-1: none) -> leo_eff[i]. */
+    int32_t *leo_sym;               /* [cap_sig] */
+    sig128 *leo_eff;                /* [cap_sig] */
+    uint32_t *sver;                 /* [cap_sig] version of the set at each index (lmemo) */
+    uint32_t n_sver;
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
@@ -58,6 +59,11 @@ struct di_grammar_matcher {
     sig128 *lsig;                   /* [cap_sig] */
     uint32_t *lstamp;               /* [cap_sig] */
     uint32_t lgen;
+    struct leff_memo {              /* leff results by (set, nonterminal), valid for walk generation gen */
+        uint32_t o, gen, ver;
+        int32_t a;
+        sig128 eff;
+    } lmemo[LEFF_MEMO];
     size_t lb;                      /* boundary in effect (use_boundary); 0 = full keys */
     uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
     uint32_t mgen;                  /* walk generation of the memo */
@@ -165,10 +171,8 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     di_earley_free(&m->e);
     free(m->set_sig);
     free(m->leo_sym);
-    free(m->lleo_sym);
     free(m->leo_eff);
-    free(m->lleo_eff);
-    free(m->lleo_stamp);
+    free(m->sver);
     free(m->lsig);
     free(m->lstamp);
     free(m->lbd);
@@ -296,15 +300,11 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         if (q) m->lsig = q;
         sig128 *le = q ? realloc(m->leo_eff, cap * sizeof *le) : NULL;
         if (le) m->leo_eff = le;
-        sig128 *lle = le ? realloc(m->lleo_eff, cap * sizeof *lle) : NULL;
-        if (lle) m->lleo_eff = lle;
-        int32_t *ls = lle ? realloc(m->leo_sym, cap * sizeof *ls) : NULL;
+        int32_t *ls = le ? realloc(m->leo_sym, cap * sizeof *ls) : NULL;
         if (ls) m->leo_sym = ls;
-        int32_t *lls = ls ? realloc(m->lleo_sym, cap * sizeof *lls) : NULL;
-        if (lls) m->lleo_sym = lls;
-        uint32_t *lst = lls ? realloc(m->lleo_stamp, cap * sizeof *lst) : NULL;
-        if (lst) m->lleo_stamp = lst;
-        uint32_t *st = lst ? realloc(m->lstamp, cap * sizeof *st) : NULL;
+        uint32_t *sv = ls ? realloc(m->sver, cap * sizeof *sv) : NULL;
+        if (sv) m->sver = sv;
+        uint32_t *st = sv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
         if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
         memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
         m->lstamp = st;
@@ -313,7 +313,8 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
     const int32_t *psym = m->g->cfg->psym;
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
         m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
-        m->lleo_stamp[i] = 0;
+        if (++m->n_sver == 0) m->n_sver = 1; /* 0 never names a set */
+        m->sver[i] = m->n_sver;
         m->leo_sym[i] = -1;
         sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
         for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
@@ -362,41 +363,98 @@ static sig128 state_key(const di_grammar_matcher *m) {
 #define LOCAL_DOMAIN 0xC2B2AE3D27D4EB4Full /* context-free keys never equal full keys */
 #define LSIG_MAX_DEPTH 256                /* origin chains deeper than this: walk with full keys */
 
-/* Context-free signature of set i (see lsig). Origins point to earlier sets, so the recursion
- * ends; its depth is bounded and *ok cleared beyond it. */
-static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok);
+/* Context-free effect of completing nonterminal a at set o (leff): what a completion there can
+ * reach, and only that. A set holds items waiting on many symbols (after `:` in JSON, those of
+ * the optional space as well as those of the value), but an item of a later set can only ever
+ * complete its own lhs at its origin; hashing the origin's whole set kept `f` and ` f` (a value
+ * after `:` and after `: `) apart although both complete the same `value` waiters. So an item
+ * is hashed by (position, leff(origin, lhs)), and leff(o, a) covers exactly the items of set o
+ * that a completion of a can advance: those waiting on a, and, through the ones predicted in o
+ * itself whose rule then completes at o, those waiting on their lhs, transitively (the
+ * closure `syms`); each of them in turn by the effect at its own origin. Equal leff means that
+ * completing a at either set adds items with equal positions and equal effects, so equal keys
+ * still mean equal futures. A sole waiter that ends its rule is followed down instead (Leo, see
+ * leo_effect); a set below the boundary is the context: "a completes in the context", which
+ * the recogniser reports (opaque hit). Memoized per walk generation in lmemo. */
+#define LEFF_MAX_SYMS 32 /* a larger closure: leave context-free mode (*ok), full keys are exact */
 
-/* leo_effect over context-free signatures: a chain that reaches the context ends there. */
-static sig128 lleo_effect(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok) {
-    if (o < m->lb) return leo_base(a, OPAQUE_SIG);
-    if (m->lleo_stamp[o] == m->lgen && m->lleo_sym[o] == a) return m->lleo_eff[o];
-    const di_earley_wait *w = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
-    sig128 r = w ? lleo_effect(m, w->origin, m->g->cfg->plhs[w->pos], depth + 1, ok)
-                 : leo_base(a, lsig_of(m, o, depth + 1, ok));
-    m->lleo_stamp[o] = m->lgen;
-    m->lleo_sym[o] = a;
-    m->lleo_eff[o] = r;
-    return r;
+static inline const di_earley_wait *waiters(const di_earley *e, size_t o, int32_t sym, size_t *n) {
+    const di_earley_wait *w = e->wait + e->wait_off[o];
+    size_t nw = e->wait_off[o + 1] - e->wait_off[o];
+    if (nw <= DI_EARLEY_SMALL_WAIT) { /* unsorted: the caller filters by symbol */
+        *n = nw;
+        return w;
+    }
+    size_t lo = 0, hi = nw;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (w[mid].sym < sym) lo = mid + 1;
+        else hi = mid;
+    }
+    size_t k = lo;
+    while (k < nw && w[k].sym == sym) k++;
+    *n = k - lo;
+    return w + lo;
 }
 
-static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
-    if (i < m->lb) return OPAQUE_SIG;
-    if (m->lstamp[i] == m->lgen) return m->lsig[i];
+static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok) {
+    if (o < m->lb) return leo_base(a, OPAQUE_SIG);
     if (depth > LSIG_MAX_DEPTH) {
         *ok = false;
         return OPAQUE_SIG;
     }
+    uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
+    struct leff_memo *mm = &m->lmemo[slot];
+    if (mm->gen == m->lgen && mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
+    const di_earley *e = &m->e;
+    const int32_t *plhs = m->g->cfg->plhs;
+    sig128 r;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    if (lw) {
+        r = leff(m, lw->origin, plhs[lw->pos], depth + 1, ok);
+    } else {
+        int32_t syms[LEFF_MAX_SYMS];
+        int ns = 1;
+        syms[0] = a;
+        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+        for (int k = 0; k < ns && *ok; k++) {
+            size_t n;
+            const di_earley_wait *w = waiters(e, o, syms[k], &n);
+            for (size_t x = 0; x < n; x++) {
+                if (w[x].sym != syms[k]) continue;
+                if (w[x].origin != o) {
+                    add_item_sig(&h, w[x].pos, leff(m, w[x].origin, plhs[w[x].pos], depth + 1, ok));
+                    continue;
+                }
+                add_item_sig(&h, w[x].pos, (sig128){1, 2});
+                int32_t l = plhs[w[x].pos];
+                int y = 0;
+                while (y < ns && syms[y] != l) y++;
+                if (y < ns) continue;
+                if (ns == LEFF_MAX_SYMS) {
+                    *ok = false;
+                    break;
+                }
+                syms[ns++] = l;
+            }
+        }
+        r = leo_base(a, h);
+    }
+    *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
+    return r;
+}
+
+/* Context-free signature of the top set i: its waiting items, each by its effect (leff). */
+static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
+    if (i < m->lb) return OPAQUE_SIG;
+    if (m->lstamp[i] == m->lgen) return m->lsig[i];
     const di_earley *e = &m->e;
     const int32_t *psym = m->g->cfg->psym;
     sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
-        int32_t b = psym[it.pos];
-        if (b < 0) continue;
-        if (it.origin < i && psym[it.pos + 1] == DI_CFG_END && leo_item(e, i, b, 0))
-            add_item_sig(&h, LEO_TAG | (uint32_t)b, lleo_effect(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
-        else
-            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, depth + 1, ok));
+        if (psym[it.pos] < 0) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : leff(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
     }
     m->lsig[i] = h;
     m->lstamp[i] = m->lgen;
@@ -413,7 +471,7 @@ static sig128 local_key(di_grammar_matcher *m, bool *ok) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, 1, ok));
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : leff(m, it.origin, m->g->cfg->plhs[it.pos], 1, ok));
     }
     h.b ^= LOCAL_DOMAIN;
     return h;
