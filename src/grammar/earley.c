@@ -137,6 +137,9 @@ static int begin_set(di_earley *m, di_error *err) {
         uint32_t *w = realloc(m->wait_off, (cap + 1) * sizeof *w);
         if (!w) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
         m->wait_off = w;
+        uint32_t *st = realloc(m->set_stamp, cap * sizeof *st);
+        if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
+        m->set_stamp = st;
         m->cap_sets = cap;
     }
     m->set_off[m->n_sets] = (uint32_t)m->n_items;
@@ -145,8 +148,10 @@ static int begin_set(di_earley *m, di_error *err) {
     m->small_seen = 0;
     if (++m->stamp == 0) { /* stamp wrapped: clear once every 2^32 sets */
         memset(m->hstamp, 0, m->hcap * sizeof *m->hstamp);
+        memset(m->leo, 0, DI_EARLEY_LEO_MEMO * sizeof *m->leo);
         m->stamp = 1;
     }
+    m->set_stamp[m->n_sets] = m->stamp;
     return DI_OK;
 }
 
@@ -182,6 +187,28 @@ static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
     return DI_OK;
 }
 
+#define LEO_MAX_CHAIN 64 /* longer chains are cut (still exact: the cut link completes normally) */
+
+/* Last finished item of the deterministic chain started by completing sym at sealed set j
+ * (see di_earley.leo); false if j has no such chain for sym. */
+static bool leo_top(di_earley *m, uint32_t j, int32_t sym, di_earley_item *top, int depth) {
+    struct di_earley_leo *c = &m->leo[(j * 0x9E3779B1u ^ (uint32_t)sym * 0x85EBCA77u) & (DI_EARLEY_LEO_MEMO - 1)];
+    if (c->set == j && c->sym == sym && c->stamp == m->set_stamp[j]) {
+        *top = c->top;
+        return top->pos != 0;
+    }
+    const di_earley_wait *w = di_earley_sole_wait(m, j, sym);
+    di_earley_item t = {0, 0};
+    if (w && m->g->psym[w->pos + 1] == DI_CFG_END) {
+        if (depth >= LEO_MAX_CHAIN || !leo_top(m, w->origin, m->g->plhs[w->pos], &t, depth + 1))
+            t = (di_earley_item){w->pos + 1, w->origin};
+    }
+    c = &m->leo[(j * 0x9E3779B1u ^ (uint32_t)sym * 0x85EBCA77u) & (DI_EARLEY_LEO_MEMO - 1)];
+    *c = (struct di_earley_leo){.set = j, .stamp = m->set_stamp[j], .sym = sym, .top = t};
+    *top = t;
+    return t.pos != 0;
+}
+
 /* Predict/complete closure of the set under construction (index n_sets), then seal it. */
 static int close_set(di_earley *m, di_error *err) {
     const di_cfg *g = m->g;
@@ -197,6 +224,12 @@ static int close_set(di_earley *m, di_error *err) {
              * already advanced everything that waits on a nullable symbol (Aycock-Horspool). */
             if (it.origin < m->opaque_below) m->opaque_hits++;
             if (it.origin == cur) continue;
+            di_earley_item top;
+            if (leo_top(m, it.origin, lhs, &top, 0)) { /* the chain's intermediate items only complete */
+                rc = add_item(m, top.pos, top.origin, err);
+                if (rc < 0) return rc;
+                continue;
+            }
             const di_earley_wait *w = m->wait + m->wait_off[it.origin];
             size_t nw = m->wait_off[it.origin + 1] - m->wait_off[it.origin];
             if (nw <= SMALL_WAIT) {
@@ -235,6 +268,8 @@ int di_earley_init(di_earley *m, const di_cfg *g, di_error *err) {
     memset(m, 0, sizeof *m);
     m->g = g;
     if (!g->final) return di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: grammar not finalized");
+    m->leo = calloc(DI_EARLEY_LEO_MEMO, sizeof *m->leo);
+    if (!m->leo) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     int rc = begin_set(m, err);
     if (!rc) {
         int a = add_item(m, g->init_pos, 0, err);
@@ -251,6 +286,8 @@ void di_earley_free(di_earley *m) {
     free(m->scan);
     free(m->wait);
     free(m->wait_off);
+    free(m->set_stamp);
+    free(m->leo);
     free(m->hkey);
     free(m->hstamp);
     memset(m, 0, sizeof *m);
