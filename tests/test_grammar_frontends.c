@@ -2,6 +2,8 @@
  * masks against brute force, clear errors, hostile inputs.  di-test: asan */
 #include <time.h>
 
+#include "grammar/earley.h"
+#include "grammar/grammar_impl.h"
 #include "grammar_testlib.h"
 
 static double now_s(void) {
@@ -235,6 +237,50 @@ static void test_pruned_effects(void **state) {
     free(mask);
     di_grammar_matcher_free(m);
     di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Empty arrays and objects are written open ws_pair close (json_schema.c: bracketed), the same
+ * language as open ws ws close (up to 32 whitespace bytes with the default run of 16) without
+ * letting each byte split between the two runs; the Earley sets along the run must stay small. */
+static void test_empty_brackets(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *schemas[] = {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}",
+                                    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}",
+                                    "{\"type\":\"array\",\"items\":{}}"};
+    static const char open[] = "[{[", close[] = "]}]";
+    char buf[128];
+    size_t largest = 0;
+    for (size_t i = 0; i < 3; i++) {
+        di_grammar *g = schema_or_fail(schemas[i], DI_JSON_WS_FLEXIBLE);
+        for (int n = 0; n <= 33; n++) { /* open, n spaces / newlines / tabs, close */
+            int k = 0;
+            buf[k++] = open[i];
+            for (int j = 0; j < n; j++) buf[k++] = " \n\t\r"[j % 4];
+            buf[k++] = close[i];
+            buf[k] = 0;
+            assert_int_equal(full_match(g, v, buf), n <= 32);
+        }
+        const char *ok[] = {"[ 1 ,2 ]", "{ \"a\" : 1 }", "[ [ ] , { } ,[1] ]"}, *bad[] = {"[ , ]", "{ , }", "[ [ ] , ]"};
+        assert_int_equal(full_match(g, v, ok[i]), 1);
+        assert_int_equal(full_match(g, v, bad[i]), 0);
+        di_earley e;
+        di_error err = {0};
+        if (di_earley_init(&e, g->cfg, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(di_earley_push(&e, (uint8_t)open[i], &err), 1);
+        for (int j = 0; j < 32; j++) {
+            assert_int_equal(di_earley_push(&e, ' ', &err), 1);
+            size_t items = e.set_off[e.n_sets] - e.set_off[e.n_sets - 1];
+            if (items > largest) largest = items;
+        }
+        tu_report("empty brackets: %s: largest Earley set along 32 whitespace bytes so far: %zu items", schemas[i], largest);
+        di_earley_free(&e);
+        di_grammar_free(g);
+    }
+    assert_true(largest <= 60); /* 24, 24, 46 here; 118, 118, 134 with open ws ws close */
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
@@ -578,7 +624,7 @@ static void test_schema_hostile(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks), cmocka_unit_test(test_right_recursion), cmocka_unit_test(test_pruned_effects),
+        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks), cmocka_unit_test(test_right_recursion), cmocka_unit_test(test_pruned_effects), cmocka_unit_test(test_empty_brackets),
         cmocka_unit_test(test_schema_accept), cmocka_unit_test(test_schema_errors), cmocka_unit_test(test_schema_masks),
         cmocka_unit_test(test_schema_hostile), cmocka_unit_test(test_schema_int_ranges),
         cmocka_unit_test(test_schema_coverage),
