@@ -164,6 +164,27 @@ static int cmp_wait(const void *a, const void *b) {
     return x->origin < y->origin ? -1 : x->origin > y->origin;
 }
 
+static inline bool wait_less(const di_earley_wait *x, const di_earley_wait *y) {
+    if (x->sym != y->sym) return x->sym < y->sym;
+    if (x->pos != y->pos) return x->pos < y->pos;
+    return x->origin < y->origin;
+}
+
+/* Insertion sort for the usual lists of a few dozen entries (glibc's qsort, a merge sort through
+ * a comparison callback, was a third of the instructions of some cold masks); qsort beyond. */
+static void sort_wait(di_earley_wait *w, size_t n) {
+    if (n > 256) {
+        qsort(w, n, sizeof *w, cmp_wait);
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {
+        di_earley_wait x = w[i];
+        size_t j = i;
+        for (; j > 0 && wait_less(&x, &w[j - 1]); j--) w[j] = w[j - 1];
+        w[j] = x;
+    }
+}
+
 /* Index the items of set `cur` that wait on a nonterminal (see di_earley.wait). */
 static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
     size_t first = m->set_off[cur], count = m->n_items - first;
@@ -182,7 +203,7 @@ static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
         int32_t s = m->g->psym[it.pos];
         if (s >= 0) w[n++] = (di_earley_wait){s, it.pos, it.origin};
     }
-    if (n > SMALL_WAIT) qsort(w, n, sizeof *w, cmp_wait); /* small lists are scanned linearly by close_set */
+    if (n > SMALL_WAIT) sort_wait(w, n); /* small lists are scanned linearly by close_set */
     m->n_wait += n;
     return DI_OK;
 }
