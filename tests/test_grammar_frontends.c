@@ -230,6 +230,19 @@ static void test_pruned_effects(void **state) {
     tu_report("pruned effects: pushes after \"[\" %llu, \"[[\" %llu, \"[[ \" %llu", (unsigned long long)pushes[0],
               (unsigned long long)pushes[1], (unsigned long long)pushes[2]);
     assert_true(pushes[2] * 2 < pushes[1]); /* 6 of 24; 17 when the whole root set is hashed */
+    /* full keys too (the mask cache's): "[t" and "[ t" are one state, the second mask a hit */
+    for (int k = 0; k < 2; k++) {
+        di_grammar_matcher *m2 = NULL;
+        if (di_grammar_matcher_new(g, v, NULL, &m2, &err)) fail_msg("matcher: %s", err.msg);
+        for (const char *p = k ? "[ t" : "[t"; *p; p++)
+            if (di_grammar_matcher_accept_token(m2, (uint8_t)*p + 1, &err)) fail_msg("accept: %s", err.msg);
+        if (di_grammar_matcher_fill_mask(m2, mask, &err)) fail_msg("mask: %s", err.msg);
+        gt_check_mask(m2, v, mask, (const uint8_t *const *)tb.b, tb.l, "pruned effects, full keys");
+        uint64_t hits, misses;
+        di_grammar_matcher_cache_stats(m2, &hits, &misses);
+        assert_int_equal(hits, (uint64_t)k);
+        di_grammar_matcher_free(m2);
+    }
     int checked = 0;
     for (uint64_t s = 1; s <= 12; s++) checked += gt_walk(g, v, &tb, NULL, s * 7907, 40, "pruned effects walk");
     tu_report("pruned effects: %d random-walk masks checked", checked);

@@ -43,11 +43,7 @@ struct di_grammar_matcher {
      * Inside a JSON string every character leads to the same key, so only the first token of a
      * string pays for the trie walk, and only in the first request that reaches that state. */
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
-    /* Completion effects through right-recursive chains (leo_effect), memoized per set for one
-     * nonterminal: leo_sym[i] (-1: none) -> leo_eff[i]. */
-    int32_t *leo_sym;               /* [cap_sig] */
-    sig128 *leo_eff;                /* [cap_sig] */
-    uint32_t *sver;                 /* [cap_sig] version of the set at each index (lmemo) */
+    uint32_t *sver;                 /* [cap_sig] version of the set at each index (fmemo, lmemo) */
     uint32_t n_sver;
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
@@ -63,7 +59,7 @@ struct di_grammar_matcher {
         uint32_t o, gen, ver;
         int32_t a;
         sig128 eff;
-    } lmemo[LEFF_MEMO];
+    } lmemo[LEFF_MEMO], fmemo[LEFF_MEMO]; /* fmemo: feff, gen unused */
     size_t lb;                      /* boundary in effect (use_boundary); 0 = full keys */
     uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
     uint32_t mgen;                  /* walk generation of the memo */
@@ -170,8 +166,6 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
     free(m->set_sig);
-    free(m->leo_sym);
-    free(m->leo_eff);
     free(m->sver);
     free(m->lsig);
     free(m->lstamp);
@@ -250,20 +244,23 @@ static void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
     h->b += mix64(((uint64_t)pos * 0x9E3779B97F4A7C15ull) ^ mix64(o.b + 0x5851F42D4C957F2Dull));
 }
 
-/* ---- right-recursive chains (Leo's deterministic reductions, used for keys only) ----
- * In `factor ::= "-" factor` every "-" adds a set whose only item waiting on factor is
- * `factor -> "-" . factor`, the last symbol of its rule, pointing to the set before: completing
- * factor there just completes factor one set lower, and so on down to where the chain started.
- * Hashed through origins, each depth gave a new key (ebnf_arith: 80 new states per mask for the
- * tokens of 80 dashes), although every depth has the same future. So an item that is the sole
- * waiter on its symbol B in its set, with B last in its rule and an earlier origin, is hashed by
- * the effect of completing B there: completing its lhs A at its origin, followed down the chain
- * as long as the same holds there (leo_effect), ending in "A completes at a set with this
- * signature". Equal effects mean equal completions (the finished items of the chain are not
- * read by anything but completion, and keys leave them out), so equal keys still mean equal
- * futures; a context-free chain that reaches the context ends in "A completes in the context",
- * which the recogniser reports as an opaque hit in every state of that key alike. */
-#define LEO_TAG 0x80000000u           /* item "position" of a chain item: LEO_TAG | B (positions < 2^23) */
+/* ---- completion effects: what an item's origin contributes to a key ----
+ * An item of a later set reads its origin set only when its own rule completes: then its lhs A
+ * completes there. So an item is hashed by (position, effect of completing A at its origin)
+ * (feff; leff for context-free keys), not by the origin's whole set: a set also holds items
+ * waiting on other symbols that this item can never complete (after `:` in JSON, those of the
+ * optional space), which kept equal futures apart. The effect covers the origin's items waiting
+ * on A and, through the ones predicted in that set itself whose rule then completes there, on
+ * their lhs, transitively; each of those again by its own origin's effect.
+ * Right-recursive chains (Leo's deterministic reductions): in `factor ::= "-" factor` every "-"
+ * adds a set whose only item waiting on factor is `neg -> "-" . factor`, the last symbol of its
+ * rule: completing factor there just completes neg, then factor, one set lower, down to where
+ * the chain started. The effect follows such sole, rule-ending waiters down (leo_item), so every
+ * depth has one key (ebnf_arith learned 80 new states per mask for the tokens of 80 dashes).
+ * Equal effects mean equal completions (the finished items of a chain are read by nothing but
+ * completion, and keys leave them out), so equal keys still mean equal futures; a context-free
+ * chain that reaches the context ends in "A completes in the context", which the recogniser
+ * reports as an opaque hit in every state of that key alike. */
 #define LEO_MAX_DEPTH 64              /* deeper chains end early (still sound, only less sharing) */
 
 static inline sig128 leo_base(int32_t a, sig128 set) {
@@ -279,15 +276,8 @@ static inline const di_earley_wait *leo_item(const di_earley *e, size_t i, int32
     return w && w->origin < i + same && e->g->psym[w->pos + 1] == DI_CFG_END ? w : NULL;
 }
 
-/* Effect of completing nonterminal a at set o, over full signatures. */
-static sig128 leo_effect(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
-    if (m->leo_sym[o] == a) return m->leo_eff[o];
-    const di_earley_wait *w = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
-    sig128 r = w ? leo_effect(m, w->origin, m->g->cfg->plhs[w->pos], depth + 1) : leo_base(a, m->set_sig[o]);
-    m->leo_sym[o] = a;
-    m->leo_eff[o] = r;
-    return r;
-}
+/* Effect of completing nonterminal a at set o, over full signatures (defined after leff). */
+static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth);
 
 static int update_sigs(di_grammar_matcher *m, di_error *err) {
     const di_earley *e = &m->e;
@@ -298,11 +288,7 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         if (p) m->set_sig = p;
         sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
         if (q) m->lsig = q;
-        sig128 *le = q ? realloc(m->leo_eff, cap * sizeof *le) : NULL;
-        if (le) m->leo_eff = le;
-        int32_t *ls = le ? realloc(m->leo_sym, cap * sizeof *ls) : NULL;
-        if (ls) m->leo_sym = ls;
-        uint32_t *sv = ls ? realloc(m->sver, cap * sizeof *sv) : NULL;
+        uint32_t *sv = q ? realloc(m->sver, cap * sizeof *sv) : NULL;
         if (sv) m->sver = sv;
         uint32_t *st = sv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
         if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
@@ -315,16 +301,11 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
         if (++m->n_sver == 0) m->n_sver = 1; /* 0 never names a set */
         m->sver[i] = m->n_sver;
-        m->leo_sym[i] = -1;
         sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
         for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
             di_earley_item it = e->items[x];
-            int32_t b = psym[it.pos];
-            if (b < 0) continue; /* terminal or end: not read by completion */
-            if (it.origin < i && psym[it.pos + 1] == DI_CFG_END && leo_item(e, i, b, 0))
-                add_item_sig(&h, LEO_TAG | (uint32_t)b, leo_effect(m, it.origin, m->g->cfg->plhs[it.pos], 0));
-            else
-                add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+            if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
+            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
         }
         m->set_sig[i] = h;
     }
@@ -333,7 +314,7 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
 }
 
 /* Key of the current state: the waiting items (set_sig) plus the items that scan a byte. */
-static sig128 state_key(const di_grammar_matcher *m) {
+static sig128 state_key(di_grammar_matcher *m) {
     const di_earley *e = &m->e;
     size_t i = e->n_sets - 1;
     sig128 h = m->set_sig[i];
@@ -342,7 +323,7 @@ static sig128 state_key(const di_grammar_matcher *m) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     return h;
 }
@@ -363,19 +344,11 @@ static sig128 state_key(const di_grammar_matcher *m) {
 #define LOCAL_DOMAIN 0xC2B2AE3D27D4EB4Full /* context-free keys never equal full keys */
 #define LSIG_MAX_DEPTH 256                /* origin chains deeper than this: walk with full keys */
 
-/* Context-free effect of completing nonterminal a at set o (leff): what a completion there can
- * reach, and only that. A set holds items waiting on many symbols (after `:` in JSON, those of
- * the optional space as well as those of the value), but an item of a later set can only ever
- * complete its own lhs at its origin; hashing the origin's whole set kept `f` and ` f` (a value
- * after `:` and after `: `) apart although both complete the same `value` waiters. So an item
- * is hashed by (position, leff(origin, lhs)), and leff(o, a) covers exactly the items of set o
- * that a completion of a can advance: those waiting on a, and, through the ones predicted in o
- * itself whose rule then completes at o, those waiting on their lhs, transitively (the
- * closure `syms`); each of them in turn by the effect at its own origin. Equal leff means that
- * completing a at either set adds items with equal positions and equal effects, so equal keys
- * still mean equal futures. A sole waiter that ends its rule is followed down instead (Leo, see
- * leo_effect); a set below the boundary is the context: "a completes in the context", which
- * the recogniser reports (opaque hit). Memoized per walk generation in lmemo. */
+/* Context-free effect of completing nonterminal a at set o (see "completion effects" above):
+ * the items of set o that a completion of a can advance (the closure `syms`), each by the effect
+ * at its own origin, or down a deterministic chain; a set below the boundary is the context:
+ * "a completes in the context", which the recogniser reports (opaque hit). Memoized per walk
+ * generation in lmemo. */
 #define LEFF_MAX_SYMS 32 /* a larger closure: leave context-free mode (*ok), full keys are exact */
 
 static inline const di_earley_wait *waiters(const di_earley *e, size_t o, int32_t sym, size_t *n) {
@@ -441,6 +414,57 @@ static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *
         r = leo_base(a, h);
     }
     *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
+    return r;
+}
+
+/* leff over full signatures: the same closure, with no context. Beyond FEFF_MAX_DEPTH the
+ * effect is "a completes at a set with this whole signature" (set_sig, itself made of effects):
+ * a finer key, still exact, so full keys never need the context-free bail-out. */
+#define FEFF_MAX_DEPTH 48
+
+static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
+    uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
+    struct leff_memo *mm = &m->fmemo[slot];
+    if (mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
+    const di_earley *e = &m->e;
+    const int32_t *plhs = m->g->cfg->plhs;
+    sig128 r;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    if (lw) {
+        r = feff(m, lw->origin, plhs[lw->pos], depth + 1);
+    } else if (depth >= FEFF_MAX_DEPTH) {
+        r = leo_base(a, m->set_sig[o]);
+    } else {
+        int32_t syms[LEFF_MAX_SYMS];
+        int ns = 1;
+        bool whole = false;
+        syms[0] = a;
+        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+        for (int k = 0; k < ns && !whole; k++) {
+            size_t n;
+            const di_earley_wait *w = waiters(e, o, syms[k], &n);
+            for (size_t x = 0; x < n; x++) {
+                if (w[x].sym != syms[k]) continue;
+                if (w[x].origin != o) {
+                    add_item_sig(&h, w[x].pos, feff(m, w[x].origin, plhs[w[x].pos], depth + 1));
+                    continue;
+                }
+                add_item_sig(&h, w[x].pos, (sig128){1, 2});
+                int32_t l = plhs[w[x].pos];
+                int y = 0;
+                while (y < ns && syms[y] != l) y++;
+                if (y < ns) continue;
+                if (ns == LEFF_MAX_SYMS) {
+                    whole = true;
+                    break;
+                }
+                syms[ns++] = l;
+            }
+        }
+        r = leo_base(a, whole ? m->set_sig[o] : h);
+    }
+    mm = &m->fmemo[slot];
+    *mm = (struct leff_memo){.o = (uint32_t)o, .ver = m->sver[o], .a = a, .eff = r};
     return r;
 }
 
