@@ -21,7 +21,7 @@ typedef struct mstate {
     uint8_t tail[DI_GRAMMAR_MAX_STOP_LEN]; /* last constrained bytes, for stop strings spanning tokens */
 } mstate;
 
-#define LEFF_MEMO 4096 /* direct-mapped (set, nonterminal) -> context-free completion effect */
+#define LEFF_MEMO 1024 /* direct-mapped (set, nonterminal) -> context-free completion effect */
 #define BLK_MEMO 1024 /* direct-mapped by state id: a walk revisits its parents' blocks thousands of times */
 
 struct di_grammar_matcher {
