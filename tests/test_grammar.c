@@ -318,6 +318,45 @@ static void test_counted_chain(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Bounded repetitions are right-recursive (T_k -> eps | s T_{k-1}), so every byte completes
+ * each link of the chain written so far; the recogniser jumps to the chain's last finished item
+ * (earley.c: leo_top). Two runs side by side (`\s{0,16}\s{0,16}`, the whitespace of an empty
+ * JSON array) made sets grow quadratically with the run. Acceptance must be unchanged: every
+ * length up to the bound, nothing beyond, and the text after it. */
+static void test_leo_chains(void **state) {
+    (void)state;
+    static const char *res[] = {"x{0,60}y", "x{0,16}x{0,16}y"};
+    static const size_t bound[] = {60, 32};
+    static const size_t max_items[] = {12, 100}; /* largest set: 6 and 86 (64 and more without the jump) */
+    for (size_t r = 0; r < 2; r++) {
+        di_grammar *g = regex_or_fail(res[r]);
+        size_t largest = 0;
+        for (size_t n = 0; n <= 70; n++) {
+            di_earley e;
+            di_error err = {0};
+            if (di_earley_init(&e, g->cfg, &err)) fail_msg("%s", err.msg);
+            size_t k = 0;
+            for (; k < n; k++) {
+                int rc = di_earley_push(&e, 'x', &err);
+                if (rc < 0) fail_msg("%s: %s", res[r], err.msg);
+                if (rc == 0) break;
+                size_t items = e.set_off[e.n_sets] - e.set_off[e.n_sets - 1];
+                if (items > largest) largest = items;
+            }
+            bool all_x = k == n;
+            assert_int_equal(all_x, n <= bound[r]);
+            if (all_x) {
+                int rc = di_earley_push(&e, 'y', &err);
+                assert_true(rc == 1 && di_earley_accepting(&e));
+            }
+            di_earley_free(&e);
+        }
+        tu_report("leo chains: %s: largest set %zu items", res[r], largest);
+        assert_true(largest <= max_items[r]);
+        di_grammar_free(g);
+    }
+}
+
 /* The bytes a state scans are recorded when its sets are first at hand (matcher.c: note_scan),
  * so a later walk that reaches it through known transitions rejects other bytes without
  * replaying the path to it. Masks before and after, and after a rollback into an earlier list
@@ -684,7 +723,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
-        cmocka_unit_test(test_counted_chain),    cmocka_unit_test(test_scan_marks),
+        cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

@@ -2,6 +2,8 @@
  * masks against brute force, clear errors, hostile inputs.  di-test: asan */
 #include <time.h>
 
+#include "grammar/earley.h"
+#include "grammar/grammar_impl.h"
 #include "grammar_testlib.h"
 
 static double now_s(void) {
@@ -142,6 +144,156 @@ static void test_ebnf_masks(void **state) {
     }
     tu_report("EBNF masks checked against brute force: %d", checked);
     assert_true(checked > 100);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Right recursion (`f ::= "-" f`): every "-" adds a set whose only item waiting on f ends its
+ * rule, so all depths have one future and must share one state key (matcher.c: leo_effect);
+ * before, each depth was a new state, and a vocabulary with runs of 80 dashes learned 80 states
+ * per mask. After the second dash every mask must come from the mask cache, equal brute force,
+ * and survive a rollback; nesting by parentheses must still give different states (the number
+ * of ")" differs), and a chain that ends inside parentheses must still close them. */
+static void test_right_recursion(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(1000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = ebnf_or_fail("root ::= f\nf ::= \"-\" f | \"x\" | \"(\" f \")\" | \"(\" f \"+\" f \")\"\n");
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    const char *text = "(--(----x+--x)+--";
+    uint64_t hits_at_dash[32] = {0};
+    for (size_t i = 0; text[i]; i++) {
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("accept: %s", err.msg);
+        uint64_t h0, h1, miss;
+        di_grammar_matcher_cache_stats(m, &h0, &miss);
+        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+        di_grammar_matcher_cache_stats(m, &h1, &miss);
+        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "right recursion");
+        hits_at_dash[i] = h1 - h0;
+    }
+    /* "(--(----": positions 2 (second dash after "(") and 5..7 (dashes 2-4 after the inner "(")
+     * repeat a state; position 3 (the inner "(") and 4 (its first dash) are new */
+    assert_int_equal(hits_at_dash[2], 1);
+    assert_int_equal(hits_at_dash[5], 1);
+    assert_int_equal(hits_at_dash[6], 1);
+    assert_int_equal(hits_at_dash[7], 1);
+    assert_int_equal(hits_at_dash[3], 0);
+    /* after "+" (inner and outer construct) the second dash repeats its own state */
+    assert_int_equal(hits_at_dash[11], 1);
+    assert_int_equal(hits_at_dash[16], 1);
+    if (di_grammar_matcher_rollback(m, 6, &err)) fail_msg("rollback: %s", err.msg);
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "right recursion after rollback");
+    for (const char *p = "x))"; *p; p++)
+        if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("accept %c: %s", *p, err.msg);
+    assert_true(di_grammar_matcher_can_end(m));
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "right recursion closed");
+    int checked = 0;
+    for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 7919, 40, "right recursion walk");
+    tu_report("right recursion: %d random-walk masks checked", checked);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* A value after "[" and after "[ " (optional space) completes the same waiters, so its states
+ * must share context-free keys (matcher.c: leff): the walk after "[[ " then follows the
+ * transitions the walk after "[[" learned for "true", "false", "[" instead of pushing them again.
+ * Before, the root set's items waiting on the space kept the two apart. */
+static void test_pruned_effects(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(1000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = ebnf_or_fail("root ::= \"[\" ws value \"]\"\nws ::= \" \"?\n"
+                                 "value ::= \"true\" | \"false\" | \"null\" | \"[\" ws value \"]\"\n");
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    uint64_t pushes[3] = {0};
+    const char *text = "[[ ";
+    for (int i = 0; i < 3; i++) {
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("accept: %s", err.msg);
+        di_grammar_walk_stats a, b;
+        di_grammar_matcher_walk_stats(m, &a);
+        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
+        di_grammar_matcher_walk_stats(m, &b);
+        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "pruned effects");
+        pushes[i] = b.pushes - a.pushes;
+    }
+    tu_report("pruned effects: pushes after \"[\" %llu, \"[[\" %llu, \"[[ \" %llu", (unsigned long long)pushes[0],
+              (unsigned long long)pushes[1], (unsigned long long)pushes[2]);
+    assert_true(pushes[2] * 2 < pushes[1]); /* 6 of 24; 17 when the whole root set is hashed */
+    /* full keys too (the mask cache's): "[t" and "[ t" are one state, the second mask a hit */
+    for (int k = 0; k < 2; k++) {
+        di_grammar_matcher *m2 = NULL;
+        if (di_grammar_matcher_new(g, v, NULL, &m2, &err)) fail_msg("matcher: %s", err.msg);
+        for (const char *p = k ? "[ t" : "[t"; *p; p++)
+            if (di_grammar_matcher_accept_token(m2, (uint8_t)*p + 1, &err)) fail_msg("accept: %s", err.msg);
+        if (di_grammar_matcher_fill_mask(m2, mask, &err)) fail_msg("mask: %s", err.msg);
+        gt_check_mask(m2, v, mask, (const uint8_t *const *)tb.b, tb.l, "pruned effects, full keys");
+        uint64_t hits, misses;
+        di_grammar_matcher_cache_stats(m2, &hits, &misses);
+        assert_int_equal(hits, (uint64_t)k);
+        di_grammar_matcher_free(m2);
+    }
+    int checked = 0;
+    for (uint64_t s = 1; s <= 12; s++) checked += gt_walk(g, v, &tb, NULL, s * 7907, 40, "pruned effects walk");
+    tu_report("pruned effects: %d random-walk masks checked", checked);
+    assert_true(checked >= 36); /* each walk checks at least its first "[", a value and the closing "]" */
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Empty arrays and objects are written open ws_pair close (json_schema.c: bracketed), the same
+ * language as open ws ws close (up to 32 whitespace bytes with the default run of 16) without
+ * letting each byte split between the two runs; the Earley sets along the run must stay small. */
+static void test_empty_brackets(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(0);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *schemas[] = {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}",
+                                    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}",
+                                    "{\"type\":\"array\",\"items\":{}}"};
+    static const char open[] = "[{[", close[] = "]}]";
+    char buf[128];
+    size_t largest = 0;
+    for (size_t i = 0; i < 3; i++) {
+        di_grammar *g = schema_or_fail(schemas[i], DI_JSON_WS_FLEXIBLE);
+        for (int n = 0; n <= 33; n++) { /* open, n spaces / newlines / tabs, close */
+            int k = 0;
+            buf[k++] = open[i];
+            for (int j = 0; j < n; j++) buf[k++] = " \n\t\r"[j % 4];
+            buf[k++] = close[i];
+            buf[k] = 0;
+            assert_int_equal(full_match(g, v, buf), n <= 32);
+        }
+        const char *ok[] = {"[ 1 ,2 ]", "{ \"a\" : 1 }", "[ [ ] , { } ,[1] ]"}, *bad[] = {"[ , ]", "{ , }", "[ [ ] , ]"};
+        assert_int_equal(full_match(g, v, ok[i]), 1);
+        assert_int_equal(full_match(g, v, bad[i]), 0);
+        di_earley e;
+        di_error err = {0};
+        if (di_earley_init(&e, g->cfg, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(di_earley_push(&e, (uint8_t)open[i], &err), 1);
+        for (int j = 0; j < 32; j++) {
+            assert_int_equal(di_earley_push(&e, ' ', &err), 1);
+            size_t items = e.set_off[e.n_sets] - e.set_off[e.n_sets - 1];
+            if (items > largest) largest = items;
+        }
+        tu_report("empty brackets: %s: largest Earley set along 32 whitespace bytes so far: %zu items", schemas[i], largest);
+        di_earley_free(&e);
+        di_grammar_free(g);
+    }
+    assert_true(largest <= 60); /* 24, 24, 46 here; 118, 118, 134 with open ws ws close */
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
@@ -485,7 +637,7 @@ static void test_schema_hostile(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks),
+        cmocka_unit_test(test_ebnf_accept),   cmocka_unit_test(test_ebnf_errors),   cmocka_unit_test(test_ebnf_masks), cmocka_unit_test(test_right_recursion), cmocka_unit_test(test_pruned_effects), cmocka_unit_test(test_empty_brackets),
         cmocka_unit_test(test_schema_accept), cmocka_unit_test(test_schema_errors), cmocka_unit_test(test_schema_masks),
         cmocka_unit_test(test_schema_hostile), cmocka_unit_test(test_schema_int_ranges),
         cmocka_unit_test(test_schema_coverage),

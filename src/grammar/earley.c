@@ -137,6 +137,9 @@ static int begin_set(di_earley *m, di_error *err) {
         uint32_t *w = realloc(m->wait_off, (cap + 1) * sizeof *w);
         if (!w) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
         m->wait_off = w;
+        uint32_t *st = realloc(m->set_stamp, cap * sizeof *st);
+        if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu sets", cap);
+        m->set_stamp = st;
         m->cap_sets = cap;
     }
     m->set_off[m->n_sets] = (uint32_t)m->n_items;
@@ -145,18 +148,41 @@ static int begin_set(di_earley *m, di_error *err) {
     m->small_seen = 0;
     if (++m->stamp == 0) { /* stamp wrapped: clear once every 2^32 sets */
         memset(m->hstamp, 0, m->hcap * sizeof *m->hstamp);
+        memset(m->leo, 0, DI_EARLEY_LEO_MEMO * sizeof *m->leo);
         m->stamp = 1;
     }
+    m->set_stamp[m->n_sets] = m->stamp;
     return DI_OK;
 }
 
-#define SMALL_WAIT 12
+#define SMALL_WAIT DI_EARLEY_SMALL_WAIT
 
 static int cmp_wait(const void *a, const void *b) {
     const di_earley_wait *x = a, *y = b;
     if (x->sym != y->sym) return x->sym < y->sym ? -1 : 1;
     if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1; /* a total order: qsort is not stable */
     return x->origin < y->origin ? -1 : x->origin > y->origin;
+}
+
+static inline bool wait_less(const di_earley_wait *x, const di_earley_wait *y) {
+    if (x->sym != y->sym) return x->sym < y->sym;
+    if (x->pos != y->pos) return x->pos < y->pos;
+    return x->origin < y->origin;
+}
+
+/* Insertion sort for the usual lists of a few dozen entries (glibc's qsort, a merge sort through
+ * a comparison callback, was a third of the instructions of some cold masks); qsort beyond. */
+static void sort_wait(di_earley_wait *w, size_t n) {
+    if (n > 256) {
+        qsort(w, n, sizeof *w, cmp_wait);
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {
+        di_earley_wait x = w[i];
+        size_t j = i;
+        for (; j > 0 && wait_less(&x, &w[j - 1]); j--) w[j] = w[j - 1];
+        w[j] = x;
+    }
 }
 
 /* Index the items of set `cur` that wait on a nonterminal (see di_earley.wait). */
@@ -177,9 +203,31 @@ static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
         int32_t s = m->g->psym[it.pos];
         if (s >= 0) w[n++] = (di_earley_wait){s, it.pos, it.origin};
     }
-    if (n > SMALL_WAIT) qsort(w, n, sizeof *w, cmp_wait); /* small lists are scanned linearly by close_set */
+    if (n > SMALL_WAIT) sort_wait(w, n); /* small lists are scanned linearly by close_set */
     m->n_wait += n;
     return DI_OK;
+}
+
+#define LEO_MAX_CHAIN 64 /* longer chains are cut (still exact: the cut link completes normally) */
+
+/* Last finished item of the deterministic chain started by completing sym at sealed set j
+ * (see di_earley.leo); false if j has no such chain for sym. */
+static bool leo_top(di_earley *m, uint32_t j, int32_t sym, di_earley_item *top, int depth) {
+    struct di_earley_leo *c = &m->leo[(j * 0x9E3779B1u ^ (uint32_t)sym * 0x85EBCA77u) & (DI_EARLEY_LEO_MEMO - 1)];
+    if (c->set == j && c->sym == sym && c->stamp == m->set_stamp[j]) {
+        *top = c->top;
+        return top->pos != 0;
+    }
+    const di_earley_wait *w = di_earley_sole_wait(m, j, sym);
+    di_earley_item t = {0, 0};
+    if (w && m->g->psym[w->pos + 1] == DI_CFG_END) {
+        if (depth >= LEO_MAX_CHAIN || !leo_top(m, w->origin, m->g->plhs[w->pos], &t, depth + 1))
+            t = (di_earley_item){w->pos + 1, w->origin};
+    }
+    c = &m->leo[(j * 0x9E3779B1u ^ (uint32_t)sym * 0x85EBCA77u) & (DI_EARLEY_LEO_MEMO - 1)];
+    *c = (struct di_earley_leo){.set = j, .stamp = m->set_stamp[j], .sym = sym, .top = t};
+    *top = t;
+    return t.pos != 0;
 }
 
 /* Predict/complete closure of the set under construction (index n_sets), then seal it. */
@@ -197,6 +245,12 @@ static int close_set(di_earley *m, di_error *err) {
              * already advanced everything that waits on a nullable symbol (Aycock-Horspool). */
             if (it.origin < m->opaque_below) m->opaque_hits++;
             if (it.origin == cur) continue;
+            di_earley_item top;
+            if (leo_top(m, it.origin, lhs, &top, 0)) { /* the chain's intermediate items only complete */
+                rc = add_item(m, top.pos, top.origin, err);
+                if (rc < 0) return rc;
+                continue;
+            }
             const di_earley_wait *w = m->wait + m->wait_off[it.origin];
             size_t nw = m->wait_off[it.origin + 1] - m->wait_off[it.origin];
             if (nw <= SMALL_WAIT) {
@@ -235,6 +289,8 @@ int di_earley_init(di_earley *m, const di_cfg *g, di_error *err) {
     memset(m, 0, sizeof *m);
     m->g = g;
     if (!g->final) return di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: grammar not finalized");
+    m->leo = calloc(DI_EARLEY_LEO_MEMO, sizeof *m->leo);
+    if (!m->leo) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     int rc = begin_set(m, err);
     if (!rc) {
         int a = add_item(m, g->init_pos, 0, err);
@@ -251,6 +307,8 @@ void di_earley_free(di_earley *m) {
     free(m->scan);
     free(m->wait);
     free(m->wait_off);
+    free(m->set_stamp);
+    free(m->leo);
     free(m->hkey);
     free(m->hstamp);
     memset(m, 0, sizeof *m);
@@ -293,6 +351,28 @@ int di_earley_push_bytes(di_earley *m, const uint8_t *b, size_t n, di_error *err
         }
     }
     return 1;
+}
+
+const di_earley_wait *di_earley_sole_wait(const di_earley *m, size_t set, int32_t sym) {
+    const di_earley_wait *w = m->wait + m->wait_off[set];
+    size_t nw = m->wait_off[set + 1] - m->wait_off[set], lo = 0;
+    if (nw > SMALL_WAIT) { /* sorted by symbol (build_wait) */
+        size_t hi = nw;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (w[mid].sym < sym) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo == nw || w[lo].sym != sym || (lo + 1 < nw && w[lo + 1].sym == sym)) return NULL;
+        return &w[lo];
+    }
+    const di_earley_wait *one = NULL;
+    for (; lo < nw; lo++)
+        if (w[lo].sym == sym) {
+            if (one) return NULL;
+            one = &w[lo];
+        }
+    return one;
 }
 
 bool di_earley_accepting(const di_earley *m) {

@@ -27,6 +27,11 @@ typedef struct di_earley_item {
     uint32_t origin; /* index of the set where this rule instance started */
 } di_earley_item;
 
+/* Wait lists longer than this are sorted by symbol (di_earley.wait); shorter ones are scanned. */
+#define DI_EARLEY_SMALL_WAIT 12
+
+#define DI_EARLEY_LEO_MEMO 1024
+
 typedef struct di_earley_wait {
     int32_t sym;     /* the nonterminal after the dot */
     uint32_t pos;    /* the waiting item */
@@ -60,6 +65,20 @@ typedef struct di_earley {
      * unknown context; such completions are counted in opaque_hits. 0 = no watch. */
     uint32_t opaque_below;
     uint32_t opaque_hits;
+    /* Leo's deterministic reductions: completing B at set j where j's sole item waiting on B has
+     * B last in its rule just completes that item's lhs at its origin, and so on down a chain
+     * (a right-recursive rule, or a bounded repetition T_k -> s T_{k-1}, which completes all of
+     * its links at every byte because each link is nullable). close_set jumps to the chain's
+     * last finished item (leo_top) instead of adding one finished item per link: a run of n
+     * characters of X{0,n} cost O(n^2) items, with two such runs side by side (the whitespace
+     * before and after an empty JSON array) O(n^2) per set. Only finished items are skipped,
+     * and they are read by nothing but completion. Memoized by (set, symbol, set_stamp). */
+    uint32_t *set_stamp;      /* [cap_sets] stamp of the set at each index */
+    struct di_earley_leo {
+        uint32_t set, stamp;
+        int32_t sym;
+        di_earley_item top;   /* top.pos == 0: no chain */
+    } *leo;                   /* [DI_EARLEY_LEO_MEMO] */
     uint64_t n_pushes;        /* bytes pushed over the object's life (statistics) */
 } di_earley;
 
@@ -82,6 +101,9 @@ static inline void di_earley_pop_to(di_earley *m, size_t n_sets) {
         m->n_wait = m->wait_off[n_sets];
     }
 }
+
+/* The only item of sealed set `set` waiting on nonterminal sym, or NULL if none or several. */
+const di_earley_wait *di_earley_sole_wait(const di_earley *m, size_t set, int32_t sym);
 
 /* Could the bytes pushed so far be a complete sentence? */
 bool di_earley_accepting(const di_earley *m);

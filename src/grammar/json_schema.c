@@ -68,6 +68,18 @@ static int32_t seq(js *c, const int32_t *s, size_t n) { return di_cfg_seq(c->g, 
 
 static int32_t empty(js *c) { return di_cfg_seq(c->g, NULL, 0); }
 
+/* open ws B ws close for a B that may be empty, written as (open ws B+ ws close | open ws_pair
+ * close) with B+ = B without the empty string: the same language, but "[" ws ws "]" let every
+ * whitespace byte of an empty array split between the two runs (Earley sets growing with the
+ * run, and a context edge per byte in the mask walk). */
+static int32_t bracketed(js *c, char open, int32_t nonempty, char close) {
+    di_cfg *g = c->g;
+    int32_t lo = open == '{' ? c->lbrace : c->lbrack, hi = close == '}' ? c->rbrace : c->rbrack;
+    int32_t full = seq(c, (int32_t[]){lo, nonempty, hi}, 3);
+    int32_t none = seq(c, (int32_t[]){di_cfg_byte(g, (uint8_t)open), c->ws_pair, di_cfg_byte(g, (uint8_t)close)}, 3);
+    return di_cfg_alt(g, (int32_t[]){full, none}, 2);
+}
+
 /* Language with no strings (false schema, impossible combination); pruned by finalize. */
 static int32_t nothing(js *c) { return di_cfg_nt(c->g, "<nothing>"); }
 
@@ -75,6 +87,7 @@ static void init_shared(js *c) {
     di_cfg *g = c->g;
     if (c->opts.whitespace == DI_JSON_WS_COMPACT) {
         c->ws = empty(c);
+        c->ws_pair = c->ws;
     } else {
         int n = c->opts.max_ws_run > 0 ? c->opts.max_ws_run : 16;
         di_cfg_class sp = {{0}};
@@ -82,6 +95,7 @@ static void init_shared(js *c) {
         di_cfg_class_add_range(&sp, '\t', '\n');
         di_cfg_class_add_range(&sp, '\r', '\r');
         c->ws = di_cfg_repeat(g, di_cfg_class_sym(g, &sp), 0, n);
+        c->ws_pair = di_cfg_repeat(g, di_cfg_class_sym(g, &sp), 0, 2 * (int64_t)n);
     }
     c->comma = seq(c, (int32_t[]){c->ws, di_cfg_byte(g, ','), c->ws}, 3);
     c->colon = seq(c, (int32_t[]){c->ws, di_cfg_byte(g, ':'), c->ws}, 3);
@@ -101,9 +115,9 @@ static void init_shared(js *c) {
     int32_t v = di_cfg_nt(g, "<json>");
     int32_t member = seq(c, (int32_t[]){c->string, c->colon, v}, 3);
     int32_t members = seq(c, (int32_t[]){member, di_cfg_star(g, seq(c, (int32_t[]){c->comma, member}, 2))}, 2);
-    int32_t obj = seq(c, (int32_t[]){c->lbrace, di_cfg_opt(g, members), c->rbrace}, 3);
+    int32_t obj = bracketed(c, '{', members, '}');
     int32_t elems = seq(c, (int32_t[]){v, di_cfg_star(g, seq(c, (int32_t[]){c->comma, v}, 2))}, 2);
-    int32_t arr = seq(c, (int32_t[]){c->lbrack, di_cfg_opt(g, elems), c->rbrack}, 3);
+    int32_t arr = bracketed(c, '[', elems, ']');
     int32_t alts[] = {obj, arr, c->string, c->number, c->boolean, c->null};
     for (size_t i = 0; i < 6; i++) di_cfg_rule(g, v, &alts[i], 1);
     c->value = v;
@@ -677,7 +691,7 @@ static int32_t object_sym(js *c, json_t *s) {
     const char *pn_re = NULL;
     if (json_is_false(pn)) {
         if (json_array_size(req)) return nothing(c);
-        return seq(c, (int32_t[]){c->lbrace, c->rbrace}, 2);
+        return bracketed(c, '{', nothing(c), '}');
     }
     if (pn && !di_js_trivial(pn)) {
         const char *k;
@@ -827,7 +841,11 @@ static int32_t object_sym(js *c, json_t *s) {
         k++;
     }
     int32_t body = counted ? counted_members(c, mems, reqd, n, extra ? member : -1, count_lo, count_hi) : P[0][non_empty ? 2 : 0];
+    bool may_be_empty = !counted && !non_empty; /* P[0][0] = P[0][2] plus the empty body iff nothing is required */
+    for (size_t r = 0; r < n; r++) may_be_empty = may_be_empty && !reqd[r];
+    int32_t nonempty = P[0][2];
     free(P), free(mems), free(reqd);
+    if (may_be_empty) return bracketed(c, '{', nonempty, '}');
     return seq(c, (int32_t[]){c->lbrace, body, c->rbrace}, 3);
 }
 
@@ -859,7 +877,7 @@ static int32_t array_sym(js *c, json_t *s) {
     for (size_t j = 0; j <= np; j++) A[j] = di_cfg_nt(g, NULL);
     /* after the prefix: count bounds apply to the remaining elements */
     int64_t rlo = lo > (int64_t)np ? lo - (int64_t)np : 0, rhi = hi < 0 ? -1 : hi - (int64_t)np;
-    int32_t tail_first, tail_more;
+    int32_t tail_first, tail_more, one = -1;
     if (rest_sym == -1 || rhi == 0) {
         tail_first = rlo > 0 ? nothing(c) : empty(c);
         tail_more = tail_first;
@@ -868,7 +886,7 @@ static int32_t array_sym(js *c, json_t *s) {
         /* after at least one element: (, x){rlo, rhi} */
         tail_more = di_cfg_repeat(g, ce, rlo, rhi);
         /* at the very start (no prefix): x (, x){rlo-1, rhi-1} or, if rlo == 0, also nothing */
-        int32_t one = seq(c, (int32_t[]){rest_sym, di_cfg_repeat(g, ce, rlo ? rlo - 1 : 0, rhi < 0 ? -1 : rhi - 1)}, 2);
+        one = seq(c, (int32_t[]){rest_sym, di_cfg_repeat(g, ce, rlo ? rlo - 1 : 0, rhi < 0 ? -1 : rhi - 1)}, 2);
         tail_first = rlo ? one : di_cfg_opt(g, one);
     }
     for (size_t j = 0; j <= np && !c->rc; j++) {
@@ -890,6 +908,7 @@ static int32_t array_sym(js *c, json_t *s) {
     }
     int32_t body = A[0];
     free(A);
+    if (np == 0 && rlo == 0) return bracketed(c, '[', one >= 0 ? one : nothing(c), ']'); /* A[0] = one? */
     return seq(c, (int32_t[]){c->lbrack, body, c->rbrack}, 3);
 }
 

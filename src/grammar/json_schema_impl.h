@@ -31,6 +31,7 @@ typedef struct js {
     char path[512]; /* JSON pointer of the schema being compiled, for messages */
     /* shared symbols, built on first use */
     int32_t ws, comma, colon, lbrace, rbrace, lbrack, rbrack;
+    int32_t ws_pair; /* ws ws as one repetition: the inside of an empty {} or [] (json_schema.c: bracketed) */
     int32_t string, strchar, number, integer, value, boolean, null;
     int32_t num_cache[3];   /* integer >= 0, integer >= 1, number >= 0; -1 until built */
     int32_t fmt_cache[16];  /* per k_formats entry; -1 until built */

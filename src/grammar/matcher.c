@@ -21,6 +21,7 @@ typedef struct mstate {
     uint8_t tail[DI_GRAMMAR_MAX_STOP_LEN]; /* last constrained bytes, for stop strings spanning tokens */
 } mstate;
 
+#define LEFF_MEMO 1024 /* direct-mapped (set, nonterminal) -> context-free completion effect */
 #define BLK_MEMO 1024 /* direct-mapped by state id: a walk revisits its parents' blocks thousands of times */
 
 struct di_grammar_matcher {
@@ -42,6 +43,8 @@ struct di_grammar_matcher {
      * Inside a JSON string every character leads to the same key, so only the first token of a
      * string pays for the trie walk, and only in the first request that reaches that state. */
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
+    uint32_t *sver;                 /* [cap_sig] version of the set at each index (fmemo, lmemo) */
+    uint32_t n_sver;
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
@@ -52,6 +55,11 @@ struct di_grammar_matcher {
     sig128 *lsig;                   /* [cap_sig] */
     uint32_t *lstamp;               /* [cap_sig] */
     uint32_t lgen;
+    struct leff_memo {              /* leff results by (set, nonterminal), valid for walk generation gen */
+        uint32_t o, gen, ver;
+        int32_t a;
+        sig128 eff;
+    } lmemo[LEFF_MEMO], fmemo[LEFF_MEMO]; /* fmemo: feff, gen unused */
     size_t lb;                      /* boundary in effect (use_boundary); 0 = full keys */
     uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
     uint32_t mgen;                  /* walk generation of the memo */
@@ -158,6 +166,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     if (!m) return;
     di_earley_free(&m->e);
     free(m->set_sig);
+    free(m->sver);
     free(m->lsig);
     free(m->lstamp);
     free(m->lbd);
@@ -235,6 +244,41 @@ static void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
     h->b += mix64(((uint64_t)pos * 0x9E3779B97F4A7C15ull) ^ mix64(o.b + 0x5851F42D4C957F2Dull));
 }
 
+/* ---- completion effects: what an item's origin contributes to a key ----
+ * An item of a later set reads its origin set only when its own rule completes: then its lhs A
+ * completes there. So an item is hashed by (position, effect of completing A at its origin)
+ * (feff; leff for context-free keys), not by the origin's whole set: a set also holds items
+ * waiting on other symbols that this item can never complete (after `:` in JSON, those of the
+ * optional space), which kept equal futures apart. The effect covers the origin's items waiting
+ * on A and, through the ones predicted in that set itself whose rule then completes there, on
+ * their lhs, transitively; each of those again by its own origin's effect.
+ * Right-recursive chains (Leo's deterministic reductions): in `factor ::= "-" factor` every "-"
+ * adds a set whose only item waiting on factor is `neg -> "-" . factor`, the last symbol of its
+ * rule: completing factor there just completes neg, then factor, one set lower, down to where
+ * the chain started. The effect follows such sole, rule-ending waiters down (leo_item), so every
+ * depth has one key (ebnf_arith learned 80 new states per mask for the tokens of 80 dashes).
+ * Equal effects mean equal completions (the finished items of a chain are read by nothing but
+ * completion, and keys leave them out), so equal keys still mean equal futures; a context-free
+ * chain that reaches the context ends in "A completes in the context", which the recogniser
+ * reports as an opaque hit in every state of that key alike. */
+#define LEO_MAX_DEPTH 64              /* deeper chains end early (still sound, only less sharing) */
+
+static inline sig128 leo_base(int32_t a, sig128 set) {
+    return (sig128){set.a ^ mix64((uint64_t)(uint32_t)a + 0x632BE59BD9B4E019ull),
+                    set.b ^ mix64((uint64_t)(uint32_t)a * 0x9E3779B97F4A7C15ull + 0x8CB92BA72F3D8DD7ull)};
+}
+
+/* The sole item of set i waiting on sym, if sym is the last symbol of its rule and its origin is
+ * below i + same (same = 1: a unit rule predicted in set i itself, `factor -> . neg` with
+ * `neg -> "-" factor`, continues the chain in set i with its lhs), or NULL. */
+static inline const di_earley_wait *leo_item(const di_earley *e, size_t i, int32_t sym, size_t same) {
+    const di_earley_wait *w = di_earley_sole_wait(e, i, sym);
+    return w && w->origin < i + same && e->g->psym[w->pos + 1] == DI_CFG_END ? w : NULL;
+}
+
+/* Effect of completing nonterminal a at set o, over full signatures (defined after leff). */
+static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth);
+
 static int update_sigs(di_grammar_matcher *m, di_error *err) {
     const di_earley *e = &m->e;
     if (e->n_sets > m->cap_sig) {
@@ -244,19 +288,24 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         if (p) m->set_sig = p;
         sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
         if (q) m->lsig = q;
-        uint32_t *st = q ? realloc(m->lstamp, cap * sizeof *st) : NULL;
+        uint32_t *sv = q ? realloc(m->sver, cap * sizeof *sv) : NULL;
+        if (sv) m->sver = sv;
+        uint32_t *st = sv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
         if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
         memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
         m->lstamp = st;
         m->cap_sig = cap;
     }
+    const int32_t *psym = m->g->cfg->psym;
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
         m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
+        if (++m->n_sver == 0) m->n_sver = 1; /* 0 never names a set */
+        m->sver[i] = m->n_sver;
         sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
         for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
             di_earley_item it = e->items[x];
-            if (m->g->cfg->psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
-            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+            if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
+            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
         }
         m->set_sig[i] = h;
     }
@@ -265,7 +314,7 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
 }
 
 /* Key of the current state: the waiting items (set_sig) plus the items that scan a byte. */
-static sig128 state_key(const di_grammar_matcher *m) {
+static sig128 state_key(di_grammar_matcher *m) {
     const di_earley *e = &m->e;
     size_t i = e->n_sets - 1;
     sig128 h = m->set_sig[i];
@@ -274,7 +323,7 @@ static sig128 state_key(const di_grammar_matcher *m) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : m->set_sig[it.origin]);
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     return h;
 }
@@ -295,21 +344,141 @@ static sig128 state_key(const di_grammar_matcher *m) {
 #define LOCAL_DOMAIN 0xC2B2AE3D27D4EB4Full /* context-free keys never equal full keys */
 #define LSIG_MAX_DEPTH 256                /* origin chains deeper than this: walk with full keys */
 
-/* Context-free signature of set i (see lsig). Origins point to earlier sets, so the recursion
- * ends; its depth is bounded and *ok cleared beyond it. */
-static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
-    if (i < m->lb) return OPAQUE_SIG;
-    if (m->lstamp[i] == m->lgen) return m->lsig[i];
+/* Context-free effect of completing nonterminal a at set o (see "completion effects" above):
+ * the items of set o that a completion of a can advance (the closure `syms`), each by the effect
+ * at its own origin, or down a deterministic chain; a set below the boundary is the context:
+ * "a completes in the context", which the recogniser reports (opaque hit). Memoized per walk
+ * generation in lmemo. */
+#define LEFF_MAX_SYMS 32 /* a larger closure: leave context-free mode (*ok), full keys are exact */
+
+static inline const di_earley_wait *waiters(const di_earley *e, size_t o, int32_t sym, size_t *n) {
+    const di_earley_wait *w = e->wait + e->wait_off[o];
+    size_t nw = e->wait_off[o + 1] - e->wait_off[o];
+    if (nw <= DI_EARLEY_SMALL_WAIT) { /* unsorted: the caller filters by symbol */
+        *n = nw;
+        return w;
+    }
+    size_t lo = 0, hi = nw;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (w[mid].sym < sym) lo = mid + 1;
+        else hi = mid;
+    }
+    size_t k = lo;
+    while (k < nw && w[k].sym == sym) k++;
+    *n = k - lo;
+    return w + lo;
+}
+
+static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok) {
+    if (o < m->lb) return leo_base(a, OPAQUE_SIG);
     if (depth > LSIG_MAX_DEPTH) {
         *ok = false;
         return OPAQUE_SIG;
     }
+    uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
+    struct leff_memo *mm = &m->lmemo[slot];
+    if (mm->gen == m->lgen && mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
     const di_earley *e = &m->e;
+    const int32_t *plhs = m->g->cfg->plhs;
+    sig128 r;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    if (lw) {
+        r = leff(m, lw->origin, plhs[lw->pos], depth + 1, ok);
+    } else {
+        int32_t syms[LEFF_MAX_SYMS];
+        int ns = 1;
+        syms[0] = a;
+        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+        for (int k = 0; k < ns && *ok; k++) {
+            size_t n;
+            const di_earley_wait *w = waiters(e, o, syms[k], &n);
+            for (size_t x = 0; x < n; x++) {
+                if (w[x].sym != syms[k]) continue;
+                if (w[x].origin != o) {
+                    add_item_sig(&h, w[x].pos, leff(m, w[x].origin, plhs[w[x].pos], depth + 1, ok));
+                    continue;
+                }
+                add_item_sig(&h, w[x].pos, (sig128){1, 2});
+                int32_t l = plhs[w[x].pos];
+                int y = 0;
+                while (y < ns && syms[y] != l) y++;
+                if (y < ns) continue;
+                if (ns == LEFF_MAX_SYMS) {
+                    *ok = false;
+                    break;
+                }
+                syms[ns++] = l;
+            }
+        }
+        r = leo_base(a, h);
+    }
+    *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
+    return r;
+}
+
+/* leff over full signatures: the same closure, with no context. Beyond FEFF_MAX_DEPTH the
+ * effect is "a completes at a set with this whole signature" (set_sig, itself made of effects):
+ * a finer key, still exact, so full keys never need the context-free bail-out. */
+#define FEFF_MAX_DEPTH 48
+
+static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
+    uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
+    struct leff_memo *mm = &m->fmemo[slot];
+    if (mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
+    const di_earley *e = &m->e;
+    const int32_t *plhs = m->g->cfg->plhs;
+    sig128 r;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    if (lw) {
+        r = feff(m, lw->origin, plhs[lw->pos], depth + 1);
+    } else if (depth >= FEFF_MAX_DEPTH) {
+        r = leo_base(a, m->set_sig[o]);
+    } else {
+        int32_t syms[LEFF_MAX_SYMS];
+        int ns = 1;
+        bool whole = false;
+        syms[0] = a;
+        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+        for (int k = 0; k < ns && !whole; k++) {
+            size_t n;
+            const di_earley_wait *w = waiters(e, o, syms[k], &n);
+            for (size_t x = 0; x < n; x++) {
+                if (w[x].sym != syms[k]) continue;
+                if (w[x].origin != o) {
+                    add_item_sig(&h, w[x].pos, feff(m, w[x].origin, plhs[w[x].pos], depth + 1));
+                    continue;
+                }
+                add_item_sig(&h, w[x].pos, (sig128){1, 2});
+                int32_t l = plhs[w[x].pos];
+                int y = 0;
+                while (y < ns && syms[y] != l) y++;
+                if (y < ns) continue;
+                if (ns == LEFF_MAX_SYMS) {
+                    whole = true;
+                    break;
+                }
+                syms[ns++] = l;
+            }
+        }
+        r = leo_base(a, whole ? m->set_sig[o] : h);
+    }
+    mm = &m->fmemo[slot];
+    *mm = (struct leff_memo){.o = (uint32_t)o, .ver = m->sver[o], .a = a, .eff = r};
+    return r;
+}
+
+/* Context-free signature of the top set i: its waiting items, each by its effect (leff). */
+static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
+    if (i < m->lb) return OPAQUE_SIG;
+    if (m->lstamp[i] == m->lgen) return m->lsig[i];
+    const di_earley *e = &m->e;
+    const int32_t *psym = m->g->cfg->psym;
     sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
-        if (m->g->cfg->psym[it.pos] < 0) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, depth + 1, ok));
+        if (psym[it.pos] < 0) continue;
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : leff(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
     }
     m->lsig[i] = h;
     m->lstamp[i] = m->lgen;
@@ -326,7 +495,7 @@ static sig128 local_key(di_grammar_matcher *m, bool *ok) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : lsig_of(m, it.origin, 1, ok));
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : leff(m, it.origin, m->g->cfg->plhs[it.pos], 1, ok));
     }
     h.b ^= LOCAL_DOMAIN;
     return h;
