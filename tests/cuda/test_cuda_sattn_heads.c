@@ -5,8 +5,8 @@
  * lists the CPU accepts (−1 or in range; the GPU kernels also skip out-of-range ids, which the CPU op
  * rejects, so those cases compare the two kernels only).
  * V4.1 shapes: 64 heads, head dim 512, window 128 + 512 selected compressed entries (640 per query,
- * −1 skips), compressed pools up to 8192 entries; n_q 1, 7 (4 heads per block), 64, 2048 (16 heads per
- * block), a partial block (37 indices), rows of skips only, empty lists, key rows that are not 16-byte
+ * −1 skips), compressed pools up to 8192 entries; n_q 1, 7 (4 heads per block: fewer than 128 blocks of
+ * 16), 64, 2048 (16 heads per block), a partial block (37 indices), rows of skips only, empty lists, key rows that are not 16-byte
  * aligned (the staging's element-wise path), 8 heads (4 per block only); sinks incl. −inf, q and key rows
  * with NaN / ±inf; and the batched variant (sparse_attn_seqs) over several sequences of their own key sets.
  * DI_BENCH=1: ms per call, per-head kernel vs several heads per block, at an 8K-token prefill (n_q 8192,
@@ -351,6 +351,12 @@ int main(void) {
         free_seqs(&s);
     }
     {
+        const int64_t m_of[] = {1, 2, 1};
+        make_seqs(&s, 3, m_of, n_idx, 2048, 64, 10);
+        check_seqs("seqs few (4 heads)", &s);
+        free_seqs(&s);
+    }
+    {
         int64_t m_of[96];
         for (int i = 0; i < 96; i++) m_of[i] = 1 + (i % 3 == 0 ? 2 : 0);
         make_seqs(&s, 96, m_of, n_idx, 1024, 64, 10);
@@ -364,6 +370,9 @@ int main(void) {
         free_case(&c);
         make_case(&c, 64, 64, n_idx, 4096, 0, 0, 0, 0, 0);
         bench_attn("n_q 64 x 640", &c);
+        free_case(&c);
+        make_case(&c, 16, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+        bench_attn("n_q 16 x 640", &c);
         free_case(&c);
         make_case(&c, 1, 64, n_idx, 4096, 0, 0, 0, 0, 0);
         bench_attn("n_q 1 x 640", &c);

@@ -240,7 +240,9 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
         if (t < H) { /* head t: block max in slot order, then the new running max and alpha */
             const float *s = sc + t * SAH_SCS;
             float bmax = -INFINITY;
-            for (int k = 0; k < nb; k++) bmax = s[k] > bmax ? s[k] : bmax;
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k++)
+                if (k < nb) bmax = s[k] > bmax ? s[k] : bmax;
             float m = mst[t], m_new = bmax > m ? bmax : m;
             ast[t] = d_expf(__fsub_rn(m, m_new));
             mst[t] = m_new;
@@ -305,10 +307,11 @@ extern "C" int di_cuda_sattn_heads_enabled(void);
 extern "C" void di_cuda_sattn_heads_set(int on);
 
 /* The heads per block for m queries of nh heads at head dim d; 0: the per-head kernel. 16 heads share
- * each staged row best; with fewer than two blocks per SM that way (132 SMs), 4 heads keep the SMs busy. */
+ * each staged row best; below about one such block per SM (132 on the H200) a block's time is the
+ * call's, and 4 heads per block spread the same work over 4 times as many SMs. */
 static inline int sah_heads(int64_t m, int nh, int d) {
     if (!di_cuda_sattn_heads_enabled() || d != SAH_DIM || nh % 4) return 0;
-    return nh % 16 == 0 && m * (nh / 16) >= 264 ? 16 : 4;
+    return nh % 16 == 0 && m * (nh / 16) >= 128 ? 16 : 4;
 }
 
 #endif
