@@ -53,17 +53,14 @@ extern "C" int di_cuda_sattn_heads_enabled(void) {
 extern "C" void di_cuda_sattn_heads_set(int on) { g_sah_on = on ? 1 : 0; }
 
 template <int H>
-static int sparse_attn_heads(cudaStream_t st, const uint16_t *q, int64_t m, int nh, const uint16_t *kv_win,
+static int sparse_attn_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const uint16_t *kv_win,
                              int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx,
                              int64_t n_idx, float scale, uint16_t *out, di_error *err) {
-    static bool attr_set; /* the dynamic shared size above 48 KB, once per instantiation */
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(sparse_attn_heads_kernel<H>, cudaFuncAttributeMaxDynamicSharedMemorySize, SAH_SMEM(H)) !=
-            cudaSuccess)
-            return di_cuda_launched("sparse_attn (shared memory size)", err);
-        attr_set = true;
-    }
-    sparse_attn_heads_kernel<H><<<(unsigned)(m * (nh / H)), SAH_T(H), SAH_SMEM(H), st>>>(
+    static bool optin[64];
+    int rc = sah_smem_optin(sparse_attn_heads_kernel<H>, SAH_SMEM(H), optin, di_cuda_state(be)->device, "sparse_attn", err);
+    if (rc) return rc;
+    const unsigned blocks = (unsigned)(m * (nh / H));
+    sparse_attn_heads_kernel<H><<<blocks, SAH_T(H), SAH_SMEM(H), di_cuda_state(be)->stream>>>(
         q, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
     return di_cuda_launched("sparse_attn", err);
 }
@@ -77,13 +74,12 @@ extern "C" int di_cuda_sparse_attn(const di_backend *be, const uint16_t *q, int6
                             "cuda sparse_attn: n_q %lld, n_heads %d, dim %d (max %d), n_win %lld, n_cmp %lld, n_idx %lld",
                             (long long)m, nh, d, SA_MAX_DIM, (long long)n_win, (long long)n_cmp, (long long)n_idx);
     if (m == 0) return DI_OK;
-    cudaStream_t st = di_cuda_state(be)->stream;
     switch (sah_heads(m, nh, d)) {
-    case 16: return sparse_attn_heads<16>(st, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
-    case 4: return sparse_attn_heads<4>(st, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+    case 16: return sparse_attn_heads<16>(be, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+    case 4: return sparse_attn_heads<4>(be, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
     default: break;
     }
-    sparse_attn_kernel<<<(unsigned)(m * nh), SA_THREADS, 0, st>>>(
+    sparse_attn_kernel<<<(unsigned)(m * nh), SA_THREADS, 0, di_cuda_state(be)->stream>>>(
         q, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
     return di_cuda_launched("sparse_attn", err);
 }

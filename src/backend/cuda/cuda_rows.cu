@@ -215,17 +215,15 @@ __global__ void __launch_bounds__(SAH_T(H)) sparse_attn_seqs_heads_kernel(const 
 }
 
 template <int H>
-static int sparse_attn_seqs_heads(cudaStream_t st, const uint16_t *q, int64_t m, int nh, const di_attn_seq *seqs,
+static int sparse_attn_seqs_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const di_attn_seq *seqs,
                                   const int32_t *seq_of, const float *sink, float scale, uint16_t *out, di_error *err) {
-    static bool attr_set; /* the dynamic shared size above 48 KB, once per instantiation */
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(sparse_attn_seqs_heads_kernel<H>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 SAH_SMEM(H)) != cudaSuccess)
-            return di_cuda_launched("sparse_attn_seqs (shared memory size)", err);
-        attr_set = true;
-    }
-    sparse_attn_seqs_heads_kernel<H><<<(unsigned)(m * (nh / H)), SAH_T(H), SAH_SMEM(H), st>>>(q, nh, seqs, seq_of, sink,
-                                                                                              scale, out);
+    static bool optin[64];
+    int rc = sah_smem_optin(sparse_attn_seqs_heads_kernel<H>, SAH_SMEM(H), optin, di_cuda_state(be)->device,
+                            "sparse_attn_seqs", err);
+    if (rc) return rc;
+    const unsigned blocks = (unsigned)(m * (nh / H));
+    sparse_attn_seqs_heads_kernel<H><<<blocks, SAH_T(H), SAH_SMEM(H), di_cuda_state(be)->stream>>>(q, nh, seqs, seq_of,
+                                                                                                   sink, scale, out);
     return di_cuda_launched("sparse_attn_seqs", err);
 }
 
@@ -236,13 +234,13 @@ static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, 
         return di_error_set(err, DI_ERR_INVALID, "cuda sparse_attn_seqs: n_q %lld, n_heads %d, dim %d (max %d), %d sequences",
                             (long long)m, nh, d, SA_MAX_DIM, n_seq);
     if (m == 0) return DI_OK;
-    cudaStream_t st = di_cuda_state(be)->stream;
     switch (sah_heads(m, nh, d)) {
-    case 16: return sparse_attn_seqs_heads<16>(st, q, m, nh, seqs, seq_of, sink, scale, out, err);
-    case 4: return sparse_attn_seqs_heads<4>(st, q, m, nh, seqs, seq_of, sink, scale, out, err);
+    case 16: return sparse_attn_seqs_heads<16>(be, q, m, nh, seqs, seq_of, sink, scale, out, err);
+    case 4: return sparse_attn_seqs_heads<4>(be, q, m, nh, seqs, seq_of, sink, scale, out, err);
     default: break;
     }
-    sparse_attn_seqs_kernel<<<(unsigned)(m * nh), SA_THREADS, 0, st>>>(q, nh, d, seqs, seq_of, sink, scale, out);
+    sparse_attn_seqs_kernel<<<(unsigned)(m * nh), SA_THREADS, 0, di_cuda_state(be)->stream>>>(q, nh, d, seqs, seq_of,
+                                                                                            sink, scale, out);
     return di_cuda_launched("sparse_attn_seqs", err);
 }
 

@@ -143,6 +143,12 @@ static __device__ __forceinline__ void sah_unpack(uint4 r, float *f) {
     f[6] = __uint_as_float(r.w << 16), f[7] = __uint_as_float(r.w & 0xffff0000u);
 }
 
+/* 8 consecutive f32 of q */
+static __device__ __forceinline__ void sah_load8(const float4 *p, float *x) {
+    const float4 a = p[0], b = p[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
 /* ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) */
 static __device__ __forceinline__ float sah_tree(const float *l) {
     return __fadd_rn(__fadd_rn(__fadd_rn(l[0], l[1]), __fadd_rn(l[2], l[3])),
@@ -211,17 +217,16 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
 #pragma unroll
                 for (int l = 0; l < 8; l++) acc[i][l] = 0.0f;
             const uint4 *ra = kv + lane * SAH_CHUNKS, *rb = kv + (lane + 32) * SAH_CHUNKS;
-            const float4 *qa = (const float4 *)(qs + (2 * w) * SAH_DIM), *qb = (const float4 *)(qs + (2 * w + 1) * SAH_DIM);
+            const float4 *qa = (const float4 *)(qs + (2 * w) * SAH_DIM);
+            const float4 *qb = (const float4 *)(qs + (2 * w + 1) * SAH_DIM);
             const int sw = lane & 7; /* (lane + 32) & 7 too */
 #pragma unroll 2
             for (int ch = 0; ch < SAH_CHUNKS; ch++) {
                 float fa[8], fb[8], xa[8], xb[8];
                 sah_unpack(ra[ch ^ sw], fa);
                 sah_unpack(rb[ch ^ sw], fb);
-                float4 v0 = qa[2 * ch], v1 = qa[2 * ch + 1];
-                xa[0] = v0.x, xa[1] = v0.y, xa[2] = v0.z, xa[3] = v0.w, xa[4] = v1.x, xa[5] = v1.y, xa[6] = v1.z, xa[7] = v1.w;
-                v0 = qb[2 * ch], v1 = qb[2 * ch + 1];
-                xb[0] = v0.x, xb[1] = v0.y, xb[2] = v0.z, xb[3] = v0.w, xb[4] = v1.x, xb[5] = v1.y, xb[6] = v1.z, xb[7] = v1.w;
+                sah_load8(qa + 2 * ch, xa);
+                sah_load8(qb + 2 * ch, xb);
 #pragma unroll
                 for (int l = 0; l < 8; l++) {
                     acc[0][l] = __fadd_rn(acc[0][l], __fmul_rn(xa[l], fa[l]));
@@ -248,8 +253,8 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
             mst[t] = m_new;
         }
         __syncthreads();
-        for (int e = t; e < H * SA_BLOCK; e += T) {
-            const int h = e / SA_BLOCK, k = e % SA_BLOCK;
+        for (int e = t; e < H * SA_BLOCK; e += T) { /* head fastest: conflict-free pbt writes and sc reads */
+            const int h = e % H, k = e / H;
             if (k < nb) {
                 float p = d_expf(__fsub_rn(sc[h * SAH_SCS + k], mst[h])); /* −inf → 0 */
                 sc[h * SAH_SCS + k] = p;
@@ -300,6 +305,18 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
 #pragma unroll
         for (int j = 0; j < 8; j++) ov[j] = d_to_bf16(__fdiv_rn(o[i][j], l));
     }
+}
+
+/* The >48 KB dynamic shared memory opt-in of a kernel, once per device (dev < 64; others every call). */
+template <typename K>
+static inline int sah_smem_optin(K kernel, int bytes, bool *done, int dev, const char *op, di_error *err) {
+    if (dev >= 0 && dev < 64 && done[dev]) return DI_OK;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess)
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: %d B of shared memory per block: %s", op, bytes,
+                            cudaGetErrorString(e));
+    if (dev >= 0 && dev < 64) done[dev] = true;
+    return DI_OK;
 }
 
 /* DI_CUDA_SATTN=old: the per-head kernels (read once; di_cuda_sattn_heads_set overrides it, for tests). */
