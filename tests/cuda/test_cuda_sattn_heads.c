@@ -71,8 +71,9 @@ typedef struct acase {
     int misalign;
 } acase;
 
-/* Index list of query i: the window slots (with −1 where the query sits early in its window), then
- * `sel` distinct-ish random compressed entries; `skip` permille −1s, `oor` permille out-of-range ids. */
+/* Index list of a query: the window slots 0 … 127 (when the list holds them besides SEL entries), then
+ * random compressed entries (repeats allowed); then `skip` permille of all slots −1, `oor` permille
+ * out of range (past the keys, or below −1); `all_skip`: −1 everywhere. */
 static void make_idx(acase *c, int skip, int oor, int all_skip) {
     for (int64_t i = 0; i < c->m; i++) {
         int32_t *ix = c->idx + i * c->n_idx;
@@ -82,13 +83,14 @@ static void make_idx(acase *c, int skip, int oor, int all_skip) {
             else id = (int32_t)(c->n_win + (int64_t)(ct_xorshift(&rng) % (uint64_t)c->n_cmp));
             uint64_t r = ct_xorshift(&rng) % 1000;
             if (all_skip || (int)r < skip) id = -1;
-            else if ((int)r < skip + oor) id = (r & 1) ? (int32_t)(c->n_win + c->n_cmp + (int64_t)(r % 7)) : -2 - (int32_t)(r % 5);
+            else if ((int)r < skip + oor)
+                id = (r & 1) ? (int32_t)(c->n_win + c->n_cmp + (int64_t)(r % 7)) : -2 - (int32_t)(r % 5);
             ix[s] = id;
         }
     }
 }
 
-/* Inputs: q ~ N(0, σ) per query (σ 1 … 4: flat and sharp softmaxes), keys ~ N(0, 1); `special`: a few
+/* Inputs: q ~ N(0, σ) per (query, head) row (σ 1 … 4: flat and sharp softmaxes), keys ~ N(0, 1); `special`: a few
  * NaN / ±inf in q and in key rows, and −inf sinks. */
 static void make_case(acase *c, int64_t m, int nh, int64_t n_idx, int64_t n_cmp, int skip, int oor, int all_skip,
                       int special, int misalign) {
