@@ -30,12 +30,13 @@ __global__ void __launch_bounds__(SA_THREADS) sparse_attn_kernel(const uint16_t 
     d_sparse_attn_query(q, qi * nh + h, h, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out);
 }
 
-/* Block (qi, head group): heads H·(blockIdx.x mod nh/H) … of query blockIdx.x / (nh/H). */
+/* Block (qi, head group): heads H·(blockIdx.x mod nh/H) … of query blockIdx.x / (nh/H). Two blocks per SM
+ * (shared memory allows two of 16 heads): one stages its rows while the other computes. */
 template <int H>
-__global__ void __launch_bounds__(SAH_T(H)) sparse_attn_heads_kernel(const uint16_t *q, int nh, const uint16_t *kv_win,
-                                                                      int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp,
-                                                                      const float *sink, const int32_t *idx,
-                                                                      int64_t n_idx, float scale, uint16_t *out) {
+__global__ void __launch_bounds__(SAH_T(H), 2)
+    sparse_attn_heads_kernel(const uint16_t *q, int nh, const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
+                             int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx, float scale,
+                             uint16_t *out) {
     const int groups = nh / H;
     const int64_t qi = blockIdx.x / groups;
     const int h0 = (int)(blockIdx.x % groups) * H;

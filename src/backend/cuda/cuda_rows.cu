@@ -202,10 +202,9 @@ __global__ void __launch_bounds__(SA_THREADS) sparse_attn_seqs_kernel(const uint
 
 /* sparse_attn_seqs_kernel with H heads of one query per block (cuda_attn.cu sparse_attn_heads_kernel). */
 template <int H>
-__global__ void __launch_bounds__(SAH_T(H)) sparse_attn_seqs_heads_kernel(const uint16_t *q, int nh,
-                                                                           const di_attn_seq *seqs,
-                                                                           const int32_t *seq_of, const float *sink,
-                                                                           float scale, uint16_t *out) {
+__global__ void __launch_bounds__(SAH_T(H), 2)
+    sparse_attn_seqs_heads_kernel(const uint16_t *q, int nh, const di_attn_seq *seqs, const int32_t *seq_of,
+                                  const float *sink, float scale, uint16_t *out) {
     const int groups = nh / H;
     const int64_t qi = blockIdx.x / groups;
     const int h0 = (int)(blockIdx.x % groups) * H;
