@@ -2,7 +2,8 @@
  * with cuda_rows.cu's sparse_attn_seqs_kernel, which only finds the query's key set and index row in a
  * per-sequence descriptor first: one source, so the two kernels' arithmetic cannot drift apart (same
  * expressions in the same order; the design and numerics are described in cuda_attn.cu's header).
- * Include after cuda_common.cuh. */
+ * Below it, d_sparse_attn_heads: the same arithmetic for several heads of one query per block (the
+ * default kernels of both files). Include after cuda_common.cuh. */
 #ifndef DI_CUDA_SPARSE_ATTN_CUH
 #define DI_CUDA_SPARSE_ATTN_CUH
 
