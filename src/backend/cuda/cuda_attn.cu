@@ -8,7 +8,14 @@
  *    ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) through shuffles — the CPU's dot_f32_bf16 order exactly;
  *  - max, exps and the probability sum (8 strided lanes, sum_f32's order) on a few threads;
  *  - PV: one thread per channel adds p_k·c_k[d] over k ascending, as axpy_bf16 does per channel.
- * Part 1 keeps this plain structure; sharing KV reads across the 64 heads is part 2's work. */
+ * That per-head kernel re-reads each key row from L2 for every head and spends most of its time in its
+ * barriers and serial sections; the default kernel (cuda_sparse_attn.cuh, d_sparse_attn_heads) gives a
+ * block 16 (or, for few queries, 4) heads of one query, stages each step's rows in shared memory once
+ * for all of them, and keeps every operation of each (query, head) and its order, so the same bits.
+ * DI_CUDA_SATTN=old selects the per-head kernel (and shapes other than head dim 512 always take it). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_sparse_attn.cuh"
@@ -23,6 +30,42 @@ __global__ void __launch_bounds__(SA_THREADS) sparse_attn_kernel(const uint16_t 
     d_sparse_attn_query(q, qi * nh + h, h, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out);
 }
 
+/* Block (qi, head group): heads H·(blockIdx.x mod nh/H) … of query blockIdx.x / (nh/H). Two blocks per SM
+ * (shared memory allows two of 16 heads): one stages its rows while the other computes. */
+template <int H>
+__global__ void __launch_bounds__(SAH_T(H), 2)
+    sparse_attn_heads_kernel(const uint16_t *q, int nh, const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
+                             int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx, float scale,
+                             uint16_t *out) {
+    const int groups = nh / H;
+    const int64_t qi = blockIdx.x / groups;
+    const int h0 = (int)(blockIdx.x % groups) * H;
+    d_sparse_attn_heads<H>(q, qi, nh, h0, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out);
+}
+
+static int g_sah_on = -1; /* −1: DI_CUDA_SATTN not read yet */
+extern "C" int di_cuda_sattn_heads_enabled(void) {
+    if (g_sah_on < 0) {
+        const char *v = getenv("DI_CUDA_SATTN");
+        g_sah_on = !(v && strcmp(v, "old") == 0);
+    }
+    return g_sah_on;
+}
+extern "C" void di_cuda_sattn_heads_set(int on) { g_sah_on = on ? 1 : 0; }
+
+template <int H>
+static int sparse_attn_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const uint16_t *kv_win,
+                             int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx,
+                             int64_t n_idx, float scale, uint16_t *out, di_error *err) {
+    static bool optin[64];
+    int rc = sah_smem_optin(sparse_attn_heads_kernel<H>, SAH_SMEM(H), optin, di_cuda_state(be)->device, "sparse_attn", err);
+    if (rc) return rc;
+    const unsigned blocks = (unsigned)(m * (nh / H));
+    sparse_attn_heads_kernel<H><<<blocks, SAH_T(H), SAH_SMEM(H), di_cuda_state(be)->stream>>>(
+        q, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
+    return di_cuda_launched("sparse_attn", err);
+}
+
 extern "C" int di_cuda_sparse_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d,
                                    const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp,
                                    const float *sink, const int32_t *idx, int64_t n_idx, float scale, uint16_t *out,
@@ -32,6 +75,11 @@ extern "C" int di_cuda_sparse_attn(const di_backend *be, const uint16_t *q, int6
                             "cuda sparse_attn: n_q %lld, n_heads %d, dim %d (max %d), n_win %lld, n_cmp %lld, n_idx %lld",
                             (long long)m, nh, d, SA_MAX_DIM, (long long)n_win, (long long)n_cmp, (long long)n_idx);
     if (m == 0) return DI_OK;
+    switch (sah_heads(m, nh, d)) {
+    case 16: return sparse_attn_heads<16>(be, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+    case 4: return sparse_attn_heads<4>(be, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+    default: break;
+    }
     sparse_attn_kernel<<<(unsigned)(m * nh), SA_THREADS, 0, di_cuda_state(be)->stream>>>(
         q, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
     return di_cuda_launched("sparse_attn", err);

@@ -200,6 +200,32 @@ __global__ void __launch_bounds__(SA_THREADS) sparse_attn_seqs_kernel(const uint
                         sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out);
 }
 
+/* sparse_attn_seqs_kernel with H heads of one query per block (cuda_attn.cu sparse_attn_heads_kernel). */
+template <int H>
+__global__ void __launch_bounds__(SAH_T(H), 2)
+    sparse_attn_seqs_heads_kernel(const uint16_t *q, int nh, const di_attn_seq *seqs, const int32_t *seq_of,
+                                  const float *sink, float scale, uint16_t *out) {
+    const int groups = nh / H;
+    const int64_t qi = blockIdx.x / groups;
+    const int h0 = (int)(blockIdx.x % groups) * H;
+    const di_attn_seq sq = seqs[seq_of[qi]];
+    d_sparse_attn_heads<H>(q, qi, nh, h0, sq.kv_win, sq.n_win, sq.kv_cmp, sq.n_cmp, sink,
+                           sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out);
+}
+
+template <int H>
+static int sparse_attn_seqs_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const di_attn_seq *seqs,
+                                  const int32_t *seq_of, const float *sink, float scale, uint16_t *out, di_error *err) {
+    static bool optin[64];
+    int rc = sah_smem_optin(sparse_attn_seqs_heads_kernel<H>, SAH_SMEM(H), optin, di_cuda_state(be)->device,
+                            "sparse_attn_seqs", err);
+    if (rc) return rc;
+    const unsigned blocks = (unsigned)(m * (nh / H));
+    sparse_attn_seqs_heads_kernel<H><<<blocks, SAH_T(H), SAH_SMEM(H), di_cuda_state(be)->stream>>>(q, nh, seqs, seq_of,
+                                                                                                   sink, scale, out);
+    return di_cuda_launched("sparse_attn_seqs", err);
+}
+
 static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
                             int n_seq, const int32_t *seq_of, const float *sink, float scale, uint16_t *out,
                             di_error *err) {
@@ -207,6 +233,11 @@ static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, 
         return di_error_set(err, DI_ERR_INVALID, "cuda sparse_attn_seqs: n_q %lld, n_heads %d, dim %d (max %d), %d sequences",
                             (long long)m, nh, d, SA_MAX_DIM, n_seq);
     if (m == 0) return DI_OK;
+    switch (sah_heads(m, nh, d)) {
+    case 16: return sparse_attn_seqs_heads<16>(be, q, m, nh, seqs, seq_of, sink, scale, out, err);
+    case 4: return sparse_attn_seqs_heads<4>(be, q, m, nh, seqs, seq_of, sink, scale, out, err);
+    default: break;
+    }
     sparse_attn_seqs_kernel<<<(unsigned)(m * nh), SA_THREADS, 0, di_cuda_state(be)->stream>>>(q, nh, d, seqs, seq_of,
                                                                                             sink, scale, out);
     return di_cuda_launched("sparse_attn_seqs", err);

@@ -2,7 +2,8 @@
  * with cuda_rows.cu's sparse_attn_seqs_kernel, which only finds the query's key set and index row in a
  * per-sequence descriptor first: one source, so the two kernels' arithmetic cannot drift apart (same
  * expressions in the same order; the design and numerics are described in cuda_attn.cu's header).
- * Include after cuda_common.cuh. */
+ * Below it, d_sparse_attn_heads: the same arithmetic for several heads of one query per block (the
+ * default kernels of both files). Include after cuda_common.cuh. */
 #ifndef DI_CUDA_SPARSE_ATTN_CUH
 #define DI_CUDA_SPARSE_ATTN_CUH
 
@@ -102,6 +103,233 @@ static __device__ __forceinline__ void d_sparse_attn_query(const uint16_t *q, in
     uint16_t *ov = out + qh * (int64_t)d;
     if (t < d) ov[t] = d_to_bf16(__fdiv_rn(o0, l));
     if (t + SA_THREADS < d) ov[t + SA_THREADS] = d_to_bf16(__fdiv_rn(o1, l));
+}
+
+/* ---------------- several heads of one query per block (the default; DI_CUDA_SATTN=old: the above) -------------
+ * Every head of a query reads the same keys, so a block of SAH_T(H) = 16·H threads takes H heads of one
+ * query: each 64-index step stages the listed rows once in shared memory (64 KB of bf16, cp.async), and
+ * all H heads read them there. Each (query, head) still performs the operations of d_sparse_attn_query,
+ * on the same operands, in the same order, so every bit is the same:
+ *  - score: one thread keeps all 8 strided lanes of a (head, slot) in registers (lane l: channels ≡ l
+ *    mod 8 ascending, from 0.0f, fmul then fadd) and combines them ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) —
+ *    the value the 8 threads' xor-1/2/4 shuffles leave on lane 0 (fadd commutes exactly), then ·scale;
+ *  - block max (slot order), running max, alpha, the 8-lane probability sum and l = l·alpha + sum: one
+ *    thread per head, the same serial loops, the heads in parallel;
+ *  - p = exp(s − m_new) and its bf16 rounding: the same expressions, one thread per (head, slot);
+ *  - PV: one thread per (4 heads × 8 channels) adds p_k·c_k over the valid slots k ascending from 0.0f,
+ *    then o = o·alpha + pv — per channel the chain of the per-head kernel;
+ *  - the sink term and the division at the end as there.
+ * Rows are stored as 16-byte chunks, chunk c of slot k at position c ^ (k mod 8) of its row, so the
+ * score loads (32 slots, one chunk) and the PV loads (one slot, 32 chunks) meet no bank conflict.
+ * Head dim 512 only (V4.1); n_heads a multiple of H. */
+#define SAH_DIM 512
+#define SAH_CHUNKS (SAH_DIM / 8)  /* 16-byte chunks per row */
+#define SAH_SCS (SA_BLOCK + 1)    /* score row stride: the per-head serial loops read distinct banks */
+#define SAH_T(H) (16 * (H))
+/* dynamic shared bytes: rows, row sources, q, scores/probabilities, bf16 probabilities, m / alpha / l */
+#define SAH_SMEM(H)                                                                                            \
+    (SA_BLOCK * SAH_DIM * 2 + SA_BLOCK * 8 + (H) * SAH_DIM * 4 + (H) * SAH_SCS * 4 + SA_BLOCK * (H) * 4 +     \
+     3 * (H) * 4)
+
+static __device__ __forceinline__ void sah_cp16(void *dst, const void *src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+/* The 8 channels of a 16-byte chunk (little endian: the lower address is the low half). */
+static __device__ __forceinline__ void sah_unpack(uint4 r, float *f) {
+    f[0] = __uint_as_float(r.x << 16), f[1] = __uint_as_float(r.x & 0xffff0000u);
+    f[2] = __uint_as_float(r.y << 16), f[3] = __uint_as_float(r.y & 0xffff0000u);
+    f[4] = __uint_as_float(r.z << 16), f[5] = __uint_as_float(r.z & 0xffff0000u);
+    f[6] = __uint_as_float(r.w << 16), f[7] = __uint_as_float(r.w & 0xffff0000u);
+}
+
+/* 8 consecutive f32 of q */
+static __device__ __forceinline__ void sah_load8(const float4 *p, float *x) {
+    const float4 a = p[0], b = p[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+/* ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) */
+static __device__ __forceinline__ float sah_tree(const float *l) {
+    return __fadd_rn(__fadd_rn(__fadd_rn(l[0], l[1]), __fadd_rn(l[2], l[3])),
+                     __fadd_rn(__fadd_rn(l[4], l[5]), __fadd_rn(l[6], l[7])));
+}
+
+/* Called by all SAH_T(H) threads of a block with SAH_SMEM(H) dynamic shared bytes: heads h0 … h0+H−1 of
+ * query qi (q / out bf16 [.., nh, 512]); the other arguments as d_sparse_attn_query's. */
+template <int H>
+static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, int64_t qi, int nh, int h0,
+                                                           const uint16_t *kv_win, int64_t n_win,
+                                                           const uint16_t *kv_cmp, int64_t n_cmp, const float *sink,
+                                                           const int32_t *ix, int64_t n_idx, float scale,
+                                                           uint16_t *out) {
+    constexpr int T = SAH_T(H);
+    extern __shared__ __align__(16) unsigned char sah_smem[];
+    uint4 *kv = (uint4 *)sah_smem;                                    /* bf16 [64][512], swizzled chunks */
+    const uint16_t **src = (const uint16_t **)(kv + SA_BLOCK * SAH_CHUNKS); /* [64] row of each slot, NULL = skipped */
+    float *qs = (float *)(src + SA_BLOCK);                            /* f32 [H][512] */
+    float *sc = qs + H * SAH_DIM;                                     /* f32 [H][65]: scores, then probabilities */
+    float *pbt = sc + H * SAH_SCS;                                    /* f32 [64][H] bf16-rounded probabilities */
+    float *mst = pbt + SA_BLOCK * H, *ast = mst + H, *lst = ast + H;  /* f32 [H] running max, alpha, final l */
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const bool aligned = (((uintptr_t)kv_win | (uintptr_t)kv_cmp) & 15) == 0;
+    const uint16_t *qv = q + (qi * nh + h0) * (int64_t)SAH_DIM; /* H consecutive head rows */
+    for (int e = t; e < H * SAH_DIM; e += T) qs[e] = d_bf16(qv[e]);
+    if (t < H) mst[t] = -1e30f;
+    float lsum = 0.0f; /* thread t < H: head t's running probability sum */
+    /* PV tile: heads 4g … 4g+3, channels 8c … 8c+7 */
+    const int g = t / SAH_CHUNKS, c = t % SAH_CHUNKS;
+    float o[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) o[i][j] = 0.0f;
+    for (int64_t b0 = 0; b0 < n_idx; b0 += SA_BLOCK) {
+        const int nb = (int)(n_idx - b0 < SA_BLOCK ? n_idx - b0 : SA_BLOCK);
+        if (t < SA_BLOCK) {
+            const uint16_t *row = NULL;
+            if (t < nb) {
+                int32_t id = ix[b0 + t];
+                if (id >= 0 && id < n_win) row = kv_win + (int64_t)id * SAH_DIM;
+                else if (id >= n_win && id < n_win + n_cmp) row = kv_cmp + (int64_t)(id - n_win) * SAH_DIM;
+            }
+            src[t] = row;
+        }
+        __syncthreads();
+        for (int e = t; e < SA_BLOCK * SAH_CHUNKS; e += T) { /* stage the rows; skipped slots read as 0 */
+            const int k = e / SAH_CHUNKS, ch = e % SAH_CHUNKS;
+            uint4 *dst = kv + k * SAH_CHUNKS + (ch ^ (k & 7));
+            const uint16_t *row = src[k];
+            if (!row) *dst = make_uint4(0, 0, 0, 0);
+            else if (aligned) sah_cp16(dst, row + ch * 8);
+            else {
+                const uint16_t *s = row + ch * 8;
+                *dst = make_uint4(s[0] | (uint32_t)s[1] << 16, s[2] | (uint32_t)s[3] << 16, s[4] | (uint32_t)s[5] << 16,
+                                  s[6] | (uint32_t)s[7] << 16);
+            }
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        { /* scores of heads 2w, 2w+1 at slots lane, lane + 32 */
+            float acc[4][8]; /* [head a slot a, head a slot b, head b slot a, head b slot b][lane] */
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int l = 0; l < 8; l++) acc[i][l] = 0.0f;
+            const uint4 *ra = kv + lane * SAH_CHUNKS, *rb = kv + (lane + 32) * SAH_CHUNKS;
+            const float4 *qa = (const float4 *)(qs + (2 * w) * SAH_DIM);
+            const float4 *qb = (const float4 *)(qs + (2 * w + 1) * SAH_DIM);
+            const int sw = lane & 7; /* (lane + 32) & 7 too */
+#pragma unroll 2
+            for (int ch = 0; ch < SAH_CHUNKS; ch++) {
+                float fa[8], fb[8], xa[8], xb[8];
+                sah_unpack(ra[ch ^ sw], fa);
+                sah_unpack(rb[ch ^ sw], fb);
+                sah_load8(qa + 2 * ch, xa);
+                sah_load8(qb + 2 * ch, xb);
+#pragma unroll
+                for (int l = 0; l < 8; l++) {
+                    acc[0][l] = __fadd_rn(acc[0][l], __fmul_rn(xa[l], fa[l]));
+                    acc[1][l] = __fadd_rn(acc[1][l], __fmul_rn(xa[l], fb[l]));
+                    acc[2][l] = __fadd_rn(acc[2][l], __fmul_rn(xb[l], fa[l]));
+                    acc[3][l] = __fadd_rn(acc[3][l], __fmul_rn(xb[l], fb[l]));
+                }
+            }
+            const bool va = src[lane] != NULL, vb = src[lane + 32] != NULL;
+            sc[(2 * w) * SAH_SCS + lane] = va ? __fmul_rn(sah_tree(acc[0]), scale) : -INFINITY;
+            sc[(2 * w) * SAH_SCS + lane + 32] = vb ? __fmul_rn(sah_tree(acc[1]), scale) : -INFINITY;
+            sc[(2 * w + 1) * SAH_SCS + lane] = va ? __fmul_rn(sah_tree(acc[2]), scale) : -INFINITY;
+            sc[(2 * w + 1) * SAH_SCS + lane + 32] = vb ? __fmul_rn(sah_tree(acc[3]), scale) : -INFINITY;
+        }
+        __syncthreads();
+        if (t < H) { /* head t: block max in slot order, then the new running max and alpha */
+            const float *s = sc + t * SAH_SCS;
+            float bmax = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k++)
+                if (k < nb) bmax = s[k] > bmax ? s[k] : bmax;
+            float m = mst[t], m_new = bmax > m ? bmax : m;
+            ast[t] = d_expf(__fsub_rn(m, m_new));
+            mst[t] = m_new;
+        }
+        __syncthreads();
+        for (int e = t; e < H * SA_BLOCK; e += T) { /* head fastest: conflict-free pbt writes and sc reads */
+            const int h = e % H, k = e / H;
+            if (k < nb) {
+                float p = d_expf(__fsub_rn(sc[h * SAH_SCS + k], mst[h])); /* −inf → 0 */
+                sc[h * SAH_SCS + k] = p;
+                pbt[k * H + h] = d_round_bf16(p);
+            }
+        }
+        __syncthreads();
+        if (t < H) { /* l = l·alpha + sum_f32(p): 8 strided lanes combined pairwise */
+            const float *s = sc + t * SAH_SCS;
+            float ln[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k++)
+                if (k < nb) ln[k & 7] = __fadd_rn(ln[k & 7], s[k]);
+            lsum = __fadd_rn(__fmul_rn(lsum, ast[t]), sah_tree(ln));
+        }
+        { /* PV of heads 4g … 4g+3 at channels 8c … 8c+7 */
+            float pv[4][8];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) pv[i][j] = 0.0f;
+            for (int k = 0; k < nb; k++) {
+                if (!src[k]) continue;
+                float f[8];
+                sah_unpack(kv[k * SAH_CHUNKS + (c ^ (k & 7))], f);
+                const float4 p4 = ((const float4 *)(pbt + k * H))[g];
+                const float p[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) pv[i][j] = __fadd_rn(pv[i][j], __fmul_rn(p[i], f[j]));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float alpha = ast[4 * g + i];
+#pragma unroll
+                for (int j = 0; j < 8; j++) o[i][j] = __fadd_rn(__fmul_rn(o[i][j], alpha), pv[i][j]);
+            }
+        }
+        __syncthreads(); /* src, kv, sc, pbt and alpha are rewritten by the next step */
+    }
+    if (t < H) lst[t] = __fadd_rn(lsum, d_expf(__fsub_rn(sink[h0 + t], mst[t])));
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float l = lst[4 * g + i];
+        uint16_t *ov = out + (qi * nh + h0 + 4 * g + i) * (int64_t)SAH_DIM + 8 * c;
+#pragma unroll
+        for (int j = 0; j < 8; j++) ov[j] = d_to_bf16(__fdiv_rn(o[i][j], l));
+    }
+}
+
+/* The >48 KB dynamic shared memory opt-in of a kernel, once per device (dev < 64; others every call). */
+template <typename K>
+static inline int sah_smem_optin(K kernel, int bytes, bool *done, int dev, const char *op, di_error *err) {
+    if (dev >= 0 && dev < 64 && done[dev]) return DI_OK;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess)
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda %s: %d B of shared memory per block: %s", op, bytes,
+                            cudaGetErrorString(e));
+    if (dev >= 0 && dev < 64) done[dev] = true;
+    return DI_OK;
+}
+
+/* DI_CUDA_SATTN=old: the per-head kernels (read once; di_cuda_sattn_heads_set overrides it, for tests). */
+extern "C" int di_cuda_sattn_heads_enabled(void);
+extern "C" void di_cuda_sattn_heads_set(int on);
+
+/* The heads per block for m queries of nh heads at head dim d; 0: the per-head kernel. 16 heads share
+ * each staged row best; below about one such block per SM (132 on the H200) a block's time is the
+ * call's, and 4 heads per block spread the same work over 4 times as many SMs. */
+static inline int sah_heads(int64_t m, int nh, int d) {
+    if (!di_cuda_sattn_heads_enabled() || d != SAH_DIM || nh % 4) return 0;
+    return nh % 16 == 0 && m * (nh / 16) >= 128 ? 16 : 4;
 }
 
 #endif

@@ -1,0 +1,391 @@
+/* GPU test (and, with DI_BENCH=1, benchmark) of the exact sparse attention with several heads of one
+ * query per block (cuda_sparse_attn.cuh d_sparse_attn_heads: 16 heads per block for many queries, 4 for
+ * few) against the per-head kernel it replaces (DI_CUDA_SATTN=old, d_sparse_attn_query) — every output
+ * bit — and against the CPU op (backend/cpu/sparse_attn.c) on a few queries of each case whose index
+ * lists the CPU accepts (−1 or in range; the GPU kernels also skip out-of-range ids, which the CPU op
+ * rejects, so those cases compare the two kernels only).
+ * V4.1 shapes: 64 heads, head dim 512, window 128 + 512 selected compressed entries (640 per query,
+ * −1 skips), compressed pools up to 8192 entries; n_q 1, 7 (4 heads per block: fewer than 128 blocks of
+ * 16), 64, 2048 (16 heads per block), a partial block (37 indices), rows of skips only, empty lists, key rows that are not 16-byte
+ * aligned (the staging's element-wise path), 8 heads (4 per block only); sinks incl. −inf, q and key rows
+ * with NaN / ±inf; and the batched variant (sparse_attn_seqs) over several sequences of their own key sets.
+ * DI_BENCH=1: ms per call, per-head kernel vs several heads per block, at an 8K-token prefill (n_q 8192,
+ * 640 keys per query) and a decode step of 256 sequences (sparse_attn_seqs, 4K context), plus n_q 1 / 64.
+ * DI_QUICK=1: the cases of at most 80 queries (for compute-sanitizer memcheck / racecheck).
+ * One line per case; last line "N passed, N failed"; exit status 1 if any case fails. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "io/formats.h"
+#include "cuda_testutil.h"
+
+/* cuda_sparse_attn.cuh (extern "C" in cuda_attn.cu): 1 = several heads per block, 0 = the per-head kernel */
+void di_cuda_sattn_heads_set(int on);
+
+enum { D = 512, WIN = 128, SEL = 512 };
+static const float SCALE = 0.044194173824159216f; /* 512^-0.5 */
+
+static di_backend *cpu, *gpu;
+static int n_pass, n_fail;
+static di_error g_err;
+#define E (&g_err)
+static cudaEvent_t ev0, ev1;
+static cudaStream_t st;
+static uint64_t rng = 0x3C6EF372FE94F82Bull;
+
+static uint16_t bf(double x) { return di_f32_to_bf16((float)x); }
+
+/* N(0, 1) deviates drawn once; inputs pick from them (an 8K-token prefill has 268 M q values). */
+enum { GAUSS_N = 1 << 16 };
+static float g_gauss[GAUSS_N];
+static float gauss(void) { return g_gauss[ct_xorshift(&rng) >> 48]; }
+
+static void row(const char *what, const char *shape, int64_t differing, int64_t total) {
+    bool ok = differing == 0;
+    printf("%-24s %-60s %10lld / %-11lld %s\n", what, shape, (long long)differing, (long long)total, ok ? "PASS" : "FAIL");
+    fflush(stdout);
+    ok ? n_pass++ : n_fail++;
+}
+static int64_t u16_differ(const uint16_t *a, const uint16_t *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+/* One case: q [m, nh, D], keys [n_win + n_cmp, D] (window first), idx [m, n_idx], sink [nh]. */
+typedef struct acase {
+    int64_t m, n_idx, n_win, n_cmp;
+    int nh;
+    uint16_t *q, *kv; /* host */
+    int32_t *idx;
+    float *sink;
+    uint16_t *dq, *dkv, *dout; /* device; dkv one element past a 16-byte boundary when `misalign` */
+    int32_t *didx;
+    float *dsink;
+    int misalign;
+} acase;
+
+/* Index list of a query: the window slots 0 … 127 (when the list holds them besides SEL entries), then
+ * random compressed entries (repeats allowed); then `skip` permille of all slots −1, `oor` permille
+ * out of range (past the keys, or below −1); `all_skip`: −1 everywhere. */
+static void make_idx(acase *c, int skip, int oor, int all_skip) {
+    for (int64_t i = 0; i < c->m; i++) {
+        int32_t *ix = c->idx + i * c->n_idx;
+        for (int64_t s = 0; s < c->n_idx; s++) {
+            int32_t id;
+            if (s < c->n_win && s < c->n_idx - SEL) id = (int32_t)s; /* window slot s */
+            else id = (int32_t)(c->n_win + (int64_t)(ct_xorshift(&rng) % (uint64_t)c->n_cmp));
+            uint64_t r = ct_xorshift(&rng) % 1000;
+            if (all_skip || (int)r < skip) id = -1;
+            else if ((int)r < skip + oor)
+                id = (r & 1) ? (int32_t)(c->n_win + c->n_cmp + (int64_t)(r % 7)) : -2 - (int32_t)(r % 5);
+            ix[s] = id;
+        }
+    }
+}
+
+/* Inputs: q ~ N(0, σ) per (query, head) row (σ 1 … 4: flat and sharp softmaxes), keys ~ N(0, 1); `special`: a few
+ * NaN / ±inf in q and in key rows, and −inf sinks. */
+static void make_case(acase *c, int64_t m, int nh, int64_t n_idx, int64_t n_cmp, int skip, int oor, int all_skip,
+                      int special, int misalign) {
+    memset(c, 0, sizeof *c);
+    c->m = m, c->nh = nh, c->n_idx = n_idx, c->n_win = WIN, c->n_cmp = n_cmp, c->misalign = misalign;
+    int64_t nq = m * nh * D, nkv = (WIN + n_cmp) * D;
+    c->q = xmalloc((size_t)nq * 2);
+    c->kv = xmalloc((size_t)nkv * 2);
+    c->idx = xmalloc((size_t)(m * n_idx > 0 ? m * n_idx : 1) * 4);
+    c->sink = xmalloc((size_t)nh * 4);
+    for (int64_t i = 0; i < m * nh; i++) {
+        double sig = 1.0 + 3.0 * ct_unif(&rng);
+        for (int j = 0; j < D; j++) c->q[i * D + j] = bf(sig * gauss());
+    }
+    for (int64_t i = 0; i < nkv; i++) c->kv[i] = bf(gauss());
+    for (int h = 0; h < nh; h++) c->sink[h] = (float)ct_gauss(&rng);
+    if (special) {
+        c->q[3 * D + 17] = 0x7fc0;                              /* NaN: head 3 of query 0 */
+        if (m > 1) c->q[((int64_t)nh + 5) * D + 100] = 0x7f80; /* +inf: head 5 of query 1 */
+        c->kv[(WIN + 11) * D + 7] = 0x7fc0;                     /* NaN in a compressed row */
+        c->kv[(WIN + 23) * D + 300] = 0xff80;                   /* −inf */
+        c->kv[5 * D + 0] = 0x7f80;                              /* +inf in window row 5 */
+        c->sink[0] = -INFINITY, c->sink[nh - 1] = -INFINITY;
+    }
+    make_idx(c, skip, oor, all_skip);
+    c->dq = dup_dev(c->q, (size_t)nq * 2);
+    uint16_t *kvm = xmalloc((size_t)(nkv + 8) * 2);
+    memset(kvm, 0, (size_t)(nkv + 8) * 2);
+    memcpy(kvm + (misalign ? 1 : 0), c->kv, (size_t)nkv * 2);
+    c->dkv = (uint16_t *)dup_dev(kvm, (size_t)(nkv + 8) * 2) + (misalign ? 1 : 0);
+    free(kvm);
+    c->didx = dup_dev(c->idx, (size_t)(m * n_idx > 0 ? m * n_idx : 1) * 4);
+    c->dsink = dup_dev(c->sink, (size_t)nh * 4);
+    c->dout = dev_poisoned((size_t)nq * 2);
+}
+
+static void free_case(acase *c) {
+    free(c->q), free(c->kv), free(c->idx), free(c->sink);
+    CU(cudaFree(c->dq));
+    CU(cudaFree(c->dkv - (c->misalign ? 1 : 0)));
+    CU(cudaFree(c->didx));
+    CU(cudaFree(c->dsink));
+    CU(cudaFree(c->dout));
+}
+
+static int gpu_attn(const acase *c, int heads) {
+    di_cuda_sattn_heads_set(heads);
+    return gpu->sparse_attn(gpu, c->dq, c->m, c->nh, D, c->dkv, c->n_win, c->dkv + c->n_win * D, c->n_cmp, c->dsink,
+                            c->didx, c->n_idx, SCALE, c->dout, E);
+}
+
+static uint16_t *gpu_out(const acase *c, int heads) {
+    int64_t n = c->m * c->nh * D;
+    CU(cudaMemset(c->dout, 0xA5, (size_t)n * 2));
+    CU(cudaDeviceSynchronize());
+    RUN(gpu_attn(c, heads));
+    RUN(di_backend_cuda_sync(gpu, E));
+    uint16_t *h = xmalloc((size_t)n * 2);
+    CU(cudaMemcpy(h, c->dout, (size_t)n * 2, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* New vs old over every output; vs the CPU op on the queries listed (cpu_q, n_cpu; none when oor ids). */
+static void check(const char *name, acase *c, const int64_t *cpu_q, int n_cpu) {
+    char shape[128];
+    snprintf(shape, sizeof shape, "n_q %lld, %d heads, %lld idx, n_cmp %lld%s", (long long)c->m, c->nh,
+             (long long)c->n_idx, (long long)c->n_cmp, c->misalign ? ", unaligned kv" : "");
+    uint16_t *o_new = gpu_out(c, 1), *o_old = gpu_out(c, 0);
+    int64_t n = c->m * c->nh * D;
+    row(name, shape, u16_differ(o_new, o_old, n), n);
+    if (n_cpu > 0) {
+        int64_t diff = 0, tot = 0;
+        uint16_t *oc = xmalloc((size_t)c->nh * D * 2);
+        for (int i = 0; i < n_cpu; i++) {
+            int64_t qi = cpu_q[i];
+            RUN(cpu->sparse_attn(cpu, c->q + qi * c->nh * D, 1, c->nh, D, c->kv, c->n_win, c->kv + c->n_win * D,
+                                 c->n_cmp, c->sink, c->idx + qi * c->n_idx, c->n_idx, SCALE, oc, E));
+            diff += u16_differ(oc, o_new + qi * c->nh * D, (int64_t)c->nh * D);
+            tot += (int64_t)c->nh * D;
+        }
+        free(oc);
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s vs cpu", name);
+        row(nm, shape, diff, tot);
+    }
+    free(o_new), free(o_old);
+}
+
+/* sparse_attn_seqs over n_seq sequences (each its own key set and index rows, q0 / m per sequence):
+ * several heads per block vs the per-head kernel, and vs sparse_attn per sequence (per-head kernel). */
+typedef struct seqs_case {
+    int n_seq, nh;
+    int64_t m, n_idx, n_cmp;
+    acase *per;          /* one acase per sequence (its own q rows, keys, index rows) */
+    uint16_t *dq, *dout; /* the call's q [m, nh, D] / out */
+    di_attn_seq *dseqs;
+    int32_t *dseq_of;
+    float *dsink;
+} seqs_case;
+
+static void make_seqs(seqs_case *s, int n_seq, const int64_t *m_of, int64_t n_idx, int64_t n_cmp, int nh, int oor) {
+    memset(s, 0, sizeof *s);
+    s->n_seq = n_seq, s->nh = nh, s->n_idx = n_idx, s->n_cmp = n_cmp;
+    s->per = xmalloc(sizeof(acase) * (size_t)n_seq);
+    di_attn_seq *hs = xmalloc(sizeof(di_attn_seq) * (size_t)n_seq);
+    for (int i = 0; i < n_seq; i++) s->m += m_of[i];
+    int32_t *seq_of = xmalloc((size_t)s->m * 4);
+    CU(cudaMalloc((void **)&s->dq, (size_t)(s->m * nh * D) * 2));
+    int64_t q0 = 0;
+    for (int i = 0; i < n_seq; i++) {
+        acase *c = &s->per[i];
+        make_case(c, m_of[i], nh, n_idx, n_cmp, 30, oor, 0, i == 1, 0);
+        if (i > 0) { /* one sink vector for the call */
+            memcpy(c->sink, s->per[0].sink, (size_t)nh * 4);
+            CU(cudaMemcpy(c->dsink, c->sink, (size_t)nh * 4, cudaMemcpyHostToDevice));
+        }
+        CU(cudaMemcpy(s->dq + q0 * nh * D, c->dq, (size_t)(m_of[i] * nh * D) * 2, cudaMemcpyDeviceToDevice));
+        hs[i] = (di_attn_seq){.kv_win = c->dkv, .n_win = WIN, .kv_cmp = c->dkv + WIN * D, .n_cmp = n_cmp,
+                              .idx = c->didx, .n_idx = n_idx, .q0 = q0, .m = m_of[i]};
+        for (int64_t t = 0; t < m_of[i]; t++) seq_of[q0 + t] = i;
+        q0 += m_of[i];
+    }
+    s->dseqs = dup_dev(hs, sizeof(di_attn_seq) * (size_t)n_seq);
+    s->dseq_of = dup_dev(seq_of, (size_t)s->m * 4);
+    s->dsink = s->per[0].dsink;
+    s->dout = dev_poisoned((size_t)(s->m * nh * D) * 2);
+    free(hs), free(seq_of);
+}
+
+static void free_seqs(seqs_case *s) {
+    for (int i = 0; i < s->n_seq; i++) free_case(&s->per[i]);
+    free(s->per);
+    CU(cudaFree(s->dq));
+    CU(cudaFree(s->dout));
+    CU(cudaFree(s->dseqs));
+    CU(cudaFree(s->dseq_of));
+}
+
+static int gpu_seqs(const seqs_case *s, int heads) {
+    di_cuda_sattn_heads_set(heads);
+    return gpu->sparse_attn_seqs(gpu, s->dq, s->m, s->nh, D, s->dseqs, s->n_seq, s->dseq_of, s->dsink, SCALE, s->dout,
+                                 E);
+}
+
+static void check_seqs(const char *name, seqs_case *s) {
+    char shape[128];
+    snprintf(shape, sizeof shape, "%d seqs, n_q %lld, %d heads, %lld idx, n_cmp %lld", s->n_seq, (long long)s->m, s->nh,
+             (long long)s->n_idx, (long long)s->n_cmp);
+    int64_t n = s->m * s->nh * D;
+    uint16_t *o[2];
+    for (int heads = 0; heads < 2; heads++) {
+        CU(cudaMemset(s->dout, 0xA5, (size_t)n * 2));
+        CU(cudaDeviceSynchronize());
+        RUN(gpu_seqs(s, heads));
+        RUN(di_backend_cuda_sync(gpu, E));
+        o[heads] = xmalloc((size_t)n * 2);
+        CU(cudaMemcpy(o[heads], s->dout, (size_t)n * 2, cudaMemcpyDeviceToHost));
+    }
+    row(name, shape, u16_differ(o[1], o[0], n), n);
+    int64_t diff = 0, q0 = 0;
+    for (int i = 0; i < s->n_seq; i++) { /* each sequence alone, per-head kernel */
+        uint16_t *oi = gpu_out(&s->per[i], 0);
+        diff += u16_differ(oi, o[1] + q0 * s->nh * D, s->per[i].m * s->nh * D);
+        q0 += s->per[i].m;
+        free(oi);
+    }
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s vs per seq", name);
+    row(nm, shape, diff, n);
+    free(o[0]), free(o[1]);
+}
+
+static void bench_attn(const char *name, acase *c) {
+    double t_old, t_new;
+    const int R = c->m >= 1024 ? 3 : 20;
+    BATCH(t_old, R, RUN(gpu_attn(c, 0)));
+    BATCH(t_new, R, RUN(gpu_attn(c, 1)));
+    printf("# sattn %s old ms: %.3f\n# sattn %s new ms: %.3f (x%.2f)\n", name, t_old, name, t_new, t_old / t_new);
+    fflush(stdout);
+}
+
+static void bench_seqs(const char *name, seqs_case *s) {
+    double t_old, t_new;
+    BATCH(t_old, 10, RUN(gpu_seqs(s, 0)));
+    BATCH(t_new, 10, RUN(gpu_seqs(s, 1)));
+    printf("# sattn %s old ms: %.3f\n# sattn %s new ms: %.3f (x%.2f)\n", name, t_old, name, t_new, t_old / t_new);
+    fflush(stdout);
+}
+
+int main(void) {
+    int bench = getenv("DI_BENCH") != NULL, quick = getenv("DI_QUICK") != NULL;
+    int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (di_cuda_device_count() < 1) {
+        printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN(di_backend_cpu_create(nth > 0 ? nth : 1, &cpu, E));
+    RUN(di_backend_cuda_create(0, &gpu, E));
+    st = (cudaStream_t)di_backend_cuda_stream(gpu);
+    for (int i = 0; i < GAUSS_N; i++) g_gauss[i] = (float)ct_gauss(&rng);
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    if (!gpu->sparse_attn_seqs) die("sparse_attn_seqs", "slot empty (DI_CUDA_KERNELS=tensor?): this test checks the exact kernel");
+
+    const int64_t n_idx = WIN + SEL;
+    acase c;
+    {
+        const int64_t qs[] = {0};
+        make_case(&c, 1, 64, n_idx, 8192, 30, 0, 0, 0, 0);
+        check("n_q 1", &c, qs, 1);
+        free_case(&c);
+    }
+    {
+        const int64_t qs[] = {0, 3, 6};
+        make_case(&c, 7, 64, n_idx, 4096, 30, 0, 0, 1, 0);
+        check("n_q 7 special", &c, qs, 3);
+        free_case(&c);
+        make_case(&c, 7, 64, n_idx, 4096, 30, 20, 0, 1, 0);
+        check("n_q 7 oor ids", &c, NULL, 0);
+        free_case(&c);
+    }
+    if (!quick) {
+        const int64_t qs[] = {0, 1, 63};
+        make_case(&c, 64, 64, n_idx, 8192, 50, 0, 0, 1, 0);
+        check("n_q 64 special", &c, qs, 3);
+        free_case(&c);
+    }
+    if (!quick) {
+        const int64_t qs[] = {0, 1, 1000, 2047};
+        make_case(&c, 2048, 64, n_idx, 8192, 30, 0, 0, 1, 0);
+        check("n_q 2048 special", &c, qs, 4);
+        free_case(&c);
+        make_case(&c, 2048, 64, n_idx, 8192, 30, 20, 0, 1, 0);
+        check("n_q 2048 oor ids", &c, NULL, 0);
+        free_case(&c);
+    }
+    {
+        const int64_t mq = quick ? 32 : 300, qs[] = {0, mq - 1}; /* 32: the fewest queries of 16 heads per block */
+        make_case(&c, mq, 64, 37, 2048, 100, 0, 0, 1, 0);
+        check("partial block", &c, qs, 2);
+        free_case(&c);
+        make_case(&c, mq, 64, 600, 2048, 0, 0, 1, 1, 0);
+        check("all skipped", &c, qs, 2);
+        free_case(&c);
+        make_case(&c, mq, 64, 0, 2048, 0, 0, 0, 1, 0);
+        check("empty lists", &c, qs, 2);
+        free_case(&c);
+        make_case(&c, mq, 64, n_idx, 2048, 30, 0, 0, 1, 1);
+        check("unaligned kv", &c, qs, 2);
+        free_case(&c);
+        make_case(&c, mq, 8, n_idx, 2048, 30, 0, 0, 1, 0);
+        check("8 heads", &c, qs, 2);
+        free_case(&c);
+    }
+    seqs_case s;
+    {
+        const int64_t m_of[] = {1, 5, 1, 70, 3};
+        make_seqs(&s, 5, m_of, n_idx, 2048, 64, 0);
+        check_seqs("seqs mixed", &s);
+        free_seqs(&s);
+    }
+    {
+        const int64_t m_of[] = {1, 2, 1};
+        make_seqs(&s, 3, m_of, n_idx, 2048, 64, 10);
+        check_seqs("seqs few (4 heads)", &s);
+        free_seqs(&s);
+    }
+    if (!quick) {
+        int64_t m_of[96];
+        for (int i = 0; i < 96; i++) m_of[i] = 1 + (i % 3 == 0 ? 2 : 0);
+        make_seqs(&s, 96, m_of, n_idx, 1024, 64, 10);
+        check_seqs("seqs decode oor", &s);
+        free_seqs(&s);
+    }
+
+    if (bench) {
+        make_case(&c, 8192, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+        bench_attn("prefill n_q 8192 x 640", &c);
+        free_case(&c);
+        make_case(&c, 64, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+        bench_attn("n_q 64 x 640", &c);
+        free_case(&c);
+        make_case(&c, 16, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+        bench_attn("n_q 16 x 640", &c);
+        free_case(&c);
+        make_case(&c, 1, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+        bench_attn("n_q 1 x 640", &c);
+        free_case(&c);
+        int64_t m_of[256];
+        for (int i = 0; i < 256; i++) m_of[i] = 1;
+        make_seqs(&s, 256, m_of, n_idx, 2048, 64, 0);
+        bench_seqs("decode seqs B=256 x 640", &s);
+        free_seqs(&s);
+    }
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
