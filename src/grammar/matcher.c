@@ -276,6 +276,16 @@ static inline const di_earley_wait *leo_item(const di_earley *e, size_t i, int32
     return w && w->origin < i + same && e->g->psym[w->pos + 1] == DI_CFG_END ? w : NULL;
 }
 
+/* How a waiter of another set enters an effect: by its position, or, when the awaited symbol
+ * ends its rule, by "completes its lhs" alone: the item then does nothing but complete its lhs at
+ * its origin, which the effect hashed beside it already says. So `SEQ -> L "@" . D` and
+ * `E -> "." . D` (the first and a later label of a separated list, both finishing where D
+ * completes) give equal effects when their lhs effects are equal. */
+#define WAIT_ENDS_RULE 0xFFFFFFFFu
+static inline uint32_t waiter_pos(const di_grammar_matcher *m, uint32_t pos) {
+    return m->g->cfg->psym[pos + 1] == DI_CFG_END ? WAIT_ENDS_RULE : pos;
+}
+
 /* Effect of completing nonterminal a at set o, over full signatures (defined after leff). */
 static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth);
 
@@ -396,7 +406,7 @@ static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *
             for (size_t x = 0; x < n; x++) {
                 if (w[x].sym != syms[k]) continue;
                 if (w[x].origin != o) {
-                    add_item_sig(&h, w[x].pos, leff(m, w[x].origin, plhs[w[x].pos], depth + 1, ok));
+                    add_item_sig(&h, waiter_pos(m, w[x].pos), leff(m, w[x].origin, plhs[w[x].pos], depth + 1, ok));
                     continue;
                 }
                 add_item_sig(&h, w[x].pos, (sig128){1, 2});
@@ -446,7 +456,7 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
             for (size_t x = 0; x < n; x++) {
                 if (w[x].sym != syms[k]) continue;
                 if (w[x].origin != o) {
-                    add_item_sig(&h, w[x].pos, feff(m, w[x].origin, plhs[w[x].pos], depth + 1));
+                    add_item_sig(&h, waiter_pos(m, w[x].pos), feff(m, w[x].origin, plhs[w[x].pos], depth + 1));
                     continue;
                 }
                 add_item_sig(&h, w[x].pos, (sig128){1, 2});

@@ -359,6 +359,7 @@ static int32_t parse_class(rx *p) {
 }
 
 static int32_t parse_alt(rx *p, bool top, di_regex_info *info);
+static int32_t parse_concat(rx *p, bool top, di_regex_info *info);
 
 static int32_t parse_atom(rx *p) {
     char c = peek(p);
@@ -469,8 +470,54 @@ static int32_t parse_repeat(rx *p) {
     return s;
 }
 
+/* A separated list `X(SX)*` (`X(?:SX)*`, lazy `*?` too) where the X after S is the same text as
+ * the item before the group: build it as D -> X E, E -> eps | S D, so both places are one
+ * nonterminal. Parsed as written, the second X is a nonterminal of its own, and every state inside
+ * it gets keys of its own: an e-mail or hostname label after `.` relearned every count of the
+ * label's `{0,61}` that the first label had already walked (the matcher's keys hash an origin by
+ * the effect of completing there, and E's right recursion makes that effect the same for every
+ * element). X is the last m items of the concatenation so far, items[0..m), text[xs, p->i) (the
+ * longest that matches is taken, so a label's first character is inside X). Returns D with p->i
+ * past the quantifier, or 0 (p untouched) where the text is not of that form. */
+static int32_t separated_list(rx *p, size_t xs, const int32_t *items, size_t m) {
+    size_t xe = p->i;
+    size_t xl = xe - xs, i = p->i;
+    char x0 = p->s[xs];
+    /* X must start where no byte of S can extend it (an escape, a class, a group) */
+    if (!(x0 == '[' || x0 == '(' || x0 == '\\') || i >= p->n || p->s[i] != '(') return 0;
+    size_t body = i + 1;
+    if (body + 1 < p->n && p->s[body] == '?') {
+        if (p->s[body + 1] != ':') return 0;
+        body += 2;
+    }
+    /* the group ends at the first `X)*` after which S parses as one complete concatenation */
+    for (size_t e = body; e + xl + 2 <= p->n; e++) {
+        if (memcmp(p->s + e, p->s + xs, xl) != 0 || p->s[e + xl] != ')' || p->s[e + xl + 1] != '*') continue;
+        size_t end = e + xl + 2;
+        if (end < p->n && p->s[end] == '?') end++;
+        if (end < p->n && strchr("*+?{", p->s[end])) return 0; /* a second quantifier: not (SX)* */
+        di_error scratch = {0};
+        rx sub = {.s = p->s, .n = e, .i = body, .g = p->g, .err = &scratch, .flags = p->flags, .depth = p->depth + 1,
+                  .dot_sym = p->dot_sym};
+        if (sub.depth > MAX_DEPTH) return 0;
+        int32_t sep = parse_concat(&sub, false, NULL);
+        if (sub.rc || sub.i != e) continue; /* S is not a whole concatenation ending here */
+        p->dot_sym = sub.dot_sym;
+        int32_t x = di_cfg_seq(p->g, items, m);
+        int32_t d = di_cfg_nt(p->g, NULL), tail = di_cfg_nt(p->g, NULL);
+        int32_t d_rhs[2] = {x, tail}, tail_rhs[2] = {sep, d};
+        di_cfg_rule(p->g, d, d_rhs, 2);
+        di_cfg_rule(p->g, tail, NULL, 0);
+        di_cfg_rule(p->g, tail, tail_rhs, 2);
+        p->i = end;
+        return d;
+    }
+    return 0;
+}
+
 static int32_t parse_concat(rx *p, bool top, di_regex_info *info) {
     int32_t buf[32];
+    size_t starts[32]; /* text offset of item k (the first 32 items: separated lists look back no further) */
     int32_t *v = buf;
     size_t n = 0, cap = 32;
     if (top && peek(p) == '^') {
@@ -483,8 +530,24 @@ static int32_t parse_concat(rx *p, bool top, di_regex_info *info) {
             if (info) info->anchored_end = true;
             break;
         }
+        size_t item_start = p->i;
         int32_t s = parse_repeat(p);
         if (p->rc) break;
+        if (n < 32) starts[n] = item_start;
+        for (size_t m = (n < 32 ? n : 31) + 1; m >= 1; m--) {
+            if (m > 1 && n - (m - 1) >= 32) continue;
+            size_t xs = m == 1 ? item_start : starts[n - (m - 1)];
+            int32_t items[32];
+            memcpy(items, v + n - (m - 1), (m - 1) * sizeof *items);
+            items[m - 1] = s;
+            int32_t list = separated_list(p, xs, items, m);
+            if (list) {
+                n -= m - 1;
+                if (n < 32) starts[n] = xs;
+                s = list;
+                break;
+            }
+        }
         if (n == cap) {
             int32_t *w = malloc(2 * cap * sizeof *w);
             if (!w) {
