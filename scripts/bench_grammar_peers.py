@@ -47,7 +47,10 @@ def load_inputs(d):
 
 
 def time_llguidance(tok_json, V, eos, inputs, ids_of, steps, repeat):
-    import llguidance as llg
+    try:
+        import llguidance as llg
+    except ImportError as e:
+        return {name: {"error": f"not installed ({e.name})"} for name, _, _, _ in inputs}
 
     lt = llg.LLTokenizer(tok_json, n_vocab=V, eos_token=eos)
     res = {}
@@ -79,8 +82,11 @@ def time_llguidance(tok_json, V, eos, inputs, ids_of, steps, repeat):
 
 
 def time_xgrammar(tok_path, V, inputs, ids_of, steps, repeat):
-    import transformers
-    import xgrammar as xgr
+    try:
+        import transformers
+        import xgrammar as xgr
+    except ImportError as e:  # a peer that is not installed is reported, not fatal
+        return {name: {"error": f"not installed ({e.name})"} for name, _, _, _ in inputs}
 
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=tok_path)
     info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=V)
