@@ -421,36 +421,6 @@ static void test_open_construct_boundary(void **state) {
     gt_bytes_free(&tb);
 }
 
-/* Large subtrees accepted whole are ORed from per-subtree bitmaps (vocab.c:
- * di_grammar_vocab_dense; 512 tokens and up on the real vocabulary). With a threshold of 2 on
- * the synthetic vocabulary the path runs on every kind of mask and each must equal brute force. */
-static void test_dense_subtrees(void **state) {
-    (void)state;
-    static const char sc[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
-                             "\"b\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}}}}";
-    static const char gbnf[] = "root ::= (ident \" \")+\nident ::= [a-zA-Z_] [a-zA-Z0-9_]*\n";
-    gt_bytes tb = gt_vocab_bytes(4000);
-    di_grammar_vocab *v = gt_vocab(&tb);
-    if (di_grammar_vocab_dense(v, 2)) fail_msg("dense bitmaps: out of memory");
-    assert_true(v->n_dense > 10);
-    di_error err = {0};
-    di_grammar *g[3] = {NULL, NULL, NULL};
-    if (di_grammar_from_json_schema(sc, strlen(sc), NULL, &g[0], &err)) fail_msg("%s", err.msg);
-    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g[1], &err)) fail_msg("%s", err.msg);
-    g[2] = regex_or_fail("[a-z ]{0,40}(x|y)+");
-    memset(&gt_stats, 0, sizeof gt_stats);
-    int checked = 0;
-    for (int k = 0; k < 3; k++)
-        for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g[k], v, &tb, NULL, s * 3571 + (uint64_t)k, 30, "dense");
-    tu_report("dense subtrees: %d masks checked, %llu subtrees whole, %llu from bitmaps (%u bitmaps)", checked,
-              (unsigned long long)gt_stats.blocks, (unsigned long long)gt_stats.dense, v->n_dense);
-    assert_true(checked >= 60);
-    assert_true(gt_stats.dense > 0);
-    for (int k = 0; k < 3; k++) di_grammar_free(g[k]);
-    di_grammar_vocab_free(v);
-    gt_bytes_free(&tb);
-}
-
 /* A state whose ASCII bytes fall into small classes that the scan items tell apart (the first
  * character of a JSON value: `"`, `{`, `[`, `-`, digits, `t`, `f`, `n`, whitespace) leads each
  * class to its own state, so its loop summary can never make a block; matcher.c: loop_summary
@@ -894,7 +864,7 @@ int main(void) {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
-        cmocka_unit_test(test_open_construct_boundary), cmocka_unit_test(test_dense_subtrees),
+        cmocka_unit_test(test_open_construct_boundary),
         cmocka_unit_test(test_summary_precheck),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),

@@ -110,7 +110,6 @@ typedef struct di_grammar_walk_stats {
     uint64_t block_masks; /* of those, computed from a character-loop state by token classes */
     uint64_t block_hits;  /* of those, from a block cached by an earlier walk (another context) */
     uint64_t blocks;      /* token subtrees accepted whole during trie walks */
-    uint64_t dense;       /* of those, large subtrees set from their bitmap */
     uint64_t ctx_edges;   /* context-free walk edges that completed into the context */
     uint64_t edges;       /* trie edges and block-mask token bytes stepped through (walk_edge) */
     uint64_t pushes;      /* Earley pushes by walks (unknown transitions, replays, summaries) */

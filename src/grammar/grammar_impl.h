@@ -31,7 +31,6 @@ typedef struct di_trie_node {
 #define DI_CLASS_LONG 31 /* more than DI_CHAIN_CHARS characters */
 #define DI_N_CLASSES 32
 #define DI_CHAIN_CHARS 16
-#define DI_DENSE_MIN 512 /* tokens under a trie node for a bitmap of its own (vocab dense_*) */
 
 /* The 128 ASCII bytes in 29 buckets, so that a subtree's ASCII bytes fit in the node: the bytes
  * that grammars tell apart (JSON structure, string escapes, number characters, whitespace; '_',
@@ -100,14 +99,6 @@ struct di_grammar_vocab {
     uint32_t *tok_start;    /* [n_nodes + 1] first pre_tok index of each subtree: the tokens under
                                node i are pre_tok[tok_start[i] .. tok_start[nodes[i].end]) */
     uint32_t n_pre;
-    /* Subtrees of at least dense_min tokens (DI_DENSE_MIN) as token-id bitmaps, so that a walk
-     * accepting one whole ORs words instead of setting its bits one by one (the 84 largest
-     * subtrees of the DeepSeek vocabulary, 1.4 MB): dense_node[] ascending node indices,
-     * dense_bits[k * words ..] the tokens under dense_node[k]. */
-    uint32_t *dense_node;   /* [n_dense] */
-    uint32_t *dense_bits;   /* [n_dense * words] */
-    uint32_t n_dense;
-    uint32_t dense_min;
     /* Token classes for masks of character-loop states (matcher.c: loop_mask): by_class[k]
      * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < DI_N_BUCKETS), that are
      * not valid UTF-8 (DI_CLASS_BAD_UTF8), that contain a byte >= 0x80 (DI_CLASS_HIGH) or that
@@ -129,10 +120,6 @@ struct di_grammar_vocab {
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */
 };
-
-/* (Re)build the subtree bitmaps for subtrees of at least min_tokens tokens (vocab_new uses
- * DI_DENSE_MIN; tests use small values to cover the path on small vocabularies). */
-int di_grammar_vocab_dense(di_grammar_vocab *v, uint32_t min_tokens);
 
 /* Front-ends: each builds into g and returns the start symbol's nonterminal in *start. */
 int di_regex_to_cfg(di_cfg *g, const char *re, size_t len, int32_t *start, di_error *err);

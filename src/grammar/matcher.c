@@ -47,7 +47,7 @@ struct di_grammar_matcher {
     uint32_t n_sver;
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
-    uint64_t n_block_masks, n_block_hits, n_blocks, n_dense, n_ctx_edges; /* di_grammar_walk_stats */
+    uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
     uint64_t n_edges, n_summaries, n_replays;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
@@ -589,7 +589,7 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
-                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .dense = m->n_dense, .ctx_edges = m->n_ctx_edges,
+                                 .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
                                  .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays,
                                  .summaries = m->n_summaries};
 }
@@ -972,26 +972,6 @@ static int block_of(di_grammar_matcher *m, const di_gcache_table *tab, int32_t i
     return r;
 }
 
-/* Allow every token under trie node i: a word-wise OR for the largest subtrees, which hold
- * most tokens of a permissive mask (an identifier or a free string), bit by bit for the rest. */
-static void set_subtree(di_grammar_matcher *m, uint32_t *restrict mask, const di_grammar_vocab *v, uint32_t i) {
-    uint32_t k0 = v->tok_start[i], k1 = v->tok_start[v->nodes[i].end];
-    if (k1 - k0 >= v->dense_min) {
-        uint32_t lo = 0, hi = v->n_dense; /* dense_node holds every such node */
-        while (lo < hi) {
-            uint32_t mid = (lo + hi) / 2;
-            if (v->dense_node[mid] < i) lo = mid + 1;
-            else hi = mid;
-        }
-        size_t words = di_grammar_mask_words(v->n_vocab);
-        const uint32_t *restrict bits = v->dense_bits + (size_t)lo * words;
-        for (size_t w = 0; w < words; w++) mask[w] |= bits[w];
-        m->n_dense++;
-        return;
-    }
-    for (uint32_t k = k0; k < k1; k++) set_bit(mask, v->pre_tok[k]);
-}
-
 /* Every path below node nd stays alive from a state accepting these characters as a block (for
  * up to DI_CHAIN_CHARS characters unless any_length). */
 static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool utf8, bool any_length) {
@@ -1372,7 +1352,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
             if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
-                set_subtree(m, mask, v, i);
+                for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
                 m->n_blocks++;
                 i = nd->end;
                 continue;

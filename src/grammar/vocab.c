@@ -26,8 +26,6 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->blob);
     free(v->blob_off);
     free(v->dup_next);
-    free(v->dense_node);
-    free(v->dense_bits);
     free(v);
 }
 
@@ -149,30 +147,6 @@ static int token_classes(di_grammar_vocab *v) {
     return DI_OK;
 }
 
-int di_grammar_vocab_dense(di_grammar_vocab *v, uint32_t min_tokens) {
-    size_t words = di_grammar_mask_words(v->n_vocab);
-    free(v->dense_node);
-    free(v->dense_bits);
-    v->dense_node = NULL, v->dense_bits = NULL, v->n_dense = 0;
-    v->dense_min = UINT32_MAX; /* no bitmaps: every subtree bit by bit */
-    if (min_tokens == 0) min_tokens = 1;
-    uint32_t n = 0;
-    for (uint32_t i = 1; i < v->n_nodes; i++) n += v->tok_start[v->nodes[i].end] - v->tok_start[i] >= min_tokens;
-    if (!n) return DI_OK;
-    v->dense_node = malloc(n * sizeof *v->dense_node);
-    v->dense_bits = calloc((size_t)n * words, sizeof *v->dense_bits);
-    if (!v->dense_node || !v->dense_bits) return DI_ERR_NOMEM;
-    for (uint32_t i = 1; i < v->n_nodes; i++) {
-        uint32_t k0 = v->tok_start[i], k1 = v->tok_start[v->nodes[i].end];
-        if (k1 - k0 < min_tokens) continue;
-        uint32_t *bits = v->dense_bits + (size_t)v->n_dense * words;
-        for (uint32_t k = k0; k < k1; k++) bits[v->pre_tok[k] >> 5] |= 1u << (v->pre_tok[k] & 31);
-        v->dense_node[v->n_dense++] = i;
-    }
-    v->dense_min = min_tokens;
-    return DI_OK;
-}
-
 /* Per-subtree summaries (DI_TRIE_UTF8 / DI_TRIE_HIGH flags, ASCII byte sets) and the tokens in
  * preorder. Children follow their parent in preorder, so one backward pass sees every child
  * before its parent. */
@@ -226,8 +200,7 @@ static int summarize(di_grammar_vocab *v, uint32_t n_text) {
         if (mine & 1) nd->flags |= DI_TRIE_UTF8;
     }
     free(ok);
-    int rc = di_grammar_vocab_dense(v, DI_DENSE_MIN);
-    return rc ? rc : token_classes(v);
+    return token_classes(v);
 }
 
 int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const uint32_t *lens, const uint8_t *special,
