@@ -463,6 +463,42 @@ static void test_summary_precheck(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* The Earley recogniser tells sets apart by a stamp (the Leo memo is keyed by set index and the
+ * set's stamp). Growing the dedup hash table used to restart the stamp at 1, so a set rebuilt at
+ * the same index after a large set could carry the stamp of an older set there and inherit its
+ * memoized chain: after "a z" (Z completes root -> "a" A through A -> Z), a large set after "b",
+ * then "c z", completing Z at set 1 took the chain of the "a" set and finished the root without
+ * the "!" that C -> Z "!" requires. */
+static void test_stamp_after_growth(void **state) {
+    (void)state;
+    char src[8192];
+    size_t n = (size_t)snprintf(src, sizeof src, "root ::= \"a\" A | \"c\" C | \"b\" big\nA ::= Z\nC ::= Z \"!\"\n"
+                                                 "Z ::= \"z\"\nbig ::= \"q0\"");
+    for (int k = 1; k < 140; k++) n += (size_t)snprintf(src + n, sizeof src - n, " | \"q%d\"", k);
+    n += (size_t)snprintf(src + n, sizeof src - n, "\n");
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(src, n, "root", &g, &err)) fail_msg("%s", err.msg);
+    di_earley e;
+    if (di_earley_init(&e, g->cfg, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(di_earley_push_bytes(&e, (const uint8_t *)"az", 2, &err), 1);
+    assert_true(di_earley_accepting(&e)); /* memoizes the chain of Z at set 1 */
+    di_earley_pop_to(&e, 1);
+    assert_int_equal(di_earley_push(&e, 'b', &err), 1); /* a set of ~280 items: the hash table grows */
+    size_t big = e.set_off[2] - e.set_off[1];
+    di_earley_pop_to(&e, 1);
+    assert_int_equal(di_earley_push_bytes(&e, (const uint8_t *)"cz", 2, &err), 1);
+    bool early = di_earley_accepting(&e);
+    int bang = di_earley_push(&e, '!', &err);
+    tu_report("stamp after growth: big set %zu items; after \"cz\" accepting %d, '!' %d", big, early, bang);
+    assert_true(big > 128);
+    assert_false(early);
+    assert_int_equal(bang, 1);
+    assert_true(di_earley_accepting(&e));
+    di_earley_free(&e);
+    di_grammar_free(g);
+}
+
 static void test_leo_chains(void **state) {
     (void)state;
     static const char *res[] = {"x{0,60}y", "x{0,16}x{0,16}y"};
@@ -865,7 +901,7 @@ int main(void) {
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_open_construct_boundary),
-        cmocka_unit_test(test_summary_precheck),
+        cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),
