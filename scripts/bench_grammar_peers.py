@@ -11,7 +11,7 @@ numbers come from `deepinfer bench grammar --json` run on the same inputs in the
 --json the report can be fed back: `deepinfer bench grammar --peers FILE` prints the ratios per input.
 
 usage: scripts/bench_grammar_peers.py [--deepinfer build/deepinfer] [--tokenizer PATH] [--inputs DIR]
-                                      [--steps N] [--repeat N] [--json]
+                                      [--steps N] [--repeat N] [--runs N] [--json]
        scripts/bench_grammar_peers.py --schemas DIR [--limit N]   (decisions on MaskBench data)
 """
 import argparse
@@ -47,7 +47,10 @@ def load_inputs(d):
 
 
 def time_llguidance(tok_json, V, eos, inputs, ids_of, steps, repeat):
-    import llguidance as llg
+    try:
+        import llguidance as llg
+    except ImportError as e:
+        return {name: {"error": f"not installed ({e.name})"} for name, _, _, _ in inputs}
 
     lt = llg.LLTokenizer(tok_json, n_vocab=V, eos_token=eos)
     res = {}
@@ -79,8 +82,11 @@ def time_llguidance(tok_json, V, eos, inputs, ids_of, steps, repeat):
 
 
 def time_xgrammar(tok_path, V, inputs, ids_of, steps, repeat):
-    import transformers
-    import xgrammar as xgr
+    try:
+        import transformers
+        import xgrammar as xgr
+    except ImportError as e:  # a peer that is not installed is reported, not fatal
+        return {name: {"error": f"not installed ({e.name})"} for name, _, _, _ in inputs}
 
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=tok_path)
     info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=V)
@@ -205,6 +211,39 @@ def compliance(a, tok_path, V, eos):
               f"invalid rejected {s['invalid_ok']}/{s['invalid']}  (invalid accepted {s['invalid'] - s['invalid_ok']})")
 
 
+def time_deepinfer(a, tok_path):
+    ours = {}
+    cmd = [a.deepinfer, "bench", "grammar", "--json", "--tokenizer", tok_path, "--inputs", a.inputs,
+           "--steps", str(a.steps), "--repeat", str(a.repeat)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        doc = json.loads(p.stdout)
+        for r in doc.get("inputs", []):
+            ours[r["name"]] = {"compile_ms": r["compile_ms"], "p50_us": r["mask_p50_us"], "p99_us": r["mask_p99_us"],
+                               "warm_p50_us": r["warm_mask_p50_us"], "warm_p99_us": r["warm_mask_p99_us"],
+                               "tokens": r["tokens"]} if r.get("ok") else {"error": r.get("error", "?")}
+        if not doc.get("ok", True):
+            print("deepinfer bench grammar:", doc.get("error"), file=sys.stderr)
+    except json.JSONDecodeError:
+        print("deepinfer bench grammar failed:", p.stderr.strip()[-500:], file=sys.stderr)
+    return ours
+
+
+def median_runs(rs):
+    """Per input, the median of every number over the runs (an input that failed in any run reports that error)."""
+    out = {}
+    for name in rs[0]:
+        rows = [r.get(name) or {"error": "missing"} for r in rs]
+        bad = next((r for r in rows if "error" in r), None)
+        if bad:
+            out[name] = bad
+            continue
+        out[name] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        if len(rows) > 1:
+            out[name]["p99_us_runs"] = [r["p99_us"] for r in rows]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--deepinfer", default="build/deepinfer")
@@ -213,6 +252,9 @@ def main():
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="alternate the engines N times and report the median of each number (p99 is one slow mask "
+                         "of a 9-164-mask request: single runs carry ~2x noise on a shared machine)")
     ap.add_argument("--schemas", help="MaskBench/JSONSchemaBench data directory: compare decisions instead of timing")
     ap.add_argument("--limit", type=int, default=0, help="with --schemas: an evenly spaced sample of N files")
     a = ap.parse_args()
@@ -232,24 +274,15 @@ def main():
     with open(tok_path, encoding="utf-8") as fh:
         tok_json = fh.read()
 
-    ours = {}
-    cmd = [a.deepinfer, "bench", "grammar", "--json", "--tokenizer", tok_path, "--inputs", a.inputs,
-           "--steps", str(a.steps), "--repeat", str(a.repeat)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    try:
-        doc = json.loads(p.stdout)
-        for r in doc.get("inputs", []):
-            ours[r["name"]] = {"compile_ms": r["compile_ms"], "p50_us": r["mask_p50_us"], "p99_us": r["mask_p99_us"],
-                               "warm_p50_us": r["warm_mask_p50_us"], "warm_p99_us": r["warm_mask_p99_us"],
-                               "tokens": r["tokens"]} if r.get("ok") else {"error": r.get("error", "?")}
-        if not doc.get("ok", True):
-            print("deepinfer bench grammar:", doc.get("error"), file=sys.stderr)
-    except json.JSONDecodeError:
-        print("deepinfer bench grammar failed:", p.stderr.strip()[-500:], file=sys.stderr)
-
-    llg = time_llguidance(tok_json, V, eos, inputs, ids_of, a.steps, a.repeat)
-    xgr = time_xgrammar(tok_path, V, inputs, ids_of, a.steps, a.repeat)
-    report = {"tokenizer": tok_path, "inputs": []}
+    runs = {"deepinfer": [], "llguidance": [], "xgrammar": []}
+    for k in range(a.runs):  # engines alternate, so load changes on a shared machine hit all of them alike
+        if a.runs > 1:
+            print(f"run {k + 1}/{a.runs}", file=sys.stderr)
+        runs["deepinfer"].append(time_deepinfer(a, tok_path))
+        runs["llguidance"].append(time_llguidance(tok_json, V, eos, inputs, ids_of, a.steps, a.repeat))
+        runs["xgrammar"].append(time_xgrammar(tok_path, V, inputs, ids_of, a.steps, a.repeat))
+    ours, llg, xgr = (median_runs(runs[e]) for e in ("deepinfer", "llguidance", "xgrammar"))
+    report = {"tokenizer": tok_path, "runs": a.runs, "inputs": []}
     hdr = f"{'input':18} {'engine':11} {'compile_ms':>10} {'p50_us':>10} {'p99_us':>10}   ratio ours/peer (compile, p50, p99)"
     if not a.json:
         print(hdr)

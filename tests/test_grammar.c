@@ -374,6 +374,131 @@ static void test_separated_list(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* A statement that starts with an identifier or a keyword spelled like one (`if`, `return`):
+ * the identifier `ident -> [a-z] [a-z0-9]*` can end after every character, and each end
+ * completes it at the statement's first set. With that set outside the walk boundary every
+ * letter of every token was a context edge (ebnf_stmt: 40,408 of 42,058 edges of the masks after
+ * `if`, `return`, `    y`); matcher.c: walk_boundary takes the set inside (ends_open). The masks
+ * must equal brute force and be walked with few context edges. */
+static void test_open_construct_boundary(void **state) {
+    (void)state;
+    static const char gbnf[] = "root ::= stmt+\n"
+                               "stmt ::= ident \" = \" ident \";\\n\" | \"if \" ident \" {\\n\" stmt* \"}\\n\"\n"
+                               "ident ::= [a-z_] [a-z0-9_]*\n";
+    gt_bytes tb = gt_vocab_bytes(3000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char *texts[] = {"x = y;\nif", "x = y;\nif a {\nzz", "x = y;\nab_c"};
+    uint64_t ctx = 0, edges = 0;
+    for (int k = 0; k < 3; k++) {
+        di_grammar_matcher *m = NULL;
+        if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+        for (const char *p = texts[k]; *p; p++) /* token b + 1 is the single byte b */
+            if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("%s: %s", texts[k], err.msg);
+        di_grammar_walk_stats before, after;
+        di_grammar_matcher_walk_stats(m, &before);
+        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
+        di_grammar_matcher_walk_stats(m, &after);
+        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, texts[k]);
+        assert_true(gt_bit(mask, 'q' + 1) && gt_bit(mask, ' ' + 1) && !gt_bit(mask, '{' + 1));
+        ctx += after.ctx_edges - before.ctx_edges;
+        edges += after.edges - before.edges;
+        di_grammar_matcher_free(m);
+    }
+    tu_report("identifier after a statement start: %llu context edges of %llu walk edges",
+              (unsigned long long)ctx, (unsigned long long)edges);
+    assert_true(edges > 300);
+    assert_true(ctx * 20 < edges);
+    int checked = 0;
+    for (uint64_t s = 1; s <= 6; s++) checked += gt_walk(g, v, &tb, NULL, s * 6151, 40, "statements walk");
+    assert_true(checked >= 60);
+    free(mask);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* A state whose ASCII bytes fall into small classes that the scan items tell apart (the first
+ * character of a JSON value: `"`, `{`, `[`, `-`, digits, `t`, `f`, `n`, whitespace) leads each
+ * class to its own state, so its loop summary can never make a block; matcher.c: loop_summary
+ * returns before its one push per class. ebnf_json's masks at a value spent ~40 of ~100
+ * pushes on such summaries. The mask must equal brute force with fewer pushes than summaries
+ * would take. */
+static void test_summary_precheck(void **state) {
+    (void)state;
+    static const char gbnf[] =
+        "root ::= object\n"
+        "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+        "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
+        "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+        "string ::= \"\\\"\" [a-z ]* \"\\\"\" ws\n"
+        "number ::= \"-\"? [0-9]+ ws\n"
+        "ws ::= [ \\n]?\n";
+    gt_bytes tb = gt_vocab_bytes(6000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    for (const char *p = "{\"ab\": "; *p; p++) /* token b + 1 is the single byte b */
+        if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_grammar_walk_stats before, after;
+    di_grammar_matcher_walk_stats(m, &before);
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher_walk_stats(m, &after);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "value start");
+    tu_report("value start: %llu pushes, %llu summaries",
+              (unsigned long long)(after.pushes - before.pushes), (unsigned long long)(after.summaries - before.summaries));
+    assert_true(after.summaries - before.summaries >= 5);
+    assert_true(after.pushes - before.pushes < 90); /* 84 with the test, 96 without (deterministic) */
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* The Earley recogniser tells sets apart by a stamp (the Leo memo is keyed by set index and the
+ * set's stamp). Growing the dedup hash table used to restart the stamp at 1, so a set rebuilt at
+ * the same index after a large set could carry the stamp of an older set there and inherit its
+ * memoized chain: after "a z" (Z completes root -> "a" A through A -> Z), a large set after "b",
+ * then "c z", completing Z at set 1 took the chain of the "a" set and finished the root without
+ * the "!" that C -> Z "!" requires. */
+static void test_stamp_after_growth(void **state) {
+    (void)state;
+    char src[8192];
+    size_t n = (size_t)snprintf(src, sizeof src, "root ::= \"a\" A | \"c\" C | \"b\" big\nA ::= Z\nC ::= Z \"!\"\n"
+                                                 "Z ::= \"z\"\nbig ::= \"q0\"");
+    for (int k = 1; k < 140; k++) n += (size_t)snprintf(src + n, sizeof src - n, " | \"q%d\"", k);
+    n += (size_t)snprintf(src + n, sizeof src - n, "\n");
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(src, n, "root", &g, &err)) fail_msg("%s", err.msg);
+    di_earley e;
+    if (di_earley_init(&e, g->cfg, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(di_earley_push_bytes(&e, (const uint8_t *)"az", 2, &err), 1);
+    assert_true(di_earley_accepting(&e)); /* memoizes the chain of Z at set 1 */
+    di_earley_pop_to(&e, 1);
+    assert_int_equal(di_earley_push(&e, 'b', &err), 1); /* a set of ~280 items: the hash table grows */
+    size_t big = e.set_off[2] - e.set_off[1];
+    di_earley_pop_to(&e, 1);
+    assert_int_equal(di_earley_push_bytes(&e, (const uint8_t *)"cz", 2, &err), 1);
+    bool early = di_earley_accepting(&e);
+    int bang = di_earley_push(&e, '!', &err);
+    tu_report("stamp after growth: big set %zu items; after \"cz\" accepting %d, '!' %d", big, early, bang);
+    assert_true(big > 128);
+    assert_false(early);
+    assert_int_equal(bang, 1);
+    assert_true(di_earley_accepting(&e));
+    di_earley_free(&e);
+    di_grammar_free(g);
+}
+
 static void test_leo_chains(void **state) {
     (void)state;
     static const char *res[] = {"x{0,60}y", "x{0,16}x{0,16}y"};
@@ -775,6 +900,8 @@ int main(void) {
         cmocka_unit_test(test_regex_vs_pcre2),   cmocka_unit_test(test_regex_errors),
         cmocka_unit_test(test_regex_masks),      cmocka_unit_test(test_fast_paths), cmocka_unit_test(test_repetition_boundary),
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
+        cmocka_unit_test(test_open_construct_boundary),
+        cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

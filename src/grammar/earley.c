@@ -26,7 +26,9 @@ static int grow_hash(di_earley *m, size_t need, di_error *err) {
     m->hkey = k;
     m->hstamp = s;
     m->hcap = cap;
-    m->stamp = 1;
+    /* the stamp goes on (>= 1, so the zeroed stamps mark no entry): set_stamp and the Leo memo tell
+     * sets apart by it, and restarting it at 1 could make a rebuilt set look like an older one
+     * with the same index, whose memoized chain would then be used for the new set */
     /* re-insert the items of the set under construction */
     size_t first = m->set_off[m->n_sets];
     for (size_t i = first; i < m->n_items; i++) {

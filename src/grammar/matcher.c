@@ -514,6 +514,20 @@ static sig128 local_key(di_grammar_matcher *m, bool *ok) {
 static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
 
 
+/* Can a string of nonterminal a end where a nonempty continuation could still follow inside
+ * a? True when a, or the last symbol of one of its rules (depth levels down), is nullable:
+ * ident -> [a-z] [a-z0-9]*. Bounded: it only steers walk_boundary. */
+static bool ends_open(const di_cfg *g, int32_t a, int depth) {
+    if (g->nullable[a]) return true;
+    if (depth <= 0) return false;
+    for (uint32_t r = g->nt_rule_off[a], n = 0; r < g->nt_rule_off[a + 1] && n < 8; r++, n++) {
+        uint32_t p = g->nt_rules[r];
+        while (g->psym[p] != DI_CFG_END) p++;
+        if (p > g->nt_rules[r] && g->psym[p - 1] >= 0 && ends_open(g, g->psym[p - 1], depth - 1)) return true;
+    }
+    return false;
+}
+
 /* Boundary for a walk from the current state: just above the oldest origin of an item still in
  * progress, so the construct being written (a string, a key, a number, a statement) is inside
  * and what encloses it is context. A repetition item (X* / X+) whose element is not in progress
@@ -538,6 +552,20 @@ static size_t walk_boundary(const di_grammar_matcher *m) {
         di_earley_item it = e->items[x];
         if (it.origin >= b || !loop_rule(g, it.pos)) continue;
         if (inner <= it.origin && it.origin < lowest) lowest = it.origin; /* no element in progress */
+    }
+    /* A construct that started at the boundary's origin set, has just completed there and may
+     * go on (its rule ends in an optional part: an identifier [a-z] [a-z0-9]*) completes into the
+     * context again at every further character, so every edge of the walk would be a context
+     * edge (ebnf_stmt's statements after `if`, `return`, `    y`: 40,000 of 42,000 edges).
+     * Its origin set goes inside. */
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (g->psym[it.pos] != DI_CFG_END || it.origin + 1 != lowest || it.pos == 0) continue;
+        int32_t last = g->psym[it.pos - 1];
+        if (last >= 0 && g->plhs[it.pos - 1] == g->plhs[it.pos] && ends_open(g, last, 4)) {
+            lowest--;
+            break;
+        }
     }
     return lowest <= 1 ? 0 : lowest;
 }
@@ -764,6 +792,23 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     int n_bytes = 0;
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
     if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
+    if (!(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7])) {
+        /* ASCII only and no class of LOOP_MIN_BYTES bytes that the scan items treat alike (the
+         * first character of a JSON value, after an operator): its characters lead to many
+         * different states, so no block would come of the one push per class. Without the
+         * test ebnf_json's masks at a value spent ~40 of their ~100 pushes on such summaries. */
+        di_cfg_class seen = {{0}};
+        int widest = 0;
+        for (unsigned b = 0; b < 128 && widest < CHAIN_MIN_BYTES; b++) {
+            if (di_cfg_class_has(&seen, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
+            di_cfg_class same;
+            byte_equiv(e, (uint8_t)b, &same);
+            int cnt = 0;
+            for (int w = 0; w < 4; w++) seen.bits[w] |= same.bits[w], cnt += __builtin_popcount(same.bits[w]);
+            if (cnt > widest) widest = cnt;
+        }
+        if (widest < CHAIN_MIN_BYTES) return DI_OK;
+    }
     bool ok = true;
     sig128 self = walk_key(m, &ok);
     if (!ok) return DI_OK;
