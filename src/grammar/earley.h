@@ -102,6 +102,14 @@ static inline void di_earley_pop_to(di_earley *m, size_t n_sets) {
     }
 }
 
+/* Undo di_earley_pop_to back to n_sets sets, valid only while nothing was pushed since the
+ * pop (the popped sets are still in place; the caller checks n_pushes). */
+static inline void di_earley_unpop(di_earley *m, size_t n_sets) {
+    m->n_sets = n_sets;
+    m->n_items = m->set_off[n_sets];
+    m->n_wait = m->wait_off[n_sets];
+}
+
 /* The only item of sealed set `set` waiting on nonterminal sym, or NULL if none or several. */
 const di_earley_wait *di_earley_sole_wait(const di_earley *m, size_t set, int32_t sym);
 

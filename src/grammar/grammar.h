@@ -114,6 +114,7 @@ typedef struct di_grammar_walk_stats {
     uint64_t edges;       /* trie edges and block-mask token bytes stepped through (walk_edge) */
     uint64_t pushes;      /* Earley pushes by walks (unknown transitions, replays, summaries) */
     uint64_t replays;     /* of those, re-pushes of a trie path's known transitions (walk_edge needs its sets) */
+    uint64_t reuses;      /* replays avoided: a popped set taken back for a byte that acts alike */
     uint64_t summaries;   /* loop summaries computed */
 } di_grammar_walk_stats;
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s);

@@ -82,6 +82,15 @@ struct di_grammar_matcher {
     di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
+    /* Sets popped by walk_pop stay in the recogniser's memory until the next push; a replay that
+     * needs the set of depth k again takes it back when its byte acts like the byte that made
+     * it (mpath[k], byte_equiv): whitespace runs of tabs, spaces and newlines, or characters of
+     * one class, give identical sets. Valid while no byte was pushed since the pop (stale_gen ==
+     * e.n_pushes), for the same base set and depths up to stale_md. */
+    uint8_t *mpath;                 /* [max token length + 1] */
+    size_t stale_md, stale_base;    /* stale_base: the walk's base set (a rollback moves it) */
+    uint64_t stale_gen;
+    uint64_t n_reuses;
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -125,7 +134,9 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     m->path = malloc((size_t)v->max_len + 1);
     m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
     m->ctxd = malloc(((size_t)v->max_len + 1) * sizeof *m->ctxd);
-    if (!m->vid || !m->path || !m->lbd || !m->ctxd) {
+    m->mpath = malloc((size_t)v->max_len + 1);
+    m->stale_gen = UINT64_MAX;
+    if (!m->vid || !m->path || !m->lbd || !m->ctxd || !m->mpath) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -173,6 +184,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->ctxd);
     free(m->cent);
     free(m->vid);
+    free(m->mpath);
     free(m->path);
     free(m->hist);
     free(m->think_toks);
@@ -590,7 +602,7 @@ void di_grammar_matcher_cache_stats(const di_grammar_matcher *m, uint64_t *hits,
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s) {
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
-                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays,
+                                 .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays, .reuses = m->n_reuses,
                                  .summaries = m->n_summaries};
 }
 
@@ -984,11 +996,31 @@ static inline bool block_accepts(const di_trie_node *nd, uint32_t ascii, bool ut
  * prefix of a trie path the walk reached was viable, so each push succeeds. */
 static int replay(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, size_t upto, di_error *err) {
     while (*md < upto) {
+        size_t k = *md + 1;
+        uint8_t b = m->path[k];
+        if (m->stale_gen == m->e.n_pushes && k <= m->stale_md && m->stale_base == m->e.n_sets - *md) {
+            /* the set popped at this depth, if its byte acts like this one */
+            bool same = b == m->mpath[k];
+            if (!same) {
+                di_cfg_class eq;
+                byte_equiv(&m->e, b, &eq);
+                same = di_cfg_class_has(&eq, m->mpath[k]);
+            }
+            if (same) {
+                di_earley_unpop(&m->e, m->e.n_sets + 1);
+                m->n_sig = m->e.n_sets; /* its signatures were computed when it was pushed */
+                m->n_reuses++;
+                *md = k;
+                note_scan(m, tab, m->vid[k]);
+                continue;
+            }
+        }
         m->n_replays++;
-        int rc = di_earley_push(&m->e, m->path[*md + 1], err);
+        int rc = di_earley_push(&m->e, b, err);
         if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a viable trie path was rejected on replay");
         if (rc < 0) return rc;
-        (*md)++;
+        m->mpath[k] = b;
+        *md = k;
         if ((rc = update_sigs(m, err))) return rc;
         note_scan(m, tab, m->vid[*md]); /* the walk keeps vid exact along the path, or 0 */
     }
@@ -1048,6 +1080,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             return 0;
         }
         *md = d;
+        m->mpath[d] = byte;
         pushed = true;
         if ((rc = update_sigs(m, err))) return rc;
         bool ok = true;
@@ -1086,6 +1119,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 if (rc == 0) rc = di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: a context transition was rejected");
                 if (rc < 0) return rc;
                 *md = d;
+                m->mpath[d] = byte;
                 if ((rc = update_sigs(m, err))) return rc;
             }
             bnd = (uint32_t)walk_boundary(m);
@@ -1130,6 +1164,10 @@ static inline int walk_step(di_grammar_matcher *m, di_gcache_table *tab, size_t 
 /* Pop the walk's Earley sets back to depth `depth` (the sets of depths 0..depth stay). */
 static inline void walk_pop(di_grammar_matcher *m, size_t base, size_t *md, size_t depth) {
     if (*md > depth) {
+        if (m->stale_gen != m->e.n_pushes || m->stale_base != base || m->stale_md < *md)
+            m->stale_md = *md; /* replay may take them back */
+        m->stale_gen = m->e.n_pushes;
+        m->stale_base = base;
         *md = depth;
         di_earley_pop_to(&m->e, base + depth);
         m->n_sig = m->e.n_sets;
