@@ -392,6 +392,41 @@ static inline const di_earley_wait *waiters(const di_earley *e, size_t o, int32_
     return w + lo;
 }
 
+static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok);
+
+/* The effect closure that leff and feff share: the waiters on a at set o, and through those
+ * that started at o the nonterminals they complete there in turn (at most LEFF_MAX_SYMS), each
+ * waiter hashed by its position and the effect at its own origin (leff, or feff when full).
+ * Returns false when the closure needs more symbols (h is then partial). */
+static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool full, bool *ok, sig128 *h) {
+    const di_earley *e = &m->e;
+    const int32_t *plhs = m->g->cfg->plhs;
+    int32_t syms[LEFF_MAX_SYMS];
+    int ns = 1;
+    syms[0] = a;
+    *h = (sig128){0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+    for (int k = 0; k < ns && *ok; k++) {
+        size_t n;
+        const di_earley_wait *w = waiters(e, o, syms[k], &n);
+        for (size_t x = 0; x < n; x++) {
+            if (w[x].sym != syms[k]) continue;
+            int32_t l = plhs[w[x].pos];
+            if (w[x].origin != o) {
+                add_item_sig(h, waiter_pos(m, w[x].pos),
+                             full ? feff(m, w[x].origin, l, depth + 1) : leff(m, w[x].origin, l, depth + 1, ok));
+                continue;
+            }
+            add_item_sig(h, w[x].pos, (sig128){1, 2});
+            int y = 0;
+            while (y < ns && syms[y] != l) y++;
+            if (y < ns) continue;
+            if (ns == LEFF_MAX_SYMS) return false;
+            syms[ns++] = l;
+        }
+    }
+    return true;
+}
+
 static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok) {
     if (o < m->lb) return leo_base(a, OPAQUE_SIG);
     if (depth > LSIG_MAX_DEPTH) {
@@ -401,41 +436,19 @@ static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *
     uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
     struct leff_memo *mm = &m->lmemo[slot];
     if (mm->gen == m->lgen && mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
-    const di_earley *e = &m->e;
     const int32_t *plhs = m->g->cfg->plhs;
     sig128 r;
-    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
     if (lw) {
         r = leff(m, lw->origin, plhs[lw->pos], depth + 1, ok);
     } else {
-        int32_t syms[LEFF_MAX_SYMS];
-        int ns = 1;
-        syms[0] = a;
-        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
-        for (int k = 0; k < ns && *ok; k++) {
-            size_t n;
-            const di_earley_wait *w = waiters(e, o, syms[k], &n);
-            for (size_t x = 0; x < n; x++) {
-                if (w[x].sym != syms[k]) continue;
-                if (w[x].origin != o) {
-                    add_item_sig(&h, waiter_pos(m, w[x].pos), leff(m, w[x].origin, plhs[w[x].pos], depth + 1, ok));
-                    continue;
-                }
-                add_item_sig(&h, w[x].pos, (sig128){1, 2});
-                int32_t l = plhs[w[x].pos];
-                int y = 0;
-                while (y < ns && syms[y] != l) y++;
-                if (y < ns) continue;
-                if (ns == LEFF_MAX_SYMS) {
-                    *ok = false;
-                    break;
-                }
-                syms[ns++] = l;
-            }
-        }
+        sig128 h;
+        if (!effect_closure(m, o, a, depth, false, ok, &h)) *ok = false;
         r = leo_base(a, h);
     }
-    *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
+    /* a truncated effect (!ok) is not remembered: the key it went into is dropped */
+    mm = &m->lmemo[slot];
+    if (*ok) *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
     return r;
 }
 
@@ -448,42 +461,17 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
     uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
     struct leff_memo *mm = &m->fmemo[slot];
     if (mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
-    const di_earley *e = &m->e;
     const int32_t *plhs = m->g->cfg->plhs;
     sig128 r;
-    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
     if (lw) {
         r = feff(m, lw->origin, plhs[lw->pos], depth + 1);
     } else if (depth >= FEFF_MAX_DEPTH) {
         r = leo_base(a, m->set_sig[o]);
     } else {
-        int32_t syms[LEFF_MAX_SYMS];
-        int ns = 1;
-        bool whole = false;
-        syms[0] = a;
-        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
-        for (int k = 0; k < ns && !whole; k++) {
-            size_t n;
-            const di_earley_wait *w = waiters(e, o, syms[k], &n);
-            for (size_t x = 0; x < n; x++) {
-                if (w[x].sym != syms[k]) continue;
-                if (w[x].origin != o) {
-                    add_item_sig(&h, waiter_pos(m, w[x].pos), feff(m, w[x].origin, plhs[w[x].pos], depth + 1));
-                    continue;
-                }
-                add_item_sig(&h, w[x].pos, (sig128){1, 2});
-                int32_t l = plhs[w[x].pos];
-                int y = 0;
-                while (y < ns && syms[y] != l) y++;
-                if (y < ns) continue;
-                if (ns == LEFF_MAX_SYMS) {
-                    whole = true;
-                    break;
-                }
-                syms[ns++] = l;
-            }
-        }
-        r = leo_base(a, whole ? m->set_sig[o] : h);
+        sig128 h;
+        bool ok = true; /* feff never gives up: too many symbols means the whole set's signature */
+        r = leo_base(a, effect_closure(m, o, a, depth, true, &ok, &h) ? h : m->set_sig[o]);
     }
     mm = &m->fmemo[slot];
     *mm = (struct leff_memo){.o = (uint32_t)o, .ver = m->sver[o], .a = a, .eff = r};
