@@ -792,23 +792,24 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     int n_bytes = 0;
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
     if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
-    if (!(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7])) {
-        /* ASCII only and no class of LOOP_MIN_BYTES bytes that the scan items treat alike (the
-         * first character of a JSON value, after an operator): its characters lead to many
-         * different states, so no block would come of the one push per class. Without the
-         * test ebnf_json's masks at a value spent ~40 of their ~100 pushes on such summaries. */
-        di_cfg_class seen = {{0}};
-        int widest = 0;
-        for (unsigned b = 0; b < 128 && widest < CHAIN_MIN_BYTES; b++) {
-            if (di_cfg_class_has(&seen, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
-            di_cfg_class same;
-            byte_equiv(e, (uint8_t)b, &same);
-            int cnt = 0;
-            for (int w = 0; w < 4; w++) seen.bits[w] |= same.bits[w], cnt += __builtin_popcount(same.bits[w]);
-            if (cnt > widest) widest = cnt;
-        }
-        if (widest < CHAIN_MIN_BYTES) return DI_OK;
+    /* the ASCII bytes it scans, by classes its scan items treat alike (one push each below) */
+    uint8_t crep[128];
+    di_cfg_class cls[128];
+    int ncls = 0, widest = 0;
+    di_cfg_class done = {{0}};
+    for (unsigned b = 0; b < 128; b++) {
+        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
+        byte_equiv(e, (uint8_t)b, &cls[ncls]);
+        int cnt = 0;
+        for (int w = 0; w < 4; w++) done.bits[w] |= cls[ncls].bits[w], cnt += __builtin_popcount(cls[ncls].bits[w]);
+        if (cnt > widest) widest = cnt;
+        crep[ncls++] = (uint8_t)b;
     }
+    /* ASCII only and no class of CHAIN_MIN_BYTES bytes (the first character of a JSON value,
+     * after an operator): its characters lead to many different states, so no block would come
+     * of the pushes. Without the test ebnf_json's masks at a value spent ~40 of their ~100
+     * pushes on such summaries. */
+    if (!(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]) && widest < CHAIN_MIN_BYTES) return DI_OK;
     bool ok = true;
     sig128 self = walk_key(m, &ok);
     if (!ok) return DI_OK;
@@ -816,13 +817,8 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     sig128 keys[MAXK];
     di_cfg_class to[MAXK]; /* ASCII bytes leading to keys[k] */
     int nk = 0;
-    di_cfg_class done = {{0}};
-    for (unsigned b = 0; b < 128; b++) {
-        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
-        di_cfg_class same;
-        byte_equiv(e, (uint8_t)b, &same);
-        for (int w = 0; w < 4; w++) done.bits[w] |= same.bits[w];
-        uint8_t one[1][2] = {{(uint8_t)b, (uint8_t)b}};
+    for (int q = 0; q < ncls; q++) {
+        uint8_t one[1][2] = {{crep[q], crep[q]}};
         sig128 k;
         bool alive = false;
         int rc = push_chars(m, (const uint8_t(*)[2])one, 1, &k, &alive, err);
@@ -836,7 +832,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
             memset(&to[nk], 0, sizeof to[nk]);
             nk++;
         }
-        for (int w = 0; w < 4; w++) to[x].bits[w] |= same.bits[w];
+        for (int w = 0; w < 4; w++) to[x].bits[w] |= cls[q].bits[w];
     }
     if (!nk) return DI_OK;
     int best = 0, best_n = -1;
