@@ -92,6 +92,31 @@ static inline di_grammar_vocab *gt_vocab(const gt_bytes *tb) {
     return v;
 }
 
+/* Accept text byte by byte through the single-byte tokens (token b + 1 is the byte b). */
+static inline void gt_accept_text(di_grammar_matcher *m, const char *text) {
+    di_error err = {0};
+    for (const char *p = text; *p; p++)
+        if (di_grammar_matcher_accept_token(m, (int32_t)(uint8_t)*p + 1, &err)) fail_msg("accept in \"%s\": %s", text, err.msg);
+}
+
+/* Fill the mask, check it against brute force and return what computing it took (the change in
+ * the matcher's walk statistics). */
+static inline di_grammar_walk_stats gt_fill_checked(di_grammar_matcher *m, const di_grammar_vocab *v, const gt_bytes *tb,
+                                                    uint32_t *mask, const char *what) {
+    di_error err = {0};
+    di_grammar_walk_stats b, a;
+    di_grammar_matcher_walk_stats(m, &b);
+    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s: mask: %s", what, err.msg);
+    di_grammar_matcher_walk_stats(m, &a);
+    gt_check_mask(m, v, mask, (const uint8_t *const *)tb->b, tb->l, what);
+    return (di_grammar_walk_stats){.cached = a.cached - b.cached, .walks = a.walks - b.walks,
+                                   .block_masks = a.block_masks - b.block_masks, .block_hits = a.block_hits - b.block_hits,
+                                   .blocks = a.blocks - b.blocks, .ctx_edges = a.ctx_edges - b.ctx_edges,
+                                   .edges = a.edges - b.edges, .pushes = a.pushes - b.pushes,
+                                   .replays = a.replays - b.replays, .reuses = a.reuses - b.reuses,
+                                   .summaries = a.summaries - b.summaries};
+}
+
 /* Random walk: at each step compare the mask with brute force, then accept a random allowed
  * token (EOS only when nothing else is allowed, or with small probability). Every few steps roll
  * back a random number of tokens and check the mask equals the one recorded at that point.

@@ -275,18 +275,12 @@ static void test_repetition_boundary(void **state) {
     di_grammar_matcher *m = NULL;
     if (di_grammar_from_json_schema(sc, strlen(sc), NULL, &g, &err)) fail_msg("%s", err.msg);
     if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
-    for (const char *c = "\"ada"; *c; c++) /* token b + 1 is the single byte b */
-        if (di_grammar_matcher_accept_token(m, (int32_t)(uint8_t)*c + 1, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "\"ada");
     uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
-    di_grammar_walk_stats before, after;
-    di_grammar_matcher_walk_stats(m, &before);
-    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
-    di_grammar_matcher_walk_stats(m, &after);
-    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, sc);
-    tu_report("email local part: block masks %llu -> %llu, context edges %llu -> %llu",
-              (unsigned long long)before.block_masks, (unsigned long long)after.block_masks,
-              (unsigned long long)before.ctx_edges, (unsigned long long)after.ctx_edges);
-    assert_int_equal(after.block_masks, before.block_masks + 1);
+    di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, sc);
+    tu_report("email local part: %llu block mask(s), %llu context edges", (unsigned long long)w.block_masks,
+              (unsigned long long)w.ctx_edges);
+    assert_int_equal(w.block_masks, 1);
     assert_true(gt_bit(mask, 'b' + 1) && gt_bit(mask, '@' + 1) && !gt_bit(mask, ' ' + 1));
     free(mask);
     di_grammar_matcher_free(m);
@@ -311,13 +305,9 @@ static void test_counted_chain(void **state) {
     int blocks = 0;
     for (int k = 1; k <= 24; k++) {
         if (di_grammar_matcher_accept_token(m, 'q' + 1, &err)) fail_msg("%s", err.msg); /* token b + 1 = byte b */
-        di_grammar_walk_stats before, after;
-        di_grammar_matcher_walk_stats(m, &before);
-        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
-        di_grammar_matcher_walk_stats(m, &after);
-        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, re);
-        if (k > 1) assert_int_equal(after.block_masks, before.block_masks + 1);
-        blocks += (int)(after.block_masks - before.block_masks);
+        di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, re);
+        if (k > 1) assert_int_equal(w.block_masks, 1);
+        blocks += (int)w.block_masks;
         assert_true(gt_bit(mask, 'z' + 1) && gt_bit(mask, '!' + 1) && !gt_bit(mask, 'A' + 1));
     }
     tu_report("counted chain: %d of 24 masks were block masks", blocks);
@@ -351,10 +341,8 @@ static void test_separated_list(void **state) {
     for (int k = 0; k < 3; k++) {
         di_grammar_matcher *m = NULL;
         if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("matcher: %s", err.msg);
-        for (const char *p = texts[k]; *p; p++)
-            if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("accept: %s", err.msg);
-        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("mask: %s", err.msg);
-        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "separated list");
+        gt_accept_text(m, texts[k]);
+        gt_fill_checked(m, v, &tb, mask, "separated list");
         uint64_t misses;
         di_grammar_matcher_cache_stats(m, &hits[k], &misses);
         di_grammar_matcher_free(m);
@@ -396,16 +384,11 @@ static void test_open_construct_boundary(void **state) {
     for (int k = 0; k < 3; k++) {
         di_grammar_matcher *m = NULL;
         if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
-        for (const char *p = texts[k]; *p; p++) /* token b + 1 is the single byte b */
-            if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("%s: %s", texts[k], err.msg);
-        di_grammar_walk_stats before, after;
-        di_grammar_matcher_walk_stats(m, &before);
-        if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
-        di_grammar_matcher_walk_stats(m, &after);
-        gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, texts[k]);
+        gt_accept_text(m, texts[k]);
+        di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, texts[k]);
         assert_true(gt_bit(mask, 'q' + 1) && gt_bit(mask, ' ' + 1) && !gt_bit(mask, '{' + 1));
-        ctx += after.ctx_edges - before.ctx_edges;
-        edges += after.edges - before.edges;
+        ctx += w.ctx_edges;
+        edges += w.edges;
         di_grammar_matcher_free(m);
     }
     tu_report("identifier after a statement start: %llu context edges of %llu walk edges",
@@ -444,18 +427,12 @@ static void test_summary_precheck(void **state) {
     if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
     di_grammar_matcher *m = NULL;
     if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
-    for (const char *p = "{\"ab\": "; *p; p++) /* token b + 1 is the single byte b */
-        if (di_grammar_matcher_accept_token(m, (uint8_t)*p + 1, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "{\"ab\": ");
     uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
-    di_grammar_walk_stats before, after;
-    di_grammar_matcher_walk_stats(m, &before);
-    if (di_grammar_matcher_fill_mask(m, mask, &err)) fail_msg("%s", err.msg);
-    di_grammar_matcher_walk_stats(m, &after);
-    gt_check_mask(m, v, mask, (const uint8_t *const *)tb.b, tb.l, "value start");
-    tu_report("value start: %llu pushes, %llu summaries",
-              (unsigned long long)(after.pushes - before.pushes), (unsigned long long)(after.summaries - before.summaries));
-    assert_true(after.summaries - before.summaries >= 5);
-    assert_true(after.pushes - before.pushes < 90); /* 84 with the test, 96 without (deterministic) */
+    di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, "value start");
+    tu_report("value start: %llu pushes, %llu summaries", (unsigned long long)w.pushes, (unsigned long long)w.summaries);
+    assert_true(w.summaries >= 5);
+    assert_true(w.pushes < 85); /* 79 with the test, 91 without (deterministic) */
     free(mask);
     di_grammar_matcher_free(m);
     di_grammar_free(g);

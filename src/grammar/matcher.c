@@ -392,6 +392,41 @@ static inline const di_earley_wait *waiters(const di_earley *e, size_t o, int32_
     return w + lo;
 }
 
+static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok);
+
+/* The effect closure that leff and feff share: the waiters on a at set o, and through those
+ * that started at o the nonterminals they complete there in turn (at most LEFF_MAX_SYMS), each
+ * waiter hashed by its position and the effect at its own origin (leff, or feff when full).
+ * Returns false when the closure needs more symbols (h is then partial). */
+static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool full, bool *ok, sig128 *h) {
+    const di_earley *e = &m->e;
+    const int32_t *plhs = m->g->cfg->plhs;
+    int32_t syms[LEFF_MAX_SYMS];
+    int ns = 1;
+    syms[0] = a;
+    *h = (sig128){0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+    for (int k = 0; k < ns && *ok; k++) {
+        size_t n;
+        const di_earley_wait *w = waiters(e, o, syms[k], &n);
+        for (size_t x = 0; x < n; x++) {
+            if (w[x].sym != syms[k]) continue;
+            int32_t l = plhs[w[x].pos];
+            if (w[x].origin != o) {
+                add_item_sig(h, waiter_pos(m, w[x].pos),
+                             full ? feff(m, w[x].origin, l, depth + 1) : leff(m, w[x].origin, l, depth + 1, ok));
+                continue;
+            }
+            add_item_sig(h, w[x].pos, (sig128){1, 2});
+            int y = 0;
+            while (y < ns && syms[y] != l) y++;
+            if (y < ns) continue;
+            if (ns == LEFF_MAX_SYMS) return false;
+            syms[ns++] = l;
+        }
+    }
+    return true;
+}
+
 static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *ok) {
     if (o < m->lb) return leo_base(a, OPAQUE_SIG);
     if (depth > LSIG_MAX_DEPTH) {
@@ -401,41 +436,19 @@ static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *
     uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
     struct leff_memo *mm = &m->lmemo[slot];
     if (mm->gen == m->lgen && mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
-    const di_earley *e = &m->e;
     const int32_t *plhs = m->g->cfg->plhs;
     sig128 r;
-    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
     if (lw) {
         r = leff(m, lw->origin, plhs[lw->pos], depth + 1, ok);
     } else {
-        int32_t syms[LEFF_MAX_SYMS];
-        int ns = 1;
-        syms[0] = a;
-        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
-        for (int k = 0; k < ns && *ok; k++) {
-            size_t n;
-            const di_earley_wait *w = waiters(e, o, syms[k], &n);
-            for (size_t x = 0; x < n; x++) {
-                if (w[x].sym != syms[k]) continue;
-                if (w[x].origin != o) {
-                    add_item_sig(&h, waiter_pos(m, w[x].pos), leff(m, w[x].origin, plhs[w[x].pos], depth + 1, ok));
-                    continue;
-                }
-                add_item_sig(&h, w[x].pos, (sig128){1, 2});
-                int32_t l = plhs[w[x].pos];
-                int y = 0;
-                while (y < ns && syms[y] != l) y++;
-                if (y < ns) continue;
-                if (ns == LEFF_MAX_SYMS) {
-                    *ok = false;
-                    break;
-                }
-                syms[ns++] = l;
-            }
-        }
+        sig128 h;
+        if (!effect_closure(m, o, a, depth, false, ok, &h)) *ok = false;
         r = leo_base(a, h);
     }
-    *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
+    /* a truncated effect (!ok) is not remembered: the key it went into is dropped */
+    mm = &m->lmemo[slot];
+    if (*ok) *mm = (struct leff_memo){.o = (uint32_t)o, .gen = m->lgen, .ver = m->sver[o], .a = a, .eff = r};
     return r;
 }
 
@@ -448,42 +461,17 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
     uint32_t slot = (uint32_t)(mix64((uint64_t)o << 32 | (uint32_t)a) & (LEFF_MEMO - 1));
     struct leff_memo *mm = &m->fmemo[slot];
     if (mm->o == o && mm->a == a && mm->ver == m->sver[o]) return mm->eff;
-    const di_earley *e = &m->e;
     const int32_t *plhs = m->g->cfg->plhs;
     sig128 r;
-    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(e, o, a, 1) : NULL;
+    const di_earley_wait *lw = depth < LEO_MAX_DEPTH ? leo_item(&m->e, o, a, 1) : NULL;
     if (lw) {
         r = feff(m, lw->origin, plhs[lw->pos], depth + 1);
     } else if (depth >= FEFF_MAX_DEPTH) {
         r = leo_base(a, m->set_sig[o]);
     } else {
-        int32_t syms[LEFF_MAX_SYMS];
-        int ns = 1;
-        bool whole = false;
-        syms[0] = a;
-        sig128 h = {0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
-        for (int k = 0; k < ns && !whole; k++) {
-            size_t n;
-            const di_earley_wait *w = waiters(e, o, syms[k], &n);
-            for (size_t x = 0; x < n; x++) {
-                if (w[x].sym != syms[k]) continue;
-                if (w[x].origin != o) {
-                    add_item_sig(&h, waiter_pos(m, w[x].pos), feff(m, w[x].origin, plhs[w[x].pos], depth + 1));
-                    continue;
-                }
-                add_item_sig(&h, w[x].pos, (sig128){1, 2});
-                int32_t l = plhs[w[x].pos];
-                int y = 0;
-                while (y < ns && syms[y] != l) y++;
-                if (y < ns) continue;
-                if (ns == LEFF_MAX_SYMS) {
-                    whole = true;
-                    break;
-                }
-                syms[ns++] = l;
-            }
-        }
-        r = leo_base(a, whole ? m->set_sig[o] : h);
+        sig128 h;
+        bool ok = true; /* feff never gives up: too many symbols means the whole set's signature */
+        r = leo_base(a, effect_closure(m, o, a, depth, true, &ok, &h) ? h : m->set_sig[o]);
     }
     mm = &m->fmemo[slot];
     *mm = (struct leff_memo){.o = (uint32_t)o, .ver = m->sver[o], .a = a, .eff = r};
@@ -804,23 +792,24 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     int n_bytes = 0;
     for (int w = 0; w < 8; w++) n_bytes += __builtin_popcount(scan.bits[w]);
     if (n_bytes < LOOP_MIN_BYTES) return DI_OK;
-    if (!(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7])) {
-        /* ASCII only and no class of LOOP_MIN_BYTES bytes that the scan items treat alike (the
-         * first character of a JSON value, after an operator): its characters lead to many
-         * different states, so no block would come of the one push per class. Without the
-         * test ebnf_json's masks at a value spent ~40 of their ~100 pushes on such summaries. */
-        di_cfg_class seen = {{0}};
-        int widest = 0;
-        for (unsigned b = 0; b < 128 && widest < CHAIN_MIN_BYTES; b++) {
-            if (di_cfg_class_has(&seen, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
-            di_cfg_class same;
-            byte_equiv(e, (uint8_t)b, &same);
-            int cnt = 0;
-            for (int w = 0; w < 4; w++) seen.bits[w] |= same.bits[w], cnt += __builtin_popcount(same.bits[w]);
-            if (cnt > widest) widest = cnt;
-        }
-        if (widest < CHAIN_MIN_BYTES) return DI_OK;
+    /* the ASCII bytes it scans, by classes its scan items treat alike (one push each below) */
+    uint8_t crep[128];
+    di_cfg_class cls[128];
+    int ncls = 0, widest = 0;
+    di_cfg_class done = {{0}};
+    for (unsigned b = 0; b < 128; b++) {
+        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
+        byte_equiv(e, (uint8_t)b, &cls[ncls]);
+        int cnt = 0;
+        for (int w = 0; w < 4; w++) done.bits[w] |= cls[ncls].bits[w], cnt += __builtin_popcount(cls[ncls].bits[w]);
+        if (cnt > widest) widest = cnt;
+        crep[ncls++] = (uint8_t)b;
     }
+    /* ASCII only and no class of CHAIN_MIN_BYTES bytes (the first character of a JSON value,
+     * after an operator): its characters lead to many different states, so no block would come
+     * of the pushes. Without the test ebnf_json's masks at a value spent ~40 of their ~100
+     * pushes on such summaries. */
+    if (!(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]) && widest < CHAIN_MIN_BYTES) return DI_OK;
     bool ok = true;
     sig128 self = walk_key(m, &ok);
     if (!ok) return DI_OK;
@@ -828,13 +817,8 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     sig128 keys[MAXK];
     di_cfg_class to[MAXK]; /* ASCII bytes leading to keys[k] */
     int nk = 0;
-    di_cfg_class done = {{0}};
-    for (unsigned b = 0; b < 128; b++) {
-        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
-        di_cfg_class same;
-        byte_equiv(e, (uint8_t)b, &same);
-        for (int w = 0; w < 4; w++) done.bits[w] |= same.bits[w];
-        uint8_t one[1][2] = {{(uint8_t)b, (uint8_t)b}};
+    for (int q = 0; q < ncls; q++) {
+        uint8_t one[1][2] = {{crep[q], crep[q]}};
         sig128 k;
         bool alive = false;
         int rc = push_chars(m, (const uint8_t(*)[2])one, 1, &k, &alive, err);
@@ -848,7 +832,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
             memset(&to[nk], 0, sizeof to[nk]);
             nk++;
         }
-        for (int w = 0; w < 4; w++) to[x].bits[w] |= same.bits[w];
+        for (int w = 0; w < 4; w++) to[x].bits[w] |= cls[q].bits[w];
     }
     if (!nk) return DI_OK;
     int best = 0, best_n = -1;
