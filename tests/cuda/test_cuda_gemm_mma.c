@@ -7,12 +7,15 @@
  *    (2304, 5120) — for M = 17, 64, 128, 256, 1000, 8192: the backend slot with the switch on (act-quant + the
  *    new kernel) against the switch off (act-quant + qgemm_kernel), every output bit for bit, NaN bits
  *    included (both GPU); each x-row tile (32 / 64 / 128, FP8 ≤ 64) on the act-quantized rows for
- *    M ≤ 256; against the CPU op (NaN counted as NaN: the CPU's NaN payloads differ from the GPU's
- *    canonical NaN) for M = 17 (and 64 on the smaller shapes). Special values at an edge shape
+ *    M ≤ 256, tile 32 and MXFP4 tile 64 also at 2 CTAs per SM; against the CPU op (NaN counted as NaN:
+ *    the CPU's NaN payloads differ from the GPU's canonical NaN) for M = 17 (and 64 on the smaller
+ *    shapes). Special values at an edge shape
  *    (M 70, N 200, K 768) and one real one: NaN / ±inf x rows, weight scales 2^−127 / 2^103 / 2^127 /
  *    NaN, FP8 weight NaN codes.
  * 2. DI_BENCH=1: ms per call and TFLOP/s (2·M·N·K) of the slot with qgemm_kernel and with the new
- *    kernel, and of the new kernel alone on act-quantized rows per x-row tile; best of 5 batches.
+ *    kernel, and of the new kernel alone on act-quantized rows per x-row tile; best of 5 batches. One more
+ *    line per shape and M: 1 against 2 CTAs per SM (tile 32, MXFP4 tile 64). DI_BENCH_NO_QGEMM=1 skips
+ *    the qgemm_kernel timing (slow at large M; printed as 0).
  * Usage: test_cuda_gemm_mma [ignored args]; DI_QUICK=1 only M = 17 / 64 (compute-sanitizer). Last line
  * "N passed, N failed"; exit status 1 on any failure. */
 #include <cuda_runtime_api.h>
@@ -117,6 +120,29 @@ static int slot(const weight *W, const uint16_t *dx, int64_t M, uint16_t *dy) {
                   : gpu->linear_fp4(gpu, dx, M, W->K, W->dw, W->dws, W->N, dy, E);
 }
 
+/* the mma GEMM alone on act-quantized rows xq / xs with x-row tile bm and occ CTAs per SM, every output
+ * against y_ref bit for bit; the scratch sized after the settings (it depends on them) and poisoned */
+static void tile_check(const weight *W, int64_t M, const uint8_t *xq, const uint8_t *xs, uint16_t *dy,
+                       const uint16_t *y_ref, const char *sh, int bm, int occ) {
+    const int64_t N = W->N, K = W->K;
+    cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
+    di_cuda_gemm_mma_set_tile(bm);
+    di_cuda_gemm_mma_set_occ(occ);
+    uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(M, K));
+    CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
+    CU(cudaDeviceSynchronize());
+    RUN(di_cuda_gemm_mma_run(W->fp8 ? 0 : 1, xq, xs, M, K, W->dw, W->dws, N, dy, xd, st, E));
+    RUN(di_backend_cuda_sync(gpu, E));
+    uint16_t *y_t = down(dy, 2 * (size_t)(M * N));
+    char what[64];
+    snprintf(what, sizeof what, "mma tile %d occ %d vs qgemm_kernel (all bits)", bm, occ);
+    row(what, sh, diff(y_t, y_ref, M * N, 0), M * N);
+    free(y_t);
+    cudaFree(xd);
+    di_cuda_gemm_mma_set_tile(0);
+    di_cuda_gemm_mma_set_occ(0);
+}
+
 /* special x: NaN in the even rows' block 0, ±inf in their block 9 (or the last) */
 static void check(const weight *W, int64_t M, int cpu_cmp, int special) {
     const int64_t N = W->N, K = W->K, KB = K / 32;
@@ -148,25 +174,15 @@ static void check(const weight *W, int64_t M, int cpu_cmp, int special) {
         printf("# %s: %lld NaN outputs (expected: the even rows, the NaN-scale / NaN-code columns)\n", sh, (long long)nans);
         if (!(nans >= (M + 1) / 2 * N && nans < M * N)) row("special: NaN count in range", sh, 1, 1);
     }
-    /* every x-row tile on the act-quantized rows */
+    /* every x-row tile on the act-quantized rows; 2 CTAs per SM where built (tile 32, MXFP4 tile 64) */
     if (M <= 256) {
         uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * KB));
-        uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(M, K));
         RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
         for (int bm = 32; bm <= (W->fp8 ? 64 : 128); bm *= 2) {
-            di_cuda_gemm_mma_set_tile(bm);
-            CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
-            CU(cudaDeviceSynchronize());
-            RUN(di_cuda_gemm_mma_run(W->fp8 ? 0 : 1, xq, xs, M, K, W->dw, W->dws, N, dy, xd, st, E));
-            RUN(di_backend_cuda_sync(gpu, E));
-            uint16_t *y_t = down(dy, 2 * (size_t)(M * N));
-            char what[64];
-            snprintf(what, sizeof what, "mma tile %d vs qgemm_kernel (all bits)", bm);
-            row(what, sh, diff(y_t, y_ref, M * N, 0), M * N);
-            free(y_t);
+            tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 1);
+            if (bm == 32 || (!W->fp8 && bm == 64)) tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 2);
         }
-        di_cuda_gemm_mma_set_tile(0);
-        cudaFree(xq), cudaFree(xs), cudaFree(xd);
+        cudaFree(xq), cudaFree(xs);
     }
     if (cpu_cmp) {
         uint16_t *y_cpu = xmalloc(2 * (size_t)(M * N));
@@ -193,6 +209,7 @@ static const int64_t ms[] = {17, 64, 128, 256, 1000, 8192}; /* 128: a prefill ex
 
 /* ---- bench ---- */
 static void bench(void) {
+    const int no_qgemm = getenv("DI_BENCH_NO_QGEMM") != NULL; /* skip the slow qgemm_kernel timing (0 printed) */
     cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
     cudaEvent_t ev0, ev1;
     CU(cudaEventCreate(&ev0));
@@ -213,9 +230,9 @@ static void bench(void) {
             uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * KB));
             uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(M, K));
             RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
-            double tq, tm, tt[3] = {0, 0, 0};
+            double tq = 0, tm, tt[3] = {0, 0, 0};
             di_cuda_gemm_mma_set_enabled(0);
-            BATCH(tq, R, RUN(slot(&W, dx, M, dy)));
+            if (!no_qgemm) BATCH(tq, R, RUN(slot(&W, dx, M, dy)));
             di_cuda_gemm_mma_set_enabled(1);
             BATCH(tm, R, RUN(slot(&W, dx, M, dy)));
             for (int b = 0; b < (W.fp8 ? 2 : 3); b++) {
@@ -223,11 +240,25 @@ static void bench(void) {
                 BATCH(tt[b], R, RUN(di_cuda_gemm_mma_run(W.fp8 ? 0 : 1, xq, xs, M, K, W.dw, W.dws, N, dy, xd, st, E)));
             }
             di_cuda_gemm_mma_set_tile(0);
-#define TF(t) (t), flop / ((t) * 1e9)
+#define TF(t) (t), (t) > 0 ? flop / ((t) * 1e9) : 0.0
             printf("bench gemm-mma %-17s M%-5lld | qgemm %9.3f ms %6.1f TF/s | mma %9.3f ms %6.1f TF/s | speed-up %6.1fx "
                    "| mma32 %8.3f ms %6.1f | mma64 %8.3f ms %6.1f | mma128 %8.3f ms %6.1f\n",
-                   shapes[s].name, (long long)M, TF(tq), TF(tm), tq / tm, TF(tt[0]), TF(tt[1]), tt[2],
-                   tt[2] > 0 ? flop / (tt[2] * 1e9) : 0.0);
+                   shapes[s].name, (long long)M, TF(tq), TF(tm), tq > 0 ? tq / tm : 0.0, TF(tt[0]), TF(tt[1]),
+                   TF(tt[2]));
+            /* 2 CTAs per SM against 1: tile 32 (and MXFP4's tile 64) */
+            double to[2][2] = {{0, 0}, {0, 0}};
+            for (int b = 0; b < (W.fp8 ? 1 : 2); b++)
+                for (int o = 0; o < 2; o++) {
+                    di_cuda_gemm_mma_set_tile(32 << b);
+                    di_cuda_gemm_mma_set_occ(o + 1);
+                    BATCH(to[b][o], R, RUN(di_cuda_gemm_mma_run(W.fp8 ? 0 : 1, xq, xs, M, K, W.dw, W.dws, N, dy, xd, st, E)));
+                }
+            di_cuda_gemm_mma_set_tile(0);
+            di_cuda_gemm_mma_set_occ(0);
+            printf("bench gemm-mma-occ %-13s M%-5lld | mma32 occ1 %8.3f ms occ2 %8.3f ms (%5.2fx) | mma64 occ1 %8.3f ms "
+                   "occ2 %8.3f ms (%5.2fx)\n",
+                   shapes[s].name, (long long)M, to[0][0], to[0][1], to[0][0] / to[0][1], to[1][0], to[1][1],
+                   to[1][1] > 0 ? to[1][0] / to[1][1] : 0.0);
             fflush(stdout);
             free(x), cudaFree(dx), cudaFree(dy), cudaFree(xq), cudaFree(xs), cudaFree(xd);
         }

@@ -114,8 +114,10 @@ static __device__ __forceinline__ void gmm_a_frag(const unsigned char *wp, int g
     a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
 }
 
-template <int FP8, int BM>
-__global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a) {
+/* OCC: CTAs per SM the registers are capped for (OCC 2: at most 128 per thread, so two CTAs of 256 threads
+ * share the register file) */
+template <int FP8, int BM, int OCC>
+__global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args a) {
     extern __shared__ uint4 gmm_sm[];
     constexpr int AF = BM / 32;
     const uint32_t SB = gmm_stage_bytes(FP8, BM);
@@ -213,16 +215,33 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a
             }
 }
 
-template <int FP8, int BM>
+/* The SM's shared memory (bytes), for the carveout of two CTAs per SM */
+static int gmm_sm_smem(void) {
+    static int b = 0;
+    if (!b) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || b < 1)
+            b = 228 * 1024;
+    }
+    return b;
+}
+
+template <int FP8, int BM, int OCC>
 static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
     const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
     static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
     if (!raised) {
-        cudaFuncSetAttribute(gmm_kernel<FP8, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
+        cudaFuncSetAttribute(gmm_kernel<FP8, BM, OCC>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
+        /* OCC CTAs need OCC·(smem + the 1 KB the system reserves per CTA) of the SM's shared memory: a
+         * carveout hint (percent of the maximum, rounded up by the driver) that leaves the rest to L1 */
+        if (OCC > 1)
+            cudaFuncSetAttribute(gmm_kernel<FP8, BM, OCC>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)((100 * (size_t)OCC * (smem + 1024) + gmm_sm_smem() - 1) / gmm_sm_smem()));
         raised = true;
     }
     const dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)((a.M + BM - 1) / BM));
-    gmm_kernel<FP8, BM><<<grid, GMM_WARPS * 32, smem, st>>>(a);
+    gmm_kernel<FP8, BM, OCC><<<grid, GMM_WARPS * 32, smem, st>>>(a);
     return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm)" : "linear_fp4 (mma gemm)", err);
 }
 
@@ -248,6 +267,22 @@ static int gmm_tile(int fp4, int64_t m, int64_t n) {
     const int64_t nt = (n + GMM_BN - 1) / GMM_BN;
     while (!g_gmm_bm && bm > 32 && nt * ((m + bm - 1) / bm) < gmm_n_sms()) bm /= 2;
     return bm;
+}
+
+/* CTAs per SM: 2 takes the instantiation capped at 128 registers (__launch_bounds__(256, 2)), built for
+ * the 32-row tile and MXFP4's 64-row tile (ptxas, CUDA 13: FP8 BM 32 128 registers with 64 bytes of
+ * spills, MXFP4 BM 32 125 / none, MXFP4 BM 64 128 / 44 bytes, all loop invariants reloaded once per stage
+ * outside the MMAs; FP8 BM 64 spills inside them, so it has none). Shared memory: ~64 KB per CTA at most
+ * (FP8 BM 32). The default is 1 until the device bench times 2. */
+static int g_gmm_occ = -1; /* −1: DI_CUDA_GMM_OCC not read yet; 0: the default rule */
+extern "C" void di_cuda_gemm_mma_set_occ(int occ) { g_gmm_occ = occ == 1 || occ == 2 ? occ : 0; }
+static int gmm_occ(int fp4, int bm) {
+    if (g_gmm_occ < 0) {
+        const char *v = getenv("DI_CUDA_GMM_OCC");
+        di_cuda_gemm_mma_set_occ(v ? atoi(v) : 0);
+    }
+    const int occ = g_gmm_occ ? g_gmm_occ : 1;
+    return occ == 2 && (bm == 32 || (fp4 && bm == 64)) ? 2 : 1;
 }
 
 extern "C" int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w) {
@@ -282,12 +317,15 @@ extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *x
     int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits)", err);
     if (rc) return rc;
     const gmm_args a = {xd, xs, w, ws, m, n, k, y};
-    const int bm = gmm_tile(fp4, m, n);
-    switch ((fp4 ? 1000 : 0) + bm) {
-    case 32: return gmm_launch_t<1, 32>(a, st, err);
-    case 64: return gmm_launch_t<1, 64>(a, st, err);
-    case 1032: return gmm_launch_t<0, 32>(a, st, err);
-    case 1064: return gmm_launch_t<0, 64>(a, st, err);
-    default: return gmm_launch_t<0, 128>(a, st, err);
+    const int bm = gmm_tile(fp4, m, n), occ = gmm_occ(fp4, bm);
+    switch ((fp4 ? 1000 : 0) + 10 * bm + occ) {
+    case 321: return gmm_launch_t<1, 32, 1>(a, st, err);
+    case 322: return gmm_launch_t<1, 32, 2>(a, st, err);
+    case 641: return gmm_launch_t<1, 64, 1>(a, st, err);
+    case 1321: return gmm_launch_t<0, 32, 1>(a, st, err);
+    case 1322: return gmm_launch_t<0, 32, 2>(a, st, err);
+    case 1641: return gmm_launch_t<0, 64, 1>(a, st, err);
+    case 1642: return gmm_launch_t<0, 64, 2>(a, st, err);
+    default: return gmm_launch_t<0, 128, 1>(a, st, err);
     }
 }

@@ -247,6 +247,9 @@ int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t 
 uint64_t di_cuda_gemm_mma_scratch(int64_t m, int64_t k);
 /* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
 void di_cuda_gemm_mma_set_tile(int bm);
+/* Bench / test: CTAs per SM (1, 2) of the 32-row tile and MXFP4's 64-row tile; 0 = the default rule (1).
+ * DI_CUDA_GMM_OCC=1|2 in the environment sets it (read once); the results do not depend on it. */
+void di_cuda_gemm_mma_set_occ(int occ);
 #ifdef __cplusplus
 }
 #endif
