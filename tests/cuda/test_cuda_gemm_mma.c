@@ -7,15 +7,17 @@
  *    (2304, 5120) — for M = 17, 64, 128, 256, 1000, 8192: the backend slot with the switch on (act-quant + the
  *    new kernel) against the switch off (act-quant + qgemm_kernel), every output bit for bit, NaN bits
  *    included (both GPU); each x-row tile (32 / 64 / 128, FP8 ≤ 64) on the act-quantized rows for
- *    M ≤ 256, tile 32 and MXFP4 tile 64 also at 2 CTAs per SM; against the CPU op (NaN counted as NaN:
- *    the CPU's NaN payloads differ from the GPU's canonical NaN) for M = 17 (and 64 on the smaller
- *    shapes). Special values at an edge shape
- *    (M 70, N 200, K 768) and one real one: NaN / ±inf x rows, weight scales 2^−127 / 2^103 / 2^127 /
- *    NaN, FP8 weight NaN codes.
+ *    M ≤ 256, tile 32 and MXFP4 tile 64 also at 2 CTAs per SM, each tile also split-K forced to 2 and 4
+ *    splits and by the rule (scratch poisoned); against the CPU op (NaN counted as NaN: the CPU's NaN
+ *    payloads differ from the GPU's canonical NaN) for M = 17 (and 64 on the smaller shapes). Special
+ *    values at an edge shape (M 70, N 200, K 768) and one real one: NaN / ±inf x rows, weight scales
+ *    2^−127 / 2^103 / 2^127 / NaN, FP8 weight NaN codes. The slot rows follow DI_CUDA_GMM_OCC /
+ *    DI_CUDA_GMM_SPLIT from the environment.
  * 2. DI_BENCH=1: ms per call and TFLOP/s (2·M·N·K) of the slot with qgemm_kernel and with the new
  *    kernel, and of the new kernel alone on act-quantized rows per x-row tile; best of 5 batches. One more
- *    line per shape and M: 1 against 2 CTAs per SM (tile 32, MXFP4 tile 64). DI_BENCH_NO_QGEMM=1 skips
- *    the qgemm_kernel timing (slow at large M; printed as 0).
+ *    line per shape and M: 1 against 2 CTAs per SM (tile 32, MXFP4 tile 64), and for M ≤ 256 unsplit
+ *    against split-K by the rule (S printed). DI_BENCH_NO_QGEMM=1 skips the qgemm_kernel timing (slow at
+ *    large M; printed as 0).
  * Usage: test_cuda_gemm_mma [ignored args]; DI_QUICK=1 only M = 17 / 64 (compute-sanitizer). Last line
  * "N passed, N failed"; exit status 1 on any failure. */
 #include <cuda_runtime_api.h>
@@ -120,27 +122,32 @@ static int slot(const weight *W, const uint16_t *dx, int64_t M, uint16_t *dy) {
                   : gpu->linear_fp4(gpu, dx, M, W->K, W->dw, W->dws, W->N, dy, E);
 }
 
-/* the mma GEMM alone on act-quantized rows xq / xs with x-row tile bm and occ CTAs per SM, every output
- * against y_ref bit for bit; the scratch sized after the settings (it depends on them) and poisoned */
+/* the mma GEMM alone on act-quantized rows xq / xs with x-row tile bm, occ CTAs per SM and split-K
+ * setting split (1 never, 0 the rule, S), every output against y_ref bit for bit; the scratch (x digits,
+ * split-K planes) sized after the settings (it depends on them) and poisoned */
 static void tile_check(const weight *W, int64_t M, const uint8_t *xq, const uint8_t *xs, uint16_t *dy,
-                       const uint16_t *y_ref, const char *sh, int bm, int occ) {
+                       const uint16_t *y_ref, const char *sh, int bm, int occ, int split) {
     const int64_t N = W->N, K = W->K;
     cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
     di_cuda_gemm_mma_set_tile(bm);
     di_cuda_gemm_mma_set_occ(occ);
-    uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(M, K));
+    di_cuda_gemm_mma_set_split(split);
+    const int S = di_cuda_gemm_mma_splits(W->fp8 ? 0 : 1, M, K, N);
+    uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(W->fp8 ? 0 : 1, M, K, N));
     CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
     CU(cudaDeviceSynchronize());
     RUN(di_cuda_gemm_mma_run(W->fp8 ? 0 : 1, xq, xs, M, K, W->dw, W->dws, N, dy, xd, st, E));
     RUN(di_backend_cuda_sync(gpu, E));
     uint16_t *y_t = down(dy, 2 * (size_t)(M * N));
-    char what[64];
-    snprintf(what, sizeof what, "mma tile %d occ %d vs qgemm_kernel (all bits)", bm, occ);
+    char what[80];
+    snprintf(what, sizeof what, "mma tile %d occ %d split %s%d vs qgemm (all bits)", bm, occ, split ? "" : "rule ", S);
     row(what, sh, diff(y_t, y_ref, M * N, 0), M * N);
+    if (split >= 2 && S < 2) printf("# %s: split %d not taken (the scratch cap)\n", sh, split);
     free(y_t);
     cudaFree(xd);
     di_cuda_gemm_mma_set_tile(0);
-    di_cuda_gemm_mma_set_occ(0);
+    di_cuda_gemm_mma_set_occ(-1);
+    di_cuda_gemm_mma_set_split(-1);
 }
 
 /* special x: NaN in the even rows' block 0, ±inf in their block 9 (or the last) */
@@ -174,14 +181,19 @@ static void check(const weight *W, int64_t M, int cpu_cmp, int special) {
         printf("# %s: %lld NaN outputs (expected: the even rows, the NaN-scale / NaN-code columns)\n", sh, (long long)nans);
         if (!(nans >= (M + 1) / 2 * N && nans < M * N)) row("special: NaN count in range", sh, 1, 1);
     }
-    /* every x-row tile on the act-quantized rows; 2 CTAs per SM where built (tile 32, MXFP4 tile 64) */
+    /* every x-row tile on the act-quantized rows; 2 CTAs per SM where built (tile 32, MXFP4 tile 64);
+     * split-K forced to 2 and 4 splits and by the rule (which may not split: the row names S) */
     if (M <= 256) {
         uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * KB));
         RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
         for (int bm = 32; bm <= (W->fp8 ? 64 : 128); bm *= 2) {
-            tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 1);
-            if (bm == 32 || (!W->fp8 && bm == 64)) tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 2);
+            tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 1, 1);
+            if (bm == 32 || (!W->fp8 && bm == 64)) tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 2, 1);
+            tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 1, 2);
+            tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 1, 4);
+            tile_check(W, M, xq, xs, dy, y_ref, sh, bm, 1, 0);
         }
+        tile_check(W, M, xq, xs, dy, y_ref, sh, 32, 2, 0); /* both */
         cudaFree(xq), cudaFree(xs);
     }
     if (cpu_cmp) {
@@ -217,7 +229,8 @@ static void bench(void) {
     printf("\n# SM clock: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
     printf("# bench (ms per call, TFLOP/s = 2*M*N*K; best of 5 batches): slot = act-quant + GEMM through the backend\n"
            "# slot with qgemm_kernel (DI_CUDA_GEMM unset) vs with the mma kernel; mmaT = the mma GEMM (x digit\n"
-           "# pre-pass + kernel) on act-quantized rows with x-row tile T\n");
+           "# pre-pass + kernel) on act-quantized rows with x-row tile T, unsplit; gemm-mma-var: the mma GEMM with\n"
+           "# tile 32 (MXFP4 also 64) at 1 vs 2 CTAs per SM, and (M <= 256) default tile unsplit vs split-K by the rule\n");
     for (int s = 0; s < NSHAPES; s++) {
         weight W = make_w(shapes[s].fp8, shapes[s].n, shapes[s].k, 0);
         const int64_t N = W.N, K = W.K, KB = K / 32;
@@ -228,13 +241,14 @@ static void bench(void) {
             uint16_t *x = make_x(M, K);
             uint16_t *dx = dup_dev(x, 2 * (size_t)(M * K)), *dy = dev_poisoned(2 * (size_t)(M * N));
             uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * KB));
-            uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(M, K));
+            uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(W.fp8 ? 0 : 1, M, K, N));
             RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
             double tq = 0, tm, tt[3] = {0, 0, 0};
             di_cuda_gemm_mma_set_enabled(0);
             if (!no_qgemm) BATCH(tq, R, RUN(slot(&W, dx, M, dy)));
             di_cuda_gemm_mma_set_enabled(1);
             BATCH(tm, R, RUN(slot(&W, dx, M, dy)));
+            di_cuda_gemm_mma_set_split(1); /* xd holds the x digits at least */
             for (int b = 0; b < (W.fp8 ? 2 : 3); b++) {
                 di_cuda_gemm_mma_set_tile(32 << b);
                 BATCH(tt[b], R, RUN(di_cuda_gemm_mma_run(W.fp8 ? 0 : 1, xq, xs, M, K, W.dw, W.dws, N, dy, xd, st, E)));
@@ -254,11 +268,22 @@ static void bench(void) {
                     BATCH(to[b][o], R, RUN(di_cuda_gemm_mma_run(W.fp8 ? 0 : 1, xq, xs, M, K, W.dw, W.dws, N, dy, xd, st, E)));
                 }
             di_cuda_gemm_mma_set_tile(0);
-            di_cuda_gemm_mma_set_occ(0);
-            printf("bench gemm-mma-occ %-13s M%-5lld | mma32 occ1 %8.3f ms occ2 %8.3f ms (%5.2fx) | mma64 occ1 %8.3f ms "
-                   "occ2 %8.3f ms (%5.2fx)\n",
+            di_cuda_gemm_mma_set_occ(-1);
+            /* decode M: split-K by the rule (its own scratch) against none, default tile and occupancy */
+            double tsp[2] = {0, 0};
+            int S = 1;
+            for (int sp = 0; sp < 2 && M <= 256; sp++) {
+                di_cuda_gemm_mma_set_split(sp ? 0 : 1);
+                S = di_cuda_gemm_mma_splits(W.fp8 ? 0 : 1, M, K, N);
+                uint8_t *xd2 = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(W.fp8 ? 0 : 1, M, K, N));
+                BATCH(tsp[sp], R, RUN(di_cuda_gemm_mma_run(W.fp8 ? 0 : 1, xq, xs, M, K, W.dw, W.dws, N, dy, xd2, st, E)));
+                cudaFree(xd2);
+            }
+            di_cuda_gemm_mma_set_split(-1);
+            printf("bench gemm-mma-var %-13s M%-5lld | mma32 occ1 %8.3f ms occ2 %8.3f ms (%5.2fx) | mma64 occ1 %8.3f ms "
+                   "occ2 %8.3f ms (%5.2fx) | split off %8.3f ms, rule S %2d %8.3f ms (%5.2fx)\n",
                    shapes[s].name, (long long)M, to[0][0], to[0][1], to[0][0] / to[0][1], to[1][0], to[1][1],
-                   to[1][1] > 0 ? to[1][0] / to[1][1] : 0.0);
+                   to[1][1] > 0 ? to[1][0] / to[1][1] : 0.0, tsp[0], S, tsp[1], tsp[1] > 0 ? tsp[0] / tsp[1] : 0.0);
             fflush(stdout);
             free(x), cudaFree(dx), cudaFree(dy), cudaFree(xq), cudaFree(xs), cudaFree(xd);
         }

@@ -260,7 +260,8 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     if (m == 0 || n == 0) return DI_OK;
     void *wsp;
     /* M > 16 rows with the block sums on the int8 tensor cores (unless DI_CUDA_GEMM=simt), the same results
-     * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch.
+     * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch
+     * (and, where it splits K, f32 partial planes: up to 64 MB).
      * Also FP8 at 5–16 rows for wide weights, where the GEMV's launches of 4 rows each read the weights
      * again (H200, 2026-11-30: k6144 n25600 M 8 1.0 ms as a GEMV, 0.47 ms here at M 17; k1280 n32768
      * 0.24 vs 0.11 ms; narrower weights stay on the GEMV: k8192 n5120 0.28 vs 0.33 ms). Both are exact, so
@@ -269,11 +270,11 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     const int gmm = variant == 0 && gmm_rows && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
     if (gmm) scales = (scales + 15) & ~(size_t)15;
-    size_t digits = gmm ? (size_t)di_cuda_gemm_mma_scratch(m, k) : 0;
+    size_t digits = gmm ? (size_t)di_cuda_gemm_mma_scratch(fp4, m, k, n) : 0;
     int rc = di_cuda_workspace(be, codes + scales + digits, &wsp, err);
     if (rc) return rc;
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
-    uint8_t *xd = xs + scales;                      /* mma: s8 x digit planes (cuda_gemm_mma.cuh) */
+    uint8_t *xd = xs + scales;                      /* mma: s8 x digit planes (cuda_gemm_mma.cuh), split-K planes */
     cudaStream_t st = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;

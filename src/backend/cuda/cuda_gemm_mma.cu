@@ -18,7 +18,12 @@
  * Per block and warp, for each (A tile, n8 x tile): MXFP4 3 MMAs (one per x digit plane) and
  * S = S0 + 2^7·S1 + 2^14·S2 in int32; FP8 9 MMAs into the five accumulators T0 … T4 and S in int64
  * (gmm_sum_fp8). Then per output register f32(S), ×s_x, ×s_w, + acc — ascending blocks, like the CPU.
- * One bf16 rounding when K is done. */
+ * One bf16 rounding when K is done.
+ *
+ * Two opt-in variants for small grids, the same bits: 2 CTAs per SM (gmm_occ: the 32-row tile and
+ * MXFP4's 64-row tile under a 128-register cap) and split-K (gmm_plan_of: the stages of a tile over grid
+ * z, block values into f32 scratch planes, gmm_reduce adds them in the unsplit order; the argument:
+ * cuda_gemm_mma.cuh). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +38,8 @@ struct gmm_args {
     const uint8_t *w, *wsc; /* e4m3 [N, K] + E8M0 [ceil(N/32), K/32], or E2M1 [N, K/2] + E8M0 [N, K/32] */
     int64_t M, N, K;
     uint16_t *y; /* bf16 [M, N] */
+    float *part; /* split-K: f32 [planes][M][N] (cuda_gemm_mma.cuh, gmm_split_plane); unused unsplit */
+    int64_t zs;  /* split-K: stages per split */
 };
 
 /* The pre-pass: e4m3 codes xq [M, K] → the digit planes xd, one 4-code word per thread */
@@ -115,8 +122,9 @@ static __device__ __forceinline__ void gmm_a_frag(const unsigned char *wp, int g
 }
 
 /* OCC: CTAs per SM the registers are capped for (OCC 2: at most 128 per thread, so two CTAs of 256 threads
- * share the register file) */
-template <int FP8, int BM, int OCC>
+ * share the register file). SPLIT: split-K, CTA z of grid z runs its stages only (cuda_gemm_mma.cuh);
+ * SPLIT 0 compiles to the unsplit kernel. */
+template <int FP8, int BM, int OCC, int SPLIT>
 __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args a) {
     extern __shared__ uint4 gmm_sm[];
     constexpr int AF = BM / 32;
@@ -126,6 +134,16 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
     const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * GMM_BN, NS = a.K / (32 * GMM_KS);
     int wx0, wn0;
     gmm_warp(BM, warp, &wx0, &wn0);
+    /* split-K: stages [s0, s1); a split z ≥ 1 stores each block's P_b (pstore) at pb + plane·M·N + dm·N + dn,
+     * (dm, dn) = the register's output relative to this lane's first (x row wx0 + 2q, weight row wn0 + g) */
+    const int64_t s0 = SPLIT ? (int64_t)blockIdx.z * a.zs : 0, s1 = SPLIT && s0 + a.zs < NS ? s0 + a.zs : NS;
+    const bool pstore = SPLIT && blockIdx.z > 0;
+    float *pb = a.part;
+    int64_t mleft = 0, nleft = 0;
+    if (SPLIT) {
+        mleft = a.M - (m0 + wx0 + 2 * q), nleft = a.N - (n0 + wn0 + g);
+        pb += (m0 + wx0 + 2 * q) * a.N + n0 + wn0 + g;
+    }
     const int32_t zero[4] = {0, 0, 0, 0};
     float acc[AF][4][4];
 #pragma unroll
@@ -138,16 +156,16 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
     uint32_t *tab = (uint32_t *)(sm + 2 * SB); /* FP8: u32 [256] gmm_w8_entry */
     if (FP8) tab[threadIdx.x] = gmm_w8_entry(threadIdx.x); /* 256 threads */
     gmm_fetch f;
-    gmm_copy_x<BM>(a, m0, 0, sm);
-    gmm_load<FP8, BM>(a, m0, n0, 0, f);
+    gmm_copy_x<BM>(a, m0, s0 * GMM_KS, sm);
+    gmm_load<FP8, BM>(a, m0, n0, s0 * GMM_KS, f);
     __syncthreads(); /* the table */
     gmm_store<FP8, BM>(f, tab, sm);
     gmm_cp_wait();
     __syncthreads();
-    for (int64_t s = 0; s < NS; s++) {
-        const unsigned char *sb = sm + (s & 1) * SB;
-        if (s + 1 < NS) {
-            gmm_copy_x<BM>(a, m0, (s + 1) * GMM_KS, sm + ((s + 1) & 1) * SB);
+    for (int64_t s = s0; s < s1; s++) {
+        const unsigned char *sb = sm + ((s - s0) & 1) * SB;
+        if (s + 1 < s1) {
+            gmm_copy_x<BM>(a, m0, (s + 1) * GMM_KS, sm + ((s + 1 - s0) & 1) * SB);
             gmm_load<FP8, BM>(a, m0, n0, (s + 1) * GMM_KS, f);
         }
 #pragma unroll
@@ -161,6 +179,8 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
                 sx[j] = *(const float2 *)(sb + gmm_off_sx(FP8, BM, kb) + 4 * (wx0 + 8 * j + 2 * q));
             }
             const float *sws = (const float *)(sb + gmm_off_sw(FP8, BM, kb));
+            /* P_b's plane (pstore only; unused by split 0) */
+            float *pp = SPLIT ? pb + gmm_split_plane(s * GMM_KS + kb, a.zs) * a.M * a.N : nullptr;
 #pragma unroll
             for (int i = 0; i < AF; i++) {
                 const int nr = wn0 + 16 * i;
@@ -193,15 +213,23 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
                         for (int r = 0; r < 4; r++) fs[r] = gmm_i2f(gmm_sum_fp4(c0[r], c1[r], c2[r]));
                     }
 #pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        acc[i][j][r] = gmm_add_block(acc[i][j][r], fs[r], r & 1 ? sx[j].y : sx[j].x, r >> 1 ? sw1 : sw0);
+                    for (int r = 0; r < 4; r++) {
+                        const float sxr = r & 1 ? sx[j].y : sx[j].x, swr = r >> 1 ? sw1 : sw0;
+                        if (pstore) {
+                            const int dm = 8 * j + (r & 1), dn = 16 * i + 8 * (r >> 1);
+                            if (dm < mleft && dn < nleft) pp[dm * a.N + dn] = gmm_block_value(fs[r], sxr, swr);
+                        } else {
+                            acc[i][j][r] = gmm_add_block(acc[i][j][r], fs[r], sxr, swr);
+                        }
+                    }
                 }
             }
         }
-        if (s + 1 < NS) gmm_store<FP8, BM>(f, tab, sm + ((s + 1) & 1) * SB);
+        if (s + 1 < s1) gmm_store<FP8, BM>(f, tab, sm + ((s + 1 - s0) & 1) * SB);
         gmm_cp_wait();
         __syncthreads();
     }
+    if (pstore) return;
 #pragma unroll
     for (int i = 0; i < AF; i++)
 #pragma unroll
@@ -211,8 +239,16 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
                 int xr, nr;
                 gmm_c_pos(wx0, wn0, i, j, r, g, q, &xr, &nr);
                 const int64_t m = m0 + xr, n = n0 + nr;
-                if (m < a.M && n < a.N) a.y[m * a.N + n] = d_to_bf16(acc[i][j][r]);
+                if (m >= a.M || n >= a.N) continue;
+                if (SPLIT) a.part[m * a.N + n] = acc[i][j][r]; /* split 0: plane 0, the reduce's start */
+                else a.y[m * a.N + n] = d_to_bf16(acc[i][j][r]);
             }
+}
+
+/* split-K's second pass: y bf16 [M·N] from the scratch planes part f32 [planes][M·N] (gmm_reduce_one) */
+__global__ void gmm_reduce(const float *part, int64_t mn, int64_t planes, uint16_t *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < mn) y[i] = d_to_bf16(gmm_reduce_one(part, mn, planes, i));
 }
 
 /* The SM's shared memory (bytes), for the carveout of two CTAs per SM */
@@ -227,22 +263,44 @@ static int gmm_sm_smem(void) {
     return b;
 }
 
-template <int FP8, int BM, int OCC>
-static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
-    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
+/* The call's plan: x-row tile, CTAs per SM, split-K (splits = 1: unsplit) */
+struct gmm_plan {
+    int bm, occ, splits;
+    int64_t zs;          /* stages per split */
+    uint64_t part_bytes; /* split-K scratch f32 [planes][M][N] */
+};
+
+template <int FP8, int BM, int OCC, int SPLIT>
+static void gmm_raise(size_t smem) {
     static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
-    if (!raised) {
-        cudaFuncSetAttribute(gmm_kernel<FP8, BM, OCC>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
-        /* OCC CTAs need OCC·(smem + the 1 KB the system reserves per CTA) of the SM's shared memory: a
-         * carveout hint (percent of the maximum, rounded up by the driver) that leaves the rest to L1 */
-        if (OCC > 1)
-            cudaFuncSetAttribute(gmm_kernel<FP8, BM, OCC>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 (int)((100 * (size_t)OCC * (smem + 1024) + gmm_sm_smem() - 1) / gmm_sm_smem()));
-        raised = true;
+    if (raised) return;
+    cudaFuncSetAttribute(gmm_kernel<FP8, BM, OCC, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
+    /* OCC CTAs need OCC·(smem + the 1 KB the system reserves per CTA) of the SM's shared memory: a carveout
+     * hint (percent of the maximum, rounded up by the driver) that leaves the rest to L1 */
+    if (OCC > 1)
+        cudaFuncSetAttribute(gmm_kernel<FP8, BM, OCC, SPLIT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             (int)((100 * (size_t)OCC * (smem + 1024) + gmm_sm_smem() - 1) / gmm_sm_smem()));
+    raised = true;
+}
+
+template <int FP8, int BM, int OCC>
+static int gmm_launch_t(const gmm_args &a, const gmm_plan &p, cudaStream_t st, di_error *err) {
+    const char *op = FP8 ? "linear_fp8 (mma gemm)" : "linear_fp4 (mma gemm)";
+    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
+    dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)p.splits);
+    if (p.splits == 1) {
+        gmm_raise<FP8, BM, OCC, 0>(smem);
+        gmm_kernel<FP8, BM, OCC, 0><<<grid, GMM_WARPS * 32, smem, st>>>(a);
+        return di_cuda_launched(op, err);
     }
-    const dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)((a.M + BM - 1) / BM));
-    gmm_kernel<FP8, BM, OCC><<<grid, GMM_WARPS * 32, smem, st>>>(a);
-    return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm)" : "linear_fp4 (mma gemm)", err);
+    gmm_raise<FP8, BM, OCC, 1>(smem);
+    gmm_kernel<FP8, BM, OCC, 1><<<grid, GMM_WARPS * 32, smem, st>>>(a);
+    int rc = di_cuda_launched(op, err);
+    if (rc) return rc;
+    const int64_t mn = a.M * a.N;
+    gmm_reduce<<<(unsigned)((mn + 255) / 256), 256, 0, st>>>(a.part, mn, gmm_split_plane(a.K / 32, a.zs), a.y);
+    return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm split-K reduce)" : "linear_fp4 (mma gemm split-K reduce)",
+                            err);
 }
 
 static int gmm_n_sms(void) {
@@ -275,15 +333,58 @@ static int gmm_tile(int fp4, int64_t m, int64_t n) {
  * outside the MMAs; FP8 BM 64 spills inside them, so it has none). Shared memory: ~64 KB per CTA at most
  * (FP8 BM 32). The default is 1 until the device bench times 2. */
 static int g_gmm_occ = -1; /* −1: DI_CUDA_GMM_OCC not read yet; 0: the default rule */
-extern "C" void di_cuda_gemm_mma_set_occ(int occ) { g_gmm_occ = occ == 1 || occ == 2 ? occ : 0; }
+extern "C" void di_cuda_gemm_mma_set_occ(int occ) { g_gmm_occ = occ < 0 ? -1 : occ == 1 || occ == 2 ? occ : 0; }
 static int gmm_occ(int fp4, int bm) {
     if (g_gmm_occ < 0) {
         const char *v = getenv("DI_CUDA_GMM_OCC");
-        di_cuda_gemm_mma_set_occ(v ? atoi(v) : 0);
+        g_gmm_occ = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 0;
     }
     const int occ = g_gmm_occ ? g_gmm_occ : 1;
     return occ == 2 && (bm == 32 || (fp4 && bm == 64)) ? 2 : 1;
 }
+
+/* Split-K (cuda_gemm_mma.cuh): for grids far smaller than the GPU — decode shapes with narrow N, e.g. FP8
+ * K 5120 N 512 at M 64: 8 CTAs of 80 stages each, one serial chain (H200: 0.19 ms at any M ≤ 256). The
+ * rule: M ≤ 256 and fewer tiles than SMs / 2 → S = SMs / tiles, at most NS / GMM_SPLIT_MIN_STAGES (each
+ * split pays its prologue; 4 is a guess). The scratch (M·N·4 bytes per plane, one plane per block after
+ * split 0's plus one) is capped at GMM_SPLIT_MAX_BYTES: S shrinks until it fits, else no split. The
+ * default is 1 (never) until the device bench times the rule. */
+#define GMM_SPLIT_MIN_STAGES 4
+#define GMM_SPLIT_MAX_BYTES ((uint64_t)64 << 20)
+#define GMM_SPLIT_DEFAULT 1
+static int g_gmm_split = -1; /* −1: DI_CUDA_GMM_SPLIT not read yet; 0: the rule; 1: never; S ≥ 2: S */
+extern "C" void di_cuda_gemm_mma_set_split(int s) { g_gmm_split = s >= 0 ? s : -1; }
+static int gmm_split_setting(void) {
+    if (g_gmm_split < 0) {
+        const char *v = getenv("DI_CUDA_GMM_SPLIT");
+        g_gmm_split = v && *v && atoi(v) >= 0 ? atoi(v) : GMM_SPLIT_DEFAULT;
+    }
+    return g_gmm_split;
+}
+
+static gmm_plan gmm_plan_of(int fp4, int64_t m, int64_t k, int64_t n) {
+    gmm_plan p;
+    p.bm = gmm_tile(fp4, m, n), p.occ = gmm_occ(fp4, p.bm);
+    const int64_t ns = k / (32 * GMM_KS), tiles = ((n + GMM_BN - 1) / GMM_BN) * ((m + p.bm - 1) / p.bm);
+    const int set = gmm_split_setting();
+    int64_t s = 1;
+    if (set >= 2) s = set;
+    else if (set == 0 && m <= 256 && tiles < gmm_n_sms() / 2) s = gmm_n_sms() / tiles;
+    if (set == 0 && s > ns / GMM_SPLIT_MIN_STAGES) s = ns / GMM_SPLIT_MIN_STAGES;
+    if (s > ns) s = ns;
+    if (s > 65535) s = 65535; /* grid z */
+    p.splits = 1, p.zs = ns, p.part_bytes = 0;
+    for (; s >= 2; s--) {
+        const int64_t zs = gmm_split_stages(ns, s), sc = gmm_split_count(ns, zs);
+        const uint64_t bytes = (uint64_t)gmm_split_plane(k / 32, zs) * (uint64_t)(m * n) * 4;
+        if (sc >= 2 && bytes <= GMM_SPLIT_MAX_BYTES) {
+            p.splits = (int)sc, p.zs = zs, p.part_bytes = bytes;
+            break;
+        }
+    }
+    return p;
+}
+extern "C" int di_cuda_gemm_mma_splits(int fp4, int64_t m, int64_t k, int64_t n) { return gmm_plan_of(fp4, m, k, n).splits; }
 
 extern "C" int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w) {
     return m >= 1 && (m + 31) / 32 <= 65535 && k > 0 && k % (32 * GMM_KS) == 0 && (uintptr_t)w % 16 == 0;
@@ -299,7 +400,10 @@ extern "C" int di_cuda_gemm_mma_enabled(void) {
 }
 extern "C" void di_cuda_gemm_mma_set_enabled(int on) { g_gmm_on = on ? 1 : 0; }
 
-extern "C" uint64_t di_cuda_gemm_mma_scratch(int64_t m, int64_t k) { return (gmm_xd_bytes(m, k) + 15) & ~(uint64_t)15; }
+static uint64_t gmm_xd_scratch(int64_t m, int64_t k) { return (gmm_xd_bytes(m, k) + 15) & ~(uint64_t)15; }
+extern "C" uint64_t di_cuda_gemm_mma_scratch(int fp4, int64_t m, int64_t k, int64_t n) {
+    return gmm_xd_scratch(m, k) + ((gmm_plan_of(fp4, m, k, n).part_bytes + 15) & ~(uint64_t)15);
+}
 
 extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k,
                                     const uint8_t *w, const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd,
@@ -316,16 +420,16 @@ extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *x
     gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, m, k, xd);
     int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits)", err);
     if (rc) return rc;
-    const gmm_args a = {xd, xs, w, ws, m, n, k, y};
-    const int bm = gmm_tile(fp4, m, n), occ = gmm_occ(fp4, bm);
-    switch ((fp4 ? 1000 : 0) + 10 * bm + occ) {
-    case 321: return gmm_launch_t<1, 32, 1>(a, st, err);
-    case 322: return gmm_launch_t<1, 32, 2>(a, st, err);
-    case 641: return gmm_launch_t<1, 64, 1>(a, st, err);
-    case 1321: return gmm_launch_t<0, 32, 1>(a, st, err);
-    case 1322: return gmm_launch_t<0, 32, 2>(a, st, err);
-    case 1641: return gmm_launch_t<0, 64, 1>(a, st, err);
-    case 1642: return gmm_launch_t<0, 64, 2>(a, st, err);
-    default: return gmm_launch_t<0, 128, 1>(a, st, err);
+    const gmm_plan p = gmm_plan_of(fp4, m, k, n);
+    const gmm_args a = {xd, xs, w, ws, m, n, k, y, (float *)(xd + gmm_xd_scratch(m, k)), p.zs};
+    switch ((fp4 ? 1000 : 0) + 10 * p.bm + p.occ) {
+    case 321: return gmm_launch_t<1, 32, 1>(a, p, st, err);
+    case 322: return gmm_launch_t<1, 32, 2>(a, p, st, err);
+    case 641: return gmm_launch_t<1, 64, 1>(a, p, st, err);
+    case 1321: return gmm_launch_t<0, 32, 1>(a, p, st, err);
+    case 1322: return gmm_launch_t<0, 32, 2>(a, p, st, err);
+    case 1641: return gmm_launch_t<0, 64, 1>(a, p, st, err);
+    case 1642: return gmm_launch_t<0, 64, 2>(a, p, st, err);
+    default: return gmm_launch_t<0, 128, 1>(a, p, st, err);
     }
 }

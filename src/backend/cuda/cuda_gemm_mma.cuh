@@ -216,14 +216,41 @@ GMM_FN float gmm_i2f(int32_t s) {
 #endif
 }
 
-/* acc + P_b, P_b = (f32(S)·sx)·sw: the CPU's roundings, never fused */
-GMM_FN float gmm_add_block(float acc, float fs, float sx, float sw) {
-    const float p = gvm_mul(gvm_mul(fs, sx), sw);
+/* P_b = (f32(S)·sx)·sw: the CPU's two roundings, never fused */
+GMM_FN float gmm_block_value(float fs, float sx, float sw) { return gvm_mul(gvm_mul(fs, sx), sw); }
+/* acc + p rounded once to f32 */
+GMM_FN float gmm_add(float acc, float p) {
 #ifdef __CUDA_ARCH__
     return __fadd_rn(acc, p);
 #else
     return acc + p;
 #endif
+}
+/* the accumulator step: acc + P_b */
+GMM_FN float gmm_add_block(float acc, float fs, float sx, float sw) { return gmm_add(acc, gmm_block_value(fs, sx, sw)); }
+
+/* ---- split-K (opt-in, for grids far smaller than the GPU): the NS = K/64 stages of a tile over S CTAs
+ * (grid z), the same bits as unsplit. Split z runs stages [z·ZS, min((z+1)·ZS, NS)), ZS =
+ * gmm_split_stages. Split 0 accumulates exactly as unsplit and stores its f32 accumulator — the ascending
+ * sum of P_b over the blocks b < B1 = ZS·GMM_KS, the first block of split 1 — as plane 0 of the f32
+ * scratch [planes][M][N]; a split z ≥ 1 keeps no accumulator and stores each block's P_b
+ * (gmm_block_value, the same roundings) as plane gmm_split_plane(b). gmm_reduce_one then continues split
+ * 0's accumulator over the planes in ascending b with gmm_add: per output the unsplit sequence of f32
+ * roundings, in its order, so the same f32 and the same bf16. (The usual split-K — each split's own f32
+ * sum, the sums added — rounds differently and is not exact.) ---- */
+
+/* stages per split of s splits over ns stages; the splits that then hold stages */
+GMM_FN int64_t gmm_split_stages(int64_t ns, int64_t s) { return (ns + s - 1) / s; }
+GMM_FN int64_t gmm_split_count(int64_t ns, int64_t zs) { return (ns + zs - 1) / zs; }
+/* the scratch plane of block b ≥ B1's P_b (plane 0: split 0's accumulator); gmm_split_plane(K/32, zs) is the
+ * number of planes */
+GMM_FN int64_t gmm_split_plane(int64_t b, int64_t zs) { return 1 + b - zs * GMM_KS; }
+/* output i (= m·N + n) from the scratch part f32 [planes][M·N] (mn = M·N): split 0's accumulator, then
+ * + P_b for b = B1, B1 + 1, … */
+GMM_FN float gmm_reduce_one(const float *part, int64_t mn, int64_t planes, int64_t i) {
+    float acc = part[i];
+    for (int64_t p = 1; p < planes; p++) acc = gmm_add(acc, part[p * mn + i]);
+    return acc;
 }
 
 /* ---- entry points (cuda_gemm_mma.cu) ---- */
@@ -240,16 +267,26 @@ void di_cuda_gemm_mma_set_enabled(int on);
 int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w);
 /* y bf16 [m, n] = the block-scaled linear of act-quantized rows xq e4m3 [m, k], xs E8M0 [m, k/32] with
  * w e4m3 [n, k] + ws E8M0 [ceil(n/32), k/32] (fp4 = 0) or w packed E2M1 [n, k/2] + ws E8M0 [n, k/32]
- * (fp4 = 1), device pointers, on stream (a cudaStream_t); xd: di_cuda_gemm_mma_scratch bytes of scratch */
+ * (fp4 = 1), device pointers, on stream (a cudaStream_t); xd: di_cuda_gemm_mma_scratch(fp4, m, k, n)
+ * bytes of scratch, 16-byte aligned, sized under the same settings (tile, occupancy, split) */
 int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                          const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err);
-/* Bytes of the device scratch xd that di_cuda_gemm_mma_run needs (the x digit planes, 16-byte aligned) */
-uint64_t di_cuda_gemm_mma_scratch(int64_t m, int64_t k);
+/* Bytes of the device scratch that di_cuda_gemm_mma_run needs: the x digit planes, and where the call
+ * splits K the f32 partial planes (at most 64 MB; cuda_gemm_mma.cu) */
+uint64_t di_cuda_gemm_mma_scratch(int fp4, int64_t m, int64_t k, int64_t n);
 /* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
 void di_cuda_gemm_mma_set_tile(int bm);
-/* Bench / test: CTAs per SM (1, 2) of the 32-row tile and MXFP4's 64-row tile; 0 = the default rule (1).
- * DI_CUDA_GMM_OCC=1|2 in the environment sets it (read once); the results do not depend on it. */
+/* Bench / test: CTAs per SM (1, 2) of the 32-row tile and MXFP4's 64-row tile; 0 = the default rule (1);
+ * −1 = back to DI_CUDA_GMM_OCC=1|2 from the environment (read at the next call). The results do not
+ * depend on it. */
 void di_cuda_gemm_mma_set_occ(int occ);
+/* Bench / test: split-K — 0 = the rule (M ≤ 256 and fewer tiles than SMs / 2), 1 = never, S ≥ 2 = S
+ * splits (fewer where K has fewer stages or the scratch would pass its cap); −1 = back to
+ * DI_CUDA_GMM_SPLIT from the environment, else the default, 1 until the device bench times the rule
+ * (read at the next call). The results do not depend on it. */
+void di_cuda_gemm_mma_set_split(int s);
+/* The number of splits a call (fp4, m, k, n) takes under the current settings */
+int di_cuda_gemm_mma_splits(int fp4, int64_t m, int64_t k, int64_t n);
 #ifdef __cplusplus
 }
 #endif
