@@ -19,6 +19,7 @@
  * S = S0 + 2^7·S1 + 2^14·S2 in int32; FP8 9 MMAs into the five accumulators T0 … T4 and S in int64
  * (gmm_sum_fp8). Then per output register f32(S), ×s_x, ×s_w, + acc — ascending blocks, like the CPU.
  * One bf16 rounding when K is done. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,14 +115,15 @@ static __device__ __forceinline__ void gmm_a_frag(const unsigned char *wp, int g
     a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
 }
 
+/* One CTA tile: x rows m0 … min(m0 + BM, a.M) − 1 × weight rows n0 … n0 + GMM_BN − 1 over all of K */
 template <int FP8, int BM>
-__global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a) {
+static __device__ __forceinline__ void gmm_tile(const gmm_args &a, int64_t m0, int64_t n0) {
     extern __shared__ uint4 gmm_sm[];
     constexpr int AF = BM / 32;
     const uint32_t SB = gmm_stage_bytes(FP8, BM);
     unsigned char *sm = (unsigned char *)gmm_sm;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * GMM_BN, NS = a.K / (32 * GMM_KS);
+    const int64_t NS = a.K / (32 * GMM_KS);
     int wx0, wn0;
     gmm_warp(BM, warp, &wx0, &wn0);
     const int32_t zero[4] = {0, 0, 0, 0};
@@ -214,6 +216,29 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a
 }
 
 template <int FP8, int BM>
+__global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_kernel(const gmm_args a) {
+    gmm_tile<FP8, BM>(a, (int64_t)blockIdx.y * BM, (int64_t)blockIdx.x * GMM_BN);
+}
+
+/* Grouped (the prefill experts): tile t of blockIdx.y is `cnt` rows from r0 of expert e, whose weight
+ * replaces the call's; the rows of every expert are contiguous in xd / xs / y (the plan's list order).
+ * A row's outputs are computed exactly as gmm_kernel computes them (same tile code, same K walk), so the
+ * result equals one linear_fp4 / linear_fp8 per expert bit for bit. The tables travel by value (kernel
+ * parameters, CUDA 12.1+: up to 32 KiB). */
+#define GMM_GROUP_EXPERTS 384
+#define GMM_GROUP_TILES 2560
+struct gmm_group {
+    const uint8_t *w[GMM_GROUP_EXPERTS], *ws[GMM_GROUP_EXPERTS];
+    uint32_t tile[GMM_GROUP_TILES][2]; /* (r0, e | cnt << 16) */
+};
+template <int FP8, int BM>
+__global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_group_kernel(gmm_args a, const __grid_constant__ gmm_group gr) {
+    const uint32_t r0 = gr.tile[blockIdx.y][0], ec = gr.tile[blockIdx.y][1], e = ec & 0xffffu;
+    a.w = gr.w[e], a.wsc = gr.ws[e], a.M = (int64_t)r0 + (ec >> 16);
+    gmm_tile<FP8, BM>(a, (int64_t)r0, (int64_t)blockIdx.x * GMM_BN);
+}
+
+template <int FP8, int BM>
 static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
     const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
     static bool raised = false; /* the dynamic shared-memory limit, raised once per instantiation */
@@ -224,6 +249,30 @@ static int gmm_launch_t(const gmm_args &a, cudaStream_t st, di_error *err) {
     const dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)((a.M + BM - 1) / BM));
     gmm_kernel<FP8, BM><<<grid, GMM_WARPS * 32, smem, st>>>(a);
     return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm)" : "linear_fp4 (mma gemm)", err);
+}
+
+template <int FP8, int BM>
+static int gmm_group_launch_t(const gmm_args &a, const gmm_group &gr, int ntiles, cudaStream_t st, di_error *err) {
+    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
+    static bool raised = false;
+    if (!raised) {
+        cudaFuncSetAttribute(gmm_group_kernel<FP8, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
+        raised = true;
+    }
+    const dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)ntiles);
+    gmm_group_kernel<FP8, BM><<<grid, GMM_WARPS * 32, smem, st>>>(a, gr);
+    return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm, grouped)" : "linear_fp4 (mma gemm, grouped)", err);
+}
+
+static int gmm_group_launch(int fp4, int bm, const gmm_args &a, const gmm_group &gr, int nt, cudaStream_t st,
+                            di_error *err) {
+    switch ((fp4 ? 1000 : 0) + bm) {
+    case 32: return gmm_group_launch_t<1, 32>(a, gr, nt, st, err);
+    case 64: return gmm_group_launch_t<1, 64>(a, gr, nt, st, err);
+    case 1032: return gmm_group_launch_t<0, 32>(a, gr, nt, st, err);
+    case 1064: return gmm_group_launch_t<0, 64>(a, gr, nt, st, err);
+    default: return gmm_group_launch_t<0, 128>(a, gr, nt, st, err);
+    }
 }
 
 static int gmm_n_sms(void) {
@@ -290,4 +339,62 @@ extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *x
     case 1064: return gmm_launch_t<0, 64>(a, st, err);
     default: return gmm_launch_t<0, 128>(a, st, err);
     }
+}
+
+/* x-row tile of a grouped call, by the mean rows of the experts that have rows (an expert's last tile is
+ * partial: smaller tiles waste less on few rows, larger ones re-read each weight tile less often); the
+ * single-call measurements (bench/NOTES-gpu.md) favour 128 from ~100 rows (MXFP4); FP8 stops at 64 */
+static int gmm_group_tile(int fp4, int64_t rows, int active) {
+    if (g_gmm_bm) return !fp4 && g_gmm_bm > 64 ? 64 : g_gmm_bm;
+    const int64_t mean = active ? rows / active : 0;
+    const int bm = mean >= 96 ? 128 : mean >= 48 ? 64 : 32;
+    return !fp4 && bm > 64 ? 64 : bm;
+}
+
+static int g_group_cap = 0; /* test: fewer row tiles per launch than the table holds (0: GMM_GROUP_TILES) */
+extern "C" void di_cuda_gemm_mma_set_group_tiles(int n) { g_group_cap = n > 0 && n < GMM_GROUP_TILES ? n : 0; }
+
+extern "C" int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t k, int n_exp,
+                                        const int64_t *start_h, const uint8_t *const *w, const uint8_t *const *ws,
+                                        int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err) {
+    const int64_t rows = n_exp > 0 ? start_h[n_exp] : 0;
+    if (n_exp < 1 || n_exp > GMM_GROUP_EXPERTS || k <= 0 || k % (32 * GMM_KS) || n < 1 || rows < 0 ||
+        rows > INT32_MAX || (n + GMM_BN - 1) / GMM_BN > 0x7fffffff || (uintptr_t)xd % 16)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cuda mma gemm (grouped): %d experts (1..%d), K %lld (a multiple of %d), N %lld, %lld rows, "
+                            "16-byte aligned digit scratch",
+                            n_exp, GMM_GROUP_EXPERTS, (long long)k, 32 * GMM_KS, (long long)n, (long long)rows);
+    if (rows == 0) return DI_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t words = rows * (k / 4);
+    gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, rows, k, xd);
+    int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits, grouped)", err);
+    if (rc) return rc;
+    int active = 0;
+    for (int e = 0; e < n_exp; e++) {
+        if (start_h[e + 1] < start_h[e] || start_h[e] < 0)
+            return di_error_set(err, DI_ERR_INVALID, "cuda mma gemm (grouped): expert %d's rows [%lld, %lld)", e,
+                                (long long)start_h[e], (long long)start_h[e + 1]);
+        if (start_h[e + 1] > start_h[e]) {
+            if (!w[e] || !ws[e] || (uintptr_t)w[e] % 16)
+                return di_error_set(err, DI_ERR_INVALID, "cuda mma gemm (grouped): expert %d has rows but no (16-byte "
+                                    "aligned) weight", e);
+            active++;
+        }
+    }
+    const int bm = gmm_group_tile(fp4, rows, active);
+    gmm_group gr; /* 26 KiB of kernel parameters */
+    memcpy(gr.w, w, sizeof(*w) * (size_t)n_exp);
+    memcpy(gr.ws, ws, sizeof(*ws) * (size_t)n_exp);
+    const gmm_args a = {xd, xs, NULL, NULL, rows, n, k, y};
+    const int cap = g_group_cap ? g_group_cap : GMM_GROUP_TILES;
+    int nt = 0;
+    for (int e = 0; e < n_exp && !rc; e++)
+        for (int64_t r = start_h[e]; r < start_h[e + 1] && !rc; r += bm) {
+            const int64_t cnt = start_h[e + 1] - r < bm ? start_h[e + 1] - r : bm;
+            gr.tile[nt][0] = (uint32_t)r, gr.tile[nt][1] = (uint32_t)e | (uint32_t)cnt << 16;
+            if (++nt == cap) rc = gmm_group_launch(fp4, bm, a, gr, nt, st, err), nt = 0; /* a full table */
+        }
+    if (!rc && nt) rc = gmm_group_launch(fp4, bm, a, gr, nt, st, err);
+    return rc;
 }

@@ -245,8 +245,18 @@ int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t 
                          const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err);
 /* Bytes of the device scratch xd that di_cuda_gemm_mma_run needs (the x digit planes, 16-byte aligned) */
 uint64_t di_cuda_gemm_mma_scratch(int64_t m, int64_t k);
-/* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
+/* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule (also of the grouped call) */
 void di_cuda_gemm_mma_set_tile(int bm);
+/* Grouped (the prefill experts): y bf16 [rows, n] where expert e's rows [start_h[e], start_h[e+1]) (HOST
+ * array, 0 … rows, nondecreasing) of the act-quantized xq e4m3 [rows, k], xs E8M0 [rows, k/32] take expert
+ * e's weight w[e], ws[e] (HOST arrays of device pointers, fp4: E2M1 [n, k/2] + E8M0 [n, k/32], else e4m3
+ * [n, k] + E8M0 [ceil(n/32), k/32]); n_exp ≤ 384; xd: di_cuda_gemm_mma_scratch(rows, k) bytes. Each row's
+ * outputs are those of di_cuda_gemm_mma_run on that expert alone, bit for bit; one launch per 2,560 row tiles. */
+int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t k, int n_exp, const int64_t *start_h,
+                             const uint8_t *const *w, const uint8_t *const *ws, int64_t n, uint16_t *y, uint8_t *xd,
+                             void *stream, di_error *err);
+/* Test: at most n row tiles per grouped launch (0: the table's 2,560), so a test covers several launches */
+void di_cuda_gemm_mma_set_group_tiles(int n);
 #ifdef __cplusplus
 }
 #endif
