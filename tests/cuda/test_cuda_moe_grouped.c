@@ -10,6 +10,8 @@
  *                  correctly rounded exp like the GPU's (cr_swiglu)
  *   tensor slot == the per-expert loop over the DI_CUDA_KERNELS=tensor backend (wgmma linear_fp4), bit for
  *                  bit, and the grouped wgmma path was the one taken
+ *   exact slot  == itself in small chunks of experts with few row tiles per launch, and at each x-row tile
+ *                  of the grouped GEMMs (32 / 64 / 128), bit for bit
  *   DI_CUDA_MOE_GROUPED=off leaves the slot empty
  * Timings (median of 5, CUDA events on the backend's stream; 6·n·d·inter FLOP for n routed rows): both
  * slots and both loops; the exact-vs-tensor difference count is reported (tensor is not exact by design).
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_gemm_mma.cuh"
 #include "backend/cuda/cuda_moe_grouped.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
@@ -313,6 +316,31 @@ static void run_case(const di_backend *cpu, const di_backend *gx, const di_backe
     printf("# T%d exact:  slot %8.3f ms (%6.1f TFLOP/s)   loop %8.3f ms (%6.1f TFLOP/s)   speed-up %.2fx\n", T, ms_slot,
            flop / ms_slot * 1e-9, ms_loop, flop / ms_loop * 1e-9, ms_loop / ms_slot);
     cpu_check(cpu, ex, T, ids, w, x, slot_x);
+    /* the grouped GEMMs in small chunks of experts, with few row tiles per launch, both, and at every x-row
+     * tile: the same bits (each row is computed alone) */
+    const int chunk = T == 256 ? 97 : 1000;
+    for (int v = 0; v < 6; v++) {
+        if (v < 3) {
+            di_cuda_moe_grouped_set_chunk_rows(v != 1 ? chunk : 0);
+            di_cuda_gemm_mma_set_group_tiles(v != 0 ? 7 : 0);
+        } else {
+            di_cuda_gemm_mma_set_tile(32 << (v - 3)); /* 32, 64, 128 */
+        }
+        CU(cudaMemset(b.acc, 0xff, acc_bytes));
+        const double ms_v = timed(gx, 0, T, ex, &p, &b, v < 3 ? 1 : 3);
+        float *v_x = down(b.acc, acc_bytes);
+        const int64_t dv = count_diff(v_x, slot_x, (int64_t)T * D);
+        char what[96];
+        if (v < 3)
+            snprintf(what, sizeof what, "%s%s%s", v != 1 ? "chunks of <= " : "", v != 1 ? (T == 256 ? "97 rows" : "1000 rows") : "",
+                     v == 0 ? "" : v == 1 ? "<= 7 row tiles per launch" : ", <= 7 row tiles per launch");
+        else
+            snprintf(what, sizeof what, "x-row tile %d", 32 << (v - 3));
+        row(ms_v >= 0 && dv == 0, "exact slot with %s vs default, T%d: %lld differ (%.3f ms)%s%s", what, T, (long long)dv, ms_v,
+            ms_v < 0 ? ": " : "", ms_v < 0 ? g_err.msg : "");
+        di_cuda_moe_grouped_set_chunk_rows(0), di_cuda_gemm_mma_set_group_tiles(0), di_cuda_gemm_mma_set_tile(0);
+        free(v_x);
+    }
 
     /* tensor: slot (grouped wgmma) and the per-expert wgmma loop */
     CU(cudaMemset(b.acc, 0xff, acc_bytes));

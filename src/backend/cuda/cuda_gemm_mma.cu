@@ -20,10 +20,12 @@
  * (gmm_sum_fp8). Then per output register f32(S), ×s_x, ×s_w, + acc — ascending blocks, like the CPU.
  * One bf16 rounding when K is done.
  *
- * Two opt-in variants for small grids, the same bits: 2 CTAs per SM (gmm_occ: the 32-row tile and
- * MXFP4's 64-row tile under a 128-register cap) and split-K (gmm_plan_of: the stages of a tile over grid
- * z, block values into f32 scratch planes, gmm_reduce adds them in the unsplit order; the argument:
- * cuda_gemm_mma.cuh). */
+ * Variants, the same bits: split-K for small grids (gmm_plan_of, on by its rule: the stages of a tile over
+ * grid z, block values into f32 scratch planes, gmm_reduce adds them in the unsplit order; the argument:
+ * cuda_gemm_mma.cuh); 2 CTAs per SM (gmm_occ, opt-in: the 32-row tile and MXFP4's 64-row tile under a
+ * 128-register cap); grouped launches for the prefill experts (gmm_group_kernel: a row-tile table over
+ * the experts' contiguous rows). */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,14 +126,16 @@ static __device__ __forceinline__ void gmm_a_frag(const unsigned char *wp, int g
 /* OCC: CTAs per SM the registers are capped for (OCC 2: at most 128 per thread, so two CTAs of 256 threads
  * share the register file). SPLIT: split-K, CTA z of grid z runs its stages only (cuda_gemm_mma.cuh);
  * SPLIT 0 compiles to the unsplit kernel. */
-template <int FP8, int BM, int OCC, int SPLIT>
-__global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args a) {
+/* One CTA tile: x rows m0 … min(m0 + BM, a.M) − 1 × weight rows n0 … n0 + GMM_BN − 1 (split z = blockIdx.z
+ * of the tile's stages when SPLIT) */
+template <int FP8, int BM, int SPLIT>
+static __device__ __forceinline__ void gmm_tile(const gmm_args &a, int64_t m0, int64_t n0) {
     extern __shared__ uint4 gmm_sm[];
     constexpr int AF = BM / 32;
     const uint32_t SB = gmm_stage_bytes(FP8, BM);
     unsigned char *sm = (unsigned char *)gmm_sm;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * GMM_BN, NS = a.K / (32 * GMM_KS);
+    const int64_t NS = a.K / (32 * GMM_KS);
     int wx0, wn0;
     gmm_warp(BM, warp, &wx0, &wn0);
     /* split-K: stages [s0, s1); a split z ≥ 1 stores each block's P_b (pstore) at pb + plane·M·N + dm·N + dn,
@@ -245,6 +249,29 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
             }
 }
 
+template <int FP8, int BM, int OCC, int SPLIT>
+__global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args a) {
+    gmm_tile<FP8, BM, SPLIT>(a, (int64_t)blockIdx.y * BM, (int64_t)blockIdx.x * GMM_BN);
+}
+
+/* Grouped (the prefill experts): row tile t = blockIdx.y is `cnt` rows from r0 of expert e, whose weight
+ * replaces the call's; every expert's rows are contiguous in xd / xs / y (the plan's list order). A row's
+ * outputs are computed by the same tile code and K walk as gmm_kernel's, so the result equals one
+ * linear_fp4 / linear_fp8 per expert bit for bit. The tables travel by value (kernel parameters, CUDA
+ * 12.1+: up to 32 KiB). */
+#define GMM_GROUP_EXPERTS 384
+#define GMM_GROUP_TILES 2560
+struct gmm_group {
+    const uint8_t *w[GMM_GROUP_EXPERTS], *ws[GMM_GROUP_EXPERTS];
+    uint32_t tile[GMM_GROUP_TILES][2]; /* (r0, e | cnt << 16) */
+};
+template <int FP8, int BM>
+__global__ void __launch_bounds__(GMM_WARPS * 32, 1) gmm_group_kernel(gmm_args a, const __grid_constant__ gmm_group gr) {
+    const uint32_t r0 = gr.tile[blockIdx.y][0], ec = gr.tile[blockIdx.y][1], e = ec & 0xffffu;
+    a.w = gr.w[e], a.wsc = gr.ws[e], a.M = (int64_t)r0 + (ec >> 16);
+    gmm_tile<FP8, BM, 0>(a, (int64_t)r0, (int64_t)blockIdx.x * GMM_BN);
+}
+
 /* split-K's second pass: y bf16 [M·N] from the scratch planes part f32 [planes][M·N] (gmm_reduce_one) */
 __global__ void gmm_reduce(const float *part, int64_t mn, int64_t planes, uint16_t *y) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -303,6 +330,30 @@ static int gmm_launch_t(const gmm_args &a, const gmm_plan &p, cudaStream_t st, d
                             err);
 }
 
+template <int FP8, int BM>
+static int gmm_group_launch_t(const gmm_args &a, const gmm_group &gr, int ntiles, cudaStream_t st, di_error *err) {
+    const size_t smem = 2 * (size_t)gmm_stage_bytes(FP8, BM) + (FP8 ? 1024 : 0);
+    static bool raised = false;
+    if (!raised) {
+        cudaFuncSetAttribute(gmm_group_kernel<FP8, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, GMM_SMEM_MAX);
+        raised = true;
+    }
+    const dim3 grid((unsigned)((a.N + GMM_BN - 1) / GMM_BN), (unsigned)ntiles);
+    gmm_group_kernel<FP8, BM><<<grid, GMM_WARPS * 32, smem, st>>>(a, gr);
+    return di_cuda_launched(FP8 ? "linear_fp8 (mma gemm, grouped)" : "linear_fp4 (mma gemm, grouped)", err);
+}
+
+static int gmm_group_launch(int fp4, int bm, const gmm_args &a, const gmm_group &gr, int nt, cudaStream_t st,
+                            di_error *err) {
+    switch ((fp4 ? 1000 : 0) + bm) {
+    case 32: return gmm_group_launch_t<1, 32>(a, gr, nt, st, err);
+    case 64: return gmm_group_launch_t<1, 64>(a, gr, nt, st, err);
+    case 1032: return gmm_group_launch_t<0, 32>(a, gr, nt, st, err);
+    case 1064: return gmm_group_launch_t<0, 64>(a, gr, nt, st, err);
+    default: return gmm_group_launch_t<0, 128>(a, gr, nt, st, err);
+    }
+}
+
 static int gmm_n_sms(void) {
     static int n = 0;
     if (!n) {
@@ -331,7 +382,9 @@ static int gmm_tile(int fp4, int64_t m, int64_t n) {
  * the 32-row tile and MXFP4's 64-row tile (ptxas, CUDA 13: FP8 BM 32 128 registers with 64 bytes of
  * spills, MXFP4 BM 32 125 / none, MXFP4 BM 64 128 / 44 bytes, all loop invariants reloaded once per stage
  * outside the MMAs; FP8 BM 64 spills inside them, so it has none). Shared memory: ~64 KB per CTA at most
- * (FP8 BM 32). The default is 1 until the device bench times 2. */
+ * (FP8 BM 32). Default 1: on the H200 (2026-12-01) 2 made the 32-row tile 1.15-1.2x faster for FP8 where
+ * the grid is large, but the tile rule's 64-row tile stays faster there (K 6144 N 25600 M 8192 65 ms vs
+ * 72 ms at 32 rows, 2 per SM), and MXFP4 gained nothing (0.8-1.09x); bench gpu moved within its noise. */
 static int g_gmm_occ = -1; /* −1: DI_CUDA_GMM_OCC not read yet; 0: the default rule */
 extern "C" void di_cuda_gemm_mma_set_occ(int occ) { g_gmm_occ = occ < 0 ? -1 : occ == 1 || occ == 2 ? occ : 0; }
 static int gmm_occ(int fp4, int bm) {
@@ -347,11 +400,13 @@ static int gmm_occ(int fp4, int bm) {
  * K 5120 N 512 at M 64: 8 CTAs of 80 stages each, one serial chain (H200: 0.19 ms at any M ≤ 256). The
  * rule: M ≤ 256 and fewer tiles than SMs / 2 → S = SMs / tiles, at most NS / GMM_SPLIT_MIN_STAGES (each
  * split pays its prologue; 4 is a guess). The scratch (M·N·4 bytes per plane, one plane per block after
- * split 0's plus one) is capped at GMM_SPLIT_MAX_BYTES: S shrinks until it fits, else no split. The
- * default is 1 (never) until the device bench times the rule. */
+ * split 0's plus one) is capped at GMM_SPLIT_MAX_BYTES: S shrinks until it fits, else no split. On by
+ * default (H200, 2026-12-01, test_cuda_gemm_mma's bench: FP8 K 5120 N 512 M 64 0.205 → 0.034 ms with
+ * S 16, N 1280 M 64 0.205 → 0.072 ms (S 6), N 2304 M 64 0.205 → 0.121 ms (S 3), M 17 shapes 1.9-7x; the
+ * same bits, 229 of 229 rows); DI_CUDA_GMM_SPLIT=1 turns it off. */
 #define GMM_SPLIT_MIN_STAGES 4
 #define GMM_SPLIT_MAX_BYTES ((uint64_t)64 << 20)
-#define GMM_SPLIT_DEFAULT 1
+#define GMM_SPLIT_DEFAULT 0
 static int g_gmm_split = -1; /* −1: DI_CUDA_GMM_SPLIT not read yet; 0: the rule; 1: never; S ≥ 2: S */
 extern "C" void di_cuda_gemm_mma_set_split(int s) { g_gmm_split = s >= 0 ? s : -1; }
 static int gmm_split_setting(void) {
@@ -401,6 +456,7 @@ extern "C" int di_cuda_gemm_mma_enabled(void) {
 extern "C" void di_cuda_gemm_mma_set_enabled(int on) { g_gmm_on = on ? 1 : 0; }
 
 static uint64_t gmm_xd_scratch(int64_t m, int64_t k) { return (gmm_xd_bytes(m, k) + 15) & ~(uint64_t)15; }
+extern "C" uint64_t di_cuda_gemm_mma_group_scratch(int64_t rows, int64_t k) { return gmm_xd_scratch(rows, k); }
 extern "C" uint64_t di_cuda_gemm_mma_scratch(int fp4, int64_t m, int64_t k, int64_t n) {
     return gmm_xd_scratch(m, k) + ((gmm_plan_of(fp4, m, k, n).part_bytes + 15) & ~(uint64_t)15);
 }
@@ -432,4 +488,64 @@ extern "C" int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *x
     case 1642: return gmm_launch_t<0, 64, 2>(a, p, st, err);
     default: return gmm_launch_t<0, 128, 1>(a, p, st, err);
     }
+}
+
+/* x-row tile of a grouped call, by the mean rows of the experts that have rows (an expert's last tile is
+ * partial: smaller tiles waste less on few rows, larger ones re-read each weight tile less often); the
+ * single-call measurements (bench/NOTES-gpu.md) favour 128 from ~100 rows (MXFP4); FP8 stops at 64 */
+static int gmm_group_tile(int fp4, int64_t rows, int active) {
+    if (g_gmm_bm) return !fp4 && g_gmm_bm > 64 ? 64 : g_gmm_bm;
+    const int64_t mean = active ? rows / active : 0;
+    const int bm = mean >= 96 ? 128 : mean >= 48 ? 64 : 32;
+    return !fp4 && bm > 64 ? 64 : bm;
+}
+
+static int g_group_cap = 0; /* test: fewer row tiles per launch than the table holds (0: GMM_GROUP_TILES) */
+extern "C" void di_cuda_gemm_mma_set_group_tiles(int n) { g_group_cap = n > 0 && n < GMM_GROUP_TILES ? n : 0; }
+
+extern "C" int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t k, int n_exp,
+                                        const int64_t *start_h, const uint8_t *const *w, const uint8_t *const *ws,
+                                        int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err) {
+    const int64_t rows = n_exp > 0 ? start_h[n_exp] : 0;
+    if (n_exp < 1 || n_exp > GMM_GROUP_EXPERTS || k <= 0 || k % (32 * GMM_KS) || n < 1 || rows < 0 ||
+        rows > INT32_MAX || (n + GMM_BN - 1) / GMM_BN > 0x7fffffff || (uintptr_t)xd % 16)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "cuda mma gemm (grouped): %d experts (1..%d), K %lld (a multiple of %d), N %lld, %lld rows, "
+                            "16-byte aligned digit scratch",
+                            n_exp, GMM_GROUP_EXPERTS, (long long)k, 32 * GMM_KS, (long long)n, (long long)rows);
+    if (rows == 0) return DI_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t words = rows * (k / 4);
+    gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, rows, k, xd);
+    int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits, grouped)", err);
+    if (rc) return rc;
+    int active = 0;
+    for (int e = 0; e < n_exp; e++) {
+        if (start_h[e + 1] < start_h[e] || start_h[e] < 0)
+            return di_error_set(err, DI_ERR_INVALID, "cuda mma gemm (grouped): expert %d's rows [%lld, %lld)", e,
+                                (long long)start_h[e], (long long)start_h[e + 1]);
+        if (start_h[e + 1] > start_h[e]) {
+            if (!w[e] || !ws[e] || (uintptr_t)w[e] % 16)
+                return di_error_set(err, DI_ERR_INVALID, "cuda mma gemm (grouped): expert %d has rows but no (16-byte "
+                                    "aligned) weight", e);
+            active++;
+        }
+    }
+    const int bm = gmm_group_tile(fp4, rows, active);
+    gmm_group gr; /* 26 KiB of kernel parameters */
+    memcpy(gr.w, w, sizeof(*w) * (size_t)n_exp);
+    memcpy(gr.ws, ws, sizeof(*ws) * (size_t)n_exp);
+    gmm_args a;
+    memset(&a, 0, sizeof a);
+    a.xd = xd, a.xs = xs, a.M = rows, a.N = n, a.K = k, a.y = y;
+    const int cap = g_group_cap ? g_group_cap : GMM_GROUP_TILES;
+    int nt = 0;
+    for (int e = 0; e < n_exp && !rc; e++)
+        for (int64_t r = start_h[e]; r < start_h[e + 1] && !rc; r += bm) {
+            const int64_t cnt = start_h[e + 1] - r < bm ? start_h[e + 1] - r : bm;
+            gr.tile[nt][0] = (uint32_t)r, gr.tile[nt][1] = (uint32_t)e | (uint32_t)cnt << 16;
+            if (++nt == cap) rc = gmm_group_launch(fp4, bm, a, gr, nt, st, err), nt = 0; /* a full table */
+        }
+    if (!rc && nt) rc = gmm_group_launch(fp4, bm, a, gr, nt, st, err);
+    return rc;
 }

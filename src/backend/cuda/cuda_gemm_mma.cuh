@@ -276,13 +276,25 @@ int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t 
 uint64_t di_cuda_gemm_mma_scratch(int fp4, int64_t m, int64_t k, int64_t n);
 /* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
 void di_cuda_gemm_mma_set_tile(int bm);
+/* Grouped (the prefill experts): y bf16 [rows, n] where expert e's rows [start_h[e], start_h[e+1]) (HOST
+ * array, 0 … rows, nondecreasing) of the act-quantized xq e4m3 [rows, k], xs E8M0 [rows, k/32] take expert
+ * e's weight w[e], ws[e] (HOST arrays of device pointers, fp4: E2M1 [n, k/2] + E8M0 [n, k/32], else e4m3
+ * [n, k] + E8M0 [ceil(n/32), k/32]); n_exp ≤ 384; xd: di_cuda_gemm_mma_group_scratch(rows, k) bytes. Each row's
+ * outputs are those of di_cuda_gemm_mma_run on that expert alone, bit for bit; one launch per 2,560 row tiles. */
+int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t k, int n_exp, const int64_t *start_h,
+                             const uint8_t *const *w, const uint8_t *const *ws, int64_t n, uint16_t *y, uint8_t *xd,
+                             void *stream, di_error *err);
+/* Test: at most n row tiles per grouped launch (0: the table's 2,560), so a test covers several launches */
+void di_cuda_gemm_mma_set_group_tiles(int n);
+/* Bytes of the grouped call's digit scratch xd (16-byte aligned) */
+uint64_t di_cuda_gemm_mma_group_scratch(int64_t rows, int64_t k);
 /* Bench / test: CTAs per SM (1, 2) of the 32-row tile and MXFP4's 64-row tile; 0 = the default rule (1);
  * −1 = back to DI_CUDA_GMM_OCC=1|2 from the environment (read at the next call). The results do not
  * depend on it. */
 void di_cuda_gemm_mma_set_occ(int occ);
 /* Bench / test: split-K — 0 = the rule (M ≤ 256 and fewer tiles than SMs / 2), 1 = never, S ≥ 2 = S
  * splits (fewer where K has fewer stages or the scratch would pass its cap); −1 = back to
- * DI_CUDA_GMM_SPLIT from the environment, else the default, 1 until the device bench times the rule
+ * DI_CUDA_GMM_SPLIT from the environment, else the default (0: the rule; measured on the H200)
  * (read at the next call). The results do not depend on it. */
 void di_cuda_gemm_mma_set_split(int s);
 /* The number of splits a call (fp4, m, k, n) takes under the current settings */

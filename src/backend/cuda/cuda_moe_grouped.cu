@@ -2,12 +2,15 @@
  * whose dispatch the host planned — the step's (token, slot) pairs listed expert by expert, so each
  * expert's rows are one contiguous range [start[e], start[e+1]) of every row buffer.
  *
- * Default (exact) slot, 3 + 6·(active experts) launches instead of the graph loop's 9 per expert:
+ * Default (exact) slot, a few launches per 8,192 listed rows instead of the graph loop's 9 per expert:
  *   gather     x rows → xg [n, d] in list order (one launch)
- *   up         per expert: the exact linear_fp4 (act-quant + GEMM, cuda_gemm.cu) for w1 and w3 on its rows
+ *   up         per chunk of experts: one act-quant of the chunk's rows, then the exact int8-MMA GEMM of every
+ *              expert of the chunk in one grouped launch (di_cuda_gemm_mma_grouped) for w1, and one for w3
  *   swiglu     every row at once, with its routing weight
- *   down       per expert: linear_fp4 for w2 → y [n, d]
+ *   down       per chunk: act-quant, one grouped launch for w2 → y [n, d]
  *   combine    acc[t] = 0 + Σ f32(y[r]) over t's rows in ascending r (one launch, below)
+ *   (DI_CUDA_GEMM=simt, or an expert weight not 16-byte aligned: the per-expert loop of the exact linear_fp4
+ *   over qgemm_kernel, as before.)
  * Tensor slot (DI_CUDA_KERNELS=tensor), 7 launches whatever the expert count:
  *   quant      the exact FP8 act-quantization of the m token rows (cuda_quant.cu)
  *   gather     those codes and scales into list order (quantization is per row: the same codes as
@@ -38,6 +41,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_mma.cuh"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_moe_grouped.h"
 #include "backend/cuda/cuda_ops.h"
@@ -46,6 +50,8 @@ static int g_last_path; /* di_cuda_moe_grouped_last_path */
 extern "C" int di_cuda_moe_grouped_last_path(void) { return g_last_path; }
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+#define GMM_GROUP_EXPERTS_MAX 384 /* di_cuda_gemm_mma_grouped's expert table */
 
 /* ---------------- kernels ---------------- */
 
@@ -186,11 +192,78 @@ static int expert_loop(const di_backend *be, linear_fn lin, const uint16_t *x, i
     return rc ? rc : combine(be, p, w.y, m, d, k, acc, err);
 }
 
+/* The exact GEMMs of every expert in a few grouped launches (cuda_gemm_mma.cuh, di_cuda_gemm_mma_grouped):
+ * the act-quantization is per row (32-value groups), so quantizing an expert's rows alone or all listed rows
+ * together gives the same codes, and the grouped kernel computes each row as linear_fp4 does on that expert
+ * alone: the per-expert loop's bits. The experts are taken in chunks of about g_chunk_rows listed rows (at
+ * least one expert each), which bounds the backend workspace (codes, scales and digit planes of a chunk:
+ * ~168 MB for 8,192 rows at dim 5120). One chunk per 8,192 rows against 3 launches per active expert: an
+ * 8K-token prefill step lists 49,152 rows over up to 384 experts, whose per-expert GEMMs of ~128 rows leave
+ * most SMs idle (18-72 CTAs each). */
+static int64_t g_chunk_rows = 8192;
+extern "C" void di_cuda_moe_grouped_set_chunk_rows(int64_t rows) { g_chunk_rows = rows > 0 ? rows : 8192; }
+
+/* rows [s0, s0 + nr) of src (bf16, width kd) → act-quant → grouped GEMM with weight j of experts e0 … e1−1 →
+ * dst rows [s0, s0 + nr) (width nd) */
+static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, int e0, int e1, const int64_t *st,
+                        const uint8_t *const *w, const uint8_t *const *sc, int64_t nd, uint16_t *dst, di_error *err) {
+    const int64_t s0 = st[e0], nr = st[e1] - s0;
+    if (nr == 0) return DI_OK;
+    int64_t loc[GMM_GROUP_EXPERTS_MAX + 1];
+    for (int e = e0; e <= e1; e++) loc[e - e0] = st[e] - s0;
+    const size_t codes = al256((size_t)(nr * kd)), scales = al256((size_t)(nr * (kd / 32)));
+    void *wsp;
+    int rc = di_cuda_workspace(be, codes + scales + (size_t)di_cuda_gemm_mma_group_scratch(nr, kd), &wsp, err);
+    if (rc) return rc;
+    uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes, *xd = xs + scales;
+    cudaStream_t stream = di_cuda_state(be)->stream;
+    rc = di_cuda_act_quant_fp8(src + s0 * kd, nr * kd, 32, xq, xs, stream, err);
+    if (!rc) rc = di_cuda_gemm_mma_grouped(1, xq, xs, kd, e1 - e0, loc, w + e0, sc + e0, nd, dst + s0 * nd, xd, stream, err);
+    return rc;
+}
+
 extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k,
                                    int n_exp, const di_moe_expert *experts, const di_moe_plan *plan, float lim, float *acc,
                                    void *ws, di_error *err) {
     int rc = check_args("moe_grouped", m, d, inter, k, n_exp, experts, plan, ws, err);
-    return rc ? rc : expert_loop(be, di_cuda_linear_fp4, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
+    if (rc) return rc;
+    /* the grouped GEMMs need the int8 MMA GEMM (DI_CUDA_GEMM=simt: the per-expert loop over qgemm_kernel) */
+    if (!di_cuda_gemm_mma_enabled() || n_exp > GMM_GROUP_EXPERTS_MAX || d % 64 || inter % 64)
+        return expert_loop(be, di_cuda_linear_fp4, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
+    for (int e = 0; e < n_exp; e++) {
+        const di_moe_expert *ex = &experts[e];
+        if (plan->start_h[e + 1] > plan->start_h[e] &&
+            ((uintptr_t)ex->w1 % 16 || (uintptr_t)ex->w3 % 16 || (uintptr_t)ex->w2 % 16))
+            return expert_loop(be, di_cuda_linear_fp4, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
+    }
+    g_last_path = 0;
+    const int64_t n = plan->n;
+    const int64_t *st = plan->start_h;
+    const ws_bufs wb = split_ws(ws, n, d, inter);
+    const uint8_t *w1[GMM_GROUP_EXPERTS_MAX], *s1[GMM_GROUP_EXPERTS_MAX], *w3[GMM_GROUP_EXPERTS_MAX],
+        *s3[GMM_GROUP_EXPERTS_MAX], *w2[GMM_GROUP_EXPERTS_MAX], *s2[GMM_GROUP_EXPERTS_MAX];
+    for (int e = 0; e < n_exp; e++) {
+        const di_moe_expert *ex = &experts[e];
+        w1[e] = ex->w1, s1[e] = ex->s1, w3[e] = ex->w3, s3[e] = ex->s3, w2[e] = ex->w2, s2[e] = ex->s2;
+    }
+    if (n > 0) rc = di_cuda_gather_rows(be, x, d, plan->rows, n, wb.xg, err);
+    for (int e0 = 0; e0 < n_exp && !rc;) { /* up: w1 → g, w3 → u, chunk by chunk */
+        int e1 = e0 + 1;
+        while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
+        rc = grouped_gemm(be, wb.xg, d, e0, e1, st, w1, s1, inter, wb.g, err);
+        if (!rc) rc = grouped_gemm(be, wb.xg, d, e0, e1, st, w3, s3, inter, wb.u, err);
+        if (rc) di_error_wrap(err, "moe_grouped experts %d-%d (up)", e0, e1 - 1);
+        e0 = e1;
+    }
+    if (!rc && n > 0) rc = di_cuda_swiglu(be, wb.g, wb.u, n, inter, plan->roww, lim, wb.a, err);
+    for (int e0 = 0; e0 < n_exp && !rc;) { /* down: w2 → y (y overwrites xg: every up GEMM above has read it) */
+        int e1 = e0 + 1;
+        while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
+        rc = grouped_gemm(be, wb.a, inter, e0, e1, st, w2, s2, d, wb.y, err);
+        if (rc) di_error_wrap(err, "moe_grouped experts %d-%d (down)", e0, e1 - 1);
+        e0 = e1;
+    }
+    return rc ? rc : combine(be, plan, wb.y, m, d, k, acc, err);
 }
 
 /* ---------------- the experts' tensor-map tables, per backend and layer ----------------

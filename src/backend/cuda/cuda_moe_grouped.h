@@ -1,7 +1,8 @@
 /* The moe_grouped slot (backend.h) on the GPU (cuda_moe_grouped.cu): the routed experts of a prefill step
  * over the host's plan, rows contiguous per expert. Two implementations, picked at backend creation:
- *   di_cuda_moe_grouped        (default) the exact per-expert linear_fp4 kernels (cuda_gemm.cu), one gather,
- *                              one SwiGLU over every row, one ordered combine: the CPU slot's bits;
+ *   di_cuda_moe_grouped        (default) the exact int8-MMA GEMMs of all experts in grouped launches (a few per
+ *                              8,192 listed rows; cuda_gemm_mma.cuh), one gather, one SwiGLU over every row,
+ *                              one ordered combine: the CPU slot's bits;
  *   di_cuda_moe_grouped_wgmma  (DI_CUDA_KERNELS=tensor) one act-quant of the step's tokens, one gather of
  *                              their codes, w1 and w3 of every expert in ONE grouped wgmma launch, one SwiGLU,
  *                              one act-quant, w2 in one launch, one ordered combine: the bits of the
@@ -34,6 +35,9 @@ void di_cuda_moe_grouped_release(const di_backend *be);
  * default slot; or the wgmma slot's fallback where the grouped kernel cannot run or the tables cannot be
  * built). Tests and benchmarks read it. */
 int di_cuda_moe_grouped_last_path(void);
+
+/* Test / bench: listed rows per chunk of the exact slot's grouped GEMMs (0: the default, 8,192) */
+void di_cuda_moe_grouped_set_chunk_rows(int64_t rows);
 
 #ifdef __cplusplus
 }
