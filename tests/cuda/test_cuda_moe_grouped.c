@@ -135,6 +135,7 @@ typedef struct plan {
 
 /* backend.h's plan: experts ascending, an expert's pairs in ascending (token, slot) */
 static void make_plan(plan *p, int T, const int32_t *ids, const float *w) {
+    memset(&p->dev, 0, sizeof p->dev); /* no device copies until plan_upload (plan_free frees only those) */
     p->start = xmalloc(sizeof *p->start * (size_t)(E + 1));
     p->rows = xmalloc(sizeof *p->rows * (size_t)(T * K));
     p->rank = xmalloc(sizeof *p->rank * (size_t)(T * K));
@@ -214,6 +215,14 @@ static double timed(const di_backend *be, int which, int T, const experts *ex, c
     }
     qsort(t, (size_t)reps, sizeof t[0], cmp_float);
     return t[reps / 2];
+}
+
+/* A launch or attribute call whose error nobody read leaves it pending, and the next op's launch check
+ * reports it as its own: every step of the test must leave none. */
+static void no_pending(const char *after, int T) {
+    const cudaError_t e = cudaGetLastError();
+    row(e == cudaSuccess, "no CUDA error left pending after %s, T%d%s%s", after, T, e ? ": " : "",
+        e ? cudaGetErrorString(e) : "");
 }
 
 static int64_t count_diff(const float *a, const float *b, int64_t n) {
@@ -303,11 +312,14 @@ static void run_case(const di_backend *cpu, const di_backend *gx, const di_backe
            (long long)most, flop * 1e-9);
 
     /* exact: slot and loop */
+    no_pending("the set-up", T);
     CU(cudaMemset(b.acc, 0xff, acc_bytes)); /* NaN: the slot must write every output */
     double ms_slot = timed(gx, 0, T, ex, &p, &b, 5);
+    no_pending("the exact slot", T);
     float *slot_x = down(b.acc, acc_bytes);
     if (ms_slot < 0) row(0, "exact slot T%d: %s", T, g_err.msg);
     double ms_loop = timed(gx, 1, T, ex, &p, &b, 3);
+    no_pending("the exact per-expert loop", T);
     float *loop_x = down(b.acc, acc_bytes);
     if (ms_loop < 0) row(0, "exact loop T%d: %s", T, g_err.msg);
     int64_t d = count_diff(slot_x, loop_x, (int64_t)T * D);
@@ -316,6 +328,7 @@ static void run_case(const di_backend *cpu, const di_backend *gx, const di_backe
     printf("# T%d exact:  slot %8.3f ms (%6.1f TFLOP/s)   loop %8.3f ms (%6.1f TFLOP/s)   speed-up %.2fx\n", T, ms_slot,
            flop / ms_slot * 1e-9, ms_loop, flop / ms_loop * 1e-9, ms_loop / ms_slot);
     cpu_check(cpu, ex, T, ids, w, x, slot_x);
+    no_pending("the CPU check", T);
     /* the grouped GEMMs in small chunks of experts, with few row tiles per launch, both, and at every x-row
      * tile: the same bits (each row is computed alone) */
     const int chunk = T == 256 ? 97 : 1000;
