@@ -25,7 +25,6 @@
  * cuda_gemm_mma.cuh); 2 CTAs per SM (gmm_occ, opt-in: the 32-row tile and MXFP4's 64-row tile under a
  * 128-register cap); grouped launches for the prefill experts (gmm_group_kernel: a row-tile table over
  * the experts' contiguous rows). */
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -424,7 +423,7 @@ static gmm_plan gmm_plan_of(int fp4, int64_t m, int64_t k, int64_t n) {
     const int set = gmm_split_setting();
     int64_t s = 1;
     if (set >= 2) s = set;
-    else if (set == 0 && m <= 256 && tiles < gmm_n_sms() / 2) s = gmm_n_sms() / tiles;
+    else if (set == 0 && m <= 256 && tiles > 0 && tiles < gmm_n_sms() / 2) s = gmm_n_sms() / tiles;
     if (set == 0 && s > ns / GMM_SPLIT_MIN_STAGES) s = ns / GMM_SPLIT_MIN_STAGES;
     if (s > ns) s = ns;
     if (s > 65535) s = 65535; /* grid z */
