@@ -262,15 +262,14 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     /* M > 16 rows with the block sums on the int8 tensor cores (unless DI_CUDA_GEMM=simt), the same results
      * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch
      * (and, where it splits K, f32 partial planes: up to 64 MB).
-     * Also FP8 at 5–16 rows for wide weights, where the GEMV's launches of 4 rows each read the weights
-     * again (H200, 2026-11-30: k6144 n25600 M 8 1.0 ms as a GEMV, 0.47 ms here at M 17; k1280 n32768
-     * 0.24 vs 0.11 ms), and for the narrow ones the GEMM splits (below). Both are exact, so the choice
-     * changes no bit. */
-    /* FP8 at 5-16 rows also where the GEMM splits K (narrow weights): the GEMV runs such M as two launches
-     * of 4 rows and more, the split GEMM in one (H200, 2026-12-01: K 5120 N 2304 2 × 62 µs at M 8 against
-     * 54 µs at M 17 split 7 ways; K 8192 N 5120 270 vs 171 µs; K 5120 N 512 46 vs 29 µs) */
+     * Also FP8 at 5–16 rows, which the GEMV runs as launches of 4 rows that each read the weights again:
+     * for wide weights (H200, 2026-11-30: k6144 n25600 M 8 1.0 ms as a GEMV, 0.47 ms here at M 17; k1280
+     * n32768 0.24 vs 0.11 ms) and for narrow ones, where this GEMM splits K and runs in one launch (H200,
+     * 2026-12-01: K 5120 N 2304 2 × 62 µs at M 8 against 54 µs at M 17 split 7 ways; K 8192 N 5120 270 vs
+     * 171 µs; K 5120 N 512 46 vs 29 µs). Both are exact, so the choice changes no bit. */
     const int gmm_rows = m > GV_MAX_M ||
-                         (!fp4 && m > 4 && (n >= 16384 || (di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_splits(0, m, k, n) > 1)));
+                         (!fp4 && m > 4 &&
+                          (n >= 16384 || (di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_splits(0, m, k, n) > 1)));
     const int gmm = variant == 0 && gmm_rows && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
     if (gmm) scales = (scales + 15) & ~(size_t)15;

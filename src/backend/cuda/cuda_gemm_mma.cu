@@ -1,9 +1,10 @@
-/* Block-scaled FP8 / MXFP4 GEMM for M > 16 rows with the exact 32-term block sums on the int8 tensor
- * cores (mma.sync m16n8k32 s8·s8 → s32): the same results as qgemm_kernel (cuda_gemm.cu) and the CPU op,
- * bit for bit by construction (the argument and the lane arithmetic: cuda_gemm_mma.cuh; the host
- * emulation tests/test_gemm_mma_emu.c runs that arithmetic against di_cpu_linear_fp4 / fp8; the GPU test
- * tests/cuda/test_cuda_gemm_mma.c compares with qgemm_kernel and the CPU op: 176/176 rows bit-identical on
- * the H200, 2026-11-30). The default; DI_CUDA_GEMM=simt keeps qgemm_kernel.
+/* Block-scaled FP8 / MXFP4 GEMM for M > 16 rows (FP8 also 5–16 rows: cuda_gemm.cu qlinear_v) with the exact
+ * 32-term block sums on the int8 tensor cores (mma.sync m16n8k32 s8·s8 → s32): the same results as
+ * qgemm_kernel (cuda_gemm.cu) and the CPU op, bit for bit by construction (the argument and the lane
+ * arithmetic: cuda_gemm_mma.cuh; the host emulation tests/test_gemm_mma_emu.c runs that arithmetic against
+ * di_cpu_linear_fp4 / fp8; the GPU test tests/cuda/test_cuda_gemm_mma.c compares with qgemm_kernel and the
+ * CPU op: 176/176 rows bit-identical on the H200, 2026-11-30; 671/671 with split-K, 2 CTAs per SM and the
+ * M 8 rows, 2026-12-01). The default; DI_CUDA_GEMM=simt keeps qgemm_kernel.
  *
  * Work split. A pre-pass (gmm_xprep) turns the act-quantized x codes into three s8 digit planes in the
  * caller's scratch, once per call, laid out so that a stage of one row is 192 contiguous bytes. A CTA

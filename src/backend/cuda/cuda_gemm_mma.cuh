@@ -1,6 +1,6 @@
-/* The block-scaled FP8 / MXFP4 GEMM (M > 16 rows) with exact block sums on the int8 tensor cores:
- * lane-level arithmetic shared by the kernel (cuda_gemm_mma.cu) and its host emulation
- * (tests/test_gemm_mma_emu.c). Compiles as C11 (host) and as CUDA C++ (device); every function here is
+/* The block-scaled FP8 / MXFP4 GEMM (M > 16 rows; FP8 also 5–16, cuda_gemm.cu qlinear_v) with exact
+ * block sums on the int8 tensor cores: lane-level arithmetic shared by the kernel (cuda_gemm_mma.cu) and
+ * its host emulation (tests/test_gemm_mma_emu.c). Compiles as C11 (host) and as CUDA C++ (device); every function here is
  * the one both run. The weight / x conversions reuse cuda_gemv_mma.cuh's lane functions.
  *
  * Contract (linear_q.c): per 32-wide K block b the exact value of Σ q_x·q_w is rounded once to f32,
@@ -229,9 +229,9 @@ GMM_FN float gmm_add(float acc, float p) {
 /* the accumulator step: acc + P_b */
 GMM_FN float gmm_add_block(float acc, float fs, float sx, float sw) { return gmm_add(acc, gmm_block_value(fs, sx, sw)); }
 
-/* ---- split-K (opt-in, for grids far smaller than the GPU): the NS = K/64 stages of a tile over S CTAs
- * (grid z), the same bits as unsplit. Split z runs stages [z·ZS, min((z+1)·ZS, NS)), ZS =
- * gmm_split_stages. Split 0 accumulates exactly as unsplit and stores its f32 accumulator — the ascending
+/* ---- split-K (grids far smaller than the GPU; the rule: cuda_gemm_mma.cu gmm_plan_of): the NS = K/64
+ * stages of a tile over S CTAs (grid z), the same bits as unsplit. Split z runs stages
+ * [z·ZS, min((z+1)·ZS, NS)), ZS = gmm_split_stages. Split 0 accumulates exactly as unsplit and stores its f32 accumulator — the ascending
  * sum of P_b over the blocks b < B1 = ZS·GMM_KS, the first block of split 1 — as plane 0 of the f32
  * scratch [planes][M][N]; a split z ≥ 1 keeps no accumulator and stores each block's P_b
  * (gmm_block_value, the same roundings) as plane gmm_split_plane(b). gmm_reduce_one then continues split
@@ -260,7 +260,9 @@ GMM_FN float gmm_reduce_one(const float *part, int64_t mn, int64_t planes, int64
 extern "C" {
 #endif
 /* On unless DI_CUDA_GEMM=simt is in the environment (read once): linear_fp8 / linear_fp4 take this kernel
- * for M > 16 rows where it fits. di_cuda_gemm_mma_set_enabled overrides the environment (tests, bench). */
+ * for M > 16 rows where it fits (FP8 also 5–16 rows for wide weights or where it splits K: cuda_gemm.cu),
+ * the exact moe_grouped slot its grouped launches. di_cuda_gemm_mma_set_enabled overrides the environment
+ * (tests, bench). */
 int di_cuda_gemm_mma_enabled(void);
 void di_cuda_gemm_mma_set_enabled(int on);
 /* Whether this kernel takes the call: m ≥ 1, k % 64 == 0, w 16-byte aligned */

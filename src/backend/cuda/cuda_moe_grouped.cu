@@ -9,8 +9,9 @@
  *   swiglu     every row at once, with its routing weight
  *   down       per chunk: act-quant, one grouped launch for w2 → y [n, d]
  *   combine    acc[t] = 0 + Σ f32(y[r]) over t's rows in ascending r (one launch, below)
- *   (DI_CUDA_GEMM=simt, or an expert weight not 16-byte aligned: the per-expert loop of the exact linear_fp4
- *   over qgemm_kernel, as before.)
+ *   (DI_CUDA_GEMM=simt, more than 384 experts, or d / inter not multiples of 64: the per-expert loop of the
+ *   exact linear_fp4, as before. An expert weight not 16-byte aligned takes that loop too, whose
+ *   linear_fp4 reports it as an error.)
  * Tensor slot (DI_CUDA_KERNELS=tensor), 7 launches whatever the expert count:
  *   quant      the exact FP8 act-quantization of the m token rows (cuda_quant.cu)
  *   gather     those codes and scales into list order (quantization is per row: the same codes as
