@@ -7,8 +7,9 @@
  * gmm_sum_fp4 / gmm_sum_fp8, the block value gmm_block_value / gmm_add_block, the output map gmm_c_pos,
  * split-K's gmm_split_* and gmm_reduce_one) plus the one warp primitive emulated from its PTX
  * definition: mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment layouts as the PTX ISA gives them; the
- * input this test takes on trust, checked by tests/cuda/test_cuda_gemm_mma.c on the GPU). The walk is the kernel's: CTA tiles of BM x rows × 128 weight rows, stages of 2 blocks
- * through two buffers, per warp and block the MMAs of every (A tile, n8 tile), the f32 accumulators.
+ * input this test takes on trust, checked by tests/cuda/test_cuda_gemm_mma.c on the GPU). The walk is the
+ * kernel's: CTA tiles of BM x rows × 128 weight rows, stages of 2 blocks through two buffers, per warp and
+ * block the MMAs of every (A tile, n8 tile), the f32 accumulators.
  *
  * Checked, bit for bit:
  *  1. every e4m3 x code × every E2M1 / e4m3 weight code: every exact block sum S (each (row, column, block)

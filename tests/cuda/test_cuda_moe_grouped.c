@@ -330,8 +330,10 @@ static void run_case(const di_backend *cpu, const di_backend *gx, const di_backe
     cpu_check(cpu, ex, T, ids, w, x, slot_x);
     no_pending("the CPU check", T);
     /* the grouped GEMMs in small chunks of experts, with few row tiles per launch, both, and at every x-row
-     * tile: the same bits (each row is computed alone) */
-    const int chunk = T == 256 ? 97 : 1000;
+     * tile: the same bits (each row is computed alone). Several chunks at every T (T 100 lists 600 rows), an
+     * expert with more rows than a chunk where the routing (Zipf-like) gives one (the largest: printed
+     * above), and a last chunk that ends on the last expert. */
+    const int chunk = T <= 256 ? 97 : 1000;
     for (int v = 0; v < 6; v++) {
         if (v < 3) {
             di_cuda_moe_grouped_set_chunk_rows(v != 1 ? chunk : 0);
@@ -344,11 +346,10 @@ static void run_case(const di_backend *cpu, const di_backend *gx, const di_backe
         float *v_x = down(b.acc, acc_bytes);
         const int64_t dv = count_diff(v_x, slot_x, (int64_t)T * D);
         char what[96];
-        if (v < 3)
-            snprintf(what, sizeof what, "%s%s%s", v != 1 ? "chunks of <= " : "", v != 1 ? (T == 256 ? "97 rows" : "1000 rows") : "",
-                     v == 0 ? "" : v == 1 ? "<= 7 row tiles per launch" : ", <= 7 row tiles per launch");
-        else
-            snprintf(what, sizeof what, "x-row tile %d", 32 << (v - 3));
+        if (v == 0) snprintf(what, sizeof what, "chunks of <= %d rows", chunk);
+        else if (v == 1) snprintf(what, sizeof what, "<= 7 row tiles per launch");
+        else if (v == 2) snprintf(what, sizeof what, "chunks of <= %d rows, <= 7 row tiles per launch", chunk);
+        else snprintf(what, sizeof what, "x-row tile %d", 32 << (v - 3));
         row(ms_v >= 0 && dv == 0, "exact slot with %s vs default, T%d: %lld differ (%.3f ms)%s%s", what, T, (long long)dv, ms_v,
             ms_v < 0 ? ": " : "", ms_v < 0 ? g_err.msg : "");
         di_cuda_moe_grouped_set_chunk_rows(0), di_cuda_gemm_mma_set_group_tiles(0), di_cuda_gemm_mma_set_tile(0);
