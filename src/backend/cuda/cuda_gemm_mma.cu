@@ -514,12 +514,7 @@ extern "C" int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_
                             "16-byte aligned digit scratch",
                             n_exp, GMM_GROUP_EXPERTS, (long long)k, 32 * GMM_KS, (long long)n, (long long)rows);
     if (rows == 0) return DI_OK;
-    cudaStream_t st = (cudaStream_t)stream;
-    const int64_t words = rows * (k / 4);
-    gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, rows, k, xd);
-    int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits, grouped)", err);
-    if (rc) return rc;
-    int active = 0;
+    int active = 0; /* the table is checked before anything is launched */
     for (int e = 0; e < n_exp; e++) {
         if (start_h[e + 1] < start_h[e] || start_h[e] < 0)
             return di_error_set(err, DI_ERR_INVALID, "cuda mma gemm (grouped): expert %d's rows [%lld, %lld)", e,
@@ -531,6 +526,11 @@ extern "C" int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_
             active++;
         }
     }
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t words = rows * (k / 4);
+    gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, rows, k, xd);
+    int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits, grouped)", err);
+    if (rc) return rc;
     const int bm = gmm_group_tile(fp4, rows, active);
     gmm_group gr; /* 26 KiB of kernel parameters */
     memcpy(gr.w, w, sizeof(*w) * (size_t)n_exp);
