@@ -527,10 +527,13 @@ extern "C" int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_
         }
     }
     cudaStream_t st = (cudaStream_t)stream;
-    const int64_t words = rows * (k / 4);
-    gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, rows, k, xd);
-    int rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits, grouped)", err);
-    if (rc) return rc;
+    int rc = DI_OK;
+    if (xq) { /* NULL: xd holds these rows' digit planes already (a second weight over the same rows) */
+        const int64_t words = rows * (k / 4);
+        gmm_xprep<<<(unsigned)((words + 255) / 256), 256, 0, st>>>(xq, rows, k, xd);
+        rc = di_cuda_launched("linear_fp8/fp4 (mma gemm x digits, grouped)", err);
+        if (rc) return rc;
+    }
     const int bm = gmm_group_tile(fp4, rows, active);
     gmm_group gr; /* 26 KiB of kernel parameters */
     memcpy(gr.w, w, sizeof(*w) * (size_t)n_exp);

@@ -281,8 +281,10 @@ void di_cuda_gemm_mma_set_tile(int bm);
 /* Grouped (the prefill experts): y bf16 [rows, n] where expert e's rows [start_h[e], start_h[e+1]) (HOST
  * array, 0 … rows, nondecreasing) of the act-quantized xq e4m3 [rows, k], xs E8M0 [rows, k/32] take expert
  * e's weight w[e], ws[e] (HOST arrays of device pointers, fp4: E2M1 [n, k/2] + E8M0 [n, k/32], else e4m3
- * [n, k] + E8M0 [ceil(n/32), k/32]); n_exp ≤ 384; xd: di_cuda_gemm_mma_group_scratch(rows, k) bytes. Each row's
- * outputs are those of di_cuda_gemm_mma_run on that expert alone, bit for bit; one launch per 2,560 row tiles. */
+ * [n, k] + E8M0 [ceil(n/32), k/32]); n_exp ≤ 384; xd: di_cuda_gemm_mma_group_scratch(rows, k) bytes, which
+ * the call fills with xq's digit planes — or, with xq NULL, already holds from an earlier call on the same rows
+ * (and the same stream): a second weight over them skips the pre-pass. Each row's outputs are those of
+ * di_cuda_gemm_mma_run on that expert alone, bit for bit; one launch per 2,560 row tiles. */
 int di_cuda_gemm_mma_grouped(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t k, int n_exp, const int64_t *start_h,
                              const uint8_t *const *w, const uint8_t *const *ws, int64_t n, uint16_t *y, uint8_t *xd,
                              void *stream, di_error *err);

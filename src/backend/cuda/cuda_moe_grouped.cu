@@ -4,8 +4,9 @@
  *
  * Default (exact) slot, a few launches per 8,192 listed rows instead of the graph loop's 9 per expert:
  *   gather     x rows → xg [n, d] in list order (one launch)
- *   up         per chunk of experts: one act-quant of the chunk's rows, then the exact int8-MMA GEMM of every
- *              expert of the chunk in one grouped launch (di_cuda_gemm_mma_grouped) for w1, and one for w3
+ *   up         per chunk of experts: one act-quant and one digit pre-pass of the chunk's rows, then the exact
+ *              int8-MMA GEMM of every expert of the chunk in one grouped launch (di_cuda_gemm_mma_grouped) for
+ *              w1, and one for w3 on the same digit planes
  *   swiglu     every row at once, with its routing weight
  *   down       per chunk: act-quant, one grouped launch for w2 → y [n, d]
  *   combine    acc[t] = 0 + Σ f32(y[r]) over t's rows in ascending r (one launch, below)
@@ -204,10 +205,15 @@ static int expert_loop(const di_backend *be, linear_fn lin, const uint16_t *x, i
 static int64_t g_chunk_rows = 8192;
 extern "C" void di_cuda_moe_grouped_set_chunk_rows(int64_t rows) { g_chunk_rows = rows > 0 ? rows : 8192; }
 
-/* rows [s0, s0 + nr) of src (bf16, width kd) → act-quant → grouped GEMM with weight j of experts e0 … e1−1 →
- * dst rows [s0, s0 + nr) (width nd) */
+/* rows [s0, s0 + nr) of src (bf16, width kd) → act-quant → grouped GEMM with weight set a of experts e0 … e1−1
+ * → dst_a rows [s0, s0 + nr) (width nd); with a second set b (w1 then w3 over the same rows), its GEMM reuses
+ * the codes and digit planes of the first (xq NULL: di_cuda_gemm_mma_grouped skips the pre-pass) */
+typedef struct wset {
+    const uint8_t *const *w, *const *sc;
+    uint16_t *dst;
+} wset;
 static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, int e0, int e1, const int64_t *st,
-                        const uint8_t *const *w, const uint8_t *const *sc, int64_t nd, uint16_t *dst, di_error *err) {
+                        int64_t nd, wset a, const wset *b, di_error *err) {
     const int64_t s0 = st[e0], nr = st[e1] - s0;
     if (nr == 0) return DI_OK;
     int64_t loc[GMM_GROUP_EXPERTS_MAX + 1];
@@ -219,7 +225,11 @@ static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, i
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes, *xd = xs + scales;
     cudaStream_t stream = di_cuda_state(be)->stream;
     rc = di_cuda_act_quant_fp8(src + s0 * kd, nr * kd, 32, xq, xs, stream, err);
-    if (!rc) rc = di_cuda_gemm_mma_grouped(1, xq, xs, kd, e1 - e0, loc, w + e0, sc + e0, nd, dst + s0 * nd, xd, stream, err);
+    if (!rc)
+        rc = di_cuda_gemm_mma_grouped(1, xq, xs, kd, e1 - e0, loc, a.w + e0, a.sc + e0, nd, a.dst + s0 * nd, xd, stream, err);
+    if (!rc && b)
+        rc = di_cuda_gemm_mma_grouped(1, NULL, xs, kd, e1 - e0, loc, b->w + e0, b->sc + e0, nd, b->dst + s0 * nd, xd,
+                                      stream, err);
     return rc;
 }
 
@@ -251,8 +261,8 @@ extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int6
     for (int e0 = 0; e0 < n_exp && !rc;) { /* up: w1 → g, w3 → u, chunk by chunk */
         int e1 = e0 + 1;
         while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
-        rc = grouped_gemm(be, wb.xg, d, e0, e1, st, w1, s1, inter, wb.g, err);
-        if (!rc) rc = grouped_gemm(be, wb.xg, d, e0, e1, st, w3, s3, inter, wb.u, err);
+        const wset up3 = {w3, s3, wb.u};
+        rc = grouped_gemm(be, wb.xg, d, e0, e1, st, inter, (wset){w1, s1, wb.g}, &up3, err);
         if (rc) di_error_wrap(err, "moe_grouped experts %d-%d (up)", e0, e1 - 1);
         e0 = e1;
     }
@@ -260,7 +270,7 @@ extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int6
     for (int e0 = 0; e0 < n_exp && !rc;) { /* down: w2 → y (y overwrites xg: every up GEMM above has read it) */
         int e1 = e0 + 1;
         while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
-        rc = grouped_gemm(be, wb.a, inter, e0, e1, st, w2, s2, d, wb.y, err);
+        rc = grouped_gemm(be, wb.a, inter, e0, e1, st, d, (wset){w2, s2, wb.y}, NULL, err);
         if (rc) di_error_wrap(err, "moe_grouped experts %d-%d (down)", e0, e1 - 1);
         e0 = e1;
     }
