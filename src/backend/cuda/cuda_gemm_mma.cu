@@ -259,7 +259,6 @@ __global__ void __launch_bounds__(GMM_WARPS * 32, OCC) gmm_kernel(const gmm_args
  * outputs are computed by the same tile code and K walk as gmm_kernel's, so the result equals one
  * linear_fp4 / linear_fp8 per expert bit for bit. The tables travel by value (kernel parameters, CUDA
  * 12.1+: up to 32 KiB). */
-#define GMM_GROUP_EXPERTS 384
 #define GMM_GROUP_TILES 2560
 struct gmm_group {
     const uint8_t *w[GMM_GROUP_EXPERTS], *ws[GMM_GROUP_EXPERTS];

@@ -278,6 +278,7 @@ int di_cuda_gemm_mma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t 
 uint64_t di_cuda_gemm_mma_scratch(int fp4, int64_t m, int64_t k, int64_t n);
 /* Bench / test: the x-row tile BM (32, 64, 128); 0 = the default rule */
 void di_cuda_gemm_mma_set_tile(int bm);
+#define GMM_GROUP_EXPERTS 384 /* experts one grouped call takes (its table travels as kernel parameters) */
 /* Grouped (the prefill experts): y bf16 [rows, n] where expert e's rows [start_h[e], start_h[e+1]) (HOST
  * array, 0 … rows, nondecreasing) of the act-quantized xq e4m3 [rows, k], xs E8M0 [rows, k/32] take expert
  * e's weight w[e], ws[e] (HOST arrays of device pointers, fp4: E2M1 [n, k/2] + E8M0 [n, k/32], else e4m3

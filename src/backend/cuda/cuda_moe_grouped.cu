@@ -53,7 +53,6 @@ extern "C" int di_cuda_moe_grouped_last_path(void) { return g_last_path; }
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-#define GMM_GROUP_EXPERTS_MAX 384 /* di_cuda_gemm_mma_grouped's expert table */
 
 /* ---------------- kernels ---------------- */
 
@@ -216,7 +215,7 @@ static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, i
                         int64_t nd, wset a, const wset *b, di_error *err) {
     const int64_t s0 = st[e0], nr = st[e1] - s0;
     if (nr == 0) return DI_OK;
-    int64_t loc[GMM_GROUP_EXPERTS_MAX + 1];
+    int64_t loc[GMM_GROUP_EXPERTS + 1];
     for (int e = e0; e <= e1; e++) loc[e - e0] = st[e] - s0;
     const size_t codes = al256((size_t)(nr * kd)), scales = al256((size_t)(nr * (kd / 32)));
     void *wsp;
@@ -233,13 +232,20 @@ static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, i
     return rc;
 }
 
+/* The chunk from expert e0: e0 and the experts after it while their listed rows stay within g_chunk_rows */
+static int chunk_end(const int64_t *st, int e0, int n_exp) {
+    int e1 = e0 + 1;
+    while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
+    return e1;
+}
+
 extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k,
                                    int n_exp, const di_moe_expert *experts, const di_moe_plan *plan, float lim, float *acc,
                                    void *ws, di_error *err) {
     int rc = check_args("moe_grouped", m, d, inter, k, n_exp, experts, plan, ws, err);
     if (rc) return rc;
     /* the grouped GEMMs need the int8 MMA GEMM (DI_CUDA_GEMM=simt: the per-expert loop over qgemm_kernel) */
-    if (!di_cuda_gemm_mma_enabled() || n_exp > GMM_GROUP_EXPERTS_MAX || d % 64 || inter % 64)
+    if (!di_cuda_gemm_mma_enabled() || n_exp > GMM_GROUP_EXPERTS || d % 64 || inter % 64)
         return expert_loop(be, di_cuda_linear_fp4, x, m, d, inter, k, n_exp, experts, plan, lim, acc, ws, err);
     for (int e = 0; e < n_exp; e++) {
         const di_moe_expert *ex = &experts[e];
@@ -251,16 +257,15 @@ extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int6
     const int64_t n = plan->n;
     const int64_t *st = plan->start_h;
     const ws_bufs wb = split_ws(ws, n, d, inter);
-    const uint8_t *w1[GMM_GROUP_EXPERTS_MAX], *s1[GMM_GROUP_EXPERTS_MAX], *w3[GMM_GROUP_EXPERTS_MAX],
-        *s3[GMM_GROUP_EXPERTS_MAX], *w2[GMM_GROUP_EXPERTS_MAX], *s2[GMM_GROUP_EXPERTS_MAX];
+    const uint8_t *w1[GMM_GROUP_EXPERTS], *s1[GMM_GROUP_EXPERTS], *w3[GMM_GROUP_EXPERTS],
+        *s3[GMM_GROUP_EXPERTS], *w2[GMM_GROUP_EXPERTS], *s2[GMM_GROUP_EXPERTS];
     for (int e = 0; e < n_exp; e++) {
         const di_moe_expert *ex = &experts[e];
         w1[e] = ex->w1, s1[e] = ex->s1, w3[e] = ex->w3, s3[e] = ex->s3, w2[e] = ex->w2, s2[e] = ex->s2;
     }
     if (n > 0) rc = di_cuda_gather_rows(be, x, d, plan->rows, n, wb.xg, err);
     for (int e0 = 0; e0 < n_exp && !rc;) { /* up: w1 → g, w3 → u, chunk by chunk */
-        int e1 = e0 + 1;
-        while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
+        const int e1 = chunk_end(st, e0, n_exp);
         const wset up3 = {w3, s3, wb.u};
         rc = grouped_gemm(be, wb.xg, d, e0, e1, st, inter, (wset){w1, s1, wb.g}, &up3, err);
         if (rc) di_error_wrap(err, "moe_grouped experts %d-%d (up)", e0, e1 - 1);
@@ -268,8 +273,7 @@ extern "C" int di_cuda_moe_grouped(const di_backend *be, const uint16_t *x, int6
     }
     if (!rc && n > 0) rc = di_cuda_swiglu(be, wb.g, wb.u, n, inter, plan->roww, lim, wb.a, err);
     for (int e0 = 0; e0 < n_exp && !rc;) { /* down: w2 → y (y overwrites xg: every up GEMM above has read it) */
-        int e1 = e0 + 1;
-        while (e1 < n_exp && st[e1 + 1] - st[e0] <= g_chunk_rows) e1++;
+        const int e1 = chunk_end(st, e0, n_exp);
         rc = grouped_gemm(be, wb.a, inter, e0, e1, st, d, (wset){w2, s2, wb.y}, NULL, err);
         if (rc) di_error_wrap(err, "moe_grouped experts %d-%d (down)", e0, e1 - 1);
         e0 = e1;
