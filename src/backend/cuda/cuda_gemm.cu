@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_gemv_fp8.h"
 #include "backend/cuda/cuda_gemm_mma.cuh"
 #include "backend/cuda/cuda_gemv_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -258,6 +259,10 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     if ((uintptr_t)w % 16)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight pointer not 16-byte aligned", op);
     if (m == 0 || n == 0) return DI_OK;
+    /* one or two FP8 rows of a weight with N ≥ 2048: the GEMV with the act-quant fused in (cuda_gemv_fp8.cu;
+     * DI_CUDA_GEMV_FP8=0 takes act-quant + the GEMV below), the same bits, one launch, no workspace */
+    if (variant == 0 && !fp4 && di_cuda_gemv_fp8_enabled() && di_cuda_gemv_fp8_wants(m, k, n, x, w))
+        return di_cuda_gemv_fp8_run(x, m, k, w, wsc, n, y, di_cuda_state(be)->stream, err);
     void *wsp;
     /* M > 16 rows with the block sums on the int8 tensor cores (unless DI_CUDA_GEMM=simt), the same results
      * as qgemm_kernel below (cuda_gemm_mma.cuh; checked on the H200); it needs x's digit planes as scratch

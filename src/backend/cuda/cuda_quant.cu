@@ -9,12 +9,11 @@
  * a vectorised kernel: one thread per group. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_quant.cuh"
 
 enum quant_mode { Q_FP8, QDQ_FP8, Q_FP4_E8M0, QDQ_FP4_E8M0, Q_FP4_E4M3, QDQ_FP4_E4M3 };
 
-#define FP8_MAX_INV ((float)(1.0 / 448.0))
 #define FP4_MAX_INV ((float)(1.0 / 6.0))
-#define ACT_FP8_AMAX_FLOOR 0x38d1b717u  /* f32(1e-4) */
 #define FP4_E8M0_AMAX_FLOOR 0x01c00000u /* 6·2^-126 */
 #define FP4_E4M3_AMAX_FLOOR 0x3c400000u /* 6·2^-9 */
 #define BF16_NAN 0x7fc0u
@@ -91,36 +90,16 @@ __global__ void quant_kernel(int mode, const uint16_t *x, int64_t n_groups, int 
 }
 
 /* act_quant_fp8 with 32-value groups (every linear slot's input): one thread per group, the 64 bytes of
- * bf16 in four 16-byte loads and the 32 codes out in two 16-byte stores; the per-value arithmetic is
- * quant_kernel's Q_FP8 case, so the bits are the same. x, q 16-byte aligned. */
+ * bf16 in four 16-byte loads and the 32 codes out in two 16-byte stores; the per-group arithmetic is
+ * d_act_quant32 (cuda_quant.cuh), which the fused decode GEMV (cuda_gemv_fp8.cu) shares. x, q 16-byte aligned. */
 __global__ void __launch_bounds__(256) act_quant32_kernel(const uint4 *x, int64_t n_groups, uint4 *q, uint8_t *scale) {
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n_groups) return;
     uint4 v[4]; /* bf16 [32] */
 #pragma unroll
     for (int i = 0; i < 4; i++) v[i] = __ldg(x + 4 * g + i);
-    const uint32_t *w = (const uint32_t *)v;
-    uint32_t m = 0;
-#pragma unroll
-    for (int i = 0; i < 16; i++) m = max(m, max(w[i] & 0x7fffu, (w[i] >> 16) & 0x7fffu));
-    const float amax = __uint_as_float(max(m << 16, ACT_FP8_AMAX_FLOOR));
-    const uint32_t u = __float_as_uint(__fmul_rn(amax, FP8_MAX_INV));
-    const uint32_t e = ((u >> 23) & 0xffu) + ((u & 0x7fffffu) != 0);
-    const bool nan_group = e >= 255;
-    const float inv_s = __uint_as_float((254u - e) << 23);
-    scale[g] = nan_group ? 0xff : (uint8_t)e;
     uint32_t c[8]; /* e4m3 [32] */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint32_t h = (w[2 * i + j / 2] >> (16 * (j & 1))) & 0xffffu;
-            const uint32_t b = nan_group ? 0x7fu : d_e4m3_encode(__fmul_rn(d_bf16((uint16_t)h), inv_s));
-            word |= b << (8 * j);
-        }
-        c[i] = word;
-    }
+    scale[g] = d_act_quant32((const uint32_t *)v, c);
     q[2 * g] = make_uint4(c[0], c[1], c[2], c[3]);
     q[2 * g + 1] = make_uint4(c[4], c[5], c[6], c[7]);
 }
