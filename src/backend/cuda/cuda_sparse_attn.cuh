@@ -20,8 +20,8 @@ static __device__ __forceinline__ void d_sparse_attn_query(const uint16_t *q, in
                                                            const int32_t *ix, int64_t n_idx, float scale,
                                                            uint16_t *out) {
     __shared__ float qs[SA_MAX_DIM];         /* f32 [d] */
-    __shared__ float sc[SA_BLOCK];           /* scaled scores, then f32 probabilities */
-    __shared__ float pb[SA_BLOCK];           /* bf16-rounded probabilities */
+    __shared__ __align__(16) float sc[SA_BLOCK]; /* scaled scores, then f32 probabilities */
+    __shared__ float pb[SA_BLOCK];               /* bf16-rounded probabilities */
     __shared__ const uint16_t *rows[SA_BLOCK]; /* [64] KV row of each slot, NULL = skipped */
     __shared__ float st[2];                  /* running max m, this step's alpha */
     __shared__ float lsum;                   /* running f32 probability sum (thread 0 writes) */
@@ -42,8 +42,17 @@ static __device__ __forceinline__ void d_sparse_attn_query(const uint16_t *q, in
                 else if (id >= n_win && id < n_win + n_cmp) row = kv_cmp + (int64_t)(id - n_win) * d;
             }
             float acc = 0.0f;
-            if (row)
-                for (int j = l; j < d; j += 8) acc = __fadd_rn(acc, __fmul_rn(qs[j], d_bf16(row[j])));
+            if (row) {
+                int j = l;
+                for (; j + 56 < d; j += 64) { /* 8 loads issued ahead of the dependent adds, the same chain */
+                    uint16_t r[8];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) r[i] = row[j + 8 * i];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc = __fadd_rn(acc, __fmul_rn(qs[j + 8 * i], d_bf16(r[i])));
+                }
+                for (; j < d; j += 8) acc = __fadd_rn(acc, __fmul_rn(qs[j], d_bf16(row[j])));
+            }
             acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
             acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
             acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 4));
@@ -54,8 +63,16 @@ static __device__ __forceinline__ void d_sparse_attn_query(const uint16_t *q, in
         }
         __syncthreads();
         if (t == 0) { /* block max in slot order, then the new running max and alpha */
+            float v[SA_BLOCK]; /* the scores in registers first: the serial chain waits on no shared load */
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k += 4) {
+                const float4 f = *(const float4 *)(sc + k);
+                v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
+            }
             float bmax = -INFINITY;
-            for (int k = 0; k < nb; k++) bmax = sc[k] > bmax ? sc[k] : bmax;
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k++)
+                if (k < nb) bmax = v[k] > bmax ? v[k] : bmax;
             float m = st[0], m_new = bmax > m ? bmax : m;
             st[1] = d_expf(__fsub_rn(m, m_new));
             st[0] = m_new;
@@ -69,31 +86,38 @@ static __device__ __forceinline__ void d_sparse_attn_query(const uint16_t *q, in
         }
         __syncthreads();
         if (t == 0) { /* l = l·alpha + sum_f32(p): 8 strided lanes combined pairwise */
-            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int k = 0; k < nb; k++) {
-                switch (k & 7) {
-                case 0: lane[0] = __fadd_rn(lane[0], sc[k]); break;
-                case 1: lane[1] = __fadd_rn(lane[1], sc[k]); break;
-                case 2: lane[2] = __fadd_rn(lane[2], sc[k]); break;
-                case 3: lane[3] = __fadd_rn(lane[3], sc[k]); break;
-                case 4: lane[4] = __fadd_rn(lane[4], sc[k]); break;
-                case 5: lane[5] = __fadd_rn(lane[5], sc[k]); break;
-                case 6: lane[6] = __fadd_rn(lane[6], sc[k]); break;
-                default: lane[7] = __fadd_rn(lane[7], sc[k]); break;
-                }
+            float v[SA_BLOCK], lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k += 4) {
+                const float4 f = *(const float4 *)(sc + k);
+                v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
             }
+#pragma unroll
+            for (int k = 0; k < SA_BLOCK; k++)
+                if (k < nb) lane[k & 7] = __fadd_rn(lane[k & 7], v[k]);
             float s = __fadd_rn(__fadd_rn(__fadd_rn(lane[0], lane[1]), __fadd_rn(lane[2], lane[3])),
                                 __fadd_rn(__fadd_rn(lane[4], lane[5]), __fadd_rn(lane[6], lane[7])));
             lsum = __fadd_rn(__fmul_rn(lsum, alpha), s);
         }
         /* PV for channels t and t + 512 */
         float pv0 = 0.0f, pv1 = 0.0f;
-        for (int k = 0; k < nb; k++) {
-            const uint16_t *row = rows[k];
-            if (!row) continue;
-            float p = pb[k];
-            if (t < d) pv0 = __fadd_rn(pv0, __fmul_rn(p, d_bf16(row[t])));
-            if (t + SA_THREADS < d) pv1 = __fadd_rn(pv1, __fmul_rn(p, d_bf16(row[t + SA_THREADS])));
+        for (int k0 = 0; k0 < nb; k0 += 8) { /* 8 slots' loads issued ahead of the dependent adds */
+            uint16_t c0[8], c1[8];
+            bool ok[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint16_t *row = k0 + i < nb ? rows[k0 + i] : NULL;
+                ok[i] = row != NULL;
+                c0[i] = ok[i] && t < d ? row[t] : 0;
+                c1[i] = ok[i] && t + SA_THREADS < d ? row[t + SA_THREADS] : 0;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (!ok[i]) continue; /* skipped slots add nothing, as before */
+                const float p = pb[k0 + i];
+                if (t < d) pv0 = __fadd_rn(pv0, __fmul_rn(p, d_bf16(c0[i])));
+                if (t + SA_THREADS < d) pv1 = __fadd_rn(pv1, __fmul_rn(p, d_bf16(c1[i])));
+            }
         }
         o0 = __fadd_rn(__fmul_rn(o0, alpha), pv0);
         o1 = __fadd_rn(__fmul_rn(o1, alpha), pv1);
