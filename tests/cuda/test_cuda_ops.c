@@ -775,6 +775,8 @@ static void test_router(int64_t M) {
     for (int e = 0; e < 16; e++) bias[e] = 0.05f;
     for (int e = 0; e < 8; e++) l[e] = l[8 + e] = 3.0f + 0.25f * (float)(e % 3); /* token 0: equal scores, ties on ids */
     if (M > 1) l[ne + 3] = NAN, l[ne + 200] = NAN;                               /* token 1: NaN never wins */
+    if (M > 2) /* token 2: three numbers, the rest NaN: the numbers first, then NaN experts by id */
+        for (int e = 0; e < ne; e++) l[2 * ne + e] = e == 7 || e == 100 || e == 383 ? 1.0f + 0.5f * (float)(e % 3) : NAN;
     int32_t *ic = xmalloc(sizeof *ic * (size_t)(M * k));
     float *wc = xmalloc(sizeof *wc * (size_t)(M * k));
     RUN(cpu->router(cpu, l, M, ne, bias, 1.0f, k, true, 1.5f, ic, wc, E));
@@ -1454,7 +1456,7 @@ int main(int argc, char **argv) {
         free(q);
         test_topk(3, 2000, 64, 7);
         test_sparse_attn(2, 40, 100, 60, 1);
-        test_router(2);
+        test_router(3);
         test_swiglu(2, 64, 1, 10.0f);
         {
             const int64_t c4[] = {7, 2, 1, 5};

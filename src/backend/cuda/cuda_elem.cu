@@ -212,31 +212,62 @@ static __device__ __forceinline__ bool router_beats(float sa, int ia, float sb, 
     return sa > sb || (sa == sb && ia < ib);
 }
 
-/* One block per token: σ and σ + bias of every expert in parallel into shared memory; then each expert's
- * rank = the number of experts that beat it (router_beats is a strict total order: score descending,
- * ids breaking ties, NaN after every number and among themselves by id), so the experts of rank < k
- * are the CPU's sorted best-k list — its insertion keeps exactly the k greatest in this order — found
- * with n_exp compares per expert in parallel instead of one thread's insertion (55 µs per decode token
- * for 384 experts on the H200, 2026-11-30). Thread 0 then sums the weights in selection order.
- * Shared: f32 [2, n_exp] + int [ROUTER_MAX_TOPK]. */
+/* The better of (s, i) and (os, oi) under router_beats; id −1 = none yet */
+static __device__ __forceinline__ void router_take(float &s, int &i, float os, int oi) {
+    if (oi >= 0 && (i < 0 || router_beats(os, oi, s, i))) s = os, i = oi;
+}
+
+/* One block per token: σ and σ + bias of every expert in parallel into shared memory; then k rounds of a
+ * block-wide argmax under router_beats over the experts not yet chosen. router_beats is a strict total
+ * order (score descending, ids breaking ties, NaN after every number and among themselves by id), so
+ * each round's maximum is unique whatever the reduction order, and the k maxima in round order are the
+ * CPU's sorted best-k list (its insertion keeps exactly the k greatest in this order). Before, each
+ * expert counted the experts that beat it (n_exp compares per thread): the warps holding a chosen
+ * expert ran all 384 compares, 30 µs per decode token on the H200 (2026-12-01); the rounds take a few
+ * µs. Thread 0 then sums the weights in selection order.
+ * Shared: f32 [2, n_exp] + u8 [n_exp] (taken) + the per-warp partial maxima + int [ROUTER_MAX_TOPK]. */
 __global__ void router_kernel(const float *logits, int n_exp, const float *bias, float temp, int k, float scale,
                               int32_t *ids, float *weights) {
-    extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias */
+    extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias; then u8 [n_exp]: chosen already */
     __shared__ int chosen[ROUTER_MAX_TOPK];
+    __shared__ float part_s[32];
+    __shared__ int part_i[32];
     float *sig = rsh, *sc = rsh + n_exp;
+    uint8_t *taken = (uint8_t *)(rsh + 2 * n_exp);
     const float *l = logits + (int64_t)blockIdx.x * n_exp;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
         sig[e] = router_sigma(l[e], temp);
         sc[e] = __fadd_rn(sig[e], bias ? bias[e] : 0.0f);
+        taken[e] = 0;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
-        const float s = sc[e];
-        int rank = 0;
-        for (int f = 0; f < n_exp && rank < k; f++) rank += router_beats(sc[f], f, s, e);
-        if (rank < k) chosen[rank] = e;
+    for (int j = 0; j < k; j++) {
+        float bs = 0.0f;
+        int bi = -1;
+        for (int e = threadIdx.x; e < n_exp; e += blockDim.x)
+            if (!taken[e]) router_take(bs, bi, sc[e], e);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float os = __shfl_xor_sync(0xffffffffu, bs, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            router_take(bs, bi, os, oi);
+        }
+        if (lane == 0) part_s[warp] = bs, part_i[warp] = bi;
+        __syncthreads();
+        if (warp == 0) {
+            bs = 0.0f, bi = -1;
+            if (lane < nwarps) bs = part_s[lane], bi = part_i[lane];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const float os = __shfl_xor_sync(0xffffffffu, bs, off);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+                router_take(bs, bi, os, oi);
+            }
+            if (lane == 0) chosen[j] = bi, taken[bi] = 1; /* k ≤ n_exp: some expert is always left */
+        }
+        __syncthreads();
     }
-    __syncthreads();
     if (threadIdx.x) return;
     int32_t *id = ids + (int64_t)blockIdx.x * k;
     float *w = weights + (int64_t)blockIdx.x * k;
@@ -260,8 +291,13 @@ extern "C" int di_cuda_router(const di_backend *be, const float *logits, int64_t
         return di_error_set(err, DI_ERR_INVALID, "cuda router: top-%d of %d experts", k, n_exp);
     if (!normalize) return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda router: norm_topk_prob = false");
     if (m == 0) return DI_OK;
-    router_kernel<<<(unsigned)m, 384, 2 * n_exp * sizeof(float), di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp,
-                                                                                               k, scale, ids, weights);
+    const size_t smem = 2 * (size_t)n_exp * sizeof(float) + (size_t)n_exp;
+    static bool raised = false; /* past 48 KiB (more than 6,000 experts) the kernel needs the opt-in */
+    if (smem > 48 * 1024 && !raised) {
+        cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * 8192 * 4 + 8192);
+        raised = true;
+    }
+    router_kernel<<<(unsigned)m, 384, smem, di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp, k, scale, ids, weights);
     return di_cuda_launched("router", err);
 }
 
