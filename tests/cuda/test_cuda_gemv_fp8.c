@@ -2,16 +2,16 @@
  *
  * 1. Exactness, at the V4.1 FP8 linear shapes (spec §2.4: the Engram projection k6144 n25600, wo_b k8192 n5120,
  *    wq_b k1280 n32768, wkv / shared-expert / router-side k5120 n2304 / n1280 / n512, k2304 n5120, k1280 n4096)
- *    for M = 1 and 2, both column tiles, and at edge shapes (K = 32 / 96 / 544 / 4608, N = 1 / 9 / 33 / 100,
- *    N and K tails of a tile and of a 512-byte step) with NaN / ±inf x rows, e4m3 NaN weight codes and
+ *    for M = 1 and 2, every column tile (1, 2, 4, 8; two rows up to 4), and at edge shapes (K = 32 / 96 /
+ *    544 / 4608 / 8192, N = 1 / 8 / 9 / 12 / 33 / 37 / 100: N and K tails of a tile and of a 512-byte step) with NaN / ±inf x rows, e4m3 NaN weight codes and
  *    extreme weight scales (bytes 0, 254, 255): every output of the new kernel against act_quant + the
  *    GEMV of cuda_gemv.cuh (bit for bit, NaN bits included, both GPU) and against the CPU op
  *    (bit for bit; NaN counted as NaN: the CPU's NaN payloads differ from the GPU's canonical NaN).
- * 2. The linear_fp8 slot at M = 1 / 2 (the new kernel by default where N ≥ 2048, else the current GEMV)
+ * 2. The linear_fp8 slot at M = 1 / 2 (the new kernel by default where N ≥ 1024, else the current GEMV)
  *    and with the new kernel switched off, each against the current GEMV (all bits).
  * 3. DI_BENCH=1: µs per call at the V4.1 shapes, weights rotated over ≥ 256 MB of copies (every call reads
  *    HBM), best of 5 batches: act_quant + the current GEMV (what the slot ran before), the current GEMV
- *    alone on codes, the new kernel with 4- and 8-column tiles; GB/s and % of 4470 GB/s on weights + scales;
+ *    alone on codes, the new kernel with 1- to 8-column tiles; GB/s and % of 4470 GB/s on weights + scales;
  *    a plain 16-byte streaming read of the same bytes.
  * Usage: test_cuda_gemv_fp8; DI_BENCH=1 adds the bench; DI_QUICK=1 only the edge shapes; DI_PROFILE=1 only
  * one call of each kernel at the Engram projection shape (for ncu). Last line
@@ -101,7 +101,7 @@ static void check_case(int64_t M, int64_t N, int64_t K, int special) {
     char sh[64];
     snprintf(sh, sizeof sh, "M%lld N%lld K%lld%s", (long long)M, (long long)N, (long long)K, special ? " +NaN/inf" : "");
     row("current gemv vs CPU (NaN class)", sh, diff(y_cur, y_cpu, M * N, 1), M * N);
-    for (int nc = 4; nc <= (M == 1 ? 8 : 4); nc += 4) { /* two rows always take 4 columns */
+    for (int nc = 1; nc <= (M == 1 ? 8 : 4); nc *= 2) { /* two rows take at most 4 columns */
         di_cuda_gemv_fp8_set_tile(nc);
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
         CU(cudaDeviceSynchronize());
@@ -162,8 +162,8 @@ static void bench(void) {
     printf("\n# SM clock: %.0f MHz\n", di_cuda_sm_clock_mhz(st));
     printf("# bench (us per call; GB/s and %% of 4470 GB/s on weights + scales; best of 5 batches, weights rotated\n"
            "# over >= 256 MB): slot-old = act_quant + cuda_gemv.cuh (two launches); codes = cuda_gemv.cuh alone on\n"
-           "# act-quantized rows; new4 / new8 = cuda_gemv_fp8.cu (act-quant fused) with 4 / 8-column tiles (M 2 takes\n"
-           "# 4 columns either way); read = a\n"
+           "# act-quantized rows; new1 ... new8 = cuda_gemv_fp8.cu (act-quant fused) with 1 / 2 / 4 / 8-column tiles (M 2\n"
+           "# runs 4 for 8); best = its %% of the roofline; read = a\n"
            "# plain 16-byte streaming read of the weight bytes\n");
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
         const int64_t N = sh[i].n, K = sh[i].k, wb = N * K, sb = ((N + 31) / 32) * (K / 32);
@@ -181,21 +181,22 @@ static void bench(void) {
         double rd, by = (double)(wb + sb);
         BATCH(rd, R, di_cuda_stream_read(dw[r], wb, sink, st));
         for (int64_t M = 1; M <= 2; M++) {
-            double t_old, t_codes, t[2];
+            double t_old, t_codes, t[4], best = 1e30;
             di_cuda_gemv_fp8_set_enabled(0);
             BATCH(t_old, R, RUN(gpu->linear_fp8(gpu, dx, M, K, dw[r], ds[r], N, dy, E)));
             di_cuda_gemv_fp8_set_enabled(1);
             BATCH(t_codes, R, RUN(di_cuda_gemv_codes(gpu, 0, xq, xs, M, K, dw[r], ds[r], N, dy, E)));
-            for (int a = 0; a < 2; a++) {
-                di_cuda_gemv_fp8_set_tile(a ? 8 : 4);
+            for (int a = 0; a < 4; a++) { /* tiles 1, 2, 4, 8 (M 2: 8 runs 4) */
+                di_cuda_gemv_fp8_set_tile(1 << a);
                 BATCH(t[a], R, RUN(di_cuda_gemv_fp8_run(dx, M, K, dw[r], ds[r], N, dy, st, E)));
+                if (t[a] < best) best = t[a];
             }
             di_cuda_gemv_fp8_set_tile(0);
             printf("bench gemv_fp8 %-12s N%-5lld K%-5lld M%lld | slot-old %7.2f us %5.0f GB/s %5.1f %% | codes %7.2f us "
-                   "%5.0f GB/s %5.1f %% | new4 %7.2f us %5.0f GB/s %5.1f %% | new8 %7.2f us %5.0f GB/s %5.1f %% | read "
+                   "%5.0f GB/s %5.1f %% | new1 %7.2f | new2 %7.2f | new4 %7.2f | new8 %7.2f us | best %5.1f %% | read "
                    "%6.2f us %5.0f GB/s | best vs slot-old %.2fx\n",
-                   sh[i].name, (long long)N, (long long)K, (long long)M, GBS(t_old), GBS(t_codes), GBS(t[0]), GBS(t[1]),
-                   rd * 1e3, by / (rd * 1e6), t_old / (t[0] < t[1] ? t[0] : t[1]));
+                   sh[i].name, (long long)N, (long long)K, (long long)M, GBS(t_old), GBS(t_codes), t[0] * 1e3, t[1] * 1e3,
+                   t[2] * 1e3, t[3] * 1e3, 100 * by / (best * 1e6) / 4470, rd * 1e3, by / (rd * 1e6), t_old / best);
         }
         for (int r = 0; r < R; r++) cudaFree(dw[r]), cudaFree(ds[r]);
         free(w), free(s), free(dw), free(ds), free(x), cudaFree(dx), cudaFree(dy), cudaFree(xq), cudaFree(xs);

@@ -259,7 +259,7 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     if ((uintptr_t)w % 16)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: weight pointer not 16-byte aligned", op);
     if (m == 0 || n == 0) return DI_OK;
-    /* one or two FP8 rows of a weight with N ≥ 2048: the GEMV with the act-quant fused in (cuda_gemv_fp8.cu;
+    /* one or two FP8 rows of a weight with N ≥ 1024: the GEMV with the act-quant fused in (cuda_gemv_fp8.cu;
      * DI_CUDA_GEMV_FP8=0 takes act-quant + the GEMV below), the same bits, one launch, no workspace */
     if (variant == 0 && !fp4 && di_cuda_gemv_fp8_enabled() && di_cuda_gemv_fp8_wants(m, k, n, x, w))
         return di_cuda_gemv_fp8_run(x, m, k, w, wsc, n, y, di_cuda_state(be)->stream, err);

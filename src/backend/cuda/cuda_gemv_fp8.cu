@@ -25,8 +25,8 @@
  * row m, column c to its running f32 sum in block order, so the ordered sum costs no barrier and no
  * serial tail: after the prologue (table, act-quant, one barrier) warps never wait for each other. A CTA
  * per SM (the table is per CTA), warps sized so that every warp gets the same number of tiles ± 1. The
- * kernel wants many tiles (N / NC against 132 SMs × 16 warps): narrow weights keep cuda_gemv.cuh, whose
- * warps split K. */
+ * kernel wants many tiles (N / NC against 132 SMs × 16 warps): tiles of 1 to 8 columns by N, and weights
+ * under 1024 columns keep cuda_gemv.cuh, whose warps split K. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -228,27 +228,27 @@ extern "C" int di_cuda_gemv_fp8_enabled(void) {
 }
 extern "C" void di_cuda_gemv_fp8_set_enabled(int on) { g_g8_on = on ? 1 : 0; }
 
-static int g_g8_nc = 0; /* 0: the rule in g8_cols; 4 / 8 forced (tests, bench) */
-extern "C" void di_cuda_gemv_fp8_set_tile(int nc) { g_g8_nc = nc == 4 || nc == 8 ? nc : 0; }
+static int g_g8_nc = 0; /* 0: the rule in g8_cols; 1 / 2 / 4 / 8 forced (tests, bench) */
+extern "C" void di_cuda_gemv_fp8_set_tile(int nc) { g_g8_nc = nc == 1 || nc == 2 || nc == 4 || nc == 8 ? nc : 0; }
 
 extern "C" int di_cuda_gemv_fp8_fits(int64_t m, int64_t k, const void *x, const void *w) {
     return m >= 1 && m <= 2 && k >= 32 && k % 32 == 0 && k <= G8_MAX_K && (uintptr_t)x % 16 == 0 &&
            (uintptr_t)w % 16 == 0;
 }
 
-/* Where the slot takes this kernel: it wants N / 4 tiles against 132 SMs × 16 warps. H200, 2026-12-01
- * (tests/cuda/test_cuda_gemv_fp8.c bench, against act_quant + cuda_gemv.cuh): 1.17× at K 5120 N 2304,
- * 1.6-1.9× at N ≥ 4096; 0.9× at N 1280, 0.4× at N 512. */
+/* Where the slot takes this kernel: a warp owns NC columns, and narrow weights give too few warps even
+ * at one column per tile. H200, 2026-12-01 (tests/cuda/test_cuda_gemv_fp8.c bench, against act_quant +
+ * cuda_gemv.cuh): 1.3-1.5× at N 1280, 1.4-1.6× at N 2304, 1.6-2.2× from N 4096; 0.9-1.0× at N 512. */
 extern "C" int di_cuda_gemv_fp8_wants(int64_t m, int64_t k, int64_t n, const void *x, const void *w) {
-    return n >= 2048 && di_cuda_gemv_fp8_fits(m, k, x, w);
+    return n >= 1024 && di_cuda_gemv_fp8_fits(m, k, x, w);
 }
 
-/* Columns per tile. Both give the same bits; 8 shares each x decode over more columns, 4 makes more
- * tiles for narrower weights. */
+/* Columns per tile: all give the same bits; more columns share each x decode, fewer make more tiles.
+ * Measured on the H200 (same bench): 8 at N 25600 / 32768 (one row; two rows take 4: registers), 4 at N
+ * 5120, 2 at N 2304 / 4096, 1 at N 1280. */
 static int g8_cols(int64_t m, int64_t n) {
-    if (m == 2) return 4; /* 8 columns of two rows would not fit the registers */
-    if (g_g8_nc) return g_g8_nc;
-    return n >= 16384 ? 8 : 4; /* H200, 2026-12-01: 8 wins at n 25600 / 32768, 4 at n 2304 … 5120 */
+    if (g_g8_nc) return m == 2 && g_g8_nc == 8 ? 4 : g_g8_nc;
+    return n >= 16384 ? (m == 1 ? 8 : 4) : n > 4096 ? 4 : n >= 2048 ? 2 : 1;
 }
 
 static int g8_sms(void) {
@@ -288,6 +288,14 @@ extern "C" int di_cuda_gemv_fp8_run(const uint16_t *x, int64_t m, int64_t k, con
                             (long long)m, (long long)k, G8_MAX_K, (long long)n);
     cudaStream_t st = (cudaStream_t)stream;
     const int nc = g8_cols(m, n);
-    if (m == 2) return g8_launch<2, 4, 3>(x, m, k, w, ws, n, y, st, err);
-    return nc == 8 ? g8_launch<1, 8, 2>(x, m, k, w, ws, n, y, st, err) : g8_launch<1, 4, 3>(x, m, k, w, ws, n, y, st, err);
+    /* fewer columns per tile: more warps for narrow weights, a deeper ring for the smaller steps */
+    switch (m * 10 + nc) {
+    case 11: return g8_launch<1, 1, 5>(x, m, k, w, ws, n, y, st, err);
+    case 12: return g8_launch<1, 2, 4>(x, m, k, w, ws, n, y, st, err);
+    case 18: return g8_launch<1, 8, 2>(x, m, k, w, ws, n, y, st, err);
+    case 21: return g8_launch<2, 1, 5>(x, m, k, w, ws, n, y, st, err);
+    case 22: return g8_launch<2, 2, 4>(x, m, k, w, ws, n, y, st, err);
+    case 24: return g8_launch<2, 4, 3>(x, m, k, w, ws, n, y, st, err);
+    default: return g8_launch<1, 4, 3>(x, m, k, w, ws, n, y, st, err);
+    }
 }

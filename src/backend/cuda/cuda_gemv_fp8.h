@@ -15,14 +15,14 @@ int di_cuda_gemv_fp8_enabled(void);
 void di_cuda_gemv_fp8_set_enabled(int on);
 /* Whether the kernel takes the call: 1 ≤ m ≤ 2, k a multiple of 32 up to 8192, x and w 16-byte aligned */
 int di_cuda_gemv_fp8_fits(int64_t m, int64_t k, const void *x, const void *w);
-/* Whether linear_fp8 should take it: it fits and N ≥ 2048 (narrower weights are faster on the GEMV of
- * cuda_gemv.cuh, whose warps split K) */
+/* Whether linear_fp8 should take it: it fits and N ≥ 1024 (narrower weights are as fast or faster on the
+ * GEMV of cuda_gemv.cuh, whose warps split K) */
 int di_cuda_gemv_fp8_wants(int64_t m, int64_t k, int64_t n, const void *x, const void *w);
 /* y bf16 [m, n] = linear_fp8 of x bf16 [m, k] with w e4m3 [n, k] and ws E8M0 [ceil(n/32), k/32] (device
  * pointers), on stream (a cudaStream_t) */
 int di_cuda_gemv_fp8_run(const uint16_t *x, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws, int64_t n,
                          uint16_t *y, void *stream, di_error *err);
-/* Tests and bench: the column tile, 4 or 8; 0 = the default rule */
+/* Tests and bench: the column tile, 1, 2, 4 or 8 (two rows: 8 means 4); 0 = the default rule */
 void di_cuda_gemv_fp8_set_tile(int nc);
 #ifdef __cplusplus
 }
