@@ -60,6 +60,26 @@ static inline void *dev_poisoned(size_t n) {
     return d;
 }
 
+/* A device buffer's n bytes in a fresh host buffer, once the whole device is idle. */
+static inline void *ct_down(const void *d, size_t n) {
+    void *h = xmalloc(n);
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* bf16 NaN (exponent all ones, mantissa not zero) */
+static inline int ct_bf16_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
+/* bf16 outputs of a and b [n] that differ; nan_class: a NaN equals any NaN (payloads differ between the
+ * GPU's canonical NaN and the CPU's) */
+static inline int64_t ct_bf16_diff(const uint16_t *a, const uint16_t *b, int64_t n, int nan_class) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += nan_class && (ct_bf16_nan(a[i]) || ct_bf16_nan(b[i])) ? !(ct_bf16_nan(a[i]) && ct_bf16_nan(b[i]))
+                                                                      : a[i] != b[i];
+    return bad;
+}
+
 /* xorshift64* on the caller's state; uniform in [0, 1) from its top 53 bits; a normal deviate by
  * Box-Muller from two uniforms drawn in that order. */
 static inline uint64_t ct_xorshift(uint64_t *s) {

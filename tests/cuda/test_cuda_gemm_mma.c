@@ -41,24 +41,9 @@ static di_error g_err;
 static uint64_t rng = 0x5DEECE66Dull;
 static uint64_t rnd(void) { return ct_xorshift(&rng); }
 
-static void *down(const void *d, size_t n) {
-    void *h = xmalloc(n);
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-    return h;
-}
-
-static int bf16_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
-/* outputs that differ; nan_class: NaN equals any NaN */
-static int64_t diff(const uint16_t *a, const uint16_t *b, int64_t n, int nan_class) {
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad += nan_class && (bf16_nan(a[i]) || bf16_nan(b[i])) ? !(bf16_nan(a[i]) && bf16_nan(b[i])) : a[i] != b[i];
-    return bad;
-}
 static int64_t count_nan(const uint16_t *a, int64_t n) {
     int64_t c = 0;
-    for (int64_t i = 0; i < n; i++) c += bf16_nan(a[i]);
+    for (int64_t i = 0; i < n; i++) c += ct_bf16_nan(a[i]);
     return c;
 }
 static void row(const char *what, const char *shape, int64_t bad, int64_t n) {
@@ -138,10 +123,10 @@ static void tile_check(const weight *W, int64_t M, const uint8_t *xq, const uint
     CU(cudaDeviceSynchronize());
     RUN(di_cuda_gemm_mma_run(W->fp8 ? 0 : 1, xq, xs, M, K, W->dw, W->dws, N, dy, xd, st, E));
     RUN(di_backend_cuda_sync(gpu, E));
-    uint16_t *y_t = down(dy, 2 * (size_t)(M * N));
+    uint16_t *y_t = ct_down(dy, 2 * (size_t)(M * N));
     char what[80];
     snprintf(what, sizeof what, "mma tile %d occ %d split %s%d vs qgemm (all bits)", bm, occ, split ? "" : "rule ", S);
-    row(what, sh, diff(y_t, y_ref, M * N, 0), M * N);
+    row(what, sh, ct_bf16_diff(y_t, y_ref, M * N, 0), M * N);
     if (split >= 2 && S < 2) printf("# %s: split %d not taken (the scratch cap)\n", sh, split);
     free(y_t);
     cudaFree(xd);
@@ -168,14 +153,14 @@ static void check(const weight *W, int64_t M, int cpu_cmp, int special) {
     di_cuda_gemm_mma_set_enabled(0);
     RUN(slot(W, dx, M, dy));
     RUN(di_backend_cuda_sync(gpu, E));
-    uint16_t *y_ref = down(dy, 2 * (size_t)(M * N));
+    uint16_t *y_ref = ct_down(dy, 2 * (size_t)(M * N));
     di_cuda_gemm_mma_set_enabled(1);
     CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
     CU(cudaDeviceSynchronize());
     RUN(slot(W, dx, M, dy));
     RUN(di_backend_cuda_sync(gpu, E));
-    uint16_t *y_mma = down(dy, 2 * (size_t)(M * N));
-    row("slot mma vs qgemm_kernel (all bits)", sh, diff(y_mma, y_ref, M * N, 0), M * N);
+    uint16_t *y_mma = ct_down(dy, 2 * (size_t)(M * N));
+    row("slot mma vs qgemm_kernel (all bits)", sh, ct_bf16_diff(y_mma, y_ref, M * N, 0), M * N);
     if (special) {
         const int64_t nans = count_nan(y_ref, M * N);
         printf("# %s: %lld NaN outputs (expected: the even rows, the NaN-scale / NaN-code columns)\n", sh, (long long)nans);
@@ -200,7 +185,7 @@ static void check(const weight *W, int64_t M, int cpu_cmp, int special) {
         uint16_t *y_cpu = xmalloc(2 * (size_t)(M * N));
         if (W->fp8) RUN(cpu->linear_fp8(cpu, x, M, K, W->w, W->ws, N, y_cpu, E));
         else RUN(cpu->linear_fp4(cpu, x, M, K, W->w, W->ws, N, y_cpu, E));
-        row("slot mma vs CPU op (NaN class)", sh, diff(y_mma, y_cpu, M * N, 1), M * N);
+        row("slot mma vs CPU op (NaN class)", sh, ct_bf16_diff(y_mma, y_cpu, M * N, 1), M * N);
         free(y_cpu);
     }
     free(x), free(y_ref), free(y_mma);

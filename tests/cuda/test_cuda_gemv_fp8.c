@@ -34,25 +34,10 @@ static int n_fail, n_pass;
 static di_error g_err;
 #define E (&g_err)
 
-static void *down(const void *d, size_t n) {
-    void *h = xmalloc(n);
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-    return h;
-}
-
 static uint64_t rng = 0x7A3F1C9B55E0D241ull;
 static uint64_t rnd(void) { return ct_xorshift(&rng); }
 static double gauss(void) { return ct_gauss(&rng); }
 
-static int bf16_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
-/* outputs that differ; nan_class: NaN equals any NaN */
-static int64_t diff(const uint16_t *a, const uint16_t *b, int64_t n, int nan_class) {
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad += nan_class && (bf16_nan(a[i]) || bf16_nan(b[i])) ? !(bf16_nan(a[i]) && bf16_nan(b[i])) : a[i] != b[i];
-    return bad;
-}
 static void row(const char *what, const char *shape, int64_t bad, int64_t n) {
     printf("%-46s %-32s %s  %lld of %lld outputs differ\n", what, shape, bad ? "FAIL" : "PASS", (long long)bad,
            (long long)n);
@@ -97,22 +82,22 @@ static void check_case(int64_t M, int64_t N, int64_t K, int special) {
     uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * KB));
     RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
     RUN(di_cuda_gemv_codes(gpu, 0, xq, xs, M, K, dw, dws, N, dy, E));
-    uint16_t *y_cur = down(dy, 2 * (size_t)(M * N));
+    uint16_t *y_cur = ct_down(dy, 2 * (size_t)(M * N));
     char sh[64];
     snprintf(sh, sizeof sh, "M%lld N%lld K%lld%s", (long long)M, (long long)N, (long long)K, special ? " +NaN/inf" : "");
-    row("current gemv vs CPU (NaN class)", sh, diff(y_cur, y_cpu, M * N, 1), M * N);
+    row("current gemv vs CPU (NaN class)", sh, ct_bf16_diff(y_cur, y_cpu, M * N, 1), M * N);
     for (int nc = 1; nc <= (M == 1 ? 8 : 4); nc *= 2) { /* two rows take at most 4 columns */
         di_cuda_gemv_fp8_set_tile(nc);
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
         CU(cudaDeviceSynchronize());
         RUN(di_cuda_gemv_fp8_run(dx, M, K, dw, dws, N, dy, st, E));
         RUN(di_backend_cuda_sync(gpu, E));
-        uint16_t *y_new = down(dy, 2 * (size_t)(M * N));
+        uint16_t *y_new = ct_down(dy, 2 * (size_t)(M * N));
         char what[64];
         snprintf(what, sizeof what, "gemv_fp8 tile %d vs current (all bits)", nc);
-        row(what, sh, diff(y_new, y_cur, M * N, 0), M * N);
+        row(what, sh, ct_bf16_diff(y_new, y_cur, M * N, 0), M * N);
         snprintf(what, sizeof what, "gemv_fp8 tile %d vs CPU (NaN class)", nc);
-        row(what, sh, diff(y_new, y_cpu, M * N, 1), M * N);
+        row(what, sh, ct_bf16_diff(y_new, y_cpu, M * N, 1), M * N);
         free(y_new);
     }
     di_cuda_gemv_fp8_set_tile(0);
@@ -123,9 +108,9 @@ static void check_case(int64_t M, int64_t N, int64_t K, int special) {
         CU(cudaDeviceSynchronize());
         RUN(gpu->linear_fp8(gpu, dx, M, K, dw, dws, N, dy, E));
         RUN(di_backend_cuda_sync(gpu, E));
-        uint16_t *y_slot = down(dy, 2 * (size_t)(M * N));
+        uint16_t *y_slot = ct_down(dy, 2 * (size_t)(M * N));
         row(on ? "linear_fp8 slot (gemv_fp8 on) vs current" : "linear_fp8 slot (gemv_fp8 off) vs current", sh,
-            diff(y_slot, y_cur, M * N, 0), M * N);
+            ct_bf16_diff(y_slot, y_cur, M * N, 0), M * N);
         free(y_slot);
     }
     di_cuda_gemv_fp8_set_enabled(1);

@@ -30,13 +30,6 @@ static int n_fail, n_pass;
 static di_error g_err;
 #define E (&g_err)
 
-static void *down(const void *d, size_t n) {
-    void *h = xmalloc(n);
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-    return h;
-}
-
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void) {
     rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
@@ -47,14 +40,6 @@ static double gauss(void) {
     return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
 }
 
-static int bf16_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
-/* outputs that differ; nan_class: NaN equals any NaN */
-static int64_t diff(const uint16_t *a, const uint16_t *b, int64_t n, int nan_class) {
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad += nan_class && (bf16_nan(a[i]) || bf16_nan(b[i])) ? !(bf16_nan(a[i]) && bf16_nan(b[i])) : a[i] != b[i];
-    return bad;
-}
 static void row(const char *what, const char *shape, int64_t bad, int64_t n) {
     printf("%-44s %-34s %s  %lld of %lld outputs differ\n", what, shape, bad ? "FAIL" : "PASS", (long long)bad,
            (long long)n);
@@ -86,22 +71,22 @@ static void check_case(const char *name, int64_t M, int64_t N, int64_t K, int sp
     uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * K / 32));
     RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
     RUN(di_cuda_gemv_codes(gpu, 1, xq, xs, M, K, dw, dws, N, dy, E));
-    uint16_t *y_cur = down(dy, 2 * (size_t)(M * N));
+    uint16_t *y_cur = ct_down(dy, 2 * (size_t)(M * N));
     char sh[64];
     snprintf(sh, sizeof sh, "M%lld N%lld K%lld%s", (long long)M, (long long)N, (long long)K, special ? " +NaN/inf" : "");
-    row("current gemv vs CPU (NaN class)", sh, diff(y_cur, y_cpu, M * N, 1), M * N);
+    row("current gemv vs CPU (NaN class)", sh, ct_bf16_diff(y_cur, y_cpu, M * N, 1), M * N);
     for (int nc = 8; nc <= 16; nc += 8) {
         di_cuda_gemv_mma_set_tile(nc);
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
         CU(cudaDeviceSynchronize());
         RUN(di_cuda_gemv_mma_codes(gpu, xq, xs, M, K, dw, dws, N, dy, E));
         RUN(di_backend_cuda_sync(gpu, E));
-        uint16_t *y_mma = down(dy, 2 * (size_t)(M * N));
+        uint16_t *y_mma = ct_down(dy, 2 * (size_t)(M * N));
         char what[64];
         snprintf(what, sizeof what, "mma gemv tile %d vs current (all bits)", nc);
-        row(what, sh, diff(y_mma, y_cur, M * N, 0), M * N);
+        row(what, sh, ct_bf16_diff(y_mma, y_cur, M * N, 0), M * N);
         snprintf(what, sizeof what, "mma gemv tile %d vs CPU (NaN class)", nc);
-        row(what, sh, diff(y_mma, y_cpu, M * N, 1), M * N);
+        row(what, sh, ct_bf16_diff(y_mma, y_cpu, M * N, 1), M * N);
         free(y_mma);
     }
     di_cuda_gemv_mma_set_tile(0);
@@ -110,8 +95,8 @@ static void check_case(const char *name, int64_t M, int64_t N, int64_t K, int sp
     CU(cudaDeviceSynchronize());
     RUN(gpu->linear_fp4(gpu, dx, M, K, dw, dws, N, dy, E));
     RUN(di_backend_cuda_sync(gpu, E));
-    uint16_t *y_slot = down(dy, 2 * (size_t)(M * N));
-    row("linear_fp4 slot (DI_CUDA_GEMV=mma) vs CPU", sh, diff(y_slot, y_cpu, M * N, 1), M * N);
+    uint16_t *y_slot = ct_down(dy, 2 * (size_t)(M * N));
+    row("linear_fp4 slot (DI_CUDA_GEMV=mma) vs CPU", sh, ct_bf16_diff(y_slot, y_cpu, M * N, 1), M * N);
     (void)name;
     free(x), free(w), free(ws), free(y_cpu), free(y_cur), free(y_slot);
     cudaFree(dx), cudaFree(dy), cudaFree(dw), cudaFree(dws), cudaFree(xq), cudaFree(xs);
@@ -185,7 +170,7 @@ static void check_moe(int64_t T, int rep) {
         CU(cudaDeviceSynchronize());
         RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dwt, MOE_K, 16, g_ex, 10.0f, dacc, E));
         RUN(di_backend_cuda_sync(gpu, E));
-        acc[on] = down(dacc, 4 * (size_t)(T * MOE_D));
+        acc[on] = ct_down(dacc, 4 * (size_t)(T * MOE_D));
     }
     di_cuda_gemv_mma_set_enabled(1);
     int64_t bad = 0;
