@@ -38,6 +38,19 @@ static inline int di_cuda_launched(const char *op, di_error *err) {
 
 static inline unsigned di_cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
+/* The current device's SM count (132, the H200's, when the query fails), asked once per file: the
+ * persistent and split-K grids size themselves by it. */
+static inline int di_cuda_sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            n < 1)
+            n = 132;
+    }
+    return n;
+}
+
 /* The backend's private state (backend_cuda.cu). Ops run on `stream`; `ws` is device scratch grown on
  * demand (the activation codes of the quantized GEMMs, block maxima of the candidate mask). */
 typedef struct di_cuda_impl {

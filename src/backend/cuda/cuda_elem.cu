@@ -198,6 +198,9 @@ extern "C" int di_cuda_swiglu(const di_backend *be, const uint16_t *g, const uin
 
 /* ---------------- router ---------------- */
 #define ROUTER_MAX_TOPK 64 /* DI_ROUTER_MAX_TOPK of cpu_ops.h */
+#define ROUTER_MAX_EXPERTS 8192
+/* router_kernel's dynamic shared memory: σ and σ + bias f32, a taken flag u8, per expert */
+#define ROUTER_SMEM(n_exp) ((size_t)(n_exp) * (2 * sizeof(float) + 1))
 
 static __device__ __forceinline__ float router_sigma(float l, float temp) {
     float x = __fdiv_rn(l, temp);
@@ -215,6 +218,16 @@ static __device__ __forceinline__ bool router_beats(float sa, int ia, float sb, 
 /* The better of (s, i) and (os, oi) under router_beats; id −1 = none yet */
 static __device__ __forceinline__ void router_take(float &s, int &i, float os, int oi) {
     if (oi >= 0 && (i < 0 || router_beats(os, oi, s, i))) s = os, i = oi;
+}
+
+/* the best (s, i) of the warp's lanes, on every lane */
+static __device__ __forceinline__ void router_warp_best(float &s, int &i) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float os = __shfl_xor_sync(0xffffffffu, s, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+        router_take(s, i, os, oi);
+    }
 }
 
 /* One block per token: σ and σ + bias of every expert in parallel into shared memory; then k rounds of a
@@ -247,23 +260,13 @@ __global__ void router_kernel(const float *logits, int n_exp, const float *bias,
         int bi = -1;
         for (int e = threadIdx.x; e < n_exp; e += blockDim.x)
             if (!taken[e]) router_take(bs, bi, sc[e], e);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float os = __shfl_xor_sync(0xffffffffu, bs, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            router_take(bs, bi, os, oi);
-        }
+        router_warp_best(bs, bi);
         if (lane == 0) part_s[warp] = bs, part_i[warp] = bi;
         __syncthreads();
         if (warp == 0) {
             bs = 0.0f, bi = -1;
             if (lane < nwarps) bs = part_s[lane], bi = part_i[lane];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                const float os = __shfl_xor_sync(0xffffffffu, bs, off);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-                router_take(bs, bi, os, oi);
-            }
+            router_warp_best(bs, bi);
             if (lane == 0) chosen[j] = bi, taken[bi] = 1; /* k ≤ n_exp: some expert is always left */
         }
         __syncthreads();
@@ -287,14 +290,14 @@ __global__ void router_kernel(const float *logits, int n_exp, const float *bias,
 extern "C" int di_cuda_router(const di_backend *be, const float *logits, int64_t m, int n_exp, const float *bias,
                               float temp, int k, bool normalize, float scale, int32_t *ids, float *weights,
                               di_error *err) {
-    if (k <= 0 || k > n_exp || k > ROUTER_MAX_TOPK || n_exp > 8192 || m < 0)
+    if (k <= 0 || k > n_exp || k > ROUTER_MAX_TOPK || n_exp > ROUTER_MAX_EXPERTS || m < 0)
         return di_error_set(err, DI_ERR_INVALID, "cuda router: top-%d of %d experts", k, n_exp);
     if (!normalize) return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda router: norm_topk_prob = false");
     if (m == 0) return DI_OK;
-    const size_t smem = 2 * (size_t)n_exp * sizeof(float) + (size_t)n_exp;
-    static bool raised = false; /* past 48 KiB (more than 6,000 experts) the kernel needs the opt-in */
+    const size_t smem = ROUTER_SMEM(n_exp);
+    static bool raised = false; /* past 48 KiB (more than 5,461 experts) the kernel needs the opt-in */
     if (smem > 48 * 1024 && !raised) {
-        cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * 8192 * 4 + 8192);
+        cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ROUTER_SMEM(ROUTER_MAX_EXPERTS));
         raised = true;
     }
     router_kernel<<<(unsigned)m, 384, smem, di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp, k, scale, ids, weights);

@@ -176,16 +176,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32) qgemv_fast_kernel(const gv_args
     gv_run<FP4, MT, NC>(a, gv_rows_linear{r0}, mt, gv_out_linear{y, a.N, r0}, blockIdx.x, gridDim.x, tab, sm);
 }
 
-static int n_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
-    }
-    return n;
-}
-
 template <int FP4, int MT, int NC>
 static int gv_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaStream_t st, const char *op,
                        di_error *err) {
@@ -202,7 +192,7 @@ static int gv_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaSt
         occ < 1)
         occ = 1;
     const int64_t ntiles = (a.N + NC - 1) / NC;
-    const int64_t grid = ntiles < (int64_t)occ * n_sms() ? ntiles : (int64_t)occ * n_sms();
+    const int64_t grid = ntiles < (int64_t)occ * di_cuda_sm_count() ? ntiles : (int64_t)occ * di_cuda_sm_count();
     qgemv_fast_kernel<FP4, MT, NC><<<(unsigned)grid, threads, smem, st>>>(a, r0, mt, y);
     return di_cuda_launched(op, err);
 }

@@ -353,16 +353,6 @@ static int gmm_group_launch(int fp4, int bm, const gmm_args &a, const gmm_group 
     }
 }
 
-static int gmm_n_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
-    }
-    return n;
-}
-
 /* x-row tile: the smallest of 32 / 64 / 128 holding M, at most 64 for FP8 (its 128-row tile spills: 9
  * MMAs' operands per A tile), halved while the grid would leave SMs idle (an expert with ~128 prefill rows
  * on 2304 weight rows: 18 CTAs at 128, 72 at 32). A guess until the device bench times the tiles
@@ -373,7 +363,7 @@ static int gmm_tile(int fp4, int64_t m, int64_t n) {
     int bm = g_gmm_bm ? g_gmm_bm : m <= 32 ? 32 : m <= 64 ? 64 : 128;
     if (!fp4 && bm > 64) bm = 64;
     const int64_t nt = (n + GMM_BN - 1) / GMM_BN;
-    while (!g_gmm_bm && bm > 32 && nt * ((m + bm - 1) / bm) < gmm_n_sms()) bm /= 2;
+    while (!g_gmm_bm && bm > 32 && nt * ((m + bm - 1) / bm) < di_cuda_sm_count()) bm /= 2;
     return bm;
 }
 
@@ -423,7 +413,7 @@ static gmm_plan gmm_plan_of(int fp4, int64_t m, int64_t k, int64_t n) {
     const int set = gmm_split_setting();
     int64_t s = 1;
     if (set >= 2) s = set;
-    else if (set == 0 && m <= 256 && tiles > 0 && tiles < gmm_n_sms() / 2) s = gmm_n_sms() / tiles;
+    else if (set == 0 && m <= 256 && tiles > 0 && tiles < di_cuda_sm_count() / 2) s = di_cuda_sm_count() / tiles;
     if (set == 0 && s > ns / GMM_SPLIT_MIN_STAGES) s = ns / GMM_SPLIT_MIN_STAGES;
     if (s > ns) s = ns;
     if (s > 65535) s = 65535; /* grid z */

@@ -251,22 +251,12 @@ static int g8_cols(int64_t m, int64_t n) {
     return n >= 16384 ? (m == 1 ? 8 : 4) : n > 4096 ? 4 : n >= 2048 ? 2 : 1;
 }
 
-static int g8_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1)
-            n = 132;
-    }
-    return n;
-}
-
 /* One CTA per SM at most (the table is per CTA), each with as many warps as keep the tiles even: with W
  * warp slots in all, every warp takes ceil(tiles / W) tiles or one fewer. */
 template <int MT, int NC, int S>
 static int g8_launch(const uint16_t *x, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws, int64_t n,
                      uint16_t *y, cudaStream_t st, di_error *err) {
-    const int64_t ntiles = (n + NC - 1) / NC, sms = g8_sms(), slots = sms * G8_MAX_WARPS;
+    const int64_t ntiles = (n + NC - 1) / NC, sms = di_cuda_sm_count(), slots = sms * G8_MAX_WARPS;
     const int64_t rounds = (ntiles + slots - 1) / slots, warps = (ntiles + rounds - 1) / rounds;
     const int64_t ctas = warps < sms ? warps : sms, nw = (warps + ctas - 1) / ctas;
     const size_t smem = G8_TAB_BYTES + g8_x_bytes(MT, k) + (size_t)nw * g8_warp_bytes(MT, NC, S);

@@ -47,16 +47,6 @@ __global__ void __launch_bounds__(GVM_WARPS * 32) gvm_linear_kernel(const gv_arg
                     (unsigned char *)gvm_sm);
 }
 
-static int gvm_n_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 132;
-    }
-    return n;
-}
-
 template <int MT, int NC>
 static int gvm_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaStream_t st, di_error *err) {
     const int threads = gvm_threads(a.K);
@@ -71,7 +61,7 @@ static int gvm_launch_t(const gv_args &a, int64_t r0, int mt, uint16_t *y, cudaS
         occ < 1)
         occ = 1;
     const int64_t ntiles = (a.N + NC - 1) / NC;
-    const int64_t grid = ntiles < (int64_t)occ * gvm_n_sms() ? ntiles : (int64_t)occ * gvm_n_sms();
+    const int64_t grid = ntiles < (int64_t)occ * di_cuda_sm_count() ? ntiles : (int64_t)occ * di_cuda_sm_count();
     gvm_linear_kernel<MT, NC><<<(unsigned)grid, threads, smem, st>>>(a, r0, mt, y);
     return di_cuda_launched("linear_fp4 (mma gemv)", err);
 }
@@ -106,7 +96,7 @@ extern "C" int di_cuda_gemv_mma_run(const uint8_t *xq, const uint8_t *xs, int64_
                             (long long)m, GVM_MAX_M, (long long)k, 64 * GVM_UP, (long long)n);
     const gv_args a = {xq, xs, w, ws, n, k};
     cudaStream_t st = (cudaStream_t)stream;
-    const int nc = g_gvm_nc ? g_gvm_nc : ((n + 15) / 16 >= (int64_t)gvm_n_sms() ? 16 : 8);
+    const int nc = g_gvm_nc ? g_gvm_nc : ((n + 15) / 16 >= (int64_t)di_cuda_sm_count() ? 16 : 8);
     for (int64_t r0 = 0; r0 < m;) {
         const int64_t left = m - r0;
         const int mt = left == 1 ? 1 : left == 2 ? 2 : 4, used = (int)(left < mt ? left : mt);
