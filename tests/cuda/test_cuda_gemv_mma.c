@@ -278,6 +278,26 @@ static void bench_moe(void) {
     }
 }
 
+/* DI_BENCH=moe-profile: one moe_routed call at T 64 over 48 experts (bench gpu's B = 64 step), passes of 4
+ * rows, for Nsight Compute (-k regex:moe_); nothing is checked */
+static void profile_moe(void) {
+    moe_experts(384);
+    const int64_t T = 64;
+    int32_t *ids = moe_ids(T, 48, 0);
+    float *wt = xmalloc(sizeof *wt * (size_t)(T * MOE_K));
+    for (int64_t i = 0; i < T * MOE_K; i++) wt[i] = 0.1f;
+    uint16_t *x = xmalloc(2 * (size_t)(T * MOE_D));
+    for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
+    int32_t *dids = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));
+    uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
+    float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
+    di_cuda_gemv_mma_set_enabled(1);
+    RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dwt, MOE_K, 384, g_ex, 10.0f, dacc, E));
+    CU(cudaDeviceSynchronize());
+    printf("moe-profile: one moe_routed call, T %lld over 48 experts\n", (long long)T);
+    free(ids), free(wt), free(x), cudaFree(dids), cudaFree(dx), cudaFree(dwt), cudaFree(dacc);
+}
+
 int main(void) {
     setenv("DI_CUDA_GEMV", "mma", 1); /* before the first linear_fp4: the switch is read once */
     if (di_cuda_device_count() < 1) {
@@ -286,6 +306,13 @@ int main(void) {
     }
     RUN(di_backend_cpu_create(16, &cpu, E));
     RUN(di_backend_cuda_create(0, &gpu, E));
+    const char *bn = getenv("DI_BENCH");
+    if (bn && !strcmp(bn, "moe-profile")) {
+        profile_moe();
+        di_backend_cuda_destroy(gpu);
+        di_backend_destroy(cpu);
+        return 0;
+    }
     const int quick = getenv("DI_QUICK") != NULL;
     printf("%-44s %-34s %s\n", "check", "shape", "result");
     for (int64_t M = 1; M <= (quick ? 2 : 5); M++) {
