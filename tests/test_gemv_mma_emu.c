@@ -12,9 +12,7 @@
  *  1. every exact block sum S (each (row, column, block) written exactly once) against Σ X·W formed from
  *     the decoded values in f64, on all 256 e4m3 codes × all 16 E2M1 codes, and at the real shapes;
  *  2. the bf16 outputs against di_cpu_linear_fp4 (the CPU op, from bf16 x) at the V4.1 expert shapes
- *     2304×5120 (w1/w3) and 5120×2304 (w2), M = 1 … 5 in launches of ≤ 4 rows and M = 6 / 8 / 11 in
- *     launches of ≤ 8 (moe_routed's opt-in passes of 8 rows, DI_CUDA_MOE_MT=8), both column tiles, and on
- *     special inputs (also at MT 8): zero
+ *     2304×5120 (w1/w3) and 5120×2304 (w2), M = 1 … 5, both column tiles, and on special inputs: zero
  *     rows, rows at the e4m3 limit (codes ±448), NaN and ±inf x (NaN groups: scale byte 255, codes 0x7F),
  *     weight scales 2^−127 / 2^127 / NaN, every E2M1 code, an edge shape (N = 37, K = 384, M = 3).
  * NaN outputs are compared as NaN (the GPU's canonical NaN and x86's payloads differ in bits; the
