@@ -152,7 +152,6 @@ static int32_t *moe_ids(int64_t T, int ne, int rep) {
         }
     return ids;
 }
-static int g_mt8; /* the mma side with DI_CUDA_MOE_MT=8's passes (past 16 tokens) */
 static void check_moe(int64_t T, int rep) {
     moe_experts(16);
     int32_t *ids = moe_ids(T, 16, rep);
@@ -176,7 +175,7 @@ static void check_moe(int64_t T, int rep) {
     int64_t bad = 0;
     for (int64_t i = 0; i < T * MOE_D; i++) bad += memcmp(&acc[0][i], &acc[1][i], 4) != 0;
     char sh[64];
-    snprintf(sh, sizeof sh, "T%lld top-6 of 16%s%s", (long long)T, rep ? " +rep" : "", g_mt8 ? " passes of 8" : "");
+    snprintf(sh, sizeof sh, "T%lld top-6 of 16%s", (long long)T, rep ? " +rep" : "");
     row("moe_routed mma vs current (all bits)", sh, bad, T * MOE_D);
     free(ids), free(wt), free(x), free(acc[0]), free(acc[1]);
     cudaFree(dx), cudaFree(dids), cudaFree(dwt), cudaFree(dacc);
@@ -261,18 +260,16 @@ static void bench_moe(void) {
         for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
         uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
         float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
-        double t[3];
+        double t[2];
         for (int on = 0; on < 2; on++) {
             di_cuda_gemv_mma_set_enabled(on);
             BATCH(t[on], 8, RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[r], dwt, MOE_K, 384, g_ex, 10.0f, dacc, E)));
         }
-        di_cuda_moe_set_mt(8); /* past 16 tokens: passes of 8 rows instead of 4 */
-        BATCH(t[2], 8, RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[r], dwt, MOE_K, 384, g_ex, 10.0f, dacc, E)));
-        di_cuda_moe_set_mt(4);
+        di_cuda_gemv_mma_set_enabled(1);
         const double by = experts * 3.0 * ((double)MOE_I * MOE_D / 2 + (double)MOE_I * MOE_D / 32);
         printf("bench moe_routed T%-3lld %.1f experts %5.0f MB | current %8.2f us %5.0f GB/s %5.1f %% | mma %8.2f us %5.0f GB/s "
-               "%5.1f %% | speed-up %.2fx | mma with passes of 8 rows %8.2f us\n",
-               (long long)T, experts, by / 1e6, GBS(t[0]), GBS(t[1]), t[0] / t[1], t[2] * 1e3);
+               "%5.1f %% | speed-up %.2fx\n",
+               (long long)T, experts, by / 1e6, GBS(t[0]), GBS(t[1]), t[0] / t[1]);
         for (int r = 0; r < 8; r++) cudaFree(dids[r]);
         free(wt), free(x), cudaFree(dx), cudaFree(dwt), cudaFree(dacc);
     }
@@ -333,10 +330,6 @@ int main(void) {
         check_moe(5, 1);
         check_moe(16, 0);
         check_moe(64, 1);
-        g_mt8 = 1, di_cuda_moe_set_mt(8); /* the opt-in passes of 8 rows: the same bits */
-        check_moe(64, 1);
-        check_moe(23, 0);
-        g_mt8 = 0, di_cuda_moe_set_mt(4);
     }
     if (getenv("DI_BENCH") && !quick) bench(), bench_moe();
     printf("%d passed, %d failed\n", n_pass, n_fail);
