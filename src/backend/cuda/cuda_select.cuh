@@ -241,15 +241,39 @@ typedef struct telem {
 
 static __device__ __forceinline__ bool before(telem x, telem y) { return (isnan(x.v) && !isnan(y.v)) || x.v > y.v; }
 
+/* torch's order as an unsigned key: before(x, y) iff torch_key(x.v) > torch_key(y.v) (NaN highest, all NaNs
+ * equal; then by value, −0 = +0). torch_val maps a key back to a value of the same order (the one value per
+ * key: +0 for ±0, the canonical NaN). */
+#define KEY_NAN 0xFFFFFFFFu
+#define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
+static __device__ __forceinline__ uint32_t torch_key(float f) {
+    if (isnan(f)) return KEY_NAN;
+    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static __device__ __forceinline__ float torch_val(uint32_t k) {
+    return k == KEY_NAN ? __uint_as_float(0x7fffffffu) : __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
 static __device__ __forceinline__ void swap_e(telem *a, telem *b) {
     telem t = *a;
     *a = *b;
     *b = t;
 }
 
-static __device__ void push_heap(telem *f, int64_t hole, int64_t top, telem val) {
-    int64_t parent = (hole - 1) / 2;
-    while (hole > top && before(f[parent], val)) {
+/* libstdc++'s __push_heap / __adjust_heap / __make_heap with the comparator before(), step for step. KEY:
+ * the entries' .v hold torch_key bits (one unsigned compare instead of the NaN tests, the same order);
+ * I: the index type (int where the heap is known to be smaller than 2^31: fewer instructions on the heap
+ * path's serial steps). */
+template <bool KEY>
+static __device__ __forceinline__ bool hbefore(telem x, telem y) {
+    return KEY ? __float_as_uint(x.v) > __float_as_uint(y.v) : before(x, y);
+}
+
+template <bool KEY, typename I>
+static __device__ void push_heap_t(telem *f, I hole, I top, telem val) {
+    I parent = (hole - 1) / 2;
+    while (hole > top && hbefore<KEY>(f[parent], val)) {
         f[hole] = f[parent];
         hole = parent;
         parent = (hole - 1) / 2;
@@ -257,11 +281,12 @@ static __device__ void push_heap(telem *f, int64_t hole, int64_t top, telem val)
     f[hole] = val;
 }
 
-static __device__ void adjust_heap(telem *f, int64_t hole, int64_t len, telem val) {
-    int64_t top = hole, child = hole;
+template <bool KEY, typename I>
+static __device__ void adjust_heap_t(telem *f, I hole, I len, telem val) {
+    I top = hole, child = hole;
     while (child < (len - 1) / 2) {
         child = 2 * (child + 1);
-        if (before(f[child], f[child - 1])) child--;
+        if (hbefore<KEY>(f[child], f[child - 1])) child--;
         f[hole] = f[child];
         hole = child;
     }
@@ -270,24 +295,25 @@ static __device__ void adjust_heap(telem *f, int64_t hole, int64_t len, telem va
         f[hole] = f[child - 1];
         hole = child - 1;
     }
-    push_heap(f, hole, top, val);
+    push_heap_t<KEY, I>(f, hole, top, val);
 }
 
-static __device__ void make_heap(telem *f, int64_t len) {
+template <bool KEY, typename I>
+static __device__ void make_heap_t(telem *f, I len) {
     if (len < 2) return;
-    for (int64_t parent = (len - 2) / 2;; parent--) {
-        adjust_heap(f, parent, len, f[parent]);
+    for (I parent = (len - 2) / 2;; parent--) {
+        adjust_heap_t<KEY, I>(f, parent, len, f[parent]);
         if (parent == 0) return;
     }
 }
 
 static __device__ void heap_select(telem *f, int64_t mid, int64_t len) {
-    make_heap(f, mid);
+    make_heap_t<false, int64_t>(f, mid);
     for (int64_t i = mid; i < len; i++)
         if (before(f[i], f[0])) {
             telem val = f[i];
             f[i] = f[0];
-            adjust_heap(f, 0, mid, val);
+            adjust_heap_t<false, int64_t>(f, (int64_t)0, mid, val);
         }
 }
 
@@ -479,38 +505,43 @@ static __device__ void nth_element_cta(telem *a, int64_t nth, int64_t len, int32
     __syncthreads();
 }
 
-/* The heap selection's scan of the entries c[0, n), in order, against the heap f[0, k) on the CTA: an entry
- * takes the root's place (adjust_heap) only when it is before the root at its turn. The root is a last
- * entry of the heap, and each replacement swaps a last entry for one before it, so later roots are never
- * before earlier ones: an entry not before the root at the scan's start never enters. The CTA drops those
- * in parallel and thread 0 runs the serial steps over the rest, in order, with the same comparisons
- * against the current root. (The serial loop also stores the evicted root at the entry's place; nothing
- * reads it: the result is the heap.) idx: n ints. */
+/* The heap selection's scan of the entries c[0, n), in order, against the heap f[0, k) on the CTA, all of
+ * them as torch_key entries: an entry takes the root's place (adjust_heap) only when it is before the root
+ * at its turn. The root is a last entry of the heap, and each replacement swaps a last entry for one
+ * before it, so later roots are never before earlier ones: an entry not before the root at the scan's
+ * start never enters. The CTA drops those in parallel and thread 0 runs the serial steps over the rest,
+ * in order, with the same comparisons against the current root. (The serial loop also stores the evicted
+ * root at the entry's place; nothing reads it: the result is the heap.) idx: n ints. */
 #define REPLAY_CHUNK 2048 /* entries per scan of the heap path */
-static __device__ void heap_scan_cta(telem *f, int64_t k, const telem *c, int64_t n, int32_t *idx) {
+static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n, int32_t *idx) {
     __shared__ unsigned long long s_scan[33];
     const telem root = f[0];
     const int64_t per = (n + blockDim.x - 1) / blockDim.x, c0 = min((int64_t)threadIdx.x * per, n), c1 = min(c0 + per, n);
     unsigned long long cnt = 0, tot;
-    for (int64_t j = c0; j < c1; j++) cnt += before(c[j], root);
+    for (int64_t j = c0; j < c1; j++) cnt += hbefore<true>(c[j], root);
     int64_t p = (int64_t)cta_scan_excl_u64(cnt, s_scan, &tot);
     for (int64_t j = c0; j < c1; j++)
-        if (before(c[j], root)) idx[p++] = (int32_t)j;
+        if (hbefore<true>(c[j], root)) idx[p++] = (int32_t)j;
     __syncthreads();
     if (threadIdx.x == 0)
         for (int64_t i = 0; i < (int64_t)tot; i++) {
             const telem e = c[idx[i]];
-            if (before(e, f[0])) adjust_heap(f, 0, k, e);
+            if (hbefore<true>(e, f[0])) adjust_heap_t<true, int>(f, 0, k, e);
         }
     __syncthreads();
 }
 
-/* heap_select(f, mid, len) on the CTA, for the heap's set f[0, mid); scr: REPLAY_CHUNK ints */
+/* heap_select(f, mid, len) on the CTA, for the heap's set f[0, mid) (its values as before; the entries
+ * past mid are left as keys); scr: REPLAY_CHUNK ints */
 static __device__ void heap_select_cta(telem *f, int64_t mid, int64_t len, int32_t *scr) {
-    if (threadIdx.x == 0) make_heap(f, mid);
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) f[j].v = __uint_as_float(torch_key(f[j].v));
+    __syncthreads();
+    if (threadIdx.x == 0) make_heap_t<true, int>(f, (int)mid);
     __syncthreads();
     for (int64_t c0 = mid; c0 < len; c0 += REPLAY_CHUNK)
-        heap_scan_cta(f, mid, f + c0, len - c0 < REPLAY_CHUNK ? len - c0 : REPLAY_CHUNK, scr);
+        heap_scan_cta(f, (int)mid, f + c0, len - c0 < REPLAY_CHUNK ? len - c0 : REPLAY_CHUNK, scr);
+    for (int64_t j = threadIdx.x; j < mid; j += blockDim.x) f[j].v = torch_val(__float_as_uint(f[j].v));
+    __syncthreads();
 }
 
 /* torch's CPU top-k selection of q[0, n) (the set ends in q[0, k)) on the CTA; scr: n ints */
@@ -543,16 +574,17 @@ static __host__ __device__ inline int64_t d_replay_elems(int64_t n) { return n +
 #define REPLAY_SMEM_MAX (192 * 1024) /* dynamic shared memory a replay may take */
 
 /* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk_cta(row, nk,
- * k) when k·64 ≤ nk, for the output's purpose (the set in f[0..k)). heap: k entries, buf: REPLAY_CHUNK
- * entries, idx: REPLAY_CHUNK ints. */
+ * k) when k·64 ≤ nk, for the output's purpose (the set's positions in heap[0..k).i; the entries hold
+ * torch_key bits). heap: k entries, buf: REPLAY_CHUNK entries, idx: REPLAY_CHUNK ints. */
 static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf, int32_t *idx) {
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{s[j], (int32_t)j};
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{__uint_as_float(torch_key(s[j])), (int32_t)j};
     __syncthreads();
-    if (threadIdx.x == 0) make_heap(heap, k);
+    if (threadIdx.x == 0) make_heap_t<true, int>(heap, k);
     for (int64_t c0 = k; c0 < nk; c0 += REPLAY_CHUNK) {
         const int64_t n = nk - c0 < REPLAY_CHUNK ? nk - c0 : REPLAY_CHUNK;
         __syncthreads(); /* thread 0 is done with the previous chunk */
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) buf[j] = telem{s[c0 + j], (int32_t)(c0 + j)};
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            buf[j] = telem{__uint_as_float(torch_key(s[c0 + j])), (int32_t)(c0 + j)};
         __syncthreads();
         heap_scan_cta(heap, k, buf, n, idx);
     }
@@ -643,15 +675,7 @@ static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis,
  * than Q: |Q| = k, or no selectable entry of U is outside Q. Common cases it covers: a row without a
  * tie at the k-th score, and an early prompt row with fewer than k visible entries (the −inf ties lie
  * past vis). One block per row finds t by a 32-step bitwise search over the key counts. */
-#define KEY_NAN 0xFFFFFFFFu
-#define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
 #define CHECK_THREADS 256
-
-static __device__ __forceinline__ uint32_t torch_key(float f) {
-    if (isnan(f)) return KEY_NAN;
-    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 static __device__ unsigned block_sum_u32(unsigned v, unsigned *sh) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
