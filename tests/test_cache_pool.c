@@ -453,8 +453,55 @@ static void test_read_throughput(void **state) {
     free(cfg);
 }
 
+/* The address lists the forward hands to the row decode (di_cache_entry_read_addrs, built page by page):
+ * every entry's address equals the table's translation of that entry alone (di_cache_ikey_at /
+ * di_cache_cmp_at), for ranges that start and end inside pages, span several, or lie in one. */
+static void test_read_addrs_pages(void **state) {
+    (void)state;
+    di_config *cfg = load_cfg("v41-flash-config");
+    const int64_t T = 1000;
+    di_cache_pool_opts po = {.max_tokens = T, .spec_margin = -1, .page_tokens = 16, .n_pages = (int32_t)(T / 16 + 2),
+                             .n_slots = 1};
+    di_cache *b;
+    di_cache_pool *pool;
+    OK(di_cache_pool_create(cfg, &po, &pool, E));
+    OK(di_cache_pool_cache(pool, &b, E));
+    int st = 0;
+    while (b->stage[st].ratio != 1) st++;
+    OK(di_cache_extend(b, T, E));
+    uint16_t row[512];
+    uint64_t s = 9;
+    for (int64_t e = 0; e < T; e++) {
+        for (int i = 0; i < b->head_dim; i++) row[i] = rand_bf16(&s);
+        OK(di_cache_cmp_put(b, st, e, row, E));
+        OK(di_cache_ikey_put(b, st, e, row, E));
+    }
+    static const int64_t ranges[][2] = {{0, 1000}, {5, 37}, {15, 16}, {16, 48}, {17, 18}, {999, 1000}, {300, 300}};
+    const uint8_t **src = malloc(sizeof *src * (size_t)T);
+    int64_t checked = 0;
+    for (int r = 0; r < (int)(sizeof ranges / sizeof ranges[0]); r++)
+        for (int ikey = 0; ikey < 2; ikey++) {
+            const int64_t e0 = ranges[r][0], e1 = ranges[r][1];
+            OK(di_cache_entry_read_addrs(b, st, ikey, e0, e1, src, E));
+            for (int64_t e = e0; e < e1; e++, checked++)
+                assert_ptr_equal(src[e - e0], ikey ? di_cache_ikey_at(b, st, e) : di_cache_cmp_at(b, st, e));
+        }
+    assert_int_equal(checked, 2 * (1000 + 32 + 1 + 32 + 1 + 1));
+    /* and the pages really are scattered: some neighbour entries across a page boundary are not adjacent */
+    int64_t jumps = 0;
+    for (int64_t e = 16; e < T; e += 16) jumps += di_cache_ikey_at(b, st, e) != di_cache_ikey_at(b, st, e - 1) + b->index_key_bytes;
+    tu_report("entry addresses by page runs: %lld checked; %lld of %lld page boundaries not contiguous", (long long)checked,
+              (long long)jumps, (long long)(T / 16));
+    free(src);
+    di_cache_destroy(b);
+    di_cache_pool_destroy(pool);
+    di_config_free(cfg);
+    free(cfg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_addrs_pages),
         cmocka_unit_test(test_paged_equals_contiguous),
         cmocka_unit_test(test_paged_backend_memory),
         cmocka_unit_test(test_exhaustion),

@@ -394,7 +394,16 @@ int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0
     if (rc) return rc;
     rc = entry_range(c, stage, e0, e1, ikey ? c->ikey_n[stage] : c->cmp_n[stage], what, err);
     if (rc) return rc;
-    for (int64_t e = e0; e < e1; e++) src[e - e0] = ikey ? di_cache_ikey_at(c, stage, e) : di_cache_cmp_at(c, stage, e);
+    /* page by page: one table lookup per page, then consecutive rows (a 64K-context decode step lists
+     * ~16K entries per sequence and index layer; a lookup with its divisions per entry was ~11 ns each,
+     * 23 ms of host time per index layer at 64 sequences on the H200 host, bench/NOTES-gpu.md) */
+    const int64_t bytes = ikey ? c->index_key_bytes : c->cmp_entry_bytes;
+    for (int64_t e = e0; e < e1;) {
+        const int64_t run = di_cache_entry_run(c, stage, e, e1);
+        const uint8_t *p = ikey ? di_cache_ikey_at(c, stage, e) : di_cache_cmp_at(c, stage, e);
+        for (int64_t j = 0; j < run; j++) src[e - e0 + j] = p + j * bytes;
+        e += run;
+    }
     return DI_OK;
 }
 

@@ -276,6 +276,47 @@ static void bench(void) {
     }
 }
 
+/* DI_BENCH=splits: the FP8 decode shapes at M 64 / 128 / 256, unsplit against fixed splits S 2, 3, 4, 6
+ * (the data for the split rule's tile threshold; same scratch and plan code as the rule) */
+static void bench_splits(void) {
+    cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
+    cudaEvent_t ev0, ev1;
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    static const int64_t sm[] = {64, 128, 256};
+    static const int ss[] = {1, 2, 3, 4, 6};
+    printf("\n# bench splits (ms per call of the mma GEMM on act-quantized rows, best of 5 batches; rule S in brackets)\n");
+    for (int s = 0; s < NSHAPES; s++) {
+        if (!shapes[s].fp8) continue;
+        weight W = make_w(1, shapes[s].n, shapes[s].k, 0);
+        const int64_t N = W.N, K = W.K, KB = K / 32;
+        for (int mi = 0; mi < 3; mi++) {
+            const int64_t M = sm[mi];
+            uint16_t *x = make_x(M, K);
+            uint16_t *dx = dup_dev(x, 2 * (size_t)(M * K)), *dy = dev_poisoned(2 * (size_t)(M * N));
+            uint8_t *xq = dev_poisoned((size_t)(M * K)), *xs = dev_poisoned((size_t)(M * KB));
+            RUN(di_cuda_act_quant_fp8(dx, M * K, 32, xq, xs, st, E));
+            di_cuda_gemm_mma_set_split(0);
+            const int rule = di_cuda_gemm_mma_splits(0, M, K, N);
+            printf("bench split %-17s M%-4lld [S %2d]", shapes[s].name, (long long)M, rule);
+            for (int i = 0; i < 5; i++) {
+                di_cuda_gemm_mma_set_split(ss[i]);
+                const int S = di_cuda_gemm_mma_splits(0, M, K, N);
+                uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(0, M, K, N));
+                double t = 0;
+                BATCH(t, 10, RUN(di_cuda_gemm_mma_run(0, xq, xs, M, K, W.dw, W.dws, N, dy, xd, st, E)));
+                printf(" | S %d (%d) %8.4f ms", ss[i], S, t);
+                cudaFree(xd);
+            }
+            printf("\n");
+            fflush(stdout);
+            di_cuda_gemm_mma_set_split(-1);
+            free(x), cudaFree(dx), cudaFree(dy), cudaFree(xq), cudaFree(xs);
+        }
+        free_w(&W);
+    }
+}
+
 int main(void) {
     if (di_cuda_device_count() < 1) {
         printf("no CUDA device\n0 passed, 1 failed\n");
@@ -307,7 +348,9 @@ int main(void) {
         }
         free_w(&W);
     }
-    if (getenv("DI_BENCH") && !quick) bench();
+    const char *bn = getenv("DI_BENCH");
+    if (bn && !strcmp(bn, "splits")) bench_splits();
+    else if (bn && !quick) bench();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_backend_cuda_destroy(gpu);
     di_backend_destroy(cpu);

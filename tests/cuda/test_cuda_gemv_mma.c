@@ -152,7 +152,6 @@ static int32_t *moe_ids(int64_t T, int ne, int rep) {
         }
     return ids;
 }
-static int g_mt8; /* the mma side with DI_CUDA_MOE_MT=8's passes (past 16 tokens) */
 static void check_moe(int64_t T, int rep) {
     moe_experts(16);
     int32_t *ids = moe_ids(T, 16, rep);
@@ -176,7 +175,7 @@ static void check_moe(int64_t T, int rep) {
     int64_t bad = 0;
     for (int64_t i = 0; i < T * MOE_D; i++) bad += memcmp(&acc[0][i], &acc[1][i], 4) != 0;
     char sh[64];
-    snprintf(sh, sizeof sh, "T%lld top-6 of 16%s%s", (long long)T, rep ? " +rep" : "", g_mt8 ? " passes of 8" : "");
+    snprintf(sh, sizeof sh, "T%lld top-6 of 16%s", (long long)T, rep ? " +rep" : "");
     row("moe_routed mma vs current (all bits)", sh, bad, T * MOE_D);
     free(ids), free(wt), free(x), free(acc[0]), free(acc[1]);
     cudaFree(dx), cudaFree(dids), cudaFree(dwt), cudaFree(dacc);
@@ -261,21 +260,39 @@ static void bench_moe(void) {
         for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
         uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
         float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
-        double t[3];
+        double t[2];
         for (int on = 0; on < 2; on++) {
             di_cuda_gemv_mma_set_enabled(on);
             BATCH(t[on], 8, RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[r], dwt, MOE_K, 384, g_ex, 10.0f, dacc, E)));
         }
-        di_cuda_moe_set_mt(8); /* past 16 tokens: passes of 8 rows instead of 4 */
-        BATCH(t[2], 8, RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[r], dwt, MOE_K, 384, g_ex, 10.0f, dacc, E)));
-        di_cuda_moe_set_mt(4);
+        di_cuda_gemv_mma_set_enabled(1);
         const double by = experts * 3.0 * ((double)MOE_I * MOE_D / 2 + (double)MOE_I * MOE_D / 32);
         printf("bench moe_routed T%-3lld %.1f experts %5.0f MB | current %8.2f us %5.0f GB/s %5.1f %% | mma %8.2f us %5.0f GB/s "
-               "%5.1f %% | speed-up %.2fx | mma with passes of 8 rows %8.2f us\n",
-               (long long)T, experts, by / 1e6, GBS(t[0]), GBS(t[1]), t[0] / t[1], t[2] * 1e3);
+               "%5.1f %% | speed-up %.2fx\n",
+               (long long)T, experts, by / 1e6, GBS(t[0]), GBS(t[1]), t[0] / t[1]);
         for (int r = 0; r < 8; r++) cudaFree(dids[r]);
         free(wt), free(x), cudaFree(dx), cudaFree(dwt), cudaFree(dacc);
     }
+}
+
+/* DI_BENCH=moe-profile: one moe_routed call at T 64 over 48 experts (bench gpu's B = 64 step), passes of 4
+ * rows, for Nsight Compute (-k regex:moe_); nothing is checked */
+static void profile_moe(void) {
+    moe_experts(384);
+    const int64_t T = 64;
+    int32_t *ids = moe_ids(T, 48, 0);
+    float *wt = xmalloc(sizeof *wt * (size_t)(T * MOE_K));
+    for (int64_t i = 0; i < T * MOE_K; i++) wt[i] = 0.1f;
+    uint16_t *x = xmalloc(2 * (size_t)(T * MOE_D));
+    for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
+    int32_t *dids = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));
+    uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
+    float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
+    di_cuda_gemv_mma_set_enabled(1);
+    RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dwt, MOE_K, 384, g_ex, 10.0f, dacc, E));
+    CU(cudaDeviceSynchronize());
+    printf("moe-profile: one moe_routed call, T %lld over 48 experts\n", (long long)T);
+    free(ids), free(wt), free(x), cudaFree(dids), cudaFree(dx), cudaFree(dwt), cudaFree(dacc);
 }
 
 int main(void) {
@@ -286,6 +303,13 @@ int main(void) {
     }
     RUN(di_backend_cpu_create(16, &cpu, E));
     RUN(di_backend_cuda_create(0, &gpu, E));
+    const char *bn = getenv("DI_BENCH");
+    if (bn && !strcmp(bn, "moe-profile")) {
+        profile_moe();
+        di_backend_cuda_destroy(gpu);
+        di_backend_destroy(cpu);
+        return 0;
+    }
     const int quick = getenv("DI_QUICK") != NULL;
     printf("%-44s %-34s %s\n", "check", "shape", "result");
     for (int64_t M = 1; M <= (quick ? 2 : 5); M++) {
@@ -306,10 +330,6 @@ int main(void) {
         check_moe(5, 1);
         check_moe(16, 0);
         check_moe(64, 1);
-        g_mt8 = 1, di_cuda_moe_set_mt(8); /* the opt-in passes of 8 rows: the same bits */
-        check_moe(64, 1);
-        check_moe(23, 0);
-        g_mt8 = 0, di_cuda_moe_set_mt(4);
     }
     if (getenv("DI_BENCH") && !quick) bench(), bench_moe();
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -653,21 +653,24 @@ static float *test_indexer(int64_t M, int64_t nk, int with_cand) {
     return sc;
 }
 
-/* scores: bf16-valued random (many exact ties) with −inf beyond vis */
+/* scores: bf16-valued random (many exact ties) with −inf beyond vis; coarse 1: small integers (ties at
+ * every value), 2: those with NaN (1 in 16) and +inf (1 in 64) among them */
 static float *tie_scores(int64_t M, int64_t nk, const int32_t *vis, int coarse) {
     float *s = xmalloc(sizeof *s * (size_t)(M * nk));
     for (int64_t i = 0; i < M; i++)
         for (int64_t n = 0; n < nk; n++) {
             float v = coarse ? (float)(int)(gauss() * 4) : di_round_bf16((float)gauss());
+            if (coarse == 2 && rnd() % 16 == 0) v = NAN;
+            else if (coarse == 2 && rnd() % 64 == 0) v = INFINITY;
             if (i == 3) v = 0.0f; /* a row of one value: the selection is all ties */
             s[i * nk + n] = n < vis[i] ? v : -INFINITY;
         }
     return s;
 }
 
-static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) {
+static void test_topk_kind(int64_t M, int64_t nk, int k, int32_t offset, int coarse) {
     int32_t *vis = rand_vis(M, nk);
-    float *s = tie_scores(M, nk, vis, 0);
+    float *s = tie_scores(M, nk, vis, coarse);
     int32_t *oc = xmalloc(sizeof *oc * (size_t)(M * k));
     RUN(di_cpu_topk(s, M, nk, vis, k, offset, oc, E)); /* the fast rule: higher score, then lower position */
     float *ds = dup_dev(s, sizeof *s * (size_t)(M * nk));
@@ -676,7 +679,8 @@ static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) {
     int32_t *og = down(dout, sizeof *oc * (size_t)(M * k));
     TIME(di_cuda_topk(gpu, ds, M, nk, dv, k, offset, dout, E));
     char sh[64];
-    snprintf(sh, sizeof sh, "[%lld, %lld] k%d +%d, ties", (long long)M, (long long)nk, k, offset);
+    snprintf(sh, sizeof sh, "[%lld, %lld] k%d +%d, ties%s", (long long)M, (long long)nk, k, offset,
+             coarse == 2 ? " int+nan" : coarse ? " int" : "");
     row("topk fast", sh, cmp_mem(og, oc, M * k, 4), EXACT, g_ms);
     free(og);
     /* the backend's slot: torch's CPU tie order, as the CPU backend's slot */
@@ -687,6 +691,7 @@ static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) {
     row("topk torch replay", sh, cmp_mem(og, oc, M * k, 4), EXACT, g_ms);
     free(vis), free(s), free(oc), free(og), cudaFree(ds), cudaFree(dv), cudaFree(dout);
 }
+static void test_topk(int64_t M, int64_t nk, int k, int32_t offset) { test_topk_kind(M, nk, k, offset, 0); }
 
 /* The backend's top-k on scores without ties (continuous f32, −inf past vis): rows whose set is unique
  * take the parallel kernel's result, rows with fewer than k visible entries (a tie among −inf) the
@@ -1455,6 +1460,7 @@ int main(int argc, char **argv) {
         test_candidates(2, 300, 8, 16, q);
         free(q);
         test_topk(3, 2000, 64, 7);
+        test_topk_kind(3, 2000, 1000, 7, 2); /* the CTA's partitions */
         test_sparse_attn(2, 40, 100, 60, 1);
         test_router(3);
         test_swiglu(2, 64, 1, 10.0f);
@@ -1510,6 +1516,18 @@ int main(int argc, char **argv) {
         test_topk(8, 300, 512 > 300 ? 300 : 512, 0);
         test_topk(4, 262144, 512, 128);
         test_topk(2, 32768, 1024, 3); /* introselect over a row too long for shared memory: the global replay */
+        /* the introselect's partitions on the CTA (cta_partition) against the CPU's serial replay */
+        test_topk_kind(16, 4096, 2048, 0, 1);  /* the 4K decode row, coarse ties */
+        test_topk_kind(8, 4096, 2048, 5, 2);   /* NaN and +inf among the ties */
+        test_topk_kind(16, 16384, 4096, 0, 2); /* the longest row buffer in shared memory (192 KiB) */
+        test_topk_kind(4, 65536, 2048, 0, 1);  /* the 64K decode row: the global scratch */
+        test_topk_kind(8, 1000, 700, 0, 1);    /* a few CTA partitions, then the serial tail */
+        test_topk_kind(8, 300, 299, 0, 2);     /* k = n - 1 */
+        /* the heap path's scans on the CTA (heap_scan_cta) */
+        test_topk_kind(4, 65536, 1024, 0, 1);  /* the 64K decode row: heap in shared memory, row streamed */
+        test_topk_kind(4, 65536, 1024, 9, 2);
+        test_topk_kind(8, 16384, 256, 0, 2);   /* the row in shared memory */
+        test_topk_kind(1, 1500000, 23000, 0, 1); /* heap and row in the global scratch */
         test_topk_unique(16, 16384, 512);
         test_topk_unique(4, 262144, 512);
         test_topk_unique(64, 700, 512);

@@ -19,6 +19,8 @@
 #include "io/formats.h"
 #include "util/threadpool.h"
 
+#define EMU_SMS 132 /* cuda_gemm_bf16_emu.h's di_cuda_sm_count */
+
 static int n_pass, n_fail;
 static di_threadpool *tp;
 
@@ -91,10 +93,11 @@ static void run_case(int op, int64_t M, int G, int64_t K, int64_t N, int special
     di_backend be;
     memset(&be, 0, sizeof be);
     for (int p = 0; p < 5; p++) {
-        /* three distinct kernels per case: at M > 16 auto is the tiled FMA path and auto-nofma the tiled
-         * multiply-add one, at M <= 16 both are the GEMV: run auto, then the two others */
-        if (M > DI_BGEMV_MAX_M ? p == DI_BGEMM_AUTO_NOFMA || p == DI_BGEMM_TILED
-                               : p == DI_BGEMM_AUTO_NOFMA || p == DI_BGEMM_GEMV)
+        /* three distinct kernels per case: where the rule picks the tiled kernels auto is the tiled FMA
+         * path and auto-nofma the tiled multiply-add one, elsewhere both are the GEMV: run auto, then the
+         * two others */
+        if (!di_bgemm_auto_gemv(M, N, G, EMU_SMS) ? p == DI_BGEMM_AUTO_NOFMA || p == DI_BGEMM_TILED
+                                                             : p == DI_BGEMM_AUTO_NOFMA || p == DI_BGEMM_GEMV)
             continue;
         memset(yg, 0xA5, (size_t)(M * yrow * esz)); /* unwritten outputs show up as mismatches */
         di_error err;

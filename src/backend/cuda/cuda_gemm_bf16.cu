@@ -7,7 +7,7 @@
  * sequential, so K cannot be split inside a lane: the parallelism is outputs × 16 lanes. Both kernels
  * give each (output, lane) chain to exactly one thread and combine the 16 chains with the tree above:
  *
- *  - Tiled (prefill, M > DI_BGEMV_MAX_M): a 256-thread block owns a 64 × 32 output tile. Thread t is
+ *  - Tiled (prefill; di_bgemm_auto_gemv false): a 256-thread block owns a 64 × 32 output tile. Thread t is
  *    lane pair j = t % 8 (lanes j and j + 8) of an 8 × 8 sub-tile, so it keeps 2 × 64 accumulators;
  *    the eight threads of a sub-tile are consecutive in a warp. x and w stream through shared memory as
  *    f32, k-major ([k][m] and [k][n]), 64 k per stage, double-buffered with the next stage's global
@@ -15,7 +15,7 @@
  *    three xor-shuffles over the sub-tile's threads (4, 2, 1) finish the tree: thread j then pairs with
  *    j ^ 4, j ^ 2, j ^ 1, exactly the CPU's pairs (fadd is commutative, so both partners hold the
  *    CPU's value). Thread j then owns row j of the sub-tile for the tail and the store.
- *  - GEMV (decode, M <= DI_BGEMV_MAX_M): a block owns 16 columns; thread t is lane t % 16 of column
+ *  - GEMV (decode, M <= DI_BGEMV_MAX_M, and tiled grids smaller than the GPU): a block owns 16 columns; thread t is lane t % 16 of column
  *    t / 16 and keeps one chain per row (≤ 16). K streams through shared memory in 1024-wide chunks
  *    (16-byte loads, the next chunk in registers while this one is summed), so every weight is read
  *    from HBM once per block row-group. Shuffles xor 8, 4, 2, 1 inside each 16-thread half-warp are
@@ -418,7 +418,8 @@ extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_
     if (m == 0 || n == 0) return DI_OK;
     cudaStream_t st = di_cuda_state(be)->stream;
     const int vec = aligned16(x) && aligned16(w) && ldx % 8 == 0 && ldw % 8 == 0 && gx % 8 == 0 && gw % 8 == 0;
-    const bool gemv = path == DI_BGEMM_GEMV || ((path == DI_BGEMM_AUTO || path == DI_BGEMM_AUTO_NOFMA) && m <= DI_BGEMV_MAX_M);
+    const bool gemv = path == DI_BGEMM_GEMV || ((path == DI_BGEMM_AUTO || path == DI_BGEMM_AUTO_NOFMA) &&
+                                                di_bgemm_auto_gemv(m, n, groups, di_cuda_sm_count()));
 
     if (gemv) {
         /* rows per block: all of them when the columns alone fill the GPU (weights then leave HBM once),

@@ -19,15 +19,27 @@ extern "C" {
 
 /* Which kernel runs (tests force each one at every M). */
 typedef enum di_bgemm_path {
-    DI_BGEMM_AUTO = 0,      /* GEMV for M <= DI_BGEMV_MAX_M, else the tiled kernel with the FMA fast path */
+    DI_BGEMM_AUTO = 0,      /* GEMV where di_bgemm_auto_gemv says so, else the tiled kernel with the FMA fast path */
     DI_BGEMM_AUTO_NOFMA,    /* the same split, tiled kernel always multiply-then-add */
     DI_BGEMM_GEMV,          /* the decode kernel at any M */
     DI_BGEMM_TILED,         /* the tiled kernel, FMA fast path where the range check allows it */
     DI_BGEMM_TILED_NOFMA,   /* the tiled kernel, always multiply-then-add */
 } di_bgemm_path;
 
-/* Rows (tokens) up to which the decode kernel is used; see cuda_gemm_bf16.cu. */
+/* Rows (tokens) up to which the decode kernel is always used; see cuda_gemm_bf16.cu. */
 #define DI_BGEMV_MAX_M 16
+/* Rows up to which the decode kernel also takes calls whose tiled grid (64 × 32 outputs per block) would
+ * not give every SM a block: the batch-64 router (N 384), indexer weights (N 32) and compressors
+ * (N 512). The tiled kernel then runs a few blocks of 41 K-term chains per thread; the GEMV spreads the
+ * same chains over ≥ 2 blocks per SM (both kernels are exact: the choice changes no bit). */
+#define DI_BGEMV_GRID_MAX_M 1024
+
+/* Whether the automatic paths take the GEMV for an [m × n] output in `groups` groups on `sms` SMs. */
+static inline int di_bgemm_auto_gemv(int64_t m, int64_t n, int groups, int sms) {
+    if (m <= DI_BGEMV_MAX_M) return 1;
+    const int64_t tiles = (m + 63) / 64 * ((n + 31) / 32) * groups;
+    return m <= DI_BGEMV_GRID_MAX_M && tiles < sms;
+}
 
 /* y = x · Wᵀ over `groups` independent GEMMs (gridDim.z): group z reads x + z·gx, w + z·gw, writes
  * y + z·gy. x bf16 [m, ldx], w bf16 [n, ldw] per group; exactly one of y16 (bf16) / y32 (f32) [m, ldy].

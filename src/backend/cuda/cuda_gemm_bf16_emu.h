@@ -107,6 +107,7 @@ typedef struct di_cuda_impl {
 static di_cuda_impl emu_impl;
 static inline di_cuda_impl *di_cuda_state(const di_backend *) { return &emu_impl; }
 static inline int di_cuda_launched(const char *, di_error *) { return DI_OK; }
+static inline int di_cuda_sm_count(void) { return 132; } /* the H200's, for the dispatch rule */
 static inline unsigned di_cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 static inline int di_cuda_workspace(const di_backend *, size_t bytes, void **out, di_error *err) {
     static void *ws;

@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(CHECK_THREADS) topk_rows_check_kernel(const fl
 }
 
 /* One CTA per row of rows [r0, r0 + nr) flagged for the replay, in its own mode (d_topk_replay_mode of its
- * width and k, as di_cuda_topk_torch picks it for that row alone); q telem [nr, w_max] global scratch. */
+ * width and k, as di_cuda_topk_torch picks it for that row alone); q telem [nr, d_replay_elems(w_max)] global
+ * scratch. */
 __global__ void __launch_bounds__(REPLAY_THREADS) topk_rows_torch_kernel(const float *scores, const di_index_row *rows,
                                                                          int64_t r0, int64_t w_max, const uint8_t *only,
                                                                          telem *q, int32_t *out) {
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(REPLAY_THREADS) topk_rows_torch_kernel(const f
     const di_index_row r = rows[r0 + rr];
     size_t need;
     const int mode = d_topk_replay_mode(r.w, r.k, &need);
-    d_topk_torch_row(scores + r.s0, r.w, r.vis, r.k, 0, q + rr * w_max, mode, sel_sm, out + r.o0);
+    d_topk_torch_row(scores + r.s0, r.w, r.vis, r.k, 0, q + rr * d_replay_elems(w_max), mode, sel_sm, out + r.o0);
 }
 
 /* The replay kernels take up to REPLAY_SMEM_MAX of dynamic shared memory (set once). */
@@ -108,7 +109,7 @@ static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m,
     int rc = topk_rows_fast(be, scores, m, rows, w_max, out, err); /* every row, −1 padded */
     if (rc || m == 0) return rc;
     int64_t flags = (m + 255) / 256 * 256; /* uint8 [m] rows to replay, then the scratch */
-    int64_t per = (int64_t)sizeof(telem) * (w_max > 0 ? w_max : 1), n = d_rows_per_launch(m, per);
+    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(w_max > 0 ? w_max : 1), n = d_rows_per_launch(m, per);
     void *ws;
     if ((rc = di_cuda_workspace(be, (size_t)(flags + n * per), &ws, err))) return rc;
     uint8_t *only = (uint8_t *)ws;
@@ -118,7 +119,7 @@ static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m,
     if ((rc = di_cuda_launched("topk_rows (tie check)", err))) return rc;
     raise_smem();
     /* every row's mode fits: a row in shared memory needs ≤ its width's bytes, the others ≤ the maximum */
-    const size_t row_b = sizeof(telem) * (size_t)w_max, smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
+    const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(w_max), smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += n) {
         int64_t nr = m - r0 < n ? m - r0 : n;
         topk_rows_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, smem, st>>>(scores, rows, r0, w_max, only, q, out);
@@ -155,7 +156,7 @@ static int candidate_mask_rows_fast(const di_backend *be, const float *scores, i
 
 /* One CTA per row of rows [r0, r0 + nr): di_cuda_candidate_mask_torch's row over its width w, its block
  * scores in shared memory when they fit (as that op decides for the row alone), else in q.
- * q telem [nr, nb_max] then kept uint8 [nr, nb_max] scratch. */
+ * q telem [nr, d_replay_elems(nb_max)] then kept uint8 [nr, nb_max] scratch. */
 __global__ void __launch_bounds__(REPLAY_THREADS) cand_rows_torch_kernel(const float *scores, const di_index_row *rows,
                                                                          int64_t r0, int block, int topk_blocks,
                                                                          int64_t nb_max, telem *q, uint8_t *kept,
@@ -165,8 +166,8 @@ __global__ void __launch_bounds__(REPLAY_THREADS) cand_rows_torch_kernel(const f
     const di_index_row r = rows[r0 + rr];
     const int64_t nb = ((int64_t)r.w + block - 1) / block, keep = topk_blocks < nb ? topk_blocks : nb;
     if (nb == 0) return; /* the per-sequence op writes nothing for a row of width 0 */
-    const bool in_smem = sizeof(telem) * (size_t)nb <= REPLAY_SMEM_MAX;
-    d_cand_torch_row(scores + r.s0, r.w, r.vis, block, nb, keep, in_smem ? sel_sm : q + rr * nb_max,
+    const bool in_smem = sizeof(telem) * (size_t)d_replay_elems(nb) <= REPLAY_SMEM_MAX;
+    d_cand_torch_row(scores + r.s0, r.w, r.vis, block, nb, keep, in_smem ? sel_sm : q + rr * d_replay_elems(nb_max),
                      kept + rr * nb_max, mask + r.s0);
 }
 
@@ -177,13 +178,13 @@ static int candidate_mask_rows_torch(const di_backend *be, const float *scores, 
         rc = di_error_set(err, DI_ERR_INVALID, "cuda candidate_mask_rows: block %d, top %d blocks", block, topk_blocks);
     int64_t nb_max = (w_max + block - 1) / (block > 0 ? block : 1);
     if (rc || m == 0 || nb_max == 0) return rc;
-    int64_t per = ((int64_t)sizeof(telem) + 1) * nb_max, n = d_rows_per_launch(m, per);
+    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nb_max) + nb_max, n = d_rows_per_launch(m, per);
     void *q;
     if ((rc = di_cuda_workspace(be, (size_t)(n * per), &q, err))) return rc;
-    uint8_t *kept = (uint8_t *)q + n * nb_max * (int64_t)sizeof(telem);
+    uint8_t *kept = (uint8_t *)q + n * d_replay_elems(nb_max) * (int64_t)sizeof(telem);
     cudaStream_t st = di_cuda_state(be)->stream;
     raise_smem();
-    const size_t row_b = sizeof(telem) * (size_t)nb_max, smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
+    const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nb_max), smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += n) {
         int64_t nr = m - r0 < n ? m - r0 : n;
         cand_rows_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, smem, st>>>(scores, rows, r0, block, topk_blocks, nb_max,

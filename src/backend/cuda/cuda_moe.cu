@@ -237,7 +237,6 @@ __global__ void moe_combine_kernel(const int32_t *rank, const uint16_t *y, int64
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 #define MOE_SMEM (160 * 1024) /* dynamic shared memory the GEMV kernels may use (x digits, scales, pb) */
-#define MOE_SMEM_MT8 (227 * 1024) /* the tensor-core GEMV's passes of 8 rows (one CTA per SM) */
 
 /* The 1-D grid of the GEMV kernels: about MOE_CTAS CTAs, spread on the device over the units the plan
  * finds (moe_assign); at least one per unit of the most a step can have (one pass per pair: P · parts),
@@ -272,9 +271,8 @@ static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int P, const
                           const uint8_t *as, int down, cudaStream_t st) {
     static bool raised = false;
     if (!raised) {
-        const int lim = MT == 8 ? MOE_SMEM_MT8 : MOE_SMEM;
-        cudaFuncSetAttribute(moe_up_mma_kernel<MT, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
-        cudaFuncSetAttribute(moe_down_mma_kernel<MT, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+        cudaFuncSetAttribute(moe_up_mma_kernel<MT, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM);
+        cudaFuncSetAttribute(moe_down_mma_kernel<MT, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM);
         raised = true;
     }
     if (!down) {
@@ -291,11 +289,6 @@ static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int P, const
  * rule, 1 = always 4, 2 = always 8 (bench). */
 static int g_moe_variant = 0;
 extern "C" void di_cuda_moe_set_variant(int v) { g_moe_variant = v; }
-/* rows per pass past 16 tokens on the tensor-core GEMV: 0 = not read yet, else 4 (default) or 8
- * (DI_CUDA_MOE_MT=8: opt-in until it is timed on the GPU; exactness checked by tests/test_gemv_mma_emu.c);
- * di_cuda_moe_set_mt overrides it (bench) */
-static int g_moe_mt = 0;
-extern "C" void di_cuda_moe_set_mt(int mt) { g_moe_mt = mt == 8 ? 8 : 4; }
 
 extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,
                                   const int32_t *ids, const float *weights, int k, int n_exp,
@@ -345,14 +338,8 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     }
     cudaStream_t st = di_cuda_state(be)->stream;
     /* rows per pass: 1 for a single token (unless it names an expert twice: more passes); a few when
-     * tokens share experts; past 16 tokens 4, or 8 on the tensor-core GEMV with DI_CUDA_MOE_MT=8 (an
-     * expert's weights are read once per pass; one CTA per SM for the 207 KiB of shared memory) */
-    if (!g_moe_mt) {
-        const char *v = getenv("DI_CUDA_MOE_MT");
-        g_moe_mt = v && strcmp(v, "8") == 0 ? 8 : 4;
-    }
-    const bool mt8 = mma_ok && g_moe_mt == 8 && gvm_smem(8, 16, d > inter ? d : inter) <= MOE_SMEM_MT8;
-    const int mt = m == 1 ? 1 : m <= 16 ? 2 : mt8 ? 8 : 4;
+     * tokens share experts */
+    const int mt = m == 1 ? 1 : m <= 16 ? 2 : 4;
     moe_plan_kernel<<<1, PLAN_THREADS, 0, st>>>(tab, ids, weights, P, n_exp, mt, pl);
     if ((rc = di_cuda_launched("moe_routed plan", err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(x, m * d, 32, xq, xs, st, err))) return rc;
@@ -360,7 +347,6 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if (mma_ok) {
         if (mt == 1) moe_gemvs_mma<1>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
         else if (mt == 2) moe_gemvs_mma<2>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
-        else if (mt == 8) moe_gemvs_mma<8>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
         else moe_gemvs_mma<4>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
     } else switch (nc4 * 10 + mt) {
     case 1: moe_gemvs<1, 8>(tab, pl, P, xq, xs, d, inter, k, g, u, st); break;
@@ -376,7 +362,6 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if (mma_ok) {
         if (mt == 1) moe_gemvs_mma<1>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
         else if (mt == 2) moe_gemvs_mma<2>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
-        else if (mt == 8) moe_gemvs_mma<8>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
         else moe_gemvs_mma<4>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
     } else switch (nc4 * 10 + mt) {
     case 1: moe_down<1, 8>(tab, pl, P, aq, as, d, inter, y, st); break;

@@ -136,8 +136,6 @@ double di_cuda_sm_clock_mhz(void *stream);
  * (same arithmetic, same results); the same for moe_routed's expert GEMVs. */
 void di_cuda_gemv_set_variant(int v);
 void di_cuda_moe_set_variant(int v);
-/* moe_routed past 16 tokens on the tensor-core GEMV: passes of 4 (default) or 8 rows (DI_CUDA_MOE_MT=8) */
-void di_cuda_moe_set_mt(int mt);
 void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream);
 
 /* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */

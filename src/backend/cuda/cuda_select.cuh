@@ -241,15 +241,39 @@ typedef struct telem {
 
 static __device__ __forceinline__ bool before(telem x, telem y) { return (isnan(x.v) && !isnan(y.v)) || x.v > y.v; }
 
+/* torch's order as an unsigned key: before(x, y) iff torch_key(x.v) > torch_key(y.v) (NaN highest, all NaNs
+ * equal; then by value, −0 = +0). torch_val maps a key back to a value of the same order (the one value per
+ * key: +0 for ±0, the canonical NaN). */
+#define KEY_NAN 0xFFFFFFFFu
+#define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
+static __device__ __forceinline__ uint32_t torch_key(float f) {
+    if (isnan(f)) return KEY_NAN;
+    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static __device__ __forceinline__ float torch_val(uint32_t k) {
+    return k == KEY_NAN ? __uint_as_float(0x7fffffffu) : __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
 static __device__ __forceinline__ void swap_e(telem *a, telem *b) {
     telem t = *a;
     *a = *b;
     *b = t;
 }
 
-static __device__ void push_heap(telem *f, int64_t hole, int64_t top, telem val) {
-    int64_t parent = (hole - 1) / 2;
-    while (hole > top && before(f[parent], val)) {
+/* libstdc++'s __push_heap / __adjust_heap / __make_heap with the comparator before(), step for step. KEY:
+ * the entries' .v hold torch_key bits (one unsigned compare instead of the NaN tests, the same order);
+ * I: the index type (int where the heap is known to be smaller than 2^31: fewer instructions on the heap
+ * path's serial steps). */
+template <bool KEY>
+static __device__ __forceinline__ bool hbefore(telem x, telem y) {
+    return KEY ? __float_as_uint(x.v) > __float_as_uint(y.v) : before(x, y);
+}
+
+template <bool KEY, typename I>
+static __device__ void push_heap_t(telem *f, I hole, I top, telem val) {
+    I parent = (hole - 1) / 2;
+    while (hole > top && hbefore<KEY>(f[parent], val)) {
         f[hole] = f[parent];
         hole = parent;
         parent = (hole - 1) / 2;
@@ -257,11 +281,12 @@ static __device__ void push_heap(telem *f, int64_t hole, int64_t top, telem val)
     f[hole] = val;
 }
 
-static __device__ void adjust_heap(telem *f, int64_t hole, int64_t len, telem val) {
-    int64_t top = hole, child = hole;
+template <bool KEY, typename I>
+static __device__ void adjust_heap_t(telem *f, I hole, I len, telem val) {
+    I top = hole, child = hole;
     while (child < (len - 1) / 2) {
         child = 2 * (child + 1);
-        if (before(f[child], f[child - 1])) child--;
+        if (hbefore<KEY>(f[child], f[child - 1])) child--;
         f[hole] = f[child];
         hole = child;
     }
@@ -270,24 +295,25 @@ static __device__ void adjust_heap(telem *f, int64_t hole, int64_t len, telem va
         f[hole] = f[child - 1];
         hole = child - 1;
     }
-    push_heap(f, hole, top, val);
+    push_heap_t<KEY, I>(f, hole, top, val);
 }
 
-static __device__ void make_heap(telem *f, int64_t len) {
+template <bool KEY, typename I>
+static __device__ void make_heap_t(telem *f, I len) {
     if (len < 2) return;
-    for (int64_t parent = (len - 2) / 2;; parent--) {
-        adjust_heap(f, parent, len, f[parent]);
+    for (I parent = (len - 2) / 2;; parent--) {
+        adjust_heap_t<KEY, I>(f, parent, len, f[parent]);
         if (parent == 0) return;
     }
 }
 
 static __device__ void heap_select(telem *f, int64_t mid, int64_t len) {
-    make_heap(f, mid);
+    make_heap_t<false, int64_t>(f, mid);
     for (int64_t i = mid; i < len; i++)
         if (before(f[i], f[0])) {
             telem val = f[i];
             f[i] = f[0];
-            adjust_heap(f, 0, mid, val);
+            adjust_heap_t<false, int64_t>(f, (int64_t)0, mid, val);
         }
 }
 
@@ -339,8 +365,8 @@ static __device__ int floor_log2(int64_t n) {
     return l;
 }
 
-static __device__ void nth_element(telem *first, telem *nth, telem *last) {
-    int depth = 2 * floor_log2(last - first);
+/* nth_element's loop from a given depth budget (the serial replay, and the tail of nth_element_cta) */
+static __device__ void nth_element_at(telem *first, telem *nth, telem *last, int depth) {
     while (last - first > 3) {
         if (depth == 0) {
             heap_select(first, nth - first + 1, last - first);
@@ -359,84 +385,269 @@ static __device__ void nth_element(telem *first, telem *nth, telem *last) {
     insertion_sort(first, last);
 }
 
-static __device__ void torch_cpu_topk(telem *q, int64_t n, int64_t k) {
-    if (k * 64 <= n)
-        heap_select(q, k, n);
-    else
-        nth_element(q, q + k - 1, q + n);
+/* ---- the introselect's partitions on the whole CTA ----
+ * cta_partition(a, lo, hi, p) leaves a[lo, hi) exactly as unguarded_partition(a + lo, a + hi, &p) does
+ * and returns the same cut. The serial loop scans from the left for the next "left stopper" (an entry
+ * not before the pivot) and from the right for the next "right stopper" (an entry the pivot is not
+ * before), and swaps the two while the left one lies left of the right one. Entries between the two
+ * scans are untouched until a scan reaches them, so swap i pairs the i-th left stopper of the original
+ * range (ascending) with its i-th right stopper (descending), for i = 1 … s, where s counts the i with
+ * l_i < r_i. With A(x) the left stoppers in [lo, x) and B(x) the right stoppers in [x, hi), l_i < r_i iff
+ * A(x) ≥ i and B(x) ≥ i for some x, so s = max over x of min(A(x), B(x)); the 2s swapped positions are
+ * distinct, so the swaps run in parallel. The loop then returns the next left stopper: the (s+1)-th
+ * original one if it lies left of r_s, else r_s itself, which now holds l_s's entry (a left stopper); for
+ * s = 0 the first one (the median-of-three pivot guarantees it exists). scr: 2s ≤ hi − lo ints (the
+ * swapped positions). Every thread of the CTA calls it; blockDim.x is a multiple of 32. */
+#define PART_MIN 32 /* ranges at most this long are left to the serial loop (thread 0); 256 was 2.5x slower on the
+                     * 4K candidate mask (H200, test_cuda_ops [16, 4096] 0.075 -> 0.032 ms) */
+
+/* exclusive prefix over the CTA of one u64 per thread; *total: the sum. sh: 33 words */
+static __device__ unsigned long long cta_scan_excl_u64(unsigned long long v, unsigned long long *sh,
+                                                       unsigned long long *total) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned long long incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    __syncthreads(); /* sh may still be read from the previous call */
+    if (lane == 31) sh[w] = incl;
+    __syncthreads();
+    if (w == 0) {
+        const unsigned long long x = lane < nw ? sh[lane] : 0;
+        unsigned long long xi = x;
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long t = __shfl_up_sync(0xffffffffu, xi, o);
+            if (lane >= o) xi += t;
+        }
+        sh[lane] = xi - x;
+        if (lane == 31) sh[32] = xi;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return sh[w] + incl - v;
 }
 
-/* One CTA per row. The replay itself is serial (thread 0); what is not — filling the row, the candidate
- * blocks' maxima, sorting the kept positions, writing the mask — runs on all REPLAY_THREADS threads (one
- * thread per row did all of it: 0.68 ms per decode row for the 4K-context candidate mask on the H200,
- * 2026-11-30). The serial part works in shared memory, where a dependent load costs tens of cycles, not
- * the hundreds of a global one:
- *   - a row of at most REPLAY_SMEM_MAX bytes is copied there whole and the replay runs on it;
+/* the CTA's maximum of one int per thread. sh: 32 ints */
+static __device__ int cta_max_int(int v, int *sh) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int r = sh[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) r = max(r, sh[i]);
+    return r;
+}
+
+static __device__ int64_t cta_partition(telem *a, int64_t lo, int64_t hi, telem p, int32_t *scr) {
+    __shared__ unsigned long long s_scan[33];
+    __shared__ int s_max[32];
+    __shared__ long long s_cut[2];
+    const int64_t per = (hi - lo + blockDim.x - 1) / blockDim.x, c0 = min(lo + (int64_t)threadIdx.x * per, hi),
+                  c1 = min(c0 + per, hi);
+    unsigned nl = 0, nr = 0; /* this thread's left / right stoppers */
+    for (int64_t j = c0; j < c1; j++) {
+        const telem e = a[j];
+        nl += !before(e, p), nr += !before(p, e);
+    }
+    unsigned long long tot;
+    const unsigned long long pre = cta_scan_excl_u64((unsigned long long)nl << 32 | nr, s_scan, &tot);
+    const int L0 = (int)(pre >> 32), R0 = (int)(pre & 0xffffffffu), totR = (int)(tot & 0xffffffffu);
+    int best = 0, A = L0, R = R0; /* A = A(j); R = right stoppers in [lo, j), so B(j) = totR − R */
+    for (int64_t j = c0; j < c1; j++) {
+        best = max(best, min(A, totR - R));
+        const telem e = a[j];
+        A += !before(e, p), R += !before(p, e);
+    }
+    const int s = cta_max_int(best, s_max);
+    if (threadIdx.x == 0) s_cut[0] = hi, s_cut[1] = hi;
+    __syncthreads();
+    int32_t *lpos = scr, *rpos = scr + s; /* l_i, r_i (0-based i), relative to lo */
+    A = L0, R = R0;
+    for (int64_t j = c0; j < c1; j++) {
+        const telem e = a[j];
+        const bool lf = !before(e, p), rf = !before(p, e);
+        if (lf) {
+            if (A < s) lpos[A] = (int32_t)(j - lo);
+            else if (A == s) s_cut[0] = j; /* the (s+1)-th left stopper */
+        }
+        if (rf) {
+            const int b = totR - R - 1; /* right stoppers in (j, hi) */
+            if (b < s) rpos[b] = (int32_t)(j - lo);
+            if (b == s - 1) s_cut[1] = j; /* r_s */
+        }
+        A += lf, R += rf;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < s; i += blockDim.x) swap_e(a + lo + lpos[i], a + lo + rpos[i]);
+    const int64_t l_next = s_cut[0], r_s = s_cut[1];
+    __syncthreads(); /* the swaps are visible and s_cut is read before a next call resets it */
+    return s == 0 || l_next < r_s ? l_next : r_s;
+}
+
+/* nth_element(a, a + nth, a + len) on the CTA: the same partitions as the serial loop while the range is
+ * longer than PART_MIN (median of three by thread 0, the partition by all), then thread 0 finishes with
+ * the serial loop and the depth budget left. Every thread calls it; scr: len ints. */
+static __device__ void nth_element_cta(telem *a, int64_t nth, int64_t len, int32_t *scr) {
+    int64_t first = 0, last = len;
+    int depth = 2 * floor_log2(len);
+    while (last - first > PART_MIN && depth > 0) {
+        depth--;
+        const int64_t mid = first + (last - first) / 2;
+        if (threadIdx.x == 0) median_to_first(a + first, a + first + 1, a + mid, a + last - 1);
+        __syncthreads();
+        const int64_t cut = cta_partition(a, first + 1, last, a[first], scr);
+        if (cut <= nth)
+            first = cut;
+        else
+            last = cut;
+    }
+    if (threadIdx.x == 0) nth_element_at(a + first, a + nth, a + last, depth);
+    __syncthreads();
+}
+
+/* The heap selection's scan of the entries c[0, n), in order, against the heap f[0, k) on the CTA, all of
+ * them as torch_key entries: an entry takes the root's place (adjust_heap) only when it is before the root
+ * at its turn. The root is a last entry of the heap, and each replacement swaps a last entry for one
+ * before it, so later roots are never before earlier ones: an entry not before the root at the scan's
+ * start never enters. The CTA drops those in parallel and thread 0 runs the serial steps over the rest,
+ * in order, with the same comparisons against the current root. (The serial loop also stores the evicted
+ * root at the entry's place; nothing reads it: the result is the heap.) idx: n ints. */
+#define REPLAY_CHUNK 2048 /* entries per scan of the heap path */
+static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n, int32_t *idx) {
+    __shared__ unsigned long long s_scan[33];
+    const telem root = f[0];
+    const int64_t per = (n + blockDim.x - 1) / blockDim.x, c0 = min((int64_t)threadIdx.x * per, n), c1 = min(c0 + per, n);
+    unsigned long long cnt = 0, tot;
+    for (int64_t j = c0; j < c1; j++) cnt += hbefore<true>(c[j], root);
+    int64_t p = (int64_t)cta_scan_excl_u64(cnt, s_scan, &tot);
+    for (int64_t j = c0; j < c1; j++)
+        if (hbefore<true>(c[j], root)) idx[p++] = (int32_t)j;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int64_t i = 0; i < (int64_t)tot; i++) {
+            const telem e = c[idx[i]];
+            if (hbefore<true>(e, f[0])) adjust_heap_t<true, int>(f, 0, k, e);
+        }
+    __syncthreads();
+}
+
+/* heap_select(f, mid, len) on the CTA, for the heap's set f[0, mid) (its values as before; the entries
+ * past mid are left as keys); scr: REPLAY_CHUNK ints */
+static __device__ void heap_select_cta(telem *f, int64_t mid, int64_t len, int32_t *scr) {
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) f[j].v = __uint_as_float(torch_key(f[j].v));
+    __syncthreads();
+    if (threadIdx.x == 0) make_heap_t<true, int>(f, (int)mid);
+    __syncthreads();
+    for (int64_t c0 = mid; c0 < len; c0 += REPLAY_CHUNK)
+        heap_scan_cta(f, (int)mid, f + c0, len - c0 < REPLAY_CHUNK ? len - c0 : REPLAY_CHUNK, scr);
+    for (int64_t j = threadIdx.x; j < mid; j += blockDim.x) f[j].v = torch_val(__float_as_uint(f[j].v));
+    __syncthreads();
+}
+
+/* torch's CPU top-k selection of q[0, n) (the set ends in q[0, k)) on the CTA; scr: n ints */
+static __device__ void torch_cpu_topk_cta(telem *q, int64_t n, int64_t k, int32_t *scr) {
+    if (k * 64 <= n) {
+        heap_select_cta(q, k, n, scr);
+    } else {
+        nth_element_cta(q, k - 1, n, scr);
+    }
+}
+
+/* A replay's row buffer: the row's n entries, then n int32 of partition scratch, in telem units */
+static __host__ __device__ inline int64_t d_replay_elems(int64_t n) { return n + (n + 1) / 2; }
+
+/* One CTA per row, all of its REPLAY_THREADS threads on the replay: filling the row, the candidate blocks'
+ * maxima, the introselect's long partitions (cta_partition, the same result as the serial loop), sorting
+ * the kept positions and writing the mask. What stays serial on thread 0 — the median of three, the
+ * partitions of ranges of ≤ PART_MIN entries, the heap selections — works in shared memory where it can,
+ * a dependent load there costing tens of cycles, not the hundreds of a global one:
+ *   - a row whose buffer (d_replay_elems: the row, then the partition scratch) fits REPLAY_SMEM_MAX
+ *     bytes is copied there whole and the replay runs on it;
  *   - a longer row on the heap path (k·64 ≤ n: 65,536 indexer scores at a 64K context, 9 ms per row
  *     from global memory) keeps only the heap there and streams the rest through in chunks: the heap
  *     selection reads each later entry once, in order, and only the heap is written (the entries it
  *     swaps out of the heap are never read again: the output is the heap's set);
- *   - anything else (an introselect over a row longer than REPLAY_SMEM_MAX) replays in the global scratch.
- * Each thread computes the same values in the same order as the one-thread version; writes before a
- * barrier are visible to the CTA after it. */
+ *   - anything else (an introselect over a longer row) replays in the global scratch.
+ * Until 2026-12-01 the introselect ran on thread 0 alone: 0.9 ms per row of 4,096 tied scores (k 2,048),
+ * 7-9 ms at 65,536. Writes before a barrier are visible to the CTA after it. */
 #define REPLAY_THREADS 256
 #define REPLAY_SMEM_MAX (192 * 1024) /* dynamic shared memory a replay may take */
-#define REPLAY_CHUNK 2048            /* entries per streamed chunk of the heap path */
 
-/* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk(row, nk, k)
- * when k·64 ≤ nk, for the output's purpose (the set in f[0..k)). heap: k entries, buf: REPLAY_CHUNK. */
-static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf) {
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{s[j], (int32_t)j};
+/* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk_cta(row, nk,
+ * k) when k·64 ≤ nk, for the output's purpose (the set's positions in heap[0..k).i; the entries hold
+ * torch_key bits). heap: k entries, buf: REPLAY_CHUNK entries, idx: REPLAY_CHUNK ints. */
+static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf, int32_t *idx) {
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{__uint_as_float(torch_key(s[j])), (int32_t)j};
     __syncthreads();
-    if (threadIdx.x == 0) make_heap(heap, k);
+    if (threadIdx.x == 0) make_heap_t<true, int>(heap, k);
     for (int64_t c0 = k; c0 < nk; c0 += REPLAY_CHUNK) {
         const int64_t n = nk - c0 < REPLAY_CHUNK ? nk - c0 : REPLAY_CHUNK;
         __syncthreads(); /* thread 0 is done with the previous chunk */
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) buf[j] = telem{s[c0 + j], (int32_t)(c0 + j)};
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            buf[j] = telem{__uint_as_float(torch_key(s[c0 + j])), (int32_t)(c0 + j)};
         __syncthreads();
-        if (threadIdx.x == 0)
-            for (int64_t j = 0; j < n; j++)
-                if (before(buf[j], heap[0])) adjust_heap(heap, 0, k, buf[j]);
+        heap_scan_cta(heap, k, buf, n, idx);
     }
-    __syncthreads();
 }
 
 /* Where a top-k replay of k of nk entries runs: 1 the row in shared memory, 2 the heap in shared memory
  * and the row streamed (heap path), 0 the global scratch; *smem: the bytes it needs. */
 static __host__ __device__ inline int d_topk_replay_mode(int64_t nk, int k, size_t *smem) {
-    const size_t row_b = sizeof(telem) * (size_t)nk, heap_b = sizeof(telem) * ((size_t)k + REPLAY_CHUNK);
+    const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nk),
+                 heap_b = sizeof(telem) * ((size_t)k + REPLAY_CHUNK) + sizeof(int32_t) * REPLAY_CHUNK;
     const int mode = row_b <= REPLAY_SMEM_MAX ? 1 : (int64_t)k * 64 <= nk && heap_b <= REPLAY_SMEM_MAX ? 2 : 0;
     *smem = mode == 1 ? row_b : mode == 2 ? heap_b : 0;
     return mode;
 }
 
+/* o[p] for the p-th smallest of the k distinct positions row[0, k).i (< nk), ≥ vis marked −1, else + offset;
+ * flag: nk ints of scratch. Every thread of the CTA calls it. */
+static __device__ void cta_sorted_positions(const telem *row, int k, int64_t nk, int32_t vis, int32_t offset,
+                                            int32_t *flag, int32_t *o) {
+    __shared__ unsigned long long s_scan[33];
+    for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) flag[j] = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j < k; j += blockDim.x) flag[row[j].i] = 1;
+    __syncthreads();
+    const int64_t per = (nk + blockDim.x - 1) / blockDim.x, c0 = min((int64_t)threadIdx.x * per, nk),
+                  c1 = min(c0 + per, nk);
+    unsigned long long cnt = 0, tot;
+    for (int64_t j = c0; j < c1; j++) cnt += flag[j];
+    int64_t p = (int64_t)cta_scan_excl_u64(cnt, s_scan, &tot);
+    for (int64_t j = c0; j < c1; j++)
+        if (flag[j]) o[p++] = j < vis ? (int32_t)j + offset : -1;
+}
+
 /* One row's top-k replay on a CTA of REPLAY_THREADS: torch's set of s[0, nk), positions ascending, those
- * ≥ vis marked −1, + offset. q telem [nk] global scratch (mode 0), sm: the launch's dynamic shared memory
- * (d_topk_replay_mode bytes at least).  o int32 [k] */
+ * ≥ vis marked −1, + offset. q telem [d_replay_elems(nk)] global scratch (mode 0), sm: the launch's
+ * dynamic shared memory (d_topk_replay_mode bytes at least).  o int32 [k] */
 static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, telem *q,
                                         int mode, telem *sm, int32_t *o) {
     telem *row = mode == 0 ? q : sm;
     if (mode == 2) {
-        heap_select_streamed(s, nk, k, sm, sm + k);
-    } else {
-        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) row[j] = telem{s[j], (int32_t)j};
-        __syncthreads();
-        if (threadIdx.x == 0) torch_cpu_topk(row, nk, k);
-        __syncthreads();
+        heap_select_streamed(s, nk, k, sm, sm + k, (int32_t *)(sm + k + REPLAY_CHUNK));
+        /* the selected positions ascending (the reference sorts them; positions are distinct, so a
+         * position's place is the count of smaller ones), then ≥ vis marked −1 */
+        for (int j = threadIdx.x; j < k; j += blockDim.x) {
+            const int32_t v = row[j].i;
+            int p = 0;
+            for (int i = 0; i < k; i++) p += row[i].i < v;
+            o[p] = v < vis ? v + offset : -1;
+        }
+        return;
     }
-    /* the selected positions ascending (the reference sorts them; positions are distinct, so a position's
-     * place is the count of smaller ones), then ≥ vis marked −1 */
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-        const int32_t v = row[j].i;
-        int p = 0;
-        for (int i = 0; i < k; i++) p += row[i].i < v;
-        o[p] = v < vis ? v + offset : -1;
-    }
+    int32_t *scr = (int32_t *)(row + nk);
+    for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) row[j] = telem{s[j], (int32_t)j};
+    __syncthreads();
+    torch_cpu_topk_cta(row, nk, k, scr);
+    cta_sorted_positions(row, k, nk, vis, offset, scr, o); /* the reference sorts the positions */
 }
 
 /* One row's candidate mask by the replay on a CTA of REPLAY_THREADS: block scores = max over the block's
  * entries, the newest visible block pinned to +inf, torch's best `keep` of the nb blocks kept.
- *   s f32 [nk];  row telem [nb] (shared or global scratch), kp uint8 [nb] scratch;  mask uint8 [nk] */
+ *   s f32 [nk];  row telem [d_replay_elems(nb)] (shared or global scratch), kp uint8 [nb] scratch;
+ *   mask uint8 [nk] */
 static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis, int block, int64_t nb, int64_t keep,
                                         telem *row, uint8_t *kp, uint8_t *mask) {
     const int64_t last = vis > 0 ? (vis - 1) / block : -1;
@@ -447,11 +658,9 @@ static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis,
         kp[b] = 0;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        torch_cpu_topk(row, nb, keep);
-        for (int64_t j = 0; j < keep; j++)
-            if (row[j].v > -INFINITY) kp[row[j].i] = 1;
-    }
+    torch_cpu_topk_cta(row, nb, keep, (int32_t *)(row + nb));
+    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
+        if (row[j].v > -INFINITY) kp[row[j].i] = 1;
     __syncthreads();
     for (int64_t n = threadIdx.x; n < nk; n += blockDim.x) mask[n] = kp[n / block];
 }
@@ -467,15 +676,7 @@ static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis,
  * than Q: |Q| = k, or no selectable entry of U is outside Q. Common cases it covers: a row without a
  * tie at the k-th score, and an early prompt row with fewer than k visible entries (the −inf ties lie
  * past vis). One block per row finds t by a 32-step bitwise search over the key counts. */
-#define KEY_NAN 0xFFFFFFFFu
-#define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
 #define CHECK_THREADS 256
-
-static __device__ __forceinline__ uint32_t torch_key(float f) {
-    if (isnan(f)) return KEY_NAN;
-    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 static __device__ unsigned block_sum_u32(unsigned v, unsigned *sh) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1,13 +1,14 @@
 /* Top-k and candidate blocks with the reference's own tie behaviour on the GPU: the replay of torch's CPU
  * selection (libstdc++ introselect / heap select with the comparator "x > y, NaN first") of
- * src/backend/cpu/graph_extra_topk.c, step for step, one thread per row. Equal scores are common (the
- * indexer's exact zeros, bf16 near-ties), and which of them the reference keeps is decided only by that
- * sequence of comparisons and swaps, so replaying it is the one way for the GPU to select the CPU
- * backend's (and the reference's) set on every row: the golden cases then verify with the CPU's bounds
- * and greedy decoding gives the CPU's tokens.
+ * src/backend/cpu/graph_extra_topk.c, one CTA per row, with the same result step for step. Equal scores
+ * are common (the indexer's exact zeros, bf16 near-ties), and which of them the reference keeps is
+ * decided only by that sequence of comparisons and swaps, so replaying it is the one way for the GPU to
+ * select the CPU backend's (and the reference's) set on every row: the golden cases then verify with the
+ * CPU's bounds and greedy decoding gives the CPU's tokens.
  *
- * Cost: the serial algorithm per row (O(n) expected, O(n log k) on the heap path) in device memory,
- * one thread per row; the rest of a row's work on its CTA. The top-k avoids it where it cannot matter: rows whose output the ties cannot
+ * Cost (cuda_select.cuh): the introselect's long partitions run on the whole CTA (each one's result
+ * derived from prefix counts), the median-of-three steps, short ranges and the heap path on one thread.
+ * The top-k avoids the replay where it cannot matter: rows whose output the ties cannot
  * change (see topk_replay_rows_kernel) take the parallel kernel's result, and only the others are
  * replayed. The candidate mask replays every row (one layer per pass, a few thousand
  * blocks per row). The parallel kernels of cuda_select.cu alone (higher score, then lower position: a
@@ -17,7 +18,8 @@
 
 static bool g_sel_smem_raised = false;
 
-/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, nk] scratch (mode 0). grid: nr.
+/* rows r0 … r0+nr−1 (only those flagged in `only`, when given); q: [nr, d_replay_elems(nk)] scratch (mode
+ * 0). grid: nr.
  * mode (d_topk_replay_mode) 0: replay in q; 1: the row in shared memory; 2: heap in shared memory, row
  * streamed. */
 __global__ void __launch_bounds__(REPLAY_THREADS) topk_torch_kernel(const float *scores, int64_t r0, int64_t nr,
@@ -27,18 +29,19 @@ __global__ void __launch_bounds__(REPLAY_THREADS) topk_torch_kernel(const float 
     extern __shared__ telem sel_sm[];
     const int64_t rr = blockIdx.x, r = r0 + rr;
     if (only && !only[r]) return;
-    d_topk_torch_row(scores + r * nk, nk, vis[r], k, offset, q + rr * nk, mode, sel_sm, out + r * k);
+    d_topk_torch_row(scores + r * nk, nk, vis[r], k, offset, q + rr * d_replay_elems(nk), mode, sel_sm, out + r * k);
 }
 
-/* grid: nr; q: [nr, nb] scratch, kept: [nr, nb]; in_smem: the nb block entries in shared memory */
+/* grid: nr; q: [nr, d_replay_elems(nb)] scratch, kept: [nr, nb]; in_smem: the block entries (and the partition
+ * scratch) in shared memory */
 __global__ void __launch_bounds__(REPLAY_THREADS) cand_torch_kernel(const float *scores, int64_t r0, int64_t nr,
                                                                     int64_t nk, const int32_t *vis, int block,
                                                                     int64_t nb, int64_t keep, telem *q, int in_smem,
                                                                     uint8_t *kept, uint8_t *mask) {
     extern __shared__ telem sel_sm[];
     const int64_t rr = blockIdx.x, r = r0 + rr;
-    d_cand_torch_row(scores + r * nk, nk, vis[r], block, nb, keep, in_smem ? sel_sm : q + rr * nb, kept + rr * nb,
-                     mask + r * nk);
+    d_cand_torch_row(scores + r * nk, nk, vis[r], block, nb, keep, in_smem ? sel_sm : q + rr * d_replay_elems(nb),
+                     kept + rr * nb, mask + r * nk);
 }
 
 static void sel_raise_smem(void) {
@@ -67,7 +70,7 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
     int rc = hybrid ? di_cuda_topk(be, scores, m, nk, vis, k, offset, out, err) : DI_OK;
     if (rc) return rc;
     int64_t flags = hybrid ? (m + 255) / 256 * 256 : 0; /* uint8 [m] rows to replay, then the scratch */
-    int64_t per = (int64_t)sizeof(telem) * nk, rows = d_rows_per_launch(m, per);
+    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nk), rows = d_rows_per_launch(m, per);
     void *ws;
     if ((rc = di_cuda_workspace(be, (size_t)(flags + rows * per), &ws, err))) return rc;
     uint8_t *only = hybrid ? (uint8_t *)ws : NULL;
@@ -98,14 +101,14 @@ extern "C" int di_cuda_candidate_mask_torch(const di_backend *be, const float *s
                             (long long)m, (long long)nk, block, topk_blocks);
     int64_t nb = (nk + block - 1) / block, keep = topk_blocks < nb ? topk_blocks : nb;
     if (m == 0 || nb == 0) return DI_OK;
-    int64_t per = ((int64_t)sizeof(telem) + 1) * nb, rows = d_rows_per_launch(m, per);
+    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nb) + nb, rows = d_rows_per_launch(m, per);
     void *q;
     int rc = di_cuda_workspace(be, (size_t)(rows * per), &q, err);
     if (rc) return rc;
     cudaStream_t st = di_cuda_state(be)->stream;
-    uint8_t *kept = (uint8_t *)q + rows * nb * (int64_t)sizeof(telem);
+    uint8_t *kept = (uint8_t *)q + rows * d_replay_elems(nb) * (int64_t)sizeof(telem);
     sel_raise_smem();
-    const size_t row_b = sizeof(telem) * (size_t)nb;
+    const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nb);
     const int in_smem = row_b <= REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
