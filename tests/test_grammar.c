@@ -611,6 +611,55 @@ static void test_scan_marks(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Transitions are stored per byte class of the grammar (state_cache.h: bcls): bytes that no
+ * terminal tells apart share one entry, so a row of `[a-z]+x[0-9]` has 4 entries (x, the other
+ * letters, digits, all else) instead of 256. Masks stay equal to brute force, a transition learned
+ * through one letter is the transition of every other one, the rows take 4 entries per state,
+ * and the mask cache holds a slot only once it stored a mask (no 4 MiB up front). */
+static void test_byte_class_rows(void **state) {
+    (void)state;
+    static const char re[] = "[a-z]+x[0-9]";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail(re);
+    assert_int_equal(g->cache->n_bcls, 4);
+    assert_int_equal(g->cache->bcls['a'], g->cache->bcls['w']);
+    assert_int_not_equal(g->cache->bcls['a'], g->cache->bcls['x']);
+    assert_int_equal(g->cache->bcls['0'], g->cache->bcls['9']);
+    assert_int_equal(g->cache->bcls['A'], g->cache->bcls[0xC3]);
+    assert_null(g->cache->masks[0]);
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char text[] = "abxqx7";
+    for (size_t i = 0; text[i]; i++) {
+        gt_fill_checked(m, v, &tb, mask, re);
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("%s", err.msg);
+    }
+    const di_gcache_table *t = g->cache->cur;
+    assert_int_equal(t->n_bcls, 4);
+    assert_true(t->rows_bytes == ((size_t)t->cap + 1) * 4 * sizeof(int32_t));
+    int32_t live = 0;
+    for (int32_t id = 1; id <= t->n; id++)
+        for (int b = 'a'; b <= 'z'; b++) {
+            if (b == 'x') continue;
+            assert_int_equal(di_gcache_next(t, id, (uint8_t)b), di_gcache_next(t, id, 'a'));
+            live += di_gcache_next(t, id, (uint8_t)b) > 0;
+        }
+    assert_true(live > 0);
+    int slots = 0;
+    for (int i = 0; i < DI_GCACHE_MASKS; i++) slots += g->cache->masks[i] != NULL;
+    assert_in_range(slots, 1, (int)strlen(text));
+    tu_report("byte classes: %u of %u bytes' rows, %d states, %d cached masks", (unsigned)t->n_bcls, 256u,
+              (int)t->n, slots);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -917,7 +966,7 @@ int main(void) {
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_open_construct_boundary),
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
-        cmocka_unit_test(test_replay_reuse),
+        cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

@@ -1455,7 +1455,7 @@ static int compile(di_grammar **out, di_error *err, int rc, di_cfg *cfg, int32_t
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
     }
     g->cfg = cfg;
-    rc = di_gcache_new(&g->cache, err);
+    rc = di_gcache_new(&g->cache, cfg, err);
     if (rc) {
         di_grammar_free(g);
         return rc;

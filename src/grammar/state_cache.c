@@ -5,7 +5,29 @@
 
 #include "grammar/state_cache.h"
 
-int di_gcache_new(di_grammar_cache **out, di_error *err) {
+/* Partition the bytes into classes that no terminal class tells apart: refine the single class
+ * of all bytes by each terminal class in turn (a class with bytes both in and out of it splits). */
+static uint32_t byte_classes(const di_cfg *cfg, uint8_t *bcls) {
+    uint32_t n = 1;
+    memset(bcls, 0, 256);
+    for (uint32_t k = 0; k < cfg->n_cls && n < 256; k++) {
+        const di_cfg_class *cl = &cfg->cls[k];
+        uint8_t in[256] = {0}, out[256] = {0};
+        for (unsigned b = 0; b < 256; b++) {
+            if (di_cfg_class_has(cl, (uint8_t)b)) in[bcls[b]] = 1;
+            else out[bcls[b]] = 1;
+        }
+        int16_t split[256];
+        uint32_t n0 = n;
+        for (uint32_t x = 0; x < n0; x++) split[x] = in[x] && out[x] ? (int16_t)n++ : -1;
+        if (n == n0) continue;
+        for (unsigned b = 0; b < 256; b++)
+            if (split[bcls[b]] >= 0 && di_cfg_class_has(cl, (uint8_t)b)) bcls[b] = (uint8_t)split[bcls[b]];
+    }
+    return n;
+}
+
+int di_gcache_new(di_grammar_cache **out, const di_cfg *cfg, di_error *err) {
     *out = NULL;
     di_grammar_cache *c = calloc(1, sizeof *c);
     if (!c || pthread_mutex_init(&c->lock, NULL)) {
@@ -13,6 +35,7 @@ int di_gcache_new(di_grammar_cache **out, di_error *err) {
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory for the state cache");
     }
     c->max_states = DI_GCACHE_MAX_STATES;
+    c->n_bcls = byte_classes(cfg, c->bcls);
     *out = c;
     return DI_OK;
 }
@@ -38,7 +61,9 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
      * and is cleared there, once glibc's mmap threshold has grown past it: ~1 ms on every new
      * grammar's first mask); pages are committed as states are added */
-    t->rows_bytes = ((size_t)t->cap + 1) * sizeof *t->rows;
+    t->n_bcls = c->n_bcls;
+    memcpy(t->bcls, c->bcls, sizeof t->bcls);
+    t->rows_bytes = ((size_t)t->cap + 1) * t->n_bcls * sizeof *t->rows;
     void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     t->rows = rows == MAP_FAILED ? NULL : rows;
     t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
@@ -69,7 +94,7 @@ void di_gcache_free(di_grammar_cache *c) {
         free(c->blocks[i].mask);
         free(c->blocks[i].ent);
     }
-    free(c->masks);
+    for (int i = 0; i < DI_GCACHE_MASKS; i++) free(c->masks[i]);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -118,6 +143,11 @@ static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 
     int32_t id = ++t->n;
     t->key[id] = k;
     t->hash[h] = id;
+    /* First touch of the row by a store: a row's first access is otherwise a lookup, which maps
+     * the shared zero page, and its first transition then faults a second time to copy it. No
+     * other thread can have stored into the row of an id that is not yet interned. */
+    atomic_store_explicit(&t->rows[(size_t)id * t->n_bcls], DI_ST_UNKNOWN, memory_order_relaxed);
+    atomic_store_explicit(&t->rows[((size_t)id + 1) * t->n_bcls - 1], DI_ST_UNKNOWN, memory_order_relaxed);
     return id;
 }
 
@@ -152,9 +182,8 @@ void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, con
 /* The first vocabulary that stores a mask owns the mask cache; a matcher with another one
  * (identified by content, not by address, which a later vocabulary could reuse) runs uncached. */
 static bool vocab_ok(di_grammar_cache *c, const di_grammar_vocab *v) {
-    if (!c->masks) {
+    if (!c->words) {
         size_t words = di_grammar_mask_words(v->n_vocab);
-        if (!(c->masks = malloc((size_t)DI_GCACHE_MASKS * words * sizeof *c->masks))) return false;
         c->vocab_fp = v->fingerprint;
         c->vocab_n = v->n_vocab;
         c->words = words;
@@ -168,7 +197,7 @@ bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
     if (vocab_ok(c, v))
         for (int i = 0; i < DI_GCACHE_MASKS; i++)
             if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) {
-                memcpy(mask, c->masks + (size_t)i * c->words, c->words * sizeof *mask);
+                memcpy(mask, c->masks[i], c->words * sizeof *mask);
                 hit = true;
                 break;
             }
@@ -221,9 +250,12 @@ void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
         present = c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b; /* a racing matcher stored it */
     if (!present && vocab_ok(c, v)) {
         uint32_t i = c->mnext++ % DI_GCACHE_MASKS;
-        c->mkey[i] = k;
-        c->mused[i] = 1;
-        memcpy(c->masks + (size_t)i * c->words, mask, c->words * sizeof *mask);
+        if (!c->masks[i]) c->masks[i] = malloc(c->words * sizeof *c->masks[i]);
+        c->mused[i] = c->masks[i] != NULL;
+        if (c->mused[i]) {
+            c->mkey[i] = k;
+            memcpy(c->masks[i], mask, c->words * sizeof *mask);
+        }
     }
     pthread_mutex_unlock(&c->lock);
 }
