@@ -639,7 +639,7 @@ static void test_byte_class_rows(void **state) {
     }
     const di_gcache_table *t = g->cache->cur;
     assert_int_equal(t->n_bcls, 4);
-    assert_true(t->rows_bytes == ((size_t)t->cap + 1) * 4 * sizeof(int32_t));
+    assert_true(t->rows_bytes == ((size_t)t->cap + 1) * 4 * sizeof(int16_t));
     int32_t live = 0;
     for (int32_t id = 1; id <= t->n; id++)
         for (int b = 'a'; b <= 'z'; b++) {

@@ -83,7 +83,7 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
 
 void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
     pthread_mutex_lock(&c->lock);
-    c->max_states = n < 1 ? 1 : n;
+    c->max_states = n < 1 ? 1 : n > DI_GCACHE_ID_MAX ? DI_GCACHE_ID_MAX : n;
     pthread_mutex_unlock(&c->lock);
 }
 

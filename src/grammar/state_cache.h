@@ -36,7 +36,9 @@ typedef struct di_sig128 {
 #define DI_ST_CONTEXT (-2)         /* from a context-free state: the byte completes into the context */
 #define DI_ST_CONTEXT_0 (-16)      /* DI_ST_CONTEXT_0 - b: as DI_ST_CONTEXT, and the byte acts like b */
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
-#define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
+#define DI_GCACHE_MAX_STATES 8192  /* per table (<= DI_GCACHE_ID_MAX): <= 4 MiB of transitions, committed as used */
+#define DI_GCACHE_ID_MAX 32767     /* transitions are int16: ids and the DI_ST_* values above fit */
+_Static_assert(DI_GCACHE_MAX_STATES <= DI_GCACHE_ID_MAX && DI_ST_CONTEXT_0 - 255 >= -32768, "int16 transitions");
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
 #define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
 
@@ -61,10 +63,11 @@ typedef struct di_gcache_loop {
 typedef struct di_gcache_table {
     /* Transitions: successor id, DI_ST_DEAD, DI_ST_CONTEXT_0 - b or DI_ST_UNKNOWN per state and
      * byte class (bcls: bytes that every terminal of the grammar treats alike, and so every
-     * Earley set: one entry serves them all). A JSON grammar has ~30-90 classes, so a row is
-     * 120-360 bytes instead of 1 KiB, and a new state touches a fresh page 3-8x less often (a
-     * first touch costs ~3 us on the dev VM; a state of a counted string is new per count). */
-    _Atomic int32_t *rows; /* [(cap + 1) * n_bcls] zero-filled (mmap); row 0 unused (id 0 means DI_ST_UNKNOWN) */
+     * Earley set: one entry serves them all). A JSON grammar has ~30-90 classes and ids fit in
+     * 16 bits, so a row is 60-180 bytes instead of 1 KiB, and a new state touches a fresh page
+     * 6-16x less often (a first touch costs ~3 us on the dev VM; a state of a counted string is
+     * new per count). */
+    _Atomic int16_t *rows; /* [(cap + 1) * n_bcls] zero-filled (mmap); row 0 unused (id 0 means DI_ST_UNKNOWN) */
     size_t rows_bytes;
     uint32_t n_bcls;       /* byte classes of the grammar (1..256) */
     uint8_t bcls[256];     /* class of each byte */
@@ -143,7 +146,7 @@ static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8
     return atomic_load_explicit(&t->rows[(size_t)id * t->n_bcls + t->bcls[b]], memory_order_relaxed);
 }
 static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
-    atomic_store_explicit(&t->rows[(size_t)id * t->n_bcls + t->bcls[b]], next, memory_order_relaxed);
+    atomic_store_explicit(&t->rows[(size_t)id * t->n_bcls + t->bcls[b]], (int16_t)next, memory_order_relaxed);
 }
 
 /* Loop summary of state id, if some walk has computed it (lock-free: published with release). */
