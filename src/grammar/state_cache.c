@@ -56,8 +56,8 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     di_gcache_table *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->cap = c->max_states;
-    t->hcap = 16;
-    while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
+    t->hcap = 256; /* grows with the states (intern_locked): a table sized for cap up front was
+                      64 KiB of fresh pages to fill on every grammar's first mask */
     /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
      * and is cleared there, once glibc's mmap threshold has grown past it: ~1 ms on every new
      * grammar's first mask); pages are committed as states are added */
@@ -76,7 +76,7 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
         table_free(t);
         return NULL;
     }
-    memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
+    if (t->hash) memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
     t->serial = ++c->n_tables;
     return t;
 }
@@ -124,6 +124,23 @@ static inline uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* Double the key hash (under the lock; only interning reads it) once it is half full. */
+static bool hash_grow(di_gcache_table *t) {
+    size_t cap = t->hcap * 2;
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h) return false;
+    memset(h, 0xff, cap * sizeof *h);
+    for (int32_t id = 1; id <= t->n; id++) {
+        size_t x = (size_t)(mix64(t->key[id].a) & (cap - 1));
+        while (h[x] >= 0) x = (x + 1) & (cap - 1);
+        h[x] = id;
+    }
+    free(t->hash);
+    t->hash = h;
+    t->hcap = cap;
+    return true;
+}
+
 static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
     size_t h = (size_t)(mix64(k.a) & (t->hcap - 1));
     while (t->hash[h] >= 0) {
@@ -139,6 +156,11 @@ static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 
             if (fresh) c->cur = fresh;
         }
         return DI_ST_NONE;
+    }
+    if (2 * ((size_t)t->n + 1) > t->hcap) {
+        if (!hash_grow(t)) return DI_ST_NONE; /* without memory: not memoized, still exact */
+        h = (size_t)(mix64(k.a) & (t->hcap - 1));
+        while (t->hash[h] >= 0) h = (h + 1) & (t->hcap - 1);
     }
     int32_t id = ++t->n;
     t->key[id] = k;

@@ -77,7 +77,7 @@ typedef struct di_gcache_table {
     _Atomic uint8_t *scan_ready; /* [cap + 1] */
     di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
-    size_t hcap;         /* power of two >= 2 * cap */
+    size_t hcap;         /* power of two >= 2 * n, doubled as states are interned */
     int32_t n, cap;      /* interned states (ids 1..n), capacity */
     int32_t refs;        /* walks using this table */
     uint64_t serial;     /* which generation (state ids mean nothing across tables) */
