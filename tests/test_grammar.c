@@ -660,6 +660,49 @@ static void test_byte_class_rows(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* A walk keyed relative to a boundary (context-free keys) reads the full signatures of the sets
+ * it pushes only where a state falls back to full keys (after a context edge whose construct has
+ * no boundary), so they are computed on demand (matcher.c: set_sig_of). From the second string
+ * of a list on, the cold masks push 144 sets and compute 105 full signatures (159 when every
+ * push computed one). Masks equal brute force before and after a rollback (the versions of
+ * popped and re-pushed sets decide which signatures are current). */
+static void test_lazy_full_sigs(void **state) {
+    (void)state;
+    static const char re[] = "root ::= \"[\" ws str (\",\" ws str)* \"]\"\n"
+                             "str ::= \"\\\"\" [a-z ]{0,12} \"\\\"\"\nws ::= \" \"?\n";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = NULL;
+    di_error err = {0};
+    if (di_grammar_from_ebnf(re, strlen(re), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char text[] = "[\"ab\", \"cd e\", \"x\"]";
+    uint64_t pushes = 0, sigs = 0;
+    for (size_t i = 0; text[i]; i++) {
+        di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, re);
+        if (i >= 7) pushes += w.pushes, sigs += w.full_sigs; /* inside the second string and after */
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("%s", err.msg);
+        if (i == 12) {
+            if (di_grammar_matcher_rollback(m, 4, &err)) fail_msg("%s", err.msg);
+            gt_fill_checked(m, v, &tb, mask, re);
+            gt_accept_text(m, "d e\"");
+        }
+    }
+    gt_fill_checked(m, v, &tb, mask, re);
+    assert_true(di_grammar_matcher_can_end(m));
+    tu_report("lazy full signatures: %llu pushes, %llu full signatures", (unsigned long long)pushes,
+              (unsigned long long)sigs);
+    assert_true(pushes >= 20);
+    assert_true(sigs * 5 <= pushes * 4); /* 105 of 144; computed at every push: 159 */
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -967,6 +1010,7 @@ int main(void) {
         cmocka_unit_test(test_open_construct_boundary),
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
+        cmocka_unit_test(test_lazy_full_sigs),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),
