@@ -66,7 +66,10 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     t->rows_bytes = ((size_t)t->cap + 1) * t->n_bcls * sizeof *t->rows;
     void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     t->rows = rows == MAP_FAILED ? NULL : rows;
-    t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
+    /* loop and scan are read only once published (loop_ready, scan_ready): not cleared. A
+     * cleared 160 KiB (calloc from the heap, once glibc's mmap threshold has grown past it) was
+     * ~40 fresh pages on every grammar's first mask. */
+    t->loop = malloc(((size_t)t->cap + 1) * sizeof *t->loop);
     t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
     t->scan = malloc(((size_t)t->cap + 1) * sizeof *t->scan);
     t->scan_ready = calloc((size_t)t->cap + 1, sizeof *t->scan_ready);
