@@ -5,25 +5,44 @@
 
 #include "grammar/state_cache.h"
 
-/* Partition the bytes into classes that no terminal class tells apart: refine the single class
- * of all bytes by each terminal class in turn (a class with bytes both in and out of it splits). */
+/* Partition the bytes into classes that no terminal class tells apart: two bytes share a class
+ * exactly when they belong to the same terminal classes. Each byte's membership vector (one bit
+ * per terminal class) is built from the classes' set bits; bytes are numbered in byte order,
+ * looked up by a hash of the vector and compared exactly (a hash alone could merge bytes that
+ * differ). */
 static uint32_t byte_classes(const di_cfg *cfg, uint8_t *bcls) {
-    uint32_t n = 1;
-    memset(bcls, 0, 256);
-    for (uint32_t k = 0; k < cfg->n_cls && n < 256; k++) {
-        const di_cfg_class *cl = &cfg->cls[k];
-        uint8_t in[256] = {0}, out[256] = {0};
-        for (unsigned b = 0; b < 256; b++) {
-            if (di_cfg_class_has(cl, (uint8_t)b)) in[bcls[b]] = 1;
-            else out[bcls[b]] = 1;
-        }
-        int16_t split[256];
-        uint32_t n0 = n;
-        for (uint32_t x = 0; x < n0; x++) split[x] = in[x] && out[x] ? (int16_t)n++ : -1;
-        if (n == n0) continue;
-        for (unsigned b = 0; b < 256; b++)
-            if (split[bcls[b]] >= 0 && di_cfg_class_has(cl, (uint8_t)b)) bcls[b] = (uint8_t)split[bcls[b]];
+    size_t nw = ((size_t)cfg->n_cls + 63) / 64;
+    if (!nw) { /* no terminals: every byte acts alike */
+        memset(bcls, 0, 256);
+        return 1;
     }
+    uint64_t *vec = calloc(256 * nw, sizeof *vec); /* [256][nw] membership bits */
+    if (!vec) { /* one entry per byte is exact too */
+        for (unsigned b = 0; b < 256; b++) bcls[b] = (uint8_t)b;
+        return 256;
+    }
+    for (uint32_t k = 0; k < cfg->n_cls; k++)
+        for (int w = 0; w < 8; w++)
+            for (uint32_t x = cfg->cls[k].bits[w]; x; x &= x - 1)
+                vec[(size_t)(w * 32 + __builtin_ctz(x)) * nw + k / 64] |= 1ull << (k % 64);
+    enum { SLOTS = 512 };
+    int16_t slot[SLOTS]; /* -1 or the first byte of a class */
+    memset(slot, 0xff, sizeof slot);
+    uint32_t n = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        const uint64_t *v = vec + (size_t)b * nw;
+        uint64_t h = 0x9E3779B97F4A7C15ull;
+        for (size_t w = 0; w < nw; w++) h = (h ^ v[w]) * 0xBF58476D1CE4E5B9ull;
+        size_t x = (size_t)(h >> 55) & (SLOTS - 1);
+        while (slot[x] >= 0 && memcmp(v, vec + (size_t)slot[x] * nw, nw * sizeof *v)) x = (x + 1) & (SLOTS - 1);
+        if (slot[x] < 0) {
+            slot[x] = (int16_t)b;
+            bcls[b] = (uint8_t)n++;
+        } else {
+            bcls[b] = bcls[slot[x]];
+        }
+    }
+    free(vec);
     return n;
 }
 

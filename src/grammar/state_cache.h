@@ -3,12 +3,13 @@
  * starts warm instead of re-walking the token trie with Earley pushes.
  *
  * Concurrency: matchers of one grammar may fill masks on several worker threads at once.
- *   - Transitions (the hot path of the trie walk) are read without a lock: each entry is an
- *     atomic int32 that goes from DI_ST_UNKNOWN (0, the zero fill of calloc) to a final value
- *     exactly once in meaning (racing writers store the same value: successor keys are structural
- *     and interning is locked). Rows need no initializing store, so the only stores a reader can
- *     observe are those final values and relaxed ordering suffices: an acquire load would act as a
- *     compiler barrier on every trie node of the walk.
+ *   - Transitions (the hot path of the trie walk) are read without a lock: each entry (one per
+ *     state and byte class) is an atomic int16 that goes from DI_ST_UNKNOWN (0, the zero fill of
+ *     the mapping) to a final value exactly once in meaning (racing writers store the same value:
+ *     successor keys are structural and interning is locked). The only initializing store (the
+ *     first touch of a new row at interning, before its id is published) writes DI_ST_UNKNOWN
+ *     again, so a reader observes 0 or a final value and relaxed ordering suffices: an acquire
+ *     load would act as a compiler barrier on every trie node of the walk.
  *   - Interning a new state and the mask cache take the mutex; both sit next to work that is far
  *     slower (an Earley push; a trie walk or a 16 KiB copy).
  * Rows never move (one allocation per table; the kernel commits its pages as states are added),
