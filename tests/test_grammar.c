@@ -611,6 +611,98 @@ static void test_scan_marks(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Transitions are stored per byte class of the grammar (state_cache.h: bcls): bytes that no
+ * terminal tells apart share one entry, so a row of `[a-z]+x[0-9]` has 4 entries (x, the other
+ * letters, digits, all else) instead of 256. Masks stay equal to brute force, a transition learned
+ * through one letter is the transition of every other one, the rows take 4 entries per state,
+ * and the mask cache holds a slot only once it stored a mask (no 4 MiB up front). */
+static void test_byte_class_rows(void **state) {
+    (void)state;
+    static const char re[] = "[a-z]+x[0-9]";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail(re);
+    assert_int_equal(g->cache->n_bcls, 4);
+    assert_int_equal(g->cache->bcls['a'], g->cache->bcls['w']);
+    assert_int_not_equal(g->cache->bcls['a'], g->cache->bcls['x']);
+    assert_int_equal(g->cache->bcls['0'], g->cache->bcls['9']);
+    assert_int_equal(g->cache->bcls['A'], g->cache->bcls[0xC3]);
+    assert_null(g->cache->masks[0]);
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char text[] = "abxqx7";
+    for (size_t i = 0; text[i]; i++) {
+        gt_fill_checked(m, v, &tb, mask, re);
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("%s", err.msg);
+    }
+    const di_gcache_table *t = g->cache->cur;
+    assert_int_equal(t->n_bcls, 4);
+    assert_true(t->rows_bytes == ((size_t)t->cap + 1) * 4 * sizeof(int16_t));
+    int32_t live = 0;
+    for (int32_t id = 1; id <= t->n; id++)
+        for (int b = 'a'; b <= 'z'; b++) {
+            if (b == 'x') continue;
+            assert_int_equal(di_gcache_next(t, id, (uint8_t)b), di_gcache_next(t, id, 'a'));
+            live += di_gcache_next(t, id, (uint8_t)b) > 0;
+        }
+    assert_true(live > 0);
+    int slots = 0;
+    for (int i = 0; i < DI_GCACHE_MASKS; i++) slots += g->cache->masks[i] != NULL;
+    assert_in_range(slots, 1, (int)strlen(text));
+    tu_report("byte classes: %u of %u bytes' rows, %d states, %d cached masks", (unsigned)t->n_bcls, 256u,
+              (int)t->n, slots);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* A walk keyed relative to a boundary (context-free keys) reads the full signatures of the sets
+ * it pushes only where a state falls back to full keys (after a context edge whose construct has
+ * no boundary), so they are computed on demand (matcher.c: set_sig_of). From the second string
+ * of a list on, the cold masks push 144 sets and compute 105 full signatures (159 when every
+ * push computed one). Masks equal brute force before and after a rollback (the versions of
+ * popped and re-pushed sets decide which signatures are current). */
+static void test_lazy_full_sigs(void **state) {
+    (void)state;
+    static const char re[] = "root ::= \"[\" ws str (\",\" ws str)* \"]\"\n"
+                             "str ::= \"\\\"\" [a-z ]{0,12} \"\\\"\"\nws ::= \" \"?\n";
+    gt_bytes tb = gt_vocab_bytes(2000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = NULL;
+    di_error err = {0};
+    if (di_grammar_from_ebnf(re, strlen(re), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char text[] = "[\"ab\", \"cd e\", \"x\"]";
+    uint64_t pushes = 0, sigs = 0;
+    for (size_t i = 0; text[i]; i++) {
+        di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, re);
+        if (i >= 7) pushes += w.pushes, sigs += w.full_sigs; /* inside the second string and after */
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text[i] + 1, &err)) fail_msg("%s", err.msg);
+        if (i == 12) {
+            if (di_grammar_matcher_rollback(m, 4, &err)) fail_msg("%s", err.msg);
+            gt_fill_checked(m, v, &tb, mask, re);
+            gt_accept_text(m, "d e\"");
+        }
+    }
+    gt_fill_checked(m, v, &tb, mask, re);
+    assert_true(di_grammar_matcher_can_end(m));
+    tu_report("lazy full signatures: %llu pushes, %llu full signatures", (unsigned long long)pushes,
+              (unsigned long long)sigs);
+    assert_true(pushes >= 20);
+    assert_true(sigs * 5 <= pushes * 4); /* 105 of 144; computed at every push: 159 */
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -917,7 +1009,8 @@ int main(void) {
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_open_construct_boundary),
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
-        cmocka_unit_test(test_replay_reuse),
+        cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
+        cmocka_unit_test(test_lazy_full_sigs),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

@@ -116,6 +116,7 @@ typedef struct di_grammar_walk_stats {
     uint64_t replays;     /* of those, re-pushes of a trie path's known transitions (walk_edge needs its sets) */
     uint64_t reuses;      /* replays avoided: a popped set taken back for a byte that acts alike */
     uint64_t summaries;   /* loop summaries computed */
+    uint64_t full_sigs;   /* full Earley set signatures computed (walks with a boundary read few) */
 } di_grammar_walk_stats;
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s);
 

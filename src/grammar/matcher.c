@@ -44,11 +44,12 @@ struct di_grammar_matcher {
      * string pays for the trie walk, and only in the first request that reaches that state. */
     sig128 *set_sig;                /* [cap_sig] signature of each committed Earley set */
     uint32_t *sver;                 /* [cap_sig] version of the set at each index (fmemo, lmemo) */
+    uint32_t *sigver;               /* [cap_sig] set_sig[i] is valid when sigver[i] == sver[i] (set_sig_of) */
     uint32_t n_sver;
     size_t n_sig, cap_sig;          /* signatures valid for sets [0, n_sig) */
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
-    uint64_t n_edges, n_summaries, n_replays;
+    uint64_t n_edges, n_summaries, n_replays, n_full_sigs;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
      * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
      * value, valid when lstamp[i] == lgen. */
@@ -178,6 +179,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     di_earley_free(&m->e);
     free(m->set_sig);
     free(m->sver);
+    free(m->sigver);
     free(m->lsig);
     free(m->lstamp);
     free(m->lbd);
@@ -301,7 +303,36 @@ static inline uint32_t waiter_pos(const di_grammar_matcher *m, uint32_t pos) {
 /* Effect of completing nonterminal a at set o, over full signatures (defined after leff). */
 static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth);
 
-static int update_sigs(di_grammar_matcher *m, di_error *err) {
+static void set_sig_compute(di_grammar_matcher *m, size_t i) {
+    const di_earley *e = &m->e;
+    const int32_t *psym = m->g->cfg->psym;
+    sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
+    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
+        di_earley_item it = e->items[x];
+        if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
+        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
+    }
+    m->set_sig[i] = h;
+    m->sigver[i] = m->sver[i];
+    m->n_full_sigs++;
+}
+
+/* Full signature of set i, computed when first read. A walk keyed relative to a boundary
+ * (local_key) never reads the full signatures of the sets it pushes, unless a state of it falls
+ * back to full keys; computing them at every push was ~10% of a cold mask's instructions. The
+ * sets below the walk are computed eagerly (fill_mask), so the sets computed here in index order
+ * are at most a walk's depth: no deep recursion through feff's fallback. */
+static sig128 set_sig_of(di_grammar_matcher *m, size_t i) {
+    if (m->sigver[i] != m->sver[i]) {
+        size_t j = i;
+        while (j > 0 && m->sigver[j - 1] != m->sver[j - 1]) j--;
+        for (; j <= i; j++) set_sig_compute(m, j);
+    }
+    return m->set_sig[i];
+}
+
+/* Versions of new sets (sver, lstamp); with eager, also their full signatures. */
+static int update_sigs_as(di_grammar_matcher *m, bool eager, di_error *err) {
     const di_earley *e = &m->e;
     if (e->n_sets > m->cap_sig) {
         size_t cap = m->cap_sig ? m->cap_sig : 256;
@@ -312,34 +343,35 @@ static int update_sigs(di_grammar_matcher *m, di_error *err) {
         if (q) m->lsig = q;
         uint32_t *sv = q ? realloc(m->sver, cap * sizeof *sv) : NULL;
         if (sv) m->sver = sv;
-        uint32_t *st = sv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
+        uint32_t *gv = sv ? realloc(m->sigver, cap * sizeof *gv) : NULL;
+        if (gv) {
+            memset(gv + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *gv);
+            m->sigver = gv;
+        }
+        uint32_t *st = gv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
         if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
         memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
         m->lstamp = st;
         m->cap_sig = cap;
     }
-    const int32_t *psym = m->g->cfg->psym;
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
         m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
         if (++m->n_sver == 0) m->n_sver = 1; /* 0 never names a set */
         m->sver[i] = m->n_sver;
-        sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
-        for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
-            di_earley_item it = e->items[x];
-            if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
-            add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
-        }
-        m->set_sig[i] = h;
+        if (eager) set_sig_compute(m, i);
     }
     m->n_sig = e->n_sets;
     return DI_OK;
 }
 
+/* Inside walks and summaries: full signatures on demand (set_sig_of). */
+static int update_sigs(di_grammar_matcher *m, di_error *err) { return update_sigs_as(m, false, err); }
+
 /* Key of the current state: the waiting items (set_sig) plus the items that scan a byte. */
 static sig128 state_key(di_grammar_matcher *m) {
     const di_earley *e = &m->e;
     size_t i = e->n_sets - 1;
-    sig128 h = m->set_sig[i];
+    sig128 h = set_sig_of(m, i);
     h.a ^= 0xA5A5A5A5A5A5A5A5ull;
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
@@ -467,11 +499,11 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
     if (lw) {
         r = feff(m, lw->origin, plhs[lw->pos], depth + 1);
     } else if (depth >= FEFF_MAX_DEPTH) {
-        r = leo_base(a, m->set_sig[o]);
+        r = leo_base(a, set_sig_of(m, o));
     } else {
         sig128 h;
         bool ok = true; /* feff never gives up: too many symbols means the whole set's signature */
-        r = leo_base(a, effect_closure(m, o, a, depth, true, &ok, &h) ? h : m->set_sig[o]);
+        r = leo_base(a, effect_closure(m, o, a, depth, true, &ok, &h) ? h : set_sig_of(m, o));
     }
     mm = &m->fmemo[slot];
     *mm = (struct leff_memo){.o = (uint32_t)o, .ver = m->sver[o], .a = a, .eff = r};
@@ -591,7 +623,7 @@ void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
                                  .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays, .reuses = m->n_reuses,
-                                 .summaries = m->n_summaries};
+                                 .summaries = m->n_summaries, .full_sigs = m->n_full_sigs};
 }
 
 bool di_grammar_matcher_finished(const di_grammar_matcher *m) { return m->cur.finished; }
@@ -1420,7 +1452,7 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
         }
         return DI_OK;
     }
-    int rc = update_sigs(m, err);
+    int rc = update_sigs_as(m, true, err);
     if (rc) return rc;
     sig128 key = state_key(m);
     if (di_gcache_mask_get(m->g->cache, v, key, mask)) {
@@ -1455,7 +1487,7 @@ static int compile(di_grammar **out, di_error *err, int rc, di_cfg *cfg, int32_t
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
     }
     g->cfg = cfg;
-    rc = di_gcache_new(&g->cache, err);
+    rc = di_gcache_new(&g->cache, cfg, err);
     if (rc) {
         di_grammar_free(g);
         return rc;

@@ -5,7 +5,48 @@
 
 #include "grammar/state_cache.h"
 
-int di_gcache_new(di_grammar_cache **out, di_error *err) {
+/* Partition the bytes into classes that no terminal class tells apart: two bytes share a class
+ * exactly when they belong to the same terminal classes. Each byte's membership vector (one bit
+ * per terminal class) is built from the classes' set bits; bytes are numbered in byte order,
+ * looked up by a hash of the vector and compared exactly (a hash alone could merge bytes that
+ * differ). */
+static uint32_t byte_classes(const di_cfg *cfg, uint8_t *bcls) {
+    size_t nw = ((size_t)cfg->n_cls + 63) / 64;
+    if (!nw) { /* no terminals: every byte acts alike */
+        memset(bcls, 0, 256);
+        return 1;
+    }
+    uint64_t *vec = calloc(256 * nw, sizeof *vec); /* [256][nw] membership bits */
+    if (!vec) { /* one entry per byte is exact too */
+        for (unsigned b = 0; b < 256; b++) bcls[b] = (uint8_t)b;
+        return 256;
+    }
+    for (uint32_t k = 0; k < cfg->n_cls; k++)
+        for (int w = 0; w < 8; w++)
+            for (uint32_t x = cfg->cls[k].bits[w]; x; x &= x - 1)
+                vec[(size_t)(w * 32 + __builtin_ctz(x)) * nw + k / 64] |= 1ull << (k % 64);
+    enum { SLOTS = 512 };
+    int16_t slot[SLOTS]; /* -1 or the first byte of a class */
+    memset(slot, 0xff, sizeof slot);
+    uint32_t n = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        const uint64_t *v = vec + (size_t)b * nw;
+        uint64_t h = 0x9E3779B97F4A7C15ull;
+        for (size_t w = 0; w < nw; w++) h = (h ^ v[w]) * 0xBF58476D1CE4E5B9ull;
+        size_t x = (size_t)(h >> 55) & (SLOTS - 1);
+        while (slot[x] >= 0 && memcmp(v, vec + (size_t)slot[x] * nw, nw * sizeof *v)) x = (x + 1) & (SLOTS - 1);
+        if (slot[x] < 0) {
+            slot[x] = (int16_t)b;
+            bcls[b] = (uint8_t)n++;
+        } else {
+            bcls[b] = bcls[slot[x]];
+        }
+    }
+    free(vec);
+    return n;
+}
+
+int di_gcache_new(di_grammar_cache **out, const di_cfg *cfg, di_error *err) {
     *out = NULL;
     di_grammar_cache *c = calloc(1, sizeof *c);
     if (!c || pthread_mutex_init(&c->lock, NULL)) {
@@ -13,6 +54,7 @@ int di_gcache_new(di_grammar_cache **out, di_error *err) {
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory for the state cache");
     }
     c->max_states = DI_GCACHE_MAX_STATES;
+    c->n_bcls = byte_classes(cfg, c->bcls);
     *out = c;
     return DI_OK;
 }
@@ -33,15 +75,20 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
     di_gcache_table *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->cap = c->max_states;
-    t->hcap = 16;
-    while (t->hcap < 2 * (size_t)t->cap) t->hcap *= 2;
+    t->hcap = 256; /* grows with the states (intern_locked): a table sized for cap up front was
+                      64 KiB of fresh pages to fill on every grammar's first mask */
     /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
      * and is cleared there, once glibc's mmap threshold has grown past it: ~1 ms on every new
      * grammar's first mask); pages are committed as states are added */
-    t->rows_bytes = ((size_t)t->cap + 1) * sizeof *t->rows;
+    t->n_bcls = c->n_bcls;
+    memcpy(t->bcls, c->bcls, sizeof t->bcls);
+    t->rows_bytes = ((size_t)t->cap + 1) * t->n_bcls * sizeof *t->rows;
     void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     t->rows = rows == MAP_FAILED ? NULL : rows;
-    t->loop = calloc((size_t)t->cap + 1, sizeof *t->loop);
+    /* loop and scan are read only once published (loop_ready, scan_ready): not cleared. A
+     * cleared 160 KiB (calloc from the heap, once glibc's mmap threshold has grown past it) was
+     * ~40 fresh pages on every grammar's first mask. */
+    t->loop = malloc(((size_t)t->cap + 1) * sizeof *t->loop);
     t->loop_ready = calloc((size_t)t->cap + 1, sizeof *t->loop_ready);
     t->scan = malloc(((size_t)t->cap + 1) * sizeof *t->scan);
     t->scan_ready = calloc((size_t)t->cap + 1, sizeof *t->scan_ready);
@@ -51,14 +98,14 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
         table_free(t);
         return NULL;
     }
-    memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
+    if (t->hash) memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
     t->serial = ++c->n_tables;
     return t;
 }
 
 void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
     pthread_mutex_lock(&c->lock);
-    c->max_states = n < 1 ? 1 : n;
+    c->max_states = n < 1 ? 1 : n > DI_GCACHE_ID_MAX ? DI_GCACHE_ID_MAX : n;
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -69,7 +116,7 @@ void di_gcache_free(di_grammar_cache *c) {
         free(c->blocks[i].mask);
         free(c->blocks[i].ent);
     }
-    free(c->masks);
+    for (int i = 0; i < DI_GCACHE_MASKS; i++) free(c->masks[i]);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -99,6 +146,23 @@ static inline uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* Double the key hash (under the lock; only interning reads it) once it is half full. */
+static bool hash_grow(di_gcache_table *t) {
+    size_t cap = t->hcap * 2;
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h) return false;
+    memset(h, 0xff, cap * sizeof *h);
+    for (int32_t id = 1; id <= t->n; id++) {
+        size_t x = (size_t)(mix64(t->key[id].a) & (cap - 1));
+        while (h[x] >= 0) x = (x + 1) & (cap - 1);
+        h[x] = id;
+    }
+    free(t->hash);
+    t->hash = h;
+    t->hcap = cap;
+    return true;
+}
+
 static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
     size_t h = (size_t)(mix64(k.a) & (t->hcap - 1));
     while (t->hash[h] >= 0) {
@@ -115,9 +179,19 @@ static int32_t intern_locked(di_grammar_cache *c, di_gcache_table *t, di_sig128 
         }
         return DI_ST_NONE;
     }
+    if (2 * ((size_t)t->n + 1) > t->hcap) {
+        if (!hash_grow(t)) return DI_ST_NONE; /* without memory: not memoized, still exact */
+        h = (size_t)(mix64(k.a) & (t->hcap - 1));
+        while (t->hash[h] >= 0) h = (h + 1) & (t->hcap - 1);
+    }
     int32_t id = ++t->n;
     t->key[id] = k;
     t->hash[h] = id;
+    /* First touch of the row by a store: a row's first access is otherwise a lookup, which maps
+     * the shared zero page, and its first transition then faults a second time to copy it. No
+     * other thread can have stored into the row of an id that is not yet interned. */
+    atomic_store_explicit(&t->rows[(size_t)id * t->n_bcls], DI_ST_UNKNOWN, memory_order_relaxed);
+    atomic_store_explicit(&t->rows[((size_t)id + 1) * t->n_bcls - 1], DI_ST_UNKNOWN, memory_order_relaxed);
     return id;
 }
 
@@ -152,9 +226,8 @@ void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, con
 /* The first vocabulary that stores a mask owns the mask cache; a matcher with another one
  * (identified by content, not by address, which a later vocabulary could reuse) runs uncached. */
 static bool vocab_ok(di_grammar_cache *c, const di_grammar_vocab *v) {
-    if (!c->masks) {
+    if (!c->words) {
         size_t words = di_grammar_mask_words(v->n_vocab);
-        if (!(c->masks = malloc((size_t)DI_GCACHE_MASKS * words * sizeof *c->masks))) return false;
         c->vocab_fp = v->fingerprint;
         c->vocab_n = v->n_vocab;
         c->words = words;
@@ -168,7 +241,7 @@ bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
     if (vocab_ok(c, v))
         for (int i = 0; i < DI_GCACHE_MASKS; i++)
             if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) {
-                memcpy(mask, c->masks + (size_t)i * c->words, c->words * sizeof *mask);
+                memcpy(mask, c->masks[i], c->words * sizeof *mask);
                 hit = true;
                 break;
             }
@@ -221,9 +294,12 @@ void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
         present = c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b; /* a racing matcher stored it */
     if (!present && vocab_ok(c, v)) {
         uint32_t i = c->mnext++ % DI_GCACHE_MASKS;
-        c->mkey[i] = k;
-        c->mused[i] = 1;
-        memcpy(c->masks + (size_t)i * c->words, mask, c->words * sizeof *mask);
+        if (!c->masks[i]) c->masks[i] = malloc(c->words * sizeof *c->masks[i]);
+        c->mused[i] = c->masks[i] != NULL;
+        if (c->mused[i]) {
+            c->mkey[i] = k;
+            memcpy(c->masks[i], mask, c->words * sizeof *mask);
+        }
     }
     pthread_mutex_unlock(&c->lock);
 }

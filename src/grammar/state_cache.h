@@ -3,12 +3,13 @@
  * starts warm instead of re-walking the token trie with Earley pushes.
  *
  * Concurrency: matchers of one grammar may fill masks on several worker threads at once.
- *   - Transitions (the hot path of the trie walk) are read without a lock: each entry is an
- *     atomic int32 that goes from DI_ST_UNKNOWN (0, the zero fill of calloc) to a final value
- *     exactly once in meaning (racing writers store the same value: successor keys are structural
- *     and interning is locked). Rows need no initializing store, so the only stores a reader can
- *     observe are those final values and relaxed ordering suffices: an acquire load would act as a
- *     compiler barrier on every trie node of the walk.
+ *   - Transitions (the hot path of the trie walk) are read without a lock: each entry (one per
+ *     state and byte class) is an atomic int16 that goes from DI_ST_UNKNOWN (0, the zero fill of
+ *     the mapping) to a final value exactly once in meaning (racing writers store the same value:
+ *     successor keys are structural and interning is locked). The only initializing store (the
+ *     first touch of a new row at interning, before its id is published) writes DI_ST_UNKNOWN
+ *     again, so a reader observes 0 or a final value and relaxed ordering suffices: an acquire
+ *     load would act as a compiler barrier on every trie node of the walk.
  *   - Interning a new state and the mask cache take the mutex; both sit next to work that is far
  *     slower (an Earley push; a trie walk or a 16 KiB copy).
  * Rows never move (one allocation per table; the kernel commits its pages as states are added),
@@ -36,11 +37,12 @@ typedef struct di_sig128 {
 #define DI_ST_CONTEXT (-2)         /* from a context-free state: the byte completes into the context */
 #define DI_ST_CONTEXT_0 (-16)      /* DI_ST_CONTEXT_0 - b: as DI_ST_CONTEXT, and the byte acts like b */
 #define DI_ST_NONE (-3)            /* table full: this state is not interned, walk it with Earley */
-#define DI_GCACHE_MAX_STATES 8192  /* per table: <= 8 MiB of transitions, committed as used */
+#define DI_GCACHE_MAX_STATES 8192  /* per table (<= DI_GCACHE_ID_MAX): <= 4 MiB of transitions, committed as used */
+#define DI_GCACHE_ID_MAX 32767     /* transitions are int16: ids and the DI_ST_* values above fit */
+_Static_assert(DI_GCACHE_MAX_STATES <= DI_GCACHE_ID_MAX && DI_ST_CONTEXT_0 - 255 >= -32768, "int16 transitions");
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
 #define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
 
-typedef _Atomic int32_t di_gcache_row[256]; /* successor id per byte, DI_ST_DEAD or DI_ST_UNKNOWN */
 
 /* What a state does on whole characters, for accepting tokens without walking them
  * (matcher.c: loop_summary). next: the state most characters lead to (the state itself for a
@@ -60,15 +62,23 @@ typedef struct di_gcache_loop {
 /* One generation of the automaton. Everything but rows and the published loop summaries is
  * accessed under the cache's lock. */
 typedef struct di_gcache_table {
-    di_gcache_row *rows; /* [cap + 1] zero-filled (mmap); row 0 unused (id 0 means DI_ST_UNKNOWN) */
+    /* Transitions: successor id, DI_ST_DEAD, DI_ST_CONTEXT_0 - b or DI_ST_UNKNOWN per state and
+     * byte class (bcls: bytes that every terminal of the grammar treats alike, and so every
+     * Earley set: one entry serves them all). A JSON grammar has ~30-90 classes and ids fit in
+     * 16 bits, so a row is 60-180 bytes instead of 1 KiB, and a new state touches a fresh page
+     * 6-16x less often (a first touch costs ~3 us on the dev VM; a state of a counted string is
+     * new per count). */
+    _Atomic int16_t *rows; /* [(cap + 1) * n_bcls] zero-filled (mmap); row 0 unused (id 0 means DI_ST_UNKNOWN) */
     size_t rows_bytes;
+    uint32_t n_bcls;       /* byte classes of the grammar (1..256) */
+    uint8_t bcls[256];     /* class of each byte */
     di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
     _Atomic uint8_t *loop_ready; /* [cap + 1] */
     di_cfg_class *scan;          /* [cap + 1] bytes the state's Earley set scans, valid once scan_ready[id] */
     _Atomic uint8_t *scan_ready; /* [cap + 1] */
     di_sig128 *key;      /* [cap + 1] interned keys */
     int32_t *hash;       /* [hcap] key -> id, open addressing, -1 = empty */
-    size_t hcap;         /* power of two >= 2 * cap */
+    size_t hcap;         /* power of two >= 2 * n, doubled as states are interned */
     int32_t n, cap;      /* interned states (ids 1..n), capacity */
     int32_t refs;        /* walks using this table */
     uint64_t serial;     /* which generation (state ids mean nothing across tables) */
@@ -95,6 +105,8 @@ typedef struct di_gcache_block {
 
 struct di_grammar_cache {
     pthread_mutex_t lock;
+    uint32_t n_bcls;      /* the grammar's byte classes (di_gcache_new), copied into each table */
+    uint8_t bcls[256];
     di_gcache_table *cur; /* table new walks use (NULL until the first walk) */
     int32_t max_states;   /* capacity of new tables (DI_GCACHE_MAX_STATES) */
     uint64_t n_tables;    /* tables created so far (a new one each time the current one fills) */
@@ -102,7 +114,10 @@ struct di_grammar_cache {
     uint64_t vocab_fp;
     uint32_t vocab_n;
     size_t words;
-    uint32_t *masks;                      /* [DI_GCACHE_MASKS][words] */
+    /* one heap block per slot, allocated when first filled: a fresh 4 MiB mapping cost a page
+     * fault per 4 KiB on first touch (4 per cached mask, ~3 us each on the dev VM), whereas
+     * 16 KiB blocks usually come from memory the heap already holds */
+    uint32_t *masks[DI_GCACHE_MASKS];     /* [DI_GCACHE_MASKS] -> [words] or NULL */
     di_sig128 mkey[DI_GCACHE_MASKS];
     uint8_t mused[DI_GCACHE_MASKS];
     uint32_t mnext;                       /* round-robin replacement */
@@ -110,7 +125,9 @@ struct di_grammar_cache {
     uint32_t bnext;
 };
 
-int di_gcache_new(di_grammar_cache **out, di_error *err);
+/* A cache for the grammar whose terminals are cfg's byte classes (read once: the partition of
+ * the bytes that no terminal tells apart). */
+int di_gcache_new(di_grammar_cache **out, const di_cfg *cfg, di_error *err);
 void di_gcache_free(di_grammar_cache *c);
 /* Tests: capacity of tables created from now on, so table replacement runs on small inputs. */
 void di_gcache_set_max_states(di_grammar_cache *c, int32_t n);
@@ -123,11 +140,14 @@ void di_gcache_release(di_grammar_cache *c, di_gcache_table *t);
  * table is replaced for later walks). */
 int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k);
 
+/* Transitions are stored per byte class, so setting one byte sets its whole class: callers set
+ * only values that hold for every byte the grammar's terminals treat alike (an Earley push,
+ * byte_equiv and the scan union are all unions of classes). */
 static inline int32_t di_gcache_next(const di_gcache_table *t, int32_t id, uint8_t b) {
-    return atomic_load_explicit(&t->rows[id][b], memory_order_relaxed);
+    return atomic_load_explicit(&t->rows[(size_t)id * t->n_bcls + t->bcls[b]], memory_order_relaxed);
 }
 static inline void di_gcache_set_next(di_gcache_table *t, int32_t id, uint8_t b, int32_t next) {
-    atomic_store_explicit(&t->rows[id][b], next, memory_order_relaxed);
+    atomic_store_explicit(&t->rows[(size_t)id * t->n_bcls + t->bcls[b]], (int16_t)next, memory_order_relaxed);
 }
 
 /* Loop summary of state id, if some walk has computed it (lock-free: published with release). */
