@@ -114,7 +114,8 @@ static inline di_grammar_walk_stats gt_fill_checked(di_grammar_matcher *m, const
                                    .blocks = a.blocks - b.blocks, .ctx_edges = a.ctx_edges - b.ctx_edges,
                                    .edges = a.edges - b.edges, .pushes = a.pushes - b.pushes,
                                    .replays = a.replays - b.replays, .reuses = a.reuses - b.reuses,
-                                   .summaries = a.summaries - b.summaries, .full_sigs = a.full_sigs - b.full_sigs};
+                                   .summaries = a.summaries - b.summaries, .full_sigs = a.full_sigs - b.full_sigs,
+                                   .shapes_static = a.shapes_static - b.shapes_static};
 }
 
 /* Random walk: at each step compare the mask with brute force, then accept a random allowed

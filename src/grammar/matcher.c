@@ -92,6 +92,7 @@ struct di_grammar_matcher {
     size_t stale_md, stale_base;    /* stale_base: the walk's base set (a rollback moves it) */
     uint64_t stale_gen;
     uint64_t n_reuses;
+    uint64_t n_shapes_static; /* UTF-8 shapes of loop summaries decided without pushing */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -623,6 +624,7 @@ void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
                                  .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays, .reuses = m->n_reuses,
+                                 .shapes_static = m->n_shapes_static,
                                  .summaries = m->n_summaries, .full_sigs = m->n_full_sigs};
 }
 
@@ -748,6 +750,45 @@ static bool class_covers(const di_cfg_class *c, unsigned lo, unsigned hi) {
     for (unsigned b = lo; b <= hi; b++)
         if (!di_cfg_class_has(c, (uint8_t)b)) return false;
     return true;
+}
+
+/* The nonterminals that the top set's byte rules complete at once on a byte sequence of ranges
+ * r[0..n) (one range per byte, a UTF-8 shape or one ASCII class), found without pushing: every
+ * item that scans a byte of r[0] must be a rule of exactly n terminals predicted in the top set
+ * (origin = top, dot at its start) whose terminals cover the ranges. Each sequence of the shape
+ * then keeps exactly those items to the end and completes their left-hand sides at the top set,
+ * nothing else: the set it leads to depends only on that set of nonterminals. Returns their
+ * number (<= max, sorted in lhs[]), 0 when none scans the shape, -1 when the test does not
+ * apply (a longer or partial rule, an item in progress, more than max nonterminals). */
+static int shape_completes(const di_grammar_matcher *m, const uint8_t (*r)[2], int n, int32_t *lhs, int max) {
+    const di_earley *e = &m->e;
+    const di_cfg *g = m->g->cfg;
+    size_t top = e->n_sets - 1;
+    int nl = 0;
+    for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
+        di_earley_item it = e->items[x];
+        int32_t sym = g->psym[it.pos];
+        if (sym >= 0 || sym == DI_CFG_END) continue;
+        const di_cfg_class *c0 = &g->cls[-1 - sym];
+        bool hit = false;
+        for (unsigned b = r[0][0]; b <= r[0][1] && !hit; b++) hit = di_cfg_class_has(c0, (uint8_t)b);
+        if (!hit) continue;
+        if (it.origin != top || (it.pos > 0 && g->psym[it.pos - 1] != DI_CFG_END)) return -1;
+        for (int k = 0; k < n; k++) {
+            int32_t sk = g->psym[it.pos + (uint32_t)k];
+            if (sk >= 0 || sk == DI_CFG_END || !class_covers(&g->cls[-1 - sk], r[k][0], r[k][1])) return -1;
+        }
+        if (g->psym[it.pos + (uint32_t)n] != DI_CFG_END) return -1;
+        int32_t a = g->plhs[it.pos];
+        int y = 0;
+        while (y < nl && lhs[y] < a) y++;
+        if (y < nl && lhs[y] == a) continue;
+        if (nl == max) return -1;
+        memmove(lhs + y + 1, lhs + y, (size_t)(nl - y) * sizeof *lhs);
+        lhs[y] = a;
+        nl++;
+    }
+    return nl;
 }
 
 /* Switch the boundary the context-free signatures are computed for (their cache is per boundary). */
@@ -885,7 +926,21 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
     out->n_next = (uint8_t)best_n;
     bool all = class_covers(&scan, 0xC2, 0xF4);
+    /* A shape whose byte rules complete the same nonterminals as a byte that leads to the target
+     * (shape_completes) leads to the target too: the 8 shapes cost ~26 pushes per summary
+     * otherwise, most of the pushes of a counted string's masks (maxLength: a summary per count). */
+    enum { MAXL = 8 };
+    int32_t alhs[MAXL], qlhs[MAXL];
+    uint8_t arep[1][2] = {{out->rep, out->rep}};
+    int na = all && out->rep ? shape_completes(m, (const uint8_t(*)[2])arep, 1, alhs, MAXL) : -1;
     for (int q = 0; q < 8 && all; q++) {
+        if (na > 0) {
+            int nq = shape_completes(m, utf8_seq[q], utf8_seq_len[q], qlhs, MAXL);
+            if (nq == na && !memcmp(qlhs, alhs, (size_t)na * sizeof *alhs)) {
+                m->n_shapes_static++;
+                continue;
+            }
+        }
         sig128 k;
         int rc = push_chars(m, utf8_seq[q], utf8_seq_len[q], &k, &all, err);
         if (rc) return rc;
