@@ -408,6 +408,18 @@ static void test_memplan_pool(void **state) {
     free(cfg);
 }
 
+/* A pool of 16-token pages for T tokens and one cache in it, extended to T; returns its first ratio-1 stage. */
+static int paged_ratio1(const di_config *cfg, int64_t T, di_cache_pool **pool, di_cache **b) {
+    di_cache_pool_opts po = {.max_tokens = T, .spec_margin = -1, .page_tokens = 16, .n_pages = (int32_t)(T / 16 + 2),
+                             .n_slots = 1};
+    OK(di_cache_pool_create(cfg, &po, pool, E));
+    OK(di_cache_pool_cache(*pool, b, E));
+    OK(di_cache_extend(*b, T, E));
+    int st = 0;
+    while ((*b)->stage[st].ratio != 1) st++;
+    return st;
+}
+
 /* The indexer's every-step read of all index keys (forward_block.c): a paged cache gathers them in
  * one decode through the block table; its cost against the contiguous range decode. */
 static void test_read_throughput(void **state) {
@@ -415,17 +427,11 @@ static void test_read_throughput(void **state) {
     di_config *cfg = load_cfg("v41-flash-config");
     const int64_t T = 8192;
     di_cache_opts co = {.max_tokens = T, .spec_margin = -1};
-    di_cache_pool_opts po = {.max_tokens = T, .spec_margin = -1, .page_tokens = 16, .n_pages = (int32_t)(T / 16),
-                             .n_slots = 1};
     di_cache *a, *b;
     di_cache_pool *pool;
     OK(di_cache_create(cfg, &co, &a, E));
-    OK(di_cache_pool_create(cfg, &po, &pool, E));
-    OK(di_cache_pool_cache(pool, &b, E));
-    int st = 0;
-    while (a->stage[st].ratio != 1) st++;
     OK(di_cache_extend(a, T, E));
-    OK(di_cache_extend(b, T, E));
+    int st = paged_ratio1(cfg, T, &pool, &b);
     uint16_t key[128];
     uint64_t s = 5;
     for (int64_t e = 0; e < T; e++) {
@@ -460,15 +466,9 @@ static void test_read_addrs_pages(void **state) {
     (void)state;
     di_config *cfg = load_cfg("v41-flash-config");
     const int64_t T = 1000;
-    di_cache_pool_opts po = {.max_tokens = T, .spec_margin = -1, .page_tokens = 16, .n_pages = (int32_t)(T / 16 + 2),
-                             .n_slots = 1};
     di_cache *b;
     di_cache_pool *pool;
-    OK(di_cache_pool_create(cfg, &po, &pool, E));
-    OK(di_cache_pool_cache(pool, &b, E));
-    int st = 0;
-    while (b->stage[st].ratio != 1) st++;
-    OK(di_cache_extend(b, T, E));
+    int st = paged_ratio1(cfg, T, &pool, &b);
     uint16_t row[512];
     uint64_t s = 9;
     for (int64_t e = 0; e < T; e++) {
