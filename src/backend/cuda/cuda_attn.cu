@@ -44,13 +44,7 @@ __global__ void __launch_bounds__(SAH_T(H), 2)
 }
 
 static int g_sah_on = -1; /* −1: DI_CUDA_SATTN not read yet */
-extern "C" int di_cuda_sattn_heads_enabled(void) {
-    if (g_sah_on < 0) {
-        const char *v = getenv("DI_CUDA_SATTN");
-        g_sah_on = !(v && strcmp(v, "old") == 0);
-    }
-    return g_sah_on;
-}
+extern "C" int di_cuda_sattn_heads_enabled(void) { return di_cuda_env_switch(&g_sah_on, "DI_CUDA_SATTN", "old"); }
 extern "C" void di_cuda_sattn_heads_set(int on) { g_sah_on = on ? 1 : 0; }
 
 template <int H>

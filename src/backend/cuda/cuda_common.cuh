@@ -19,6 +19,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "backend/backend.h"
@@ -37,6 +39,16 @@ static inline int di_cuda_launched(const char *op, di_error *err) {
 }
 
 static inline unsigned di_cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* A kernel switch that is on unless the environment variable `name` equals `off` (DI_CUDA_GEMV=simt …):
+ * read once into *state (−1: not read yet; the tests' set_enabled hooks write it directly). */
+static inline int di_cuda_env_switch(int *state, const char *name, const char *off) {
+    if (*state < 0) {
+        const char *v = getenv(name);
+        *state = !(v && strcmp(v, off) == 0);
+    }
+    return *state;
+}
 
 /* The current device's SM count (132, the H200's, when the query fails), asked once per file: the
  * persistent and split-K grids size themselves by it. */

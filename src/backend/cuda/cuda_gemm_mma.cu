@@ -435,13 +435,7 @@ extern "C" int di_cuda_gemm_mma_fits(int64_t m, int64_t k, const void *w) {
 }
 
 static int g_gmm_on = -1; /* −1: not read yet */
-extern "C" int di_cuda_gemm_mma_enabled(void) {
-    if (g_gmm_on < 0) {
-        const char *v = getenv("DI_CUDA_GEMM");
-        g_gmm_on = !(v && strcmp(v, "simt") == 0);
-    }
-    return g_gmm_on;
-}
+extern "C" int di_cuda_gemm_mma_enabled(void) { return di_cuda_env_switch(&g_gmm_on, "DI_CUDA_GEMM", "simt"); }
 extern "C" void di_cuda_gemm_mma_set_enabled(int on) { g_gmm_on = on ? 1 : 0; }
 
 static uint64_t gmm_xd_scratch(int64_t m, int64_t k) { return (gmm_xd_bytes(m, k) + 15) & ~(uint64_t)15; }

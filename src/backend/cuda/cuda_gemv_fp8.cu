@@ -219,13 +219,7 @@ __global__ void __launch_bounds__(G8_MAX_WARPS * 32, 1) g8_kernel(const uint16_t
 }
 
 static int g_g8_on = -1;
-extern "C" int di_cuda_gemv_fp8_enabled(void) {
-    if (g_g8_on < 0) {
-        const char *v = getenv("DI_CUDA_GEMV_FP8");
-        g_g8_on = !(v && strcmp(v, "0") == 0);
-    }
-    return g_g8_on;
-}
+extern "C" int di_cuda_gemv_fp8_enabled(void) { return di_cuda_env_switch(&g_g8_on, "DI_CUDA_GEMV_FP8", "0"); }
 extern "C" void di_cuda_gemv_fp8_set_enabled(int on) { g_g8_on = on ? 1 : 0; }
 
 static int g_g8_nc = 0; /* 0: the rule in g8_cols; 1 / 2 / 4 / 8 forced (tests, bench) */

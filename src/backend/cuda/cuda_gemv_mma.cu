@@ -78,13 +78,7 @@ extern "C" int di_cuda_gemv_mma_fits(int64_t m, int64_t k, const void *w, const 
 }
 
 static int g_gvm_on = -1; /* −1: not read yet */
-extern "C" int di_cuda_gemv_mma_enabled(void) {
-    if (g_gvm_on < 0) {
-        const char *v = getenv("DI_CUDA_GEMV");
-        g_gvm_on = !(v && strcmp(v, "simt") == 0);
-    }
-    return g_gvm_on;
-}
+extern "C" int di_cuda_gemv_mma_enabled(void) { return di_cuda_env_switch(&g_gvm_on, "DI_CUDA_GEMV", "simt"); }
 extern "C" void di_cuda_gemv_mma_set_enabled(int on) { g_gvm_on = on ? 1 : 0; }
 
 extern "C" int di_cuda_gemv_mma_run(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,

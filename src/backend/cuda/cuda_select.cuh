@@ -91,26 +91,28 @@ typedef struct sel_cut {
     long long ties;   /* how many entries with key == `key` are taken (the first ones) */
 } sel_cut;
 
-/* Exclusive block scan of one int per thread (SEL_THREADS threads): returns the thread's prefix and
- * sets *total to the block's sum. sh: 33 ints. */
-static __device__ int block_scan_excl(int v, int *sh, int *total) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int incl = v;
+/* Exclusive prefix over the CTA (any multiple of 32 threads) of one u64 per thread; *total: the CTA's sum.
+ * sh: 33 words. */
+static __device__ unsigned long long cta_scan_excl_u64(unsigned long long v, unsigned long long *sh,
+                                                       unsigned long long *total) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned long long incl = v;
     for (int o = 1; o < 32; o <<= 1) {
-        int t = __shfl_up_sync(0xffffffffu, incl, o);
+        const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += t;
     }
     __syncthreads(); /* sh may still be read from the previous call */
     if (lane == 31) sh[w] = incl;
     __syncthreads();
     if (w == 0) {
-        int s = lane < SEL_THREADS / 32 ? sh[lane] : 0, si = s;
+        const unsigned long long x = lane < nw ? sh[lane] : 0;
+        unsigned long long xi = x;
         for (int o = 1; o < 32; o <<= 1) {
-            int t = __shfl_up_sync(0xffffffffu, si, o);
-            if (lane >= o) si += t;
+            const unsigned long long t = __shfl_up_sync(0xffffffffu, xi, o);
+            if (lane >= o) xi += t;
         }
-        sh[lane] = si - s;
-        if (lane == 31) sh[32] = si;
+        sh[lane] = xi - x;
+        if (lane == 31) sh[32] = xi;
     }
     __syncthreads();
     *total = sh[32];
@@ -168,7 +170,7 @@ typedef struct sel_sink {
 /* Walks s[0, n) in ascending position in chunks of SEL_THREADS, deciding each entry against the cut
  * (equal keys taken lowest position first, through a block scan of the equal flags) and emitting it.
  * Returns the number taken. */
-static __device__ int block_emit(const float *s, int64_t n, sel_cut c, int *sh, sel_sink e) {
+static __device__ int block_emit(const float *s, int64_t n, sel_cut c, unsigned long long *sh, sel_sink e) {
     int base = 0;
     long long eq_before = 0;
     for (int64_t c0 = 0; c0 < n; c0 += SEL_THREADS) {
@@ -177,10 +179,10 @@ static __device__ int block_emit(const float *s, int64_t n, sel_cut c, int *sh, 
         bool sel = selectable(f);
         uint32_t key = order_key(f);
         bool gt = sel && (c.all || key > c.key), eq = sel && !c.all && key == c.key;
-        int eq_total, take_total;
-        int eq_prefix = block_scan_excl(eq, sh, &eq_total);
+        unsigned long long eq_total, take_total;
+        const int eq_prefix = (int)cta_scan_excl_u64(eq, sh, &eq_total);
         bool take = gt || (eq && eq_before + eq_prefix < c.ties);
-        int pos = block_scan_excl(take, sh, &take_total);
+        const int pos = (int)cta_scan_excl_u64(take, sh, &take_total);
         if (i < n) {
             if (e.out) {
                 if (take) e.out[base + pos] = (int32_t)i + e.offset;
@@ -189,8 +191,8 @@ static __device__ int block_emit(const float *s, int64_t n, sel_cut c, int *sh, 
                 for (int64_t j = i * e.block; j < end; j++) e.mask[j] = take;
             }
         }
-        base += take_total;
-        eq_before += eq_total;
+        base += (int)take_total;
+        eq_before += (long long)eq_total;
     }
     return base;
 }
@@ -200,7 +202,7 @@ static __device__ int block_emit(const float *s, int64_t n, sel_cut c, int *sh, 
  *   s f32 [nk];  out int32 [kp] */
 static __device__ void d_topk_row(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, int32_t *out, int kp) {
     __shared__ unsigned hist[256]; /* radix histogram of one 8-bit digit */
-    __shared__ int sh[33];         /* block-scan scratch: warp sums + total */
+    __shared__ unsigned long long sh[33]; /* block-scan scratch: warp sums + total */
     int taken = 0;
     if (k > 0) {
         int64_t n = vis < 0 ? 0 : (vis > nk ? nk : vis);
@@ -217,7 +219,7 @@ static __device__ void d_topk_row(const float *s, int64_t nk, int32_t vis, int k
 static __device__ void d_candidate_row(const float *s, int64_t nk, int32_t vis, int block, int64_t kb, float *blk,
                                        uint8_t *mask) {
     __shared__ unsigned hist[256]; /* radix histogram of one 8-bit digit */
-    __shared__ int sh[33];         /* block-scan scratch: warp sums + total */
+    __shared__ unsigned long long sh[33]; /* block-scan scratch: warp sums + total */
     const int64_t nb = (nk + block - 1) / block;
     for (int64_t b = threadIdx.x; b < nb; b += SEL_THREADS) {
         float mx = -INFINITY;
@@ -400,33 +402,6 @@ static __device__ void nth_element_at(telem *first, telem *nth, telem *last, int
  * swapped positions). Every thread of the CTA calls it; blockDim.x is a multiple of 32. */
 #define PART_MIN 32 /* ranges at most this long are left to the serial loop (thread 0); 256 was 2.5x slower on the
                      * 4K candidate mask (H200, test_cuda_ops [16, 4096] 0.075 -> 0.032 ms) */
-
-/* exclusive prefix over the CTA of one u64 per thread; *total: the sum. sh: 33 words */
-static __device__ unsigned long long cta_scan_excl_u64(unsigned long long v, unsigned long long *sh,
-                                                       unsigned long long *total) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    unsigned long long incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    __syncthreads(); /* sh may still be read from the previous call */
-    if (lane == 31) sh[w] = incl;
-    __syncthreads();
-    if (w == 0) {
-        const unsigned long long x = lane < nw ? sh[lane] : 0;
-        unsigned long long xi = x;
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned long long t = __shfl_up_sync(0xffffffffu, xi, o);
-            if (lane >= o) xi += t;
-        }
-        sh[lane] = xi - x;
-        if (lane == 31) sh[32] = xi;
-    }
-    __syncthreads();
-    *total = sh[32];
-    return sh[w] + incl - v;
-}
 
 /* the CTA's maximum of one int per thread. sh: 32 ints */
 static __device__ int cta_max_int(int v, int *sh) {
