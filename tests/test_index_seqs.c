@@ -11,6 +11,7 @@
  *    calls) on the golden tiny model: a batch of prefill chunks, batched decode steps and a verify block
  *    past the prompt, every logits row bit-identical, and one call per index layer and pass.
  * di-test: asan */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +227,78 @@ static void test_rows_refused(void **state) {
     di_backend_destroy(be);
 }
 
+/* Rows reading their keys where the cache keeps them (di_index_row kbase): the keys of a case encoded
+ * with the index-key codec, sequence 0 contiguous, the others through block tables of shuffled pages
+ * of 8 entries (10 rows per page, entries from row 1, every other row garbage) — one with fewer entries
+ * written than its width (kn) — against the same rows with the decoded keys: every score equal. A row
+ * that names no keys, and a cached row without entries, are refused. */
+static void test_cached_keys(void **state) {
+    (void)state;
+    enum { PE = 8, PROWS = 10 };
+    const int64_t rb = di_row_codec_bytes(DI_CODEC_FP4_E8M0, HD);
+    di_backend *be;
+    di_error err = {0};
+    assert_int_equal(di_backend_cpu_create(1, &be, &err), DI_OK);
+    const sel_seq seqs[3] = {
+        {.T = 1, .nk = 37, .w = {37}, .vis = {37}},
+        {.T = 5, .nk = 90, .w = {84, 86, 86, 88, 90}, .vis = {84, 86, 86, 88, 90}},
+        {.T = 4, .nk = 70, .w = {70, 70, 70, 70}, .vis = {7, 8, 8, 9}, .cand = true},
+    };
+    const int32_t kn[3] = {37, 90, 9}; /* the prompt chunk's sequence: 9 entries written of its 70 */
+    sel_case c;
+    case_init(&c, 3, seqs);
+    int64_t w_max;
+    di_index_row *rows = case_rows(&c, &w_max), *cached = case_rows(&c, &w_max);
+    int32_t pages[2][16];
+    uint8_t *area = malloc((size_t)(2 * 16 * PROWS * rb)); /* the pages of sequences 1 and 2 */
+    for (int64_t j = 0; j < 2 * 16 * PROWS * rb; j++) area[j] = (uint8_t)rnd();
+    uint8_t *flat = malloc((size_t)(37 * rb));
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; i > 0 && j < 16; j++) pages[i - 1][j] = (int32_t)((i - 1) * 16 + (j * 5 + i) % 16);
+        for (int64_t e = 0; e < kn[i]; e++) {
+            uint8_t *row = i == 0 ? flat + e * rb : area + (pages[i - 1][e / PE] * PROWS + 1 + e % PE) * rb;
+            di_cpu_row_encode(DI_CODEC_FP4_E8M0, c.keys[i] + e * HD, HD, row);
+            di_cpu_row_decode(DI_CODEC_FP4_E8M0, row, HD, c.keys[i] + e * HD); /* the value the cache holds */
+        }
+        for (int64_t e = kn[i]; e < seqs[i].nk; e++) /* the graph's decoded copy repeats the newest key */
+            memcpy(c.keys[i] + e * HD, c.keys[i] + (kn[i] - 1) * HD, sizeof(uint16_t) * HD);
+    }
+    for (int r = 0, i = 0; i < 3; i++)
+        for (int t = 0; t < seqs[i].T; t++, r++) {
+            cached[r].keys = NULL, cached[r].kn = kn[i];
+            if (i == 0) {
+                cached[r].kbase = flat;
+            } else {
+                cached[r].kbase = area, cached[r].kpages = pages[i - 1], cached[r].kpage_entries = PE;
+                cached[r].kpage_rows = PROWS, cached[r].krow0 = 1;
+            }
+        }
+    float *sa = malloc(sizeof(float) * (size_t)c.n_sc), *sb = malloc(sizeof(float) * (size_t)c.n_sc);
+    assert_int_equal(be->indexer_scores_rows(be, c.q, c.w, 0.0125f, c.T, NH, HD, rows, 90, sa, &err), DI_OK);
+    assert_int_equal(be->indexer_scores_rows(be, c.q, c.w, 0.0125f, c.T, NH, HD, cached, 90, sb, &err), DI_OK);
+    assert_memory_equal(sa, sb, sizeof(float) * (size_t)c.n_sc);
+    int64_t finite = 0;
+    for (int64_t j = 0; j < c.n_sc; j++) finite += sb[j] > -INFINITY && sb[j] != 0.0f;
+    assert_true(finite > 100);
+    /* control: the pages in another order give other scores */
+    int32_t swapped = pages[0][0];
+    pages[0][0] = pages[0][1], pages[0][1] = swapped;
+    assert_int_equal(be->indexer_scores_rows(be, c.q, c.w, 0.0125f, c.T, NH, HD, cached, 90, sb, &err), DI_OK);
+    assert_memory_not_equal(sa, sb, sizeof(float) * (size_t)c.n_sc);
+    di_index_row none = rows[0];
+    none.keys = NULL;
+    assert_int_equal(be->indexer_scores_rows(be, c.q, c.w, 0.0125f, 1, NH, HD, &none, 90, sb, &err), DI_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "names none"));
+    none = cached[0], none.kn = 0;
+    assert_int_equal(be->indexer_scores_rows(be, c.q, c.w, 0.0125f, 1, NH, HD, &none, 90, sb, &err), DI_ERR_INVALID);
+    tu_report("cached keys: %d rows of 3 sequences (one contiguous, two paged, one with 9 of 70 entries written), "
+              "%lld nonzero finite scores identical to the decoded keys'; pages swapped: different", c.T,
+              (long long)finite);
+    free(rows), free(cached), free(area), free(flat), free(sa), free(sb);
+    case_free(&c);
+    di_backend_destroy(be);
+}
+
 static void test_gather_seqs(void **state) {
     (void)state;
     enum { D = 512, N_ENT = 24, PE = 8, PROWS = 10 };
@@ -386,6 +459,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_match_loop),
         cmocka_unit_test(test_rows_refused),
+        cmocka_unit_test(test_cached_keys),
         cmocka_unit_test(test_gather_seqs),
         cmocka_unit_test(test_forward_rows),
     };

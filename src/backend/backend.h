@@ -92,9 +92,19 @@ typedef struct di_pool_seq {
 
 /* One query row of a batched index selection (indexer_scores_rows, candidate_mask_rows, topk_rows;
  * backend memory, pointers into it). The row is what the per-sequence op sees when called on that row
- * alone: its sequence's keys and candidate row, its own width, visible count and k. */
+ * alone: its sequence's keys and candidate row, its own width, visible count and k.
+ * The keys are either decoded (keys) or read where the cache keeps them (keys NULL, kbase set): rows of
+ * the index-key codec (DI_CODEC_FP4_E8M0, hd values), entry e at row e of kbase or, paged, at row
+ * kpages[e / kpage_entries]·kpage_rows + krow0 + e mod kpage_entries (gather_topk's translation); an
+ * entry ≥ kn (not written yet: a prompt chunk's rows are as wide as its prompt) reads entry kn − 1.
+ * The scores are then those of keys = row_decode of the same rows, bit for bit, without the decoded
+ * copy or an address per key. */
 typedef struct di_index_row {
-    const uint16_t *keys; /* bf16 [nk, hd] its sequence's index keys */
+    const uint16_t *keys; /* bf16 [nk, hd] its sequence's index keys, or NULL (kbase) */
+    const uint8_t *kbase; /* uint8 [*, di_row_codec_bytes(FP4_E8M0, hd)] its cache's index-key rows */
+    const int32_t *kpages; /* int32 [ceil(kn / kpage_entries)] the cache's block table, or NULL */
+    int64_t kpage_entries, kpage_rows, krow0;
+    int32_t kn;           /* entries written (≥ 1 where kbase is set) */
     const uint8_t *cand;  /* uint8 [nk] its candidate row, or NULL (no mask) */
     int64_t s0;           /* its scores f32 [nk] at scores + s0; its candidate mask uint8 [w] at mask + s0 */
     int64_t o0;           /* its top-k list int32 [kp] at out + o0 */

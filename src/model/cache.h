@@ -323,6 +323,18 @@ int di_cache_entry_put_addrs(di_cache *c, int stage, int ikey, int64_t e0, int64
 /* Entries [e0, e1) to read (every one written since the last rollback, as di_cache_cmp_rows / _ikey_rows). */
 int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0, int64_t e1, const uint8_t **src,
                               di_error *err);
+/* Where the index keys [0, n) of kv source `stage` lie, for a reader that translates entries itself
+ * (the batched index scorer, backend.h di_index_row): entry e at row e of base (pages NULL: a
+ * contiguous cache) or at row pages[e / page_entries]·page_rows + row0 + e mod page_entries. pages is
+ * the cache's host block table (n_pages entries): a device reader needs its copy. Checked as a read of
+ * those entries (every one written since the last rollback). */
+typedef struct di_cache_ikey_layout {
+    const uint8_t *base;   /* the index-key rows (the arena's memory) */
+    const int32_t *pages;  /* int32 [n_pages] host block table, or NULL */
+    int32_t n_pages;
+    int64_t page_entries, page_rows, row0;
+} di_cache_ikey_layout;
+int di_cache_ikey_layout_of(const di_cache *c, int stage, int64_t n, di_cache_ikey_layout *out, di_error *err);
 typedef enum di_cache_rows_kind { DI_CACHE_ROWS_WINDOW, DI_CACHE_ROWS_CMP, DI_CACHE_ROWS_IKEY } di_cache_rows_kind;
 /* *dst[i] = the cache form of x[i] / y[i] = the value of *src[i] (NULL: skipped / zero row), for rows
  * of caches in be's memory, in one row_encode_scatter / row_decode_gather call.

@@ -407,6 +407,17 @@ int di_cache_entry_read_addrs(const di_cache *c, int stage, int ikey, int64_t e0
     return DI_OK;
 }
 
+int di_cache_ikey_layout_of(const di_cache *c, int stage, int64_t n, di_cache_ikey_layout *out, di_error *err) {
+    int rc = source_stage(c, stage, "index key layout", err);
+    if (!rc) rc = entry_range(c, stage, 0, n, c->ikey_n[stage], "index key layout", err);
+    if (rc) return rc;
+    const di_cache_stage *s = &c->stage[stage];
+    *out = (di_cache_ikey_layout){.base = s->ikey, .pages = c->pool ? c->pages : NULL,
+                                  .n_pages = c->pool ? c->n_pages : 0, .page_entries = s->page_entries,
+                                  .page_rows = c->pool ? c->ikey_page_rows : 0, .row0 = c->pool ? s->ikey_row0 : 0};
+    return DI_OK;
+}
+
 /* The list travels to backend memory for the one call (an address list is data the kernel reads). */
 static int addr_list(const di_backend *be, const void *host, int64_t n, void **out, di_error *err) {
     *out = (void *)host;

@@ -228,8 +228,8 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, con
     return DI_OK;
 }
 
-/* The index keys every sequence scores at index layer L — all entries its chunk sees, from its key
- * source's cache — read for all sequences in one decode. A prompt chunk's rows are as wide as its
+/* The index keys every sequence scores at index layer L (the per-sequence ops' path) — all entries its
+ * chunk sees, from its key source's cache — read for all sequences in one decode. A prompt chunk's rows are as wide as its
  * prompt (fwd_select_entries): the entries not written yet repeat the newest key (never visible, so
  * scored −inf whatever they hold).  keys_of[i]: bf16 [nsel_i, ihd] (backend), NULL for a sequence
  * that sees none */
@@ -260,6 +260,28 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
     return di_cache_rows_decode_list(c->be, DI_CACHE_ROWS_IKEY, list, n, ihd, keys, c->err);
 }
 
+/* The rows slots' keys: each sequence's rows read its key source's cache where the keys lie (backend.h
+ * di_index_row kbase: no decoded copy, no address per key; a 64K-context decode step of 64 sequences
+ * listed 4.2M addresses, ~23 ms of host time per index layer, bench/NOTES-gpu.md); a paged cache's
+ * block table is uploaded once per sequence.  kref [n_seq] out: the key fields of sequence i's rows */
+static int index_key_rows(fwd_ctx *c, int L, di_index_row *kref) {
+    const di_layer_cfg *lc = &c->cfg->layer[L];
+    for (int i = 0; i < c->n_seq; i++) {
+        fwd_seq *q = &c->seq[i];
+        int64_t ncmp = (q->ck.s0 + q->ck.T) / lc->compress_ratio; /* ≥ 1 where the sequence selects */
+        kref[i] = (di_index_row){0};
+        if (!q->pub[L].topk_k) continue;
+        if (!source(c, q, L, lc->index_key_source, "index-key")) return c->err->code;
+        di_cache_ikey_layout k;
+        CK(di_cache_ikey_layout_of(q->ck.cache, lc->index_key_source, ncmp, &k, c->err));
+        int32_t *pages = NULL; /* int32 [n_pages] (backend) */
+        if (k.pages && k.n_pages > 0) UPLOAD(pages, k.pages, k.n_pages, 0);
+        kref[i] = (di_index_row){.kbase = k.base, .kpages = pages, .kpage_entries = k.page_entries,
+                                 .kpage_rows = k.page_rows, .krow0 = k.row0, .kn = (int32_t)ncmp};
+    }
+    return DI_OK;
+}
+
 /* Index sources: the queries and weights of every row in one projection each, then per sequence:
  * score every index key visible to its chunk (read back from the key source's cache) with its own
  * rows (bf16 arithmetic), mask by the candidate blocks (re-index layers), publish the candidate mask
@@ -272,9 +294,10 @@ static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
  * once, as wide as the chunk's last row (a score does not depend on the width). A sequence's widths
  * are its own, whatever else is in the batch.
  * Launches: with the backend's batched slots (indexer_scores_rows, candidate_mask_rows, topk_rows) a
- * pass of several sequences, or one with narrower rows, runs each op once over all its rows, every row
- * described by its own width, visible count and k (select_rows); otherwise each op runs once per
- * sequence, the narrower rows one by one (select_seq). The values are the same either way. */
+ * pass runs each op once over all its rows, every row described by its own width, visible count and k,
+ * its keys read where its key source's cache keeps them (select_rows, index_key_rows); otherwise each op
+ * runs once per sequence, the narrower rows one by one, over keys decoded for the pass (select_seq,
+ * read_index_keys). The values are the same either way. */
 
 /* One sequence's part of an index layer's selection. */
 typedef struct seq_sel {
@@ -289,7 +312,8 @@ typedef struct seq_sel {
 typedef struct sel_pass {
     const uint16_t *qi, *iw;  /* bf16 [T, ih, ihd] index queries, bf16 [T, ih] weights */
     float w_scale;
-    const uint16_t **keys_of; /* [n_seq] bf16 [nk_i, ihd] each sequence's index keys (backend) */
+    const uint16_t **keys_of; /* [n_seq] bf16 [nk_i, ihd] each sequence's index keys (backend); the per-sequence ops */
+    const di_index_row *kref; /* [n_seq] where each sequence's keys lie in its cache (the rows' key fields); the rows slots */
     const int32_t *vis_h;     /* int32 [T] entries visible to each row (host) */
     const seq_sel *ss;        /* [n_seq] */
     float *scores;            /* f32 [Σ T_i·nk_i] */
@@ -362,10 +386,11 @@ static int select_rows(fwd_ctx *c, int L, const sel_pass *p) {
                 continue;
             }
             int64_t w = fwd_row_select_entries(&q->ck, q->ck.s0 + t, R);
-            *r = (di_index_row){.keys = p->keys_of[i], .cand = s->cand ? s->cand + t * s->nk : NULL,
-                                .s0 = s->s0 + t * s->nk, .o0 = s->o0 + t * s->k, .nk = (int32_t)s->nk, .w = (int32_t)w,
-                                .vis = p->vis_h[q->r0 + t], .k = (int32_t)(w < cfg->index_topk ? w : cfg->index_topk),
-                                .kp = s->k};
+            *r = p->kref[i];
+            r->cand = s->cand ? s->cand + t * s->nk : NULL;
+            r->s0 = s->s0 + t * s->nk, r->o0 = s->o0 + t * s->k;
+            r->nk = (int32_t)s->nk, r->w = (int32_t)w, r->vis = p->vis_h[q->r0 + t];
+            r->k = (int32_t)(w < cfg->index_topk ? w : cfg->index_topk), r->kp = s->k;
             nk_max = s->nk > nk_max ? s->nk : nk_max;
             w_max = w > w_max ? w : w_max;
         }
@@ -390,7 +415,6 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     seq_sel *ss; /* [n_seq] (host) */
     HALLOC(ss, c->n_seq, 0);
     int64_t n_top = 0, n_sc = 0; /* Σ T_i·k_i: the pass's top-k lists, back to back in sequence order; Σ T_i·nk_i */
-    bool narrow = false;         /* some row selects over less than its sequence's width */
     for (int i = 0; i < c->n_seq; i++) {
         fwd_seq *q = &c->seq[i];
         int64_t ncmp = (q->ck.s0 + q->ck.T) / R, nsel = fwd_select_entries(&q->ck, R);
@@ -401,7 +425,6 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
         if (!ss[i].k) continue;
         n_top += q->ck.T * ss[i].k;
         n_sc += q->ck.T * nsel;
-        narrow |= fwd_row_select_entries(&q->ck, q->ck.s0, R) < nsel;
         if (lc->candidate_source >= 0 && !c->opts->faults.ignore_candidates) {
             const fwd_pub *cs = source(c, q, L, lc->candidate_source, "candidate");
             if (!cs) return c->err->code;
@@ -435,14 +458,17 @@ static int indexer(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qr) {
     for (int i = 0; i < c->n_seq; i++)
         for (int64_t t = 0; t < c->seq[i].ck.T; t++) vis_h[c->seq[i].r0 + t] = (int32_t)((c->seq[i].ck.s0 + t + 1) / R);
     p.vis_h = vis_h;
-    HALLOC(p.keys_of, c->n_seq, 0);
-    CK(read_index_keys(c, L, p.keys_of));
-
     bool rows = be->indexer_scores_rows && be->topk_rows && (be->candidate_mask_rows || !p.mask);
-    if (rows && (c->n_seq > 1 || narrow)) {
+    if (rows) {
+        di_index_row *kref; /* [n_seq] (host) */
+        HALLOC(kref, c->n_seq, 0);
+        CK(index_key_rows(c, L, kref));
+        p.kref = kref;
         CK(select_rows(c, L, &p));
     } else {
         int32_t *vis; /* int32 [T] (backend) */
+        HALLOC(p.keys_of, c->n_seq, 0);
+        CK(read_index_keys(c, L, p.keys_of));
         UPLOAD(vis, vis_h, T, 0);
         for (int i = 0; i < c->n_seq; i++)
             if (ss[i].k) CK(select_seq(c, L, &p, i, vis));

@@ -11,8 +11,11 @@
  * as wide as the prompt, visibility growing), repeated keys (equal scores at two positions) and zero
  * queries in half the sequences (every visible score 0: the replay's width-dependent choice decides the
  * whole row), with and without a candidate mask input.
+ * Keys read where the cache keeps them (di_index_row kbase, contiguous and paged) are checked against
+ * the decoded keys in every case (check_cached_keys).
  * DI_BENCH=1: per-layer time of the per-sequence loop and of the batched calls for a decode step of 64
- * sequences at 4K (the bench's full-layer preset shape).
+ * sequences at 4K and 64K (the bench's full-layer preset shapes), and of the scorer on decoded keys
+ * against the cache rows.
  * DI_QUICK=1: the 4K cases of batch ≤ 8 only (for compute-sanitizer).
  * DI_TEST_ON_CPU=1 (no GPU needed): the same harness on the CPU backend's slots for the 4K cases — a
  * check of the test itself (descriptors, offsets, the loop), not of the kernels.
@@ -308,6 +311,110 @@ static void check_gather(const di_backend *be, const tcase *c, const dev_run *d,
 }
 
 /* One case on one backend: the loop and the rows slots from poisoned outputs, compared byte for byte. */
+/* Keys read where the cache keeps them (di_index_row kbase): the case's key pool encoded with the
+ * index-key codec (FP4 with E8M0 per 32, the CPU encoder), even sequences reading it contiguously and
+ * odd ones through a block table of shuffled pages (PE entries per page, page_rows PE + 3, the entries
+ * from row 2 of a page); a prompt chunk's sequence has only the entries its last row sees written
+ * (kn), the rest of its width reads entry kn − 1. Against the per-sequence scorer on the decoded keys
+ * (the graph's path without the field: row_decode, then indexer_scores): every score equal. */
+enum { PE = 64 };
+static void check_cached_keys(const di_backend *be, const tcase *c, const char *shape, bool bench) {
+    const int64_t rb = di_row_codec_bytes(DI_CODEC_FP4_E8M0, HD);
+    uint8_t *enc = xmalloc((size_t)(c->n_pool * rb));
+    uint16_t *dec = xmalloc(sizeof(uint16_t) * (size_t)c->n_pool * HD);
+    for (int64_t e = 0; e < c->n_pool; e++) {
+        di_cpu_row_encode(DI_CODEC_FP4_E8M0, c->keys + e * HD, HD, enc + e * rb);
+        di_cpu_row_decode(DI_CODEC_FP4_E8M0, enc + e * rb, HD, dec + e * HD);
+    }
+    /* the paged copy: each odd sequence its own pages, page ids shuffled over the whole region */
+    int64_t n_pages = 0, pg0[MAXS];
+    for (int i = 0; i < c->n_seq; i++) pg0[i] = n_pages, n_pages += i % 2 ? (c->s[i].nk + PE - 1) / PE : 0;
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)(n_pages + 1));
+    for (int64_t j = 0; j < n_pages; j++) perm[j] = (int32_t)j;
+    for (int64_t j = n_pages - 1; j > 0; j--) {
+        int64_t x = (int64_t)(rnd() % (uint64_t)(j + 1));
+        int32_t t = perm[j];
+        perm[j] = perm[x], perm[x] = t;
+    }
+    const int64_t page_rows = PE + 3, row0 = 2;
+    uint8_t *paged = xmalloc((size_t)((n_pages + 1) * page_rows * rb));
+    memset(paged, 0x5A, (size_t)((n_pages + 1) * page_rows * rb)); /* rows outside the entries: garbage */
+    int32_t kn[MAXS];
+    for (int i = 0; i < c->n_seq; i++) {
+        kn[i] = c->s[i].nk;
+        if (c->s[i].kind == 'p') kn[i] = c->vis[c->r0[i] + c->s[i].T - 1] > 0 ? c->vis[c->r0[i] + c->s[i].T - 1] : 1;
+        if (i % 2)
+            for (int64_t e = 0; e < c->s[i].nk; e++) {
+                int64_t row = (int64_t)perm[pg0[i] + e / PE] * page_rows + row0 + e % PE;
+                memcpy(paged + row * rb, enc + (c->key_off[i] + e) * rb, (size_t)rb);
+            }
+    }
+    /* the decoded copy as the graph read it, per sequence (the pool's windows overlap): entries ≥ kn
+     * repeat entry kn − 1 */
+    int64_t dk[MAXS], n_dk = 0;
+    for (int i = 0; i < c->n_seq; i++) dk[i] = n_dk, n_dk += c->s[i].nk;
+    uint16_t *seqk = xmalloc(sizeof(uint16_t) * (size_t)n_dk * HD);
+    for (int i = 0; i < c->n_seq; i++)
+        for (int64_t e = 0; e < c->s[i].nk; e++)
+            memcpy(seqk + (dk[i] + e) * HD, dec + (c->key_off[i] + (e < kn[i] ? e : kn[i] - 1)) * HD,
+                   sizeof(uint16_t) * HD);
+    uint8_t *enc_d = up(be, enc, (size_t)(c->n_pool * rb));
+    uint8_t *paged_d = up(be, paged, (size_t)((n_pages + 1) * page_rows * rb));
+    uint16_t *dec_d = up(be, seqk, sizeof(uint16_t) * (size_t)n_dk * HD);
+    int32_t *perm_d = up(be, perm, sizeof(int32_t) * (size_t)(n_pages + 1));
+    uint8_t *cand_d = c->cand ? up(be, c->cand, (size_t)c->n_sc) : NULL;
+    uint16_t *q_d = up(be, c->q, sizeof(uint16_t) * (size_t)c->T * c->nh * HD);
+    uint16_t *w_d = up(be, c->wt, sizeof(uint16_t) * (size_t)c->T * c->nh);
+    int32_t *vis_d = up(be, c->vis, sizeof(int32_t) * (size_t)c->T);
+    di_index_row *rows = xmalloc(sizeof(di_index_row) * (size_t)c->T);
+    for (int i = 0; i < c->n_seq; i++)
+        for (int t = 0; t < c->s[i].T; t++) {
+            int r = c->r0[i] + t, nk = c->s[i].nk;
+            rows[r] = (di_index_row){.cand = cand_d ? cand_d + c->s0[i] + (int64_t)t * nk : NULL,
+                                     .s0 = c->s0[i] + (int64_t)t * nk, .o0 = c->o0[i] + t * c->kq[i], .nk = nk,
+                                     .w = c->w[r], .vis = c->vis[r], .k = c->w[r] < TOPK ? c->w[r] : TOPK,
+                                     .kp = (int32_t)c->kq[i], .kn = kn[i]};
+            if (i % 2)
+                rows[r].kbase = paged_d, rows[r].kpages = perm_d + pg0[i], rows[r].kpage_entries = PE,
+                rows[r].kpage_rows = page_rows, rows[r].krow0 = row0;
+            else
+                rows[r].kbase = enc_d + c->key_off[i] * rb;
+        }
+    di_index_row *rows_d = up(be, rows, sizeof(di_index_row) * (size_t)c->T);
+    float *sc_d = dev(be, sizeof(float) * (size_t)c->n_sc);
+    RUN(be->mem_set(be, sc_d, 0xA5, sizeof(float) * (size_t)c->n_sc, E));
+    for (int i = 0; i < c->n_seq; i++)
+        RUN(be->indexer_scores(be, q_d + (int64_t)c->r0[i] * c->nh * HD, w_d + (int64_t)c->r0[i] * c->nh, W_SCALE,
+                               dec_d + dk[i] * HD, c->s[i].T, c->nh, HD, c->s[i].nk, vis_d + c->r0[i],
+                               cand_d ? cand_d + c->s0[i] : NULL, sc_d + c->s0[i], E));
+    sync_be(be);
+    float *sa = down(be, sc_d, sizeof(float) * (size_t)c->n_sc);
+    RUN(be->mem_set(be, sc_d, 0xA5, sizeof(float) * (size_t)c->n_sc, E));
+    RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rows_d, c->nk_max, sc_d, E));
+    sync_be(be);
+    float *sb = down(be, sc_d, sizeof(float) * (size_t)c->n_sc);
+    row("indexer_scores_rows cached keys", shape, bytes_differ(sa, sb, (int64_t)sizeof(float) * c->n_sc) / 4, c->n_sc);
+    if (bench) { /* the decoded keys through the rows slot (the reference's copy) vs the cache rows */
+        di_index_row *rk = xmalloc(sizeof(di_index_row) * (size_t)c->T);
+        for (int i = 0; i < c->n_seq; i++)
+            for (int t = 0; t < c->s[i].T; t++) {
+                int r = c->r0[i] + t;
+                rk[r] = rows[r], rk[r].kbase = NULL, rk[r].kpages = NULL, rk[r].keys = dec_d + dk[i] * HD;
+            }
+        di_index_row *rk_d = up(be, rk, sizeof(di_index_row) * (size_t)c->T);
+        double t_keys, t_cache;
+        BATCH(t_keys, 10, RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rk_d, c->nk_max, sc_d, E)));
+        BATCH(t_cache, 10, RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rows_d, c->nk_max, sc_d, E)));
+        printf("# bench scorer %s: decoded bf16 keys %.1f us, cache rows %.1f us per layer\n", shape, t_keys * 1e3,
+               t_cache * 1e3);
+        be->mem_free(be, rk_d), free(rk);
+    }
+    void *p[] = {enc_d, paged_d, dec_d, perm_d, cand_d, q_d, w_d, vis_d, rows_d, sc_d};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++)
+        if (p[i]) be->mem_free(be, p[i]);
+    free(enc), free(dec), free(seqk), free(perm), free(paged), free(rows), free(sa), free(sb);
+}
+
 static void check_case(const di_backend *be, const char *rule, tcase *c, bool bench) {
     char shape[160];
     snprintf(shape, sizeof shape, "%s, %s", c->name, rule);
@@ -350,6 +457,7 @@ static void check_case(const di_backend *be, const char *rule, tcase *c, bool be
     printf("#   %s: %lld exact-zero scores, %lld padded ids, %lld rows with a tie across the cut\n", shape,
            (long long)zeros, (long long)pads, (long long)cut_ties);
     if (be == g_torch) check_gather(be, c, &d, c->name, bench); /* the gather does not depend on the rule */
+    if (be == g_torch) check_cached_keys(be, c, c->name, bench && !strcmp(be->name, "cuda"));
     bench = bench && !strcmp(be->name, "cuda");
     if (bench) {
         double t_loop, t_rows;
@@ -431,6 +539,7 @@ int main(int argc, char **argv) {
     mixed_case(&c, 32, 4096, false, true), run_case(&c, false);
     mixed_case(&c, 32, 4096, true, false), run_case(&c, false);
     if (!small) mixed_case(&c, 32, 65536, false, true), run_case(&c, false);
+    if (bench) decode_case(&c, 32, 64, 65536, 1, false, true), run_case(&c, bench); /* the bench's 64K candidate source */
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_backend_destroy(g_fast);
     di_backend_destroy(g_torch);

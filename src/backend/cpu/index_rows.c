@@ -5,6 +5,7 @@
  * kernels (cuda_index_seqs.cu) are tested against this definition. */
 #include <stdlib.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_rows.h"
 #include "util/error.h"
 
@@ -20,22 +21,79 @@ static int check_row(const char *op, const di_index_row *r, int64_t i, int64_t w
     return DI_OK;
 }
 
+/* Keys read where the cache keeps them (di_index_row kbase), decoded for the per-sequence op: the rows
+ * of a sequence share their cache and layout, so the keys are decoded once per run of such rows. */
+typedef struct key_rows {
+    di_index_row src; /* the layout decoded (its key fields), nk: entries decoded */
+    uint16_t *keys;   /* bf16 [cap, hd] */
+    int64_t cap;
+} key_rows;
+
+static bool same_source(const di_index_row *a, const di_index_row *b) {
+    return a->kbase == b->kbase && a->kpages == b->kpages && a->kpage_entries == b->kpage_entries &&
+           a->kpage_rows == b->kpage_rows && a->krow0 == b->krow0 && a->kn == b->kn;
+}
+
+/* Row r's keys [0, r->nk): its own, or its cache rows decoded into kr. */
+static int row_keys(const di_index_row *r, int64_t i, int hd, key_rows *kr, const uint16_t **out,
+                    di_error *err) {
+    if (r->keys) {
+        *out = r->keys;
+        return DI_OK;
+    }
+    if (!r->kbase)
+        return di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: row %lld scores %d keys and names none",
+                            (long long)i, r->nk);
+    if (r->kn < 1 || (r->kpages && r->kpage_entries < 1) || r->kpage_rows < 0 || r->krow0 < 0 || hd % 32)
+        return di_error_set(err, DI_ERR_INVALID,
+                            "indexer_scores_rows: row %lld reads %d cached keys, %lld per page, %lld rows per page "
+                            "from row %lld, width %d (expected ≥ 1 key, a multiple of 32 wide)",
+                            (long long)i, r->kn, (long long)r->kpage_entries, (long long)r->kpage_rows,
+                            (long long)r->krow0, hd);
+    if (same_source(&kr->src, r) && kr->src.nk >= r->nk) {
+        *out = kr->keys;
+        return DI_OK;
+    }
+    if (r->nk > kr->cap) {
+        free(kr->keys);
+        kr->keys = malloc(sizeof(uint16_t) * (size_t)r->nk * (size_t)hd);
+        kr->cap = kr->keys ? r->nk : 0;
+        if (!kr->cap)
+            return di_error_set(err, DI_ERR_NOMEM, "indexer_scores_rows: %d decoded keys of %d values", r->nk, hd);
+    }
+    const int64_t bytes = di_row_codec_bytes(DI_CODEC_FP4_E8M0, hd);
+    for (int64_t e = 0; e < r->nk; e++) { /* row_decode_gather's decode of each entry's row */
+        int64_t x = e < r->kn ? e : r->kn - 1; /* not written yet: the newest key (never visible) */
+        int64_t row = r->kpages ? (int64_t)r->kpages[x / r->kpage_entries] * r->kpage_rows + r->krow0 +
+                                      x % r->kpage_entries
+                                : x;
+        di_cpu_row_decode(DI_CODEC_FP4_E8M0, r->kbase + row * bytes, hd, kr->keys + e * hd);
+    }
+    kr->src = *r;
+    *out = kr->keys;
+    return DI_OK;
+}
+
 static int indexer_scores_rows(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, int64_t m,
                                int nh, int hd, const di_index_row *rows, int64_t nk_max, float *scores, di_error *err) {
     if (m < 0 || nh < 1 || hd < 1)
         return di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: %lld rows, %d heads × %d", (long long)m, nh, hd);
-    for (int64_t i = 0; i < m; i++) {
+    key_rows kr = {0};
+    int rc = DI_OK;
+    for (int64_t i = 0; i < m && !rc; i++) {
         const di_index_row *r = &rows[i];
-        int rc = check_row("indexer_scores_rows", r, i, nk_max, err);
+        const uint16_t *keys = NULL; /* bf16 [nk, hd] */
+        rc = check_row("indexer_scores_rows", r, i, nk_max, err);
         if (!rc && r->nk > nk_max)
             rc = di_error_set(err, DI_ERR_INVALID, "indexer_scores_rows: row %lld scores %d keys, call max %lld",
                               (long long)i, r->nk, (long long)nk_max);
+        if (!rc && r->nk > 0) rc = row_keys(r, i, hd, &kr, &keys, err);
         if (!rc && r->nk > 0)
-            rc = be->indexer_scores(be, q + i * nh * hd, w + i * nh, w_scale, r->keys, 1, nh, hd, r->nk, &r->vis,
-                                    r->cand, scores + r->s0, err);
-        if (rc) return rc;
+            rc = be->indexer_scores(be, q + i * nh * hd, w + i * nh, w_scale, keys, 1, nh, hd, r->nk, &r->vis, r->cand,
+                                    scores + r->s0, err);
     }
-    return DI_OK;
+    free(kr.keys);
+    return rc;
 }
 
 static int candidate_mask_rows(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows,

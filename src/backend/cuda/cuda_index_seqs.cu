@@ -21,7 +21,8 @@
 
 /* ---------------- indexer scores ---------------- */
 
-/* grid (ceil(nk_max / 128), rows of the slice): row r0 + blockIdx.y's tile blockIdx.x of its own nk. */
+/* grid (ceil(nk_max / 128), rows of the slice): row r0 + blockIdx.y's tile blockIdx.x of its own nk,
+ * its keys staged in shared memory (any even hd). */
 __global__ void __launch_bounds__(IDX_KEYS) indexer_rows_kernel(const uint16_t *q, const uint16_t *w, float w_scale,
                                                                 int nh, int hd, const di_index_row *rows, int64_t r0,
                                                                 float *scores) {
@@ -29,23 +30,69 @@ __global__ void __launch_bounds__(IDX_KEYS) indexer_rows_kernel(const uint16_t *
     const int64_t i = r0 + blockIdx.y, n0 = (int64_t)blockIdx.x * IDX_KEYS;
     const di_index_row r = rows[i];
     if (n0 >= r.nk) return; /* the whole block: a narrower row */
-    d_index_tile(q + i * nh * hd, w + i * nh, w_scale, r.keys, nh, hd, r.nk, r.vis, r.cand, scores + r.s0, n0, ish);
+    d_index_stage(q + i * nh * hd, w + i * nh, w_scale, r.keys, &r, nh, hd, r.nk, n0, ish);
+    __syncthreads();
+    d_index_tile_scores(nh, hd, r.nk, r.vis, r.cand, scores + r.s0, n0, ish);
+}
+
+/* The same grid with each thread's key in registers (hd = HD): d_index_reg_shm(nh, HD) bytes. */
+template <int HD>
+__global__ void __launch_bounds__(IDX_KEYS) indexer_rows_reg_kernel(const uint16_t *q, const uint16_t *w,
+                                                                    float w_scale, int nh, const di_index_row *rows,
+                                                                    int64_t r0, float *scores) {
+    extern __shared__ float ish[]; /* q f32 [nh, HD] ‖ w' f32 [nh] */
+    const int64_t i = r0 + blockIdx.y, n0 = (int64_t)blockIdx.x * IDX_KEYS;
+    const di_index_row r = rows[i];
+    if (n0 >= r.nk) return;
+    float *qs = ish, *wsc = ish + nh * HD;
+    const uint16_t *qi = q + i * nh * HD, *wi = w + i * nh;
+    for (int e = threadIdx.x; e < nh * HD; e += blockDim.x) qs[e] = d_bf16(qi[e]);
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) wsc[h] = d_round_bf16(__fmul_rn(d_bf16(wi[h]), w_scale));
+    __syncthreads();
+    const int64_t n = n0 + threadIdx.x;
+    if (n >= r.nk) return;
+    float *out = scores + r.s0 + n;
+    if (n >= r.vis || (r.cand && !r.cand[n])) {
+        *out = -INFINITY;
+        return;
+    }
+    float kf[HD];
+    d_key_regs<HD>(r, n, kf);
+    *out = d_score_regs<HD>(qs, wsc, nh, kf);
+}
+
+/* DI_CUDA_INDEX_REG=off keeps every hd on the shared-memory tile (A/B runs; same bits). */
+static bool index_reg_on(void) {
+    static int on = -1;
+    return di_cuda_env_switch(&on, "DI_CUDA_INDEX_REG", "off");
+}
+
+template <int HD>
+static void launch_reg(dim3 grid, size_t shm, cudaStream_t st, const uint16_t *q, const uint16_t *w, float w_scale,
+                       int nh, const di_index_row *rows, int64_t r0, float *scores) {
+    cudaFuncSetAttribute(indexer_rows_reg_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    indexer_rows_reg_kernel<HD><<<grid, IDX_KEYS, shm, st>>>(q, w, w_scale, nh, rows, r0, scores);
 }
 
 static int indexer_scores_rows(const di_backend *be, const uint16_t *q, const uint16_t *w, float w_scale, int64_t m,
                                int nh, int hd, const di_index_row *rows, int64_t nk_max, float *scores, di_error *err) {
-    size_t shm = d_index_tile_shm(nh, hd);
+    const bool reg = index_reg_on() && (hd == 32 || hd == 64 || hd == 96 || hd == 128);
+    size_t shm = reg ? d_index_reg_shm(nh, hd) : d_index_tile_shm(nh, hd);
     if (m < 0 || nk_max < 0 || nh < 1 || hd < 2 || hd % 2 || shm > 200 * 1024)
         return di_error_set(err, DI_ERR_INVALID,
                             "cuda indexer_scores_rows: %lld rows, %lld keys at most, %d heads × %d (even, "
                             "≤ 200 KiB staged)",
                             (long long)m, (long long)nk_max, nh, hd);
     if (m == 0 || nk_max == 0) return DI_OK;
-    cudaFuncSetAttribute(indexer_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    if (!reg) cudaFuncSetAttribute(indexer_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     cudaStream_t st = di_cuda_state(be)->stream;
     for (int64_t r0 = 0; r0 < m; r0 += ROWS_PER_GRID) {
         dim3 grid(di_cuda_blocks(nk_max, IDX_KEYS), (unsigned)(m - r0 < ROWS_PER_GRID ? m - r0 : ROWS_PER_GRID));
-        indexer_rows_kernel<<<grid, IDX_KEYS, shm, st>>>(q, w, w_scale, nh, hd, rows, r0, scores);
+        if (!reg) indexer_rows_kernel<<<grid, IDX_KEYS, shm, st>>>(q, w, w_scale, nh, hd, rows, r0, scores);
+        else if (hd == 128) launch_reg<128>(grid, shm, st, q, w, w_scale, nh, rows, r0, scores);
+        else if (hd == 96) launch_reg<96>(grid, shm, st, q, w, w_scale, nh, rows, r0, scores);
+        else if (hd == 64) launch_reg<64>(grid, shm, st, q, w, w_scale, nh, rows, r0, scores);
+        else launch_reg<32>(grid, shm, st, q, w, w_scale, nh, rows, r0, scores);
         int rc = di_cuda_launched("indexer_scores_rows", err);
         if (rc) return rc;
     }

@@ -16,24 +16,57 @@ static inline size_t d_index_tile_shm(int nh, int hd) {
     return sizeof(float) * ((size_t)nh * hd + nh) + sizeof(uint32_t) * IDX_KEYS * (size_t)(hd / 2 + 1);
 }
 
-/* Keys [n0, n0 + 128) of one query's score row, one thread per key (block of IDX_KEYS threads). The
- * per-head dot product is indexer.c's dot_bf16 order (8 strided f32 lanes, combined pairwise), then the
- * bf16 roundings of einsum, relu·w' and the head sum.
- *   q bf16 [nh, hd];  w bf16 [nh];  k bf16 [nk, hd];  cand uint8 [nk] or NULL;  scores f32 [nk];
- *   ish: d_index_tile_shm bytes (the +1 word staggers key rows over the banks). hd even. */
-static __device__ __forceinline__ void d_index_tile(const uint16_t *q, const uint16_t *w, float w_scale,
-                                                    const uint16_t *k, int nh, int hd, int64_t nk, int32_t vis,
-                                                    const uint8_t *cand, float *scores, int64_t n0, float *ish) {
+/* Row n of a key set read where the cache keeps it (backend.h di_index_row kbase): entry min(n, kn − 1)
+ * through the block table (gather_topk's translation), rows of the index-key codec (DI_CODEC_FP4_E8M0:
+ * hd/2 bytes of E2M1 pairs, low nibble first, then one E8M0 scale per 32 values). */
+static __device__ __forceinline__ const uint8_t *d_key_row(const di_index_row &r, int64_t n, int hd) {
+    const int64_t e = n < r.kn ? n : r.kn - 1;
+    const int64_t row = r.kpages ? (int64_t)r.kpages[e / r.kpage_entries] * r.kpage_rows + r.krow0 + e % r.kpage_entries
+                                 : e;
+    return r.kbase + row * (hd / 2 + hd / 32);
+}
+
+/* Value j of a key row as row_decode gives it: bf16(f32(code) · f32(scale)), as f32. */
+static __device__ __forceinline__ float d_key_value(uint32_t code, float scale) {
+    return d_round_bf16(__fmul_rn(d_e2m1_decode(code), scale));
+}
+
+/* Stages q (f32), the scaled weights w' = bf16(w · w_scale) and, with ks, the tile's 128 keys as
+ * bf16 pairs: keys [n0, n0 + 128) of k, or of the cache rows of r (k NULL). */
+static __device__ __forceinline__ void d_index_stage(const uint16_t *q, const uint16_t *w, float w_scale,
+                                                     const uint16_t *k, const di_index_row *r, int nh, int hd,
+                                                     int64_t nk, int64_t n0, float *ish) {
     const int hw = hd / 2 + 1;
     float *qs = ish, *wsc = ish + nh * hd;
     uint32_t *ks = (uint32_t *)(wsc + nh);
     for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) qs[e] = d_bf16(q[e]);
     for (int h = threadIdx.x; h < nh; h += blockDim.x) wsc[h] = d_round_bf16(__fmul_rn(d_bf16(w[h]), w_scale));
     for (int e = threadIdx.x; e < IDX_KEYS * (hd / 2); e += blockDim.x) {
-        int r = e / (hd / 2), c = e % (hd / 2);
-        ks[r * hw + c] = n0 + r < nk ? *(const uint32_t *)(k + (n0 + r) * hd + 2 * c) : 0u;
+        int rr = e / (hd / 2), c = e % (hd / 2);
+        uint32_t v = 0u;
+        if (n0 + rr < nk && k) {
+            v = *(const uint32_t *)(k + (n0 + rr) * hd + 2 * c);
+        } else if (n0 + rr < nk && r) {
+            const uint8_t *kb = d_key_row(*r, n0 + rr, hd);
+            float s = d_e8m0(kb[hd / 2 + 2 * c / 32]);
+            uint32_t b = kb[c];
+            v = (uint32_t)d_to_bf16(d_key_value(b & 15u, s)) | (uint32_t)d_to_bf16(d_key_value(b >> 4, s)) << 16;
+        }
+        ks[rr * hw + c] = v;
     }
-    __syncthreads();
+}
+
+/* Keys [n0, n0 + 128) of one query's score row, one thread per key (block of IDX_KEYS threads), from
+ * the staged tile (d_index_stage). The per-head dot product is indexer.c's dot_bf16 order (8 strided
+ * f32 lanes, combined pairwise), then the bf16 roundings of einsum, relu·w' and the head sum.
+ *   cand uint8 [nk] or NULL;  scores f32 [nk];  ish: d_index_tile_shm bytes (the +1 word staggers key
+ *   rows over the banks). hd even. */
+static __device__ __forceinline__ void d_index_tile_scores(int nh, int hd, int64_t nk, int32_t vis,
+                                                           const uint8_t *cand, float *scores, int64_t n0,
+                                                           const float *ish) {
+    const int hw = hd / 2 + 1;
+    const float *qs = ish, *wsc = ish + nh * hd;
+    const uint32_t *ks = (const uint32_t *)(wsc + nh);
     const int64_t n = n0 + threadIdx.x;
     if (n >= nk) return;
     float *out = scores + n;
@@ -68,10 +101,76 @@ static __device__ __forceinline__ void d_index_tile(const uint16_t *q, const uin
         float dt = __fadd_rn(__fadd_rn(__fadd_rn(lane[0], lane[1]), __fadd_rn(lane[2], lane[3])),
                              __fadd_rn(__fadd_rn(lane[4], lane[5]), __fadd_rn(lane[6], lane[7])));
         float d = d_round_bf16(dt);
-        float r = d > 0.0f ? d : 0.0f;
-        acc = __fadd_rn(acc, d_round_bf16(__fmul_rn(r, wsc[h])));
+        float rl = d > 0.0f ? d : 0.0f;
+        acc = __fadd_rn(acc, d_round_bf16(__fmul_rn(rl, wsc[h])));
     }
     *out = d_round_bf16(acc);
+}
+
+/* One query's tile of bf16 keys: q bf16 [nh, hd];  w bf16 [nh];  k bf16 [nk, hd]. */
+static __device__ __forceinline__ void d_index_tile(const uint16_t *q, const uint16_t *w, float w_scale,
+                                                    const uint16_t *k, int nh, int hd, int64_t nk, int32_t vis,
+                                                    const uint8_t *cand, float *scores, int64_t n0, float *ish) {
+    d_index_stage(q, w, w_scale, k, NULL, nh, hd, nk, n0, ish);
+    __syncthreads();
+    d_index_tile_scores(nh, hd, nk, vis, cand, scores, n0, ish);
+}
+
+/* ---- the same scores with the key in registers (hd = HD, a multiple of 32 up to 128) ----
+ * The products and sums of d_index_tile_scores in the same order; the key's HD values are converted
+ * once into registers instead of being unpacked from shared memory for every head (the unpacking and
+ * its loads were half the instructions), and a key read where the cache keeps it is decoded there
+ * (d_key_value: row_decode's value) instead of being read back from a decoded copy.
+ *   shared: q f32 [nh, HD] ‖ w' f32 [nh] (d_index_reg_shm) */
+static inline size_t d_index_reg_shm(int nh, int hd) { return sizeof(float) * ((size_t)nh * hd + nh); }
+
+template <int HD>
+static __device__ __forceinline__ void d_key_regs(const di_index_row &r, int64_t n, float *kf) {
+    if (r.keys) {
+        const uint32_t *kw = (const uint32_t *)(r.keys + n * HD);
+#pragma unroll
+        for (int j = 0; j < HD / 2; j++) {
+            uint32_t v = kw[j];
+            kf[2 * j] = d_bf16((uint16_t)v), kf[2 * j + 1] = d_bf16((uint16_t)(v >> 16));
+        }
+        return;
+    }
+    const uint8_t *kb = d_key_row(r, n, HD);
+    const bool words = (HD / 2 + HD / 32) % 4 == 0 && (uintptr_t)kb % 4 == 0; /* hd = 128: 68-byte rows */
+#pragma unroll
+    for (int g = 0; g < HD / 32; g++) {
+        const float s = d_e8m0(kb[HD / 2 + g]);
+#pragma unroll
+        for (int b4 = 0; b4 < 4; b4++) {
+            uint32_t v = words ? ((const uint32_t *)kb)[g * 4 + b4]
+                               : (uint32_t)kb[g * 16 + b4 * 4] | (uint32_t)kb[g * 16 + b4 * 4 + 1] << 8 |
+                                     (uint32_t)kb[g * 16 + b4 * 4 + 2] << 16 | (uint32_t)kb[g * 16 + b4 * 4 + 3] << 24;
+#pragma unroll
+            for (int c = 0; c < 8; c++) kf[g * 32 + b4 * 8 + c] = d_key_value((v >> (4 * c)) & 15u, s);
+        }
+    }
+}
+
+template <int HD>
+static __device__ __forceinline__ float d_score_regs(const float *qs, const float *wsc, int nh, const float *kf) {
+    float acc = 0.0f;
+    for (int h = 0; h < nh; h++) {
+        const float4 *q4 = (const float4 *)(qs + h * HD);
+        float l0 = 0, l1 = 0, l2 = 0, l3 = 0, l4 = 0, l5 = 0, l6 = 0, l7 = 0;
+#pragma unroll
+        for (int j = 0; j < HD; j += 8) {
+            const float4 a = q4[j / 4], b = q4[j / 4 + 1];
+            l0 = __fadd_rn(l0, __fmul_rn(a.x, kf[j])), l1 = __fadd_rn(l1, __fmul_rn(a.y, kf[j + 1]));
+            l2 = __fadd_rn(l2, __fmul_rn(a.z, kf[j + 2])), l3 = __fadd_rn(l3, __fmul_rn(a.w, kf[j + 3]));
+            l4 = __fadd_rn(l4, __fmul_rn(b.x, kf[j + 4])), l5 = __fadd_rn(l5, __fmul_rn(b.y, kf[j + 5]));
+            l6 = __fadd_rn(l6, __fmul_rn(b.z, kf[j + 6])), l7 = __fadd_rn(l7, __fmul_rn(b.w, kf[j + 7]));
+        }
+        float dt = __fadd_rn(__fadd_rn(__fadd_rn(l0, l1), __fadd_rn(l2, l3)), __fadd_rn(__fadd_rn(l4, l5), __fadd_rn(l6, l7)));
+        float d = d_round_bf16(dt);
+        float rl = d > 0.0f ? d : 0.0f;
+        acc = __fadd_rn(acc, d_round_bf16(__fmul_rn(rl, wsc[h])));
+    }
+    return d_round_bf16(acc);
 }
 
 /* ---------------- block-parallel exact selection (cuda_select.cu) ---------------- */
