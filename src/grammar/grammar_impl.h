@@ -121,6 +121,39 @@ struct di_grammar_vocab {
                                one vocabulary are reused only by a vocabulary with the same content */
 };
 
+/* Unions of whole trie subtrees (matcher.c: walk_trie). A walk adds the tokens of every subtree
+ * it accepts whole, one bit store per token since a subtree's token ids are scattered (ebnf_stmt:
+ * ~4,600 subtrees and 59,000 tokens in one mask, ~30% of its instructions). Walks from different
+ * states often accept exactly the same subtrees (every word count of regex_sentence's
+ * `( [a-z]+){0,8}`, every statement of ebnf_stmt), so the walk lists the subtree roots and keeps
+ * the union of a long list with the list itself; when a later walk's list is equal (compared in
+ * full), the union is ORed in by words. Per matcher: its vocabulary never changes. */
+#define DI_TRIE_UNION_SLOTS 16
+typedef struct di_trie_union {
+    uint32_t *roots;   /* [cap] trie nodes accepted whole by the current walk, in preorder */
+    uint32_t n, cap;
+    uint64_t clock;    /* last use of a slot, for eviction */
+    struct {
+        uint32_t *roots; /* [n] the list this union was made from (NULL: empty slot) */
+        uint32_t n, n_toks;
+        uint32_t *bits;  /* [di_grammar_mask_words(V)] tokens under roots */
+        uint64_t used;
+    } slot[DI_TRIE_UNION_SLOTS];
+} di_trie_union;
+
+static inline void di_trie_union_reset(di_trie_union *u) { u->n = 0; }
+bool di_trie_union_grow(di_trie_union *u);
+/* Lists subtree root `node` (where the list cannot grow, its tokens go into mask at once). */
+void di_trie_union_scatter(const di_grammar_vocab *v, uint32_t node, uint32_t *mask);
+static inline void di_trie_union_add(di_trie_union *u, const di_grammar_vocab *v, uint32_t node, uint32_t *mask) {
+    if (u->n < u->cap || di_trie_union_grow(u)) u->roots[u->n++] = node;
+    else di_trie_union_scatter(v, node, mask);
+}
+/* ORs the tokens under the listed roots into mask and empties the list; returns 1 when the union
+ * came from an earlier walk. */
+int di_trie_union_apply(di_trie_union *u, const di_grammar_vocab *v, uint32_t *mask);
+void di_trie_union_free(di_trie_union *u);
+
 /* Front-ends: each builds into g and returns the start symbol's nonterminal in *start. */
 int di_regex_to_cfg(di_cfg *g, const char *re, size_t len, int32_t *start, di_error *err);
 int di_ebnf_to_cfg(di_cfg *g, const char *src, size_t len, const char *root, int32_t *start, di_error *err);

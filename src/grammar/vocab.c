@@ -303,3 +303,78 @@ oom:
     di_grammar_vocab_free(v);
     return di_error_set(err, DI_ERR_NOMEM, "grammar vocab: out of memory for %u tokens", n_vocab);
 }
+
+/* di_trie_union (grammar_impl.h) */
+void di_trie_union_scatter(const di_grammar_vocab *v, uint32_t node, uint32_t *mask) {
+    for (uint32_t k = v->tok_start[node], ke = v->tok_start[v->nodes[node].end]; k < ke; k++) {
+        int32_t t = v->pre_tok[k];
+        mask[t >> 5] |= 1u << (t & 31);
+    }
+}
+
+bool di_trie_union_grow(di_trie_union *u) {
+    uint32_t cap = u->cap ? 2 * u->cap : 1024;
+    uint32_t *r = realloc(u->roots, (size_t)cap * sizeof *r);
+    if (!r) return false;
+    u->roots = r, u->cap = cap;
+    return true;
+}
+
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
+static void or_words(uint32_t *dst, const uint32_t *src, size_t words) {
+    size_t w = 0;
+    for (; w + 4 <= words; w += 4) {
+        u32x4 a, b;
+        memcpy(&a, dst + w, sizeof a);
+        memcpy(&b, src + w, sizeof b);
+        a |= b;
+        memcpy(dst + w, &a, sizeof a);
+    }
+    for (; w < words; w++) dst[w] |= src[w];
+}
+
+int di_trie_union_apply(di_trie_union *u, const di_grammar_vocab *v, uint32_t *mask) {
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    uint32_t n = u->n, n_toks = 0;
+    u->n = 0;
+    for (uint32_t i = 0; i < n; i++) n_toks += v->tok_start[v->nodes[u->roots[i]].end] - v->tok_start[u->roots[i]];
+    /* one bit store per token against a few passes over the words (clear, fill, OR, compare the
+     * list): the memo pays from about half a token per word */
+    if ((size_t)n_toks * 2 < words) {
+        for (uint32_t i = 0; i < n; i++) di_trie_union_scatter(v, u->roots[i], mask);
+        return 0;
+    }
+    int hit = -1, victim = 0;
+    for (int s = 0; s < DI_TRIE_UNION_SLOTS && hit < 0; s++) {
+        if (u->slot[s].roots && u->slot[s].n == n && u->slot[s].n_toks == n_toks &&
+            !memcmp(u->slot[s].roots, u->roots, (size_t)n * sizeof *u->roots))
+            hit = s;
+        if (u->slot[s].used < u->slot[victim].used) victim = s;
+    }
+    int s = hit >= 0 ? hit : victim;
+    if (hit < 0) {
+        uint32_t *bits = u->slot[s].bits ? u->slot[s].bits : malloc(words * sizeof *bits);
+        uint32_t *roots = realloc(u->slot[s].roots, (size_t)n * sizeof *roots); /* n > 0: n_toks > 0 */
+        u->slot[s].bits = bits;
+        u->slot[s].roots = roots ? roots : u->slot[s].roots;
+        if (!bits || !roots) { /* out of memory: this walk goes without the memo */
+            free(u->slot[s].roots);
+            u->slot[s].roots = NULL;
+            for (uint32_t i = 0; i < n; i++) di_trie_union_scatter(v, u->roots[i], mask);
+            return 0;
+        }
+        memset(bits, 0, words * sizeof *bits);
+        for (uint32_t i = 0; i < n; i++) di_trie_union_scatter(v, u->roots[i], bits);
+        memcpy(roots, u->roots, (size_t)n * sizeof *roots);
+        u->slot[s].n = n, u->slot[s].n_toks = n_toks;
+    }
+    u->slot[s].used = ++u->clock;
+    or_words(mask, u->slot[s].bits, words);
+    return hit >= 0;
+}
+
+void di_trie_union_free(di_trie_union *u) {
+    free(u->roots);
+    for (int s = 0; s < DI_TRIE_UNION_SLOTS; s++) free(u->slot[s].roots), free(u->slot[s].bits);
+}
