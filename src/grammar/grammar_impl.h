@@ -149,8 +149,10 @@ static inline void di_trie_union_add(di_trie_union *u, const di_grammar_vocab *v
     if (u->n < u->cap || di_trie_union_grow(u)) u->roots[u->n++] = node;
     else di_trie_union_scatter(v, node, mask);
 }
-/* ORs the tokens under the listed roots into mask and empties the list; returns 1 when the union
- * came from an earlier walk. */
+/* ORs the tokens under the listed roots into mask and empties the list; returns where the union
+ * came from: too few tokens to keep (set one by one), a new one, an earlier walk's (equal list),
+ * or an earlier walk's shifted by the roots that differ (a list close in tokens). */
+enum { DI_UNION_NONE, DI_UNION_NEW, DI_UNION_REUSED, DI_UNION_SHIFTED };
 int di_trie_union_apply(di_trie_union *u, const di_grammar_vocab *v, uint32_t *mask);
 void di_trie_union_free(di_trie_union *u);
 

@@ -94,7 +94,7 @@ struct di_grammar_matcher {
     uint64_t n_reuses;
     uint64_t n_shapes_static; /* UTF-8 shapes of loop summaries decided without pushing */
     di_trie_union whole;      /* subtrees the current walk accepts whole, and earlier walks' unions */
-    uint64_t n_union_hits;    /* walks whose whole subtrees came from an earlier walk's union */
+    uint64_t n_union_hits, n_union_shifts; /* walks whose whole subtrees came from an earlier walk's union (shifted) */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -628,6 +628,7 @@ void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
                                  .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays, .reuses = m->n_reuses,
                                  .shapes_static = m->n_shapes_static, .union_hits = m->n_union_hits,
+                                 .union_shifts = m->n_union_shifts,
                                  .summaries = m->n_summaries, .full_sigs = m->n_full_sigs};
 }
 
@@ -1484,7 +1485,9 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         }
         i++;
     }
-    m->n_union_hits += (uint64_t)di_trie_union_apply(&m->whole, v, mask);
+    int from = di_trie_union_apply(&m->whole, v, mask);
+    m->n_union_hits += from == DI_UNION_REUSED;
+    m->n_union_shifts += from == DI_UNION_SHIFTED;
     rc = DI_OK;
 out:
     di_gcache_release(c, tab);
