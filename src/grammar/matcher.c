@@ -1466,7 +1466,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
             if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
-                di_trie_union_add(&m->whole, v, i, mask);
+                di_trie_union_add(&m->whole, v, v->tok_start[i], v->tok_start[nd->end], mask);
                 m->n_blocks++;
                 i = nd->end;
                 continue;
