@@ -121,6 +121,9 @@ struct di_grammar_vocab {
                                one vocabulary are reused only by a vocabulary with the same content */
 };
 
+/* Mask passes 16 bytes at a time (matcher.c: text_minus_classes; vocab.c). */
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
 /* Unions of whole trie subtrees (matcher.c: walk_trie). A walk adds the tokens of every subtree
  * it accepts whole, one bit store per token since a subtree's token ids are scattered (ebnf_stmt:
  * ~4,600 subtrees and 59,000 tokens in one mask). Walks from different states often accept

@@ -1288,7 +1288,6 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
 /* mask = text & ~(union of the token classes in `classes`), 16 bytes at a time in chunks that
  * stay in L1 (a block mask clears ~20 classes of 16 KiB each: this loop was 10% of the
  * instructions of schema_small's cold request word by word). */
-typedef uint32_t u32x4 __attribute__((vector_size(16)));
 static void text_minus_classes(uint32_t *mask, const uint32_t *text, const uint32_t *by_class, size_t words,
                                uint32_t classes) {
     enum { CHUNK = 512 }; /* words */

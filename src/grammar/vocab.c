@@ -329,8 +329,6 @@ bool di_trie_union_grow(di_trie_union *u) {
     return true;
 }
 
-typedef uint32_t u32x4 __attribute__((vector_size(16)));
-
 static void or_words(uint32_t *dst, const uint32_t *src, size_t words) {
     size_t w = 0;
     for (; w + 4 <= words; w += 4) {
