@@ -115,7 +115,9 @@ static inline di_grammar_walk_stats gt_fill_checked(di_grammar_matcher *m, const
                                    .edges = a.edges - b.edges, .pushes = a.pushes - b.pushes,
                                    .replays = a.replays - b.replays, .reuses = a.reuses - b.reuses,
                                    .summaries = a.summaries - b.summaries, .full_sigs = a.full_sigs - b.full_sigs,
-                                   .shapes_static = a.shapes_static - b.shapes_static};
+                                   .shapes_static = a.shapes_static - b.shapes_static,
+                                   .union_hits = a.union_hits - b.union_hits,
+                                   .union_shifts = a.union_shifts - b.union_shifts};
 }
 
 /* Random walk: at each step compare the mask with brute force, then accept a random allowed

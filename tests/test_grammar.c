@@ -738,6 +738,68 @@ static void test_utf8_shapes_static(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Walks from different states that accept the same token subtrees whole take their union from
+ * the first such walk, and walks that accept nearly the same subtrees shift an earlier union by
+ * the difference (di_trie_union). After each `;` of `(k=[a-z_]+;){1,9}` the state is new (the
+ * count left differs), the root takes only `k`, and under `k=` every subtree of letters and `_`
+ * is accepted whole by the state that loops on them: the same 3,000 tokens in every walk. In
+ * `(k=[a-z_]+;k=[a-z]+;){1,5}` every other walk's loop lacks `_`: the subtree `k=q` holding them
+ * is entered (its children without `_` accepted whole instead). Masks stay equal
+ * to brute force. */
+static void test_whole_subtree_union(void **state) {
+    (void)state;
+    gt_bytes tb = {0};
+    tb.n = 257 + 3000;
+    tb.b = calloc(tb.n, sizeof *tb.b);
+    tb.l = calloc(tb.n, sizeof *tb.l);
+    for (uint32_t i = 0; i < 256; i++) {
+        tb.b[i + 1] = malloc(1);
+        tb.b[i + 1][0] = (uint8_t)i;
+        tb.l[i + 1] = 1;
+    }
+    uint64_t s = 12345;
+    for (uint32_t i = 257; i < tb.n; i++) { /* "k=" and 1-5 letters (`_` after a `q`), a few with a ';' after them */
+        char buf[16] = "k=";
+        int k = 1 + (int)(gt_rng(&s) % 5);
+        for (int j = 0; j < k; j++) buf[2 + j] = j && buf[2] == 'q' && gt_rng(&s) % 3 == 0 ? '_' : (char)('a' + gt_rng(&s) % 26);
+        if (i % 10 == 0) buf[2 + k] = ';';
+        tb.l[i] = (uint32_t)strlen(buf);
+        tb.b[i] = malloc(tb.l[i]);
+        memcpy(tb.b[i], buf, tb.l[i]);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *pats[] = {"(k=[a-z_]+;){1,9}", "(k=[a-z_]+;k=[a-z]+;){1,5}"};
+    di_grammar_walk_stats w[2] = {{0}};
+    for (int p = 0; p < 2; p++) {
+        di_grammar *g = regex_or_fail(pats[p]);
+        di_grammar_matcher *m = NULL;
+        di_error err = {0};
+        if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+        uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+        for (int count = 0; count < 8; count++) {
+            di_grammar_walk_stats d = gt_fill_checked(m, v, &tb, mask, pats[p]); /* after ";" (or at the start) */
+            w[p].walks += d.walks, w[p].blocks += d.blocks;
+            w[p].union_hits += d.union_hits, w[p].union_shifts += d.union_shifts;
+            gt_accept_text(m, count % 2 ? "k=ab;" : "k=xy;");
+        }
+        tu_report("%s: %llu walks, %llu subtrees accepted whole, unions %llu reused, %llu shifted", pats[p],
+                  (unsigned long long)w[p].walks, (unsigned long long)w[p].blocks, (unsigned long long)w[p].union_hits,
+                  (unsigned long long)w[p].union_shifts);
+        free(mask);
+        di_grammar_matcher_free(m);
+        di_grammar_free(g);
+    }
+    assert_int_equal(w[0].walks, 8); /* every count is a new state */
+    assert_true(w[0].blocks >= 8 * 20);
+    assert_int_equal(w[0].union_hits, 7); /* all but the first walk */
+    assert_int_equal(w[0].union_shifts, 0);
+    assert_int_equal(w[1].walks, 8);
+    assert_true(w[1].union_shifts >= 1); /* the first walk without `_`, from the first walk's union (2) */
+    assert_int_equal(w[1].union_hits + w[1].union_shifts, 7); /* the rest: the same lists again (5) */
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -1046,6 +1108,7 @@ int main(void) {
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
+        cmocka_unit_test(test_whole_subtree_union),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

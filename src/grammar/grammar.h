@@ -118,6 +118,8 @@ typedef struct di_grammar_walk_stats {
     uint64_t summaries;   /* loop summaries computed */
     uint64_t full_sigs;   /* full Earley set signatures computed (walks with a boundary read few) */
     uint64_t shapes_static; /* UTF-8 shapes of loop summaries decided from the grammar's byte rules, not pushed */
+    uint64_t union_hits;  /* trie walks whose whole subtrees were ORed in as an earlier walk's union */
+    uint64_t union_shifts; /* ... as an earlier walk's union less and plus the subtrees that differ */
 } di_grammar_walk_stats;
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s);
 

@@ -121,6 +121,50 @@ struct di_grammar_vocab {
                                one vocabulary are reused only by a vocabulary with the same content */
 };
 
+/* Mask passes 16 bytes at a time (matcher.c: text_minus_classes; vocab.c). */
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
+/* Unions of whole trie subtrees (matcher.c: walk_trie). A walk adds the tokens of every subtree
+ * it accepts whole, one bit store per token since a subtree's token ids are scattered (ebnf_stmt:
+ * ~4,600 subtrees and 59,000 tokens in one mask). Walks from different states often accept
+ * exactly the same subtrees (every word count of regex_sentence's `( [a-z]+){0,8}`, every
+ * statement of ebnf_stmt) or nearly the same, so the walk lists the subtrees (as their ranges of
+ * pre_tok, which is all their tokens depend on) and keeps the union of a long list with the list
+ * itself: an equal later list (compared in full) ORs it in by words, a close one shifts it by the
+ * ranges that differ. Per matcher: its vocabulary never changes. */
+#define DI_TRIE_UNION_SLOTS 16
+typedef struct di_trie_range {
+    uint32_t lo, hi; /* pre_tok[lo .. hi): the tokens of one subtree */
+} di_trie_range;
+typedef struct di_trie_union {
+    di_trie_range *r; /* [cap] subtrees accepted whole by the current walk, in preorder */
+    uint32_t n, cap;
+    uint64_t clock;   /* last use of a slot, for eviction */
+    struct {
+        di_trie_range *r; /* [n] the list this union was made from (NULL: empty slot) */
+        uint32_t n, n_toks;
+        uint32_t *bits;   /* [di_grammar_mask_words(V)] tokens in the ranges */
+        uint64_t used;
+    } slot[DI_TRIE_UNION_SLOTS];
+} di_trie_union;
+
+static inline void di_trie_union_reset(di_trie_union *u) { u->n = 0; }
+bool di_trie_union_grow(di_trie_union *u);
+void di_trie_union_scatter(const di_grammar_vocab *v, di_trie_range r, uint32_t *mask);
+/* Lists the subtree whose tokens are pre_tok[lo .. hi) (where the list cannot grow, they go into
+ * mask at once). */
+static inline void di_trie_union_add(di_trie_union *u, const di_grammar_vocab *v, uint32_t lo, uint32_t hi,
+                                     uint32_t *mask) {
+    if (u->n < u->cap || di_trie_union_grow(u)) u->r[u->n++] = (di_trie_range){lo, hi};
+    else di_trie_union_scatter(v, (di_trie_range){lo, hi}, mask);
+}
+/* ORs the listed subtrees' tokens into mask and empties the list; returns where the union came
+ * from: too few tokens to keep (set one by one), a new one, an earlier walk's (equal list), or an
+ * earlier walk's shifted by the ranges that differ (a list close in tokens). */
+enum { DI_UNION_NONE, DI_UNION_NEW, DI_UNION_REUSED, DI_UNION_SHIFTED };
+int di_trie_union_apply(di_trie_union *u, const di_grammar_vocab *v, uint32_t *mask);
+void di_trie_union_free(di_trie_union *u);
+
 /* Front-ends: each builds into g and returns the start symbol's nonterminal in *start. */
 int di_regex_to_cfg(di_cfg *g, const char *re, size_t len, int32_t *start, di_error *err);
 int di_ebnf_to_cfg(di_cfg *g, const char *src, size_t len, const char *root, int32_t *start, di_error *err);

@@ -93,6 +93,8 @@ struct di_grammar_matcher {
     uint64_t stale_gen;
     uint64_t n_reuses;
     uint64_t n_shapes_static; /* UTF-8 shapes of loop summaries decided without pushing */
+    di_trie_union whole;      /* subtrees the current walk accepts whole, and earlier walks' unions */
+    uint64_t n_union_hits, n_union_shifts; /* walks whose whole subtrees came from an earlier walk's union (shifted) */
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -186,6 +188,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->lbd);
     free(m->ctxd);
     free(m->cent);
+    di_trie_union_free(&m->whole);
     free(m->vid);
     free(m->mpath);
     free(m->path);
@@ -624,7 +627,8 @@ void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_
     *s = (di_grammar_walk_stats){.cached = m->cache_hits, .walks = m->cache_misses, .block_masks = m->n_block_masks,
                                  .block_hits = m->n_block_hits, .blocks = m->n_blocks, .ctx_edges = m->n_ctx_edges,
                                  .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays, .reuses = m->n_reuses,
-                                 .shapes_static = m->n_shapes_static,
+                                 .shapes_static = m->n_shapes_static, .union_hits = m->n_union_hits,
+                                 .union_shifts = m->n_union_shifts,
                                  .summaries = m->n_summaries, .full_sigs = m->n_full_sigs};
 }
 
@@ -1284,7 +1288,6 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
 /* mask = text & ~(union of the token classes in `classes`), 16 bytes at a time in chunks that
  * stay in L1 (a block mask clears ~20 classes of 16 KiB each: this loop was 10% of the
  * instructions of schema_small's cold request word by word). */
-typedef uint32_t u32x4 __attribute__((vector_size(16)));
 static void text_minus_classes(uint32_t *mask, const uint32_t *text, const uint32_t *by_class, size_t words,
                                uint32_t classes) {
     enum { CHUNK = 512 }; /* words */
@@ -1424,6 +1427,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
     memset(mask, 0, di_grammar_mask_words(v->n_vocab) * sizeof *mask);
+    di_trie_union_reset(&m->whole);
     int32_t blk_of = 0; /* the parent state whose block (loop_chars) is in blk_* */
     /* summaries computed per walk, bounded even where they do not pay: 8 for states met in the
      * walk, and one chain's worth (DI_CHAIN_CHARS + 1) to complete the chain of a state whose
@@ -1461,7 +1465,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
                 if (blk >= 0) blk_of = parent; /* a missing summary may still come with a bigger sibling */
             }
             if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
-                for (uint32_t k = v->tok_start[i], ke = v->tok_start[nd->end]; k < ke; k++) set_bit(mask, v->pre_tok[k]);
+                di_trie_union_add(&m->whole, v, v->tok_start[i], v->tok_start[nd->end], mask);
                 m->n_blocks++;
                 i = nd->end;
                 continue;
@@ -1480,6 +1484,9 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         }
         i++;
     }
+    int from = di_trie_union_apply(&m->whole, v, mask);
+    m->n_union_hits += from == DI_UNION_REUSED;
+    m->n_union_shifts += from == DI_UNION_SHIFTED;
     rc = DI_OK;
 out:
     di_gcache_release(c, tab);

@@ -303,3 +303,153 @@ oom:
     di_grammar_vocab_free(v);
     return di_error_set(err, DI_ERR_NOMEM, "grammar vocab: out of memory for %u tokens", n_vocab);
 }
+
+/* di_trie_union (grammar_impl.h) */
+static inline void scatter(const di_grammar_vocab *v, di_trie_range r, uint32_t *mask) {
+    for (uint32_t k = r.lo; k < r.hi; k++) {
+        int32_t t = v->pre_tok[k];
+        mask[t >> 5] |= 1u << (t & 31);
+    }
+}
+
+void di_trie_union_scatter(const di_grammar_vocab *v, di_trie_range r, uint32_t *mask) { scatter(v, r, mask); }
+
+static void clear_range(const di_grammar_vocab *v, di_trie_range r, uint32_t *bits) {
+    for (uint32_t k = r.lo; k < r.hi; k++) {
+        int32_t t = v->pre_tok[k];
+        bits[t >> 5] &= ~(1u << (t & 31));
+    }
+}
+
+bool di_trie_union_grow(di_trie_union *u) {
+    uint32_t cap = u->cap ? 2 * u->cap : 1024;
+    di_trie_range *r = realloc(u->r, (size_t)cap * sizeof *r);
+    if (!r) return false;
+    u->r = r, u->cap = cap;
+    return true;
+}
+
+static void or_words(uint32_t *dst, const uint32_t *src, size_t words) {
+    size_t w = 0;
+    for (; w + 4 <= words; w += 4) {
+        u32x4 a, b;
+        memcpy(&a, dst + w, sizeof a);
+        memcpy(&b, src + w, sizeof b);
+        a |= b;
+        memcpy(dst + w, &a, sizeof a);
+    }
+    for (; w < words; w++) dst[w] |= src[w];
+}
+
+/* -1, 0, 1: the order of two ranges of one walk or of two walks (a range of one list may contain
+ * ranges of the other, so equal starts do not mean equal ranges) */
+static inline int range_cmp(di_trie_range a, di_trie_range b) {
+    if (a.lo != b.lo) return a.lo < b.lo ? -1 : 1;
+    return a.hi == b.hi ? 0 : a.hi < b.hi ? -1 : 1;
+}
+
+/* Tokens in the ranges of exactly one of the ascending lists a and b; stops once past limit. */
+static uint32_t diff_toks(const di_trie_range *a, uint32_t na, const di_trie_range *b, uint32_t nb, uint32_t limit) {
+    uint32_t i = 0, j = 0, d = 0;
+    while ((i < na || j < nb) && d <= limit) {
+        int c = i == na ? 1 : j == nb ? -1 : range_cmp(a[i], b[j]);
+        if (c < 0) d += a[i].hi - a[i].lo, i++;
+        else if (c > 0) d += b[j].hi - b[j].lo, j++;
+        else i++, j++;
+    }
+    return d;
+}
+
+/* bits holds the union of list a; make it the union of list b. The ranges of one list are disjoint
+ * (a walk does not enter a subtree it accepted whole), so the union of b is a's union less the
+ * tokens in a's ranges that b lacks, plus those in b's ranges that a lacks (the second after the
+ * first: a range of b may contain one of a's, or lie inside it). */
+static void union_shift(const di_grammar_vocab *v, uint32_t *bits, const di_trie_range *a, uint32_t na,
+                        const di_trie_range *b, uint32_t nb) {
+    for (int add = 0; add < 2; add++)
+        for (uint32_t i = 0, j = 0; i < na || j < nb;) {
+            int c = i == na ? 1 : j == nb ? -1 : range_cmp(a[i], b[j]);
+            if (c < 0) {
+                if (!add) clear_range(v, a[i], bits);
+                i++;
+            } else if (c > 0) {
+                if (add) scatter(v, b[j], bits);
+                j++;
+            } else {
+                i++, j++;
+            }
+        }
+}
+
+int di_trie_union_apply(di_trie_union *u, const di_grammar_vocab *v, uint32_t *mask) {
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    uint32_t n = u->n, n_toks = 0;
+    u->n = 0;
+    for (uint32_t i = 0; i < n; i++) n_toks += u->r[i].hi - u->r[i].lo;
+    /* one bit store per token against a few passes over the words (clear or copy, fill, OR,
+     * compare the list): the memo pays from about half a token per word */
+    if ((size_t)n_toks * 2 < words) {
+        for (uint32_t i = 0; i < n; i++) scatter(v, u->r[i], mask);
+        return DI_UNION_NONE;
+    }
+    /* an equal list, or as bases to shift from the UNION_TRIES lists nearest in tokens */
+    enum { UNION_TRIES = 4 };
+    int hit = -1, near[UNION_TRIES];
+    uint32_t gap[UNION_TRIES];
+    for (int k = 0; k < UNION_TRIES; k++) near[k] = -1, gap[k] = n_toks / 4; /* a quarter differing is not worth the merges */
+    for (int s = 0; s < DI_TRIE_UNION_SLOTS && hit < 0; s++) {
+        if (!u->slot[s].r) continue;
+        if (u->slot[s].n == n && u->slot[s].n_toks == n_toks && !memcmp(u->slot[s].r, u->r, (size_t)n * sizeof *u->r))
+            hit = s;
+        uint32_t g = u->slot[s].n_toks > n_toks ? u->slot[s].n_toks - n_toks : n_toks - u->slot[s].n_toks;
+        for (int k = 0, c = s; k < UNION_TRIES; k++) /* insertion into the sorted candidates */
+            if (g < gap[k]) {
+                uint32_t tg = gap[k];
+                int tc = near[k];
+                gap[k] = g, near[k] = c, g = tg, c = tc;
+            }
+    }
+    if (hit >= 0) {
+        u->slot[hit].used = ++u->clock;
+        or_words(mask, u->slot[hit].bits, words);
+        return DI_UNION_REUSED;
+    }
+    int base = -1;
+    uint32_t best = n_toks / 4;
+    for (int k = 0; k < UNION_TRIES; k++) {
+        int b = near[k];
+        if (b < 0) continue;
+        uint32_t d = diff_toks(u->slot[b].r, u->slot[b].n, u->r, n, best);
+        if (d < best) best = d, base = b;
+    }
+    int s = base == 0 ? 1 : 0; /* the least recently used slot other than the base */
+    for (int t = 0; t < DI_TRIE_UNION_SLOTS; t++)
+        if (t != base && u->slot[t].used < u->slot[s].used) s = t;
+    uint32_t *bits = u->slot[s].bits ? u->slot[s].bits : malloc(words * sizeof *bits);
+    u->slot[s].bits = bits;
+    di_trie_range *r = bits ? realloc(u->slot[s].r, (size_t)n * sizeof *r) : NULL; /* n > 0: n_toks > 0 */
+    if (!r) { /* out of memory: this walk goes without the memo */
+        free(u->slot[s].r);
+        u->slot[s].r = NULL;
+        for (uint32_t i = 0; i < n; i++) scatter(v, u->r[i], mask);
+        return DI_UNION_NONE;
+    }
+    if (base >= 0) {
+        memcpy(bits, u->slot[base].bits, words * sizeof *bits);
+        union_shift(v, bits, u->slot[base].r, u->slot[base].n, u->r, n);
+        u->slot[base].used = ++u->clock;
+    } else {
+        memset(bits, 0, words * sizeof *bits);
+        for (uint32_t i = 0; i < n; i++) scatter(v, u->r[i], bits);
+    }
+    memcpy(r, u->r, (size_t)n * sizeof *r);
+    u->slot[s].r = r, u->slot[s].n = n, u->slot[s].n_toks = n_toks;
+    u->slot[s].used = ++u->clock;
+    or_words(mask, bits, words);
+    return base >= 0 ? DI_UNION_SHIFTED : DI_UNION_NEW;
+}
+
+void di_trie_union_free(di_trie_union *u) {
+    free(u->r);
+    for (int s = 0; s < DI_TRIE_UNION_SLOTS; s++) free(u->slot[s].r), free(u->slot[s].bits);
+}
