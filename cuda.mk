@@ -71,6 +71,15 @@ $(BUILD)/emu/cuda_sample_emu.o: src/backend/cuda/cuda_sample.cu src/backend/cuda
 $(BUILD)/emu/test_cuda_sample_emu: tests/cuda/test_cuda_sample.c $(BUILD)/emu/cuda_sample_emu.o $(BUILD)/libdeepinfer.a
 	$(CC) $(CFLAGS) $(CUDA_INC) -DDI_SAMPLE_EMU -o $@ $< $(BUILD)/emu/cuda_sample_emu.o $(BUILD)/libdeepinfer.a $(LDLIBS) -lstdc++
 
+# ---- host emulation of the heap path's pipelined replacements (no GPU needed) ----
+# cuda_heap_pipe.cuh (the GPU's source) on one warp of fibers against its serial steps; CI runs it.
+.PHONY: cuda-heap-emu
+cuda-heap-emu: $(BUILD)/emu/test_cuda_heap_pipe_emu
+$(BUILD)/emu/test_cuda_heap_pipe_emu: tests/emu/test_cuda_heap_pipe_emu.cc src/backend/cuda/cuda_heap_pipe.cuh src/backend/cuda/cuda_gemm_bf16_emu.h $(BUILD)/libdeepinfer.a
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
+	    -D_GNU_SOURCE -Iinclude -Isrc -o $@ $< $(BUILD)/libdeepinfer.a $(LDLIBS)
+
 # ---- host emulation of the exact bf16 GEMMs (no GPU needed) ----
 # cuda_gemm_bf16.cu's own source (kernels and launch logic) compiled for the host, the block's threads as
 # fibers (cuda_gemm_bf16_emu.h), checked against the CPU op bit for bit; CI runs it (tests/all.sh).

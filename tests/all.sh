@@ -42,6 +42,7 @@ if command -v nvcc >/dev/null 2>&1; then
 fi
 # the exact bf16 GEMM kernels' source run on the host (threads as fibers) against the CPU op: no CUDA needed
 one "cuda bf16 GEMMs (host emulation)" sh -c 'make -s cuda-bf16-emu && build/emu/test_cuda_gemm_bf16_emu | tail -1 | grep -q " 0 failed"'
+one "cuda heap pipeline (host emulation)" sh -c 'make -s cuda-heap-emu && build/emu/test_cuda_heap_pipe_emu | tail -1 | grep -q " 0 failed"'
 rm -f "$sum"
 echo "$total_p passed, $total_f failed"
 [ "$total_f" -eq 0 ]

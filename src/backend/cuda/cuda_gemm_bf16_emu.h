@@ -68,6 +68,18 @@ static inline bool __all_sync(unsigned, bool p) {
     __syncthreads();
     return all;
 }
+/* Warp votes and barriers as block-wide rounds: exact where the launch is one warp, or where every warp
+ * runs the same sequence of them (the heap pipeline's emulation test launches one warp). */
+static inline void __syncwarp(unsigned = 0xffffffffu) { __syncthreads(); }
+static inline unsigned __ballot_sync(unsigned, bool p) {
+    emu_slot[threadIdx.x] = p;
+    __syncthreads();
+    unsigned m = 0;
+    for (unsigned i = 0; i < 32; i++) m |= (emu_slot[(threadIdx.x & ~31u) + i] ? 1u : 0u) << i;
+    __syncthreads();
+    return m;
+}
+static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 static inline int __syncthreads_and(int p) {
     emu_slot[threadIdx.x] = p != 0;
     __syncthreads();

@@ -242,6 +242,7 @@ static int candidate_mask_rows_torch(const di_backend *be, const float *scores, 
 }
 
 static void raise_smem(void) {
+    heap_pipe_configure();
     static bool raised = false;
     if (raised) return;
     cudaFuncSetAttribute(topk_rows_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);

@@ -7,6 +7,7 @@
 #define DI_BACKEND_CUDA_CUDA_SELECT_CUH
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_heap_pipe.cuh"
 
 /* ---------------- indexer scores ---------------- */
 #define IDX_KEYS 128 /* keys per block (one per thread) */
@@ -335,13 +336,6 @@ static __device__ void d_candidate_row(const float *s, int64_t nk, int32_t vis, 
 }
 
 /* ---------------- torch's CPU selection, replayed (cuda_select_torch.cu) ---------------- */
-typedef struct telem {
-    float v;
-    int32_t i;
-} telem;
-
-static __device__ __forceinline__ bool before(telem x, telem y) { return (isnan(x.v) && !isnan(y.v)) || x.v > y.v; }
-
 /* torch's order as an unsigned key: before(x, y) iff torch_key(x.v) > torch_key(y.v) (NaN highest, all NaNs
  * equal; then by value, −0 = +0). torch_val maps a key back to a value of the same order (the one value per
  * key: +0 for ±0, the canonical NaN). */
@@ -360,52 +354,6 @@ static __device__ __forceinline__ void swap_e(telem *a, telem *b) {
     telem t = *a;
     *a = *b;
     *b = t;
-}
-
-/* libstdc++'s __push_heap / __adjust_heap / __make_heap with the comparator before(), step for step. KEY:
- * the entries' .v hold torch_key bits (one unsigned compare instead of the NaN tests, the same order);
- * I: the index type (int where the heap is known to be smaller than 2^31: fewer instructions on the heap
- * path's serial steps). */
-template <bool KEY>
-static __device__ __forceinline__ bool hbefore(telem x, telem y) {
-    return KEY ? __float_as_uint(x.v) > __float_as_uint(y.v) : before(x, y);
-}
-
-template <bool KEY, typename I>
-static __device__ void push_heap_t(telem *f, I hole, I top, telem val) {
-    I parent = (hole - 1) / 2;
-    while (hole > top && hbefore<KEY>(f[parent], val)) {
-        f[hole] = f[parent];
-        hole = parent;
-        parent = (hole - 1) / 2;
-    }
-    f[hole] = val;
-}
-
-template <bool KEY, typename I>
-static __device__ void adjust_heap_t(telem *f, I hole, I len, telem val) {
-    I top = hole, child = hole;
-    while (child < (len - 1) / 2) {
-        child = 2 * (child + 1);
-        if (hbefore<KEY>(f[child], f[child - 1])) child--;
-        f[hole] = f[child];
-        hole = child;
-    }
-    if ((len & 1) == 0 && child == (len - 2) / 2) {
-        child = 2 * (child + 1);
-        f[hole] = f[child - 1];
-        hole = child - 1;
-    }
-    push_heap_t<KEY, I>(f, hole, top, val);
-}
-
-template <bool KEY, typename I>
-static __device__ void make_heap_t(telem *f, I len) {
-    if (len < 2) return;
-    for (I parent = (len - 2) / 2;; parent--) {
-        adjust_heap_t<KEY, I>(f, parent, len, f[parent]);
-        if (parent == 0) return;
-    }
 }
 
 static __device__ void heap_select(telem *f, int64_t mid, int64_t len) {
@@ -588,6 +536,21 @@ static __device__ void nth_element_cta(telem *a, int64_t nth, int64_t len, int32
  * in order, with the same comparisons against the current root. (The serial loop also stores the evicted
  * root at the entry's place; nothing reads it: the result is the heap.) idx: n ints. */
 #define REPLAY_CHUNK 2048 /* entries per scan of the heap path */
+
+/* DI_CUDA_HEAP=pipe: the heap path's replacements pipelined on one warp (heap_pipe_warp,
+ * cuda_heap_pipe.cuh). Opt-in: compiled and checked against the serial steps in the host emulation
+ * (tests/emu/test_cuda_heap_pipe_emu.cc), not yet run on the GPU (bench/NOTES-gpu.md, session 10). */
+static __device__ int d_heap_pipe_on;
+static inline void heap_pipe_configure(void) { /* host, once per translation unit that launches the replay */
+    static int done = 0;
+    if (done) return;
+    done = 1;
+    const char *v = getenv("DI_CUDA_HEAP");
+    if (!v || strcmp(v, "pipe")) return; /* the default never touches the symbol (none inside a capture) */
+    const int on = 1;
+    cudaMemcpyToSymbol(d_heap_pipe_on, &on, sizeof on);
+}
+
 static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n, int32_t *idx) {
     __shared__ unsigned long long s_scan[33];
     const telem root = f[0];
@@ -598,11 +561,14 @@ static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n,
     for (int64_t j = c0; j < c1; j++)
         if (hbefore<true>(c[j], root)) idx[p++] = (int32_t)j;
     __syncthreads();
-    if (threadIdx.x == 0)
+    if (d_heap_pipe_on) {
+        if (threadIdx.x < 32) heap_pipe_warp(f, k, c, idx, (int64_t)tot);
+    } else if (threadIdx.x == 0) {
         for (int64_t i = 0; i < (int64_t)tot; i++) {
             const telem e = c[idx[i]];
             if (hbefore<true>(e, f[0])) adjust_heap_t<true, int>(f, 0, k, e);
         }
+    }
     __syncthreads();
 }
 

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(REPLAY_THREADS) cand_torch_kernel(const float 
 }
 
 static void sel_raise_smem(void) {
+    heap_pipe_configure();
     if (g_sel_smem_raised) return;
     cudaFuncSetAttribute(topk_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);
     cudaFuncSetAttribute(cand_torch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, REPLAY_SMEM_MAX);

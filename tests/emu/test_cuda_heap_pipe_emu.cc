@@ -1,0 +1,80 @@
+/* The heap path's pipelined replacements (heap_pipe_warp, src/backend/cuda/cuda_heap_pipe.cuh: the GPU's
+ * own source, compiled for the host with the fiber emulation of cuda_gemm_bf16_emu.h, one warp of 32
+ * fibers meeting at every warp barrier and vote) against the serial libstdc++ steps of the same header
+ * (make_heap_t, then adjust_heap_t from the root for every entry before the root): the k entries of the
+ * heap, keys and positions, byte for byte. Heaps of 1 to 1,025 entries (odd and even: the node with one
+ * child), keys from 2, 9 or 300 values (ties at every level), any 32-bit key, and rising keys (every
+ * entry replaces the root: the pipeline always full). Control: the same pipeline starting a replacement
+ * one step after the previous one (LAG 1, where it reads a level the previous one has not written yet)
+ * must differ somewhere. Last line "N passed, N failed"; exit 1 on any failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "backend/cuda/cuda_gemm_bf16_emu.h"
+#include "backend/cuda/cuda_heap_pipe.cuh"
+
+static int n_pass, n_fail;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+/* keys of a case: kind 0/1/2 from 2/9/300 values, 3 any 32-bit key, 4 rising with ties */
+static uint32_t key_of(int kind, int j) {
+    switch (kind) {
+    case 0: return rnd32() % 2;
+    case 1: return rnd32() % 9;
+    case 2: return rnd32() % 300;
+    case 3: return rnd32();
+    default: return (uint32_t)(j / 3) + rnd32() % 2;
+    }
+}
+
+/* One case: true when the pipeline's heap equals the serial one; *repl: the serial replacements. */
+static bool same_heap(int k, int n, int kind, int lag, long *repl) {
+    std::vector<telem> a((size_t)n), b;
+    for (int j = 0; j < n; j++) a[(size_t)j] = telem{__uint_as_float(key_of(kind, j)), j};
+    b = a;
+    make_heap_t<true, int>(a.data(), k);
+    for (int j = k; j < n; j++)
+        if (hbefore<true>(a[(size_t)j], a[0])) adjust_heap_t<true, int>(a.data(), 0, k, a[(size_t)j]), (*repl)++;
+    make_heap_t<true, int>(b.data(), k);
+    std::vector<int32_t> idx((size_t)(n - k + 1)); /* every later entry a candidate, as heap_scan_cta lists them */
+    for (int j = 0; j < n - k; j++) idx[(size_t)j] = j;
+    telem *f = b.data();
+    const telem *c = b.data() + k;
+    const int32_t *ix = idx.data();
+    const int64_t tot = n - k;
+    emu_launch(dim3(1), 32, [&] {
+        if (lag == 2) heap_pipe_warp<2>(f, k, c, ix, tot);
+        else heap_pipe_warp<1>(f, k, c, ix, tot);
+    });
+    return memcmp(a.data(), b.data(), sizeof(telem) * (size_t)k) == 0;
+}
+
+int main(void) {
+    static const int ks[] = {1, 2, 3, 7, 8, 31, 32, 33, 100, 511, 512, 1024, 1025};
+    long repl = 0, cases = 0;
+    int bad = 0;
+    for (int kind = 0; kind < 5; kind++)
+        for (size_t t = 0; t < sizeof ks / sizeof *ks; t++) {
+            const int k = ks[t], n = k + 1 + (int)(rnd32() % (kind == 4 ? 600 : 1500));
+            bad += !same_heap(k, n, kind, 2, &repl);
+            cases++;
+        }
+    printf("%-44s %ld cases, %ld replacements, %d heaps differ  %s\n", "heap_pipe_warp (lag 2) vs serial", cases, repl,
+           bad, bad ? "FAIL" : "PASS");
+    bad ? n_fail++ : n_pass++;
+    long r1 = 0;
+    int differ = 0;
+    for (int i = 0; i < 12; i++) differ += !same_heap(100 + 37 * i, 1500, i % 3, 1, &r1);
+    printf("%-44s 12 cases, %d heaps differ (control: must be > 0)  %s\n", "control: lag 1", differ,
+           differ ? "PASS" : "FAIL");
+    differ ? n_pass++ : n_fail++;
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
