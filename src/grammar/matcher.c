@@ -1353,16 +1353,26 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
+        /* shared: bytes the previous token walked from this list shares with the entries since
+         * (a running minimum of class_lcp); UINT32_MAX before the list's first walked token, whose
+         * predecessor on the path came from another list */
+        uint32_t shared = UINT32_MAX;
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
-            uint32_t p = v->class_pre[x];
+            uint32_t p = v->class_pre[x], lcp = v->class_lcp[x];
+            if (shared != UINT32_MAX && lcp < shared) shared = lcp;
             if (v->pre_class[p] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
             int32_t t = v->pre_tok[p];
             const uint8_t *tb = v->blob + v->pre_off[p];
             uint32_t len = v->pre_off[p + 1] - v->pre_off[p];
             /* the prefix this token shares with the previous one keeps its states (and the sets
-             * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
+             * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any. Path
+             * 1..valid holds the previous token's first bytes, so within a list the shared prefix is
+             * min(valid, shared) without comparing bytes (shared <= len) */
             uint32_t keep = 0;
-            while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            if (shared < DI_LCP_MAX) keep = shared < valid ? shared : valid;
+            else
+                while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            shared = DI_LCP_MAX; /* saturated (or no token walked yet): compare bytes */
             walk_pop(m, base, &md, keep);
             int rc = 1;
             uint32_t d = keep + 1;
