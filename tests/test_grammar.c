@@ -784,6 +784,58 @@ static void test_class_prefix(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* The per-walk memo of context edges is keyed by the parent's boundary as well as its state: in
+ * `term ::= "(" expr " "` every closing space completes into the context, and the state after one
+ * closing space (keyed relative to its own boundary) is the state after two, with another context
+ * below it. Keyed by state and byte only, the walk of "        " after "(((((9" took the sixth
+ * space from the memo and allowed 8 spaces with 5 parentheses open (found by fuzz_ebnf). */
+static void test_ctx_memo_boundary(void **state) {
+    (void)state;
+    static const char *multi[] = {"  ", "    ", "        ", "(("};
+    gt_bytes tb = {0};
+    tb.n = 257 + 4;
+    tb.b = calloc(tb.n, sizeof *tb.b);
+    tb.l = calloc(tb.n, sizeof *tb.l);
+    for (uint32_t i = 0; i < 256; i++) {
+        tb.b[i + 1] = malloc(1);
+        tb.b[i + 1][0] = (uint8_t)i;
+        tb.l[i + 1] = 1;
+    }
+    for (uint32_t i = 0; i < 4; i++) {
+        tb.l[257 + i] = (uint32_t)strlen(multi[i]);
+        tb.b[257 + i] = malloc(tb.l[257 + i]);
+        memcpy(tb.b[257 + i], multi[i], tb.l[257 + i]);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *src = "root ::= expr\nexpr ::= term ((\"-\"\"+ \" |) term)*\n"
+                             "term ::= [0-9]+ | \"(\" expr \" \"\n";
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(src, strlen(src), NULL, &g, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask);
+    uint64_t ctx = 0;
+    for (int open = 1; open <= 9; open++) {
+        di_grammar_matcher *m = NULL;
+        if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+        for (int k = 0; k < open; k++) {
+            gt_fill_checked(m, v, &tb, mask, "open");
+            gt_accept_text(m, "(");
+        }
+        gt_accept_text(m, "9");
+        for (int k = 0; k <= open; k++) { /* after the number and after each closing space */
+            ctx += gt_fill_checked(m, v, &tb, mask, "close").ctx_edges;
+            if (k < open) gt_accept_text(m, " ");
+        }
+        di_grammar_matcher_free(m);
+    }
+    tu_report("nesting closed by spaces: %llu context edges", (unsigned long long)ctx);
+    assert_true(ctx > 0);
+    free(mask);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* Walks from different states that accept the same token subtrees whole take their union from
  * the first such walk, and walks that accept nearly the same subtrees shift an earlier union by
  * the difference (di_trie_union). After each `;` of `(k=[a-z_]+;){1,9}` the state is new (the
@@ -1155,6 +1207,7 @@ int main(void) {
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
         cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix),
+        cmocka_unit_test(test_ctx_memo_boundary),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

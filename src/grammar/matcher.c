@@ -65,8 +65,8 @@ struct di_grammar_matcher {
     uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
     uint32_t mgen;                  /* walk generation of the memo */
     size_t wbase;                   /* Earley sets below the walk (its real context) */
-    struct ctx_memo {               /* per walk: context-free state + byte -> state in this context */
-        uint32_t gen, bnd;
+    struct ctx_memo {               /* per walk: context-free state + its boundary + byte -> state in this context */
+        uint32_t gen, fbnd, bnd;
         int32_t from, to;
         uint8_t byte;
     } memo[256];
@@ -1103,11 +1103,11 @@ static int replay(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, size_
 }
 
 /* Per walk: the state a context-free state reaches on a context byte, in this walk's context. */
-static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint8_t byte) {
-    uint32_t h = (uint32_t)(mix64((uint64_t)(uint32_t)from << 8 | byte) & 255);
+static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint32_t fbnd, uint8_t byte) {
+    uint32_t h = (uint32_t)(mix64(((uint64_t)fbnd << 40) ^ ((uint64_t)(uint32_t)from << 8 | byte)) & 255);
     for (int k = 0; k < 8; k++) {
         struct ctx_memo *s = &m->memo[(h + (uint32_t)k) & 255];
-        if (s->gen != m->mgen || (s->from == from && s->byte == byte)) return s;
+        if (s->gen != m->mgen || (s->from == from && s->fbnd == fbnd && s->byte == byte)) return s;
     }
     return NULL; /* crowded: not memoized */
 }
@@ -1182,8 +1182,10 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         m->n_ctx_edges++;
         /* memoized only for a boundary below the walk: then the context is the same real sets
          * for every node of the walk, whereas a boundary inside the trie path has a context that
-         * differs from path to path */
-        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, like) : NULL;
+         * differs from path to path. Keyed by the boundary too: one context-free state reached
+         * with two boundaries below the walk (after one and after two closing bytes of a nesting
+         * such as `term ::= "(" expr " "`) has two contexts (fuzz_ebnf found the wrong mask) */
+        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, bnd, like) : NULL;
         if (slot && slot->gen == m->mgen) {
             next = slot->to;
             bnd = slot->bnd;
@@ -1208,7 +1210,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             }
             next = di_gcache_intern(c, tab, k);
             note_scan(m, tab, next);
-            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
+            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .fbnd = m->lbd[d - 1], .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
     m->vid[d] = next;
