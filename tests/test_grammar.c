@@ -792,15 +792,7 @@ static void test_class_prefix(void **state) {
 static void test_ctx_memo_boundary(void **state) {
     (void)state;
     static const char *multi[] = {"  ", "    ", "        ", "(("};
-    gt_bytes tb = {0};
-    tb.n = 257 + 4;
-    tb.b = calloc(tb.n, sizeof *tb.b);
-    tb.l = calloc(tb.n, sizeof *tb.l);
-    for (uint32_t i = 0; i < 256; i++) {
-        tb.b[i + 1] = malloc(1);
-        tb.b[i + 1][0] = (uint8_t)i;
-        tb.l[i + 1] = 1;
-    }
+    gt_bytes tb = gt_single_bytes(4);
     for (uint32_t i = 0; i < 4; i++) {
         tb.l[257 + i] = (uint32_t)strlen(multi[i]);
         tb.b[257 + i] = malloc(tb.l[257 + i]);
@@ -846,15 +838,7 @@ static void test_ctx_memo_boundary(void **state) {
  * to brute force. */
 static void test_whole_subtree_union(void **state) {
     (void)state;
-    gt_bytes tb = {0};
-    tb.n = 257 + 3000;
-    tb.b = calloc(tb.n, sizeof *tb.b);
-    tb.l = calloc(tb.n, sizeof *tb.l);
-    for (uint32_t i = 0; i < 256; i++) {
-        tb.b[i + 1] = malloc(1);
-        tb.b[i + 1][0] = (uint8_t)i;
-        tb.l[i + 1] = 1;
-    }
+    gt_bytes tb = gt_single_bytes(3000);
     uint64_t s = 12345;
     for (uint32_t i = 257; i < tb.n; i++) { /* "k=" and 1-5 letters (`_` after a `q`), a few with a ';' after them */
         char buf[16] = "k=";
