@@ -44,6 +44,20 @@ typedef struct gt_bytes {
     uint32_t n;
 } gt_bytes;
 
+/* 1 EOS (id 0, empty) + the 256 single bytes; ids 257 .. 257 + extra - 1 left empty for the caller. */
+static inline gt_bytes gt_single_bytes(uint32_t extra) {
+    gt_bytes r;
+    r.n = 257 + extra;
+    r.b = calloc(r.n, sizeof *r.b);
+    r.l = calloc(r.n, sizeof *r.l);
+    for (uint32_t i = 0; i < 256; i++) {
+        r.b[i + 1] = malloc(1);
+        r.b[i + 1][0] = (uint8_t)i;
+        r.l[i + 1] = 1;
+    }
+    return r;
+}
+
 /* 1 EOS + 256 single bytes + `extra` multi-byte tokens drawn from JSON/regex-relevant pieces,
  * including UTF-8 and tokens that straddle structure (`":`, `},{"`, `</think>{`). */
 static inline gt_bytes gt_vocab_bytes(int extra) {

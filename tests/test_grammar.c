@@ -738,6 +738,96 @@ static void test_utf8_shapes_static(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Block masks take the prefix a walked token shares with the previous one from class_lcp (a
+ * running minimum over the class list) instead of comparing bytes: that is exact only because the
+ * tokens sharing a prefix are contiguous in trie preorder. Checked on every pair of entries of
+ * every class list within 64 of each other (the minimum against the bytes), with long tokens that
+ * share 20-40 bytes, then block masks over that vocabulary against brute force. */
+static void test_class_prefix(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(3000);
+    for (uint32_t i = 300; i < tb.n; i += 37) { /* "aaaa...\"x": long shared prefixes, then a quote */
+        uint32_t n = 20 + i % 21;
+        free(tb.b[i]);
+        tb.b[i] = malloc(n + 2);
+        memset(tb.b[i], 'a', n);
+        tb.b[i][n] = '"';
+        tb.b[i][n + 1] = (uint8_t)('a' + i % 26);
+        tb.l[i] = n + 2;
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    size_t pairs = 0, long_shared = 0;
+    for (int k = 0; k < DI_N_CLASSES; k++)
+        for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
+            if (x == v->class_off[k]) assert_int_equal(v->class_lcp[x], 0);
+            uint32_t run = UINT32_MAX;
+            for (uint32_t y = x + 1; y < v->class_off[k + 1] && y < x + 64; y++) {
+                if (v->class_lcp[y] < run) run = v->class_lcp[y];
+                uint32_t a = v->class_pre[x], b = v->class_pre[y], l = 0;
+                uint32_t la = v->pre_off[a + 1] - v->pre_off[a], lb = v->pre_off[b + 1] - v->pre_off[b];
+                while (l < la && l < lb && v->blob[v->pre_off[a] + l] == v->blob[v->pre_off[b] + l]) l++;
+                assert_int_equal(run, l);
+                pairs++;
+                long_shared += l >= 20;
+            }
+        }
+    tu_report("class list pairs checked: %zu (%zu sharing >= 20 bytes)", pairs, long_shared);
+    assert_true(long_shared > 100);
+    di_grammar *g = regex_or_fail("\"([^\"\\\\]|\\\\.)*\"[a-z]");
+    int checked = 0;
+    memset(&gt_stats, 0, sizeof gt_stats);
+    for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 7919, 30, "class prefix");
+    assert_true(gt_stats.block_masks > 0);
+    assert_true(checked > 20);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* The per-walk memo of context edges is keyed by the parent's boundary as well as its state: in
+ * `term ::= "(" expr " "` every closing space completes into the context, and the state after one
+ * closing space (keyed relative to its own boundary) is the state after two, with another context
+ * below it. Keyed by state and byte only, the walk of "        " after "(((((9" took the sixth
+ * space from the memo and allowed 8 spaces with 5 parentheses open (found by fuzz_ebnf). */
+static void test_ctx_memo_boundary(void **state) {
+    (void)state;
+    static const char *multi[] = {"  ", "    ", "        ", "(("};
+    gt_bytes tb = gt_single_bytes(4);
+    for (uint32_t i = 0; i < 4; i++) {
+        tb.l[257 + i] = (uint32_t)strlen(multi[i]);
+        tb.b[257 + i] = malloc(tb.l[257 + i]);
+        memcpy(tb.b[257 + i], multi[i], tb.l[257 + i]);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *src = "root ::= expr\nexpr ::= term ((\"-\"\"+ \" |) term)*\n"
+                             "term ::= [0-9]+ | \"(\" expr \" \"\n";
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(src, strlen(src), NULL, &g, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask);
+    uint64_t ctx = 0;
+    for (int open = 1; open <= 9; open++) {
+        di_grammar_matcher *m = NULL;
+        if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+        for (int k = 0; k < open; k++) {
+            gt_fill_checked(m, v, &tb, mask, "open");
+            gt_accept_text(m, "(");
+        }
+        gt_accept_text(m, "9");
+        for (int k = 0; k <= open; k++) { /* after the number and after each closing space */
+            ctx += gt_fill_checked(m, v, &tb, mask, "close").ctx_edges;
+            if (k < open) gt_accept_text(m, " ");
+        }
+        di_grammar_matcher_free(m);
+    }
+    tu_report("nesting closed by spaces: %llu context edges", (unsigned long long)ctx);
+    assert_true(ctx > 0);
+    free(mask);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* Walks from different states that accept the same token subtrees whole take their union from
  * the first such walk, and walks that accept nearly the same subtrees shift an earlier union by
  * the difference (di_trie_union). After each `;` of `(k=[a-z_]+;){1,9}` the state is new (the
@@ -748,15 +838,7 @@ static void test_utf8_shapes_static(void **state) {
  * to brute force. */
 static void test_whole_subtree_union(void **state) {
     (void)state;
-    gt_bytes tb = {0};
-    tb.n = 257 + 3000;
-    tb.b = calloc(tb.n, sizeof *tb.b);
-    tb.l = calloc(tb.n, sizeof *tb.l);
-    for (uint32_t i = 0; i < 256; i++) {
-        tb.b[i + 1] = malloc(1);
-        tb.b[i + 1][0] = (uint8_t)i;
-        tb.l[i + 1] = 1;
-    }
+    gt_bytes tb = gt_single_bytes(3000);
     uint64_t s = 12345;
     for (uint32_t i = 257; i < tb.n; i++) { /* "k=" and 1-5 letters (`_` after a `q`), a few with a ';' after them */
         char buf[16] = "k=";
@@ -1108,7 +1190,8 @@ int main(void) {
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
-        cmocka_unit_test(test_whole_subtree_union),
+        cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix),
+        cmocka_unit_test(test_ctx_memo_boundary),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

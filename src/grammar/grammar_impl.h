@@ -85,6 +85,8 @@ static inline unsigned di_ascii_bucket(uint8_t b) {
 #define DI_TRIE_HIGH 4u
 #define DI_TRIE_LONG 8u /* some token of the subtree has more than DI_CHAIN_CHARS characters */
 
+#define DI_LCP_MAX 65535u /* class_lcp saturates here */
+
 struct di_grammar_vocab {
     uint32_t n_vocab;
     uint8_t **bytes;        /* [n_vocab] token bytes (NULL for empty) */
@@ -110,6 +112,11 @@ struct di_grammar_vocab {
     uint32_t *text;         /* [words] */
     uint32_t *class_off;    /* [DI_N_CLASSES + 1] */
     uint32_t *class_pre;    /* preorder positions per class */
+    /* class_lcp[x]: bytes the token at class_pre[x] shares with the one at class_pre[x - 1] (0 for
+     * the first of a list), at most DI_LCP_MAX (then: at least that many). Tokens with a common
+     * prefix are contiguous in trie preorder, so the prefix shared by two tokens of one list is the
+     * minimum of class_lcp over the entries after the first up to the second (loop_mask). */
+    uint16_t *class_lcp;
     uint32_t *pre_class;    /* [n_pre] class bits of the token at each preorder position */
     uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
     uint8_t *blob;          /* all token bytes back to back, text tokens in trie preorder */

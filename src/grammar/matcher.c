@@ -65,8 +65,8 @@ struct di_grammar_matcher {
     uint32_t *lbd;                  /* [max token length + 1] boundary of the state vid[d] is keyed by */
     uint32_t mgen;                  /* walk generation of the memo */
     size_t wbase;                   /* Earley sets below the walk (its real context) */
-    struct ctx_memo {               /* per walk: context-free state + byte -> state in this context */
-        uint32_t gen, bnd;
+    struct ctx_memo {               /* per walk: context-free state + its boundary + byte -> state in this context */
+        uint32_t gen, fbnd, bnd;
         int32_t from, to;
         uint8_t byte;
     } memo[256];
@@ -1103,11 +1103,11 @@ static int replay(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, size_
 }
 
 /* Per walk: the state a context-free state reaches on a context byte, in this walk's context. */
-static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint8_t byte) {
-    uint32_t h = (uint32_t)(mix64((uint64_t)(uint32_t)from << 8 | byte) & 255);
+static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint32_t fbnd, uint8_t byte) {
+    uint32_t h = (uint32_t)(mix64(((uint64_t)fbnd << 40) ^ ((uint64_t)(uint32_t)from << 8 | byte)) & 255);
     for (int k = 0; k < 8; k++) {
         struct ctx_memo *s = &m->memo[(h + (uint32_t)k) & 255];
-        if (s->gen != m->mgen || (s->from == from && s->byte == byte)) return s;
+        if (s->gen != m->mgen || (s->from == from && s->fbnd == fbnd && s->byte == byte)) return s;
     }
     return NULL; /* crowded: not memoized */
 }
@@ -1182,8 +1182,10 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
         m->n_ctx_edges++;
         /* memoized only for a boundary below the walk: then the context is the same real sets
          * for every node of the walk, whereas a boundary inside the trie path has a context that
-         * differs from path to path */
-        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, like) : NULL;
+         * differs from path to path. Keyed by the boundary too: one context-free state reached
+         * with two boundaries below the walk (after one and after two closing bytes of a nesting
+         * such as `term ::= "(" expr " "`) has two contexts (fuzz_ebnf found the wrong mask) */
+        struct ctx_memo *slot = parent > 0 && bnd < m->wbase ? memo_slot(m, parent, bnd, like) : NULL;
         if (slot && slot->gen == m->mgen) {
             next = slot->to;
             bnd = slot->bnd;
@@ -1208,7 +1210,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             }
             next = di_gcache_intern(c, tab, k);
             note_scan(m, tab, next);
-            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .bnd = bnd, .from = parent, .to = next, .byte = like};
+            if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .fbnd = m->lbd[d - 1], .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
     m->vid[d] = next;
@@ -1353,16 +1355,26 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
+        /* shared: bytes the previous token walked from this list shares with the entries since
+         * (a running minimum of class_lcp); UINT32_MAX before the list's first walked token, whose
+         * predecessor on the path came from another list */
+        uint32_t shared = UINT32_MAX;
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
-            uint32_t p = v->class_pre[x];
+            uint32_t p = v->class_pre[x], lcp = v->class_lcp[x];
+            if (shared != UINT32_MAX && lcp < shared) shared = lcp;
             if (v->pre_class[p] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
             int32_t t = v->pre_tok[p];
             const uint8_t *tb = v->blob + v->pre_off[p];
             uint32_t len = v->pre_off[p + 1] - v->pre_off[p];
             /* the prefix this token shares with the previous one keeps its states (and the sets
-             * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any */
+             * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any. Path
+             * 1..valid holds the previous token's first bytes, so within a list the shared prefix is
+             * min(valid, shared) without comparing bytes (shared <= len) */
             uint32_t keep = 0;
-            while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            if (shared < DI_LCP_MAX) keep = shared < valid ? shared : valid;
+            else
+                while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+            shared = DI_LCP_MAX; /* saturated (or no token walked yet): compare bytes */
             walk_pop(m, base, &md, keep);
             int rc = 1;
             uint32_t d = keep + 1;

@@ -20,6 +20,7 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->text);
     free(v->class_off);
     free(v->class_pre);
+    free(v->class_lcp);
     free(v->pre_class);
     free(v->pre_off);
     free(v->tok_class);
@@ -144,6 +145,19 @@ static int token_classes(di_grammar_vocab *v) {
             if ((bits >> k) & 1) v->class_pre[fill[k]++] = x;
     }
     free(fill);
+    /* common prefix of each listed token with the one before it in its list (see class_lcp) */
+    if (!(v->class_lcp = malloc((total + 1) * sizeof *v->class_lcp))) return DI_ERR_NOMEM;
+    for (int k = 0; k < DI_N_CLASSES; k++)
+        for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
+            uint32_t l = 0;
+            if (x > v->class_off[k]) {
+                uint32_t a = v->class_pre[x - 1], b = v->class_pre[x];
+                uint32_t la = v->pre_off[a + 1] - v->pre_off[a], lb = v->pre_off[b + 1] - v->pre_off[b];
+                const uint8_t *pa = v->blob + v->pre_off[a], *pb = v->blob + v->pre_off[b];
+                while (l < la && l < lb && l < DI_LCP_MAX && pa[l] == pb[l]) l++;
+            }
+            v->class_lcp[x] = (uint16_t)l;
+        }
     return DI_OK;
 }
 
