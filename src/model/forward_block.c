@@ -229,8 +229,8 @@ static int index_keys(fwd_ctx *c, int L, const uint16_t *lat, int64_t n_new, con
 }
 
 /* The index keys every sequence scores at index layer L (the per-sequence ops' path) — all entries its
- * chunk sees, from its key source's cache — read for all sequences in one decode. A prompt chunk's rows are as wide as its
- * prompt (fwd_select_entries): the entries not written yet repeat the newest key (never visible, so
+ * chunk sees, from its key source's cache — read for all sequences in one decode. A prompt chunk's rows
+ * are as wide as its prompt (fwd_select_entries): the entries not written yet repeat the newest key (never visible, so
  * scored −inf whatever they hold).  keys_of[i]: bf16 [nsel_i, ihd] (backend), NULL for a sequence
  * that sees none */
 static int read_index_keys(fwd_ctx *c, int L, const uint16_t **keys_of) {
@@ -313,7 +313,8 @@ typedef struct sel_pass {
     const uint16_t *qi, *iw;  /* bf16 [T, ih, ihd] index queries, bf16 [T, ih] weights */
     float w_scale;
     const uint16_t **keys_of; /* [n_seq] bf16 [nk_i, ihd] each sequence's index keys (backend); the per-sequence ops */
-    const di_index_row *kref; /* [n_seq] where each sequence's keys lie in its cache (the rows' key fields); the rows slots */
+    const di_index_row *kref; /* [n_seq] where each sequence's keys lie in its cache (the rows' key fields):
+                               * the rows slots */
     const int32_t *vis_h;     /* int32 [T] entries visible to each row (host) */
     const seq_sel *ss;        /* [n_seq] */
     float *scores;            /* f32 [Σ T_i·nk_i] */

@@ -403,8 +403,10 @@ static void check_cached_keys(const di_backend *be, const tcase *c, const char *
             }
         di_index_row *rk_d = up(be, rk, sizeof(di_index_row) * (size_t)c->T);
         double t_keys, t_cache;
-        BATCH(t_keys, 10, RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rk_d, c->nk_max, sc_d, E)));
-        BATCH(t_cache, 10, RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rows_d, c->nk_max, sc_d, E)));
+        BATCH(t_keys, 10,
+              RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rk_d, c->nk_max, sc_d, E)));
+        BATCH(t_cache, 10,
+              RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rows_d, c->nk_max, sc_d, E)));
         printf("# bench scorer %s: decoded bf16 keys %.1f us, cache rows %.1f us per layer\n", shape, t_keys * 1e3,
                t_cache * 1e3);
         be->mem_free(be, rk_d), free(rk);

@@ -166,7 +166,8 @@ static __device__ __forceinline__ float d_score_regs(const float *qs, const floa
             l4 = __fadd_rn(l4, __fmul_rn(b.x, kf[j + 4])), l5 = __fadd_rn(l5, __fmul_rn(b.y, kf[j + 5]));
             l6 = __fadd_rn(l6, __fmul_rn(b.z, kf[j + 6])), l7 = __fadd_rn(l7, __fmul_rn(b.w, kf[j + 7]));
         }
-        float dt = __fadd_rn(__fadd_rn(__fadd_rn(l0, l1), __fadd_rn(l2, l3)), __fadd_rn(__fadd_rn(l4, l5), __fadd_rn(l6, l7)));
+        float dt = __fadd_rn(__fadd_rn(__fadd_rn(l0, l1), __fadd_rn(l2, l3)),
+                             __fadd_rn(__fadd_rn(l4, l5), __fadd_rn(l6, l7)));
         float d = d_round_bf16(dt);
         float rl = d > 0.0f ? d : 0.0f;
         acc = __fadd_rn(acc, d_round_bf16(__fmul_rn(rl, wsc[h])));
