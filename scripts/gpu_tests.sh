@@ -2,7 +2,7 @@
 # Every GPU check on an NVIDIA Hopper GPU (H100/H200), then one summary table:
 #   1. the test binaries of `make cuda-tests` (op kernels against the CPU ops, cache codecs and a device
 #      cache against the host cache), each with its own table; then test_cuda_ops and test_cuda_index_seqs
-#      once more with the opt-in heap pipeline (DI_CUDA_HEAP=pipe);
+#      once more with the heap path's serial steps (DI_CUDA_HEAP=serial; the pipeline is the default);
 #   2. `deepinfer verify --device cuda` on every golden case: op vectors (kernels.safetensors),
 #      free-running prefill within 3x the case's noise floor, teacher-forced blocks within 1.5e-2;
 #      then once more with DI_CUDA_KERNELS=tensor (the tensor-core kernels, same bounds, not bit-exact);
@@ -99,19 +99,19 @@ for t in "$BIN_DIR"/test_*; do
 done
 [ $found = 1 ] || row "test binaries" FAIL "none in $BIN_DIR (run make cuda-tests)"
 
-# The opt-in heap pipeline (DI_CUDA_HEAP=pipe, cuda_heap_pipe.cuh) on the binaries with heap-path rows
-# (the torch-order top-k of rows ≥ 64·k entries, tied / NaN rows, the batched selection): the same bits
-# as the serial steps are required before it can be the default.
+# The heap path's serial steps (DI_CUDA_HEAP=serial; the default is the pipeline of cuda_heap_pipe.cuh) on
+# the binaries with heap-path rows (the torch-order top-k of rows ≥ 64·k entries, tied / NaN rows, the
+# batched selection): both forms must give the CPU's bits.
 for t in test_cuda_ops test_cuda_index_seqs; do
     section bins || break
     [ -x "$BIN_DIR/$t" ] || continue
-    echo "== DI_CUDA_HEAP=pipe $t"
+    echo "== DI_CUDA_HEAP=serial $t"
     t0=$(date +%s)
-    DI_CUDA_HEAP=pipe timeout -k 5 "${DI_BIN_TIMEOUT:-300}" "$BIN_DIR/$t" "$KERNELS" >"$TMP/out" 2>&1
+    DI_CUDA_HEAP=serial timeout -k 5 "${DI_BIN_TIMEOUT:-300}" "$BIN_DIR/$t" "$KERNELS" >"$TMP/out" 2>&1
     rc=$?
     grep -E 'topk torch|candidate_mask torch|topk_rows|FAIL' "$TMP/out" | head -40
     last=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$TMP/out" | tail -1)
-    row "$t (heap pipe)" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${last:-exit $rc} ($(($(date +%s) - t0)) s)"
+    row "$t (heap serial)" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${last:-exit $rc} ($(($(date +%s) - t0)) s)"
 done
 
 # ---- 2. verify --device cuda on the golden cases ----

@@ -80,6 +80,22 @@ static inline unsigned __ballot_sync(unsigned, bool p) {
     return m;
 }
 static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+static inline uint32_t emu_shfl_u32(uint32_t u, int src) {
+    emu_slot[threadIdx.x] = u;
+    __syncthreads();
+    u = emu_slot[(threadIdx.x & ~31u) + ((unsigned)src & 31u)];
+    __syncthreads();
+    return u;
+}
+static inline int __shfl_sync(unsigned, int v, int src) { return (int)emu_shfl_u32((uint32_t)v, src); }
+static inline float __shfl_sync(unsigned, float v, int src) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = emu_shfl_u32(u, src);
+    memcpy(&v, &u, 4);
+    return v;
+}
+static inline bool __any_sync(unsigned, bool p) { return __ballot_sync(0xffffffffu, p) != 0; }
 static inline int __syncthreads_and(int p) {
     emu_slot[threadIdx.x] = p != 0;
     __syncthreads();

@@ -125,11 +125,17 @@ static int topk_rows_fast(const di_backend *be, const float *scores, int64_t m, 
 
 /* ---------------- top-k: torch's tie order (default) ---------------- */
 
-/* One block per row: whether the replay can change its parallel result (di_cuda_topk_torch's check). */
-__global__ void __launch_bounds__(CHECK_THREADS) topk_rows_check_kernel(const float *scores, const di_index_row *rows,
-                                                                         uint8_t *replay) {
+/* One CTA per row: the row's torch-order top-k where the replay cannot change the parallel rule's result
+ * (d_topk_torch_cut), else its flag for the replay (and the −1 padding past k). */
+__global__ void __launch_bounds__(CUT_THREADS) topk_rows_cut_kernel(const float *scores, const di_index_row *rows,
+                                                                     uint8_t *replay, int32_t *out) {
     const di_index_row r = rows[blockIdx.x];
-    bool again = r.k > 0 && d_topk_needs_replay(scores + r.s0, r.w, r.vis, r.k);
+    bool again = false;
+    if (r.k > 0) {
+        again = d_topk_torch_cut(scores + r.s0, r.w, r.vis, r.k, 0, out + r.o0, r.kp);
+    } else {
+        for (int j = threadIdx.x; j < r.kp; j += blockDim.x) out[r.o0 + j] = -1;
+    }
     if (threadIdx.x == 0) replay[blockIdx.x] = again;
 }
 
@@ -153,7 +159,7 @@ static void raise_smem(void);
 
 static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows,
                            int64_t w_max, int32_t *out, di_error *err) {
-    int rc = topk_rows_fast(be, scores, m, rows, w_max, out, err); /* every row, −1 padded */
+    int rc = check_rows("topk_rows", m, w_max, err);
     if (rc || m == 0) return rc;
     int64_t flags = (m + 255) / 256 * 256; /* uint8 [m] rows to replay, then the scratch */
     int64_t per = (int64_t)sizeof(telem) * d_replay_elems(w_max > 0 ? w_max : 1), n = d_rows_per_launch(m, per);
@@ -162,8 +168,8 @@ static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m,
     uint8_t *only = (uint8_t *)ws;
     telem *q = (telem *)((uint8_t *)ws + flags);
     cudaStream_t st = di_cuda_state(be)->stream;
-    topk_rows_check_kernel<<<(unsigned)m, CHECK_THREADS, 0, st>>>(scores, rows, only);
-    if ((rc = di_cuda_launched("topk_rows (tie check)", err))) return rc;
+    topk_rows_cut_kernel<<<(unsigned)m, CUT_THREADS, 0, st>>>(scores, rows, only, out); /* every row, −1 padded */
+    if ((rc = di_cuda_launched("topk_rows (cut)", err))) return rc;
     raise_smem();
     /* every row's mode fits: a row in shared memory needs ≤ its width's bytes, the others ≤ the maximum */
     const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(w_max), smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;

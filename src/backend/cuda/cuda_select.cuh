@@ -538,18 +538,18 @@ static __device__ void nth_element_cta(telem *a, int64_t nth, int64_t len, int32
  * root at the entry's place; nothing reads it: the result is the heap.) idx: n ints. */
 #define REPLAY_CHUNK 2048 /* entries per scan of the heap path */
 
-/* DI_CUDA_HEAP=pipe: the heap path's replacements pipelined on one warp (heap_pipe_warp,
- * cuda_heap_pipe.cuh). Opt-in: compiled and checked against the serial steps in the host emulation
- * (tests/emu/test_cuda_heap_pipe_emu.cc), not yet run on the GPU (bench/NOTES-gpu.md, session 10). */
-static __device__ int d_heap_pipe_on;
+/* The heap path's replacements run pipelined on one warp (heap_pipe_warp, cuda_heap_pipe.cuh; the same
+ * heap as the serial steps: tests/emu/test_cuda_heap_pipe_emu.cc and the GPU tests). DI_CUDA_HEAP=serial
+ * runs libstdc++'s steps on one thread instead (bench/NOTES-gpu.md, sessions 10-11). */
+static __device__ int d_heap_serial;
 static inline void heap_pipe_configure(void) { /* host, once per translation unit that launches the replay */
     static int done = 0;
     if (done) return;
     done = 1;
     const char *v = getenv("DI_CUDA_HEAP");
-    if (!v || strcmp(v, "pipe")) return; /* the default never touches the symbol (none inside a capture) */
+    if (!v || strcmp(v, "serial")) return; /* the default never touches the symbol (none inside a capture) */
     const int on = 1;
-    cudaMemcpyToSymbol(d_heap_pipe_on, &on, sizeof on);
+    cudaMemcpyToSymbol(d_heap_serial, &on, sizeof on);
 }
 
 static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n, int32_t *idx) {
@@ -562,8 +562,8 @@ static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n,
     for (int64_t j = c0; j < c1; j++)
         if (hbefore<true>(c[j], root)) idx[p++] = (int32_t)j;
     __syncthreads();
-    if (d_heap_pipe_on) {
-        if (threadIdx.x < 32) heap_pipe_warp(f, k, c, idx, (int64_t)tot);
+    if (!d_heap_serial) {
+        if (threadIdx.x < 32) heap_pipe_warp(f, k, c, idx, (int)tot);
     } else if (threadIdx.x == 0) {
         for (int64_t i = 0; i < (int64_t)tot; i++) {
             const telem e = c[idx[i]];
@@ -615,28 +615,83 @@ static __host__ __device__ inline int64_t d_replay_elems(int64_t n) { return n +
 #define REPLAY_THREADS 256
 #define REPLAY_SMEM_MAX (192 * 1024) /* dynamic shared memory a replay may take */
 
+/* 32-entry steps per listing warp: a chunk over the CTA's warps but the first (REPLAY_THREADS threads) */
+#define LIST_U ((REPLAY_CHUNK / 32 + REPLAY_THREADS / 32 - 2) / (REPLAY_THREADS / 32 - 1))
+/* The candidates of s[c0, c0 + n) for a heap scan whose root is never before lb at their turn: the
+ * entries before lb (key > lb), in order, as {torch_key, position} into list, their count in *tot. Run
+ * by warps 1 … of the CTA (named barrier 1), each listing one contiguous segment; wcnt: 32 words. */
+static __device__ void heap_stream_list(const float *s, int64_t c0, int64_t n, uint32_t lb, telem *list, int *tot,
+                                        unsigned *wcnt) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, w = (int)(threadIdx.x >> 5) - 1, nw = (int)(blockDim.x >> 5) - 1;
+    const int64_t seg = ((n + nw - 1) / nw + 31) / 32 * 32, a0 = min((int64_t)w * seg, n), a1 = min(a0 + seg, n);
+    uint32_t key[LIST_U]; /* lane's entries a0 + lane + 32 i, loaded before they are used */
+    unsigned cnt = 0;
+#pragma unroll
+    for (int i = 0; i < LIST_U; i++) {
+        const int64_t j = a0 + lane + 32 * i;
+        key[i] = j < a1 ? torch_key(s[c0 + j]) : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < LIST_U; i++) cnt += __popc(__ballot_sync(full, a0 + lane + 32 * i < a1 && key[i] > lb));
+    if (lane == 0) wcnt[w] = cnt;
+    asm volatile("bar.sync 1, %0;" ::"r"(nw * 32) : "memory");
+    unsigned base = 0;
+    for (int i = 0; i < w; i++) base += wcnt[i];
+    if (w == nw - 1 && lane == 0) *tot = (int)(base + cnt);
+#pragma unroll
+    for (int i = 0; i < LIST_U; i++) {
+        const int64_t j = a0 + lane + 32 * i;
+        const bool p = j < a1 && key[i] > lb;
+        const unsigned m = __ballot_sync(full, p);
+        if (p) list[base + __popc(m & ((1u << lane) - 1u))] = telem{__uint_as_float(key[i]), (int32_t)(c0 + j)};
+        base += __popc(m);
+    }
+}
+
 /* the heap path with the heap in shared memory and the row streamed through: torch_cpu_topk_cta(row, nk,
  * k) when k·64 ≤ nk, for the output's purpose (the set's positions in heap[0..k).i; the entries hold
- * torch_key bits). heap: k entries, buf: REPLAY_CHUNK entries, idx: REPLAY_CHUNK ints. */
-static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *buf, int32_t *idx) {
+ * torch_key bits). The first warp runs the scan of one chunk (the pipeline, or the serial steps on its
+ * first lane) while the other warps list the next chunk's candidates against the root at the start of
+ * this one (a root is never before an earlier one, so the list holds every entry the scan can take).
+ * heap: k entries, lists: 2 · REPLAY_CHUNK entries. At least two warps. */
+static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *lists) {
+    __shared__ int s_tot[2];
+    __shared__ unsigned s_wcnt[32];
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{__uint_as_float(torch_key(s[j])), (int32_t)j};
     __syncthreads();
     if (threadIdx.x == 0) make_heap_t<true, int>(heap, k);
-    for (int64_t c0 = k; c0 < nk; c0 += REPLAY_CHUNK) {
-        const int64_t n = nk - c0 < REPLAY_CHUNK ? nk - c0 : REPLAY_CHUNK;
-        __syncthreads(); /* thread 0 is done with the previous chunk */
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            buf[j] = telem{__uint_as_float(torch_key(s[c0 + j])), (int32_t)(c0 + j)};
-        __syncthreads();
-        heap_scan_cta(heap, k, buf, n, idx);
+    __syncthreads();
+    const int64_t nch = (nk - k + REPLAY_CHUNK - 1) / REPLAY_CHUNK;
+    if (threadIdx.x >= 32 && nch > 0)
+        heap_stream_list(s, k, min((int64_t)REPLAY_CHUNK, nk - k), __float_as_uint(heap[0].v), lists, &s_tot[0], s_wcnt);
+    for (int64_t ci = 0; ci < nch; ci++) {
+        __syncthreads(); /* chunk ci is listed; the previous scan is done */
+        const uint32_t lb = __float_as_uint(heap[0].v);
+        __syncthreads(); /* every thread has read the root before the scan moves it */
+        if (threadIdx.x < 32) {
+            const telem *list = lists + (ci & 1) * REPLAY_CHUNK;
+            const int tot = s_tot[ci & 1];
+            if (!d_heap_serial) {
+                heap_pipe_warp(heap, k, list, NULL, tot);
+            } else if (threadIdx.x == 0) {
+                for (int i = 0; i < tot; i++)
+                    if (hbefore<true>(list[i], heap[0])) adjust_heap_t<true, int>(heap, 0, k, list[i]);
+            }
+        } else if (ci + 1 < nch) {
+            const int64_t c0 = k + (ci + 1) * REPLAY_CHUNK;
+            heap_stream_list(s, c0, min((int64_t)REPLAY_CHUNK, nk - c0), lb, lists + ((ci + 1) & 1) * REPLAY_CHUNK,
+                             &s_tot[(ci + 1) & 1], s_wcnt);
+        }
     }
+    __syncthreads();
 }
 
 /* Where a top-k replay of k of nk entries runs: 1 the row in shared memory, 2 the heap in shared memory
  * and the row streamed (heap path), 0 the global scratch; *smem: the bytes it needs. */
 static __host__ __device__ inline int d_topk_replay_mode(int64_t nk, int k, size_t *smem) {
     const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nk),
-                 heap_b = sizeof(telem) * ((size_t)k + REPLAY_CHUNK) + sizeof(int32_t) * REPLAY_CHUNK;
+                 heap_b = sizeof(telem) * ((size_t)k + 2 * REPLAY_CHUNK);
     const int mode = row_b <= REPLAY_SMEM_MAX ? 1 : (int64_t)k * 64 <= nk && heap_b <= REPLAY_SMEM_MAX ? 2 : 0;
     *smem = mode == 1 ? row_b : mode == 2 ? heap_b : 0;
     return mode;
@@ -667,7 +722,7 @@ static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis,
                                         int mode, telem *sm, int32_t *o) {
     telem *row = mode == 0 ? q : sm;
     if (mode == 2) {
-        heap_select_streamed(s, nk, k, sm, sm + k, (int32_t *)(sm + k + REPLAY_CHUNK));
+        heap_select_streamed(s, nk, k, sm, sm + k);
         /* the selected positions ascending (the reference sorts them; positions are distinct, so a
          * position's place is the count of smaller ones), then ≥ vis marked −1 */
         for (int j = threadIdx.x; j < k; j += blockDim.x) {
@@ -716,48 +771,157 @@ static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis,
  * entries in U, best first) outputs the same when Q holds no NaN and no −inf and it cannot pick more
  * than Q: |Q| = k, or no selectable entry of U is outside Q. Common cases it covers: a row without a
  * tie at the k-th score, and an early prompt row with fewer than k visible entries (the −inf ties lie
- * past vis). One block per row finds t by a 32-step bitwise search over the key counts. */
-#define CHECK_THREADS 256
+ * past vis). One CTA per row finds t (radix passes) and, where the row needs no replay, writes Q itself:
+ * the parallel kernel is not run on those rows (until 2026-12-01 it was, and t came from a 32-step
+ * bitwise search, 0.74 ms per 64K row on one CTA; bench/NOTES-gpu.md, session 11). */
+#define CUT_THREADS 1024 /* the CTA of d_topk_torch_cut */
 
-static __device__ unsigned block_sum_u32(unsigned v, unsigned *sh) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads(); /* sh may still be read by the previous call */
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    unsigned t = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
-    return t;
+/* The key of the k-th best entry of s[0, nk) in torch's order (1 ≤ k ≤ nk): four 8-bit radix passes over
+ * torch_key, the entries of each pass those with the digits found so far. Every thread of the CTA (any
+ * multiple of 32 threads, ≤ 1024) calls it and gets t. The scores' high bytes (sign and exponent) fall in a
+ * few bins, so a warp adds the lanes sharing its first lanes' digits with one atomic each. */
+#define CUT_U 8 /* entries per thread loaded before they are used */
+static __device__ uint32_t cta_torch_kth(const float *s, int64_t nk, int k) {
+    __shared__ unsigned hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_need;
+    const int lane = threadIdx.x & 31;
+    uint32_t prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        for (int64_t j0 = 0; j0 < nk; j0 += (int64_t)blockDim.x * CUT_U) { /* uniform: the warp votes together */
+            uint32_t key[CUT_U];
+#pragma unroll
+            for (int u = 0; u < CUT_U; u++) { /* the loads first: CUT_U in flight per thread */
+                const int64_t j = j0 + (int64_t)u * blockDim.x + threadIdx.x;
+                key[u] = j < nk ? torch_key(s[j]) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < CUT_U; u++) {
+                const int64_t j = j0 + (int64_t)u * blockDim.x + threadIdx.x;
+                const bool in = j < nk && (key[u] & mask) == prefix;
+                const uint32_t bin = (key[u] >> shift) & 255u;
+                unsigned rem = __ballot_sync(0xffffffffu, in);
+                for (int round = 0; round < 2 && __popc(rem) > 2; round++) { /* the first lane's bin, added once */
+                    const int ld = __ffs(rem) - 1;
+                    const uint32_t lbin = __shfl_sync(0xffffffffu, bin, ld);
+                    const unsigned m = __ballot_sync(0xffffffffu, in && bin == lbin) & rem;
+                    if (lane == ld) atomicAdd(&hist[lbin], (unsigned)__popc(m));
+                    rem &= ~m;
+                }
+                if (rem >> lane & 1u) atomicAdd(&hist[bin], 1u);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) { /* lane l holds bins 255 − 8l … 248 − 8l, best first */
+            unsigned c[8], sum = 0;
+            for (int i = 0; i < 8; i++) c[i] = hist[255 - 8 * lane - i], sum += c[i];
+            unsigned incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += t;
+            }
+            const unsigned excl = incl - sum;
+            const unsigned hit = __ballot_sync(0xffffffffu, excl < (unsigned)need && (unsigned)need <= incl);
+            if (lane == __ffs(hit) - 1) {
+                int left = need - (int)excl, i = 0;
+                while ((int)c[i] < left) left -= (int)c[i++];
+                s_prefix = prefix | (uint32_t)(255 - 8 * lane - i) << shift;
+                s_need = left;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix, need = s_need;
+        mask |= 255u << shift;
+        __syncthreads(); /* s_prefix / s_need are read before the next pass writes them */
+    }
+    return prefix;
 }
 
-/* Whether a row needs the replay (the test above), one block of CHECK_THREADS.  s f32 [nk] */
-static __device__ bool d_topk_needs_replay(const float *s, int64_t nk, int32_t vis, int k) {
-    __shared__ unsigned sh[CHECK_THREADS / 32];
-    uint32_t t = 0;
-    for (int bit = 31; bit >= 0; bit--) {
-        uint32_t cand = t | (1u << bit);
-        unsigned c = 0;
-        for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) c += torch_key(s[j]) >= cand;
-        if (block_sum_u32(c, sh) >= (unsigned)k) t = cand;
+/* The torch-order top-k of one row where the replay cannot change the parallel rule's result, in one
+ * pass over the row's keys after t (the test above): returns true when the row needs the replay (then
+ * only out[k, kp) is written, −1, for the replay to fill out[0, k)); otherwise out[0, kp) holds Q, the
+ * positions j < vis with key ≥ t ascending (+ offset), −1 padded — the parallel rule's output in that
+ * case. Every warp counts and writes one contiguous segment of the row (coalesced, one CTA scan). A CTA
+ * of any multiple of 32 threads up to 1024; every thread calls it. 1 ≤ k ≤ nk, k ≤ kp. */
+static __device__ bool d_topk_torch_cut(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, int32_t *out,
+                                        int kp) {
+    __shared__ unsigned cnt[5]; /* |A ∪ E|, |E ∩ U|, |Q|, Q's NaN / −inf, U \ Q selectable */
+    __shared__ unsigned wq[33]; /* |Q| per warp, then their exclusive prefix */
+    __shared__ int s_replay;
+    const uint32_t t = cta_torch_kth(s, nk, k);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t seg = (nk + nw - 1) / nw, a0 = min((int64_t)w * seg, nk), a1 = min(a0 + seg, nk);
+    const int64_t v = vis < 0 ? 0 : vis;
+    if (threadIdx.x < 5) cnt[threadIdx.x] = 0;
+    __syncthreads();
+    unsigned ge = 0, eq_u = 0, q = 0, q_bad = 0, low_sel = 0;
+    for (int64_t j0 = a0; j0 < a1; j0 += 32 * CUT_U) {
+        uint32_t key[CUT_U];
+#pragma unroll
+        for (int u = 0; u < CUT_U; u++) {
+            const int64_t j = j0 + 32 * u + lane;
+            key[u] = j < a1 ? torch_key(s[j]) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < CUT_U; u++) {
+            const int64_t j = j0 + 32 * u + lane;
+            if (j >= a1) continue;
+            const bool in_u = j < v, sel = key[u] != KEY_NAN && key[u] > KEY_NEG_INF;
+            ge += key[u] >= t;
+            eq_u += in_u && key[u] == t;
+            q += in_u && key[u] >= t;
+            q_bad += in_u && key[u] >= t && !sel;
+            low_sel += in_u && key[u] < t && sel;
+        }
     }
-    int64_t v = vis;
-    unsigned ge = 0, eq_u = 0, q = 0, q_bad = 0, low_sel = 0; /* |A ∪ E|, |E ∩ U|, |Q|, Q's NaN/−inf, U \ Q selectable */
-    for (int64_t j = threadIdx.x; j < nk; j += CHECK_THREADS) {
-        uint32_t key = torch_key(s[j]);
-        bool in_u = j < v, sel = key != KEY_NAN && key > KEY_NEG_INF;
-        ge += key >= t;
-        eq_u += in_u && key == t;
-        q += in_u && key >= t;
-        q_bad += in_u && key >= t && !sel;
-        low_sel += in_u && key < t && sel;
+    for (int o = 16; o; o >>= 1) {
+        ge += __shfl_xor_sync(0xffffffffu, ge, o), eq_u += __shfl_xor_sync(0xffffffffu, eq_u, o);
+        q += __shfl_xor_sync(0xffffffffu, q, o), q_bad += __shfl_xor_sync(0xffffffffu, q_bad, o);
+        low_sel += __shfl_xor_sync(0xffffffffu, low_sel, o);
     }
-    ge = block_sum_u32(ge, sh);
-    eq_u = block_sum_u32(eq_u, sh);
-    q = block_sum_u32(q, sh);
-    q_bad = block_sum_u32(q_bad, sh);
-    low_sel = block_sum_u32(low_sel, sh);
-    bool fixed = ge == (unsigned)k || eq_u == 0;
-    bool same = fixed && q_bad == 0 && (q == (unsigned)k || low_sel == 0);
-    return !same;
+    if (lane == 0) {
+        atomicAdd(&cnt[0], ge), atomicAdd(&cnt[1], eq_u), atomicAdd(&cnt[2], q), atomicAdd(&cnt[3], q_bad);
+        atomicAdd(&cnt[4], low_sel);
+        wq[w] = q;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool fixed = cnt[0] == (unsigned)k || cnt[1] == 0;
+        s_replay = !(fixed && cnt[3] == 0 && (cnt[2] == (unsigned)k || cnt[4] == 0));
+        unsigned run = 0;
+        for (int i = 0; i < nw; i++) {
+            const unsigned x = wq[i];
+            wq[i] = run, run += x;
+        }
+    }
+    __syncthreads();
+    const bool replay = s_replay;
+    if (replay) {
+        for (int j = k + threadIdx.x; j < kp; j += blockDim.x) out[j] = -1;
+        return true;
+    }
+    unsigned base = wq[w];
+    for (int64_t j0 = a0; j0 < a1; j0 += 32 * CUT_U) {
+        uint32_t key[CUT_U];
+#pragma unroll
+        for (int u = 0; u < CUT_U; u++) {
+            const int64_t j = j0 + 32 * u + lane;
+            key[u] = j < a1 ? torch_key(s[j]) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < CUT_U; u++) {
+            const int64_t j = j0 + 32 * u + lane;
+            const bool take = j < a1 && j < v && key[u] >= t;
+            const unsigned m = __ballot_sync(0xffffffffu, take);
+            if (take) out[base + __popc(m & ((1u << lane) - 1u))] = (int32_t)j + offset;
+            base += __popc(m);
+        }
+    }
+    for (int j = (int)cnt[2] + threadIdx.x; j < kp; j += blockDim.x) out[j] = -1;
+    return false;
 }
 
 /* Rows per launch so a replay's scratch stays within 256 MiB (a long-context chunk is processed in slices). */

@@ -9,8 +9,8 @@
  * Cost (cuda_select.cuh): the introselect's long partitions run on the whole CTA (each one's result
  * derived from prefix counts), the median-of-three steps, short ranges and the heap path on one thread.
  * The top-k avoids the replay where it cannot matter: rows whose output the ties cannot
- * change (see topk_replay_rows_kernel) take the parallel kernel's result, and only the others are
- * replayed. The candidate mask replays every row (one layer per pass, a few thousand
+ * change (d_topk_torch_cut) take the parallel rule's result, written by the same pass that finds them,
+ * and only the others are replayed. The candidate mask replays every row (one layer per pass, a few thousand
  * blocks per row). The parallel kernels of cuda_select.cu alone (higher score, then lower position: a
  * documented divergence on ties) remain available with DI_CUDA_TOPK=fast (backend_cuda.cu). */
 #include "backend/cuda/cuda_ops.h"
@@ -52,11 +52,12 @@ static void sel_raise_smem(void) {
     g_sel_smem_raised = true;
 }
 
-/* which rows need the replay: d_topk_needs_replay (cuda_select.cuh), one block per row */
-__global__ void __launch_bounds__(CHECK_THREADS) topk_replay_rows_kernel(const float *scores, int64_t nk,
-                                                                          const int32_t *vis, int k, uint8_t *replay) {
+/* One CTA per row: the row's top-k where the replay cannot change the parallel rule's result
+ * (d_topk_torch_cut: Q, the parallel kernel's output there), else its flag for the replay. */
+__global__ void __launch_bounds__(CUT_THREADS) topk_cut_kernel(const float *scores, int64_t nk, const int32_t *vis,
+                                                                int k, int32_t offset, uint8_t *replay, int32_t *out) {
     const int64_t r = blockIdx.x;
-    bool again = d_topk_needs_replay(scores + r * nk, nk, vis[r], k);
+    bool again = d_topk_torch_cut(scores + r * nk, nk, vis[r], k, offset, out + r * k, k);
     if (threadIdx.x == 0) replay[r] = again;
 }
 
@@ -68,8 +69,7 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
     if (m == 0 || k == 0) return DI_OK;
     /* rows with a unique, finite, visible top-k set: the parallel kernel gives the replay's answer */
     bool hybrid = offset >= 0;
-    int rc = hybrid ? di_cuda_topk(be, scores, m, nk, vis, k, offset, out, err) : DI_OK;
-    if (rc) return rc;
+    int rc;
     int64_t flags = hybrid ? (m + 255) / 256 * 256 : 0; /* uint8 [m] rows to replay, then the scratch */
     int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nk), rows = d_rows_per_launch(m, per);
     void *ws;
@@ -78,8 +78,8 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
     telem *q = (telem *)((uint8_t *)ws + flags);
     cudaStream_t st = di_cuda_state(be)->stream;
     if (hybrid) {
-        topk_replay_rows_kernel<<<(unsigned)m, CHECK_THREADS, 0, st>>>(scores, nk, vis, k, only);
-        if ((rc = di_cuda_launched("topk (tie check)", err))) return rc;
+        topk_cut_kernel<<<(unsigned)m, CUT_THREADS, 0, st>>>(scores, nk, vis, k, offset, only, out);
+        if ((rc = di_cuda_launched("topk (cut)", err))) return rc;
     }
     sel_raise_smem();
     size_t smem;
