@@ -840,6 +840,16 @@ static __device__ uint32_t cta_torch_kth(const float *s, int64_t nk, int k) {
     return prefix;
 }
 
+/* A warp's next CUT_U · 32 keys of its segment ending at a1: lane's entries j0 + 32 u + lane, all loads issued
+ * before any is used (0 past a1). */
+static __device__ __forceinline__ void seg_keys(const float *s, int64_t j0, int64_t a1, int lane, uint32_t *key) {
+#pragma unroll
+    for (int u = 0; u < CUT_U; u++) {
+        const int64_t j = j0 + 32 * u + lane;
+        key[u] = j < a1 ? torch_key(s[j]) : 0u;
+    }
+}
+
 /* The torch-order top-k of one row where the replay cannot change the parallel rule's result, in one
  * pass over the row's keys after t (the test above): returns true when the row needs the replay (then
  * only out[k, kp) is written, −1, for the replay to fill out[0, k)); otherwise out[0, kp) holds Q, the
@@ -860,11 +870,7 @@ static __device__ bool d_topk_torch_cut(const float *s, int64_t nk, int32_t vis,
     unsigned ge = 0, eq_u = 0, q = 0, q_bad = 0, low_sel = 0;
     for (int64_t j0 = a0; j0 < a1; j0 += 32 * CUT_U) {
         uint32_t key[CUT_U];
-#pragma unroll
-        for (int u = 0; u < CUT_U; u++) {
-            const int64_t j = j0 + 32 * u + lane;
-            key[u] = j < a1 ? torch_key(s[j]) : 0u;
-        }
+        seg_keys(s, j0, a1, lane, key);
 #pragma unroll
         for (int u = 0; u < CUT_U; u++) {
             const int64_t j = j0 + 32 * u + lane;
@@ -906,11 +912,7 @@ static __device__ bool d_topk_torch_cut(const float *s, int64_t nk, int32_t vis,
     unsigned base = wq[w];
     for (int64_t j0 = a0; j0 < a1; j0 += 32 * CUT_U) {
         uint32_t key[CUT_U];
-#pragma unroll
-        for (int u = 0; u < CUT_U; u++) {
-            const int64_t j = j0 + 32 * u + lane;
-            key[u] = j < a1 ? torch_key(s[j]) : 0u;
-        }
+        seg_keys(s, j0, a1, lane, key);
 #pragma unroll
         for (int u = 0; u < CUT_U; u++) {
             const int64_t j = j0 + 32 * u + lane;
