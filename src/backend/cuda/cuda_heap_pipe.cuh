@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 
-typedef struct telem {
+typedef struct __align__(8) telem { /* 8-byte aligned: one shared-memory load or store per entry */
     float v;
     int32_t i;
 } telem;

@@ -125,18 +125,27 @@ static int topk_rows_fast(const di_backend *be, const float *scores, int64_t m, 
 
 /* ---------------- top-k: torch's tie order (default) ---------------- */
 
-/* One CTA per row: the row's torch-order top-k where the replay cannot change the parallel rule's result
- * (d_topk_torch_cut), else its flag for the replay (and the −1 padding past k). */
-__global__ void __launch_bounds__(CUT_THREADS) topk_rows_cut_kernel(const float *scores, const di_index_row *rows,
-                                                                     uint8_t *replay, int32_t *out) {
-    const di_index_row r = rows[blockIdx.x];
+/* The CL CTAs of a row (one CTA, or a cluster): the row's torch-order top-k where the replay cannot change
+ * the parallel rule's result (d_topk_torch_cut), else its flag for the replay (and the −1 padding past k). */
+template <int CL> static __device__ void topk_rows_cut(const float *scores, const di_index_row *rows, uint8_t *replay,
+                                                      int32_t *out) {
+    const unsigned row = blockIdx.x / CL;
+    const di_index_row r = rows[row];
     bool again = false;
     if (r.k > 0) {
-        again = d_topk_torch_cut(scores + r.s0, r.w, r.vis, r.k, 0, out + r.o0, r.kp);
-    } else {
+        again = d_topk_torch_cut<CL>(scores + r.s0, r.w, r.vis, r.k, 0, out + r.o0, r.kp);
+    } else if (blockIdx.x % CL == 0) {
         for (int j = threadIdx.x; j < r.kp; j += blockDim.x) out[r.o0 + j] = -1;
     }
-    if (threadIdx.x == 0) replay[blockIdx.x] = again;
+    if (threadIdx.x == 0 && blockIdx.x % CL == 0) replay[row] = again;
+}
+__global__ void __launch_bounds__(CUT_THREADS) topk_rows_cut_kernel(const float *scores, const di_index_row *rows,
+                                                                     uint8_t *replay, int32_t *out) {
+    topk_rows_cut<1>(scores, rows, replay, out);
+}
+__global__ void __cluster_dims__(CUT_CLUSTER, 1, 1) __launch_bounds__(CUT_THREADS)
+    topk_rows_cut_cluster_kernel(const float *scores, const di_index_row *rows, uint8_t *replay, int32_t *out) {
+    topk_rows_cut<CUT_CLUSTER>(scores, rows, replay, out);
 }
 
 /* One CTA per row of rows [r0, r0 + nr) flagged for the replay, in its own mode (d_topk_replay_mode of its
@@ -168,7 +177,10 @@ static int topk_rows_torch(const di_backend *be, const float *scores, int64_t m,
     uint8_t *only = (uint8_t *)ws;
     telem *q = (telem *)((uint8_t *)ws + flags);
     cudaStream_t st = di_cuda_state(be)->stream;
-    topk_rows_cut_kernel<<<(unsigned)m, CUT_THREADS, 0, st>>>(scores, rows, only, out); /* every row, −1 padded */
+    if (d_cut_cluster(m, w_max)) /* every row, −1 padded */
+        topk_rows_cut_cluster_kernel<<<(unsigned)m * CUT_CLUSTER, CUT_THREADS, 0, st>>>(scores, rows, only, out);
+    else
+        topk_rows_cut_kernel<<<(unsigned)m, CUT_THREADS, 0, st>>>(scores, rows, only, out);
     if ((rc = di_cuda_launched("topk_rows (cut)", err))) return rc;
     raise_smem();
     /* every row's mode fits: a row in shared memory needs ≤ its width's bytes, the others ≤ the maximum */

@@ -9,6 +9,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_heap_pipe.cuh"
 
+#include <cooperative_groups.h>
+
 /* ---------------- indexer scores ---------------- */
 #define IDX_KEYS 128 /* keys per block (one per thread) */
 
@@ -776,48 +778,85 @@ static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis,
  * bitwise search, 0.74 ms per 64K row on one CTA; bench/NOTES-gpu.md, session 11). */
 #define CUT_THREADS 1024 /* the CTA of d_topk_torch_cut */
 
-/* The key of the k-th best entry of s[0, nk) in torch's order (1 ≤ k ≤ nk): four 8-bit radix passes over
- * torch_key, the entries of each pass those with the digits found so far. Every thread of the CTA (any
- * multiple of 32 threads, ≤ 1024) calls it and gets t. The scores' high bytes (sign and exponent) fall in a
- * few bins, so a warp adds the lanes sharing its first lanes' digits with one atomic each. */
+/* The cut runs on one CTA per row, or, for a few long rows (d_cut_cluster), on a cluster of CUT_CLUSTER
+ * CTAs per row (Hopper thread-block clusters): CTA rank r reads slice r of the row, and the CTAs combine
+ * their histograms and counts through distributed shared memory, each reading all ranks' and deciding the
+ * same. The counts are integers, so both give the same t, flags and output. (A cluster per row for every
+ * call was measured in session 11: 0.13 → 0.04 ms per 64K row at B = 1 and 8, but 3.3 → 16.6 ms for an
+ * 8K prefill's 8,192 rows and 0.06 → 0.18 ms at B = 64 / 4K.) */
+#define CUT_CLUSTER 8
+static inline bool d_cut_cluster(int64_t rows, int64_t width) { return rows <= 16 && width >= 16384; }
+
+/* The cut's CTAs per row: CL = 1 (one CTA, the CTA barrier) or CUT_CLUSTER (a cluster). */
+template <int CL> static __device__ __forceinline__ void cut_sync(void) {
+    if (CL == 1) {
+        __syncthreads();
+    } else {
+        cooperative_groups::this_cluster().sync();
+    }
+}
+template <int CL> static __device__ __forceinline__ unsigned cut_rank(void) {
+    return CL == 1 ? 0u : cooperative_groups::this_cluster().block_rank();
+}
+template <int CL, typename T> static __device__ __forceinline__ T *cut_remote(T *p, unsigned r) {
+    return CL == 1 ? p : cooperative_groups::this_cluster().map_shared_rank(p, r);
+}
+
+/* Rank r's slice (of CL) of a row of nk entries: [*a0, *a1). */
+template <int CL> static __device__ __forceinline__ void cut_slice(int64_t nk, unsigned r, int64_t *a0, int64_t *a1) {
+    const int64_t per = (nk + CL - 1) / CL;
+    *a0 = min((int64_t)r * per, nk), *a1 = min(*a0 + per, nk);
+}
+
+/* The key of the k-th best entry of the row s[0, nk) in torch's order (1 ≤ k ≤ nk): four 8-bit radix passes
+ * over torch_key, the entries of each pass those with the digits found so far, each CTA of the row's
+ * cluster counting its slice [a0, a1). Every thread of the cluster calls it and gets t. The scores' high
+ * bytes (sign and exponent) fall in a few bins, so a warp adds the lanes sharing its first lanes' digits
+ * with one atomic each. Histograms alternate between two buffers: a CTA clears the next pass's buffer only
+ * after the cluster barrier that follows every CTA's last read of it. */
 #define CUT_U 8 /* entries per thread loaded before they are used */
-static __device__ uint32_t cta_torch_kth(const float *s, int64_t nk, int k) {
-    __shared__ unsigned hist[256];
+template <int CL> static __device__ uint32_t cluster_torch_kth(const float *s, int64_t a0, int64_t a1, int k) {
+    __shared__ unsigned hist[2][256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_need;
     const int lane = threadIdx.x & 31;
     uint32_t prefix = 0, mask = 0;
     int need = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
-        __syncthreads();
-        for (int64_t j0 = 0; j0 < nk; j0 += (int64_t)blockDim.x * CUT_U) { /* uniform: the warp votes together */
+    for (int b = threadIdx.x; b < 512; b += blockDim.x) hist[b >> 8][b & 255] = 0;
+    cut_sync<CL>();
+    for (int pass = 0, shift = 24; shift >= 0; pass++, shift -= 8) {
+        unsigned *h = hist[pass & 1];
+        for (int64_t j0 = a0; j0 < a1; j0 += (int64_t)blockDim.x * CUT_U) { /* uniform: the warp votes together */
             uint32_t key[CUT_U];
 #pragma unroll
             for (int u = 0; u < CUT_U; u++) { /* the loads first: CUT_U in flight per thread */
                 const int64_t j = j0 + (int64_t)u * blockDim.x + threadIdx.x;
-                key[u] = j < nk ? torch_key(s[j]) : 0u;
+                key[u] = j < a1 ? torch_key(s[j]) : 0u;
             }
 #pragma unroll
             for (int u = 0; u < CUT_U; u++) {
                 const int64_t j = j0 + (int64_t)u * blockDim.x + threadIdx.x;
-                const bool in = j < nk && (key[u] & mask) == prefix;
+                const bool in = j < a1 && (key[u] & mask) == prefix;
                 const uint32_t bin = (key[u] >> shift) & 255u;
                 unsigned rem = __ballot_sync(0xffffffffu, in);
                 for (int round = 0; round < 2 && __popc(rem) > 2; round++) { /* the first lane's bin, added once */
                     const int ld = __ffs(rem) - 1;
                     const uint32_t lbin = __shfl_sync(0xffffffffu, bin, ld);
                     const unsigned m = __ballot_sync(0xffffffffu, in && bin == lbin) & rem;
-                    if (lane == ld) atomicAdd(&hist[lbin], (unsigned)__popc(m));
+                    if (lane == ld) atomicAdd(&h[lbin], (unsigned)__popc(m));
                     rem &= ~m;
                 }
-                if (rem >> lane & 1u) atomicAdd(&hist[bin], 1u);
+                if (rem >> lane & 1u) atomicAdd(&h[bin], 1u);
             }
         }
-        __syncthreads();
-        if (threadIdx.x < 32) { /* lane l holds bins 255 − 8l … 248 − 8l, best first */
-            unsigned c[8], sum = 0;
-            for (int i = 0; i < 8; i++) c[i] = hist[255 - 8 * lane - i], sum += c[i];
+        cut_sync<CL>(); /* every slice counted */
+        if (threadIdx.x < 32) { /* lane l holds bins 255 − 8l … 248 − 8l, best first, summed over the ranks */
+            unsigned c[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sum = 0;
+            for (unsigned r = 0; r < CL; r++) {
+                const unsigned *hr = cut_remote<CL>(h, r);
+                for (int i = 0; i < 8; i++) c[i] += hr[255 - 8 * lane - i];
+            }
+            for (int i = 0; i < 8; i++) sum += c[i];
             unsigned incl = sum;
             for (int o = 1; o < 32; o <<= 1) {
                 const unsigned t = __shfl_up_sync(0xffffffffu, incl, o);
@@ -832,6 +871,7 @@ static __device__ uint32_t cta_torch_kth(const float *s, int64_t nk, int k) {
                 s_need = left;
             }
         }
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[(pass + 1) & 1][b] = 0;
         __syncthreads();
         prefix = s_prefix, need = s_need;
         mask |= 255u << shift;
@@ -854,19 +894,23 @@ static __device__ __forceinline__ void seg_keys(const float *s, int64_t j0, int6
  * pass over the row's keys after t (the test above): returns true when the row needs the replay (then
  * only out[k, kp) is written, −1, for the replay to fill out[0, k)); otherwise out[0, kp) holds Q, the
  * positions j < vis with key ≥ t ascending (+ offset), −1 padded — the parallel rule's output in that
- * case. Every warp counts and writes one contiguous segment of the row (coalesced, one CTA scan). A CTA
- * of any multiple of 32 threads up to 1024; every thread calls it. 1 ≤ k ≤ nk, k ≤ kp. */
+ * case. Called by every thread of the row's cluster (CUT_CLUSTER CTAs of any multiple of 32 threads up to
+ * 1024): rank r counts and writes slice r, each warp of it one contiguous segment (coalesced); the ranks'
+ * counts are read from every CTA. 1 ≤ k ≤ nk, k ≤ kp. */
+template <int CL>
 static __device__ bool d_topk_torch_cut(const float *s, int64_t nk, int32_t vis, int k, int32_t offset, int32_t *out,
                                         int kp) {
-    __shared__ unsigned cnt[5]; /* |A ∪ E|, |E ∩ U|, |Q|, Q's NaN / −inf, U \ Q selectable */
-    __shared__ unsigned wq[33]; /* |Q| per warp, then their exclusive prefix */
-    __shared__ int s_replay;
-    const uint32_t t = cta_torch_kth(s, nk, k);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int64_t seg = (nk + nw - 1) / nw, a0 = min((int64_t)w * seg, nk), a1 = min(a0 + seg, nk);
-    const int64_t v = vis < 0 ? 0 : vis;
+    __shared__ unsigned cnt[5]; /* this slice's |A ∪ E|, |E ∩ U|, |Q|, Q's NaN / −inf, U \ Q selectable */
+    __shared__ unsigned wq[33]; /* |Q| per warp, then their exclusive prefix from the slice's first output */
+    __shared__ int s_replay, s_q;
+    const unsigned rank = cut_rank<CL>();
+    int64_t s0, s1;
+    cut_slice<CL>(nk, rank, &s0, &s1);
     if (threadIdx.x < 5) cnt[threadIdx.x] = 0;
-    __syncthreads();
+    const uint32_t t = cluster_torch_kth<CL>(s, s0, s1, k); /* its barriers order the clear above */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t seg = (s1 - s0 + nw - 1) / nw, a0 = min(s0 + (int64_t)w * seg, s1), a1 = min(a0 + seg, s1);
+    const int64_t v = vis < 0 ? 0 : vis;
     unsigned ge = 0, eq_u = 0, q = 0, q_bad = 0, low_sel = 0;
     for (int64_t j0 = a0; j0 < a1; j0 += 32 * CUT_U) {
         uint32_t key[CUT_U];
@@ -893,20 +937,28 @@ static __device__ bool d_topk_torch_cut(const float *s, int64_t nk, int32_t vis,
         atomicAdd(&cnt[4], low_sel);
         wq[w] = q;
     }
-    __syncthreads();
+    cut_sync<CL>(); /* every slice's counts are in */
     if (threadIdx.x == 0) {
-        const bool fixed = cnt[0] == (unsigned)k || cnt[1] == 0;
-        s_replay = !(fixed && cnt[3] == 0 && (cnt[2] == (unsigned)k || cnt[4] == 0));
-        unsigned run = 0;
+        unsigned tot[5] = {0, 0, 0, 0, 0}, before = 0;
+        for (unsigned r = 0; r < CL; r++) {
+            const unsigned *cr = cut_remote<CL>(cnt, r);
+            for (int i = 0; i < 5; i++) tot[i] += cr[i];
+            if (r < rank) before += cr[2];
+        }
+        const bool fixed = tot[0] == (unsigned)k || tot[1] == 0;
+        s_replay = !(fixed && tot[3] == 0 && (tot[2] == (unsigned)k || tot[4] == 0));
+        s_q = (int)tot[2];
+        unsigned run = before;
         for (int i = 0; i < nw; i++) {
             const unsigned x = wq[i];
             wq[i] = run, run += x;
         }
     }
-    __syncthreads();
+    cut_sync<CL>(); /* no CTA leaves (or clears cnt) while another reads it */
     const bool replay = s_replay;
     if (replay) {
-        for (int j = k + threadIdx.x; j < kp; j += blockDim.x) out[j] = -1;
+        if (rank == 0)
+            for (int j = k + threadIdx.x; j < kp; j += blockDim.x) out[j] = -1;
         return true;
     }
     unsigned base = wq[w];
@@ -922,7 +974,8 @@ static __device__ bool d_topk_torch_cut(const float *s, int64_t nk, int32_t vis,
             base += __popc(m);
         }
     }
-    for (int j = (int)cnt[2] + threadIdx.x; j < kp; j += blockDim.x) out[j] = -1;
+    if (rank == 0)
+        for (int j = s_q + threadIdx.x; j < kp; j += blockDim.x) out[j] = -1;
     return false;
 }
 

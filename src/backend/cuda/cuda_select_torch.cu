@@ -52,13 +52,22 @@ static void sel_raise_smem(void) {
     g_sel_smem_raised = true;
 }
 
-/* One CTA per row: the row's top-k where the replay cannot change the parallel rule's result
- * (d_topk_torch_cut: Q, the parallel kernel's output there), else its flag for the replay. */
+/* The CL CTAs of a row (one CTA, or a cluster): the row's top-k where the replay cannot change the parallel
+ * rule's result (d_topk_torch_cut: Q, the parallel kernel's output there), else its flag for the replay. */
+template <int CL> static __device__ void topk_cut(const float *scores, int64_t nk, const int32_t *vis, int k,
+                                                 int32_t offset, uint8_t *replay, int32_t *out) {
+    const int64_t r = blockIdx.x / CL;
+    bool again = d_topk_torch_cut<CL>(scores + r * nk, nk, vis[r], k, offset, out + r * k, k);
+    if (threadIdx.x == 0 && blockIdx.x % CL == 0) replay[r] = again;
+}
 __global__ void __launch_bounds__(CUT_THREADS) topk_cut_kernel(const float *scores, int64_t nk, const int32_t *vis,
                                                                 int k, int32_t offset, uint8_t *replay, int32_t *out) {
-    const int64_t r = blockIdx.x;
-    bool again = d_topk_torch_cut(scores + r * nk, nk, vis[r], k, offset, out + r * k, k);
-    if (threadIdx.x == 0) replay[r] = again;
+    topk_cut<1>(scores, nk, vis, k, offset, replay, out);
+}
+__global__ void __cluster_dims__(CUT_CLUSTER, 1, 1) __launch_bounds__(CUT_THREADS)
+    topk_cut_cluster_kernel(const float *scores, int64_t nk, const int32_t *vis, int k, int32_t offset,
+                            uint8_t *replay, int32_t *out) {
+    topk_cut<CUT_CLUSTER>(scores, nk, vis, k, offset, replay, out);
 }
 
 extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int64_t m, int64_t nk, const int32_t *vis,
@@ -78,7 +87,11 @@ extern "C" int di_cuda_topk_torch(const di_backend *be, const float *scores, int
     telem *q = (telem *)((uint8_t *)ws + flags);
     cudaStream_t st = di_cuda_state(be)->stream;
     if (hybrid) {
-        topk_cut_kernel<<<(unsigned)m, CUT_THREADS, 0, st>>>(scores, nk, vis, k, offset, only, out);
+        if (d_cut_cluster(m, nk))
+            topk_cut_cluster_kernel<<<(unsigned)(m * CUT_CLUSTER), CUT_THREADS, 0, st>>>(scores, nk, vis, k, offset,
+                                                                                       only, out);
+        else
+            topk_cut_kernel<<<(unsigned)m, CUT_THREADS, 0, st>>>(scores, nk, vis, k, offset, only, out);
         if ((rc = di_cuda_launched("topk (cut)", err))) return rc;
     }
     sel_raise_smem();
