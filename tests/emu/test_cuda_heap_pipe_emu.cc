@@ -6,7 +6,8 @@
  * child), keys from 2, 9 or 300 values (ties at every level), any 32-bit key, and rising keys (every
  * entry replaces the root: the pipeline always full). Control: the same pipeline starting a replacement
  * one step after the previous one (LAG 1, where it reads a level the previous one has not written yet)
- * must differ somewhere. Candidate lists through idx, without idx, and with gaps. Last line "N passed, N failed"; exit 1 on any failure. */
+ * must differ somewhere. Candidate lists through idx, without idx, and with gaps. Last line "N passed,
+ * N failed"; exit 1 on any failure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

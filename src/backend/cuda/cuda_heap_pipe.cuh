@@ -1,6 +1,7 @@
 /* The heap selection's steps on the GPU (cuda_select.cuh's torch-order replay): libstdc++'s heap
  * functions step for step, and the pipelined form of the heap path's replacements (heap_pipe_warp,
- * the default; DI_CUDA_HEAP=serial runs the steps instead). No CUDA runtime here: tests/emu/test_cuda_heap_pipe_emu.cc compiles it for the host
+ * the default; DI_CUDA_HEAP=serial runs the steps instead). No CUDA runtime here:
+ * tests/emu/test_cuda_heap_pipe_emu.cc compiles it for the host
  * with the fiber emulation of cuda_gemm_bf16_emu.h and checks the pipeline against the serial steps. */
 #ifndef DI_BACKEND_CUDA_CUDA_HEAP_PIPE_CUH
 #define DI_BACKEND_CUDA_CUDA_HEAP_PIPE_CUH

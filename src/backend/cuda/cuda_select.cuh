@@ -666,7 +666,8 @@ static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, t
     __syncthreads();
     const int64_t nch = (nk - k + REPLAY_CHUNK - 1) / REPLAY_CHUNK;
     if (threadIdx.x >= 32 && nch > 0)
-        heap_stream_list(s, k, min((int64_t)REPLAY_CHUNK, nk - k), __float_as_uint(heap[0].v), lists, &s_tot[0], s_wcnt);
+        heap_stream_list(s, k, min((int64_t)REPLAY_CHUNK, nk - k), __float_as_uint(heap[0].v), lists, &s_tot[0],
+                         s_wcnt);
     for (int64_t ci = 0; ci < nch; ci++) {
         __syncthreads(); /* chunk ci is listed; the previous scan is done */
         const uint32_t lb = __float_as_uint(heap[0].v);
