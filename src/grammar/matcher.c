@@ -1288,11 +1288,13 @@ static inline void walk_pop(di_grammar_matcher *m, size_t base, size_t *md, size
  * not such a state (or too many tokens would be left to walk), <0 on error. */
 #define LOOP_MASK_MAX_REST 12000
 
-/* Tokens walked one by one (block masks, cached blocks) come in a known order, and a cold mask
- * finds their bytes and offsets in memory the process has not read for a while (twelfth round:
- * with one request of the same grammar run before, schema_recursive's cold p99 halved for the
- * same work). The loops fetch the offsets PREFETCH_AHEAD tokens ahead and the bytes half as far
- * (their offset was fetched by then). */
+/* A cached block's context tokens are walked in a known order, by token id (blob_off, lens and
+ * the bytes at scattered places), and a cold mask finds them in memory the process has not read
+ * for a while (twelfth round: with one request of the same grammar run before, schema_recursive's
+ * cold p99 halved for the same work). walk_ctx_tokens fetches the offsets PREFETCH_AHEAD tokens
+ * ahead and the bytes half as far (their offset was fetched by then). The same in loop_mask's
+ * class lists (preorder, mostly ascending) gained nothing measurable and took regex_email's p50
+ * from 47 to 63-66 us of CPU (18 runs): not done there. */
 #define PREFETCH_AHEAD 8
 
 /* Walk the context tokens of a cached block again in this walk's context: each continues from
@@ -1402,14 +1404,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
          * (a running minimum of class_lcp); UINT32_MAX before the list's first walked token, whose
          * predecessor on the path came from another list */
         uint32_t shared = UINT32_MAX;
-        for (uint32_t x = v->class_off[k], xe = v->class_off[k + 1]; x < xe; x++) {
-            if (x + PREFETCH_AHEAD < xe) { /* the list's order is known: fetch ahead */
-                uint32_t pf = v->class_pre[x + PREFETCH_AHEAD];
-                __builtin_prefetch(&v->pre_class[pf]);
-                __builtin_prefetch(&v->pre_off[pf]);
-                __builtin_prefetch(&v->pre_tok[pf]);
-                __builtin_prefetch(v->blob + v->pre_off[v->class_pre[x + PREFETCH_AHEAD / 2]]);
-            }
+        for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
             uint32_t p = v->class_pre[x], lcp = v->class_lcp[x];
             if (shared != UINT32_MAX && lcp < shared) shared = lcp;
             if (v->pre_class[p] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
