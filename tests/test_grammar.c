@@ -814,7 +814,8 @@ static void test_vocab_huge_pages(void **state) {
     assert_true(in_arena(v, v->class_pre, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_pre));
     assert_true(in_arena(v, v->class_lcp, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_lcp));
     assert_true(in_arena(v, v->blob, (size_t)v->blob_off[v->n_vocab] + 1));
-    const void *small[] = {v->text, v->pre_class, v->pre_off, v->blob_off, v->tok_class, v->lens, v->special, v->dup_next};
+    const void *small[] = {v->text,      v->pre_class, v->pre_off,  v->blob_off,
+                           v->tok_class, v->lens,      v->special, v->dup_next};
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) assert_true(in_arena(v, small[i], 1));
     for (uint32_t t = 0; t < tb.n; t++) { /* the copies hold the tokens */
         assert_int_equal(v->lens[t], tb.l[t]);
@@ -833,7 +834,8 @@ static void test_vocab_huge_pages(void **state) {
         snprintf(head, sizeof head, "%lx-", (unsigned long)(uintptr_t)v->arena);
         int found = 0, eligible = -1;
         while (sm && fgets(line, sizeof line, sm)) {
-            if (isxdigit((unsigned char)line[0]) && strchr(line, '-') && strchr(line, ' ')) found = !strncmp(line, head, strlen(head));
+            bool range = isxdigit((unsigned char)line[0]) && strchr(line, '-') && strchr(line, ' ');
+            if (range) found = !strncmp(line, head, strlen(head)); /* a mapping's first line */
             else if (found && !strncmp(line, "THPeligible:", 12)) eligible = atoi(line + 12), found = 0;
         }
         if (sm) fclose(sm);

@@ -1294,7 +1294,7 @@ static inline void walk_pop(di_grammar_matcher *m, size_t base, size_t *md, size
  * cold p99 halved for the same work). walk_ctx_tokens fetches the offsets PREFETCH_AHEAD tokens
  * ahead and the bytes half as far (their offset was fetched by then). The same in loop_mask's
  * class lists (preorder, mostly ascending) gained nothing measurable and took regex_email's p50
- * from 47 to 63-66 us of CPU (18 runs): not done there. */
+ * from 47 to 64-66 us of CPU (two sets of 18 runs): not done there. */
 #define PREFETCH_AHEAD 8
 
 /* Walk the context tokens of a cached block again in this walk's context: each continues from
