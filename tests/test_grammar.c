@@ -2,6 +2,7 @@
  * synthetic vocabulary, rollback, thinking, stop strings, hostile patterns.  di-test: asan */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
@@ -789,6 +790,68 @@ static void test_class_prefix(void **state) {
  * closing space (keyed relative to its own boundary) is the state after two, with another context
  * below it. Keyed by state and byte only, the walk of "        " after "(((((9" took the sixth
  * space from the memo and allowed 8 spaces with 5 parentheses open (found by fuzz_ebnf). */
+/* The arrays masks read live in one 2 MiB-aligned mapping advised for transparent huge pages
+ * (vocab.c: vocab_pack; twelfth round: the first masks of a request paid hundreds of TLB misses
+ * on 4 KiB pages). Checks the placement, that the copies hold the tokens, that the kernel
+ * took the advice where THP is not off, and masks against brute force on such a vocabulary. */
+static bool in_arena(const di_grammar_vocab *v, const void *p, size_t n) {
+    const uint8_t *a = v->arena, *q = p;
+    return q >= a && q + n <= a + v->arena_len;
+}
+
+static void test_vocab_huge_pages(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(3000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    assert_non_null(v->arena);
+    assert_int_equal((uintptr_t)v->arena % (2u << 20), 0);
+    assert_int_equal(v->arena_len % (2u << 20), 0);
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    assert_true(in_arena(v, v->nodes, (size_t)v->n_nodes * sizeof *v->nodes));
+    assert_true(in_arena(v, v->tok_start, ((size_t)v->n_nodes + 1) * sizeof *v->tok_start));
+    assert_true(in_arena(v, v->pre_tok, ((size_t)v->n_pre + 1) * sizeof *v->pre_tok));
+    assert_true(in_arena(v, v->by_class, (size_t)DI_N_CLASSES * words * sizeof *v->by_class));
+    assert_true(in_arena(v, v->class_pre, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_pre));
+    assert_true(in_arena(v, v->class_lcp, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_lcp));
+    assert_true(in_arena(v, v->blob, (size_t)v->blob_off[v->n_vocab] + 1));
+    const void *small[] = {v->text,      v->pre_class, v->pre_off,  v->blob_off,
+                           v->tok_class, v->lens,      v->special, v->dup_next};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) assert_true(in_arena(v, small[i], 1));
+    for (uint32_t t = 0; t < tb.n; t++) { /* the copies hold the tokens */
+        assert_int_equal(v->lens[t], tb.l[t]);
+        if (tb.l[t]) assert_memory_equal(v->blob + v->blob_off[t], tb.b[t], tb.l[t]);
+    }
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+        mode[strcspn(mode, "\n")] = 0;
+        fclose(f);
+    }
+    if (mode[0] && !strstr(mode, "[never]")) { /* the kernel honours MADV_HUGEPAGE: the mapping is eligible */
+        FILE *sm = fopen("/proc/self/smaps", "r");
+        char line[256], head[32];
+        snprintf(head, sizeof head, "%lx-", (unsigned long)(uintptr_t)v->arena);
+        int found = 0, eligible = -1;
+        while (sm && fgets(line, sizeof line, sm)) {
+            bool range = isxdigit((unsigned char)line[0]) && strchr(line, '-') && strchr(line, ' ');
+            if (range) found = !strncmp(line, head, strlen(head)); /* a mapping's first line */
+            else if (found && !strncmp(line, "THPeligible:", 12)) eligible = atoi(line + 12), found = 0;
+        }
+        if (sm) fclose(sm);
+        tu_report("THP mode %.40s arena %zu KiB, THPeligible %d", mode, v->arena_len >> 10, eligible);
+        if (eligible >= 0) assert_int_equal(eligible, 1);
+    }
+    di_grammar *g = regex_or_fail("\\{\"[a-z]{1,12}\": (true|[0-9]{1,4})\\}");
+    memset(&gt_stats, 0, sizeof gt_stats);
+    int checked = 0;
+    for (uint64_t s = 1; s <= 3; s++) checked += gt_walk(g, v, &tb, NULL, s * 104729, 20, "huge pages");
+    assert_true(checked > 10);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_ctx_memo_boundary(void **state) {
     (void)state;
     static const char *multi[] = {"  ", "    ", "        ", "(("};
@@ -1191,7 +1254,7 @@ int main(void) {
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
         cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix),
-        cmocka_unit_test(test_ctx_memo_boundary),
+        cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
         cmocka_unit_test(test_threads),          cmocka_unit_test(test_shared_cache_race),

@@ -126,6 +126,11 @@ struct di_grammar_vocab {
     uint32_t max_len;       /* longest token in bytes */
     uint64_t fingerprint;   /* hash of the token bytes, special flags and EOS ids: masks cached for
                                one vocabulary are reused only by a vocabulary with the same content */
+    /* The arrays above that masks read (all but bytes, eos and class_off) packed into one
+     * mapping backed by transparent huge pages where the kernel allows (vocab.c: vocab_pack);
+     * NULL when packing failed and each array is its own allocation. */
+    void *arena;
+    size_t arena_len;
 };
 
 /* Mask passes 16 bytes at a time (matcher.c: text_minus_classes; vocab.c). */
