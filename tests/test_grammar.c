@@ -757,16 +757,39 @@ static void test_class_prefix(void **state) {
         tb.l[i] = n + 2;
     }
     di_grammar_vocab *v = gt_vocab(&tb);
-    size_t pairs = 0, long_shared = 0;
+    size_t pairs = 0, long_shared = 0, listed = 0;
+    /* each list holds exactly the text tokens of its class, once each, in trie preorder, and each
+     * record holds its token's bytes and class bits (what loop_mask reads instead of the token) */
+    for (int k = 0; k < DI_N_CLASSES; k++) {
+        uint32_t in_class = 0;
+        for (uint32_t t = 0; t < v->n_vocab; t++) in_class += (v->tok_class[t] >> k) & 1;
+        assert_int_equal(v->class_off[k + 1] - v->class_off[k], in_class);
+        uint32_t last_pre = 0;
+        for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
+            const di_class_ent *ce = &v->class_ent[x];
+            assert_true(ce->tok >= 0 && (uint32_t)ce->tok < v->n_vocab);
+            assert_int_equal(ce->bits, v->tok_class[ce->tok]);
+            assert_true((ce->bits >> k) & 1);
+            assert_int_equal(ce->len, tb.l[ce->tok]);
+            assert_memory_equal(v->blob + ce->off, tb.b[ce->tok], ce->len);
+            uint32_t pre = 0; /* the record's preorder position: where its bytes sit in the blob */
+            while (pre < v->n_pre && v->pre_off[pre] < ce->off) pre++;
+            assert_true(pre < v->n_pre && v->pre_off[pre] == ce->off);
+            if (x > v->class_off[k]) assert_true(pre > last_pre);
+            last_pre = pre;
+            listed++;
+        }
+    }
+    tu_report("class list records checked: %zu", listed);
     for (int k = 0; k < DI_N_CLASSES; k++)
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
             if (x == v->class_off[k]) assert_int_equal(v->class_lcp[x], 0);
             uint32_t run = UINT32_MAX;
             for (uint32_t y = x + 1; y < v->class_off[k + 1] && y < x + 64; y++) {
                 if (v->class_lcp[y] < run) run = v->class_lcp[y];
-                uint32_t a = v->class_pre[x], b = v->class_pre[y], l = 0;
-                uint32_t la = v->pre_off[a + 1] - v->pre_off[a], lb = v->pre_off[b + 1] - v->pre_off[b];
-                while (l < la && l < lb && v->blob[v->pre_off[a] + l] == v->blob[v->pre_off[b] + l]) l++;
+                const di_class_ent *a = &v->class_ent[x], *b = &v->class_ent[y];
+                uint32_t l = 0;
+                while (l < a->len && l < b->len && v->blob[a->off + l] == v->blob[b->off + l]) l++;
                 assert_int_equal(run, l);
                 pairs++;
                 long_shared += l >= 20;
@@ -811,11 +834,10 @@ static void test_vocab_huge_pages(void **state) {
     assert_true(in_arena(v, v->tok_start, ((size_t)v->n_nodes + 1) * sizeof *v->tok_start));
     assert_true(in_arena(v, v->pre_tok, ((size_t)v->n_pre + 1) * sizeof *v->pre_tok));
     assert_true(in_arena(v, v->by_class, (size_t)DI_N_CLASSES * words * sizeof *v->by_class));
-    assert_true(in_arena(v, v->class_pre, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_pre));
+    assert_true(in_arena(v, v->class_ent, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_ent));
     assert_true(in_arena(v, v->class_lcp, ((size_t)v->class_off[DI_N_CLASSES] + 1) * sizeof *v->class_lcp));
     assert_true(in_arena(v, v->blob, (size_t)v->blob_off[v->n_vocab] + 1));
-    const void *small[] = {v->text,      v->pre_class, v->pre_off,  v->blob_off,
-                           v->tok_class, v->lens,      v->special, v->dup_next};
+    const void *small[] = {v->text, v->pre_off, v->blob_off, v->tok_class, v->lens, v->special, v->dup_next};
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) assert_true(in_arena(v, small[i], 1));
     for (uint32_t t = 0; t < tb.n; t++) { /* the copies hold the tokens */
         assert_int_equal(v->lens[t], tb.l[t]);

@@ -87,6 +87,14 @@ static inline unsigned di_ascii_bucket(uint8_t b) {
 
 #define DI_LCP_MAX 65535u /* class_lcp saturates here */
 
+/* One token of a class list (di_grammar_vocab.class_ent). */
+typedef struct di_class_ent {
+    int32_t tok;   /* token id */
+    uint32_t off;  /* its bytes are blob[off .. off + len) */
+    uint32_t len;
+    uint32_t bits; /* its class bits (tok_class[tok]) */
+} di_class_ent;
+
 struct di_grammar_vocab {
     uint32_t n_vocab;
     uint8_t **bytes;        /* [n_vocab] token bytes (NULL for empty) */
@@ -105,19 +113,19 @@ struct di_grammar_vocab {
      * (words bits) holds the text tokens that contain a byte of ASCII bucket k (k < DI_N_BUCKETS), that are
      * not valid UTF-8 (DI_CLASS_BAD_UTF8), that contain a byte >= 0x80 (DI_CLASS_HIGH) or that
      * hold more than DI_CHAIN_CHARS characters (lead bytes and ASCII; DI_CLASS_LONG);
-     * class_pre[class_off[k] .. class_off[k + 1]) lists the same tokens as ascending preorder
-     * positions (index into pre_tok), so that a block mask walking a list reads pre_class, pre_off
-     * and the blob forward instead of jumping by token id. text: all text tokens. */
+     * class_ent[class_off[k] .. class_off[k + 1]) lists the same tokens in trie preorder, each
+     * with what a block mask reads of it (id, bytes, class bits) in one 16-byte record, so that
+     * walking a list reads one array forward and the blob, instead of jumping by token id or
+     * through three preorder arrays at ~60-entry strides (thirteenth round). text: all text tokens. */
     uint32_t *by_class;     /* [DI_N_CLASSES * words] */
     uint32_t *text;         /* [words] */
     uint32_t *class_off;    /* [DI_N_CLASSES + 1] */
-    uint32_t *class_pre;    /* preorder positions per class */
-    /* class_lcp[x]: bytes the token at class_pre[x] shares with the one at class_pre[x - 1] (0 for
+    di_class_ent *class_ent; /* [class_off[DI_N_CLASSES] + 1] tokens per class, preorder */
+    /* class_lcp[x]: bytes the token at class_ent[x] shares with the one at class_ent[x - 1] (0 for
      * the first of a list), at most DI_LCP_MAX (then: at least that many). Tokens with a common
      * prefix are contiguous in trie preorder, so the prefix shared by two tokens of one list is the
      * minimum of class_lcp over the entries after the first up to the second (loop_mask). */
     uint16_t *class_lcp;
-    uint32_t *pre_class;    /* [n_pre] class bits of the token at each preorder position */
     uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
     uint8_t *blob;          /* all token bytes back to back, text tokens in trie preorder */
     uint32_t *pre_off;      /* [n_pre + 1] where the token at preorder position p starts in blob

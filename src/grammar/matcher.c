@@ -1405,12 +1405,13 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
          * predecessor on the path came from another list */
         uint32_t shared = UINT32_MAX;
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
-            uint32_t p = v->class_pre[x], lcp = v->class_lcp[x];
+            const di_class_ent *ce = &v->class_ent[x];
+            uint32_t lcp = v->class_lcp[x];
             if (shared != UINT32_MAX && lcp < shared) shared = lcp;
-            if (v->pre_class[p] & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
-            int32_t t = v->pre_tok[p];
-            const uint8_t *tb = v->blob + v->pre_off[p];
-            uint32_t len = v->pre_off[p + 1] - v->pre_off[p];
+            if (ce->bits & bad & ((1u << k) - 1)) continue; /* walked in an earlier bad class */
+            int32_t t = ce->tok;
+            const uint8_t *tb = v->blob + ce->off;
+            uint32_t len = ce->len;
             /* the prefix this token shares with the previous one keeps its states (and the sets
              * materialized for it); walk_edge needs the sets of depth d - 1 on top, if any. Path
              * 1..valid holds the previous token's first bytes, so within a list the shared prefix is

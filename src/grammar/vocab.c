@@ -23,9 +23,8 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
         free(v->tok_start);
         free(v->by_class);
         free(v->text);
-        free(v->class_pre);
+        free(v->class_ent);
         free(v->class_lcp);
-        free(v->pre_class);
         free(v->pre_off);
         free(v->tok_class);
         free(v->blob);
@@ -103,8 +102,7 @@ static int token_classes(di_grammar_vocab *v) {
     v->tok_class = calloc(v->n_vocab, sizeof *v->tok_class);
     v->blob_off = malloc(((size_t)v->n_vocab + 1) * sizeof *v->blob_off);
     v->pre_off = malloc(((size_t)v->n_pre + 1) * sizeof *v->pre_off);
-    v->pre_class = malloc(((size_t)v->n_pre + 1) * sizeof *v->pre_class);
-    if (!v->tok_class || !v->blob_off || !v->pre_off || !v->pre_class) return DI_ERR_NOMEM;
+    if (!v->tok_class || !v->blob_off || !v->pre_off) return DI_ERR_NOMEM;
     size_t total = 0, nb = 0;
     for (uint32_t x = 0; x < v->n_pre; x++) { /* text tokens in trie preorder, as the class lists */
         int32_t t = v->pre_tok[x];
@@ -134,9 +132,9 @@ static int token_classes(di_grammar_vocab *v) {
             }
     }
     for (int k = 0; k < DI_N_CLASSES; k++) v->class_off[k + 1] += v->class_off[k];
-    v->class_pre = malloc((total + 1) * sizeof *v->class_pre);
+    v->class_ent = calloc(total + 1, sizeof *v->class_ent);
     uint32_t *fill = malloc(DI_N_CLASSES * sizeof *fill);
-    if (!v->class_pre || !fill) {
+    if (!v->class_ent || !fill) {
         free(fill);
         return DI_ERR_NOMEM;
     }
@@ -145,9 +143,11 @@ static int token_classes(di_grammar_vocab *v) {
      * parse states of the prefix a token shares with the previous one, so tokens with a common
      * prefix (".com", ".org", ...) follow each other and replay nothing */
     for (uint32_t x = 0; x < v->n_pre; x++) {
-        uint32_t bits = v->pre_class[x] = v->tok_class[v->pre_tok[x]];
+        uint32_t bits = v->tok_class[v->pre_tok[x]];
+        di_class_ent ent = {.tok = v->pre_tok[x], .off = v->pre_off[x], .len = v->pre_off[x + 1] - v->pre_off[x],
+                            .bits = bits};
         for (int k = 0; k < DI_N_CLASSES; k++)
-            if ((bits >> k) & 1) v->class_pre[fill[k]++] = x;
+            if ((bits >> k) & 1) v->class_ent[fill[k]++] = ent;
     }
     free(fill);
     /* common prefix of each listed token with the one before it in its list (see class_lcp) */
@@ -156,9 +156,9 @@ static int token_classes(di_grammar_vocab *v) {
         for (uint32_t x = v->class_off[k]; x < v->class_off[k + 1]; x++) {
             uint32_t l = 0;
             if (x > v->class_off[k]) {
-                uint32_t a = v->class_pre[x - 1], b = v->class_pre[x];
-                uint32_t la = v->pre_off[a + 1] - v->pre_off[a], lb = v->pre_off[b + 1] - v->pre_off[b];
-                const uint8_t *pa = v->blob + v->pre_off[a], *pb = v->blob + v->pre_off[b];
+                const di_class_ent *a = &v->class_ent[x - 1], *b = &v->class_ent[x];
+                uint32_t la = a->len, lb = b->len;
+                const uint8_t *pa = v->blob + a->off, *pb = v->blob + b->off;
                 while (l < la && l < lb && l < DI_LCP_MAX && pa[l] == pb[l]) l++;
             }
             v->class_lcp[x] = (uint16_t)l;
@@ -248,9 +248,8 @@ static bool vocab_pack(di_grammar_vocab *v) {
         {(void **)&v->dup_next, (size_t)v->n_vocab * sizeof *v->dup_next},
         {(void **)&v->by_class, (size_t)DI_N_CLASSES * words * sizeof *v->by_class},
         {(void **)&v->text, words * sizeof *v->text},
-        {(void **)&v->class_pre, (n_listed + 1) * sizeof *v->class_pre},
+        {(void **)&v->class_ent, (n_listed + 1) * sizeof *v->class_ent},
         {(void **)&v->class_lcp, (n_listed + 1) * sizeof *v->class_lcp},
-        {(void **)&v->pre_class, ((size_t)v->n_pre + 1) * sizeof *v->pre_class},
         {(void **)&v->pre_off, ((size_t)v->n_pre + 1) * sizeof *v->pre_off},
         {(void **)&v->blob, (size_t)v->blob_off[v->n_vocab] + 1},
         {(void **)&v->blob_off, ((size_t)v->n_vocab + 1) * sizeof *v->blob_off},
