@@ -6,9 +6,9 @@
  *
  * Exactness: every row runs the per-row device code of the per-sequence kernels (cuda_select.cuh) with
  * the row's own key set, width, visible count and k, so its output is the per-sequence op's on that row
- * alone, bit for bit, by construction. The torch replay stays per row and per width: the parallel
- * top-k for every row, the tie check per row, the serial replay of the rows it flags; the candidate
- * mask replays every row. tests/cuda/test_cuda_index_seqs.c checks both selection rules against the
+ * alone, bit for bit, by construction. The torch replay stays per row and per width: the one-pass cut
+ * for every row (its threshold, the tie check, and the output of the rows the ties cannot change), the
+ * replay of the rows it flags; the candidate mask replays every row. tests/cuda/test_cuda_index_seqs.c checks both selection rules against the
  * per-sequence loop. */
 #include <stdlib.h>
 #include <string.h>
