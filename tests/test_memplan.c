@@ -182,13 +182,15 @@ static void test_released_offloaded(void **state) {
      *   attention (1280 + 2·32768 + 512 + 8192)·2 + (8192 + 256) + 32·128·2 + 32·4
      *             + 65536·4 (1M ratio-1 keys, one tile) + (512 + 128)·4 = 432512
      *   moe 384·4 + 6·8 + 6·(10240 + 5280 + 18432 + 4608 + 2376 + 20480) + (18432 + 4608 + 20480) = 413600
-     *   engram 24·(8 + 512) + 5·5120·2 = 63680;  logits 129280·4 = 517120 */
+     *   engram 24·(8 + 512) + 5·5120·2 = 63680;  logits 129280·4 = 517120
+     * and once per step the backend gather's rows: ⌊262144 / 512⌋ = 512 tokens × 512 × 512 × 2 = 256 MiB */
+    const int64_t gather = 512LL * 512 * 512 * 2;
     assert_int_equal(p->ws.residual, 2048LL * 81920);
     assert_int_equal(p->ws.mhc, 2048LL * 20672);
-    assert_int_equal(p->ws.attention, 2048LL * 432512);
+    assert_int_equal(p->ws.attention, 2048LL * 432512 + gather);
     assert_int_equal(p->ws.moe, 2048LL * 413600);
     assert_int_equal(p->ws.engram, 2048LL * 63680);
-    assert_int_equal(p->ws.total, 2048LL * (81920 + 20672 + 432512 + 517120));
+    assert_int_equal(p->ws.total, 2048LL * (81920 + 20672 + 432512 + 517120) + gather);
     /* a 2048-token step touches every one of the 384 experts: double-buffered whole layer */
     assert_int_equal(p->staging_dev, 2LL * 384 * s.expert_one);
     assert_int_equal(p->reserve_dev, DI_MEMPLAN_CUDA_RESERVE);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model/forward_internal.h"
+#include "model/memplan.h"
 #include "util/error.h"
 
 #define CK(call)                     \
@@ -88,12 +89,14 @@ typedef struct seq_attn {
     int kv_stage;             /* the cache stage holding the entries */
 } seq_attn;
 
-/* Rows a backend gather may produce in one pass (T·top-k rows of hd bf16: 64 MB at V4.1's 512). */
-#define FWD_GATHER_MAX_ROWS 65536
-
+/* Rows a backend gather may produce in one pass: T·top-k rows of hd bf16, 256 MiB at V4.1's 512 (T ≤ 512
+ * tokens; memplan.h counts them). A larger pass (a long prefill chunk) takes the host path, which reads
+ * the top-k lists back and decodes each entry once per sequence. At 64K B = 256 decode steps that host
+ * path cost ~60-70 ms of host time per index layer against ~22-25 ms on the GPU, when the limit was
+ * 65,536 rows (bench/NOTES-gpu.md, session 12). */
 bool fwd_gather_on_backend(const fwd_ctx *c) {
     const di_backend *be = c->be;
-    if (!be->gather_topk || c->T * c->cfg->index_topk > FWD_GATHER_MAX_ROWS) return false;
+    if (!be->gather_topk || c->T * c->cfg->index_topk > DI_MEMPLAN_GATHER_ROWS) return false;
     for (int i = 0; i < c->n_seq; i++) {
         const di_cache *k = c->seq[i].ck.cache;
         if (k->be != be && !(be->host_memory && !k->be)) return false; /* the arena is elsewhere */

@@ -182,6 +182,10 @@ static void plan_workspace(const di_config *c, const di_memplan_opts *o, int64_t
     w->residual = N * residual;
     w->mhc = N * mhc;
     w->attention = N * attn;
+    if (indexer && c->index_topk > 0) { /* the backend gather of one step (memplan.h) */
+        int64_t tok = DI_MEMPLAN_GATHER_ROWS / c->index_topk; /* the largest step that gathers there */
+        w->attention += (N < tok ? N : tok) * c->index_topk * hd * 2;
+    }
     w->moe = N * moe;
     w->engram = N * engram;
     w->logits = N * logits;

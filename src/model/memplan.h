@@ -38,7 +38,11 @@
  *              + D f32) dispatched rows + (2·I f32 + I bf16 + D f32) shared expert
  *   engram     (G−1)·n_heads · (8 B id + ehd bf16) + (hc+1)·D bf16   (only with Engram layers)
  *   logits     V f32                                [N, V] logits of the step (sampling, verify)
- *   workspace = N · (residual + mhc + max(attention, moe, engram) + logits)
+ *   workspace = N · (residual + mhc + max(attention, moe, engram) + logits), attention plus once per
+ *              step the compressed rows a backend gather holds (forward_block.c: T·index_topk rows of
+ *              hd bf16 for a step of T ≤ DI_MEMPLAN_GATHER_ROWS / index_topk tokens, beyond that the
+ *              host path, which gathers each entry once): min(N, ⌊DI_MEMPLAN_GATHER_ROWS / index_topk⌋)
+ *              · index_topk · hd bf16 (256 MiB at the released dimensions)
  * It is an upper bound for the engine's scheduler, not a measurement: the engine must not form a
  * step of more than N tokens, and kernels must tile the indexer as stated.
  *
@@ -65,6 +69,7 @@
 #define DI_MEMPLAN_CUDA_RESERVE ((int64_t)1 << 30)  /* CUDA context, BLAS workspaces, allocator slack */
 #define DI_MEMPLAN_CHUNK_DEFAULT 2048               /* prefill tokens per step */
 #define DI_MEMPLAN_INDEX_TILE 65536                 /* compressed keys scored per query per tile */
+#define DI_MEMPLAN_GATHER_ROWS 262144               /* T·index_topk rows a step's backend gather may hold */
 #define DI_MEMPLAN_MAX_SEQS ((int64_t)1 << 20)
 #define DI_MEMPLAN_MAX_CHUNK ((int64_t)1 << 20)
 
