@@ -6,12 +6,12 @@
  *    linear_fp8 slot with the kernel switched off (the GEMV / int8 MMA GEMM, checked against the CPU
  *    elsewhere), at
  *    - edge shapes: N 1 / 8 / 9 / 12 / 33 / 37 / 100 (tails of a 16-column tile and of a 32-row scale
- *      group), K 32 / 96 / 544 / 4608 / 8192 (tails of a prefetch group), M 3 ... 64 (tails of a row
+ *      group), K 32 / 96 / 544 / 4608 / 8192 (tails of a prefetch group), M 1 ... 64 (tails of a row
  *      group of 8), with NaN / +inf x rows in the first and last row group, e4m3 NaN weight codes and
  *      weight-scale bytes 0 / 254 / 255;
  *    - the V4.1 FP8 linear shapes (spec §2.4) at M 3, 8, 16, 33 and 64.
  * 2. The slot with the kernel on (default) against the slot with it off (NaN class).
- * 3. Refusals: M 0 / 65, K 48, a misaligned weight, N 0.
+ * 3. Refusals: M 0 / 65, K 48, a misaligned weight or x, N 0.
  * 4. DI_BENCH=1: µs per call at the V4.1 shapes for M 3 ... 64, weights rotated over ≥ 256 MB of copies
  *    (every call reads HBM), best of 5 batches: the slot without the kernel (act_quant + the GEMV or the
  *    int8 MMA GEMM), the slot with it (act_quant + this kernel), and the kernel alone on act-quantized
@@ -61,7 +61,7 @@ static uint8_t code(void) {
     }
 }
 
-/* special: 0 random; 1 NaN x in row 0 and the last row, +inf x in row 1, NaN weight codes in a few
+/* special: 0 random; 1 NaN x in row 0 and the last row, +inf x in row 1 (M ≥ 2), NaN weight codes in a few
  * columns, and weight-scale bytes 0 / 254 / 255 */
 static void check_case(int64_t M, int64_t N, int64_t K, int special, int with_cpu) {
     uint16_t *x = xmalloc(2 * (size_t)(M * K));
@@ -72,7 +72,7 @@ static void check_case(int64_t M, int64_t N, int64_t K, int special, int with_cp
     for (int64_t i = 0; i < NG * KB; i++) ws[i] = (uint8_t)(118 + rnd() % 8);
     if (special) {
         x[(37 * 7) % K] = 0x7fc0;                      /* row 0: a NaN group */
-        x[K + (64 + 11) % K] = 0x7f80;                 /* row 1: a +inf group */
+        if (M > 1) x[K + (64 + 11) % K] = 0x7f80;      /* row 1: a +inf group */
         x[(M - 1) * K + (K / 2 + 5) % K] = 0xffc0;     /* the last row: a NaN group */
         for (int64_t n = 0; n < N; n += 7) w[n * K + (n * 13) % K] = n % 2 ? 0x7f : 0xff;
         for (int64_t i = 0; i < NG * KB; i += 5) ws[i] = i % 3 == 0 ? 0 : i % 3 == 1 ? 254 : 255;
@@ -133,6 +133,7 @@ static void check_refusals(void) {
     check("refused: M 65", "", di_cuda_gemm_dmma_run(xq, xs, 65, 512, dw, dws, 64, dy, st, E) != DI_OK);
     check("refused: K 48 (not a multiple of 32)", "", di_cuda_gemm_dmma_run(xq, xs, 8, 48, dw, dws, 64, dy, st, E) != DI_OK);
     check("refused: w not 8-byte aligned", "", di_cuda_gemm_dmma_run(xq, xs, 8, 512, dw + 4, dws, 64, dy, st, E) != DI_OK);
+    check("refused: xq not 8-byte aligned", "", di_cuda_gemm_dmma_run(xq + 4, xs, 8, 512, dw, dws, 64, dy, st, E) != DI_OK);
     check("refused: N 0", "", di_cuda_gemm_dmma_run(xq, xs, 8, 512, dw, dws, 0, dy, st, E) != DI_OK);
     check("no CUDA error left pending", "", cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess);
     cudaFree(xq), cudaFree(xs), cudaFree(dw), cudaFree(dws), cudaFree(dy);
@@ -203,7 +204,7 @@ int main(void) {
     printf("%-44s %-34s %s\n", "check", "shape", "result");
     static const int64_t edge[][3] = {{1, 32, 0}, {9, 96, 1}, {33, 544, 1}, {100, 4608, 1}, {37, 8192, 1}, {8, 512, 0},
                                       {12, 1056, 1}};
-    static const int64_t edge_m[] = {3, 5, 8, 9, 15, 16, 17, 31, 33, 64};
+    static const int64_t edge_m[] = {1, 2, 3, 5, 8, 9, 15, 16, 17, 31, 33, 64};
     for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
         for (size_t j = 0; j < sizeof edge_m / sizeof edge_m[0]; j++)
             check_case(edge_m[j], edge[i][0], edge[i][1], (int)edge[i][2], 1);

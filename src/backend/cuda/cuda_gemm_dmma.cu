@@ -19,7 +19,7 @@
  * layouts). The k order inside a block is free (the sum is exact), so slot t + 4q of instruction h is
  * k = 8t + 4h + q: per block a lane reads 8 consecutive codes of each of its rows (8-byte loads; a warp
  * reads full 32-byte sectors). C's lane holds columns g and g + 8 of rows 2t and 2t + 1: two x scales,
- * one weight scale (16 columns never straddle a 32-row scale group). Codes become f64 through the
+ * one weight scale (16 output columns never straddle a group of 32 weight rows of one scale). Codes become f64 through the
  * per-lane table of cuda_gemv_fp8.cu (one byte permute, one shared load, the low word 0).
  *
  * Two forms. "tile": a warp owns a 16-column tile for all of K and adds its blocks in its own registers,
@@ -34,7 +34,9 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm_dmma.h"
 
-#define DM_TAB_BYTES (256 * 256) /* u32 [256 codes][64]: lanes 0..31 hold the high word of the code's double */
+/* u32 [256 codes][64]: lanes 0..31 hold the high word of the code's double. The other 32 words of a row are
+ * unused (32 KiB): the price of an offset made by one byte permute (code·256 + lane·4). */
+#define DM_TAB_BYTES (256 * 256)
 #define DM_MAX_WARPS 16
 
 /* The f64 value of code B of word v from this lane's copy of the table (cuda_gemv_fp8.cu, g8_val). */
@@ -71,7 +73,7 @@ template <int NB>
 static __device__ __forceinline__ void dm_block(const unsigned char *tab, uint32_t lane4, uint2 w0, uint2 w1,
                                                 uint8_t swb, const uint2 (&xqv)[NB], const uint8_t (&sxb)[NB][2],
                                                 float (&acc)[NB][4]) {
-    double c[NB][4];
+    double c[NB][4]; /* f64 [group][C fragment]: the block sums, exact */
 #pragma unroll
     for (int r = 0; r < NB; r++) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.0;
 #pragma unroll
@@ -121,10 +123,10 @@ __global__ void __launch_bounds__(DM_MAX_WARPS * 32, 1) dm_tile_kernel(const uin
         const int64_t n0 = tile * 16;
         const uint8_t *wr0 = w + min(n0 + g, N - 1) * K + t * 8, *wr1 = w + min(n0 + g + 8, N - 1) * K + t * 8;
         const uint8_t *wsr = ws + (n0 / 32) * KB;
-        float acc[NB][4];
+        float acc[NB][4]; /* f32 [group][C fragment]: the outputs' sums, blocks so far */
 #pragma unroll
         for (int r = 0; r < NB; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
-        uint2 cur[U][2], nxt[U][2];
+        uint2 cur[U][2], nxt[U][2]; /* e4m3 [block][row g, g + 8]: 8 codes each, this group of U blocks, the next */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             cur[u][0] = u < KB ? __ldg((const uint2 *)(wr0 + u * 32)) : make_uint2(0, 0);
@@ -166,9 +168,9 @@ __global__ void __launch_bounds__(DM_MAX_WARPS * 32, 1) dm_tile_kernel(const uin
 
 /* The split form: the S warps of a CTA share one 16-column tile and take its blocks in rounds, warp s
  * block r·S + s of round r. Each warp puts its block's scaled values (dm_block's, not yet added) in a
- * shared slot; after one barrier, thread o of the CTA adds slots 0 … S − 1 of its output o to its f32
- * sum, that is blocks r·S … r·S + S − 1 in ascending order, so every output sees the CPU's sequence of
- * adds. Two sets of slots alternate, so one barrier per round suffices: a set is written again two
+ * shared slot; after one barrier, the thread owning output o (threads take outputs o, o + 32·S, …) adds
+ * the round's slots 0, 1, … (all S but in the last round) to its f32 sum, that is blocks r·S, r·S + 1, …
+ * in ascending order, so every output sees the CPU's sequence of adds. Two sets of slots alternate, so one barrier per round suffices: a set is written again two
  * rounds later, after the barrier its readers have passed. */
 template <int NB>
 static __device__ __forceinline__ void dm_split_vals(const unsigned char *tab, uint32_t lane4, uint2 w0, uint2 w1,
@@ -294,19 +296,36 @@ static void dm_pick(int64_t m, int64_t n, int *form, int *u) {
     *u = g_dm_u ? g_dm_u : *form == 1 && m <= 16 ? 4 : 2;
 }
 
-/* The tile form: one CTA per SM at most (the table is per CTA), warps sized so that every warp gets the
- * same number of tiles ± 1 (as cuda_gemv_fp8.cu's launch). */
+/* The > 48 KiB shared-memory opt-in of one instantiation, once per device (the attribute is per device; a
+ * failed opt-in is reported, not remembered), and, for the split form, its CTAs per SM there. */
+#define DM_MAX_DEVICES 64
+template <class Kernel>
+static int dm_optin(Kernel kern, size_t smem, bool (&done)[DM_MAX_DEVICES], int *occ, int threads, di_error *err) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+    if (dev >= 0 && dev < DM_MAX_DEVICES && done[dev]) return DI_OK;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_dmma: shared-memory opt-in of %zu bytes: %s", smem,
+                            cudaGetErrorString(e));
+    if (occ && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[dev >= 0 && dev < DM_MAX_DEVICES ? dev : 0], kern,
+                                                              threads, smem) != cudaSuccess))
+        occ[dev >= 0 && dev < DM_MAX_DEVICES ? dev : 0] = 1;
+    if (dev >= 0 && dev < DM_MAX_DEVICES) done[dev] = true;
+    return DI_OK;
+}
+
+/* The tile form: about one CTA per SM (the table is per CTA; the grid is at most the SM count), warps sized
+ * so that every warp gets the same number of tiles ± 1 (as cuda_gemv_fp8.cu's launch). */
 template <int NB, int U>
 static int dm_tile_launch(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                           const uint8_t *ws, int64_t n, uint16_t *y, cudaStream_t st, di_error *err) {
     const int64_t ntiles = (n + 15) / 16, sms = di_cuda_sm_count(), slots = sms * DM_MAX_WARPS;
     const int64_t rounds = (ntiles + slots - 1) / slots, warps = (ntiles + rounds - 1) / rounds;
     const int64_t ctas = warps < sms ? warps : sms, nw = (warps + ctas - 1) / ctas;
-    static bool raised = false;
-    if (!raised) {
-        cudaFuncSetAttribute(dm_tile_kernel<NB, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, DM_TAB_BYTES);
-        raised = true;
-    }
+    static bool done[DM_MAX_DEVICES]; /* per instantiation */
+    const int rc = dm_optin(dm_tile_kernel<NB, U>, DM_TAB_BYTES, done, NULL, 0, err);
+    if (rc) return rc;
     dm_tile_kernel<NB, U><<<(unsigned)ctas, (unsigned)(nw * 32), DM_TAB_BYTES, st>>>(xq, xs, (int)m, k, w, ws, n, y);
     return di_cuda_launched("linear_fp8 (gemm_dmma tile)", err);
 }
@@ -315,15 +334,14 @@ static int dm_tile_launch(const uint8_t *xq, const uint8_t *xs, int64_t m, int64
 template <int NB, int S, int U>
 static int dm_split_launch(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                            const uint8_t *ws, int64_t n, uint16_t *y, cudaStream_t st, di_error *err) {
-    const size_t smem = DM_TAB_BYTES + (size_t)2 * S * NB * 32 * sizeof(float4);
-    static int occ = 0;
-    if (!occ) {
-        cudaFuncSetAttribute(dm_split_kernel<NB, S, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, dm_split_kernel<NB, S, U>, S * 32, smem) != cudaSuccess ||
-            occ < 1)
-            occ = 1;
-    }
-    const int64_t ntiles = (n + 15) / 16, slots = (int64_t)di_cuda_sm_count() * occ;
+    const size_t smem = DM_TAB_BYTES + (size_t)2 * S * NB * 32 * sizeof(float4); /* ≤ 192 KiB (NB 8, S 16) */
+    static bool done[DM_MAX_DEVICES]; /* per instantiation */
+    static int occ[DM_MAX_DEVICES];
+    const int rc = dm_optin(dm_split_kernel<NB, S, U>, smem, done, occ, S * 32, err);
+    if (rc) return rc;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= DM_MAX_DEVICES) dev = 0;
+    const int64_t ntiles = (n + 15) / 16, slots = (int64_t)di_cuda_sm_count() * (occ[dev] > 0 ? occ[dev] : 1);
     const int64_t ctas = ntiles < slots ? ntiles : slots;
     dm_split_kernel<NB, S, U><<<(unsigned)ctas, S * 32, smem, st>>>(xq, xs, (int)m, k, w, ws, n, y);
     return di_cuda_launched("linear_fp8 (gemm_dmma split)", err);
@@ -344,10 +362,12 @@ static int dm_variant(int form, int u, const uint8_t *xq, const uint8_t *xs, int
 
 extern "C" int di_cuda_gemm_dmma_run(const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                                      const uint8_t *ws, int64_t n, uint16_t *y, void *stream, di_error *err) {
-    if (!di_cuda_gemm_dmma_fits(m, k, w) || n < 1)
+    if (!di_cuda_gemm_dmma_fits(m, k, w) || n < 1 || (uintptr_t)xq % 8)
         return di_error_set(err, DI_ERR_INVALID,
-                            "cuda gemm_dmma: M %lld (1..%d), K %lld (a positive multiple of 32), N %lld, w 8-byte aligned",
-                            (long long)m, DI_DMMA_MAX_M, (long long)k, (long long)n);
+                            "cuda gemm_dmma: M %lld (expected 1..%d), K %lld (a positive multiple of 32), N %lld (≥ 1), "
+                            "w and xq at %llu / %llu mod 8 (expected 0)",
+                            (long long)m, DI_DMMA_MAX_M, (long long)k, (long long)n,
+                            (unsigned long long)((uintptr_t)w % 8), (unsigned long long)((uintptr_t)xq % 8));
     cudaStream_t st = (cudaStream_t)stream;
     const int64_t groups = (m + 7) / 8;
     int form, u;
