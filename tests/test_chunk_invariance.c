@@ -7,7 +7,9 @@
  * -nosel, and -sel with the real 128-position window). The index selections break EXACT ties among bf16 scores as torch's CPU select does, which
  * depends on the width of the score rows; a chunk that does not know the prompt's end (prompt_end = 0)
  * scores only the entries up to its own end and picks differently among ties: the control run shows
- * that this prompt hits such ties on the mkmodel preset (so the comparison above has teeth).
+ * that this prompt hits such ties on the mkmodel preset (so the comparison above has teeth). The
+ * one-shot prefill is also run with the backend top-k gather in slices of 7 queries (the path of
+ * prefills longer than fwd_gather_rows / top-k): the same bits.
  * ~10 s CPU here (fewer chunkings under ASan).  di-test: asan */
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,6 +18,8 @@
 
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_fused.h"
+#include "model/forward_internal.h"
 #include "model/session.h"
 #include "model/weights.h"
 #include "testutil.h"
@@ -95,6 +99,17 @@ static void run(const di_model *m, const di_backend *be, const int32_t *ids, con
     di_session_destroy(s);
 }
 
+/* The sliced run's sparse_attn: counts the calls over a 7-query slice of the prompt */
+static int (*g_attn)(const di_backend *, const uint16_t *, int64_t, int, int, const uint16_t *, int64_t, const uint16_t *,
+                      int64_t, const float *, const int32_t *, int64_t, float, uint16_t *, di_error *);
+static long g_attn_slices;
+static int counted_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kv_win,
+                        int64_t n_win, const uint16_t *kv_cmp, int64_t n_cmp, const float *sink, const int32_t *idx,
+                        int64_t n_idx, float scale, uint16_t *out, di_error *err) {
+    g_attn_slices += m == 7;
+    return g_attn(be, q, m, nh, d, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
+}
+
 /* Rows [r0, n) of a (f32 [n, V]) that differ from b bitwise; *first = the first one (−1: none). */
 static int64_t rows_differing(const float *a, const float *b, int64_t r0, int64_t n, int64_t V, int64_t *first) {
     int64_t k = 0;
@@ -146,6 +161,32 @@ static bool check_model(const char *name, const char *dir, bool control) {
                   same_img ? "identical" : "DIFFERENT", (long long)ref.n_image);
         if (bad) fail_msg("%s: chunking %d: prompt logits row %lld differs first", name, c, (long long)first);
         if (bad_d) fail_msg("%s: chunking %d: decode step %lld differs", name, c, (long long)first_d);
+        assert_true(same_img);
+        run_free(&got);
+    }
+    /* the one-shot prefill with the backend top-k gather cut into slices of 7 queries (forward_block.c
+     * attend_sliced, what a long prefill does past fwd_gather_rows): the same bits */
+    {
+        di_backend *bf = NULL; /* a CPU backend with the fused slots: the backend top-k gather */
+        if (di_backend_cpu_create(2, &bf, &err)) fail_msg("%s: %s", name, err.msg);
+        di_cpu_fused_install(bf);
+        g_attn = bf->sparse_attn, g_attn_slices = 0;
+        bf->sparse_attn = counted_attn;
+        fwd_set_gather_rows(7 * (int64_t)m->cfg.index_topk);
+        run_out got;
+        run(m, bf, ids, NULL, 0, true, &got);
+        fwd_set_gather_rows(0);
+        di_backend_destroy(bf);
+        assert_true(g_attn_slices > 0); /* the prefill did attend in slices */
+        int64_t first, first_d;
+        int64_t bad = rows_differing(got.prompt, ref.prompt, ALL_ROWS ? 0 : T - 1, T, V, &first);
+        int64_t bad_d = rows_differing(got.decode, ref.decode, 0, N_DECODE, V, &first_d);
+        bool same_img = got.n_image == ref.n_image && !memcmp(got.image, ref.image, (size_t)ref.n_image);
+        tu_report("%s: one-shot prefill gathered in slices of 7 queries (%ld sliced attention calls): %lld prompt rows "
+                  "and %lld decode rows differ, cache image %s",
+                  name, g_attn_slices, (long long)bad, (long long)bad_d, same_img ? "identical" : "DIFFERENT");
+        if (bad) fail_msg("%s: sliced gather: prompt logits row %lld differs first", name, (long long)first);
+        if (bad_d) fail_msg("%s: sliced gather: decode step %lld differs", name, (long long)first_d);
         assert_true(same_img);
         run_free(&got);
     }

@@ -86,17 +86,31 @@ typedef struct seq_attn {
      * idx are written by be->gather_topk from these lists once idx is in backend memory (attention). */
     const int32_t *top_dev;   /* int32 [T, kc] the index source's top-k (backend) or NULL */
     int64_t kc, n_ent;        /* ids per query; entries visible to the chunk */
+    int64_t per;              /* queries per backend gather: cmp holds min(T, per)·kc rows (fwd_gather_rows) */
     int kv_stage;             /* the cache stage holding the entries */
 } seq_attn;
 
-/* Rows a backend gather may produce in one pass: T·top-k rows of hd bf16, 256 MiB at V4.1's 512 (T ≤ 512
- * tokens; memplan.h counts them). A larger pass (a long prefill chunk) takes the host path, which reads
- * the top-k lists back and decodes each entry once per sequence. At 64K B = 256 decode steps that host
- * path cost ~60-70 ms of host time per index layer against ~22-25 ms on the GPU, when the limit was
- * 65,536 rows (bench/NOTES-gpu.md, session 12). */
+/* Rows one backend gather may produce: T·top-k rows of hd bf16, 256 MiB at V4.1's 512 (memplan.h counts
+ * them). A sequence with more queries than fit (a long prefill chunk) is gathered and attended in
+ * slices of rows_per_gather / top-k queries (attention(): each query's output depends on its own rows
+ * only). Before session 12 such passes took the host path — the top-k lists read back, each entry
+ * decoded once per sequence, the lists rebuilt on the host — which cost 35-68 ms of host time per
+ * index layer at B = 256 / 64K and ~60 ms of the 8K prefill's index layers (bench/NOTES-gpu.md).
+ * fwd_set_gather_rows or DI_FWD_GATHER_ROWS change the limit (tests and the GPU checks: small slices on
+ * the tiny models). */
+static int64_t g_gather_rows = -1; /* -1: DI_FWD_GATHER_ROWS from the environment (checks), else the default */
+void fwd_set_gather_rows(int64_t rows) { g_gather_rows = rows > 0 ? rows : DI_MEMPLAN_GATHER_ROWS; }
+static int64_t gather_rows(void) {
+    if (g_gather_rows < 0) {
+        const char *v = getenv("DI_FWD_GATHER_ROWS");
+        fwd_set_gather_rows(v ? strtoll(v, NULL, 10) : 0);
+    }
+    return g_gather_rows;
+}
+
 bool fwd_gather_on_backend(const fwd_ctx *c) {
     const di_backend *be = c->be;
-    if (!be->gather_topk || c->T * c->cfg->index_topk > DI_MEMPLAN_GATHER_ROWS) return false;
+    if (!be->gather_topk) return false;
     for (int i = 0; i < c->n_seq; i++) {
         const di_cache *k = c->seq[i].ck.cache;
         if (k->be != be && !(be->host_memory && !k->be)) return false; /* the arena is elsewhere */
@@ -545,10 +559,11 @@ static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, i
     if (!kc) return DI_OK;
 
     int64_t n_all = (q->ck.s0 + T) / lc->compress_ratio; /* entries visible to the chunk's last query */
-    if (!topp->topk) { /* backend gather */
-        uint16_t *rows; /* bf16 [T·kc, hd] */
-        ALLOC(rows, T * kc * hd, 0);
-        s->cmp = rows, s->n_cmp = T * kc, s->top_dev = topp->topk_dev, s->kc = kc, s->n_ent = n_all;
+    if (!topp->topk) { /* backend gather, in slices of per queries */
+        int64_t per = gather_rows() / kc > 0 ? gather_rows() / kc : 1, n = T < per ? T : per;
+        uint16_t *rows; /* bf16 [n·kc, hd] */
+        ALLOC(rows, n * kc * hd, 0);
+        s->cmp = rows, s->n_cmp = n * kc, s->top_dev = topp->topk_dev, s->kc = kc, s->n_ent = n_all, s->per = per;
         s->kv_stage = lc->kv_source;
         return DI_OK;
     }
@@ -583,6 +598,30 @@ static int gather_compressed(fwd_ctx *c, int L, const fwd_seq *q, seq_attn *s, i
  * (cache_rows.c: compressed KV = FP4 with E4M3 scales per 16). One gather_topk_seqs call for every
  * sequence where the backend has it, else one gather_topk per sequence.
  *   idx_d int32 [Σ T_i·n_idx_i] (backend, sequence after sequence) */
+/* The gather of sequence q's queries [t0, t0 + m) (s->top_dev set): their top-k rows into s->cmp, their
+ * compressed index columns at idx (int32, the sequence's lists in backend memory, query t0's row). */
+static int gather_args(fwd_ctx *c, const fwd_seq *q, const seq_attn *s, int64_t t0, int64_t m, int32_t *idx,
+                       di_gather_seq *g) {
+    const di_cache *k = q->ck.cache;
+    const di_cache_stage *st = &k->stage[s->kv_stage];
+    const int32_t *pages = NULL; /* int32 [n_pages] (backend) */
+    if (k->pool) {
+        int32_t *pd;
+        UPLOAD(pd, k->pages, k->n_pages > 0 ? k->n_pages : 1, 0);
+        pages = pd;
+    }
+    *g = (di_gather_seq){.base = st->cmp, .pages = pages, .top = s->top_dev + t0 * s->kc, .rows = (uint16_t *)s->cmp,
+                         .idx = idx + q->n_win, .n_entries = s->n_ent, .page_entries = st->page_entries,
+                         .page_rows = k->cmp_page_rows, .row_off = st->cmp_row0, .m = m, .ldi = s->n_idx,
+                         .k = (int32_t)s->kc, .row0 = (int32_t)q->n_win_rows};
+    return DI_OK;
+}
+
+static int gather_one(fwd_ctx *c, const di_gather_seq *g) {
+    return c->be->gather_topk(c->be, DI_CODEC_FP4_E4M3, g->base, g->n_entries, g->pages, g->page_entries, g->page_rows,
+                              g->row_off, g->top, g->m, g->k, c->cfg->head_dim, g->row0, g->rows, g->idx, g->ldi, c->err);
+}
+
 static int gather_on_backend(fwd_ctx *c, const seq_attn *sa, int32_t *idx_d) {
     const di_backend *be = c->be;
     di_gather_seq *gs_h, *gs; /* [n_seq] the sequences that gather (host, backend) */
@@ -593,28 +632,43 @@ static int gather_on_backend(fwd_ctx *c, const seq_attn *sa, int32_t *idx_d) {
         const fwd_seq *q = &c->seq[i];
         const seq_attn *s = &sa[i];
         if (!s->top_dev) continue;
-        const di_cache *k = q->ck.cache;
-        const di_cache_stage *st = &k->stage[s->kv_stage];
-        const int32_t *pages = NULL; /* int32 [n_pages] (backend) */
-        if (k->pool) {
-            int32_t *pd;
-            UPLOAD(pd, k->pages, k->n_pages > 0 ? k->n_pages : 1, 0);
-            pages = pd;
-        }
-        gs_h[n++] = (di_gather_seq){.base = st->cmp, .pages = pages, .top = s->top_dev, .rows = (uint16_t *)s->cmp,
-                                    .idx = idx_d + off + q->n_win, .n_entries = s->n_ent, .page_entries = st->page_entries,
-                                    .page_rows = k->cmp_page_rows, .row_off = st->cmp_row0, .m = q->ck.T, .ldi = s->n_idx,
-                                    .k = (int32_t)s->kc, .row0 = (int32_t)q->n_win_rows};
+        CK(gather_args(c, q, s, 0, q->ck.T, idx_d + off, &gs_h[n++]));
         mk_max = q->ck.T * s->kc > mk_max ? q->ck.T * s->kc : mk_max;
     }
     if (be->gather_topk_seqs && n > 1) {
         UPLOAD(gs, gs_h, n, 0);
         return be->gather_topk_seqs(be, DI_CODEC_FP4_E4M3, c->cfg->head_dim, gs, n, mk_max, c->err);
     }
-    for (int j = 0; j < n; j++) {
-        const di_gather_seq *g = &gs_h[j];
-        CK(be->gather_topk(be, DI_CODEC_FP4_E4M3, g->base, g->n_entries, g->pages, g->page_entries, g->page_rows,
-                           g->row_off, g->top, g->m, g->k, c->cfg->head_dim, g->row0, g->rows, g->idx, g->ldi, c->err));
+    for (int j = 0; j < n; j++) CK(gather_one(c, &gs_h[j]));
+    return DI_OK;
+}
+
+/* A pass with a sequence whose backend gather is sliced (more queries than s->per): each sequence's
+ * sparse attention on its own, a sliced one slice after slice — gather the slice's rows into s->cmp
+ * (reused: the stream orders the next gather after this attention), attend the slice's queries. A query's
+ * output reads only its window rows, its own gathered rows and its index list, so the slices give the
+ * unsliced outputs. */
+static int attend_sliced(fwd_ctx *c, const uint16_t *q, int H, int64_t hd, const seq_attn *sa, int32_t *idx_d,
+                         const float *sink, uint16_t *o) {
+    const di_backend *be = c->be;
+    const float scale = (float)pow((double)hd, -0.5);
+    for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+        const fwd_seq *sq = &c->seq[i];
+        const seq_attn *s = &sa[i];
+        const int64_t T = sq->ck.T, per = s->top_dev ? s->per : T;
+        for (int64_t t0 = 0; t0 < T; t0 += per) {
+            const int64_t m = T - t0 < per ? T - t0 : per;
+            int32_t *idx = idx_d + off + t0 * s->n_idx; /* the slice's lists */
+            int64_t n_cmp = s->n_cmp;
+            if (s->top_dev) {
+                di_gather_seq g;
+                CK(gather_args(c, sq, s, t0, m, idx, &g));
+                CK(gather_one(c, &g));
+                n_cmp = m * s->kc;
+            }
+            CK(be->sparse_attn(be, q + (sq->r0 + t0) * H * hd, m, H, (int)hd, s->win, s->n_kw, s->cmp, n_cmp, sink, idx,
+                               s->n_idx, scale, o + (sq->r0 + t0) * H * hd, c->err));
+        }
     }
     return DI_OK;
 }
@@ -808,17 +862,23 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++)
         memcpy(idx_h + off, sa[i].idx, sizeof(int32_t) * (size_t)(c->seq[i].ck.T * sa[i].n_idx));
     UPLOAD(idx_d, idx_h, n_all, 0);
-    CK(gather_on_backend(c, sa, idx_d));
+    bool sliced = false;
+    for (int i = 0; i < c->n_seq; i++) sliced |= sa[i].top_dev && c->seq[i].ck.T > sa[i].per;
     uint16_t *o; /* bf16 [T, H, hd] */
     ALLOC(o, T * H * hd, 0);
-    if (be->sparse_attn_seqs && c->n_seq > 1) {
-        CK(attend_seqs(c, q, H, hd, sa, idx_d, sink, o));
+    if (sliced) {
+        CK(attend_sliced(c, q, H, hd, sa, idx_d, sink, o));
     } else {
-        for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
-            const fwd_seq *s = &c->seq[i];
-            CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp,
-                               sa[i].n_cmp, sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5),
-                               o + s->r0 * H * hd, c->err));
+        CK(gather_on_backend(c, sa, idx_d));
+        if (be->sparse_attn_seqs && c->n_seq > 1) {
+            CK(attend_seqs(c, q, H, hd, sa, idx_d, sink, o));
+        } else {
+            for (int64_t i = 0, off = 0; i < c->n_seq; off += c->seq[i].ck.T * sa[i].n_idx, i++) {
+                const fwd_seq *s = &c->seq[i];
+                CK(be->sparse_attn(be, q + s->r0 * H * hd, s->ck.T, H, (int)hd, sa[i].win, sa[i].n_kw, sa[i].cmp,
+                                   sa[i].n_cmp, sink, idx_d + off, sa[i].n_idx, (float)pow((double)hd, -0.5),
+                                   o + s->r0 * H * hd, c->err));
+            }
         }
     }
     CK(be->rope(be, o, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], true, c->err));

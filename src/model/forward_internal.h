@@ -170,6 +170,9 @@ static inline int64_t fwd_select_entries(const fwd_chunk *k, int R) {
  * slot, every cache's arena is in its memory, and the per-query gathers stay small (decode steps,
  * verify blocks); long chunks keep the host's union of the lists. Same attention inputs either way. */
 bool fwd_gather_on_backend(const fwd_ctx *c);
+/* Rows one backend top-k gather may produce (T·top-k; default DI_MEMPLAN_GATHER_ROWS, ≤ 0 restores it):
+ * longer passes gather and attend in slices (forward_block.c). Tests set small values. */
+void fwd_set_gather_rows(int64_t rows);
 
 /* Hand a stage tensor to the dump callback (no-op without one), downloaded from backend memory
  * (fwd_dump) or already on the host (fwd_dump_host). Shape given as up to 3 dims. */

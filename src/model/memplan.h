@@ -40,9 +40,9 @@
  *   logits     V f32                                [N, V] logits of the step (sampling, verify)
  *   workspace = N · (residual + mhc + max(attention, moe, engram) + logits), attention plus once per
  *              step the compressed rows a backend gather holds (forward_block.c: T·index_topk rows of
- *              hd bf16 for a step of T ≤ DI_MEMPLAN_GATHER_ROWS / index_topk tokens, beyond that the
- *              host path, which gathers each entry once): min(N, ⌊DI_MEMPLAN_GATHER_ROWS / index_topk⌋)
- *              · index_topk · hd bf16 (256 MiB at the released dimensions)
+ *              hd bf16, a longer step gathering in slices of ⌊DI_MEMPLAN_GATHER_ROWS / index_topk⌋
+ *              tokens): min(N, ⌊DI_MEMPLAN_GATHER_ROWS / index_topk⌋) · index_topk · hd bf16 (256 MiB
+ *              at the released dimensions)
  * It is an upper bound for the engine's scheduler, not a measurement: the engine must not form a
  * step of more than N tokens, and kernels must tile the indexer as stated.
  *
