@@ -5,7 +5,9 @@
 #      once more with the heap path's serial steps (DI_CUDA_HEAP=serial; the pipeline is the default);
 #   2. `deepinfer verify --device cuda` on every golden case: op vectors (kernels.safetensors),
 #      free-running prefill within 3x the case's noise floor, teacher-forced blocks within 1.5e-2;
-#      then once more with DI_CUDA_KERNELS=tensor (the tensor-core kernels, same bounds, not bit-exact);
+#      again with the top-k gather in slices of a few queries (DI_FWD_GATHER_ROWS=24: the same output, byte
+#      for byte); then once more with DI_CUDA_KERNELS=tensor (the tensor-core kernels, same bounds, not
+#      bit-exact);
 #   3. `deepinfer generate --device cuda` greedy (plain, chunked prefill, DSpark drafts with rollback)
 #      against `--device cpu` of the same binary on the tiny models: the token ids must be equal;
 #   4. `deepinfer run --device cuda --json` (the engine: continuous batching, paged device caches, the
@@ -130,6 +132,14 @@ if [ -x "$CLI" ]; then
         argmax=$(grep -o 'argmax agrees on [0-9/]* positions' "$TMP/out")
         row "verify cuda $name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
             "worst tf $worst_tf; logits $logits; $argmax"
+        # the top-k gather in slices of a few queries (forward_block.c attend_sliced, what prefills longer than
+        # 262,144 / top-k tokens run): the same output, byte for byte
+        cp "$TMP/out" "$TMP/out_whole"
+        DI_FWD_GATHER_ROWS=24 timeout 300 "$CLI" verify --model "$c" --golden "$c/golden.safetensors" \
+            --kernels "$KERNELS" --device cuda >"$TMP/out" 2>&1
+        rc=$?
+        row "verify cuda (sliced gather) $name" "$([ $rc = 0 ] && cmp -s "$TMP/out" "$TMP/out_whole" && echo PASS || echo FAIL)" \
+            "DI_FWD_GATHER_ROWS=24: output $(cmp -s "$TMP/out" "$TMP/out_whole" && echo identical || echo DIFFERENT)"
         # the opt-in tensor-core kernels (backend_cuda.cu): not bit-exact, must stay within the same bounds
         DI_CUDA_KERNELS=tensor timeout 300 "$CLI" verify --model "$c" --golden "$c/golden.safetensors" \
             --kernels "$KERNELS" --device cuda >"$TMP/out" 2>&1
