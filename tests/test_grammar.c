@@ -800,6 +800,55 @@ static void test_utf8_shapes_static(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Block masks start from the text tokens outside their block's classes (di_vocab_text_minus),
+ * kept per vocabulary for recent class sets and built from the largest kept subset of a new set.
+ * Every result equals the tokens whose class bits miss the set, over a sequence of sets that
+ * hits kept ones, extends them by a class or two (the subset path), and cycles through more sets
+ * than the memo holds (replacement); each path is taken at least once. */
+static void test_class_memo(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(4257);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    uint32_t *mask = malloc(words * sizeof *mask); /* [ceil(V/32)] u32 */
+    assert_non_null(v->class_memo);
+    uint64_t seed = 0x5EEDC1A55ull;
+    uint32_t prev[4] = {0x2200006fu, 0x2200006fu, 0x2200006fu, 0x2200006fu};
+    int hits = 0, subsets = 0, fresh = 0, calls = 0;
+    for (int round = 0; round < 120; round++) {
+        uint32_t r = (uint32_t)gt_rng(&seed), cls;
+        switch (r % 4) {
+        case 0: cls = prev[(r >> 8) % 4]; break;                                   /* a kept set, likely */
+        case 1: cls = prev[(r >> 8) % 4] | 1u << ((r >> 12) % DI_N_CLASSES); break; /* one class more */
+        case 2: cls = prev[(r >> 8) % 4] | 3u << ((r >> 12) % (DI_N_CLASSES - 1)); break;
+        default: cls = (uint32_t)gt_rng(&seed) & (uint32_t)gt_rng(&seed); break;   /* unrelated */
+        }
+        /* what the memo holds before the call decides the path */
+        struct di_class_memo *cm = v->class_memo;
+        bool exact = false, sub = false;
+        for (int i = 0; i < DI_CLASS_MEMO; i++)
+            if (cm->slot[i].used) {
+                exact |= cm->slot[i].classes == cls;
+                sub |= cm->slot[i].classes != cls && !(cm->slot[i].classes & ~cls);
+            }
+        hits += exact, subsets += !exact && sub, fresh += !exact && !sub;
+        memset(mask, 0xA5, words * sizeof *mask);
+        di_vocab_text_minus(v, cls, mask);
+        calls++;
+        for (uint32_t t = 0; t < v->n_vocab; t++) {
+            bool want = ((v->text[t >> 5] >> (t & 31)) & 1) && !(v->tok_class[t] & cls);
+            if (((mask[t >> 5] >> (t & 31)) & 1) != want)
+                fail_msg("classes %08x: token %u is %d, expected %d (call %d)", cls, t, !want, want, calls);
+        }
+        prev[round % 4] = cls;
+    }
+    tu_report("class memo: %d calls, %d kept sets, %d from a kept subset, %d computed", calls, hits, subsets, fresh);
+    assert_true(hits >= 10 && subsets >= 10 && fresh >= DI_CLASS_MEMO + 2);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* Block masks take the prefix a walked token shares with the previous one from class_lcp (a
  * running minimum over the class list) instead of comparing bytes: that is exact only because the
  * tokens sharing a prefix are contiguous in trie preorder. Checked on every pair of entries of
@@ -1336,7 +1385,7 @@ int main(void) {
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
-        cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix),
+        cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),
