@@ -255,11 +255,10 @@ static void minus_classes(uint32_t *mask, const uint32_t *from, const uint32_t *
  * counts of a maxLength string, and so do strings of other grammars on this vocabulary. Each set
  * streams its ~8-26 class rows of 16 KiB (fourteenth round: 12-45 us per block mask, ~14 us even
  * when the rows are in cache), a copy of a kept result ~1 us. A new set starts from the largest
- * kept subset of it (an e-mail's domain after its local part, a string's escapes after its plain
- * characters) and clears only the classes that set lacks: the rows are colder once most masks
- * copy, so a new set that streamed all of them was slower than before the memo. Slots are
- * replaced least recently used; copies are made under the lock (matchers on other threads may
- * be filling the same set). */
+ * kept subset of it (an e-mail's domain, whose set contains its local part's) and clears only the
+ * classes that subset lacks: the rows are colder once most masks copy, so a new set that streamed
+ * all of them was slower than before the memo. Slots are replaced least recently used; copies
+ * are made under the lock (matchers on other threads may be filling the same set). */
 void di_vocab_text_minus(const di_grammar_vocab *v, uint32_t classes, uint32_t *mask) {
     struct di_class_memo *cm = v->class_memo;
     size_t words = di_grammar_mask_words(v->n_vocab);
