@@ -640,7 +640,8 @@ static void test_byte_class_rows(void **state) {
     }
     const di_gcache_table *t = g->cache->cur;
     assert_int_equal(t->n_bcls, 4);
-    assert_true(t->rows_bytes == ((size_t)t->cap + 1) * 4 * sizeof(int16_t));
+    /* rows are 4 entries apart; the mapping has room for 256 classes (state_cache.c: table_keep) */
+    assert_true(t->rows_bytes >= ((size_t)t->cap + 1) * 4 * sizeof(int16_t));
     int32_t live = 0;
     for (int32_t id = 1; id <= t->n; id++)
         for (int b = 'a'; b <= 'z'; b++) {
@@ -657,6 +658,66 @@ static void test_byte_class_rows(void **state) {
     free(mask);
     di_grammar_matcher_free(m);
     di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* A freed grammar's table serves the next grammar's first walk (state_cache.c: table_keep), with
+ * another partition of the bytes into classes, so the rows it kept must read as unknown: masks
+ * of the second grammar equal brute force, and the first grammar's transitions are gone. The
+ * pool is drained first (two grammars hold its tables), so the kept table is the one reused. */
+static void test_table_pool(void **state) {
+    (void)state;
+    static const char re_a[] = "([a-f]+[0-9]|[g-m]x[.,;:]|[n-z]{2,5}@)+!", re_b[] = "[a-z]+x[0-9]";
+    gt_bytes tb = gt_vocab_bytes(3000);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *hold[2];
+    for (int i = 0; i < 2; i++) {
+        hold[i] = regex_or_fail("[0-9]+");
+        di_gcache_release(hold[i]->cache, di_gcache_acquire(hold[i]->cache));
+    }
+    di_grammar *a = regex_or_fail(re_a);
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    if (di_grammar_matcher_new(a, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    static const char text_a[] = "abc7hx;pqrs@z";
+    for (size_t i = 0; text_a[i]; i++) {
+        gt_fill_checked(m, v, &tb, mask, re_a);
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text_a[i] + 1, &err)) fail_msg("%s", err.msg);
+    }
+    di_grammar_matcher_free(m);
+    const di_gcache_table *ta = a->cache->cur;
+    uintptr_t kept = (uintptr_t)ta;
+    int32_t n_a = ta->n, nb_a = (int32_t)ta->n_bcls;
+    assert_true(n_a >= 8);
+    di_grammar_free(a);
+
+    di_grammar *b = regex_or_fail(re_b);
+    di_gcache_table *tb_ = di_gcache_acquire(b->cache);
+    assert_true((uintptr_t)tb_ == kept);
+    assert_int_equal(tb_->n, 0);
+    assert_int_equal(tb_->n_bcls, 4);
+    assert_int_not_equal(nb_a, 4);
+    for (int32_t id = 1; id <= n_a; id++) {
+        for (int c = 0; c < 256; c++) assert_int_equal(di_gcache_next(tb_, id, (uint8_t)c), DI_ST_UNKNOWN);
+        assert_null(di_gcache_scan_get(tb_, id));
+        di_gcache_loop ls;
+        assert_false(di_gcache_loop_get(tb_, id, &ls));
+    }
+    di_gcache_release(b->cache, tb_);
+    if (di_grammar_matcher_new(b, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    static const char text_b[] = "abxqx7";
+    for (size_t i = 0; text_b[i]; i++) {
+        gt_fill_checked(m, v, &tb, mask, re_b);
+        if (di_grammar_matcher_accept_token(m, (uint8_t)text_b[i] + 1, &err)) fail_msg("%s", err.msg);
+    }
+    tu_report("table pool: %d states of %d classes cleared, reused for %d states of 4", (int)n_a, (int)nb_a,
+              (int)b->cache->cur->n);
+    di_grammar_matcher_free(m);
+    free(mask);
+    di_grammar_free(b);
+    for (int i = 0; i < 2; i++) di_grammar_free(hold[i]);
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
@@ -735,6 +796,55 @@ static void test_utf8_shapes_static(void **state) {
     free(mask);
     di_grammar_matcher_free(m);
     di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* Block masks start from the text tokens outside their block's classes (di_vocab_text_minus),
+ * kept per vocabulary for recent class sets and built from the largest kept subset of a new set.
+ * Every result equals the tokens whose class bits miss the set, over a sequence of sets that
+ * hits kept ones, extends them by a class or two (the subset path), and cycles through more sets
+ * than the memo holds (replacement); each path is taken at least once. */
+static void test_class_memo(void **state) {
+    (void)state;
+    gt_bytes tb = gt_vocab_bytes(4257);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    uint32_t *mask = malloc(words * sizeof *mask); /* [ceil(V/32)] u32 */
+    assert_non_null(v->class_memo);
+    uint64_t seed = 0x5EEDC1A55ull;
+    uint32_t prev[4] = {0x2200006fu, 0x2200006fu, 0x2200006fu, 0x2200006fu};
+    int hits = 0, subsets = 0, fresh = 0, calls = 0;
+    for (int round = 0; round < 120; round++) {
+        uint32_t r = (uint32_t)gt_rng(&seed), cls;
+        switch (r % 4) {
+        case 0: cls = prev[(r >> 8) % 4]; break;                                   /* a kept set, likely */
+        case 1: cls = prev[(r >> 8) % 4] | 1u << ((r >> 12) % DI_N_CLASSES); break; /* one class more */
+        case 2: cls = prev[(r >> 8) % 4] | 3u << ((r >> 12) % (DI_N_CLASSES - 1)); break;
+        default: cls = (uint32_t)gt_rng(&seed) & (uint32_t)gt_rng(&seed); break;   /* unrelated */
+        }
+        /* what the memo holds before the call decides the path */
+        struct di_class_memo *cm = v->class_memo;
+        bool exact = false, sub = false;
+        for (int i = 0; i < DI_CLASS_MEMO; i++)
+            if (cm->slot[i].used) {
+                exact |= cm->slot[i].classes == cls;
+                sub |= cm->slot[i].classes != cls && !(cm->slot[i].classes & ~cls);
+            }
+        hits += exact, subsets += !exact && sub, fresh += !exact && !sub;
+        memset(mask, 0xA5, words * sizeof *mask);
+        di_vocab_text_minus(v, cls, mask);
+        calls++;
+        for (uint32_t t = 0; t < v->n_vocab; t++) {
+            bool want = ((v->text[t >> 5] >> (t & 31)) & 1) && !(v->tok_class[t] & cls);
+            if (((mask[t >> 5] >> (t & 31)) & 1) != want)
+                fail_msg("classes %08x: token %u is %d, expected %d (call %d)", cls, t, !want, want, calls);
+        }
+        prev[round % 4] = cls;
+    }
+    tu_report("class memo: %d calls, %d kept sets, %d from a kept subset, %d computed", calls, hits, subsets, fresh);
+    assert_true(hits >= 10 && subsets >= 10 && fresh >= DI_CLASS_MEMO + 2);
+    free(mask);
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
@@ -1273,9 +1383,9 @@ int main(void) {
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_open_construct_boundary),
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
-        cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows),
+        cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
-        cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix),
+        cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),

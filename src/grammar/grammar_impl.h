@@ -2,6 +2,8 @@
 #ifndef DI_GRAMMAR_IMPL_H
 #define DI_GRAMMAR_IMPL_H
 
+#include <pthread.h>
+
 #include "grammar/cfg.h"
 #include "grammar/grammar.h"
 
@@ -126,6 +128,7 @@ struct di_grammar_vocab {
      * prefix are contiguous in trie preorder, so the prefix shared by two tokens of one list is the
      * minimum of class_lcp over the entries after the first up to the second (loop_mask). */
     uint16_t *class_lcp;
+    struct di_class_memo *class_memo; /* di_vocab_text_minus's recent results (NULL without memory) */
     uint32_t *tok_class;    /* [n_vocab] class bits of each text token (0 for the others) */
     uint8_t *blob;          /* all token bytes back to back, text tokens in trie preorder */
     uint32_t *pre_off;      /* [n_pre + 1] where the token at preorder position p starts in blob
@@ -141,8 +144,25 @@ struct di_grammar_vocab {
     size_t arena_len;
 };
 
-/* Mask passes 16 bytes at a time (matcher.c: text_minus_classes; vocab.c). */
+/* Mask passes 16 bytes at a time (vocab.c: di_vocab_text_minus, unions). */
 typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
+/* mask = the text tokens in none of the token classes `classes` (text & ~ their by_class rows).
+ * The result depends on the vocabulary and the class set alone, and a few sets recur in every
+ * grammar (a JSON string's block is the same set in every schema), so the last results are kept
+ * per vocabulary (thread-safe). */
+#define DI_CLASS_MEMO 8
+struct di_class_memo {
+    pthread_mutex_t lock;
+    uint64_t clock;
+    struct {
+        uint32_t classes;
+        uint64_t used;  /* 0: empty */
+    } slot[DI_CLASS_MEMO];
+    uint32_t *masks; /* [DI_CLASS_MEMO * words] slot i's result at i * words (in the vocabulary's
+                        arena: pages touched when it is built, so a kept result costs no fault) */
+};
+void di_vocab_text_minus(const di_grammar_vocab *v, uint32_t classes, uint32_t *mask);
 
 /* Unions of whole trie subtrees (matcher.c: walk_trie). A walk adds the tokens of every subtree
  * it accepts whole, one bit store per token since a subtree's token ids are scattered (ebnf_stmt:

@@ -1332,30 +1332,6 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
     return DI_OK;
 }
 
-/* mask = text & ~(union of the token classes in `classes`), 16 bytes at a time in chunks that
- * stay in L1 (a block mask clears ~20 classes of 16 KiB each: this loop was 10% of the
- * instructions of schema_small's cold request word by word). */
-static void text_minus_classes(uint32_t *mask, const uint32_t *text, const uint32_t *by_class, size_t words,
-                               uint32_t classes) {
-    enum { CHUNK = 512 }; /* words */
-    for (size_t w0 = 0; w0 < words; w0 += CHUNK) {
-        size_t n = words - w0 < CHUNK ? words - w0 : CHUNK, n4 = n & ~(size_t)3;
-        uint32_t *mk = mask + w0;
-        memcpy(mk, text + w0, n * sizeof *mk);
-        for (uint32_t c = classes; c; c &= c - 1) {
-            const uint32_t *cb = by_class + (size_t)__builtin_ctz(c) * words + w0;
-            for (size_t w = 0; w < n4; w += 4) {
-                u32x4 a, b;
-                memcpy(&a, mk + w, sizeof a);
-                memcpy(&b, cb + w, sizeof b);
-                a &= ~b;
-                memcpy(mk + w, &a, sizeof a);
-            }
-            for (size_t w = n4; w < n; w++) mk[w] &= ~cb[w];
-        }
-    }
-}
-
 static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, sig128 root_key, uint32_t *mask,
                      di_error *err) {
     const di_grammar_vocab *v = m->v;
@@ -1394,8 +1370,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
         return 1;
     }
     bool cacheable = m->lbd[0] != 0; /* a context-free root: the block holds in every context */
-    size_t words = di_grammar_mask_words(v->n_vocab);
-    text_minus_classes(mask, v->text, v->by_class, words, bad | dead);
+    di_vocab_text_minus(v, bad | dead, mask);
     size_t md = 0;
     uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
     for (int k = 0; k < DI_N_CLASSES; k++) {

@@ -71,18 +71,64 @@ static void table_free(di_gcache_table *t) {
     free(t);
 }
 
+/* Tables of freed grammars, kept for the next grammar's first walk (process-wide). Creating a
+ * table maps its rows, and that one mmap took 9-60 us of a grammar's first mask on the dev VM
+ * (fourteenth round; the first mask is ~200 K instructions), plus a page fault per 4 KiB of rows
+ * as states are added. A kept table is cleared where it was used (the rows of its interned
+ * states, the ready flags, the key hash), so it is as new without a syscall, and its pages stay
+ * committed. Only tables of the default capacity are kept, with rows mapped for any number of
+ * byte classes, so every grammar can take any of them. Retired tables (a full table replaced
+ * inside a walk) are unmapped as before: clearing one is a walk's worth of work. */
+#define TABLE_POOL 2
+#define POOL_ROWS_BYTES (((size_t)DI_GCACHE_MAX_STATES + 1) * 256 * sizeof(int16_t))
+static pthread_mutex_t table_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static di_gcache_table *table_pool[TABLE_POOL];
+
+static void table_keep(di_gcache_table *t) {
+    if (!t) return;
+    if (t->cap == DI_GCACHE_MAX_STATES && t->rows_bytes == POOL_ROWS_BYTES) {
+        memset((void *)t->rows, 0, ((size_t)t->n + 1) * t->n_bcls * sizeof *t->rows);
+        memset(t->loop_ready, 0, ((size_t)t->n + 1) * sizeof *t->loop_ready);
+        memset(t->scan_ready, 0, ((size_t)t->n + 1) * sizeof *t->scan_ready);
+        memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
+        t->n = 0;
+        t->refs = 0;
+        pthread_mutex_lock(&table_pool_lock);
+        for (int i = 0; i < TABLE_POOL && t; i++)
+            if (!table_pool[i]) table_pool[i] = t, t = NULL;
+        pthread_mutex_unlock(&table_pool_lock);
+    }
+    table_free(t);
+}
+
 static di_gcache_table *table_new(di_grammar_cache *c) {
-    di_gcache_table *t = calloc(1, sizeof *t);
+    di_gcache_table *t = NULL;
+    if (c->max_states == DI_GCACHE_MAX_STATES) {
+        pthread_mutex_lock(&table_pool_lock);
+        for (int i = 0; i < TABLE_POOL && !t; i++)
+            if (table_pool[i]) t = table_pool[i], table_pool[i] = NULL;
+        pthread_mutex_unlock(&table_pool_lock);
+    }
+    if (t) {
+        t->n_bcls = c->n_bcls;
+        memcpy(t->bcls, c->bcls, sizeof t->bcls);
+        t->serial = ++c->n_tables;
+        return t;
+    }
+    t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->cap = c->max_states;
     t->hcap = 256; /* grows with the states (intern_locked): a table sized for cap up front was
                       64 KiB of fresh pages to fill on every grammar's first mask */
     /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
      * and is cleared there, once glibc's mmap threshold has grown past it: ~1 ms on every new
-     * grammar's first mask); pages are committed as states are added */
+     * grammar's first mask); pages are committed as states are added. Mapped for 256 byte
+     * classes at the default capacity, so that the table can serve any grammar later
+     * (table_keep): address space only. */
     t->n_bcls = c->n_bcls;
     memcpy(t->bcls, c->bcls, sizeof t->bcls);
     t->rows_bytes = ((size_t)t->cap + 1) * t->n_bcls * sizeof *t->rows;
+    if (t->cap == DI_GCACHE_MAX_STATES) t->rows_bytes = POOL_ROWS_BYTES;
     void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     t->rows = rows == MAP_FAILED ? NULL : rows;
     /* loop and scan are read only once published (loop_ready, scan_ready): not cleared. A
@@ -111,7 +157,7 @@ void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {
 
 void di_gcache_free(di_grammar_cache *c) {
     if (!c) return;
-    table_free(c->cur); /* retired tables were freed by their last walk */
+    table_keep(c->cur); /* retired tables were freed by their last walk */
     for (int i = 0; i < DI_GCACHE_BLOCKS; i++) {
         free(c->blocks[i].mask);
         free(c->blocks[i].ent);

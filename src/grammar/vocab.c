@@ -13,6 +13,11 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->bytes);
     free(v->eos);
     free(v->class_off);
+    if (v->class_memo) {
+        if (!v->arena) free(v->class_memo->masks);
+        pthread_mutex_destroy(&v->class_memo->lock);
+        free(v->class_memo);
+    }
     if (v->arena) {
         munmap(v->arena, v->arena_len);
     } else {
@@ -222,6 +227,75 @@ static int summarize(di_grammar_vocab *v, uint32_t n_text) {
     return token_classes(v);
 }
 
+/* mask = from & ~(union of the token classes in `classes`), 16 bytes at a time in chunks that
+ * stay in L1 (a block mask clears ~20 classes of 16 KiB each: this loop was 10% of the
+ * instructions of schema_small's cold request word by word). from may be mask. */
+static void minus_classes(uint32_t *mask, const uint32_t *from, const uint32_t *by_class, size_t words,
+                          uint32_t classes) {
+    enum { CHUNK = 512 }; /* words */
+    for (size_t w0 = 0; w0 < words; w0 += CHUNK) {
+        size_t n = words - w0 < CHUNK ? words - w0 : CHUNK, n4 = n & ~(size_t)3;
+        uint32_t *mk = mask + w0;
+        if (from != mask) memcpy(mk, from + w0, n * sizeof *mk);
+        for (uint32_t c = classes; c; c &= c - 1) {
+            const uint32_t *cb = by_class + (size_t)__builtin_ctz(c) * words + w0;
+            for (size_t w = 0; w < n4; w += 4) {
+                u32x4 a, b;
+                memcpy(&a, mk + w, sizeof a);
+                memcpy(&b, cb + w, sizeof b);
+                a &= ~b;
+                memcpy(mk + w, &a, sizeof a);
+            }
+            for (size_t w = n4; w < n; w++) mk[w] &= ~cb[w];
+        }
+    }
+}
+
+/* The class sets of block masks recur: every string of a JSON Schema has the same one, so do the
+ * counts of a maxLength string, and so do strings of other grammars on this vocabulary. Each set
+ * streams its ~8-26 class rows of 16 KiB (fourteenth round: 12-45 us per block mask, ~14 us even
+ * when the rows are in cache), a copy of a kept result ~1 us. A new set starts from the largest
+ * kept subset of it (an e-mail's domain, whose set contains its local part's) and clears only the
+ * classes that subset lacks: the rows are colder once most masks copy, so a new set that streamed
+ * all of them was slower than before the memo. Slots are replaced least recently used; copies
+ * are made under the lock (matchers on other threads may be filling the same set). */
+void di_vocab_text_minus(const di_grammar_vocab *v, uint32_t classes, uint32_t *mask) {
+    struct di_class_memo *cm = v->class_memo;
+    size_t words = di_grammar_mask_words(v->n_vocab);
+    if (!cm) {
+        minus_classes(mask, v->text, v->by_class, words, classes);
+        return;
+    }
+    int best = -1;
+    pthread_mutex_lock(&cm->lock);
+    for (int i = 0; i < DI_CLASS_MEMO; i++) {
+        uint32_t k = cm->slot[i].classes;
+        if (!cm->slot[i].used || (k & ~classes)) continue;
+        if (best < 0 || __builtin_popcount(k) > __builtin_popcount(cm->slot[best].classes)) best = i;
+    }
+    if (best >= 0) {
+        memcpy(mask, cm->masks + (size_t)best * words, words * sizeof *mask);
+        cm->slot[best].used = ++cm->clock;
+    }
+    uint32_t have = best >= 0 ? cm->slot[best].classes : 0;
+    pthread_mutex_unlock(&cm->lock);
+    if (have == classes) return;
+    minus_classes(mask, best >= 0 ? mask : v->text, v->by_class, words, classes & ~have);
+    pthread_mutex_lock(&cm->lock);
+    int old = 0;
+    bool present = false;
+    for (int i = 0; i < DI_CLASS_MEMO; i++) {
+        present |= cm->slot[i].used && cm->slot[i].classes == classes; /* a racing matcher kept it */
+        if (cm->slot[i].used < cm->slot[old].used) old = i;
+    }
+    if (!present) {
+        memcpy(cm->masks + (size_t)old * words, mask, words * sizeof *mask);
+        cm->slot[old].classes = classes;
+        cm->slot[old].used = ++cm->clock;
+    }
+    pthread_mutex_unlock(&cm->lock);
+}
+
 /* Huge pages for the arrays masks read. A cold mask touches the vocabulary all over: the ~250
  * children of the trie's root lie across its ~6 MB of nodes, a block mask reads class lists,
  * preorder offsets and token bytes, ~13 MB in all, ~3,300 pages of 4 KiB. Each page not in the
@@ -256,10 +330,11 @@ static bool vocab_pack(di_grammar_vocab *v) {
         {(void **)&v->tok_class, (size_t)v->n_vocab * sizeof *v->tok_class},
         {(void **)&v->lens, (size_t)v->n_vocab * sizeof *v->lens},
         {(void **)&v->special, (size_t)v->n_vocab},
+        {v->class_memo ? (void **)&v->class_memo->masks : NULL, v->class_memo ? (size_t)DI_CLASS_MEMO * words * sizeof(uint32_t) : 0},
     };
     enum { N_ARR = sizeof arr / sizeof arr[0] };
     size_t total = 0;
-    for (int i = 0; i < N_ARR; i++) total += pack_round(arr[i].n);
+    for (int i = 0; i < N_ARR; i++) total += arr[i].p ? pack_round(arr[i].n) : 0;
     size_t len = (total + VOCAB_HUGE - 1) / VOCAB_HUGE * VOCAB_HUGE;
     /* a 2 MiB boundary inside an oversized mapping; the slack on both sides is unmapped */
     uint8_t *raw = mmap(NULL, len + VOCAB_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -272,6 +347,7 @@ static bool vocab_pack(di_grammar_vocab *v) {
 #endif
     size_t off = 0;
     for (int i = 0; i < N_ARR; i++) {
+        if (!arr[i].p) continue;
         memcpy(base + off, *arr[i].p, arr[i].n);
         free(*arr[i].p);
         *arr[i].p = base + off;
@@ -373,6 +449,14 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
     }
     for (size_t i = 0; i < n_eos; i++) fp = (fp ^ (uint32_t)eos[i]) * 0x100000001B3ull;
     v->fingerprint = fp;
+    v->class_memo = calloc(1, sizeof *v->class_memo); /* without it, block masks compute every union */
+    if (v->class_memo)
+        v->class_memo->masks = calloc((size_t)DI_CLASS_MEMO * di_grammar_mask_words(n_vocab), sizeof(uint32_t));
+    if (v->class_memo && (!v->class_memo->masks || pthread_mutex_init(&v->class_memo->lock, NULL))) {
+        free(v->class_memo->masks);
+        free(v->class_memo);
+        v->class_memo = NULL;
+    }
     vocab_pack(v);
     free(path);
     free(order);
