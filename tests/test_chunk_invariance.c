@@ -122,6 +122,21 @@ static int64_t rows_differing(const float *a, const float *b, int64_t r0, int64_
     return k;
 }
 
+/* How run got differs from run ref: prompt rows (from the last one only without ALL_ROWS) and decode rows
+ * that differ bitwise, the first of each (−1: none), and whether the cache images are the same. */
+typedef struct run_diff {
+    int64_t bad, first, bad_d, first_d;
+    bool same_img;
+} run_diff;
+
+static run_diff diff_runs(const run_out *got, const run_out *ref, int64_t V) {
+    run_diff d;
+    d.bad = rows_differing(got->prompt, ref->prompt, ALL_ROWS ? 0 : T - 1, T, V, &d.first);
+    d.bad_d = rows_differing(got->decode, ref->decode, 0, N_DECODE, V, &d.first_d);
+    d.same_img = got->n_image == ref->n_image && !memcmp(got->image, ref->image, (size_t)ref->n_image);
+    return d;
+}
+
 /* A chunking of T: the repro's 64-token chunks first, then random ones (a 1-token first chunk, which
  * sees no compressed entry yet, in every other one). */
 static int chunking(int which, int64_t *sizes) {
@@ -151,17 +166,14 @@ static bool check_model(const char *name, const char *dir, bool control) {
         int n = chunking(c, sizes);
         run_out got;
         run(m, be, ids, sizes, n, true, &got);
-        int64_t first, first_d;
-        int64_t bad = rows_differing(got.prompt, ref.prompt, ALL_ROWS ? 0 : T - 1, T, V, &first);
-        int64_t bad_d = rows_differing(got.decode, ref.decode, 0, N_DECODE, V, &first_d);
-        bool same_img = got.n_image == ref.n_image && !memcmp(got.image, ref.image, (size_t)ref.n_image);
+        run_diff d = diff_runs(&got, &ref, V);
         tu_report("%s: chunking %d (%d chunks, first %lld tokens): %lld of %d prompt rows and %lld of %d decode rows "
                   "differ from the one-shot prefill, cache image %s (%lld bytes)",
-                  name, c, n, (long long)sizes[0], (long long)bad, T, (long long)bad_d, N_DECODE,
-                  same_img ? "identical" : "DIFFERENT", (long long)ref.n_image);
-        if (bad) fail_msg("%s: chunking %d: prompt logits row %lld differs first", name, c, (long long)first);
-        if (bad_d) fail_msg("%s: chunking %d: decode step %lld differs", name, c, (long long)first_d);
-        assert_true(same_img);
+                  name, c, n, (long long)sizes[0], (long long)d.bad, T, (long long)d.bad_d, N_DECODE,
+                  d.same_img ? "identical" : "DIFFERENT", (long long)ref.n_image);
+        if (d.bad) fail_msg("%s: chunking %d: prompt logits row %lld differs first", name, c, (long long)d.first);
+        if (d.bad_d) fail_msg("%s: chunking %d: decode step %lld differs", name, c, (long long)d.first_d);
+        assert_true(d.same_img);
         run_free(&got);
     }
     /* the one-shot prefill with the backend top-k gather cut into slices of 7 queries (forward_block.c
@@ -178,16 +190,13 @@ static bool check_model(const char *name, const char *dir, bool control) {
         fwd_set_gather_rows(0);
         di_backend_destroy(bf);
         assert_true(g_attn_slices > 0); /* the prefill did attend in slices */
-        int64_t first, first_d;
-        int64_t bad = rows_differing(got.prompt, ref.prompt, ALL_ROWS ? 0 : T - 1, T, V, &first);
-        int64_t bad_d = rows_differing(got.decode, ref.decode, 0, N_DECODE, V, &first_d);
-        bool same_img = got.n_image == ref.n_image && !memcmp(got.image, ref.image, (size_t)ref.n_image);
+        run_diff d = diff_runs(&got, &ref, V);
         tu_report("%s: one-shot prefill gathered in slices of 7 queries (%ld sliced attention calls): %lld prompt rows "
                   "and %lld decode rows differ, cache image %s",
-                  name, g_attn_slices, (long long)bad, (long long)bad_d, same_img ? "identical" : "DIFFERENT");
-        if (bad) fail_msg("%s: sliced gather: prompt logits row %lld differs first", name, (long long)first);
-        if (bad_d) fail_msg("%s: sliced gather: decode step %lld differs", name, (long long)first_d);
-        assert_true(same_img);
+                  name, g_attn_slices, (long long)d.bad, (long long)d.bad_d, d.same_img ? "identical" : "DIFFERENT");
+        if (d.bad) fail_msg("%s: sliced gather: prompt logits row %lld differs first", name, (long long)d.first);
+        if (d.bad_d) fail_msg("%s: sliced gather: decode step %lld differs", name, (long long)d.first_d);
+        assert_true(d.same_img);
         run_free(&got);
     }
     /* control: the same 64-token chunks, each scoring only up to its own end */
@@ -196,14 +205,11 @@ static bool check_model(const char *name, const char *dir, bool control) {
         int n = chunking(0, sizes);
         run_out ctl;
         run(m, be, ids, sizes, n, false, &ctl);
-        int64_t first, first_d;
-        int64_t bad = rows_differing(ctl.prompt, ref.prompt, ALL_ROWS ? 0 : T - 1, T, V, &first);
-        int64_t bad_d = rows_differing(ctl.decode, ref.decode, 0, N_DECODE, V, &first_d);
-        bool same_img = ctl.n_image == ref.n_image && !memcmp(ctl.image, ref.image, (size_t)ref.n_image);
+        run_diff d = diff_runs(&ctl, &ref, V);
         tu_report("%s: control, chunks of 64 without the prompt's end: %lld prompt rows (first %lld) and %lld decode "
                   "rows differ, cache image %s",
-                  name, (long long)bad, (long long)first, (long long)bad_d, same_img ? "identical" : "different");
-        differs = bad || bad_d || !same_img;
+                  name, (long long)d.bad, (long long)d.first, (long long)d.bad_d, d.same_img ? "identical" : "different");
+        differs = d.bad || d.bad_d || !d.same_img;
         run_free(&ctl);
     }
     run_free(&ref);
