@@ -1315,7 +1315,11 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
         const uint8_t *tb = v->blob + v->blob_off[e->tok];
         uint32_t len = v->lens[e->tok];
         uint32_t keep = 0; /* sets materialized for the prefix shared with the previous token */
-        while (keep < md && keep < len && m->path[keep + 1] == tb[keep]) keep++;
+        /* walk_edge at depth d needs the sets of depth d - 1 on top: where the per-walk memo has
+         * no slot for this token's context edge (crowded), it pushes the byte there, so sets of
+         * the previous token deeper than that must not stay (they did: "a context transition
+         * was rejected" on ebnf_json, schema_medium and schema_recursive with a 2-slot memo) */
+        while (keep < md && keep + 1 < e->depth && m->path[keep + 1] == tb[keep]) keep++;
         walk_pop(m, base, &md, keep);
         for (uint32_t k = keep; k < len; k++) m->path[k + 1] = tb[k];
         /* the states above the root and below the parent are not known here: 0, so that a
