@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_gemm_dmma.h"
+#include "backend/cuda/cuda_gemm_igmma.h"
 #include "backend/cuda/cuda_gemv_fp8.h"
 #include "backend/cuda/cuda_gemm_mma.cuh"
 #include "backend/cuda/cuda_gemv_mma.cuh"
@@ -269,10 +270,13 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     /* 3-64 FP8 rows on the FP64 tensor cores (cuda_gemm_dmma.cu; DI_CUDA_GEMM_DMMA=0 takes the kernels
      * below): the same bits, the weights read once */
     const int dmma = variant == 0 && !fp4 && di_cuda_gemm_dmma_enabled() && di_cuda_gemm_dmma_wants(m, k, n, w);
-    const int gmm = !dmma && variant == 0 && gmm_rows && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
+    /* the larger calls on the int8 wgmma (cuda_gemm_igmma.cu; DI_CUDA_GEMM_IG=0 takes the kernels below):
+     * the int8 MMA GEMM's bits, its digit planes fed to the tensor cores from shared memory */
+    const int igmma = !dmma && variant == 0 && di_cuda_gemm_igmma_enabled() && di_cuda_gemm_igmma_wants(fp4, m, k, n);
+    const int gmm = !dmma && !igmma && variant == 0 && gmm_rows && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
-    if (gmm) scales = (scales + 15) & ~(size_t)15;
-    size_t digits = gmm ? (size_t)di_cuda_gemm_mma_scratch(fp4, m, k, n) : 0;
+    if (gmm || igmma) scales = (scales + 15) & ~(size_t)15;
+    size_t digits = igmma ? (size_t)di_cuda_gemm_igmma_scratch(m, k) : gmm ? (size_t)di_cuda_gemm_mma_scratch(fp4, m, k, n) : 0;
     int rc = di_cuda_workspace(be, codes + scales + digits, &wsp, err);
     if (rc) return rc;
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes; /* e4m3 [m, k], E8M0 [m, k/32] */
@@ -281,6 +285,7 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     rc = di_cuda_act_quant_fp8(x, m * k, QB, xq, xs, st, err);
     if (rc) return rc;
     if (dmma) return di_cuda_gemm_dmma_run(xq, xs, m, k, w, wsc, n, y, st, err);
+    if (igmma) return di_cuda_gemm_igmma_run(fp4, xq, xs, m, k, w, wsc, n, y, xd, st, err);
     /* the MXFP4 GEMV with its block sums on the int8 tensor cores, the same results as the CUDA-core
      * GEMV below (cuda_gemv_mma.cuh; DI_CUDA_GEMV=simt takes that one) */
     if (variant == 0 && fp4 && di_cuda_gemv_mma_enabled() && di_cuda_gemv_mma_fits(m, k, w, wsc))

@@ -52,6 +52,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm_wgmma.h"
+#include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 #define QB 32       /* quantization block along K */
@@ -86,58 +87,6 @@ typedef struct gemm_params {
     float *part;      /* split: f32 [KB, M, N], each block's scaled partial (P_b·s_x)·s_w; else NULL */
 } gemm_params;
 
-/* ---------------- PTX wrappers ---------------- */
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* generic-proxy shared-memory writes (st.shared) made visible to the tensor cores' async proxy */
-static __device__ __forceinline__ void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-static __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
-}
-/* one arrival that also announces `bytes` of TMA data the phase must wait for */
-static __device__ __forceinline__ void mbar_arrive_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
-                 "r"(bytes) : "memory");
-}
-/* Wait for the completion of the phase with this parity (a fresh barrier counts parity 1 as done). A
- * protocol bug would otherwise hang the GPU: after 10 s of waiting the kernel traps, and the launch
- * reports an error. */
-static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    uint32_t done, tries = 0;
-    uint64_t t0 = 0;
-    for (;;) {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "r"(parity)
-                     : "memory");
-        if (done) return;
-        if ((++tries & 1023u) == 0) {
-            uint64_t now;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-            if (!t0) t0 = now;
-            else if (now - t0 > 10000000000ull) __trap();
-        }
-    }
-}
-
-/* TMA: the box at (c0 = byte column, c1 = row) of the tensor map into dst, completing on bar */
-static __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
-                 : "memory");
-}
-
-/* Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row core groups 1024 bytes apart (SBO);
- * LBO is unused for a swizzled K-major operand whose K extent fits the swizzle row. Moving along K
- * inside the 128-byte row is a plain start-address offset (the swizzle is a function of the address). */
-static __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-
 #define F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define F16(i) F4(i), F4(i + 4), F4(i + 8), F4(i + 12)
 #define F64 F16(0), F16(16), F16(32), F16(48)
@@ -155,8 +104,6 @@ static __device__ __forceinline__ void mma_block(float *d, uint64_t da, uint64_t
                  : F64
                  : "l"(da), "l"(db));
 }
-static __device__ __forceinline__ void mma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void mma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 /* Wait for every committed group; d (the set they wrote) is named so that no read of it is scheduled
  * before the wait. */
 static __device__ __forceinline__ void mma_wait0(float *d) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" : F64 :: "memory"); }
@@ -539,11 +486,6 @@ static __device__ __forceinline__ stage_scales scales_load2(const gemm_params *p
     return s;
 }
 
-/* announce TMA bytes on a barrier without arriving (the arrivals come later, from the FP4 rewrite) */
-static __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-
 /* Producer. Iteration i fills stage i as soon as its slot is free: scales into shared memory, TMA of A
  * and B (FP4: the packed weights). FP4 stages also need the nibble rewrite, which must wait for the
  * packed bytes to land; it runs LAG stages behind the TMA issue, so the loads of the next LAG stages
@@ -744,29 +686,6 @@ static int split_count(int64_t m, int64_t n, int64_t k) {
 }
 static size_t split_bytes(int64_t m, int64_t n, int64_t k) {
     return split_count(m, n, k) > 1 ? sizeof(float) * (size_t)(k / QB) * (size_t)m * (size_t)n : 0;
-}
-
-/* A 2-D uint8 tensor map over rows × row_bytes (row-major), box box_cols bytes × 128 rows. */
-static int make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t row_bytes, uint32_t box_cols, int swizzle,
-                    const char *op, di_error *err) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult q;
-        void *fn = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess || !fn)
-            return di_error_set(err, DI_ERR_UNSUPPORTED, "cuda %s: the driver has no cuTensorMapEncodeTiled", op);
-        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    }
-    const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-    const cuuint32_t box[2] = {box_cols, 128}, estr[2] = {1, 1};
-    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)base, dims, strides, box, estr,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return di_error_set(err, DI_ERR_INVALID, "cuda %s: tensor map [%lld, %lld] bytes rejected (CUresult %d)", op,
-                            (long long)rows, (long long)row_bytes, (int)r);
-    return DI_OK;
 }
 
 extern "C" size_t di_cuda_qgemm_wgmma_scratch(int64_t m, int64_t n, int64_t k) { return split_bytes(m, n, k); }

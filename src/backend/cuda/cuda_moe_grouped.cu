@@ -5,8 +5,9 @@
  * Default (exact) slot, a few launches per 8,192 listed rows instead of the graph loop's 9 per expert:
  *   gather     x rows → xg [n, d] in list order (one launch)
  *   up         per chunk of experts: one act-quant and one digit pre-pass of the chunk's rows, then the exact
- *              int8-MMA GEMM of every expert of the chunk in one grouped launch (di_cuda_gemm_mma_grouped) for
- *              w1, and one for w3 on the same digit planes
+ *              GEMM of every expert of the chunk in one grouped launch for w1, and one for w3 on the same digit
+ *              planes: the int8 wgmma GEMM (di_cuda_gemm_igmma_grouped) where the experts average >= 96 rows,
+ *              else the int8 mma.sync GEMM (di_cuda_gemm_mma_grouped); the same bits
  *   swiglu     every row at once, with its routing weight
  *   down       per chunk: act-quant, one grouped launch for w2 → y [n, d]
  *   combine    acc[t] = 0 + Σ f32(y[r]) over t's rows in ascending r (one launch, below)
@@ -43,6 +44,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_igmma.h"
 #include "backend/cuda/cuda_gemm_mma.cuh"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_moe_grouped.h"
@@ -216,19 +218,25 @@ static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, i
     const int64_t s0 = st[e0], nr = st[e1] - s0;
     if (nr == 0) return DI_OK;
     int64_t loc[GMM_GROUP_EXPERTS + 1];
+    int active = 0;
     for (int e = e0; e <= e1; e++) loc[e - e0] = st[e] - s0;
+    for (int e = e0; e < e1; e++) active += st[e + 1] > st[e];
+    /* the int8 wgmma GEMM where the experts' row tiles fill it (cuda_gemm_igmma.cu), else the int8 mma.sync
+     * GEMM: the same bits; each call's digit planes are its own kernel's layout */
+    const int ig = di_cuda_gemm_igmma_enabled() && di_cuda_gemm_igmma_grouped_wants(nr, active);
     const size_t codes = al256((size_t)(nr * kd)), scales = al256((size_t)(nr * (kd / 32)));
+    const size_t digits = ig ? (size_t)di_cuda_gemm_igmma_scratch(nr, kd) : (size_t)di_cuda_gemm_mma_group_scratch(nr, kd);
     void *wsp;
-    int rc = di_cuda_workspace(be, codes + scales + (size_t)di_cuda_gemm_mma_group_scratch(nr, kd), &wsp, err);
+    int rc = di_cuda_workspace(be, codes + scales + digits, &wsp, err);
     if (rc) return rc;
     uint8_t *xq = (uint8_t *)wsp, *xs = xq + codes, *xd = xs + scales;
     cudaStream_t stream = di_cuda_state(be)->stream;
+    int (*gemm)(int, const uint8_t *, const uint8_t *, int64_t, int, const int64_t *, const uint8_t *const *,
+                const uint8_t *const *, int64_t, uint16_t *, uint8_t *, void *, di_error *) =
+        ig ? di_cuda_gemm_igmma_grouped : di_cuda_gemm_mma_grouped;
     rc = di_cuda_act_quant_fp8(src + s0 * kd, nr * kd, 32, xq, xs, stream, err);
-    if (!rc)
-        rc = di_cuda_gemm_mma_grouped(1, xq, xs, kd, e1 - e0, loc, a.w + e0, a.sc + e0, nd, a.dst + s0 * nd, xd, stream, err);
-    if (!rc && b)
-        rc = di_cuda_gemm_mma_grouped(1, NULL, xs, kd, e1 - e0, loc, b->w + e0, b->sc + e0, nd, b->dst + s0 * nd, xd,
-                                      stream, err);
+    if (!rc) rc = gemm(1, xq, xs, kd, e1 - e0, loc, a.w + e0, a.sc + e0, nd, a.dst + s0 * nd, xd, stream, err);
+    if (!rc && b) rc = gemm(1, NULL, xs, kd, e1 - e0, loc, b->w + e0, b->sc + e0, nd, b->dst + s0 * nd, xd, stream, err);
     return rc;
 }
 
