@@ -102,6 +102,19 @@ static __device__ __forceinline__ void dm_block(const unsigned char *tab, uint32
 /* The tile form. xq e4m3 [m, K], xs E8M0 [m, K/32] (act_quant32), w e4m3 [N, K], ws E8M0 [ceil(N/32), K/32];
  * y bf16 [m, N]. Warps take 16-column tiles in turn (tile, tile + all warps, ...); rows past m re-read
  * the last row and are never stored. */
+/* A lane's x rows of the NB groups of 8: B's row g (codes from byte 8t on) and C's rows 2t, 2t + 1 (scales);
+ * rows past m read the last row (their outputs are not stored) */
+template <int NB>
+static __device__ __forceinline__ void dm_x_rows(const uint8_t *xq, const uint8_t *xs, int m, int64_t K, int g, int t,
+                                                 const uint8_t *(&xr)[NB], const uint8_t *(&xsr)[NB][2]) {
+    const int64_t KB = K / 32;
+#pragma unroll
+    for (int r = 0; r < NB; r++) {
+        xr[r] = xq + min(r * 8 + g, m - 1) * K + t * 8;
+        xsr[r][0] = xs + min(r * 8 + 2 * t, m - 1) * KB, xsr[r][1] = xs + min(r * 8 + 2 * t + 1, m - 1) * KB;
+    }
+}
+
 template <int NB, int U>
 __global__ void __launch_bounds__(DM_MAX_WARPS * 32, 1) dm_tile_kernel(const uint8_t *xq, const uint8_t *xs, int m,
                                                                    int64_t K, const uint8_t *w, const uint8_t *ws,
@@ -113,12 +126,8 @@ __global__ void __launch_bounds__(DM_MAX_WARPS * 32, 1) dm_tile_kernel(const uin
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const uint32_t lane4 = (uint32_t)lane * 4u;
     const int64_t KB = K / 32, ntiles = (N + 15) / 16, stride = (int64_t)gridDim.x * (blockDim.x >> 5);
-    const uint8_t *xr[NB], *xsr[NB][2]; /* B's row g of each group; C's rows 2t, 2t + 1 (past m: the last row) */
-#pragma unroll
-    for (int r = 0; r < NB; r++) {
-        xr[r] = xq + min(r * 8 + g, m - 1) * (int64_t)K + t * 8;
-        xsr[r][0] = xs + min(r * 8 + 2 * t, m - 1) * KB, xsr[r][1] = xs + min(r * 8 + 2 * t + 1, m - 1) * KB;
-    }
+    const uint8_t *xr[NB], *xsr[NB][2];
+    dm_x_rows<NB>(xq, xs, m, K, g, t, xr, xsr);
     for (int64_t tile = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp; tile < ntiles; tile += stride) {
         const int64_t n0 = tile * 16;
         const uint8_t *wr0 = w + min(n0 + g, N - 1) * K + t * 8, *wr1 = w + min(n0 + g + 8, N - 1) * K + t * 8;
@@ -199,11 +208,7 @@ __global__ void __launch_bounds__(S * 32, 1) dm_split_kernel(const uint8_t *xq, 
     const uint32_t lane4 = (uint32_t)lane * 4u;
     const int64_t KB = K / 32, ntiles = (N + 15) / 16, rounds = (KB + S - 1) / S;
     const uint8_t *xr[NB], *xsr[NB][2];
-#pragma unroll
-    for (int r = 0; r < NB; r++) {
-        xr[r] = xq + min(r * 8 + g, m - 1) * (int64_t)K + t * 8;
-        xsr[r][0] = xs + min(r * 8 + 2 * t, m - 1) * KB, xsr[r][1] = xs + min(r * 8 + 2 * t + 1, m - 1) * KB;
-    }
+    dm_x_rows<NB>(xq, xs, m, K, g, t, xr, xsr);
     int par = 0; /* the slot set of this round */
     for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         const int64_t n0 = tile * 16;
@@ -303,15 +308,15 @@ template <class Kernel>
 static int dm_optin(Kernel kern, size_t smem, bool (&done)[DM_MAX_DEVICES], int *occ, int threads, di_error *err) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
-    if (dev >= 0 && dev < DM_MAX_DEVICES && done[dev]) return DI_OK;
+    const bool known = dev >= 0 && dev < DM_MAX_DEVICES; /* else opted in on every call, occupancy in slot 0 */
+    const int slot = known ? dev : 0;
+    if (known && done[dev]) return DI_OK;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_dmma: shared-memory opt-in of %zu bytes: %s", smem,
                             cudaGetErrorString(e));
-    if (occ && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[dev >= 0 && dev < DM_MAX_DEVICES ? dev : 0], kern,
-                                                              threads, smem) != cudaSuccess))
-        occ[dev >= 0 && dev < DM_MAX_DEVICES ? dev : 0] = 1;
-    if (dev >= 0 && dev < DM_MAX_DEVICES) done[dev] = true;
+    if (occ && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[slot], kern, threads, smem) != cudaSuccess) occ[slot] = 1;
+    if (known) done[dev] = true;
     return DI_OK;
 }
 

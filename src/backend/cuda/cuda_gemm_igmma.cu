@@ -21,10 +21,21 @@
  *    cuda_gemm_mma.cuh; MXFP4: the nibble → s8 permutes), written in the same swizzled layout the TMA
  *    gives x. A weight byte is converted once per 128-row x tile.
  *  - CTA tile 128 x rows × 128 weight rows, 384 threads: warpgroup 0 produces, warpgroups 1 and 2 take 64 x
- *    rows each, in two halves of 64 columns. Per block and half (FP8) the five levels run as five wgmma
- *    groups into three register sets, folded by Horner's rule as they land (lo / hi above; at most two
- *    groups in flight); then per output f32(S), ·s_x (pre-scaled by 2^−18 / 2^−10), ·s_w and the add.
+ *    rows each, in two halves of 64 columns. Per block and half the levels run as Horner's rule in two s32
+ *    register sets: a wgmma with scale-d adds its products to a set, the CUDA cores multiply a set by 2^7
+ *    between groups (FP8: X = T4, Y = T1; both ·2^7; X += T3, Y += T0; X ·2^7; X += T2 — nine wgmmas in three
+ *    groups; MXFP4: three wgmmas in two); then per output f32(S), ·s_x (pre-scaled by 2^−18 / 2^−10), ·s_w
+ *    and the add (ig_promote).
  *  - Two stages of 4 blocks (x 48 KiB + weights 48 KiB + scales), full / empty mbarriers.
+ * Registers: ptxas fits both roles in the 168 per thread of a 384-thread CTA (the setmaxnreg split below
+ * does not let it use more: measured, a form with two more s32 sets per warpgroup spilled ~750 bytes at
+ * any split). So a warpgroup keeps one half in flight at a time; its three groups are a chain (each waits
+ * for the previous one and the CUDA-core step between), and the two consumer warpgroups overlap each
+ * other's chains. Nsight Compute (H200, FP8 N 25600 K 6144 M 2048): 44 % of issue slots busy, the tensor
+ * pipe 29 %, 0.7 eligible warps per scheduler — latency-bound; ~410 issued instructions per warp for each
+ * block and half (the promote's conversion, scales and add, and the shifts). Speed (test_cuda_gemm_igmma's
+ * bench, H200, session 13): FP8 60–64 TFLOP/s from M 1,024 (1.6x the mma.sync GEMM), MXFP4 ~130 (1.5x);
+ * a tile is one CTA over all of K, so small grids lose (the dispatch rule, di_cuda_gemm_igmma_wants).
  * Scales: s_x·2^−18 and s_w are powers of two, so while every scale of a stage lies in [2^−50, 2^50] (or is
  * NaN) f32(S)·s_x and then ·s_w are exact and fma(f32(S)·s_x, s_w, acc) rounds once where the CPU's add
  * does; a stage with a scale outside that range takes the literal __fmul_rn, __fmul_rn, __fadd_rn sequence.
@@ -48,7 +59,7 @@
 #define IG_TILE (IG_TM * IG_ROWB) /* bytes of one plane's stage tile (= IG_TN · IG_ROWB) */
 #define IG_STAGES 2
 #define IG_THREADS 384
-#define IG_PROD_REGS 88  /* setmaxnreg split of the 168 × 384 pool: 128 · 88 + 256 · 208 = 64,512 (ptxas -v: fewest spills) */
+#define IG_PROD_REGS 88  /* setmaxnreg split of the 168 × 384 pool: 128 · 88 + 256 · 208 = 64,512 */
 #define IG_CONS_REGS 208
 
 typedef struct __align__(1024) ig_stage {
@@ -214,6 +225,43 @@ static __device__ __forceinline__ void ig_shift7(int32_t *d) {
     for (int i = 0; i < 32; i++) d[i] *= 128;
 }
 
+/* The wgmma groups of one block and half, Horner's rule with the scaling between them: a wgmma with scale-d
+ * adds its products to the set, and every partial sum stays below 2^28 (cuda_gemm_mma.cuh's bounds).
+ * a, b: the x and weight plane-0 tiles at the block (plane p IG_TILE bytes further).
+ *   MXFP4: group 1 X = S2, Y = S0; X ·= 2^7; group 2 X += S1                     → S = Y + 2^7·X
+ *   FP8:   group 1 X = T4, Y = T1; X, Y ·= 2^7; group 2 X += T3, Y += T0 (lo); X ·= 2^7; group 3 X += T2 (hi) */
+template <bool FP4>
+static __device__ __forceinline__ void ig_group1(int32_t *X, int32_t *Y, uint32_t a, uint32_t b) {
+    if (FP4) {
+        ig_mma<0>(X, a + 2 * IG_TILE, b);
+        ig_mma<0>(Y, a, b);
+    } else {
+        ig_mma<0>(X, a + 2 * IG_TILE, b + 2 * IG_TILE);
+        ig_mma<0>(Y, a, b + IG_TILE);
+        ig_mma<1>(Y, a + IG_TILE, b);
+    }
+}
+template <bool FP4>
+static __device__ __forceinline__ void ig_after1(int32_t *X, int32_t *Y) {
+    ig_shift7(X);
+    if (!FP4) ig_shift7(Y);
+}
+template <bool FP4>
+static __device__ __forceinline__ void ig_group2(int32_t *X, int32_t *Y, uint32_t a, uint32_t b) {
+    if (FP4) {
+        ig_mma<1>(X, a + IG_TILE, b);
+    } else {
+        ig_mma<1>(X, a + IG_TILE, b + 2 * IG_TILE);
+        ig_mma<1>(X, a + 2 * IG_TILE, b + IG_TILE);
+        ig_mma<1>(Y, a, b);
+    }
+}
+static __device__ __forceinline__ void ig_group3(int32_t *X, uint32_t a, uint32_t b) {
+    ig_mma<1>(X, a, b + 2 * IG_TILE);
+    ig_mma<1>(X, a + IG_TILE, b + IG_TILE);
+    ig_mma<1>(X, a + 2 * IG_TILE, b);
+}
+
 /* acc[32] += the half's block values: f = f32(S) (FP8: S = Y + 2^14·X, Y = lo, X = hi; MXFP4: S = Y + 2^7·X,
  * Y = S0, X = S1 + 2^7·S2), then ·s_x, ·s_w and the add: fma(f·s_x, s_w, acc) in a safe stage, else the
  * literal sequence. (Measured on the H200, session 13: the conversion instruction is not the bound; a
@@ -263,42 +311,26 @@ static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stag
         const int unsafe = u.x | u.y | u.z | u.w | p->literal, nkb = min(IG_TKB, p->KB - t * IG_TKB);
         const uint32_t xa = smem_u32(st->x[0]) + cw * 64 * IG_ROWB, wa = smem_u32(st->w[0]);
         for (int kb = 0; kb < nkb; kb++) {
+            const uint32_t a = xa + kb * IG_QB, b = wa + kb * IG_QB;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t a0 = xa + kb * IG_QB, b0 = wa + h * 64 * IG_ROWB + kb * IG_QB;
-                const uint32_t a1 = a0 + IG_TILE, a2 = a0 + 2 * IG_TILE, b1 = b0 + IG_TILE, b2 = b0 + 2 * IG_TILE;
-                /* Horner's rule with the scaling between the groups: a wgmma with scale-d adds its products
-                 * to the set (every partial sum stays below 2^28: cuda_gemm_mma.cuh's bounds) */
+                const uint32_t bh = b + h * 64 * IG_ROWB; /* the half's 64 weight rows */
                 mma_fence();
-                if (FP4) {
-                    ig_mma<0>(X, a2, b0); /* S2 */
-                    ig_mma<0>(Y, a0, b0); /* S0 */
-                    mma_commit();
-                    ig_wait0(X, Y);
-                    ig_shift7(X);
-                    mma_fence();
-                    ig_mma<1>(X, a1, b0); /* + S1 */
-                } else {
-                    ig_mma<0>(X, a2, b2); /* T4 */
-                    ig_mma<0>(Y, a0, b1); /* T1 */
-                    ig_mma<1>(Y, a1, b0);
-                    mma_commit();
-                    ig_wait0(X, Y);
-                    ig_shift7(X), ig_shift7(Y);
-                    mma_fence();
-                    ig_mma<1>(X, a1, b2); /* + T3 */
-                    ig_mma<1>(X, a2, b1);
-                    ig_mma<1>(Y, a0, b0); /* + T0: lo */
-                    mma_commit();
-                    ig_wait0(X, Y);
-                    ig_shift7(X);
-                    mma_fence();
-                    ig_mma<1>(X, a0, b2); /* + T2: hi */
-                    ig_mma<1>(X, a1, b1);
-                    ig_mma<1>(X, a2, b0);
-                }
+                ig_group1<FP4>(X, Y, a, bh);
                 mma_commit();
                 ig_wait0(X, Y);
+                ig_after1<FP4>(X, Y);
+                mma_fence();
+                ig_group2<FP4>(X, Y, a, bh);
+                mma_commit();
+                ig_wait0(X, Y);
+                if (!FP4) {
+                    ig_shift7(X);
+                    mma_fence();
+                    ig_group3(X, a, bh);
+                    mma_commit();
+                    ig_wait0(X, Y);
+                }
                 ig_promote<FP4>(acc + 32 * h, X, Y, st, kb, h * 64 + 2 * q, r0, unsafe);
             }
         }
