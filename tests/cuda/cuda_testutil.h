@@ -86,6 +86,13 @@ static inline uint64_t ct_xorshift(uint64_t *s) {
     *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
     return *s * 0x2545F4914F6CDD1Dull;
 }
+/* a random e4m3 code other than the NaN codes 0x7F / 0xFF */
+static inline uint8_t ct_e4m3_code(uint64_t *s) {
+    for (;;) {
+        const uint8_t c = (uint8_t)ct_xorshift(s);
+        if ((c & 0x7f) != 0x7f) return c;
+    }
+}
 static inline double ct_unif(uint64_t *s) { return (double)(ct_xorshift(s) >> 11) * 0x1p-53; }
 static inline double ct_gauss(uint64_t *s) {
     double u = ct_unif(s), v = ct_unif(s);

@@ -52,13 +52,6 @@ static void check(const char *what, const char *shape, int ok) {
     else n_fail++;
 }
 
-/* random e4m3 codes without the NaN codes 0x7F / 0xFF (the special cases put them in on purpose) */
-static uint8_t code(void) {
-    for (;;) {
-        uint8_t c = (uint8_t)rnd();
-        if ((c & 0x7f) != 0x7f) return c;
-    }
-}
 
 typedef struct weights {
     int64_t wb, sb; /* bytes of the weights and of their scales */
@@ -71,7 +64,7 @@ static weights make_weights(int fp4, int64_t N, int64_t K, int special) {
     weights t;
     t.wb = fp4 ? N * K / 2 : N * K, t.sb = (fp4 ? N : (N + 31) / 32) * (K / 32);
     t.w = xmalloc((size_t)t.wb), t.ws = xmalloc((size_t)t.sb);
-    for (int64_t i = 0; i < t.wb; i++) t.w[i] = fp4 ? (uint8_t)rnd() : code();
+    for (int64_t i = 0; i < t.wb; i++) t.w[i] = fp4 ? (uint8_t)rnd() : ct_e4m3_code(&rng); /* NaN codes only where special */
     for (int64_t i = 0; i < t.sb; i++) t.ws[i] = (uint8_t)(118 + rnd() % 8);
     if (special) {
         if (!fp4)

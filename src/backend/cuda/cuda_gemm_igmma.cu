@@ -262,6 +262,12 @@ static __device__ __forceinline__ void ig_group3(int32_t *X, uint32_t a, uint32_
     ig_mma<1>(X, a + 2 * IG_TILE, b);
 }
 
+/* f32(S), rounded once: FP8 S = Y + 2^14·X (int64), MXFP4 S = Y + 2^7·X (int32) */
+template <bool FP4>
+static __device__ __forceinline__ float ig_block_sum(int32_t x, int32_t y) {
+    return FP4 ? __int2float_rn(y + 128 * x) : __ll2float_rn((long long)y + ((long long)x << 14));
+}
+
 /* acc[32] += the half's block values: f = f32(S) (FP8: S = Y + 2^14·X, Y = lo, X = hi; MXFP4: S = Y + 2^7·X,
  * Y = S0, X = S1 + 2^7·S2), then ·s_x, ·s_w and the add: fma(f·s_x, s_w, acc) in a safe stage, else the
  * literal sequence. (Measured on the H200, session 13: the conversion instruction is not the bound; a
@@ -277,7 +283,7 @@ static __device__ __forceinline__ void ig_promote(float *acc, const int32_t *X, 
 #pragma unroll
             for (int h = 0; h < 4; h++) {
                 const int i = 4 * j + h;
-                const float f = FP4 ? __int2float_rn(Y[i] + 128 * X[i]) : __ll2float_rn((long long)Y[i] + ((long long)X[i] << 14));
+                const float f = ig_block_sum<FP4>(X[i], Y[i]);
                 acc[i] = __fmaf_rn(__fmul_rn(f, h & 2 ? sx1 : sx0), h & 1 ? sw.y : sw.x, acc[i]);
             }
         }
@@ -289,7 +295,7 @@ static __device__ __forceinline__ void ig_promote(float *acc, const int32_t *X, 
 #pragma unroll
         for (int h = 0; h < 4; h++) {
             const int i = 4 * j + h;
-            const float f = FP4 ? __int2float_rn(Y[i] + 128 * X[i]) : __ll2float_rn((long long)Y[i] + ((long long)X[i] << 14));
+            const float f = ig_block_sum<FP4>(X[i], Y[i]);
             acc[i] = __fadd_rn(acc[i], __fmul_rn(__fmul_rn(f, h & 2 ? sx1 : sx0), h & 1 ? sw.y : sw.x));
         }
     }
