@@ -25,7 +25,8 @@
  *     part 2's cases, every f32 accumulator and bf16 output, 2 / 3 / 4 splits; every scratch entry written;
  *     on the real shapes two wrong reduce orders are shown to change accumulators (split_check).
  * NaN outputs are compared as NaN (the GPU's canonical NaN and x86's payloads differ in bits); every
- * other output bit for bit. Every MMA partial sum is checked to fit int32 (the exactness claim). */
+ * other output bit for bit. Every MMA partial sum is checked to fit int32 (the exactness claim).
+ *  4. The int8 wgmma GEMM's Horner schedule over the same planes (test_igmma_horner). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -625,12 +626,101 @@ static void test_lane_functions(void **state) {
     assert_true(gmm_x_scale(1, 0) == 0x1p-145f && gmm_x_scale(0, 0) == 0x1p-137f && isnan(gmm_x_scale(1, 255)));
 }
 
+/* The int8 wgmma GEMM (src/backend/cuda/cuda_gemm_igmma.cu) keeps these digit planes but forms each block
+ * sum by Horner's rule in its s32 wgmma accumulators (a wgmma with scale-d adds its products to the set, the
+ * CUDA cores multiply a set by 2^7 between groups): FP8 X = T4; X·2^7; X += T3; X·2^7; X += T2 (hi) and
+ * Y = T1; Y·2^7; Y += T0 (lo), S = lo + 2^14·hi in int64; MXFP4 X = S2; X·2^7; X += S1, Y = S0, S = Y + 2^7·X
+ * in int32. A wgmma may add its 32-term products in any order, so a partial sum is bounded by the sum of
+ * the magnitudes. Checked: (1) with every plane at its digit bound, each step's bound stays below 2^31; (2) the schedule, run in int64 with every intermediate asserted to fit int32, on
+ * random and extreme blocks of codes, gives S = Σ X·W exactly (X = x·2^9, W = w·2^9 or 2w). */
+static int64_t ig_fits(int64_t v) {
+    assert_true(v > -0x80000000ll && v < 0x80000000ll);
+    return v;
+}
+static void ig_block(const uint8_t *xc, const uint8_t *wc, int fp4, const uint32_t *tab) {
+    int64_t d[5] = {0}, exact = 0; /* FP8: the levels T_s; MXFP4: S_p in d[0..2] */
+    for (int k = 0; k < 32; k++) {
+        uint32_t xd[3], wdig[3];
+        gvm_x_digits(xc[k], xd);
+        int wv[3] = {0, 0, 0};
+        if (fp4) {
+            uint32_t lo, hi;
+            gmm_e2m1x8_s8(wc[k] & 15u, &lo, &hi);
+            wv[0] = (int8_t)(lo & 0xffu);
+            exact += (int64_t)gvm_e4m3_int(xc[k]) * wv[0];
+        } else {
+            gmm_w8_digits(wc[k], tab, wdig);
+            for (int j = 0; j < 3; j++) wv[j] = (int8_t)(wdig[j] & 0xffu);
+            exact += (int64_t)gvm_e4m3_int(xc[k]) * gvm_e4m3_int(wc[k]);
+        }
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < (fp4 ? 1 : 3); j++) d[i + j] += (int64_t)(int8_t)(xd[i] & 0xffu) * wv[j];
+    }
+    int64_t S;
+    if (fp4) {
+        const int64_t X = ig_fits(ig_fits(ig_fits(d[2]) * 128) + d[1]);
+        S = ig_fits(d[0] + 128 * X);
+    } else {
+        int64_t X = ig_fits(ig_fits(d[4]) * 128);
+        X = ig_fits(ig_fits(X + d[3]) * 128);
+        X = ig_fits(X + d[2]);
+        const int64_t Y = ig_fits(ig_fits(ig_fits(d[1]) * 128) + d[0]);
+        S = Y + X * 16384;
+    }
+    assert_true(S == exact);
+}
+static void test_igmma_horner(void **state) {
+    (void)state;
+    uint32_t tab[256];
+    int64_t mx[3] = {0}, mw[3] = {0}, m4 = 0;
+    for (uint32_t c = 0; c < 256; c++) {
+        tab[c] = gmm_w8_entry(c);
+        uint32_t xd[3], lo, hi;
+        gvm_x_digits(c, xd);
+        for (int p = 0; p < 3; p++) {
+            const int64_t a = llabs((int8_t)(xd[p] & 0xffu)), b = llabs((int8_t)((tab[c] >> (8 * p)) & 0xffu));
+            mx[p] = a > mx[p] ? a : mx[p], mw[p] = b > mw[p] ? b : mw[p];
+        }
+        gmm_e2m1x8_s8(c & 15u, &lo, &hi);
+        m4 = llabs((int8_t)(lo & 0xffu)) > m4 ? llabs((int8_t)(lo & 0xffu)) : m4;
+    }
+    /* the digit bounds of cuda_gemm_mma.cuh's argument (|x0|, |x1| ≤ 127, |x2| ≤ 15, |2w| ≤ 12) hold for every
+     * code; the worst case below takes them */
+    for (int p = 0; p < 3; p++) assert_true(mx[p] <= (p < 2 ? 127 : 15) && mw[p] <= (p < 2 ? 127 : 15));
+    assert_true(mx[2] == 15 && m4 == 12);
+    mx[0] = mx[1] = mw[0] = mw[1] = 127, mw[2] = 15;
+    int64_t t[5] = {0};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) t[i + j] += 32 * mx[i] * mw[j];
+    const int64_t hi = (t[4] * 128 + t[3]) * 128 + t[2], lo = t[1] * 128 + t[0];
+    assert_true(t[4] * 128 + t[3] < 0x80000000ll && hi < 0x80000000ll && lo < 0x80000000ll);
+    const int64_t s4 = (32 * mx[2] * m4 * 128 + 32 * mx[1] * m4) * 128 + 32 * mx[0] * m4;
+    assert_true(s4 < 0x80000000ll);
+    uint8_t xc[32], wc[32];
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        for (int r = 0; r < 4000; r++) {
+            for (int k = 0; k < 32; k++) xc[k] = (uint8_t)rnd(), wc[k] = (uint8_t)rnd();
+            ig_block(xc, wc, fp4, tab);
+        }
+        for (int sg = 0; sg < 4; sg++) { /* every term at the largest magnitude, signs all equal or alternating */
+            for (int k = 0; k < 32; k++) {
+                const int neg_x = sg & 1 ? k & 1 : 0, neg_w = sg & 2 ? 1 : 0;
+                xc[k] = (uint8_t)(0x7e | (neg_x ? 0x80 : 0)); /* 448 */
+                wc[k] = fp4 ? (uint8_t)(0x7 | (neg_w ? 0x8 : 0)) : (uint8_t)(0x7e | (neg_w ? 0x80 : 0));
+            }
+            ig_block(xc, wc, fp4, tab);
+            for (int k = 0; k < 32; k++) xc[k] |= 0x7f; /* the NaN codes' stand-in 15·2^14 */
+            ig_block(xc, wc, fp4, tab);
+        }
+    }
+}
+
 int main(void) {
     di_error err = {0};
     if (di_threadpool_create(2, &tp, &err)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lane_functions), cmocka_unit_test(test_all_codes_fp4), cmocka_unit_test(test_all_codes_fp8),
-        cmocka_unit_test(test_special),        cmocka_unit_test(test_real_shapes),
+        cmocka_unit_test(test_special),        cmocka_unit_test(test_real_shapes),  cmocka_unit_test(test_igmma_horner),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     di_threadpool_destroy(tp);
