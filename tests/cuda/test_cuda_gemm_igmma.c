@@ -6,8 +6,8 @@
  *    against the CPU elsewhere) where that one takes the shape (K a multiple of 64), at
  *    - edge shapes, FP8 and MXFP4: M 1 … 300 (tails of a 64-row warpgroup and of a 128-row tile), N 1 … 257
  *      (tails of a 64-column half, of a 128-column tile and of a 32-column FP8 scale group), K 32 … 4128
- *      (tails of a 4-block stage); with NaN / +inf x rows, e4m3 NaN weight codes and scale bytes 0 / 254 /
- *      255 (which also take the literal scale sequence);
+ *      (tails of a 4-block stage); with NaN / +inf x rows, a tiny x row, e4m3 NaN weight codes and scale
+ *      bytes 0 / 254 / 255 (which also take the literal scale sequence); y at an odd bf16 offset;
  *    - the V4.1 linear shapes (spec §2.4) at M 128, 256 and 1000 (FP8) and the expert shapes (MXFP4).
  * 2. The linear_fp8 / linear_fp4 slot with the kernel on against the slot with it off (NaN class).
  * 2c. Grouped launches (the prefill experts) against the dense kernel per expert, bit for bit (check_grouped).
@@ -81,6 +81,8 @@ static void check_case(int fp4, int64_t M, int64_t N, int64_t K, int special, in
         x[(37 * 7) % K] = 0x7fc0;                  /* row 0: a NaN group */
         if (M > 1) x[K + (64 + 11) % K] = 0x7f80;  /* row 1: a +inf group */
         x[(M - 1) * K + (K / 2 + 5) % K] = 0xffc0; /* the last row: a NaN group */
+        if (M > 3) /* row 2 tiny: x scales below 2^-50 take the literal scale sequence too */
+            for (int64_t i = 2 * K; i < 3 * K; i++) x[i] = di_f32_to_bf16(di_bf16_to_f32(x[i]) * 1e-25f);
     }
     weights t = make_weights(fp4, N, K, special);
     char sh[80];
@@ -128,6 +130,13 @@ static void check_case(int fp4, int64_t M, int64_t N, int64_t K, int special, in
     }
     di_cuda_gemm_igmma_set_enabled(1);
     row("slot (igmma on) vs off (NaN class)", sh, ct_bf16_diff(y_slot[1], y_slot[0], M * N, 1), M * N);
+    if (N % 2 == 0) { /* y at an odd bf16 offset: the paired 32-bit stores must not be taken */
+        uint16_t *dyo = dev_poisoned(2 * (size_t)(M * N + 1));
+        RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dyo + 1, xd, st, E));
+        uint16_t *yo = ct_down(dyo, 2 * (size_t)(M * N + 1));
+        row("igmma, y 2 bytes off 4-byte alignment", sh, ct_bf16_diff(yo + 1, y_ig, M * N, 1), M * N);
+        free(yo), cudaFree(dyo);
+    }
     free(y_slot[0]), free(y_slot[1]), free(y_ig), free(y_cpu), free(x), free(t.w), free(t.ws);
     cudaFree(dx), cudaFree(dy), cudaFree(dw), cudaFree(dws), cudaFree(xq), cudaFree(xs), cudaFree(xd);
 }

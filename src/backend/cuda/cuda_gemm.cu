@@ -270,9 +270,10 @@ static int qlinear_v(const di_backend *be, int fp4, int variant, const uint16_t 
     /* 3-64 FP8 rows on the FP64 tensor cores (cuda_gemm_dmma.cu; DI_CUDA_GEMM_DMMA=0 takes the kernels
      * below): the same bits, the weights read once */
     const int dmma = variant == 0 && !fp4 && di_cuda_gemm_dmma_enabled() && di_cuda_gemm_dmma_wants(m, k, n, w);
-    /* the larger calls on the int8 wgmma (cuda_gemm_igmma.cu; DI_CUDA_GEMM_IG=0 takes the kernels below):
-     * the int8 MMA GEMM's bits, its digit planes fed to the tensor cores from shared memory */
-    const int igmma = !dmma && variant == 0 && di_cuda_gemm_igmma_enabled() && di_cuda_gemm_igmma_wants(fp4, m, k, n);
+    /* the larger calls on the int8 wgmma (cuda_gemm_igmma.cu; DI_CUDA_GEMM_IG=0, or DI_CUDA_GEMM=simt, takes the
+     * kernels below): the int8 MMA GEMM's bits, its digit planes fed to the tensor cores from shared memory */
+    const int igmma = !dmma && variant == 0 && di_cuda_gemm_mma_enabled() && di_cuda_gemm_igmma_enabled() &&
+                      di_cuda_gemm_igmma_wants(fp4, m, k, n) && di_cuda_gemm_igmma_usable(fp4, 0);
     const int gmm = !dmma && !igmma && variant == 0 && gmm_rows && di_cuda_gemm_mma_enabled() && di_cuda_gemm_mma_fits(m, k, w);
     size_t codes = ((size_t)(m * k) + 15) & ~(size_t)15, scales = (size_t)(m * (k / QB));
     if (gmm || igmma) scales = (scales + 15) & ~(size_t)15;

@@ -41,8 +41,10 @@
  * does; a stage with a scale outside that range takes the literal __fmul_rn, __fmul_rn, __fadd_rn sequence.
  * NaN: an x block with NaN / inf has scale byte 255 (NaN) and codes whose digits are finite stand-ins; a
  * NaN FP8 weight code makes that (column, block)'s s_w NaN (the table's flag), as in the mma.sync GEMM.
- * Rows past M (other planes' rows or TMA zeros) and columns past N are computed, never stored; their
- * scales are 0. */
+ * Rows past a tile's rows (other planes' rows, TMA zeros, or in a grouped launch other experts' rows) and
+ * columns past N are computed, never stored: an output row depends only on its own x row, and their scales
+ * are 0. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +81,7 @@ typedef struct ig_params {
     const uint8_t *xs;         /* E8M0 [M, K/32] */
     int M, N, K, KB;
     int literal;               /* test / bench: every stage takes the literal scale sequence */
+    int pairs;                 /* N even and y 4-byte aligned: two bf16 per 32-bit store */
     uint16_t *y;               /* bf16 [M, N] */
 } ig_params;
 
@@ -89,8 +92,9 @@ typedef struct ig_tile {
 } ig_tile;
 
 /* Grouped launches (the prefill experts): expert e's rows are a contiguous range of x; a row tile is
- * (first row, expert | rows << 16), at most 128 rows of one expert. ~24 KiB of kernel parameters. */
+ * (first row, expert | rows << 16), at most 128 rows of one expert. ~26 KiB of kernel parameters (CUDA ≥ 12.1). */
 #define IG_GROUP_EXPERTS 384
+static_assert(IG_GROUP_EXPERTS >= GMM_GROUP_EXPERTS, "the grouped caller caps experts at GMM_GROUP_EXPERTS");
 #define IG_GROUP_TILES 2560
 typedef struct ig_group {
     const uint8_t *w[IG_GROUP_EXPERTS], *ws[IG_GROUP_EXPERTS];
@@ -265,7 +269,7 @@ static __device__ __forceinline__ void ig_group3(int32_t *X, uint32_t a, uint32_
 /* f32(S), rounded once: FP8 S = Y + 2^14·X (int64), MXFP4 S = Y + 2^7·X (int32) */
 template <bool FP4>
 static __device__ __forceinline__ float ig_block_sum(int32_t x, int32_t y) {
-    return FP4 ? __int2float_rn(y + 128 * x) : __ll2float_rn((long long)y + ((long long)x << 14));
+    return FP4 ? __int2float_rn(y + 128 * x) : __ll2float_rn((long long)y + (long long)x * 16384);
 }
 
 /* acc[32] += the half's block values: f = f32(S) (FP8: S = Y + 2^14·X, Y = lo, X = hi; MXFP4: S = Y + 2^7·X,
@@ -343,7 +347,7 @@ static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stag
         mbar_arrive(&st->empty);
     }
 
-    const bool pairs = (p->N & 1) == 0; /* two bf16 per 32-bit store when rows stay 4-byte aligned */
+    const bool pairs = p->pairs;
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
         if (r0 + 8 * rh >= tl.rows) continue;
@@ -417,7 +421,8 @@ extern "C" void di_cuda_gemm_igmma_set_literal(int on) { g_ig_literal = on ? 1 :
  * waves of 132 tiles; from ~48 tiles on this kernel ties or beats the int8 mma.sync GEMM (1.4x per wave). */
 extern "C" int di_cuda_gemm_igmma_wants(int fp4, int64_t m, int64_t k, int64_t n) {
     (void)fp4, (void)k;
-    return m > 64 && ((m + IG_TM - 1) / IG_TM) * ((n + IG_TN - 1) / IG_TN) >= 48;
+    const int64_t rt = (m + IG_TM - 1) / IG_TM;
+    return m > 64 && rt <= 65535 && rt * ((n + IG_TN - 1) / IG_TN) >= 48;
 }
 
 /* Grouped: 128-row tiles pay for themselves where the experts average ~96 rows or more (the int8 mma.sync
@@ -427,27 +432,37 @@ extern "C" int di_cuda_gemm_igmma_grouped_wants(int64_t rows, int active) { retu
 extern "C" uint64_t di_cuda_gemm_igmma_scratch(int64_t m, int64_t k) { return (uint64_t)m * (uint64_t)k * 3; }
 
 #define IG_MAX_DEVICES 16
+#define IG_MAX_ROW_TILES 65535 /* grid.y */
 /* Per device and kernel: the shared-memory opt-in, and whether ptxas left the launch the full register pool
- * that the setmaxnreg split needs (an .inc the pool cannot grant would wait forever). */
+ * that the setmaxnreg split needs (an .inc the pool cannot grant would wait forever). Decided once per
+ * (kernel, device) under a lock and then only read; a device index past the table is checked on every call. */
+static pthread_mutex_t g_ig_lock = PTHREAD_MUTEX_INITIALIZER;
 template <typename Kernel>
 static int ig_ready(Kernel kern, int (&state)[IG_MAX_DEVICES], di_error *err) {
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= IG_MAX_DEVICES) dev = 0;
-    if (state[dev] > 0) return DI_OK;
-    if (state[dev] < 0)
-        return di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: the kernel cannot run on device %d (see the first error)", dev);
-    state[dev] = -1;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess) return di_cuda_launched("gemm_igmma attributes", err);
-    if (fa.numRegs * IG_THREADS < 128 * IG_PROD_REGS + (IG_THREADS - 128) * IG_CONS_REGS)
-        return di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: the kernel got %d registers per thread, %d needed",
-                            fa.numRegs, (128 * IG_PROD_REGS + (IG_THREADS - 128) * IG_CONS_REGS) / IG_THREADS);
-    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)IG_SMEM);
-    if (e != cudaSuccess)
-        return di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: shared-memory opt-in of %zu bytes: %s", (size_t)IG_SMEM,
-                            cudaGetErrorString(e));
-    state[dev] = 1;
-    return DI_OK;
+    if (cudaGetDevice(&dev) != cudaSuccess) return di_cuda_launched("gemm_igmma (current device)", err);
+    const bool cached = dev >= 0 && dev < IG_MAX_DEVICES;
+    if (cached && __atomic_load_n(&state[dev], __ATOMIC_ACQUIRE) > 0) return DI_OK;
+    pthread_mutex_lock(&g_ig_lock);
+    int rc = DI_OK;
+    if (cached && state[dev] < 0) {
+        rc = di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: the kernel cannot run on device %d (see the first error)", dev);
+    } else if (!cached || state[dev] == 0) {
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaFuncGetAttributes(&fa, kern);
+        if (e != cudaSuccess)
+            rc = di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: kernel attributes: %s", cudaGetErrorString(e));
+        else if (fa.numRegs * IG_THREADS < 128 * IG_PROD_REGS + (IG_THREADS - 128) * IG_CONS_REGS)
+            rc = di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: the kernel got %d registers per thread, %d needed",
+                              fa.numRegs, (128 * IG_PROD_REGS + (IG_THREADS - 128) * IG_CONS_REGS) / IG_THREADS);
+        else if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)IG_SMEM)) != cudaSuccess)
+            rc = di_error_set(err, DI_ERR_INTERNAL, "cuda gemm_igmma: shared-memory opt-in of %zu bytes: %s", (size_t)IG_SMEM,
+                              cudaGetErrorString(e));
+        if (rc) (void)cudaGetLastError();
+        if (cached) __atomic_store_n(&state[dev], rc ? -1 : 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_ig_lock);
+    return rc;
 }
 
 /* The checks, the x pre-pass (unless xq is NULL: xd holds the planes already) and the parameters shared by
@@ -457,7 +472,7 @@ static int ig_prepare(const char *op, int fp4, const uint8_t *xq, const uint8_t 
     if (rows < 1 || n < 1 || k < IG_QB || k % IG_QB || 3 * rows > INT32_MAX || k > INT32_MAX || n > INT32_MAX)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld (K a positive multiple of 32; 3·M, K, N < 2^31)",
                             op, (long long)rows, (long long)n, (long long)k);
-    if ((uintptr_t)xd % 16 || (uintptr_t)xq % 4)
+    if (!xd || (uintptr_t)xd % 16 || (uintptr_t)xq % 4)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: xd (%p) must be 16-byte aligned, xq (%p) 4-byte aligned", op,
                             (const void *)xd, (const void *)xq);
     if (xq) {
@@ -470,6 +485,7 @@ static int ig_prepare(const char *op, int fp4, const uint8_t *xq, const uint8_t 
     const int rc = make_map(&p->tx, xd, 3 * rows, k, IG_ROWB, 1, op, err);
     if (rc) return rc;
     p->xs = xs, p->M = (int)rows, p->N = (int)n, p->K = (int)k, p->KB = (int)(k / IG_QB), p->y = y;
+    p->pairs = (n & 1) == 0 && (uintptr_t)y % 4 == 0;
     p->literal = g_ig_literal;
     (void)fp4;
     return DI_OK;
@@ -477,12 +493,24 @@ static int ig_prepare(const char *op, int fp4, const uint8_t *xq, const uint8_t 
 
 static int g_ig_ready[2][2][IG_MAX_DEVICES]; /* [grouped][fp4]: 0 unknown, 1 ready, −1 refused */
 
+/* Whether the kernel can run on the current device (the dispatch asks first, so a refusal falls back to the
+ * int8 mma.sync GEMM instead of failing the call) */
+extern "C" int di_cuda_gemm_igmma_usable(int fp4, int grouped) {
+    di_error e = {0};
+    int rc;
+    if (grouped) rc = fp4 ? ig_ready(ig_group_kernel<true>, g_ig_ready[1][1], &e) : ig_ready(ig_group_kernel<false>, g_ig_ready[1][0], &e);
+    else rc = fp4 ? ig_ready(ig_kernel<true>, g_ig_ready[0][1], &e) : ig_ready(ig_kernel<false>, g_ig_ready[0][0], &e);
+    return rc == DI_OK;
+}
+
 extern "C" int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                                       const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err) {
     const char *op = fp4 ? "linear_fp4 (gemm_igmma)" : "linear_fp8 (gemm_igmma)";
     if ((uintptr_t)w % 16 || !xq)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: w (%p) must be 16-byte aligned, xq (%p) given", op, (const void *)w,
                             (const void *)xq);
+    if (m > (int64_t)IG_MAX_ROW_TILES * IG_TM)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld needs more than %d row tiles", op, (long long)m, IG_MAX_ROW_TILES);
     int rc = fp4 ? ig_ready(ig_kernel<true>, g_ig_ready[0][1], err) : ig_ready(ig_kernel<false>, g_ig_ready[0][0], err);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)stream;
@@ -491,7 +519,6 @@ extern "C" int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t 
     if (rc) return rc;
     p.w = w, p.wsc = ws;
     const dim3 grid(di_cuda_blocks(n, IG_TN), di_cuda_blocks(m, IG_TM));
-    if (grid.y > 65535) return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld needs more than 65535 row tiles", op, (long long)m);
     if (fp4) ig_kernel<true><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
     else ig_kernel<false><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
     return di_cuda_launched(op, err);

@@ -15,6 +15,9 @@ extern "C" {
  * it (tests, bench). */
 int di_cuda_gemm_igmma_enabled(void);
 void di_cuda_gemm_igmma_set_enabled(int on);
+/* Whether this kernel (grouped: the grouped one) can run on the current device: its register split and
+ * shared-memory opt-in, checked once per device; the dispatch falls back to the int8 mma.sync GEMM if not */
+int di_cuda_gemm_igmma_usable(int fp4, int grouped);
 /* Whether linear_fp8 / linear_fp4 take this kernel for a call of m rows (the measured rule, cuda_gemm_igmma.cu) */
 int di_cuda_gemm_igmma_wants(int fp4, int64_t m, int64_t k, int64_t n);
 /* Test / bench: every stage takes the literal scale sequence (conversion instruction, __fmul_rn, __fmul_rn,
@@ -26,7 +29,8 @@ uint64_t di_cuda_gemm_igmma_scratch(int64_t m, int64_t k);
  * w e4m3 [n, k] + ws E8M0 [ceil(n/32), k/32] (fp4 = 0) or w packed E2M1 [n, k/2] + ws E8M0 [n, k/32]
  * (fp4 = 1); device pointers, on stream (a cudaStream_t). xd: di_cuda_gemm_igmma_scratch(m, k) bytes,
  * 16-byte aligned. Refused (an error, nothing launched): m < 1, n < 1, k not a positive multiple of 32,
- * w or xd not 16-byte aligned, xq not 4-byte aligned, 3·m or k past 2^31 − 1. */
+ * w or xd not 16-byte aligned (or NULL), xq not 4-byte aligned, 3·m, k or n past 2^31 − 1, more than 65,535
+ * row tiles of 128. y needs only 2-byte alignment. */
 int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                            const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err);
 /* Grouped (the prefill experts), the contract of di_cuda_gemm_mma_grouped (cuda_gemm_mma.cuh) with this

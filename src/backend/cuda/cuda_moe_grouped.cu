@@ -208,7 +208,8 @@ extern "C" void di_cuda_moe_grouped_set_chunk_rows(int64_t rows) { g_chunk_rows 
 
 /* rows [s0, s0 + nr) of src (bf16, width kd) → act-quant → grouped GEMM with weight set a of experts e0 … e1−1
  * → dst_a rows [s0, s0 + nr) (width nd); with a second set b (w1 then w3 over the same rows), its GEMM reuses
- * the codes and digit planes of the first (xq NULL: di_cuda_gemm_mma_grouped skips the pre-pass) */
+ * the codes and digit planes of the first (xq NULL: the grouped GEMM skips the pre-pass; both sets take the same
+ * kernel, so the planes are in its layout) */
 typedef struct wset {
     const uint8_t *const *w, *const *sc;
     uint16_t *dst;
@@ -223,7 +224,7 @@ static int grouped_gemm(const di_backend *be, const uint16_t *src, int64_t kd, i
     for (int e = e0; e < e1; e++) active += st[e + 1] > st[e];
     /* the int8 wgmma GEMM where the experts' row tiles fill it (cuda_gemm_igmma.cu), else the int8 mma.sync
      * GEMM: the same bits; each call's digit planes are its own kernel's layout */
-    const int ig = di_cuda_gemm_igmma_enabled() && di_cuda_gemm_igmma_grouped_wants(nr, active);
+    const int ig = di_cuda_gemm_igmma_enabled() && di_cuda_gemm_igmma_grouped_wants(nr, active) && di_cuda_gemm_igmma_usable(1, 1);
     const size_t codes = al256((size_t)(nr * kd)), scales = al256((size_t)(nr * (kd / 32)));
     const size_t digits = ig ? (size_t)di_cuda_gemm_igmma_scratch(nr, kd) : (size_t)di_cuda_gemm_mma_group_scratch(nr, kd);
     void *wsp;
