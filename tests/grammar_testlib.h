@@ -131,7 +131,8 @@ static inline di_grammar_walk_stats gt_fill_checked(di_grammar_matcher *m, const
                                    .summaries = a.summaries - b.summaries, .full_sigs = a.full_sigs - b.full_sigs,
                                    .shapes_static = a.shapes_static - b.shapes_static,
                                    .union_hits = a.union_hits - b.union_hits,
-                                   .union_shifts = a.union_shifts - b.union_shifts};
+                                   .union_shifts = a.union_shifts - b.union_shifts,
+                                   .walk_hits = a.walk_hits - b.walk_hits};
 }
 
 /* Random walk: at each step compare the mask with brute force, then accept a random allowed

@@ -162,6 +162,10 @@ void di_gcache_free(di_grammar_cache *c) {
         free(c->blocks[i].mask);
         free(c->blocks[i].ent);
     }
+    for (int i = 0; i < DI_GCACHE_WALKS; i++) {
+        free(c->walks[i].mask);
+        free(c->walks[i].ent);
+    }
     for (int i = 0; i < DI_GCACHE_MASKS; i++) free(c->masks[i]);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -295,13 +299,15 @@ bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
     return hit;
 }
 
-bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
-                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n) {
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, bool walk, uint64_t table, di_sig128 k,
+                         uint32_t *mask, di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n) {
     bool hit = false;
+    di_gcache_block *slots = walk ? c->walks : c->blocks;
+    int n_slots = walk ? DI_GCACHE_WALKS : DI_GCACHE_BLOCKS;
     pthread_mutex_lock(&c->lock);
     if (vocab_ok(c, v))
-        for (int i = 0; i < DI_GCACHE_BLOCKS && !hit; i++) {
-            di_gcache_block *b = &c->blocks[i];
+        for (int i = 0; i < n_slots && !hit; i++) {
+            di_gcache_block *b = &slots[i];
             if (!b->used || b->table != table || b->key.a != k.a || b->key.b != k.b || b->n_ent > cap) continue;
             memcpy(mask, b->mask, c->words * sizeof *mask);
             memcpy(ent, b->ent, b->n_ent * sizeof *ent);
@@ -312,11 +318,11 @@ bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_
     return hit;
 }
 
-void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, bool walk, uint64_t table, di_sig128 k,
                          const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n) {
     pthread_mutex_lock(&c->lock);
     if (vocab_ok(c, v)) {
-        di_gcache_block *b = &c->blocks[c->bnext++ % DI_GCACHE_BLOCKS];
+        di_gcache_block *b = walk ? &c->walks[c->wnext++ % DI_GCACHE_WALKS] : &c->blocks[c->bnext++ % DI_GCACHE_BLOCKS];
         uint32_t *bm = b->mask ? b->mask : malloc(c->words * sizeof *bm);
         di_gcache_ctxtok *be = realloc(b->ent, (n ? n : 1) * sizeof *be);
         if (bm) b->mask = bm;
@@ -324,6 +330,9 @@ void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_
         b->used = bm && be;
         if (b->used) {
             memcpy(b->mask, mask, c->words * sizeof *mask);
+            for (uint32_t x = 0; walk && x < n; x++) /* the subtrees walked again per context */
+                for (uint32_t k = v->tok_start[ent[x].node], e = v->tok_start[v->nodes[ent[x].node].end]; k < e; k++)
+                    b->mask[v->pre_tok[k] >> 5] &= ~(1u << (v->pre_tok[k] & 31));
             memcpy(b->ent, ent, n * sizeof *ent);
             b->n_ent = n;
             b->key = k;

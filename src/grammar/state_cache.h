@@ -42,6 +42,7 @@ typedef struct di_sig128 {
 _Static_assert(DI_GCACHE_MAX_STATES <= DI_GCACHE_ID_MAX && DI_ST_CONTEXT_0 - 255 >= -32768, "int16 transitions");
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
 #define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
+#define DI_GCACHE_WALKS 32         /* context-free trie walks remembered per grammar */
 
 
 /* What a state does on whole characters, for accepting tokens without walking them
@@ -84,16 +85,22 @@ typedef struct di_gcache_table {
     uint64_t serial;     /* which generation (state ids mean nothing across tables) */
 } di_gcache_table;
 
-/* A token of a block mask whose walk reached the context: from context-free state `parent` (at
- * `depth` - 1), byte `byte` completes into the context (matcher.c: loop_mask). */
+/* A token of a block mask whose walk reached the context, or a trie node where a trie walk reached
+ * it: from context-free state `parent` (at `depth` - 1), byte `byte` completes into the context
+ * (matcher.c: loop_mask, walk_trie). */
 typedef struct di_gcache_ctxtok {
-    int32_t tok, parent;
+    union {
+        int32_t tok;  /* block mask: the token, walked again per context */
+        int32_t node; /* trie walk: the trie node whose whole subtree is walked again per context */
+    };
+    int32_t parent;
     uint16_t depth;
     uint8_t byte, accepted; /* accepted: scratch for the walk that records it */
 } di_gcache_ctxtok;
 
-/* The context-free part of a block mask of one context-free root state: the tokens decided
- * without the context, and the tokens that reach it (walked again per context). */
+/* The context-free part of a block mask or trie walk of one context-free root state: the tokens
+ * decided without the context, and the tokens (block mask) or trie subtrees (trie walk) that reach
+ * it, walked again per context. */
 typedef struct di_gcache_block {
     di_sig128 key;
     uint64_t table;
@@ -123,6 +130,8 @@ struct di_grammar_cache {
     uint32_t mnext;                       /* round-robin replacement */
     di_gcache_block blocks[DI_GCACHE_BLOCKS];
     uint32_t bnext;
+    di_gcache_block walks[DI_GCACHE_WALKS];
+    uint32_t wnext;
 };
 
 /* A cache for the grammar whose terminals are cfg's byte classes (read once: the partition of
@@ -167,12 +176,14 @@ static inline const di_cfg_class *di_gcache_scan_get(const di_gcache_table *t, i
 /* Record the bytes state id scans (racing walks record the same set; the first wins). */
 void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan);
 
-/* The cached block of context-free root k in table generation `table`: its mask into mask and its
- * context tokens into ent (at most cap); false if absent or larger than cap. */
-bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
-                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
-/* Remember a block (best effort, as di_gcache_mask_put). */
-void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
+/* The cached block (walk false) or trie walk (walk true) of context-free root k in table
+ * generation `table`: its mask into mask and its context tokens or nodes into ent (at most cap);
+ * false if absent or larger than cap. */
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, bool walk, uint64_t table, di_sig128 k,
+                         uint32_t *mask, di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
+/* Remember a block or trie walk (best effort, as di_gcache_mask_put). A trie walk's mask may hold
+ * the tokens of its listed subtrees (this context's): they are left out of the cached copy. */
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, bool walk, uint64_t table, di_sig128 k,
                          const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n);
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
