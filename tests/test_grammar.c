@@ -248,14 +248,16 @@ static void test_fast_paths(void **state) {
         for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 7727, 30, pats[i]);
         di_grammar_free(g);
     }
-    tu_report("fast-path masks checked against brute force: %d (walks %llu, block masks %llu of which %llu cached, "
-              "blocks %llu, context edges %llu, cached %llu)",
-              checked, (unsigned long long)gt_stats.walks, (unsigned long long)gt_stats.block_masks,
-              (unsigned long long)gt_stats.block_hits, (unsigned long long)gt_stats.blocks,
-              (unsigned long long)gt_stats.ctx_edges, (unsigned long long)gt_stats.cached);
+    tu_report("fast-path masks checked against brute force: %d (walks %llu of which %llu cached, block masks %llu of "
+              "which %llu cached, blocks %llu, context edges %llu, cached %llu)",
+              checked, (unsigned long long)gt_stats.walks, (unsigned long long)gt_stats.walk_hits,
+              (unsigned long long)gt_stats.block_masks, (unsigned long long)gt_stats.block_hits,
+              (unsigned long long)gt_stats.blocks, (unsigned long long)gt_stats.ctx_edges,
+              (unsigned long long)gt_stats.cached);
     assert_true(checked > 200);
     assert_true(gt_stats.block_masks > 0);
     assert_true(gt_stats.block_hits > 0); /* a block cached in one context served another */
+    assert_true(gt_stats.walk_hits > 0);  /* and so did a trie walk */
     assert_true(gt_stats.blocks > 0);
     assert_true(gt_stats.ctx_edges > 0);
     di_grammar_vocab_free(v);

@@ -1564,8 +1564,11 @@ static int walk_ctx_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t ba
     return DI_OK;
 }
 
-#define WALK_CACHE_MIN_EDGES 1024 /* a shorter walk costs about what its copies would */
-#define WALK_CACHE_MAX_TOKS 8192   /* tokens of the listed subtrees that the cached copy clears one by one */
+/* A walk is stored only if it took at least V / WALK_CACHE_EDGE_WORDS edges: copying the mask
+ * (V / 32 words) in and out costs about what walking a few hundred edges does (1,010 edges at
+ * V = 129,280; small test and fuzz vocabularies store nearly every walk, which exercises it). */
+#define WALK_CACHE_EDGE_WORDS 128
+#define WALK_CACHE_MAX_TOKS 8192 /* tokens of the listed subtrees that the cached copy clears one by one */
 
 /* Lazily built automaton over parse states (shared per grammar, state_cache.h). A state is a
  * structural key interned to a small id; its transition on a byte is the successor id, DEAD,
@@ -1631,7 +1634,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         /* worth a copy of the mask only where another context would skip most of the walk: the
          * listed subtrees hold at most half as many nodes as the walk took edges (ebnf_stmt's
          * operators reach the context in 116 subtrees: 67,451 tokens, 9,176 of 9,436 edges) */
-        cacheable = cacheable && !rec.full && edges >= WALK_CACHE_MIN_EDGES && rec.nodes <= edges / 2 &&
+        cacheable = cacheable && !rec.full && edges * WALK_CACHE_EDGE_WORDS >= v->n_vocab && rec.nodes <= edges / 2 &&
                     rec.toks <= WALK_CACHE_MAX_TOKS;
         for (uint32_t x = 0; x < rec.n && cacheable; x++) cacheable = rec.ent[x].parent > 0;
         if (cacheable) di_gcache_block_put(c, v, true, tab->serial, root, mask, rec.ent, rec.n);
