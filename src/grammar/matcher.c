@@ -96,6 +96,12 @@ struct di_grammar_matcher {
     di_trie_union whole;      /* subtrees the current walk accepts whole, and earlier walks' unions */
     uint64_t n_union_hits, n_union_shifts; /* walks whose whole subtrees came from an earlier walk's union (shifted) */
     uint64_t n_walk_hits;     /* trie walks whose context-free part came from the grammar's cache */
+    struct walk_put {         /* a walk to remember once fill_mask has stored its mask (n: listed nodes in cent) */
+        bool pending;
+        sig128 root;
+        uint64_t table;
+        uint32_t n;
+    } wput;
     uint8_t stop[DI_GRAMMAR_MAX_STOP][DI_GRAMMAR_MAX_STOP_LEN];
     uint32_t stop_len[DI_GRAMMAR_MAX_STOP];
     size_t n_stop;
@@ -1373,7 +1379,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     if (!m->cent && !(m->cent = malloc(LOOP_MASK_MAX_REST * sizeof *m->cent)))
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for a block mask");
     uint32_t n_ent = 0;
-    if (m->lbd[0] && di_gcache_block_get(m->g->cache, v, false, tab->serial, root_key, mask, m->cent, LOOP_MASK_MAX_REST, &n_ent)) {
+    if (m->lbd[0] && di_gcache_block_get(m->g->cache, v, tab->serial, root_key, mask, m->cent, LOOP_MASK_MAX_REST, &n_ent)) {
         rc = walk_ctx_tokens(m, tab, base, mask, m->cent, n_ent, err);
         if (rc) return rc;
         m->n_block_masks++;
@@ -1430,7 +1436,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
         }
     }
     walk_pop(m, base, &md, 0);
-    if (cacheable) di_gcache_block_put(m->g->cache, v, false, tab->serial, root_key, mask, m->cent, n_ent);
+    if (cacheable) di_gcache_block_put(m->g->cache, v, tab->serial, root_key, mask, m->cent, n_ent);
     for (uint32_t x = 0; x < n_ent; x++)
         if (m->cent[x].accepted) set_bit(mask, m->cent[x].tok);
     m->n_block_masks++;
@@ -1568,7 +1574,7 @@ static int walk_ctx_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t ba
  * (V / 32 words) in and out costs about what walking a few hundred edges does (1,010 edges at
  * V = 129,280; small test and fuzz vocabularies store nearly every walk, which exercises it). */
 #define WALK_CACHE_EDGE_WORDS 128
-#define WALK_CACHE_MAX_TOKS 8192 /* tokens of the listed subtrees that the cached copy clears one by one */
+#define WALK_CACHE_MAX_TOKS 8192 /* tokens of the listed subtrees that a later walk clears one by one */
 
 /* Lazily built automaton over parse states (shared per grammar, state_cache.h). A state is a
  * structural key interned to a small id; its transition on a byte is the successor id, DEAD,
@@ -1615,16 +1621,19 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     }
     walk_rec rec = {.ent = m->cent, .cap = LOOP_MASK_MAX_REST};
     di_trie_union_reset(&m->whole);
-    if (cacheable && di_gcache_block_get(c, v, true, tab->serial, root, mask, rec.ent, rec.cap, &rec.n)) {
+    if (cacheable && di_gcache_walk_get(c, v, tab->serial, root, mask, rec.ent, rec.cap, &rec.n)) {
         m->n_walk_hits++;
+        for (uint32_t x = 0; x < rec.n; x++) /* the other context's tokens there */
+            for (uint32_t k = v->tok_start[rec.ent[x].node], e = v->tok_start[v->nodes[rec.ent[x].node].end]; k < e; k++)
+                clear_bit(mask, v->pre_tok[k]);
         rc = walk_ctx_nodes(m, tab, base, mask, rec.ent, rec.n, &bud, err);
         if (rc) goto out;
         di_trie_union_apply(&m->whole, v, mask);
     } else {
         memset(mask, 0, di_grammar_mask_words(v->n_vocab) * sizeof *mask);
         uint64_t edges = m->n_edges;
-        /* the listed subtrees are walked in place (their sets are on the path now) and left out
-         * of the cached copy (di_gcache_block_put clears their tokens) */
+        /* the listed subtrees are walked in place (their sets are on the path now); a later
+         * walk clears their tokens from the stored mask and walks them again */
         rc = walk_nodes(m, tab, base, &md, 1, v->n_nodes, mask, &bud, cacheable ? &rec : NULL, err);
         if (rc) goto out;
         edges = m->n_edges - edges;
@@ -1637,7 +1646,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         cacheable = cacheable && !rec.full && edges * WALK_CACHE_EDGE_WORDS >= v->n_vocab && rec.nodes <= edges / 2 &&
                     rec.toks <= WALK_CACHE_MAX_TOKS;
         for (uint32_t x = 0; x < rec.n && cacheable; x++) cacheable = rec.ent[x].parent > 0;
-        if (cacheable) di_gcache_block_put(c, v, true, tab->serial, root, mask, rec.ent, rec.n);
+        if (cacheable) m->wput = (struct walk_put){.pending = true, .root = root, .table = tab->serial, .n = rec.n};
     }
     rc = DI_OK;
 out:
@@ -1673,9 +1682,12 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
         m->cache_hits++;
     } else {
         m->cache_misses++;
+        m->wput.pending = false;
         rc = walk_trie(m, mask, err); /* writes every word of mask */
         if (rc) return rc;
-        di_gcache_mask_put(m->g->cache, v, key, mask);
+        int32_t slot = di_gcache_mask_put(m->g->cache, v, key, mask);
+        if (m->wput.pending) /* the walk refers to that copy of its mask */
+            di_gcache_walk_put(m->g->cache, v, m->wput.table, m->wput.root, slot, key, m->cent, m->wput.n);
     }
     if (di_earley_accepting(&m->e))
         for (size_t i = 0; i < v->n_eos; i++) set_bit(mask, v->eos[i]);

@@ -98,9 +98,8 @@ typedef struct di_gcache_ctxtok {
     uint8_t byte, accepted; /* accepted: scratch for the walk that records it */
 } di_gcache_ctxtok;
 
-/* The context-free part of a block mask or trie walk of one context-free root state: the tokens
- * decided without the context, and the tokens (block mask) or trie subtrees (trie walk) that reach
- * it, walked again per context. */
+/* The context-free part of a block mask of one context-free root state: the tokens decided
+ * without the context, and the tokens that reach it (walked again per context). */
 typedef struct di_gcache_block {
     di_sig128 key;
     uint64_t table;
@@ -109,6 +108,19 @@ typedef struct di_gcache_block {
     uint32_t n_ent;
     uint8_t used;
 } di_gcache_block;
+
+/* A trie walk of one context-free root (matcher.c: walk_trie). Its mask is the one the mask cache
+ * keeps in slot mslot for the walk's full key mkey (while the slot still holds it), less the
+ * tokens of the listed subtrees, which reach the context and are walked again per context: no
+ * copy of its own (a stored walk that no later walk uses costs only its list). */
+typedef struct di_gcache_walk {
+    di_sig128 key, mkey;
+    uint64_t table;
+    uint32_t mslot;
+    di_gcache_ctxtok *ent;
+    uint32_t n_ent;
+    uint8_t used;
+} di_gcache_walk;
 
 struct di_grammar_cache {
     pthread_mutex_t lock;
@@ -130,7 +142,7 @@ struct di_grammar_cache {
     uint32_t mnext;                       /* round-robin replacement */
     di_gcache_block blocks[DI_GCACHE_BLOCKS];
     uint32_t bnext;
-    di_gcache_block walks[DI_GCACHE_WALKS];
+    di_gcache_walk walks[DI_GCACHE_WALKS];
     uint32_t wnext;
 };
 
@@ -176,19 +188,27 @@ static inline const di_cfg_class *di_gcache_scan_get(const di_gcache_table *t, i
 /* Record the bytes state id scans (racing walks record the same set; the first wins). */
 void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan);
 
-/* The cached block (walk false) or trie walk (walk true) of context-free root k in table
- * generation `table`: its mask into mask and its context tokens or nodes into ent (at most cap);
- * false if absent or larger than cap. */
-bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, bool walk, uint64_t table, di_sig128 k,
-                         uint32_t *mask, di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
-/* Remember a block or trie walk (best effort, as di_gcache_mask_put). A trie walk's mask may hold
- * the tokens of its listed subtrees (this context's): they are left out of the cached copy. */
-void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, bool walk, uint64_t table, di_sig128 k,
+/* The cached block of context-free root k in table generation `table`: its mask into mask and its
+ * context tokens into ent (at most cap); false if absent or larger than cap. */
+bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                         di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
+/* Remember a block (best effort, as di_gcache_mask_put). */
+void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
                          const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n);
+
+/* The cached trie walk of context-free root k in table generation `table`: the mask it refers to
+ * into mask (the listed subtrees' tokens still in it) and its nodes into ent (at most cap); false
+ * if absent, larger than cap, or its mask slot was reused. */
+bool di_gcache_walk_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                        di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
+/* Remember a trie walk whose mask is in mask-cache slot mslot under full key mkey (best effort). */
+void di_gcache_walk_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, int32_t mslot,
+                        di_sig128 mkey, const di_gcache_ctxtok *ent, uint32_t n);
 
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
 bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask);
-/* Remember mask for state k (best effort: silently skipped without memory or for a second vocab). */
-void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask);
+/* Remember mask for state k (best effort: silently skipped without memory or for a second vocab).
+ * Returns the slot that holds k's mask, or -1. */
+int32_t di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask);
 
 #endif
