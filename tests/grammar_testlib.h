@@ -131,7 +131,8 @@ static inline di_grammar_walk_stats gt_fill_checked(di_grammar_matcher *m, const
                                    .summaries = a.summaries - b.summaries, .full_sigs = a.full_sigs - b.full_sigs,
                                    .shapes_static = a.shapes_static - b.shapes_static,
                                    .union_hits = a.union_hits - b.union_hits,
-                                   .union_shifts = a.union_shifts - b.union_shifts};
+                                   .union_shifts = a.union_shifts - b.union_shifts,
+                                   .walk_hits = a.walk_hits - b.walk_hits};
 }
 
 /* Random walk: at each step compare the mask with brute force, then accept a random allowed
@@ -180,7 +181,7 @@ static inline int gt_walk(const di_grammar *g, const di_grammar_vocab *v, const 
     di_grammar_walk_stats ws;
     di_grammar_matcher_walk_stats(m, &ws);
     gt_stats.cached += ws.cached, gt_stats.walks += ws.walks, gt_stats.block_masks += ws.block_masks;
-    gt_stats.block_hits += ws.block_hits;
+    gt_stats.block_hits += ws.block_hits, gt_stats.walk_hits += ws.walk_hits;
     gt_stats.blocks += ws.blocks, gt_stats.ctx_edges += ws.ctx_edges;
     gt_stats.pushes += ws.pushes, gt_stats.replays += ws.replays, gt_stats.reuses += ws.reuses;
     free(mask);

@@ -248,14 +248,16 @@ static void test_fast_paths(void **state) {
         for (uint64_t s = 1; s <= 4; s++) checked += gt_walk(g, v, &tb, NULL, s * 7727, 30, pats[i]);
         di_grammar_free(g);
     }
-    tu_report("fast-path masks checked against brute force: %d (walks %llu, block masks %llu of which %llu cached, "
-              "blocks %llu, context edges %llu, cached %llu)",
-              checked, (unsigned long long)gt_stats.walks, (unsigned long long)gt_stats.block_masks,
-              (unsigned long long)gt_stats.block_hits, (unsigned long long)gt_stats.blocks,
-              (unsigned long long)gt_stats.ctx_edges, (unsigned long long)gt_stats.cached);
+    tu_report("fast-path masks checked against brute force: %d (walks %llu of which %llu cached, block masks %llu of "
+              "which %llu cached, blocks %llu, context edges %llu, cached %llu)",
+              checked, (unsigned long long)gt_stats.walks, (unsigned long long)gt_stats.walk_hits,
+              (unsigned long long)gt_stats.block_masks, (unsigned long long)gt_stats.block_hits,
+              (unsigned long long)gt_stats.blocks, (unsigned long long)gt_stats.ctx_edges,
+              (unsigned long long)gt_stats.cached);
     assert_true(checked > 200);
     assert_true(gt_stats.block_masks > 0);
     assert_true(gt_stats.block_hits > 0); /* a block cached in one context served another */
+    assert_true(gt_stats.walk_hits > 0);  /* and so did a trie walk */
     assert_true(gt_stats.blocks > 0);
     assert_true(gt_stats.ctx_edges > 0);
     di_grammar_vocab_free(v);
@@ -1056,7 +1058,7 @@ static void test_whole_subtree_union(void **state) {
         for (int count = 0; count < 8; count++) {
             di_grammar_walk_stats d = gt_fill_checked(m, v, &tb, mask, pats[p]); /* after ";" (or at the start) */
             w[p].walks += d.walks, w[p].blocks += d.blocks;
-            w[p].union_hits += d.union_hits, w[p].union_shifts += d.union_shifts;
+            w[p].union_hits += d.union_hits, w[p].union_shifts += d.union_shifts, w[p].walk_hits += d.walk_hits;
             gt_accept_text(m, count % 2 ? "k=ab;" : "k=xy;");
         }
         tu_report("%s: %llu walks, %llu subtrees accepted whole, unions %llu reused, %llu shifted", pats[p],
@@ -1072,7 +1074,60 @@ static void test_whole_subtree_union(void **state) {
     assert_int_equal(w[0].union_shifts, 0);
     assert_int_equal(w[1].walks, 8);
     assert_true(w[1].union_shifts >= 1); /* the first walk without `_`, from the first walk's union (2) */
-    assert_int_equal(w[1].union_hits + w[1].union_shifts, 7); /* the rest: the same lists again (5) */
+    /* the rest: the same lists again (5), or the whole walk from the one of the previous pair (walk_trie) */
+    assert_int_equal(w[1].union_hits + w[1].union_shifts + w[1].walk_hits, 7);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* A trie walk from a context-free root is cached without the subtrees where it first reaches the
+ * context (walk_trie). In `y(x[a-e]*( [a-e]+){0,6}\.){1,2}` the states inside a word of the first and
+ * the second sentence have one context-free key, and `.` completes the sentence into the context:
+ * `.x...` continues the first sentence's text but not the second's. The second sentence's masks come
+ * from the first's walks (cached walks) with the `.` subtree walked again, and stay equal to brute
+ * force: they fail if the cached copy keeps the first context's `.x` tokens, or if the listed subtree
+ * is not walked again (`.` itself would be missing). */
+static void test_walk_cache(void **state) {
+    (void)state;
+    gt_bytes tb = gt_single_bytes(4000);
+    uint64_t s = 777;
+    for (uint32_t i = 257; i < tb.n; i++) { /* letters and spaces, some after or before a '.' */
+        char buf[16] = {0};
+        int k = 2 + (int)(gt_rng(&s) % 6), j = 0;
+        if (i % 50 == 0) buf[j++] = '.', buf[j++] = i % 100 ? 'x' : ' ';
+        for (; j < k; j++) buf[j] = gt_rng(&s) % 4 == 0 ? ' ' : (char)('a' + gt_rng(&s) % 6); /* 'f' ends a walk */
+        if (i % 40 == 0) buf[j++] = '.';
+        tb.l[i] = (uint32_t)strlen(buf);
+        tb.b[i] = malloc(tb.l[i]);
+        memcpy(tb.b[i], buf, tb.l[i]);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_grammar *g = regex_or_fail("y(x[a-e]*( [a-e]+){0,6}\\.){1,2}");
+    di_grammar_matcher *m = NULL;
+    di_error err = {0};
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    static const char *words[] = {"xab", " cd", " ea"};
+    di_grammar_walk_stats w[2] = {{0}};
+    gt_accept_text(m, "y"); /* the repetition's states are keyed in full at the top level */
+    for (int sentence = 0; sentence < 2; sentence++) {
+        for (int k = 0; k < 3; k++) {
+            gt_accept_text(m, words[k]);
+            di_grammar_walk_stats d = gt_fill_checked(m, v, &tb, mask, words[k]);
+            w[sentence].walks += d.walks, w[sentence].walk_hits += d.walk_hits, w[sentence].edges += d.edges;
+        }
+        gt_accept_text(m, ".");
+    }
+    tu_report("sentence 1: %llu walks (%llu edges), sentence 2: %llu walks, %llu from the cache (%llu edges)",
+              (unsigned long long)w[0].walks, (unsigned long long)w[0].edges, (unsigned long long)w[1].walks,
+              (unsigned long long)w[1].walk_hits, (unsigned long long)w[1].edges);
+    assert_int_equal(w[0].walk_hits, 0);
+    assert_int_equal(w[1].walks, 3);     /* new states for the mask cache (the sentence count differs) */
+    assert_int_equal(w[1].walk_hits, 3); /* one context-free root each */
+    assert_true(w[1].edges * 4 < w[0].edges);
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
     di_grammar_vocab_free(v);
     gt_bytes_free(&tb);
 }
@@ -1385,7 +1440,9 @@ int main(void) {
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
-        cmocka_unit_test(test_whole_subtree_union), cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
+        cmocka_unit_test(test_whole_subtree_union),
+        cmocka_unit_test(test_walk_cache),
+        cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),
         cmocka_unit_test(test_thinking_and_stop), cmocka_unit_test(test_hostile_regex),

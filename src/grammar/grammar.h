@@ -120,6 +120,7 @@ typedef struct di_grammar_walk_stats {
     uint64_t shapes_static; /* UTF-8 shapes of loop summaries decided from the grammar's byte rules, not pushed */
     uint64_t union_hits;  /* trie walks whose whole subtrees were ORed in as an earlier walk's union */
     uint64_t union_shifts; /* ... as an earlier walk's union less and plus the subtrees that differ */
+    uint64_t walk_hits;   /* trie walks whose context-free part came from an earlier walk of the same root */
 } di_grammar_walk_stats;
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s);
 

@@ -162,6 +162,7 @@ void di_gcache_free(di_grammar_cache *c) {
         free(c->blocks[i].mask);
         free(c->blocks[i].ent);
     }
+    for (int i = 0; i < DI_GCACHE_WALKS; i++) free(c->walks[i].ent);
     for (int i = 0; i < DI_GCACHE_MASKS; i++) free(c->masks[i]);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -333,18 +334,58 @@ void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_
     pthread_mutex_unlock(&c->lock);
 }
 
-void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask) {
+int32_t di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask) {
     pthread_mutex_lock(&c->lock);
-    bool present = false;
-    for (int i = 0; i < DI_GCACHE_MASKS && !present; i++)
-        present = c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b; /* a racing matcher stored it */
-    if (!present && vocab_ok(c, v)) {
+    int32_t slot = -1;
+    for (int i = 0; i < DI_GCACHE_MASKS && slot < 0; i++)
+        if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) slot = i; /* a racing matcher stored it */
+    if (slot < 0 && vocab_ok(c, v)) {
         uint32_t i = c->mnext++ % DI_GCACHE_MASKS;
         if (!c->masks[i]) c->masks[i] = malloc(c->words * sizeof *c->masks[i]);
         c->mused[i] = c->masks[i] != NULL;
         if (c->mused[i]) {
             c->mkey[i] = k;
             memcpy(c->masks[i], mask, c->words * sizeof *mask);
+            slot = (int32_t)i;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return slot;
+}
+
+bool di_gcache_walk_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                        di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n) {
+    bool hit = false;
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v))
+        for (int i = 0; i < DI_GCACHE_WALKS && !hit; i++) {
+            const di_gcache_walk *w = &c->walks[i];
+            if (!w->used || w->table != table || w->key.a != k.a || w->key.b != k.b || w->n_ent > cap) continue;
+            if (!c->mused[w->mslot] || c->mkey[w->mslot].a != w->mkey.a || c->mkey[w->mslot].b != w->mkey.b) continue;
+            memcpy(mask, c->masks[w->mslot], c->words * sizeof *mask);
+            memcpy(ent, w->ent, w->n_ent * sizeof *ent);
+            *n = w->n_ent;
+            hit = true;
+        }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+void di_gcache_walk_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, int32_t mslot,
+                        di_sig128 mkey, const di_gcache_ctxtok *ent, uint32_t n) {
+    if (mslot < 0 || mslot >= DI_GCACHE_MASKS) return;
+    pthread_mutex_lock(&c->lock);
+    if (vocab_ok(c, v)) {
+        di_gcache_walk *w = &c->walks[c->wnext++ % DI_GCACHE_WALKS];
+        di_gcache_ctxtok *we = realloc(w->ent, (n ? n : 1) * sizeof *we);
+        if (we) w->ent = we;
+        w->used = we != NULL;
+        if (w->used) {
+            memcpy(w->ent, ent, n * sizeof *ent);
+            w->n_ent = n;
+            w->key = k, w->mkey = mkey;
+            w->table = table;
+            w->mslot = (uint32_t)mslot;
         }
     }
     pthread_mutex_unlock(&c->lock);

@@ -42,6 +42,7 @@ typedef struct di_sig128 {
 _Static_assert(DI_GCACHE_MAX_STATES <= DI_GCACHE_ID_MAX && DI_ST_CONTEXT_0 - 255 >= -32768, "int16 transitions");
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
 #define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
+#define DI_GCACHE_WALKS 32         /* context-free trie walks remembered per grammar */
 
 
 /* What a state does on whole characters, for accepting tokens without walking them
@@ -84,10 +85,15 @@ typedef struct di_gcache_table {
     uint64_t serial;     /* which generation (state ids mean nothing across tables) */
 } di_gcache_table;
 
-/* A token of a block mask whose walk reached the context: from context-free state `parent` (at
- * `depth` - 1), byte `byte` completes into the context (matcher.c: loop_mask). */
+/* A token of a block mask whose walk reached the context, or a trie node where a trie walk reached
+ * it: from context-free state `parent` (at `depth` - 1), byte `byte` completes into the context
+ * (matcher.c: loop_mask, walk_trie). */
 typedef struct di_gcache_ctxtok {
-    int32_t tok, parent;
+    union {
+        int32_t tok;  /* block mask: the token, walked again per context */
+        int32_t node; /* trie walk: the trie node whose whole subtree is walked again per context */
+    };
+    int32_t parent;
     uint16_t depth;
     uint8_t byte, accepted; /* accepted: scratch for the walk that records it */
 } di_gcache_ctxtok;
@@ -102,6 +108,19 @@ typedef struct di_gcache_block {
     uint32_t n_ent;
     uint8_t used;
 } di_gcache_block;
+
+/* A trie walk of one context-free root (matcher.c: walk_trie). Its mask is the one the mask cache
+ * keeps in slot mslot for the walk's full key mkey (while the slot still holds it), less the
+ * tokens of the listed subtrees, which reach the context and are walked again per context: no
+ * copy of its own (a stored walk that no later walk uses costs only its list). */
+typedef struct di_gcache_walk {
+    di_sig128 key, mkey;
+    uint64_t table;
+    uint32_t mslot;
+    di_gcache_ctxtok *ent;
+    uint32_t n_ent;
+    uint8_t used;
+} di_gcache_walk;
 
 struct di_grammar_cache {
     pthread_mutex_t lock;
@@ -123,6 +142,8 @@ struct di_grammar_cache {
     uint32_t mnext;                       /* round-robin replacement */
     di_gcache_block blocks[DI_GCACHE_BLOCKS];
     uint32_t bnext;
+    di_gcache_walk walks[DI_GCACHE_WALKS];
+    uint32_t wnext;
 };
 
 /* A cache for the grammar whose terminals are cfg's byte classes (read once: the partition of
@@ -175,9 +196,19 @@ bool di_gcache_block_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_
 void di_gcache_block_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k,
                          const uint32_t *mask, const di_gcache_ctxtok *ent, uint32_t n);
 
+/* The cached trie walk of context-free root k in table generation `table`: the mask it refers to
+ * into mask (the listed subtrees' tokens still in it) and its nodes into ent (at most cap); false
+ * if absent, larger than cap, or its mask slot was reused. */
+bool di_gcache_walk_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, uint32_t *mask,
+                        di_gcache_ctxtok *ent, uint32_t cap, uint32_t *n);
+/* Remember a trie walk whose mask is in mask-cache slot mslot under full key mkey (best effort). */
+void di_gcache_walk_put(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t table, di_sig128 k, int32_t mslot,
+                        di_sig128 mkey, const di_gcache_ctxtok *ent, uint32_t n);
+
 /* Copy the cached mask of state k (EOS bits excluded) into mask; false if absent. */
 bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask);
-/* Remember mask for state k (best effort: silently skipped without memory or for a second vocab). */
-void di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask);
+/* Remember mask for state k (best effort: silently skipped without memory or for a second vocab).
+ * Returns the slot that holds k's mask, or -1. */
+int32_t di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask);
 
 #endif
