@@ -179,6 +179,7 @@ typedef struct di_trie_range {
 typedef struct di_trie_union {
     di_trie_range *r; /* [cap] subtrees accepted whole by the current walk, in preorder */
     uint32_t n, cap;
+    uint32_t n_toks;  /* tokens in r[0..n) (counted as listed: a sum at the end read every range again) */
     uint64_t clock;   /* last use of a slot, for eviction */
     struct {
         di_trie_range *r; /* [n] the list this union was made from (NULL: empty slot) */
@@ -188,14 +189,14 @@ typedef struct di_trie_union {
     } slot[DI_TRIE_UNION_SLOTS];
 } di_trie_union;
 
-static inline void di_trie_union_reset(di_trie_union *u) { u->n = 0; }
+static inline void di_trie_union_reset(di_trie_union *u) { u->n = 0, u->n_toks = 0; }
 bool di_trie_union_grow(di_trie_union *u);
 void di_trie_union_scatter(const di_grammar_vocab *v, di_trie_range r, uint32_t *mask);
 /* Lists the subtree whose tokens are pre_tok[lo .. hi) (where the list cannot grow, they go into
  * mask at once). */
 static inline void di_trie_union_add(di_trie_union *u, const di_grammar_vocab *v, uint32_t lo, uint32_t hi,
                                      uint32_t *mask) {
-    if (u->n < u->cap || di_trie_union_grow(u)) u->r[u->n++] = (di_trie_range){lo, hi};
+    if (u->n < u->cap || di_trie_union_grow(u)) u->r[u->n++] = (di_trie_range){lo, hi}, u->n_toks += hi - lo;
     else di_trie_union_scatter(v, (di_trie_range){lo, hi}, mask);
 }
 /* ORs the listed subtrees' tokens into mask and empties the list; returns where the union came

@@ -547,9 +547,8 @@ static void union_shift(const di_grammar_vocab *v, uint32_t *bits, const di_trie
 
 int di_trie_union_apply(di_trie_union *u, const di_grammar_vocab *v, uint32_t *mask) {
     size_t words = di_grammar_mask_words(v->n_vocab);
-    uint32_t n = u->n, n_toks = 0;
-    u->n = 0;
-    for (uint32_t i = 0; i < n; i++) n_toks += u->r[i].hi - u->r[i].lo;
+    uint32_t n = u->n, n_toks = u->n_toks;
+    u->n = 0, u->n_toks = 0;
     /* one bit store per token against a few passes over the words (clear or copy, fill, OR,
      * compare the list): the memo pays from about half a token per word */
     if ((size_t)n_toks * 2 < words) {
