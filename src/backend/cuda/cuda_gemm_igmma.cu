@@ -276,33 +276,27 @@ static __device__ __forceinline__ float ig_block_sum(int32_t x, int32_t y) {
  * Y = S0, X = S1 + 2^7·S2), then ·s_x, ·s_w and the add: fma(f·s_x, s_w, acc) in a safe stage, else the
  * literal sequence. (Measured on the H200, session 13: the conversion instruction is not the bound; a
  * conversion-free split of S into two exact f32 halves cost more instructions and ran 6–25 % slower.) */
-template <bool FP4>
-static __device__ __forceinline__ void ig_promote(float *acc, const int32_t *X, const int32_t *Y, const ig_stage *st, int kb,
-                                                  int col0, int r0, int unsafe) {
+template <bool FP4, bool FUSED>
+static __device__ __forceinline__ void ig_promote_seq(float *acc, const int32_t *X, const int32_t *Y, const ig_stage *st, int kb,
+                                                      int col0, int r0) {
     const float sx0 = st->sx[kb][r0], sx1 = st->sx[kb][r0 + 8];
-    if (!unsafe) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float2 sw = *(const float2 *)&st->sw[kb][col0 + 8 * j];
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const int i = 4 * j + h;
-                const float f = ig_block_sum<FP4>(X[i], Y[i]);
-                acc[i] = __fmaf_rn(__fmul_rn(f, h & 2 ? sx1 : sx0), h & 1 ? sw.y : sw.x, acc[i]);
-            }
-        }
-        return;
-    }
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const float2 sw = *(const float2 *)&st->sw[kb][col0 + 8 * j];
 #pragma unroll
         for (int h = 0; h < 4; h++) {
             const int i = 4 * j + h;
-            const float f = ig_block_sum<FP4>(X[i], Y[i]);
-            acc[i] = __fadd_rn(acc[i], __fmul_rn(__fmul_rn(f, h & 2 ? sx1 : sx0), h & 1 ? sw.y : sw.x));
+            const float x = __fmul_rn(ig_block_sum<FP4>(X[i], Y[i]), h & 2 ? sx1 : sx0), s = h & 1 ? sw.y : sw.x;
+            acc[i] = FUSED ? __fmaf_rn(x, s, acc[i]) : __fadd_rn(acc[i], __fmul_rn(x, s));
         }
     }
+}
+/* one branch per stage (a per-element choice would compute both sequences) */
+template <bool FP4>
+static __device__ __forceinline__ void ig_promote(float *acc, const int32_t *X, const int32_t *Y, const ig_stage *st, int kb,
+                                                  int col0, int r0, int unsafe) {
+    if (unsafe) ig_promote_seq<FP4, false>(acc, X, Y, st, kb, col0, r0);
+    else ig_promote_seq<FP4, true>(acc, X, Y, st, kb, col0, r0);
 }
 
 template <bool FP4>
@@ -467,7 +461,7 @@ static int ig_ready(Kernel kern, int (&state)[IG_MAX_DEVICES], di_error *err) {
 
 /* The checks, the x pre-pass (unless xq is NULL: xd holds the planes already) and the parameters shared by
  * both entry points; rows = the x rows of the call */
-static int ig_prepare(const char *op, int fp4, const uint8_t *xq, const uint8_t *xs, int64_t rows, int64_t k, int64_t n,
+static int ig_prepare(const char *op, const uint8_t *xq, const uint8_t *xs, int64_t rows, int64_t k, int64_t n,
                       uint16_t *y, uint8_t *xd, cudaStream_t st, ig_params *p, di_error *err) {
     if (rows < 1 || n < 1 || k < IG_QB || k % IG_QB || 3 * rows > INT32_MAX || k > INT32_MAX || n > INT32_MAX)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld, N %lld, K %lld (K a positive multiple of 32; 3·M, K, N < 2^31)",
@@ -487,7 +481,6 @@ static int ig_prepare(const char *op, int fp4, const uint8_t *xq, const uint8_t 
     p->xs = xs, p->M = (int)rows, p->N = (int)n, p->K = (int)k, p->KB = (int)(k / IG_QB), p->y = y;
     p->pairs = (n & 1) == 0 && (uintptr_t)y % 4 == 0;
     p->literal = g_ig_literal;
-    (void)fp4;
     return DI_OK;
 }
 
@@ -515,7 +508,7 @@ extern "C" int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t 
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)stream;
     ig_params p;
-    rc = ig_prepare(op, fp4, xq, xs, m, k, n, y, xd, st, &p, err);
+    rc = ig_prepare(op, xq, xs, m, k, n, y, xd, st, &p, err);
     if (rc) return rc;
     p.w = w, p.wsc = ws;
     const dim3 grid(di_cuda_blocks(n, IG_TN), di_cuda_blocks(m, IG_TM));
@@ -553,7 +546,7 @@ extern "C" int di_cuda_gemm_igmma_grouped(int fp4, const uint8_t *xq, const uint
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)stream;
     ig_params p;
-    rc = ig_prepare(op, fp4, xq, xs, rows, k, n, y, xd, st, &p, err);
+    rc = ig_prepare(op, xq, xs, rows, k, n, y, xd, st, &p, err);
     if (rc) return rc;
     ig_group g; /* ~26 KiB of kernel parameters, on this thread's stack */
     memcpy(g.w, w, sizeof(*w) * (size_t)n_exp);
