@@ -16,7 +16,10 @@
  *     rows, rows at the e4m3 limit (codes ±448), NaN and ±inf x (NaN groups: scale byte 255, codes 0x7F),
  *     weight scales 2^−127 / 2^127 / NaN, every E2M1 code, an edge shape (N = 37, K = 384, M = 3).
  * NaN outputs are compared as NaN (the GPU's canonical NaN and x86's payloads differ in bits; the
- * current kernel's rows in test_cuda_ops compare the same way); every other output bit for bit. */
+ * current kernel's rows in test_cuda_ops compare the same way); every other output bit for bit.
+ * The grouped expert GEMM of cuda_moe_mm.cu (its lane functions gvm_s8x8 / gvm_mm_a_frag / gvm_mm_sum, its
+ * walk emulated by emu_mm: ldmatrix's fragment, three MMAs per n8 tile, the in-register f32 sums) is
+ * checked the same way on the same inputs (1 and 2). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,6 +194,78 @@ static void emu_gemv(const problem *p, int64_t M, int NC, uint16_t *y, int64_t *
     }
 }
 
+/* ---- the grouped expert GEMM's walk (cuda_moe_mm.cu) ----
+ * Passes of up to MOE_MM_ROWS (16) rows; per 16 output columns (one warp) and block, ascending: each lane's
+ * code words of rows g and g+8 as ldmatrix hands them (bytes 4q..4q+3 of the row's 16-byte block),
+ * gvm_mm_a_frag, per n8 tile of rows three MMAs (B = bytes 8q..8q+7 of plane d of row 8t+g), then per
+ * accumulator element gvm_mm_sum and gvm_block_value added to that (row, column)'s f32 sum. Rows past the
+ * pass compute on a copy of its first row and are dropped, as in the kernel. */
+static void emu_mm(const problem *p, int64_t M, uint16_t *y, int64_t *sums, uint8_t *hits) {
+    const int64_t K = p->K, N = p->N, KB = K / 32, rowb = K / 2;
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+        const int rows = (int)(M - r0 < 16 ? M - r0 : 16);
+        uint8_t *xd = xmalloc((size_t)(16 * 3 * K)); /* [row][plane][K] */
+        float *sx = xmalloc(sizeof(float) * (size_t)(16 * KB));
+        for (int rr = 0; rr < 16; rr++) {
+            const int64_t src = r0 + (rr < rows ? rr : 0);
+            for (int64_t c = 0; c < K / 4; c++) {
+                uint32_t codes, dig[3];
+                memcpy(&codes, p->xq + src * K + 4 * c, 4);
+                gvm_x_digits(codes, dig);
+                for (int d = 0; d < 3; d++) memcpy(xd + (rr * 3 + d) * K + 4 * c, &dig[d], 4);
+            }
+            for (int64_t kb = 0; kb < KB; kb++) sx[rr * KB + kb] = gvm_x_scale(p->xs[src * KB + kb]);
+        }
+        const int nt = (rows + 7) / 8;
+        for (int64_t n0 = 0; n0 < N; n0 += 16) {
+            float acc[32][2][4] = {{{0}}};
+            for (int64_t kb = 0; kb < KB; kb++) {
+                uint32_t a[32][4];
+                for (int l = 0; l < 32; l++) {
+                    const int g = l >> 2, q = l & 3;
+                    uint32_t wv[2];
+                    for (int r = 0; r < 2; r++) { /* rows past N: the kernel reads row N − 1 */
+                        const int64_t row = n0 + g + 8 * r < N ? n0 + g + 8 * r : N - 1;
+                        memcpy(&wv[r], p->w + row * rowb + kb * 16 + 4 * q, 4);
+                    }
+                    gvm_mm_a_frag(wv[0], wv[1], a[l]);
+                }
+                for (int t = 0; t < nt; t++) {
+                    int32_t c[3][32][4] = {{{0}}};
+                    for (int d = 0; d < 3; d++) {
+                        uint32_t b[32][2];
+                        for (int l = 0; l < 32; l++)
+                            memcpy(b[l], xd + ((8 * t + (l >> 2)) * 3 + d) * K + kb * 32 + 8 * (l & 3), 8);
+                        emu_mma(c[d], a, b);
+                    }
+                    for (int l = 0; l < 32; l++) {
+                        const int g = l >> 2, q = l & 3;
+                        for (int e = 0; e < 4; e++) {
+                            const int xr = 8 * t + 2 * q + (e & 1);
+                            const int64_t n = n0 + g + 8 * (e >> 1), nr = n < N ? n : N - 1;
+                            const int32_t S = gvm_mm_sum(c[0][l][e], c[1][l][e], c[2][l][e]);
+                            acc[l][t][e] = acc[l][t][e] + gvm_block_value(S, sx[xr * KB + kb], p->ws[nr * KB + kb]);
+                            if (sums && xr < rows && n < N) {
+                                const int64_t at = ((r0 + xr) * N + n) * KB + kb;
+                                sums[at] = S;
+                                hits[at]++;
+                            }
+                        }
+                    }
+                }
+            }
+            for (int l = 0; l < 32; l++)
+                for (int t = 0; t < nt; t++)
+                    for (int e = 0; e < 4; e++) {
+                        const int xr = 8 * t + 2 * (l & 3) + (e & 1);
+                        const int64_t n = n0 + (l >> 2) + 8 * (e >> 1);
+                        if (xr < rows && n < N) y[(r0 + xr) * N + n] = di_f32_to_bf16(acc[l][t][e]);
+                    }
+        }
+        free(xd), free(sx);
+    }
+}
+
 /* ---- references ---- */
 
 /* Σ X·W of one block from the decoded values (exact in f64), X = x·2^9, W = 2·w: S·2^−10 = Σ x·w. The NaN
@@ -316,7 +391,17 @@ static void test_all_codes(void **state) {
             assert_int_equal(diff_bf16(y, y_ref, mm * N, &nans), 0);
             assert_true(nans >= N && (mm == 1 || nans < mm * N)); /* row 0 NaN, the others finite */
         }
-    tu_report("all-codes block sums exact: %lld (256 e4m3 x 16 E2M1 codes, M 1-4, tiles 8 and 16)", (long long)total);
+    for (int64_t mm = 1; mm <= M; mm += 3) { /* the grouped GEMM's walk */
+        memset(hits, 0, M * N * (K / 32));
+        emu_mm(&p, mm, y, sums, hits);
+        int64_t checked, nans;
+        assert_int_equal(check_sums(&p, mm, sums, hits, &checked), 0);
+        total += checked;
+        assert_int_equal(diff_bf16(y, y_ref, mm * N, &nans), 0);
+        assert_true(nans >= N && (mm == 1 || nans < mm * N));
+    }
+    tu_report("all-codes block sums exact: %lld (256 e4m3 x 16 E2M1 codes, M 1-4, tiles 8 and 16, grouped GEMM M 1 and 4)",
+              (long long)total);
     tu_report("all-codes outputs equal to the reference from codes: %d x %d, M 1-4, tiles 8 and 16", M, N);
     free(xq), free(xs), free(w), free(ws), free(sums), free(hits), free(y), free(y_ref);
 }
@@ -390,6 +475,21 @@ static void run_case(const char *name, int64_t M, int64_t N, int64_t K, xkind xk
             tu_report("%s M%lld tile %d: %lld block sums exact", name, (long long)M, nc, (long long)checked);
         }
     }
+    { /* the grouped GEMM's walk on the same rows */
+        if (hits) memset(hits, 0, (size_t)(M * N * (K / 32)));
+        memset(y_emu, 0xA5, 2 * (size_t)(M * N));
+        emu_mm(&p, M, y_emu, sums, hits);
+        int64_t nans, bad = diff_bf16(y_emu, y_cpu, M * N, &nans);
+        tu_report("%s M%lld N%lld K%lld grouped GEMM: %lld of %lld outputs differ (%lld NaN)", name, (long long)M,
+                  (long long)N, (long long)K, (long long)bad, (long long)(M * N), (long long)nans);
+        assert_int_equal(bad, 0);
+        if (xk == X_NAN_INF) assert_true(nans >= M * N);
+        if (wk == W_EXTREME_SCALES) assert_true(nans > 0 && nans < M * N);
+        if (check_s) {
+            int64_t checked;
+            assert_int_equal(check_sums(&p, M, sums, hits, &checked), 0);
+        }
+    }
     free(x), free(w), free(ws), free(y_cpu), free(y_emu), free(wsp), free(xq), free(xs), free(sums), free(hits);
 }
 
@@ -417,6 +517,7 @@ static void test_special(void **state) {
     run_case("extreme w scales", 2, 256, 2304, X_GAUSS, W_EXTREME_SCALES, 1);
     run_case("edge N37", 3, 37, 384, X_GAUSS, W_RANDOM, 1);
     run_case("edge N9 M1", 1, 9, 128, X_LIMIT, W_EXTREME_SCALES, 1);
+    run_case("two GEMM passes", 19, 40, 256, X_GAUSS, W_EXTREME_SCALES, 1); /* rows 0-15, then 16-18 */
 }
 
 /* the lane functions' claims on their own: A⁺ − A⁻ = 2·w for every code pair, digits recombine to X */
@@ -432,6 +533,19 @@ static void test_lane_functions(void **state) {
             assert_int_equal(v, (int)(2.0f * di_e2m1_to_f32((uint8_t)code)));
         }
     }
+    for (uint32_t c = 0; c < 256; c++) { /* gvm_s8x8: the signed bytes 2·w, every code pair in every position */
+        for (int sh = 0; sh < 32; sh += 8) {
+            const uint32_t wv = (c << sh) | (0x5Au << ((sh + 8) & 31)) | (0xE3u << ((sh + 16) & 31)) | (0x0Fu << ((sh + 24) & 31));
+            uint32_t lo, hi;
+            gvm_s8x8(wv, &lo, &hi);
+            for (int i = 0; i < 8; i++) {
+                const uint32_t code = (wv >> (4 * i)) & 15u;
+                const int v = (int8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
+                assert_int_equal(v, (int)(2.0f * di_e2m1_to_f32((uint8_t)code)));
+            }
+        }
+    }
+    assert_int_equal(gvm_mm_sum(-127, 127, -15), -127 + 127 * 128 - 15 * 16384);
     for (uint32_t c = 0; c < 256; c++) {
         uint32_t dig[3];
         gvm_x_digits(c * 0x01010101u, dig);

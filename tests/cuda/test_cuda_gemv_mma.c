@@ -10,8 +10,11 @@
  * 2. DI_BENCH=1: µs per call of both kernels on act-quantized rows, weights rotated over ≥ 256 MB of
  *    copies (every call reads HBM), best of 5 batches; GB/s and % of 4470 GB/s on weights + scales;
  *    a plain 16-byte streaming read of the same bytes as the per-kernel floor.
- * Usage: test_cuda_gemv_mma [ignored args]; DI_BENCH=1 adds the bench; DI_QUICK=1 only the M ≤ 2 rows
- * (compute-sanitizer). Last line "N passed, N failed"; exit status 1 on any failure. */
+ * Usage: test_cuda_gemv_mma [ignored args]; DI_BENCH=1 adds the bench (DI_BENCH=moe: moe_routed's only); DI_QUICK=1 only the M ≤ 2 rows
+ * (compute-sanitizer). Last line "N passed, N failed"; exit status 1 on any failure.
+ * 3. moe_routed's three ways (CUDA-core GEMVs, tensor-core GEMVs, the grouped GEMM of cuda_moe_mm.cu for all
+ *    groups or for groups of ≥ 3 rows beside the GEMVs) on steps of 1 … 256 tokens, with NaN / ±inf / huge x
+ *    and a skipped id: every output bit equal; DI_BENCH=1 times them (and the GEMM's row threshold). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -152,32 +155,49 @@ static int32_t *moe_ids(int64_t T, int ne, int rep) {
         }
     return ids;
 }
+/* The three ways (CUDA-core GEMVs, tensor-core GEMVs, grouped GEMM of cuda_moe_mm.cu) on one step, every
+ * output bit compared. rep also puts NaN, ±inf and huge values into a few rows (NaN groups, overflowing
+ * blocks) and an id outside the table (a skipped pair). */
 static void check_moe(int64_t T, int rep) {
     moe_experts(16);
     int32_t *ids = moe_ids(T, 16, rep);
+    if (rep && T > 2) ids[2 * MOE_K + 3] = 99; /* not an expert of the 16: skipped */
     float *wt = xmalloc(sizeof *wt * (size_t)(T * MOE_K));
     for (int64_t i = 0; i < T * MOE_K; i++) wt[i] = (float)(0.05 + 0.3 * (double)(rnd() % 1000) / 1000.0);
     uint16_t *x = xmalloc(2 * (size_t)(T * MOE_D));
     for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
+    if (rep)
+        for (int64_t t = 0; t < T; t += 3) {
+            x[t * MOE_D + 7 + 97 * (t % 11)] = t % 2 ? 0x7fc0 : 0xff80; /* NaN / −inf */
+            x[t * MOE_D + 1000] = di_f32_to_bf16(3.0e38f);              /* the block's P_b overflows */
+        }
     uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
     int32_t *dids = dup_dev(ids, sizeof *ids * (size_t)(T * MOE_K));
     float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
-    float *acc[2];
-    for (int on = 0; on < 2; on++) {
-        di_cuda_gemv_mma_set_enabled(on);
+    float *acc[4];
+    static const int mm_min[4] = {-1, -1, 1, 3}; /* GEMVs; GEMVs; the GEMM for every group; for groups of ≥ 3 */
+    for (int way = 0; way < 4; way++) {
+        di_cuda_gemv_mma_set_enabled(way > 0);
+        di_cuda_moe_set_mm(mm_min[way]);
         CU(cudaMemset(dacc, 0xA5, 4 * (size_t)(T * MOE_D)));
         CU(cudaDeviceSynchronize());
         RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids, dwt, MOE_K, 16, g_ex, 10.0f, dacc, E));
         RUN(di_backend_cuda_sync(gpu, E));
-        acc[on] = ct_down(dacc, 4 * (size_t)(T * MOE_D));
+        acc[way] = ct_down(dacc, 4 * (size_t)(T * MOE_D));
     }
     di_cuda_gemv_mma_set_enabled(1);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < T * MOE_D; i++) bad += memcmp(&acc[0][i], &acc[1][i], 4) != 0;
+    di_cuda_moe_set_mm(0);
     char sh[64];
-    snprintf(sh, sizeof sh, "T%lld top-6 of 16%s", (long long)T, rep ? " +rep" : "");
-    row("moe_routed mma vs current (all bits)", sh, bad, T * MOE_D);
-    free(ids), free(wt), free(x), free(acc[0]), free(acc[1]);
+    snprintf(sh, sizeof sh, "T%lld top-6 of 16%s", (long long)T, rep ? " +rep +special" : "");
+    static const char *what[4] = {"", "moe_routed gemv-mma vs current (all bits)", "moe_routed grouped mm vs current (all bits)",
+                                  "moe_routed mm >= 3 rows vs current (all bits)"};
+    for (int way = 1; way < 4; way++) {
+        int64_t bad = 0, nan = 0;
+        for (int64_t i = 0; i < T * MOE_D; i++) bad += memcmp(&acc[0][i], &acc[way][i], 4) != 0, nan += isnan(acc[way][i]);
+        row(what[way], sh, bad, T * MOE_D);
+        if (rep && nan == 0) row("moe_routed special rows give NaN", sh, 1, 1);
+    }
+    free(ids), free(wt), free(x), free(acc[0]), free(acc[1]), free(acc[2]), free(acc[3]);
     cudaFree(dx), cudaFree(dids), cudaFree(dwt), cudaFree(dacc);
 }
 
@@ -240,7 +260,8 @@ static void bench_moe(void) {
     CU(cudaEventCreate(&ev1));
     /* T tokens routed over the first ne experts: ne < 384 is a skewed step like bench gpu's B = 64 (54
      * experts), where some experts take tens of rows */
-    static const int64_t ts[][2] = {{1, 384}, {5, 384}, {16, 384}, {64, 384}, {64, 48}};
+    static const int64_t ts[][2] = {{1, 384}, {5, 384}, {8, 384}, {16, 384}, {32, 384}, {64, 384},
+                                    {64, 48}, {128, 96}, {256, 384}, {256, 96}};
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
         const int64_t T = ts[ti][0];
         const int ne = (int)ts[ti][1];
@@ -260,16 +281,21 @@ static void bench_moe(void) {
         for (int64_t i = 0; i < T * MOE_D; i++) x[i] = di_f32_to_bf16((float)gauss());
         uint16_t *dx = dup_dev(x, 2 * (size_t)(T * MOE_D));
         float *dwt = dup_dev(wt, sizeof *wt * (size_t)(T * MOE_K)), *dacc = dev_poisoned(4 * (size_t)(T * MOE_D));
-        double t[2];
-        for (int on = 0; on < 2; on++) {
-            di_cuda_gemv_mma_set_enabled(on);
-            BATCH(t[on], 8, RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[r], dwt, MOE_K, 384, g_ex, 10.0f, dacc, E)));
+        /* the CUDA-core GEMVs, the tensor-core GEMVs, then the GEMM for groups of ≥ 1, 2, 3, 5 rows */
+        static const int mm_min[6] = {-1, -1, 1, 2, 3, 5};
+        double t[6];
+        for (int way = 0; way < 6; way++) {
+            di_cuda_gemv_mma_set_enabled(way > 0);
+            di_cuda_moe_set_mm(mm_min[way]);
+            BATCH(t[way], 8, RUN(gpu->moe_routed(gpu, dx, T, MOE_D, MOE_I, dids[r], dwt, MOE_K, 384, g_ex, 10.0f, dacc, E)));
         }
         di_cuda_gemv_mma_set_enabled(1);
+        di_cuda_moe_set_mm(0);
         const double by = experts * 3.0 * ((double)MOE_I * MOE_D / 2 + (double)MOE_I * MOE_D / 32);
         printf("bench moe_routed T%-3lld %.1f experts %5.0f MB | current %8.2f us %5.0f GB/s %5.1f %% | mma %8.2f us %5.0f GB/s "
-               "%5.1f %% | speed-up %.2fx\n",
-               (long long)T, experts, by / 1e6, GBS(t[0]), GBS(t[1]), t[0] / t[1]);
+               "%5.1f %% | mm>=1 %8.2f us %5.0f GB/s %5.1f %% | mm>=2 %8.2f | mm>=3 %8.2f | mm>=5 %8.2f us | best mm vs mma %.2fx\n",
+               (long long)T, experts, by / 1e6, GBS(t[0]), GBS(t[1]), GBS(t[2]), t[3] * 1e3, t[4] * 1e3, t[5] * 1e3,
+               t[1] / fmin(fmin(t[2], t[3]), fmin(t[4], t[5])));
         for (int r = 0; r < 8; r++) cudaFree(dids[r]);
         free(wt), free(x), cudaFree(dx), cudaFree(dwt), cudaFree(dacc);
     }
@@ -330,8 +356,14 @@ int main(void) {
         check_moe(5, 1);
         check_moe(16, 0);
         check_moe(64, 1);
+        check_moe(9, 0);
+        check_moe(23, 1);
+        check_moe(256, 1);
     }
-    if (getenv("DI_BENCH") && !quick) bench(), bench_moe();
+    if (bn && !quick) { /* DI_BENCH=moe: moe_routed's bench only */
+        if (strcmp(bn, "moe")) bench();
+        bench_moe();
+    }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_backend_cuda_destroy(gpu);
     di_backend_destroy(cpu);

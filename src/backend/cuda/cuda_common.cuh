@@ -184,6 +184,29 @@ static __device__ __forceinline__ float d_e8m0(uint8_t e) {
 static __device__ __forceinline__ float d_expf(float x) { return __double2float_rn(exp((double)x)); }
 static __device__ __forceinline__ float d_log1pf(float x) { return __double2float_rn(log1p((double)x)); }
 
+/* ---- asynchronous copies and shared-memory matrix loads (PTX) ---- */
+static __device__ __forceinline__ uint32_t d_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16- / 4-byte global → shared copy (cp.async: the 16-byte form bypasses L1) */
+static __device__ __forceinline__ void d_cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void d_cp_async4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void d_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* wait until at most N of this thread's committed groups are still in flight */
+template <int N>
+static __device__ __forceinline__ void d_cp_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* ldmatrix .x4 .b16: lanes 8i … 8i+7 give the row addresses of matrix i (8 rows × 16 bytes); lane l receives
+ * bytes 4(l mod 4) … 4(l mod 4)+3 of row l / 4 of matrix i in r[i] */
+static __device__ __forceinline__ void d_ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(d_smem_addr(p)));
+}
+
 /* ---- warp reductions ---- */
 static __device__ __forceinline__ double d_warp_sum_f64(double v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -77,6 +77,29 @@ GVM_FN void gvm_a_frag(uint32_t w0, uint32_t w1, uint32_t apos[4], uint32_t aneg
     gvm_expand8(w1, &apos[1], &apos[3], &aneg[1], &aneg[3]);
 }
 
+/* The grouped expert GEMM (cuda_moe_mm.cu) takes the weights as one signed plane instead: 8 packed E2M1
+ * codes → the signed bytes W = 2·w of values 0..3 (lo) and 4..7 (hi). Per byte A⁺ and A⁻ are 0..12 and at
+ * most one is nonzero, so A⁺ + 128 carries into no other byte and (A⁺ + 128) − A⁻ lies in 116..140,
+ * borrowing from none (one three-input add); xor 128 turns that biased byte into the two's complement
+ * of A⁺ − A⁻. */
+GVM_FN void gvm_s8x8(uint32_t w, uint32_t *lo, uint32_t *hi) {
+    uint32_t pl, ph, nl, nh;
+    gvm_expand8(w, &pl, &ph, &nl, &nh);
+    *lo = (pl + 0x80808080u - nl) ^ 0x80808080u;
+    *hi = (ph + 0x80808080u - nh) ^ 0x80808080u;
+}
+
+/* The grouped GEMM's A fragment of one block from the lane's code words of rows g and g+8 (quarter q of
+ * the block: values 8q..8q+7), the same value → k map as gvm_a_frag: values 8q..8q+3 play k 4q..4q+3,
+ * 8q+4..8q+7 play k 16+4q.. */
+GVM_FN void gvm_mm_a_frag(uint32_t wg, uint32_t wg8, uint32_t a[4]) {
+    gvm_s8x8(wg, &a[0], &a[2]);
+    gvm_s8x8(wg8, &a[1], &a[3]);
+}
+
+/* S of one block from the three digit-plane sums S_d = Σ d_d·W (|S| < 2^27: exact in int32) */
+GVM_FN int32_t gvm_mm_sum(int32_t s0, int32_t s1, int32_t s2) { return s0 + s1 * 128 + s2 * 16384; }
+
 /* e4m3 code → X = x·2^9: (8 + m)·2^(e−1) for e ≥ 1, m for e = 0. The NaN codes 0x7F / 0xFF (only in
  * act-quantized groups whose scale is the NaN byte 255) count as ±15·2^14: finite, the scale makes P_b NaN. */
 GVM_FN int32_t gvm_e4m3_int(uint32_t code) {

@@ -16,6 +16,8 @@
  *   quant     of the SwiGLU rows;
  *   down      w2 per pass, the same way;
  *   combine   acc[t] = 0 + Σ f32(y) over t's ranked rows in ascending rank.
+ * From MOE_MM_MIN_TOKENS tokens the up and down launches are the grouped GEMM of cuda_moe_mm.cu instead
+ * (passes of 16 rows, each after a pre-pass that writes the ranked rows' x digit planes).
  * Every row of every GEMV is computed as the linear_fp4 slot computes it (each row's result depends on
  * that row alone), SwiGLU is the same kernel, and the f32 sum sees the same terms in the same order as
  * scatter_add_rows per expert ascending: the result equals the host-planned path bit for bit.
@@ -26,33 +28,19 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_gemv_mma.cuh"
+#include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_ops.h"
-
-typedef struct moe_table {
-    const uint8_t *p[DI_MOE_ROUTED_MAX_EXPERTS][6]; /* w1 s1 w3 s3 w2 s2 of each expert */
-} moe_table;
-
-/* The plan (device memory): pairs i = t·k + j ranked by (expert, i); groups g of one expert each. */
-typedef struct moe_plan {
-    int32_t *order;    /* int32 [P] pair of rank r */
-    float *rw;         /* f32 [P] routing weight of rank r */
-    int32_t *rank;     /* int32 [P] rank of pair i, −1 for a skipped pair */
-    int32_t *g_expert; /* int32 [G] */
-    int32_t *g_start;  /* int32 [G] first rank of the group */
-    int32_t *g_count;  /* int32 [G] */
-    int32_t *g_pass;   /* int32 [G + 1] first pass of the group: passes of MT rows, Σ ⌈count / MT⌉ before it */
-    int32_t *n_groups; /* int32 [1] */
-} moe_plan;
 
 /* One CTA; its threads take pairs i, i + PLAN_THREADS, …; O(P²) compares (P ≤ DI_MOE_ROUTED_MAX_PAIRS).
  * mt: the rows of one GEMV pass (the MT the GEMV kernels are instantiated with). */
 #define PLAN_THREADS 1024
 __global__ void __launch_bounds__(PLAN_THREADS) moe_plan_kernel(const __grid_constant__ moe_table tab,
                                                                 const int32_t *ids, const float *weights, int P,
-                                                                int n_exp, int mt, moe_plan pl) {
+                                                                int n_exp, int mt, int mm_min, moe_plan pl) {
     __shared__ int key[DI_MOE_ROUTED_MAX_PAIRS];      /* expert id, n_exp for a skipped pair (sorts last) */
     __shared__ uint8_t first[DI_MOE_ROUTED_MAX_PAIRS]; /* the group's first pair */
-    __shared__ int passes[DI_MOE_ROUTED_MAX_PAIRS];   /* ⌈count / mt⌉ at a group's first pair, else 0 */
+    __shared__ int passes[DI_MOE_ROUTED_MAX_PAIRS];   /* ⌈count / mt⌉ at a GEMV group's first pair, else 0 */
+    __shared__ int passes2[DI_MOE_ROUTED_MAX_PAIRS];  /* ⌈count / MOE_MM_ROWS⌉ at a GEMM group's first pair */
     __shared__ int rank_of[DI_MOE_ROUTED_MAX_PAIRS], count_of[DI_MOE_ROUTED_MAX_PAIRS];
     __shared__ int n_groups_sh;
     if (threadIdx.x == 0) n_groups_sh = 0;
@@ -77,7 +65,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) moe_plan_kernel(const __grid_con
             }
         }
         first[i] = fst;
-        passes[i] = fst ? (cnt + mt - 1) / mt : 0;
+        passes[i] = fst && cnt < mm_min ? (cnt + mt - 1) / mt : 0;
+        passes2[i] = fst && cnt >= mm_min ? (cnt + MOE_MM_ROWS - 1) / MOE_MM_ROWS : 0;
         rank_of[i] = rank, count_of[i] = cnt;
         if (fst) atomicAdd(&n_groups_sh, 1);
     }
@@ -89,15 +78,16 @@ __global__ void __launch_bounds__(PLAN_THREADS) moe_plan_kernel(const __grid_con
         pl.rw[rank] = weights[i];
         pl.rank[i] = kk < n_exp ? rank : -1;
         if (first[i]) {
-            int g = 0, pass = 0;
+            int g = 0, pass = 0, pass2 = 0;
             for (int p = 0; p < P; p++)
-                if (first[p] && key[p] < kk) g++, pass += passes[p];
-            pl.g_expert[g] = kk, pl.g_start[g] = rank, pl.g_count[g] = count_of[i], pl.g_pass[g] = pass;
-            if (g == n_groups - 1) pl.g_pass[n_groups] = pass + passes[i];
+                if (first[p] && key[p] < kk) g++, pass += passes[p], pass2 += passes2[p];
+            pl.g_expert[g] = kk, pl.g_start[g] = rank, pl.g_count[g] = count_of[i];
+            pl.g_pass[g] = pass, pl.g_pass2[g] = pass2;
+            if (g == n_groups - 1) pl.g_pass[n_groups] = pass + passes[i], pl.g_pass2[n_groups] = pass2 + passes2[i];
         }
     }
     if (threadIdx.x == 0) *pl.n_groups = n_groups;
-    if (threadIdx.x == 0 && n_groups == 0) pl.g_pass[0] = 0;
+    if (threadIdx.x == 0 && n_groups == 0) pl.g_pass[0] = pl.g_pass2[0] = 0;
 }
 
 /* x row of tile row m: the token of the ranked pair (up), or the ranked row itself (down) */
@@ -290,6 +280,17 @@ static void moe_gemvs_mma(const moe_table &tab, const moe_plan &pl, int P, const
 static int g_moe_variant = 0;
 extern "C" void di_cuda_moe_set_variant(int v) { g_moe_variant = v; }
 
+/* The grouped expert GEMM (cuda_moe_mm.cu) for steps of more than 16 tokens, for every group (measured on
+ * the H200, 2026-12-02: up to 16 tokens the GEMVs are 1.03-1.26x faster, even with the GEMM taking only
+ * the groups of >= 2, 3 or 5 rows; from 32 tokens the GEMM for every group is the fastest of those, 1.11x
+ * at 32 tokens over 384 experts, 2.3-2.7x on skewed steps). The plan can also split the groups by size
+ * (the GEMM for those of at least mm_min rows, the GEMVs for the others; both give the same bits):
+ * di_cuda_moe_set_mm: 0 = the rule, −1 = never, n ≥ 1 = groups of at least n rows whatever the step
+ * (tests, bench). DI_CUDA_MOE_MM=off keeps the GEMVs. */
+#define MOE_MM_MIN_TOKENS 17
+static int g_moe_mm_env = -1, g_moe_mm = 0;
+extern "C" void di_cuda_moe_set_mm(int min_rows) { g_moe_mm = min_rows; }
+
 extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter,
                                   const int32_t *ids, const float *weights, int k, int n_exp,
                                   const di_moe_expert *experts, float lim, float *acc, di_error *err) {
@@ -304,7 +305,7 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
                             (long long)d, (long long)inter);
     if (m == 0) return DI_OK;
     const int P = (int)(m * k), G = P < n_exp ? P : n_exp;
-    size_t off[17], bytes = 0;
+    size_t off[19], bytes = 0;
     const size_t sz[] = {
         al256(4 * (size_t)P), al256(4 * (size_t)P), al256(4 * (size_t)P), al256(4 * (size_t)G), al256(4 * (size_t)G),
         al256(4 * (size_t)G), al256(4 * (size_t)(G + 1)), al256(4),               /* g_count, g_pass, n_groups */
@@ -312,6 +313,9 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
         al256(2 * (size_t)P * inter), al256(2 * (size_t)P * inter), al256(2 * (size_t)P * inter), /* g, u, a */
         al256((size_t)P * inter), al256((size_t)P * inter / 32),                   /* a codes, scales */
         al256(2 * (size_t)P * d),                                                  /* y */
+        al256(moe_mm_planes_bytes(P, d > inter ? d : inter)),                      /* the GEMM's x planes */
+        al256(moe_mm_scales_bytes(P, d > inter ? d : inter)),                      /* and scales */
+        al256(4 * (size_t)(G + 1)),                                                /* g_pass2 */
     };
     const int nsz = (int)(sizeof sz / sizeof sz[0]);
     for (int i = 0; i < nsz; i++) off[i] = bytes, bytes += sz[i];
@@ -320,10 +324,13 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if (rc) return rc;
     uint8_t *b = (uint8_t *)wsp;
     moe_plan pl = {(int32_t *)(b + off[0]), (float *)(b + off[1]),   (int32_t *)(b + off[2]), (int32_t *)(b + off[3]),
-                   (int32_t *)(b + off[4]), (int32_t *)(b + off[5]), (int32_t *)(b + off[6]), (int32_t *)(b + off[7])};
+                   (int32_t *)(b + off[4]), (int32_t *)(b + off[5]), (int32_t *)(b + off[6]), (int32_t *)(b + off[18]),
+                   (int32_t *)(b + off[7])};
     uint8_t *xq = b + off[8], *xs = b + off[9], *aq = b + off[13], *as = b + off[14];
     uint16_t *g = (uint16_t *)(b + off[10]), *u = (uint16_t *)(b + off[11]), *a = (uint16_t *)(b + off[12]);
     uint16_t *y = (uint16_t *)(b + off[15]);
+    uint8_t *planes = b + off[16];
+    float *sxT = (float *)(b + off[17]);
 
     moe_table tab;
     memset(&tab, 0, sizeof tab);
@@ -337,12 +344,19 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
         for (int j = 0; j < 6; j++) mma_ok &= (uintptr_t)p[j] % (j % 2 ? 2 : 4) == 0; /* 4-byte weight, 2-byte scale loads */
     }
     cudaStream_t st = di_cuda_state(be)->stream;
-    /* rows per pass: 1 for a single token (unless it names an expert twice: more passes); a few when
+    /* groups of at least mm_min rows take the grouped GEMM (with fewer tokens than mm_min no group is
+     * expected to reach it — a token's ids are distinct — and the GEMM's launches are left out) */
+    const int want = g_moe_mm ? g_moe_mm : 1;
+    const bool mm = mma_ok && want > 0 && m >= (g_moe_mm ? want : MOE_MM_MIN_TOKENS) &&
+                    di_cuda_env_switch(&g_moe_mm_env, "DI_CUDA_MOE_MM", "off") && moe_mm_fits(tab, n_exp, d, inter);
+    const int mm_min = mm ? want : 0x7fffffff;
+    /* rows per GEMV pass: 1 for a single token (unless it names an expert twice: more passes); a few when
      * tokens share experts */
     const int mt = m == 1 ? 1 : m <= 16 ? 2 : 4;
-    moe_plan_kernel<<<1, PLAN_THREADS, 0, st>>>(tab, ids, weights, P, n_exp, mt, pl);
+    moe_plan_kernel<<<1, PLAN_THREADS, 0, st>>>(tab, ids, weights, P, n_exp, mt, mm_min, pl);
     if ((rc = di_cuda_launched("moe_routed plan", err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(x, m * d, 32, xq, xs, st, err))) return rc;
+    if (mm && (rc = moe_mm_run(tab, pl, P, k, 0, xq, xs, d, inter, planes, sxT, g, u, st, err))) return rc;
     const int nc4 = g_moe_variant ? g_moe_variant == 1 : mt != 2;
     if (mma_ok) {
         if (mt == 1) moe_gemvs_mma<1>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 0, st);
@@ -359,6 +373,7 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     if ((rc = di_cuda_launched("moe_routed up", err))) return rc;
     if ((rc = di_cuda_swiglu(be, g, u, P, inter, pl.rw, lim, a, err))) return rc;
     if ((rc = di_cuda_act_quant_fp8(a, (int64_t)P * inter, 32, aq, as, st, err))) return rc;
+    if (mm && (rc = moe_mm_run(tab, pl, P, k, 1, aq, as, d, inter, planes, sxT, y, NULL, st, err))) return rc;
     if (mma_ok) {
         if (mt == 1) moe_gemvs_mma<1>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);
         else if (mt == 2) moe_gemvs_mma<2>(tab, pl, P, xq, xs, d, inter, k, g, u, y, aq, as, 1, st);

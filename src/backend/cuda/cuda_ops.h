@@ -136,6 +136,10 @@ double di_cuda_sm_clock_mhz(void *stream);
  * (same arithmetic, same results); the same for moe_routed's expert GEMVs. */
 void di_cuda_gemv_set_variant(int v);
 void di_cuda_moe_set_variant(int v);
+/* moe_routed's grouped expert GEMM (cuda_moe_mm.cu): 0 = the default rule (every group from 17 tokens,
+ * unless DI_CUDA_MOE_MM=off), −1 = never (the GEMVs), n ≥ 1 = for the groups of at least n rows, the
+ * GEMVs for the others (same results) */
+void di_cuda_moe_set_mm(int min_rows);
 void di_cuda_stream_read(const void *p, int64_t bytes, unsigned *sink, void *stream);
 
 /* ---- memory, cache row codecs, stream mean (cuda_mem.cu; contracts in backend.h) ---- */
