@@ -27,14 +27,21 @@
 #define MM_COLS (16 * MM_WARPS) /* output columns of a unit */
 #define MM_KB 4                 /* K blocks per stage */
 #define MM_STAGES 4
-#define MM_WROW 80  /* weight row stride in a stage: 64 bytes + 16 (an ldmatrix phase's 8 rows in distinct banks) */
+#define MM_WROW 64  /* weight row bytes in a stage, its four 16-byte chunks swizzled (mm_wchunk) */
 #define MM_XROW 160 /* x plane row stride: 128 bytes + 32 (a half-warp's 64-bit B loads in distinct banks) */
 #define MM_W_BYTES (MM_COLS * MM_WROW)
-#define MM_WS_BYTES (MM_COLS * MM_KB)
 #define MM_X_BYTES (3 * MOE_MM_ROWS * MM_XROW)
 #define MM_SX_BYTES (MM_KB * MOE_MM_ROWS * 4)
-#define MM_STAGE_BYTES (MM_W_BYTES + MM_WS_BYTES + MM_X_BYTES + MM_SX_BYTES)
-#define MM_SMEM (MM_STAGES * MM_STAGE_BYTES)
+#define MM_STAGE_BYTES (MM_W_BYTES + MM_X_BYTES + MM_SX_BYTES)
+#define MM_SWB 32   /* K blocks whose weight scale bytes travel together: one 32-byte sector per row */
+#define MM_SWROW 36 /* their row stride in shared memory (+4: a warp's 8 rows g in distinct banks) */
+#define MM_SW_BYTES (MM_COLS * MM_SWROW)
+#define MM_SMEM (MM_STAGES * MM_STAGE_BYTES + 2 * MM_SW_BYTES) /* + two scale buffers */
+
+/* Where chunk c (16 bytes) of weight row r lies in a stage: rows of 64 bytes with the chunk index xor-ed by
+ * (r / 2) mod 4, so that the 8 rows an ldmatrix phase reads at one logical chunk fall in 8 different
+ * 4-bank groups, and the 2 rows × 4 chunks that 8 consecutive threads copy cover all 32 banks. */
+static __device__ __forceinline__ int mm_wchunk(int r, int c) { return r * MM_WROW + ((c ^ (r >> 1)) & 3) * 16; }
 
 /* x digit planes and scales of the ranked rows: rank r reads x row order[r] / k (order NULL: row r) */
 __global__ void moe_mm_prep_kernel(const uint8_t *xq, const uint8_t *xs, const int32_t *order, int k, int P, int64_t K,
@@ -63,40 +70,55 @@ struct mm_args {
 
 /* A thread's share of a stage's copies, its source pointers computed once per unit (a stage adds its
  * block offset): weight rows n0 … n0+127 (clamped to N − 1: read, never stored) — 64 bytes of codes each
- * (threads 2 × 16 bytes) and 4 scale bytes (threads 0–127) —, the rows' digit planes (128 bytes of each
- * plane of each row; rows 8–15 only when the pass has them) and their x scales (threads 0–63). */
+ * (threads 2 × 16 bytes) —, the rows' digit planes (128 bytes of each plane of each row; rows 8–15 only when
+ * the pass has them) and their x scales (threads 0–63). The weight scale bytes of 32 blocks go together
+ * (each row's whole 32-byte sector, 4 bytes per thread and row; 4 bytes per stage and row wasted 7/8 of
+ * every sector fetched): those of blocks 0–31 with stage 0, those of blocks 32(u+1) … with stage 8u + 4,
+ * into the buffer of parity u + 1, which the warps last read in stages 8u − 8 … 8u − 1. */
 struct mm_copies {
-    const uint8_t *w[2], *ws, *x[2];
+    const uint8_t *w[2], *x[2], *ws;
     const float *sx;
     int wdst[2], xdst[2];
-    bool has_ws, has_x[2], has_sx;
+    int64_t n0;
+    bool has_x[2], has_sx;
 
     __device__ __forceinline__ void init(const mm_args &a, const uint8_t *wt, const uint8_t *wst, int64_t n0, int64_t r0,
                                          int rows) {
         const int tid = threadIdx.x;
-        const int64_t KB = a.K / 32, rowb = a.K / 2;
+        const int64_t rowb = a.K / 2;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int i = tid + h * MM_WARPS * 32, r = i >> 2, c = i & 3;
-            w[h] = wt + min(n0 + r, a.N - 1) * rowb + c * 16, wdst[h] = r * MM_WROW + c * 16;
+            w[h] = wt + min(n0 + r, a.N - 1) * rowb + c * 16, wdst[h] = mm_wchunk(r, c);
             const int cx = i & 7, rr = (i >> 3) % MOE_MM_ROWS, d = (i >> 3) / MOE_MM_ROWS;
             has_x[h] = i < 3 * MOE_MM_ROWS * 8 && (rows > 8 || rr < 8);
             x[h] = a.planes + ((r0 + (rr < rows ? rr : 0)) * 3 + d) * a.K + cx * 16;
-            xdst[h] = MM_W_BYTES + MM_WS_BYTES + (d * MOE_MM_ROWS + rr) * MM_XROW + cx * 16;
+            xdst[h] = MM_W_BYTES + (d * MOE_MM_ROWS + rr) * MM_XROW + cx * 16;
         }
-        has_ws = tid < MM_COLS, ws = wst + min(n0 + tid, a.N - 1) * KB;
+        ws = wst, this->n0 = n0;
         const int j = tid / MOE_MM_ROWS, rr = tid % MOE_MM_ROWS;
         has_sx = tid < MM_KB * MOE_MM_ROWS, sx = a.sxT + j * a.P + r0 + (rr < rows ? rr : 0);
     }
-    /* the copies of blocks kb0 … kb0+3 into stage buffer st */
-    __device__ __forceinline__ void issue(const mm_args &a, int64_t kb0, unsigned char *st) const {
+    /* the copies of stage s (blocks 4s … 4s+3) */
+    __device__ __forceinline__ void issue(const mm_args &a, int64_t s, unsigned char *sm) const {
+        unsigned char *st = sm + (s % MM_STAGES) * MM_STAGE_BYTES;
+        const int64_t kb0 = s * MM_KB, KB = a.K / 32, per = MM_SWB / MM_KB;
 #pragma unroll
         for (int h = 0; h < 2; h++) d_cp_async16(st + wdst[h], w[h] + kb0 * 16);
-        if (has_ws) d_cp_async4(st + MM_W_BYTES + threadIdx.x * MM_KB, ws + kb0);
 #pragma unroll
         for (int h = 0; h < 2; h++)
             if (has_x[h]) d_cp_async16(st + xdst[h], x[h] + kb0 * 32);
-        if (has_sx) d_cp_async4(st + MM_W_BYTES + MM_WS_BYTES + MM_X_BYTES + 4 * threadIdx.x, sx + kb0 * a.P);
+        if (has_sx) d_cp_async4(st + MM_W_BYTES + MM_X_BYTES + 4 * threadIdx.x, sx + kb0 * a.P);
+        if (s == 0 || s % per == per / 2) { /* the weight scales of 32 blocks: those of u = 0, or of u = s / 8 + 1 */
+            const int64_t u = s == 0 ? 0 : s / per + 1, b = u * MM_SWB + 4 * (threadIdx.x & 7);
+            unsigned char *sb = sm + MM_STAGES * MM_STAGE_BYTES + (u & 1) * MM_SW_BYTES;
+            if (b < KB)
+#pragma unroll
+                for (int h = 0; h < MM_COLS / 32; h++) {
+                    const int r = (int)(threadIdx.x >> 3) + 32 * h;
+                    d_cp_async4(sb + r * MM_SWROW + 4 * (threadIdx.x & 7), ws + min(n0 + r, a.N - 1) * KB + b);
+                }
+        }
     }
 };
 
@@ -115,7 +137,7 @@ static __device__ __forceinline__ void mm_unit(const mm_args &a, const uint8_t *
     cp.init(a, w, ws, n0, r0, rows);
 #pragma unroll
     for (int s = 0; s < MM_STAGES - 1; s++) {
-        if (s < NS) cp.issue(a, s * MM_KB, sm + s * MM_STAGE_BYTES);
+        if (s < NS) cp.issue(a, s, sm);
         d_cp_commit();
     }
     /* this lane's ldmatrix row: matrix lane / 8 = (rows 0–7 | 8–15) × (block j | j + 1) of the warp's 16 */
@@ -123,17 +145,19 @@ static __device__ __forceinline__ void mm_unit(const mm_args &a, const uint8_t *
     for (int64_t s = 0; s < NS; s++) {
         d_cp_wait<MM_STAGES - 2>();
         __syncthreads(); /* stage s landed for every thread; stage s − 1's buffer is free */
-        if (s + MM_STAGES - 1 < NS)
-            cp.issue(a, (s + MM_STAGES - 1) * MM_KB, sm + ((s + MM_STAGES - 1) % MM_STAGES) * MM_STAGE_BYTES);
+        if (s + MM_STAGES - 1 < NS) cp.issue(a, s + MM_STAGES - 1, sm);
         d_cp_commit();
-        const unsigned char *st = sm + (s % MM_STAGES) * MM_STAGE_BYTES, *xsm = st + MM_W_BYTES + MM_WS_BYTES;
+        const unsigned char *st = sm + (s % MM_STAGES) * MM_STAGE_BYTES, *xsm = st + MM_W_BYTES;
         const float *sx = (const float *)(xsm + MM_X_BYTES);
-        const uint32_t swg = *(const uint32_t *)(st + MM_W_BYTES + (16 * warp + g) * MM_KB),
-                       sw8 = *(const uint32_t *)(st + MM_W_BYTES + (16 * warp + g + 8) * MM_KB);
+        /* the stage's 4 scale bytes of rows g and g+8: word s mod 8 of the buffer of s / 8 */
+        const unsigned char *sb = sm + MM_STAGES * MM_STAGE_BYTES + ((s / (MM_SWB / MM_KB)) & 1) * MM_SW_BYTES +
+                                  4 * (s % (MM_SWB / MM_KB));
+        const uint32_t swg = *(const uint32_t *)(sb + (16 * warp + g) * MM_SWROW),
+                       sw8 = *(const uint32_t *)(sb + (16 * warp + g + 8) * MM_SWROW);
 #pragma unroll
         for (int jp = 0; jp < MM_KB; jp += 2) {
             uint32_t r[4]; /* rows g, g+8 of block jp; rows g, g+8 of block jp + 1 */
-            d_ldsm_x4(r, st + lrow * MM_WROW + (jp + lblk) * 16);
+            d_ldsm_x4(r, st + mm_wchunk(lrow, jp + lblk));
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) {
                 const int j = jp + jj;
