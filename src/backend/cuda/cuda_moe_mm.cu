@@ -12,8 +12,9 @@
  * Work unit = (pass, matrix part, tile of 128 output columns); CTAs loop over the units (persistent grid),
  * consecutive units being consecutive tiles of one pass, so a pass's x rows stay in L2 while its tiles run.
  * A CTA's 8 warps own 16 output columns each; K goes through shared memory in stages of 4 blocks (cp.async,
- * 4 stages): the 128 weight rows' codes (64 bytes each) and scale bytes, the 16 rows' three digit planes
- * and their x scales. Per block and warp: one ldmatrix.x4 gives a lane its code words (rows g, g+8; quarter
+ * 4 stages): the 128 weight rows' codes (64 bytes each, chunks swizzled), the 16 rows' three digit planes
+ * and their x scales; the weight scale bytes travel 32 blocks at a time (whole sectors) into two buffers of
+ * their own. Per block and warp: one ldmatrix.x4 gives a lane its code words (rows g, g+8; quarter
  * q) of two blocks; the codes become signed bytes (gvm_mm_a_frag); per n8 tile of rows, three
  * mma.m16n8k32.s8 (one per digit plane, B = the plane's 8 bytes of the lane's x row) give S_d of 2 columns ×
  * 2 rows per lane, and S = S0 + 2^7·S1 + 2^14·S2 (exact in int32) goes through gvm_block_value into the
