@@ -1,5 +1,6 @@
 /* GPU test (and, with DI_BENCH=1, benchmark) of the tensor-core MXFP4 decode GEMV
- * (src/backend/cuda/cuda_gemv_mma.cu, opt-in DI_CUDA_GEMV=mma). Written without a GPU: not yet run.
+ * (src/backend/cuda/cuda_gemv_mma.cu, the default; DI_CUDA_GEMV=simt the CUDA-core one) and of moe_routed's
+ * grouped expert GEMM (src/backend/cuda/cuda_moe_mm.cu).
  *
  * 1. Exactness, at the V4.1 expert shapes (w1/w3 2304×5120, w2 5120×2304) for M = 1 … 5 and 16, and at
  *    edge shapes (N = 37 / 9, K = 384 / 128), with NaN / ±inf x rows and NaN / extreme weight scales:
