@@ -1132,6 +1132,59 @@ static void test_walk_cache(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Boundary 1 (the top level's first set as context) where the construct that started there can
+ * start elsewhere too: a statement of the top level and one inside a block share context-free
+ * keys, so the nested statement's mask after `=` is the top-level walk taken from the cache. A
+ * pattern's top-level sequence starts nowhere else: keyed in full, so the tokens that end the
+ * text are no context edges. Every mask is compared with brute force. */
+static void test_top_level_boundary(void **state) {
+    (void)state;
+    gt_bytes tb = gt_single_bytes(3000);
+    uint64_t s = 4242;
+    static const char alpha[] = "abcde =;{}.@";
+    for (uint32_t i = 257; i < tb.n; i++) {
+        char buf[8] = {0};
+        int k = 2 + (int)(gt_rng(&s) % 5);
+        for (int j = 0; j < k; j++) buf[j] = gt_rng(&s) % 3 ? (char)('a' + gt_rng(&s) % 5) : alpha[gt_rng(&s) % 12];
+        tb.l[i] = (uint32_t)k;
+        tb.b[i] = malloc(tb.l[i]);
+        memcpy(tb.b[i], buf, tb.l[i]);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    static const char gbnf[] = "root ::= stmt+\n"
+                               "stmt ::= [a-e]+ \" = \" [a-e]+ (\" \" [a-e]+)* \";\" | \"{\" stmt+ \"}\"\n";
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "ab = ");
+    di_grammar_walk_stats top = gt_fill_checked(m, v, &tb, mask, "top-level statement after =");
+    gt_accept_text(m, "c;{d = ");
+    di_grammar_walk_stats inner = gt_fill_checked(m, v, &tb, mask, "nested statement after =");
+    tu_report("after =: top level %llu edges, nested %llu edges (%llu from the cache)", (unsigned long long)top.edges,
+              (unsigned long long)inner.edges, (unsigned long long)inner.walk_hits);
+    assert_int_equal(top.walks, 1);
+    assert_int_equal(inner.walks, 1);
+    assert_int_equal(inner.walk_hits, 1);
+    assert_true(inner.edges * 4 < top.edges);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+
+    g = regex_or_fail("[a-e]{1,6}@[a-e]{1,6}(\\.[a-e]{2,3}){1,2}");
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "ab@cd");
+    di_grammar_walk_stats end = gt_fill_checked(m, v, &tb, mask, "pattern before its last part");
+    tu_report("pattern: %llu edges, %llu context edges", (unsigned long long)end.edges, (unsigned long long)end.ctx_edges);
+    assert_int_equal(end.ctx_edges, 0);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -1441,7 +1494,7 @@ int main(void) {
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
         cmocka_unit_test(test_whole_subtree_union),
-        cmocka_unit_test(test_walk_cache),
+        cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),

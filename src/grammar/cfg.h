@@ -53,6 +53,8 @@ typedef struct di_cfg {
     uint32_t *nt_rule_off;/* [n_nt + 1] into nt_rules */
     uint32_t *nt_rules;   /* rule start positions grouped by lhs */
     uint8_t *nullable;    /* [n_nt] */
+    uint8_t *nt_recurs;   /* [n_nt] can start at two or more places of the grammar: used twice, or
+                             once by a nonterminal that can (walk_boundary) */
     uint32_t accept_pos;  /* position of "start' -> start ." */
     uint32_t init_pos;    /* position of "start' -> . start" */
 } di_cfg;
