@@ -145,6 +145,15 @@ int32_t di_cfg_opt(di_cfg *g, int32_t s) {
     return nt;
 }
 
+int32_t di_cfg_separated(di_cfg *g, int32_t x, int32_t sep) {
+    int32_t d = di_cfg_nt(g, NULL), tail = di_cfg_nt(g, NULL);
+    int32_t d_rhs[2] = {x, tail}, tail_rhs[2] = {sep, d};
+    di_cfg_rule(g, d, d_rhs, 2);
+    di_cfg_rule(g, tail, NULL, 0);
+    di_cfg_rule(g, tail, tail_rhs, 2);
+    return d;
+}
+
 int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max) {
     if (min < 0 || (max >= 0 && max < min)) {
         di_cfg_fail(g, DI_ERR_INVALID, "bad repetition bounds {%lld,%lld}", (long long)min, (long long)max);
