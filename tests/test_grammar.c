@@ -1132,6 +1132,192 @@ static void test_walk_cache(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* The single bytes and `extra` tokens of 2..max_len bytes drawn from alpha. */
+static gt_bytes alpha_vocab(uint32_t extra, uint64_t seed, const char *alpha, int max_len) {
+    gt_bytes tb = gt_single_bytes(extra);
+    size_t na = strlen(alpha);
+    for (uint32_t i = 257; i < tb.n; i++) {
+        tb.l[i] = 2 + (uint32_t)(gt_rng(&seed) % (uint64_t)(max_len - 1));
+        tb.b[i] = malloc(tb.l[i]);
+        for (uint32_t j = 0; j < tb.l[i]; j++) tb.b[i][j] = (uint8_t)alpha[gt_rng(&seed) % na];
+    }
+    return tb;
+}
+
+/* Boundary 1 (the top level's first set as context) where the construct that started there can
+ * start elsewhere too: a statement of the top level and one inside a block share context-free
+ * keys, so the nested statement's mask after `=` is the top-level walk taken from the cache. A
+ * pattern's top-level sequence starts nowhere else: keyed in full, so the tokens that end the
+ * text are no context edges. Every mask is compared with brute force. */
+static void test_top_level_boundary(void **state) {
+    (void)state;
+    gt_bytes tb = alpha_vocab(3000, 4242, "abcdeabcde =;{}.@", 6);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    static const char gbnf[] = "root ::= stmt+\n"
+                               "stmt ::= [a-e]+ \" = \" [a-e]+ (\" \" [a-e]+)* \";\" | \"{\" stmt+ \"}\"\n";
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "ab = ");
+    di_grammar_walk_stats top = gt_fill_checked(m, v, &tb, mask, "top-level statement after =");
+    gt_accept_text(m, "c;{d = ");
+    di_grammar_walk_stats inner = gt_fill_checked(m, v, &tb, mask, "nested statement after =");
+    tu_report("after =: top level %llu edges, nested %llu edges (%llu from the cache)", (unsigned long long)top.edges,
+              (unsigned long long)inner.edges, (unsigned long long)inner.walk_hits);
+    assert_int_equal(top.walks, 1);
+    assert_int_equal(inner.walks, 1);
+    assert_int_equal(inner.walk_hits, 1);
+    assert_true(inner.edges * 4 < top.edges);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+
+    g = regex_or_fail("[a-e]{1,6}@[a-e]{1,6}(\\.[a-e]{2,3}){1,2}");
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "ab@cd");
+    di_grammar_walk_stats end = gt_fill_checked(m, v, &tb, mask, "pattern before its last part");
+    tu_report("pattern: %llu edges, %llu context edges", (unsigned long long)end.edges, (unsigned long long)end.ctx_edges);
+    assert_int_equal(end.ctx_edges, 0);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* EBNF `X (S X)*` is built as one separated list (ebnf.c, separated_list), and the effect of
+ * completing a list that an optional group waits on in the same set enters keys as "completes
+ * the group", as the later elements' chain does (matcher.c, effect_closure). Together the
+ * states inside the first and the second argument are one key: the second argument's mask is a
+ * mask-cache hit. Either part alone leaves them apart. Masks are compared with brute force. */
+static void test_separated_list_keys(void **state) {
+    (void)state;
+    gt_bytes tb = alpha_vocab(600, 99, "abcde(),+ ", 5);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    static const char gbnf[] = "root ::= name \"(\" (expr (\",\" \" \"? expr)*)? \")\"\n"
+                               "expr ::= name (\" + \" name)*\n"
+                               "name ::= [a-e]+\n";
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "e(ab");
+    di_grammar_walk_stats first = gt_fill_checked(m, v, &tb, mask, "first argument");
+    gt_accept_text(m, ", cd");
+    di_grammar_walk_stats second = gt_fill_checked(m, v, &tb, mask, "second argument");
+    gt_accept_text(m, " + de"); /* two letters, as "cd": a `+` loop's first letter is a state of its own */
+    di_grammar_walk_stats term = gt_fill_checked(m, v, &tb, mask, "second term of the second argument");
+    gt_accept_text(m, ")");
+    assert_true(di_grammar_matcher_can_end(m));
+    tu_report("first argument: %llu walks; second: %llu cached; its second term: %llu cached",
+              (unsigned long long)first.walks, (unsigned long long)second.cached, (unsigned long long)term.cached);
+    assert_int_equal(first.walks, 1);
+    assert_int_equal(second.cached, 1);
+    assert_int_equal(term.cached, 1); /* `name (" + " name)*`: the same for a term of an expression */
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
+/* The separated-list rewrite keeps the language: the bench's statement and JSON grammars, whose
+ * `X (S X)*` are rewritten, against the same grammars with the repetition moved into a rule of
+ * its own (not rewritten), on one random walk each: equal masks at every step, and the token
+ * accepted next is drawn from them. Brute force cannot tell (it reads the rewritten grammar). */
+static void test_separated_list_language(void **state) {
+    (void)state;
+    gt_bytes tb = gt_single_bytes(1500);
+    uint64_t s = 4711;
+    static const char *pieces[] = {"x", "y", "f", "if", "return", " ", "=", "+", "-", "*", "<", "==", "&&", "(", ")",
+                                   ",", ";", "\n", "    ", "{", "}", "1", "0", "[", "]", "\"", ":", "true", "a",
+                                   "\\n", "e", ".", "null"};
+    for (uint32_t i = 257; i < tb.n; i++) {
+        char buf[64] = "";
+        int k = 1 + (int)(gt_rng(&s) % 3);
+        for (int j = 0; j < k; j++) strncat(buf, pieces[gt_rng(&s) % 33], sizeof buf - strlen(buf) - 1);
+        tb.l[i] = (uint32_t)strlen(buf);
+        tb.b[i] = malloc(tb.l[i]);
+        memcpy(tb.b[i], buf, tb.l[i]);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    static const char *pairs[][2] = {
+        {"root ::= stmt+\n"
+         "stmt ::= ident ws \"=\" ws expr \";\" nl | \"if\" ws \"(\" expr \")\" ws \"{\" nl stmt* \"}\" nl | \"return\" ws expr \";\" nl\n"
+         "expr ::= operand (ws op ws operand)*\n"
+         "operand ::= ident | [0-9]+ | ident \"(\" (expr (\",\" ws expr)*)? \")\"\n"
+         "op ::= \"+\" | \"-\" | \"*\" | \"<\" | \"==\" | \"&&\"\n"
+         "ident ::= [a-zA-Z_] [a-zA-Z0-9_]*\n"
+         "ws ::= \" \"?\n"
+         "nl ::= \"\\n\" \"    \"*\n",
+         "root ::= stmt+\n"
+         "stmt ::= ident ws \"=\" ws expr \";\" nl | \"if\" ws \"(\" expr \")\" ws \"{\" nl stmt* \"}\" nl | \"return\" ws expr \";\" nl\n"
+         "expr ::= operand ops\n"
+         "ops ::= (ws op ws operand)*\n"
+         "operand ::= ident | [0-9]+ | ident \"(\" (expr args)? \")\"\n"
+         "args ::= (\",\" ws expr)*\n"
+         "op ::= \"+\" | \"-\" | \"*\" | \"<\" | \"==\" | \"&&\"\n"
+         "ident ::= [a-zA-Z_] [a-zA-Z0-9_]*\n"
+         "ws ::= \" \"?\n"
+         "nl ::= \"\\n\" \"    \"*\n"},
+        {"root ::= object\n"
+         "value ::= object | array | \"\\\"\" [a-z]* \"\\\"\" ws | [0-9]+ ws | (\"true\" | \"null\") ws\n"
+         "object ::= \"{\" ws ( str \":\" ws value (\",\" ws str \":\" ws value)* )? \"}\" ws\n"
+         "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+         "str ::= \"\\\"\" [a-z]* \"\\\"\" ws\n"
+         "ws ::= (\" \" | \"\\n\")?\n",
+         "root ::= object\n"
+         "value ::= object | array | \"\\\"\" [a-z]* \"\\\"\" ws | [0-9]+ ws | (\"true\" | \"null\") ws\n"
+         "object ::= \"{\" ws ( str \":\" ws value members )? \"}\" ws\n"
+         "members ::= (\",\" ws str \":\" ws value)*\n"
+         "array ::= \"[\" ws ( value elements )? \"]\" ws\n"
+         "elements ::= (\",\" ws value)*\n"
+         "str ::= \"\\\"\" [a-z]* \"\\\"\" ws\n"
+         "ws ::= (\" \" | \"\\n\")?\n"},
+    };
+    size_t words = di_grammar_mask_words(tb.n);
+    uint32_t *ma = malloc(words * sizeof *ma), *mb = malloc(words * sizeof *mb); /* [words] u32 each */
+    int steps = 0;
+    for (int k = 0; k < 2; k++) {
+        di_grammar *ga = NULL, *gb = NULL;
+        di_error err = {0};
+        if (di_grammar_from_ebnf(pairs[k][0], strlen(pairs[k][0]), "root", &ga, &err)) fail_msg("%s", err.msg);
+        if (di_grammar_from_ebnf(pairs[k][1], strlen(pairs[k][1]), "root", &gb, &err)) fail_msg("%s", err.msg);
+        di_grammar_matcher *a = NULL, *b = NULL;
+        if (di_grammar_matcher_new(ga, v, NULL, &a, &err) || di_grammar_matcher_new(gb, v, NULL, &b, &err))
+            fail_msg("%s", err.msg);
+        for (int step = 0; step < 150; step++, steps++) {
+            if (di_grammar_matcher_fill_mask(a, ma, &err) || di_grammar_matcher_fill_mask(b, mb, &err)) fail_msg("%s", err.msg);
+            assert_memory_equal(ma, mb, words * sizeof *ma);
+            int32_t pick[64];
+            int np = 0;
+            for (uint32_t t = 1; t < tb.n && np < 64; t++) { /* longer tokens, few that close: lists get long */
+                bool closes = memchr(tb.b[t], '}', tb.l[t]) || memchr(tb.b[t], ']', tb.l[t]);
+                if ((ma[t >> 5] >> (t & 31)) & 1 && (tb.l[t] > 1 || gt_rng(&s) % 8 == 0) && (!closes || gt_rng(&s) % 8 == 0))
+                    pick[np++] = (int32_t)t;
+            }
+            if (!np) break;
+            int32_t t = pick[gt_rng(&s) % (uint64_t)np];
+            if (di_grammar_matcher_accept_token(a, t, &err) || di_grammar_matcher_accept_token(b, t, &err))
+                fail_msg("%s", err.msg);
+        }
+        di_grammar_matcher_free(a);
+        di_grammar_matcher_free(b);
+        di_grammar_free(ga);
+        di_grammar_free(gb);
+    }
+    tu_report("separated lists: %d masks equal to the grammars written without them", steps);
+    assert_true(steps >= 200);
+    free(ma);
+    free(mb);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_rollback_and_eos(void **state) {
     (void)state;
     gt_bytes tb = gt_vocab_bytes(0);
@@ -1441,7 +1627,8 @@ int main(void) {
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
         cmocka_unit_test(test_whole_subtree_union),
-        cmocka_unit_test(test_walk_cache),
+        cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
+        cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),

@@ -22,6 +22,7 @@ void di_cfg_free(di_cfg *g) {
     free(g->nt_rule_off);
     free(g->nt_rules);
     free(g->nullable);
+    free(g->nt_recurs);
     free(g);
 }
 
@@ -144,6 +145,15 @@ int32_t di_cfg_opt(di_cfg *g, int32_t s) {
     return nt;
 }
 
+int32_t di_cfg_separated(di_cfg *g, int32_t x, int32_t sep) {
+    int32_t d = di_cfg_nt(g, NULL), tail = di_cfg_nt(g, NULL);
+    int32_t d_rhs[2] = {x, tail}, tail_rhs[2] = {sep, d};
+    di_cfg_rule(g, d, d_rhs, 2);
+    di_cfg_rule(g, tail, NULL, 0);
+    di_cfg_rule(g, tail, tail_rhs, 2);
+    return d;
+}
+
 int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max) {
     if (min < 0 || (max >= 0 && max < min)) {
         di_cfg_fail(g, DI_ERR_INVALID, "bad repetition bounds {%lld,%lld}", (long long)min, (long long)max);
@@ -209,6 +219,39 @@ int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max) {
 }
 
 /* ---- finalize ---- */
+
+/* nt_recurs: the places a nonterminal can start at, counted up to 2 through the rules that use
+ * it (a place in a rule of A counts as many times as A's own places). A worklist passes on each
+ * increase once, so every rule is read at most twice per change of its lhs: linear. */
+static int count_places(di_cfg *g, int32_t aug) {
+    uint32_t nn = g->n_nt;
+    uint8_t *done = calloc(nn, 1);                        /* places already passed on */
+    uint32_t *stack = malloc((2 * (size_t)nn + 1) * sizeof *stack); /* one entry per increase */
+    if (!done || !stack) {
+        free(done);
+        free(stack);
+        return -1;
+    }
+    size_t n = 0;
+    g->nt_recurs[aug] = 1;
+    stack[n++] = (uint32_t)aug;
+    while (n) {
+        uint32_t a = stack[--n];
+        uint8_t delta = g->nt_recurs[a] - done[a];
+        done[a] = g->nt_recurs[a];
+        for (uint32_t r = g->nt_rule_off[a]; r < g->nt_rule_off[a + 1] && delta; r++)
+            for (uint32_t p = g->nt_rules[r]; g->psym[p] != DI_CFG_END; p++) {
+                int32_t s = g->psym[p];
+                if (s < 0 || g->nt_recurs[s] == 2) continue;
+                g->nt_recurs[s] = g->nt_recurs[s] + delta >= 2 ? 2 : 1;
+                stack[n++] = (uint32_t)s;
+            }
+    }
+    for (uint32_t i = 0; i < nn; i++) g->nt_recurs[i] = g->nt_recurs[i] == 2;
+    free(done);
+    free(stack);
+    return 0;
+}
 
 /* flag[nt] for "productive" (need_terms = false: terminals always satisfied) or "nullable"
  * (need_terms = true: a rule with a terminal never qualifies). */
@@ -311,7 +354,8 @@ int di_cfg_finalize(di_cfg *g, int32_t start, di_error *err) {
     g->plhs = malloc(npos * sizeof(int32_t));
     g->nt_rule_off = calloc(nn + 1, sizeof(uint32_t));
     g->nt_rules = malloc((nr + 1) * sizeof(uint32_t));
-    if (!g->psym || !g->plhs || !g->nt_rule_off || !g->nt_rules) {
+    g->nt_recurs = calloc(nn, 1);
+    if (!g->psym || !g->plhs || !g->nt_rule_off || !g->nt_rules || !g->nt_recurs) {
         free(prod);
         free(keep);
         return di_error_set(err, DI_ERR_NOMEM, "out of memory laying out %zu grammar positions", npos);
@@ -341,6 +385,11 @@ int di_cfg_finalize(di_cfg *g, int32_t start, di_error *err) {
     }
     g->n_pos = pos;
     free(fill);
+    if (count_places(g, aug)) {
+        free(prod);
+        free(keep);
+        return di_error_set(err, DI_ERR_NOMEM, "out of memory finalizing the grammar");
+    }
     free(prod);
     free(keep);
     g->final = true;

@@ -53,6 +53,8 @@ typedef struct di_cfg {
     uint32_t *nt_rule_off;/* [n_nt + 1] into nt_rules */
     uint32_t *nt_rules;   /* rule start positions grouped by lhs */
     uint8_t *nullable;    /* [n_nt] */
+    uint8_t *nt_recurs;   /* [n_nt] can start at two or more places of the grammar: used twice, or
+                             once by a nonterminal that can (walk_boundary) */
     uint32_t accept_pos;  /* position of "start' -> start ." */
     uint32_t init_pos;    /* position of "start' -> . start" */
 } di_cfg;
@@ -75,6 +77,9 @@ int32_t di_cfg_seq(di_cfg *g, const int32_t *s, size_t n);   /* n == 0 gives the
 int32_t di_cfg_alt(di_cfg *g, const int32_t *s, size_t n);   /* n == 0 gives the empty language */
 int32_t di_cfg_literal(di_cfg *g, const void *bytes, size_t n);
 int32_t di_cfg_opt(di_cfg *g, int32_t s);
+/* x (sep x)* as D -> x E, E -> eps | sep D: the first and every later element are one place of
+ * the grammar, so the matcher's keys give an element's states one key wherever it stands. */
+int32_t di_cfg_separated(di_cfg *g, int32_t x, int32_t sep);
 /* s{min,max}; max < 0 means unbounded. Uses left recursion for the unbounded tail so the Earley
  * matcher does constant work per repetition. */
 int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max);

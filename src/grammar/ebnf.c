@@ -333,26 +333,106 @@ static int32_t parse_postfix(eb *p) {
     }
 }
 
+static int32_t parse_seq(eb *p);
+
+/* The ')' that closes the group opened at s[g0] (literals, classes, /regex/ and comments
+ * skipped), or 0. */
+static size_t group_end(const eb *p, size_t g0) {
+    int depth = 0;
+    for (size_t k = g0; k < p->n; k++) {
+        char c = p->s[k];
+        if (c == '"' || c == '\'' || c == '[' || (c == '/' && !(k + 1 < p->n && p->s[k + 1] == '/'))) {
+            char close = c == '[' ? ']' : c;
+            for (k++; k < p->n && p->s[k] != close; k++)
+                if (p->s[k] == '\\') k++;
+            if (k >= p->n) return 0;
+        } else if (c == '#' || c == '/') {
+            while (k < p->n && p->s[k] != '\n') k++;
+        } else if (c == '(') {
+            depth++;
+        } else if (c == ')' && --depth == 0) {
+            return k;
+        }
+    }
+    return 0;
+}
+
+#define LIST_ITEMS 8 /* a separated list's element: at most the last 8 items of the sequence */
+
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* A separated list `X (S X)*` where the X inside the group is the same text as the items before
+ * it (`expr ("," ws expr)*`, `string ":" ws value ("," ws string ":" ws value)*`): built as
+ * D -> X E, E -> eps | S D (di_cfg_separated), so that the first and every later element are
+ * one nonterminal, as the regex front-end does (regex.c, separated_list). Parsed as written, the
+ * second X is another place of its own and the element's states get other keys there (the
+ * matcher hashes an origin by the effect of completing there, and E's right recursion makes that
+ * effect the same for every element): an identifier in a call's second argument relearned what
+ * the first had walked. X is items v[n-m..n), the text [xs[n-m], p->i); the group starts at
+ * p->i. Returns D with p->i past the `)*`, or 0 (p untouched but for rule names) where the text
+ * is not of that form. */
+static int32_t separated_list(eb *p, const int32_t *v, const size_t *xs, size_t n, size_t *m_out) {
+    size_t g0 = p->i, close = group_end(p, g0);
+    if (!close || close + 1 >= p->n || p->s[close + 1] != '*') return 0;
+    size_t end = close + 2, k = end;
+    while (k < p->n && p->s[k] == ' ') k++; /* Lark's `x ~ n` may follow after spaces */
+    if (end < p->n && (p->s[end] == '*' || p->s[end] == '+' || p->s[end] == '?' || p->s[end] == '{')) return 0;
+    if (k < p->n && p->s[k] == '~') return 0; /* a second quantifier: not (S X)* */
+    for (size_t m = 1; m <= n && m <= LIST_ITEMS; m++) {
+        size_t a = xs[n - m], xl = g0 - a;
+        while (xl && is_space(p->s[a + xl - 1])) xl--; /* X's text without the space before the group */
+        size_t e = close - xl; /* the group's text ends with X's, at the start of a token */
+        if (xl >= close - g0 - 1 || memcmp(p->s + e, p->s + a, xl) || !is_space(p->s[e - 1])) continue;
+        di_error scratch = {0};
+        eb sub = *p;
+        sub.n = e, sub.i = g0 + 1, sub.err = &scratch, sub.rc = 0, sub.depth = p->depth + 1;
+        int32_t sep = sub.depth > MAX_DEPTH ? 0 : parse_seq(&sub);
+        p->names = sub.names, p->cap = sub.cap, p->count = sub.count, p->any_sym = sub.any_sym; /* may have grown */
+        skip_space(&sub);
+        if (sub.depth > MAX_DEPTH || sub.rc || sub.i != e || sub.i == g0 + 1) continue; /* S: one whole sequence */
+        p->i = end;
+        *m_out = m;
+        return di_cfg_separated(p->g, di_cfg_seq(p->g, v + n - m, m), sep);
+    }
+    return 0;
+}
+
 static int32_t parse_seq(eb *p) {
     size_t n = 0, cap = 16;
     int32_t *v = malloc(cap * sizeof *v);
-    if (!v) return fail(p, "out of memory");
+    size_t *xs = malloc(cap * sizeof *xs); /* [cap] text offset of item k */
+    if (!v || !xs) {
+        free(v);
+        free(xs);
+        return fail(p, "out of memory");
+    }
     for (;;) {
         skip_space(p);
         char c = peek(p);
         if (!c || c == '|' || c == ')' || c == ']' || p->rc || at_definition(p)) break;
-        int32_t s = parse_postfix(p);
+        size_t start = p->i, m = 0;
+        int32_t s = c == '(' && n ? separated_list(p, v, xs, n, &m) : 0;
+        if (s) {
+            n -= m;
+            start = xs[n];
+        } else {
+            s = parse_postfix(p);
+        }
         if (p->rc) break;
         if (n == cap) {
             int32_t *w = realloc(v, (cap *= 2) * sizeof *w);
-            if (!w) {
+            size_t *y = w ? realloc(xs, cap * sizeof *y) : NULL;
+            if (w) v = w;
+            if (y) xs = y;
+            if (!w || !y) {
                 fail(p, "out of memory");
                 break;
             }
-            v = w;
         }
+        xs[n] = start;
         v[n++] = s;
     }
+    free(xs);
     int32_t r = p->rc ? 0 : di_cfg_seq(p->g, v, n);
     free(v);
     return r;

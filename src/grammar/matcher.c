@@ -440,6 +440,11 @@ static sig128 leff(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool *
 /* The effect closure that leff and feff share: the waiters on a at set o, and through those
  * that started at o the nonterminals they complete there in turn (at most LEFF_MAX_SYMS), each
  * waiter hashed by its position and the effect at its own origin (leff, or feff when full).
+ * A waiter that started at o and ends its rule with a (`O -> . D`, an optional or an alternative
+ * predicted at o) does nothing but complete its lhs at o, so it enters as "completes its lhs"
+ * with the effect of that lhs at o, like a rule-ending waiter of an earlier set: the first
+ * element of a separated list D -> X E, E -> eps | S D (waited on by such a unit rule) and a
+ * later one (waited on by `E -> S . D`, whose chain leads to the same effect) get one key.
  * Returns false when the closure needs more symbols (h is then partial). */
 static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth, bool full, bool *ok, sig128 *h) {
     const di_earley *e = &m->e;
@@ -454,7 +459,7 @@ static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth
         for (size_t x = 0; x < n; x++) {
             if (w[x].sym != syms[k]) continue;
             int32_t l = plhs[w[x].pos];
-            if (w[x].origin != o) {
+            if (w[x].origin != o || m->g->cfg->psym[w[x].pos + 1] == DI_CFG_END) {
                 add_item_sig(h, waiter_pos(m, w[x].pos),
                              full ? feff(m, w[x].origin, l, depth + 1) : leff(m, w[x].origin, l, depth + 1, ok));
                 continue;
@@ -610,7 +615,20 @@ static size_t walk_boundary(const di_grammar_matcher *m) {
             break;
         }
     }
-    return lowest <= 1 ? 0 : lowest;
+    /* Boundary 1 makes set 0 the context. That pays where a construct that started there can
+     * start at other places too (a statement of a program, an expression in parentheses, a JSON
+     * object that is also a value): its states then share keys with those places. A pattern's
+     * top-level sequence starts nowhere else, and its completion into set 0 would only add a
+     * context edge to every token that ends the text (regex_email: 1,313 on one mask). */
+    if (lowest == 1) {
+        bool recurs = false;
+        for (size_t x = e->set_off[top]; x < e->set_off[top + 1] && !recurs; x++) {
+            di_earley_item it = e->items[x];
+            recurs = it.origin == 0 && g->psym[it.pos] != DI_CFG_END && g->nt_recurs[g->plhs[it.pos]];
+        }
+        if (!recurs) return 0;
+    }
+    return lowest;
 }
 
 static bool is_eos(const di_grammar_vocab *v, int32_t t) {

@@ -503,12 +503,7 @@ static int32_t separated_list(rx *p, size_t xs, const int32_t *items, size_t m) 
         int32_t sep = parse_concat(&sub, false, NULL);
         if (sub.rc || sub.i != e) continue; /* S is not a whole concatenation ending here */
         p->dot_sym = sub.dot_sym;
-        int32_t x = di_cfg_seq(p->g, items, m);
-        int32_t d = di_cfg_nt(p->g, NULL), tail = di_cfg_nt(p->g, NULL);
-        int32_t d_rhs[2] = {x, tail}, tail_rhs[2] = {sep, d};
-        di_cfg_rule(p->g, d, d_rhs, 2);
-        di_cfg_rule(p->g, tail, NULL, 0);
-        di_cfg_rule(p->g, tail, tail_rhs, 2);
+        int32_t d = di_cfg_separated(p->g, di_cfg_seq(p->g, items, m), sep);
         p->i = end;
         return d;
     }
