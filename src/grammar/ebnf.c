@@ -48,10 +48,12 @@ static int32_t fail(eb *p, const char *what) {
 
 static char peek(const eb *p) { return p->i < p->n ? p->s[p->i] : 0; }
 
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
 static void skip_space(eb *p) {
     while (p->i < p->n) {
         char c = p->s[p->i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+        if (is_space(c)) {
             p->i++;
         } else if (c == '#' || (c == '/' && p->i + 1 < p->n && p->s[p->i + 1] == '/')) {
             while (p->i < p->n && p->s[p->i] != '\n') p->i++;
@@ -288,8 +290,8 @@ static bool read_int(eb *p, int64_t *v) {
 }
 
 /* Lark's "x ~ m..n": spaces then '~' on the same line. */
-static bool tilde_ahead(const eb *p) {
-    size_t k = p->i;
+/* Does Lark's `~ n` follow at k (after spaces)? */
+static bool tilde_at(const eb *p, size_t k) {
     while (k < p->n && p->s[k] == ' ') k++;
     return k < p->n && p->s[k] == '~';
 }
@@ -316,7 +318,7 @@ static int32_t parse_postfix(eb *p) {
             if (p->rc || peek(p) != '}') return fail(p, "bad {m,n} repetition");
             p->i++;
             if (hi >= 0 && hi < lo) return fail(p, "repetition {m,n} with n < m");
-        } else if ((c == ' ' || c == '~') && tilde_ahead(p)) {
+        } else if ((c == ' ' || c == '~') && tilde_at(p, p->i)) {
             while (peek(p) == ' ') p->i++;
             p->i++;
             if (!read_int(p, &lo)) return fail(p, "expected a count after ~");
@@ -359,8 +361,6 @@ static size_t group_end(const eb *p, size_t g0) {
 
 #define LIST_ITEMS 8 /* a separated list's element: at most the last 8 items of the sequence */
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
-
 /* A separated list `X (S X)*` where the X inside the group is the same text as the items before
  * it (`expr ("," ws expr)*`, `string ":" ws value ("," ws string ":" ws value)*`): built as
  * D -> X E, E -> eps | S D (di_cfg_separated), so that the first and every later element are
@@ -374,10 +374,9 @@ static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c ==
 static int32_t separated_list(eb *p, const int32_t *v, const size_t *xs, size_t n, size_t *m_out) {
     size_t g0 = p->i, close = group_end(p, g0);
     if (!close || close + 1 >= p->n || p->s[close + 1] != '*') return 0;
-    size_t end = close + 2, k = end;
-    while (k < p->n && p->s[k] == ' ') k++; /* Lark's `x ~ n` may follow after spaces */
+    size_t end = close + 2;
     if (end < p->n && (p->s[end] == '*' || p->s[end] == '+' || p->s[end] == '?' || p->s[end] == '{')) return 0;
-    if (k < p->n && p->s[k] == '~') return 0; /* a second quantifier: not (S X)* */
+    if (tilde_at(p, end)) return 0; /* a second quantifier: not (S X)* */
     for (size_t m = 1; m <= n && m <= LIST_ITEMS; m++) {
         size_t a = xs[n - m], xl = g0 - a;
         while (xl && is_space(p->s[a + xl - 1])) xl--; /* X's text without the space before the group */
