@@ -337,18 +337,22 @@ extern "C" int di_cuda_moe_routed(const di_backend *be, const uint16_t *x, int64
     /* the tensor-core GEMVs (unless DI_CUDA_GEMV=simt): K % 128 for both matrices, aligned pointers */
     bool mma_ok = di_cuda_gemv_mma_enabled() && d % 128 == 0 && inter % 128 == 0 &&
                   gvm_smem(4, 16, d > inter ? d : inter) <= MOE_SMEM;
+    bool mm_aligned = true; /* the grouped GEMM's copies: 16-byte code chunks, 4-byte scale words */
     for (int e = 0; e < n_exp; e++) {
         const di_moe_expert *ex = &experts[e];
         const uint8_t *p[6] = {ex->w1, ex->s1, ex->w3, ex->s3, ex->w2, ex->s2};
-        for (int j = 0; j < 6; j++) tab.p[e][j] = p[j];
-        for (int j = 0; j < 6; j++) mma_ok &= (uintptr_t)p[j] % (j % 2 ? 2 : 4) == 0; /* 4-byte weight, 2-byte scale loads */
+        for (int j = 0; j < 6; j++) {
+            tab.p[e][j] = p[j];
+            mma_ok &= (uintptr_t)p[j] % (j % 2 ? 2 : 4) == 0; /* 4-byte weight, 2-byte scale loads */
+            mm_aligned &= (uintptr_t)p[j] % (j % 2 ? 4 : 16) == 0;
+        }
     }
     cudaStream_t st = di_cuda_state(be)->stream;
     /* groups of at least mm_min rows take the grouped GEMM (with fewer tokens than mm_min no group is
      * expected to reach it — a token's ids are distinct — and the GEMM's launches are left out) */
     const int want = g_moe_mm ? g_moe_mm : 1;
     const bool mm = mma_ok && want > 0 && m >= (g_moe_mm ? want : MOE_MM_MIN_TOKENS) &&
-                    di_cuda_env_switch(&g_moe_mm_env, "DI_CUDA_MOE_MM", "off") && moe_mm_fits(tab, n_exp, d, inter);
+                    di_cuda_env_switch(&g_moe_mm_env, "DI_CUDA_MOE_MM", "off") && mm_aligned;
     const int mm_min = mm ? want : 0x7fffffff;
     /* rows per GEMV pass: 1 for a single token (unless it names an expert twice: more passes); a few when
      * tokens share experts */

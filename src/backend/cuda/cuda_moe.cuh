@@ -30,10 +30,8 @@ typedef struct moe_plan {
 /* Workspace bytes for the x digit planes and scales of P ranked rows of K inputs */
 size_t moe_mm_planes_bytes(int P, int64_t K);
 size_t moe_mm_scales_bytes(int P, int64_t K);
-/* Whether the weights of every expert suit the kernel: 16-byte aligned codes, 4-byte aligned scales,
- * K a multiple of 128 for both matrices */
-bool moe_mm_fits(const moe_table &tab, int n_exp, int64_t d, int64_t inter);
-/* The up projection (w1 → g, w3 → u, bf16 [P, inter] by rank) of the act-quantized token rows xq / xs
+/* Expects d and inter multiples of 128, every expert's codes 16-byte and scales 4-byte aligned (cuda_moe.cu
+ * checks). The up projection (w1 → g, w3 → u, bf16 [P, inter] by rank) of the act-quantized token rows xq / xs
  * [m, d] (rank r reads token order[r] / k), or the down projection (w2 → y bf16 [P, d]) of the ranked
  * act-quantized rows xq / xs [P, inter] (down: order NULL). planes / sxT: workspace of the sizes above. */
 int moe_mm_run(const moe_table &tab, const moe_plan &pl, int P, int k, int down, const uint8_t *xq, const uint8_t *xs,

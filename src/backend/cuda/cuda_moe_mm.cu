@@ -72,10 +72,10 @@ struct mm_args {
 /* A thread's share of a stage's copies, its source pointers computed once per unit (a stage adds its
  * block offset): weight rows n0 … n0+127 (clamped to N − 1: read, never stored) — 64 bytes of codes each
  * (threads 2 × 16 bytes) —, the rows' digit planes (128 bytes of each plane of each row; rows 8–15 only when
- * the pass has them) and their x scales (threads 0–63). The weight scale bytes of 32 blocks go together
- * (each row's whole 32-byte sector, 4 bytes per thread and row; 4 bytes per stage and row wasted 7/8 of
- * every sector fetched): those of blocks 0–31 with stage 0, those of blocks 32(u+1) … with stage 8u + 4,
- * into the buffer of parity u + 1, which the warps last read in stages 8u − 8 … 8u − 1. */
+ * the pass has them) and their x scales (threads 0–63). The weight scale bytes of 32 blocks go together,
+ * a row's whole 32-byte sector at once, 4 bytes per thread (fetching only a stage's 4 bytes per row used 1/8
+ * of every sector): those of blocks 0–31 with stage 0, those of blocks 32(u+1) … with stage 8u + 4, into
+ * the buffer of parity u + 1, which the warps last read in stages 8u − 8 … 8u − 1. */
 struct mm_copies {
     const uint8_t *w[2], *x[2], *ws;
     const float *sx;
@@ -222,14 +222,6 @@ __global__ void __launch_bounds__(MM_WARPS * 32) moe_mm_kernel(const __grid_cons
 size_t moe_mm_planes_bytes(int P, int64_t K) { return 3 * (size_t)P * (size_t)K; }
 size_t moe_mm_scales_bytes(int P, int64_t K) { return 4 * (size_t)P * (size_t)(K / 32); }
 
-bool moe_mm_fits(const moe_table &tab, int n_exp, int64_t d, int64_t inter) {
-    if (d % 128 || inter % 128) return false;
-    for (int e = 0; e < n_exp; e++)
-        for (int j = 0; j < 6; j++)
-            if ((uintptr_t)tab.p[e][j] % (j % 2 ? 4 : 16)) return false;
-    return true;
-}
-
 /* CTAs per SM the kernel reaches (shared memory: 3), asked once per instantiation */
 template <int PARTS>
 static int mm_grid(int64_t units) {
@@ -249,8 +241,8 @@ int moe_mm_run(const moe_table &tab, const moe_plan &pl, int P, int k, int down,
                int64_t d, int64_t inter, uint8_t *planes, float *sxT, uint16_t *y0, uint16_t *y1, cudaStream_t st,
                di_error *err) {
     const int64_t K = down ? inter : d, N = down ? d : inter;
-    const int64_t work = (int64_t)P * (K / 4);
-    moe_mm_prep_kernel<<<(unsigned)(work < 132 * 64 * 256 ? di_cuda_blocks(work, 256) : 132 * 64), 256, 0, st>>>(
+    const int64_t work = (int64_t)P * (K / 4), most_ctas = (int64_t)di_cuda_sm_count() * 64;
+    moe_mm_prep_kernel<<<(unsigned)(work < most_ctas * 256 ? di_cuda_blocks(work, 256) : most_ctas), 256, 0, st>>>(
         xq, xs, down ? NULL : pl.order, k, P, K, planes, sxT);
     int rc = di_cuda_launched("moe_routed mm prep", err);
     if (rc) return rc;
