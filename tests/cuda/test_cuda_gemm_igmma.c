@@ -8,14 +8,17 @@
  *      (tails of a 64-column half, of a 128-column tile and of a 32-column FP8 scale group), K 32 … 4128
  *      (tails of a 4-block stage); with NaN / +inf x rows, a tiny x row, e4m3 NaN weight codes and scale
  *      bytes 0 / 254 / 255 (which also take the literal scale sequence); y at an odd bf16 offset;
- *    - the V4.1 linear shapes (spec §2.4) at M 128, 256 and 1000 (FP8) and the expert shapes (MXFP4).
+ *    - the V4.1 linear shapes (spec §2.4) at M 33, 64, 128, 256 and 1000 (FP8) and the expert shapes (MXFP4);
+ *    - every case again with 64-row and with 128-row tiles forced (a 64-row tile, or the last ≤ 64 rows of a
+ *      128-row launch, runs each column half on its own consumer warpgroup), against the rule's choice.
  * 2. The linear_fp8 / linear_fp4 slot with the kernel on against the slot with it off (NaN class).
  * 2c. Grouped launches (the prefill experts) against the dense kernel per expert, bit for bit (check_grouped).
  * 3. Refusals: M 0, N 0, K 48, misaligned w / xd / xq.
  * 2b. The kernel with the fused scale sequence against the literal one (every stage forced), bit for bit.
- * 4. DI_BENCH=1: ms per call and TFLOP/s at the V4.1 shapes for M 64 … 8192: the int8 mma.sync GEMM and this
- *    kernel (both scale sequences) on the same act-quantized rows (pre-pass included), best of 5 batches.
- * Usage: test_cuda_gemm_igmma; DI_BENCH=1 adds the bench; DI_QUICK=1 only the edge shapes; DI_PROFILE=1 only
+ * 4. DI_BENCH=1: ms per call and TFLOP/s at the V4.1 shapes for M 64 … 8192 (DI_BENCH_M="16,32,…" picks
+ *    others): the int8 mma.sync GEMM, the FP64-core GEMM (FP8 up to 64 rows) and this kernel with 128- and
+ *    64-row tiles on the same act-quantized rows (pre-pass included), best of 5 batches.
+ * Usage: test_cuda_gemm_igmma; DI_BENCH=1 adds the bench; DI_QUICK=1 only the edge shapes (and the bench); DI_PROFILE=1 only
  * one launch per format (for Nsight Compute). Last line
  * "N passed, N failed"; exit status 1 on any failure. */
 #include <cuda_runtime_api.h>
@@ -26,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_gemm_dmma.h"
 #include "backend/cuda/cuda_gemm_igmma.h"
 #include "backend/cuda/cuda_gemm_mma.cuh" /* the int8 mma.sync GEMM: the reference on the GPU */
 #include "backend/cuda/cuda_ops.h"
@@ -111,6 +115,17 @@ static void check_case(int fp4, int64_t M, int64_t N, int64_t K, int special, in
     uint16_t *y_lit = ct_down(dy, 2 * (size_t)(M * N));
     row("igmma fused vs literal scale sequence", sh, ct_bf16_diff(y_ig, y_lit, M * N, 1), M * N);
     free(y_lit);
+    for (int tm = 64; tm <= 128; tm += 64) { /* both tile heights (one x half per tile, or two) */
+        di_cuda_gemm_igmma_set_tile_rows(tm);
+        CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
+        RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E));
+        uint16_t *y_tm = ct_down(dy, 2 * (size_t)(M * N));
+        char what[64];
+        snprintf(what, sizeof what, "igmma %d-row tiles vs the rule's", tm);
+        row(what, sh, ct_bf16_diff(y_tm, y_ig, M * N, 1), M * N);
+        free(y_tm);
+    }
+    di_cuda_gemm_igmma_set_tile_rows(0);
     if (di_cuda_gemm_mma_fits(M, K, dw)) {
         uint8_t *gd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(fp4, M, K, N));
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
@@ -220,14 +235,25 @@ static void bench(void) {
         {"engram proj", 0, 25600, 6144}, {"wo_b", 0, 5120, 8192},     {"wq_b", 0, 32768, 1280},
         {"k5120 n2304", 0, 2304, 5120},  {"k2304 n5120", 0, 5120, 2304}, {"k5120 n1280", 0, 1280, 5120},
         {"expert w1", 1, 2304, 5120},    {"expert w2", 1, 5120, 2304}};
-    static const int64_t ms[] = {64, 128, 256, 512, 1024, 2048, 8192};
+    int64_t ms[16] = {64, 128, 256, 512, 1024, 2048, 8192};
+    size_t nms = 7;
+    if (getenv("DI_BENCH_M")) { /* e.g. "16,32,64,128": the row counts to time */
+        nms = 0;
+        for (const char *c = getenv("DI_BENCH_M"); *c && nms < 16;) {
+            char *e;
+            const long long v = strtoll(c, &e, 10);
+            if (e == c || v < 1 || v > 8192) break;
+            ms[nms++] = v;
+            c = *e == ',' ? e + 1 : e;
+        }
+    }
     cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(gpu);
     cudaEvent_t ev0, ev1;
     CU(cudaEventCreate(&ev0));
     CU(cudaEventCreate(&ev1));
-    printf("\n# bench (ms per call, best of 5 batches; both kernels on the same act-quantized rows, their x pre-pass\n"
-           "# included): gmm = the int8 mma.sync GEMM, ig = the int8 wgmma GEMM (fused scale sequence), literal = ig with\n"
-           "# the conversion instruction and the literal sequence; TFLOP/s counts 2·M·N·K; slot = what linear_fp8/fp4 takes\n");
+    printf("\n# bench (ms per call, best of 5 batches; every kernel on the same act-quantized rows, their x pre-pass\n"
+           "# included): gmm = the int8 mma.sync GEMM, dmma = the FP64-core GEMM (FP8, M <= 64), ig128 / ig64 = the int8\n"
+           "# wgmma GEMM with 128- / 64-row tiles, ig = its rule's choice; TFLOP/s counts 2·M·N·K; slot = what linear_fp8/fp4 takes\n");
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
         const int fp4 = sh[i].fp4;
         const int64_t N = sh[i].n, K = sh[i].k, MM = 8192;
@@ -239,21 +265,26 @@ static void bench(void) {
         uint8_t *xq = dev_poisoned((size_t)(MM * K)), *xs = dev_poisoned((size_t)(MM * K / 32));
         uint8_t *xd = dev_poisoned((size_t)di_cuda_gemm_igmma_scratch(MM, K));
         RUN(di_cuda_act_quant_fp8(dx, MM * K, 32, xq, xs, st, E));
-        for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++) {
+        for (size_t a = 0; a < nms; a++) {
             const int64_t M = ms[a];
             const int R = M >= 2048 ? 2 : 8;
             uint8_t *gd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(fp4, M, K, N));
-            double t_g, t_i, t_l;
+            double t_g, t_d = 0, t_i, t_i128, t_i64;
             BATCH(t_g, R, RUN(di_cuda_gemm_mma_run(fp4, xq, xs, M, K, dw, dws, N, dy, gd, st, E)));
+            if (!fp4 && M <= 64 && di_cuda_gemm_dmma_fits(M, K, dw))
+                BATCH(t_d, R, RUN(di_cuda_gemm_dmma_run(xq, xs, M, K, dw, dws, N, dy, st, E)));
             BATCH(t_i, R, RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E)));
-            di_cuda_gemm_igmma_set_literal(1);
-            BATCH(t_l, R, RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E)));
-            di_cuda_gemm_igmma_set_literal(0);
+            di_cuda_gemm_igmma_set_tile_rows(128);
+            BATCH(t_i128, R, RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E)));
+            di_cuda_gemm_igmma_set_tile_rows(64);
+            BATCH(t_i64, R, RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E)));
+            di_cuda_gemm_igmma_set_tile_rows(0);
             const double fl = 2.0 * (double)M * (double)N * (double)K;
-            printf("bench gemm_igmma %-12s %s N%-5lld K%-5lld M%-5lld | gmm %8.3f ms %6.1f TFLOP/s | ig %8.3f ms %6.1f "
-                   "TFLOP/s | literal %8.3f ms | ig %.2fx gmm | slot %s\n",
-                   sh[i].name, fp4 ? "fp4" : "fp8", (long long)N, (long long)K, (long long)M, t_g, fl / (t_g * 1e9),
-                   t_i, fl / (t_i * 1e9), t_l, t_g / t_i, di_cuda_gemm_igmma_wants(fp4, M, K, N) ? "ig" : "other");
+            printf("bench gemm_igmma %-12s %s N%-5lld K%-5lld M%-5lld | gmm %8.3f | dmma %8.3f | ig128 %8.3f | ig64 %8.3f | "
+                   "ig %8.3f ms %6.1f TFLOP/s | ig %.2fx gmm | slot %s\n",
+                   sh[i].name, fp4 ? "fp4" : "fp8", (long long)N, (long long)K, (long long)M, t_g, t_d, t_i128, t_i64, t_i,
+                   fl / (t_i * 1e9), t_g / t_i,
+                   !fp4 && di_cuda_gemm_dmma_wants(M, K, N, dw) ? "dmma" : di_cuda_gemm_igmma_wants(fp4, M, K, N) ? "ig" : "other");
             cudaFree(gd);
         }
         free(t.w), free(t.ws), free(x), cudaFree(dw), cudaFree(dws), cudaFree(dx), cudaFree(dy), cudaFree(xq),
@@ -303,14 +334,14 @@ int main(void) {
         static const struct { int fp4; int64_t n, k; } real[] = {
             {0, 25600, 6144}, {0, 5120, 8192}, {0, 32768, 1280}, {0, 2304, 5120}, {0, 5120, 2304},
             {0, 1280, 5120},  {0, 512, 5120},  {0, 4096, 1280},  {1, 2304, 5120}, {1, 5120, 2304}};
-        static const int64_t real_m[] = {128, 256, 1000};
+        static const int64_t real_m[] = {33, 64, 128, 256, 1000};
         for (size_t i = 0; i < sizeof real / sizeof real[0]; i++)
             for (size_t j = 0; j < sizeof real_m / sizeof real_m[0]; j++)
                 check_case(real[i].fp4, real_m[j], real[i].n, real[i].k, real_m[j] == 1000, real[i].n * real[i].k <= 12000000);
     }
     for (int fp4 = 0; fp4 < 2; fp4++) check_grouped(fp4, 200, 544), check_grouped(fp4, 384, 2304);
     check_refusals();
-    if (getenv("DI_BENCH") && !quick) bench();
+    if (getenv("DI_BENCH")) bench(); /* with DI_QUICK=1: after the edge shapes only */
     printf("%d passed, %d failed\n", n_pass, n_fail);
     di_backend_cuda_destroy(gpu);
     di_backend_destroy(cpu);

@@ -56,34 +56,7 @@
 #define FA_P_BYTES (FA_HEADS * FA_PROW * 2)
 #define FA_SMEM (FA_Q_BYTES + 2 * FA_KV_BYTES + FA_S_BYTES + FA_P_BYTES + 2 * FA_HEADS * 4 + 2 * FA_BLOCK * 8 + 2 * FA_BLOCK)
 
-/* ---- PTX wrappers ---- */
-static __device__ __forceinline__ uint32_t fa_smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16-byte async copy; src_bytes = 0 writes zeros without reading src. */
-static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_smem_addr(dst)), "l"(src),
-                 "r"(src_bytes));
-}
-static __device__ __forceinline__ void fa_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-static __device__ __forceinline__ void fa_cp_wait1(void) { asm volatile("cp.async.wait_group 1;\n" ::); }
-
-static __device__ __forceinline__ void fa_ldsm_x4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem_addr(p)));
-}
-static __device__ __forceinline__ void fa_ldsm_x2(uint32_t r[2], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(fa_smem_addr(p)));
-}
-static __device__ __forceinline__ void fa_ldsm_x4_t(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem_addr(p)));
-}
+/* ---- PTX wrappers (the copies and ldmatrix forms are cuda_common.cuh's) ---- */
 
 /* d += a·b, m16n8k16, bf16 inputs, f32 accumulators (in place). Not volatile: a pure register
  * operation, so the compiler may issue the next k-step's ldmatrix (volatile, kept in order) before it. */
@@ -112,7 +85,7 @@ static __device__ __forceinline__ void fa_gather(uint16_t *kv, uint8_t *valid, c
 #pragma unroll
     for (int r = t >> 6; r < FA_BLOCK; r += FA_THREADS / 64) {
         const uint16_t *row = rows[r];
-        fa_cp16(kv + r * FA_ROW + c * 8, row ? row + c * 8 : dummy, row ? 16 : 0);
+        d_cp_async16_zfill(kv + r * FA_ROW + c * 8, row ? row + c * 8 : dummy, row ? 16 : 0);
         if (c == 0) valid[r] = row != NULL;
     }
 }
@@ -155,14 +128,14 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     { /* Q rows of the block's heads (1 KB each) with gather 0 as the first copy group, gather 1 the second */
         const uint16_t *qv = q + (qi * FA_HEADS + head0) * FA_DIM;
         const int c = t & 63;
-        for (int r = t >> 6; r < HPB; r += FA_THREADS / 64) fa_cp16(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
+        for (int r = t >> 6; r < HPB; r += FA_THREADS / 64) d_cp_async16_zfill(qs + r * FA_ROW + c * 8, qv + r * FA_DIM + c * 8, 16);
     }
     if (t < 2 * FA_BLOCK) rows_s[t] = fa_row(t < n_idx ? ix[t] : -1, kv_win, n_win, kv_cmp, n_cmp);
     __syncthreads();
     fa_gather(kvs, valid_s, rows_s, q);
-    fa_cp_commit();
+    d_cp_commit();
     fa_gather(kvs + FA_BLOCK * FA_ROW, valid_s + FA_BLOCK, rows_s + FA_BLOCK, q);
-    fa_cp_commit();
+    d_cp_commit();
 
     float o[NT][4]; /* f32 O[16 rows][NC/WPR cols] of this warp, m16n8 accumulator layout */
 #pragma unroll
@@ -176,7 +149,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const int buf = (int)(b & 1);
         const uint16_t *kv = kvs + buf * (FA_BLOCK * FA_ROW);
         const uint8_t *valid = valid_s + buf * FA_BLOCK;
-        fa_cp_wait1(); /* every group but the newest: this step's rows (and Q) have landed */
+        d_cp_wait<1>(); /* every group but the newest: this step's rows (and Q) have landed */
         __syncthreads();
         /* the list entries of step b + 2, loaded now so that their latency hides behind this step */
         const int32_t next_id = t < FA_BLOCK && (b + 2) * FA_BLOCK + t < n_idx ? ix[(b + 2) * FA_BLOCK + t] : -1;
@@ -199,16 +172,16 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
 #pragma unroll
                 for (int h = 0; h < 4; h++) {
                     uint32_t a[4];
-                    fa_ldsm_x4(a, qa + k0 + 16 * h);
+                    d_ldsm_x4(a, qa + k0 + 16 * h);
                     if (KW == 8) {
                         uint32_t bk[2];
-                        fa_ldsm_x2(bk, kb + k0 + 16 * h);
+                        d_ldsm_x2(bk, kb + k0 + 16 * h);
                         fa_mma(acc[h][0], a, bk[0], bk[1]);
                     } else {
 #pragma unroll
                         for (int j = 0; j + 1 < KW / 8; j += 2) {
                             uint32_t bk[4];
-                            fa_ldsm_x4(bk, kb + j * 8 * FA_ROW + k0 + 16 * h);
+                            d_ldsm_x4(bk, kb + j * 8 * FA_ROW + k0 + 16 * h);
                             fa_mma(acc[h][j], a, bk[0], bk[1]);
                             fa_mma(acc[h][j + 1], a, bk[2], bk[3]);
                         }
@@ -299,11 +272,11 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
 #pragma unroll
             for (int k0 = 0; k0 < FA_BLOCK; k0 += 16) {
                 uint32_t a[4];
-                fa_ldsm_x4(a, pa + k0);
+                d_ldsm_x4(a, pa + k0);
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     uint32_t bv[4];
-                    fa_ldsm_x4_t(bv, vb + k0 * FA_ROW + j * 8);
+                    d_ldsm_x4_t(bv, vb + k0 * FA_ROW + j * 8);
                     fa_mma(o[j], a, bv[0], bv[1]);
                     fa_mma(o[j + 1], a, bv[2], bv[3]);
                 }
@@ -312,7 +285,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         __syncthreads(); /* this buffer, S, P and α are free */
         if (b + 2 < nblk)
             fa_gather(kvs + buf * (FA_BLOCK * FA_ROW), valid_s + buf * FA_BLOCK, rows_s + buf * FA_BLOCK, q);
-        fa_cp_commit(); /* one group per step (possibly empty) keeps wait_group 1 meaning "step b+1 pending" */
+        d_cp_commit(); /* one group per step (possibly empty) keeps wait_group 1 meaning "step b+1 pending" */
     }
 
     asm volatile("cp.async.wait_all;\n" ::); /* the empty trailing groups (and Q when the list is empty) */

@@ -191,6 +191,16 @@ static __device__ __forceinline__ uint32_t d_smem_addr(const void *p) { return (
 static __device__ __forceinline__ void d_cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
+/* the same with a shared-space address (a caller that steps addresses as integers) */
+static __device__ __forceinline__ void d_cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+/* 16 bytes of which the first src_bytes (0 or 16) are read from src, the rest zero-filled: src_bytes 0
+ * writes zeros without reading src (rows past the end) */
+static __device__ __forceinline__ void d_cp_async16_zfill(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d_smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
 static __device__ __forceinline__ void d_cp_async4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
@@ -203,6 +213,18 @@ static __device__ __forceinline__ void d_cp_wait(void) { asm volatile("cp.async.
  * bytes 4(l mod 4) … 4(l mod 4)+3 of row l / 4 of matrix i in r[i] */
 static __device__ __forceinline__ void d_ldsm_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(d_smem_addr(p)));
+}
+/* .x2: matrices 0 and 1 (lanes 0 … 15 give the row addresses) */
+static __device__ __forceinline__ void d_ldsm_x2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(d_smem_addr(p)));
+}
+/* .x4 .trans: each matrix transposed (lane l receives column l / 4's elements 2(l mod 4), 2(l mod 4)+1) */
+static __device__ __forceinline__ void d_ldsm_x4_t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(d_smem_addr(p)));
 }

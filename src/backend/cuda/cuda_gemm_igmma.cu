@@ -54,7 +54,7 @@
 #include "backend/cuda/cuda_tma.cuh"
 
 #define IG_QB 32
-#define IG_TM 128     /* x rows per CTA: two consumer warpgroups × 64 */
+#define IG_TM 128     /* x rows per CTA at most: two consumer warpgroups × 64 (a launch may take 64, ig_tile_rows) */
 #define IG_TN 128     /* weight rows (output columns) per CTA: two halves of 64 per consumer */
 #define IG_TKB 4      /* K blocks per stage: 128 bytes per row, one 128-byte swizzle row */
 #define IG_ROWB 128
@@ -82,6 +82,7 @@ typedef struct ig_params {
     int M, N, K, KB;
     int literal;               /* test / bench: every stage takes the literal scale sequence */
     int pairs;                 /* N even and y 4-byte aligned: two bf16 per 32-bit store */
+    int tm;                    /* x rows per tile of a dense launch: 128, or 64 (one half each, ig_consume) */
     uint16_t *y;               /* bf16 [M, N] */
 } ig_params;
 
@@ -299,10 +300,15 @@ static __device__ __forceinline__ void ig_promote(float *acc, const int32_t *X, 
     else ig_promote_seq<FP4, true>(acc, X, Y, st, kb, col0, r0);
 }
 
+/* A tile of ≤ 64 x rows (every tile of a 64-row launch, and the last of a 128-row one) has one x half: both
+ * consumer warpgroups take its rows, warpgroup cw the column half h = cw, so the tile takes one half's chain
+ * per block instead of two. Uniform per CTA. */
 template <bool FP4>
 static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stage *stages) {
     const int cw = (threadIdx.x >> 7) - 1, wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
-    const int r0 = cw * 64 + (wtid >> 5) * 16 + (lane >> 2), q = lane & 3;
+    const bool one = tl.rows <= 64;
+    const int xr = one ? 0 : cw * 64; /* the warpgroup's first x row in the tile */
+    const int r0 = xr + (wtid >> 5) * 16 + (lane >> 2), q = lane & 3;
     const int NT = (p->KB + IG_TKB - 1) / IG_TKB;
     float acc[64]; /* half h's fragment at acc[32h …] */
     int32_t X[32], Y[32];
@@ -313,11 +319,12 @@ static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stag
         mbar_wait(&st->full, (uint32_t)(t / IG_STAGES) & 1u);
         const int4 u = *(const int4 *)st->unsafe;
         const int unsafe = u.x | u.y | u.z | u.w | p->literal, nkb = min(IG_TKB, p->KB - t * IG_TKB);
-        const uint32_t xa = smem_u32(st->x[0]) + cw * 64 * IG_ROWB, wa = smem_u32(st->w[0]);
+        const uint32_t xa = smem_u32(st->x[0]) + xr * IG_ROWB, wa = smem_u32(st->w[0]);
         for (int kb = 0; kb < nkb; kb++) {
             const uint32_t a = xa + kb * IG_QB, b = wa + kb * IG_QB;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
+                if (one && h != cw) continue;
                 const uint32_t bh = b + h * 64 * IG_ROWB; /* the half's 64 weight rows */
                 mma_fence();
                 ig_group1<FP4>(X, Y, a, bh);
@@ -347,7 +354,8 @@ static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stag
         if (r0 + 8 * rh >= tl.rows) continue;
         uint16_t *yr = p->y + (int64_t)(tl.r0 + r0 + 8 * rh) * p->N;
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++) {
+            if (one && h != cw) continue;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int c = tl.n0 + h * 64 + 8 * j + 2 * q, i = 32 * h + 4 * j + 2 * rh;
@@ -359,6 +367,7 @@ static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stag
                     if (c + 1 < p->N) yr[c + 1] = hi;
                 }
             }
+        }
     }
 }
 
@@ -389,8 +398,8 @@ static __device__ __forceinline__ void ig_body(const ig_params *p, const ig_tile
 
 template <bool FP4>
 __global__ void __launch_bounds__(IG_THREADS, 1) ig_kernel(const __grid_constant__ ig_params p) {
-    const int r0 = blockIdx.y * IG_TM;
-    const ig_tile tl = {r0, min(IG_TM, p.M - r0), (int)blockIdx.x * IG_TN, p.w, p.wsc};
+    const int r0 = blockIdx.y * p.tm;
+    const ig_tile tl = {r0, min(p.tm, p.M - r0), (int)blockIdx.x * IG_TN, p.w, p.wsc};
     ig_body<FP4>(&p, tl);
 }
 
@@ -410,6 +419,20 @@ extern "C" void di_cuda_gemm_igmma_set_enabled(int on) { g_ig_on = on ? 1 : 0; }
 
 static int g_ig_literal = 0;
 extern "C" void di_cuda_gemm_igmma_set_literal(int on) { g_ig_literal = on ? 1 : 0; }
+
+static int g_ig_tm = 0; /* test / bench: 64 or 128 x rows per tile; 0 the rule */
+extern "C" void di_cuda_gemm_igmma_set_tile_rows(int tm) { g_ig_tm = tm == 64 || tm == IG_TM ? tm : 0; }
+
+/* x rows per tile of a dense launch. A tile is one CTA over all of K (one per SM: ~200 KiB of shared memory)
+ * and a 64-row tile takes one column half's chain per block where a 128-row one takes two, so a launch costs
+ * about waves × rows per tile: 64-row tiles where that is less (a call with few tiles: M ≤ 64, and M 128–256
+ * of most weights), 128 where it ties (the prefill: the weights are converted half as often). */
+static int ig_tile_rows(int64_t m, int64_t n) {
+    if (g_ig_tm) return g_ig_tm;
+    const int64_t sms = di_cuda_sm_count() > 0 ? di_cuda_sm_count() : 1, nt = (n + IG_TN - 1) / IG_TN;
+    const int64_t w128 = ((m + 127) / 128 * nt + sms - 1) / sms, w64 = ((m + 63) / 64 * nt + sms - 1) / sms;
+    return w64 < 2 * w128 ? 64 : IG_TM;
+}
 
 /* H200, 2026-12-01 (bench/NOTES-gpu.md, session 13): a tile is one CTA walking all of K, so the time goes by
  * waves of 132 tiles; from ~48 tiles on this kernel ties or beats the int8 mma.sync GEMM (1.4x per wave). */
@@ -502,16 +525,18 @@ extern "C" int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t 
     if ((uintptr_t)w % 16 || !xq)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: w (%p) must be 16-byte aligned, xq (%p) given", op, (const void *)w,
                             (const void *)xq);
-    if (m > (int64_t)IG_MAX_ROW_TILES * IG_TM)
-        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld needs more than %d row tiles", op, (long long)m, IG_MAX_ROW_TILES);
+    const int tm = ig_tile_rows(m, n);
+    if (m > (int64_t)IG_MAX_ROW_TILES * tm)
+        return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld needs more than %d row tiles of %d", op, (long long)m,
+                            IG_MAX_ROW_TILES, tm);
     int rc = fp4 ? ig_ready(ig_kernel<true>, g_ig_ready[0][1], err) : ig_ready(ig_kernel<false>, g_ig_ready[0][0], err);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)stream;
     ig_params p;
     rc = ig_prepare(op, xq, xs, m, k, n, y, xd, st, &p, err);
     if (rc) return rc;
-    p.w = w, p.wsc = ws;
-    const dim3 grid(di_cuda_blocks(n, IG_TN), di_cuda_blocks(m, IG_TM));
+    p.w = w, p.wsc = ws, p.tm = tm;
+    const dim3 grid(di_cuda_blocks(n, IG_TN), di_cuda_blocks(m, tm));
     if (fp4) ig_kernel<true><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
     else ig_kernel<false><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
     return di_cuda_launched(op, err);

@@ -23,6 +23,9 @@ int di_cuda_gemm_igmma_wants(int fp4, int64_t m, int64_t k, int64_t n);
 /* Test / bench: every stage takes the literal scale sequence (conversion instruction, __fmul_rn, __fmul_rn,
  * __fadd_rn) instead of the fused one; the results do not depend on it */
 void di_cuda_gemm_igmma_set_literal(int on);
+/* Test / bench: x rows per tile of a dense launch, 64 or 128 (0 or anything else: the rule); the results do
+ * not depend on it */
+void di_cuda_gemm_igmma_set_tile_rows(int tm);
 /* Bytes of device scratch a call needs: x's three digit planes, s8 [3][m][k] */
 uint64_t di_cuda_gemm_igmma_scratch(int64_t m, int64_t k);
 /* y bf16 [m, n] = the block-scaled linear of act-quantized rows xq e4m3 [m, k], xs E8M0 [m, k/32] with
@@ -30,7 +33,7 @@ uint64_t di_cuda_gemm_igmma_scratch(int64_t m, int64_t k);
  * (fp4 = 1); device pointers, on stream (a cudaStream_t). xd: di_cuda_gemm_igmma_scratch(m, k) bytes,
  * 16-byte aligned. Refused (an error, nothing launched): m < 1, n < 1, k not a positive multiple of 32,
  * w or xd not 16-byte aligned (or NULL), xq not 4-byte aligned, 3·m, k or n past 2^31 − 1, more than 65,535
- * row tiles of 128. y needs only 2-byte alignment. */
+ * row tiles (of the 64 or 128 rows the call takes). y needs only 2-byte alignment. */
 int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t *xs, int64_t m, int64_t k, const uint8_t *w,
                            const uint8_t *ws, int64_t n, uint16_t *y, uint8_t *xd, void *stream, di_error *err);
 /* Grouped (the prefill experts), the contract of di_cuda_gemm_mma_grouped (cuda_gemm_mma.cuh) with this

@@ -55,13 +55,6 @@ __global__ void gmm_xprep(const uint8_t *xq, int64_t M, int64_t K, uint8_t *xd) 
     for (int d = 0; d < 3; d++) *(uint32_t *)(xd + gmm_xd_off(K, m, c / 8, d) + 4 * (c % 8)) = dig[d];
 }
 
-/* 16 bytes global → shared without registers; src_bytes 0 fills zeros (rows past M) */
-static __device__ __forceinline__ void gmm_cp16(unsigned char *dst, const void *src, int src_bytes) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void gmm_cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-static __device__ __forceinline__ void gmm_cp_wait(void) { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 /* a stage's x digit planes: 12·BM chunks of 16 bytes, straight into stage buffer sb (gmm_x_chunk) */
 template <int BM>
@@ -71,9 +64,9 @@ static __device__ __forceinline__ void gmm_copy_x(const gmm_args &a, int64_t m0,
         uint32_t so;
         gmm_x_chunk(BM, i, &row, &gb, &so);
         const bool live = m0 + row < a.M;
-        gmm_cp16(sb + so, a.xd + (live ? gmm_xd_off(a.K, m0 + row, kb0, 0) + gb : 0), live ? 16 : 0);
+        d_cp_async16_zfill(sb + so, a.xd + (live ? gmm_xd_off(a.K, m0 + row, kb0, 0) + gb : 0), live ? 16 : 0);
     }
-    gmm_cp_commit();
+    d_cp_commit();
 }
 
 /* One thread's global loads of one stage: the x scale byte of (row t/2, block t % 2) for t < 2·BM, the
@@ -164,7 +157,7 @@ static __device__ __forceinline__ void gmm_tile(const gmm_args &a, int64_t m0, i
     gmm_load<FP8, BM>(a, m0, n0, s0 * GMM_KS, f);
     __syncthreads(); /* the table */
     gmm_store<FP8, BM>(f, tab, sm);
-    gmm_cp_wait();
+    d_cp_wait<0>();
     __syncthreads();
     for (int64_t s = s0; s < s1; s++) {
         const unsigned char *sb = sm + ((s - s0) & 1) * SB;
@@ -230,7 +223,7 @@ static __device__ __forceinline__ void gmm_tile(const gmm_args &a, int64_t m0, i
             }
         }
         if (s + 1 < s1) gmm_store<FP8, BM>(f, tab, sm + ((s + 1 - s0) & 1) * SB);
-        gmm_cp_wait();
+        d_cp_wait<0>();
         __syncthreads();
     }
     if (pstore) return;

@@ -71,14 +71,6 @@ static __host__ __device__ size_t g8_warp_bytes(int mt, int nc, int stages) {
     return sizeof(float) * (size_t)(mt * nc * 16) + (size_t)(stages * nc * G8_STEP);
 }
 
-static __device__ __forceinline__ void g8_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-static __device__ __forceinline__ void g8_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int S>
-static __device__ __forceinline__ void g8_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
-}
 
 /* a warp's place: step s (512 K bytes) of tile t; after the last step, step 0 of tile t + stride */
 struct g8_pos {
@@ -101,11 +93,11 @@ static __device__ __forceinline__ uint32_t g8_issue(const uint8_t *w, const uint
         const uint8_t *src = w + n0 * K + k0;
 #pragma unroll
         for (int c = 0; c < NC; c++) {
-            g8_cp16(dst + c * G8_STEP, src);
+            d_cp_async16(dst + c * G8_STEP, src);
             src += c < last ? K : 0;
         }
     }
-    g8_commit();
+    d_cp_commit();
     return sw;
 }
 
@@ -161,7 +153,7 @@ __global__ void __launch_bounds__(G8_MAX_WARPS * 32, 1) g8_kernel(const uint16_t
         for (int i = 0; i + 1 < S - 1; i++) sw_ring[i] = sw_ring[i + 1];
         sw_ring[S - 2] = g8_issue<NC>(w, wsc, N, K, ip, ntiles, lane, ring_s + (uint32_t)(issue_stage * NC * G8_STEP));
         if (++ip.s == nsteps) ip.s = 0, ip.tile += stride;
-        g8_wait<S>(); /* this step's group has landed */
+        d_cp_wait<S - 1>(); /* this step's group has landed */
 
         const int64_t n0 = p.tile * NC, k0 = p.s * G8_STEP + lane * 16, kb = k0 / 32;
         const bool lead = (lane & 1) == 0;
