@@ -423,23 +423,29 @@ extern "C" void di_cuda_gemm_igmma_set_literal(int on) { g_ig_literal = on ? 1 :
 static int g_ig_tm = 0; /* test / bench: 64 or 128 x rows per tile; 0 the rule */
 extern "C" void di_cuda_gemm_igmma_set_tile_rows(int tm) { g_ig_tm = tm == 64 || tm == IG_TM ? tm : 0; }
 
-/* x rows per tile of a dense launch. A tile is one CTA over all of K (one per SM: ~200 KiB of shared memory)
- * and a 64-row tile takes one column half's chain per block where a 128-row one takes two, so a launch costs
- * about waves × rows per tile: 64-row tiles where that is less (a call with few tiles: M ≤ 64, and M 128–256
- * of most weights), 128 where it ties (the prefill: the weights are converted half as often). */
+/* x rows per tile of a dense launch. A tile is one CTA over all of K (one per SM: ~200 KiB of shared memory);
+ * a 64-row tile takes one column half's chain per block where a 128-row one takes two, and measured on the
+ * H200 it runs in ~0.56 of the time (bench/NOTES-gpu.md, session 15: wo_b M 128 0.591 → 0.333 ms, 40 → 80
+ * tiles). So 64-row tiles where they all fit in one wave (M 96–256 of the narrower weights), else 128: past
+ * one wave the extra tiles cost more than the halved chains save (Engram projection M 128 0.895 → 0.993 ms). */
 static int ig_tile_rows(int64_t m, int64_t n) {
     if (g_ig_tm) return g_ig_tm;
     const int64_t sms = di_cuda_sm_count() > 0 ? di_cuda_sm_count() : 1, nt = (n + IG_TN - 1) / IG_TN;
-    const int64_t w128 = ((m + 127) / 128 * nt + sms - 1) / sms, w64 = ((m + 63) / 64 * nt + sms - 1) / sms;
-    return w64 < 2 * w128 ? 64 : IG_TM;
+    return (m + 63) / 64 * nt <= sms ? 64 : IG_TM;
 }
 
-/* H200, 2026-12-01 (bench/NOTES-gpu.md, session 13): a tile is one CTA walking all of K, so the time goes by
- * waves of 132 tiles; from ~48 tiles on this kernel ties or beats the int8 mma.sync GEMM (1.4x per wave). */
+/* H200 (bench/NOTES-gpu.md, sessions 13 and 15): a tile is one CTA walking all of K, so the time goes by
+ * waves of 132 tiles; from ~48 tiles on this kernel ties or beats the int8 mma.sync GEMM (1.4x per wave).
+ * FP8 at 33–64 rows (one x half per tile) on the widest weights, where the FP64-core GEMM stops at 32 rows:
+ * Engram projection k6144 n25600 M 64 0.709 (mma.sync) → 0.498 ms, wq_b k1280 n32768 0.159 → 0.115 ms; the
+ * narrower ones stay on the FP64-core GEMM or the split-K mma.sync one (wo_b M 64 0.296 vs 0.329 here). */
 extern "C" int di_cuda_gemm_igmma_wants(int fp4, int64_t m, int64_t k, int64_t n) {
-    (void)fp4, (void)k;
-    const int64_t rt = (m + IG_TM - 1) / IG_TM;
-    return m > 64 && rt <= 65535 && rt * ((n + IG_TN - 1) / IG_TN) >= 48;
+    (void)k;
+    const int64_t nt = (n + IG_TN - 1) / IG_TN, tm = ig_tile_rows(m, n), rt = (m + tm - 1) / tm;
+    if (rt > 65535) return 0;
+    if (fp4) return m > 64 && (m + IG_TM - 1) / IG_TM * nt >= 48;
+    if (m <= 64) return m > 32 && n >= 16384;
+    return rt * nt >= 48;
 }
 
 /* Grouped: 128-row tiles pay for themselves where the experts average ~96 rows or more (the int8 mma.sync
