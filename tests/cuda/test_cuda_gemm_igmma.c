@@ -10,8 +10,7 @@
  *      bytes 0 / 254 / 255 (which also take the literal scale sequence); y at an odd bf16 offset;
  *    - the V4.1 linear shapes (spec §2.4) at M 33, 64, 128, 256 and 1000 (FP8) and the expert shapes (MXFP4);
  *    - every case again with 64-row and with 128-row tiles forced (a 64-row tile, or the last ≤ 64 rows of a
- *      128-row launch, runs each column half on its own consumer warpgroup), against the rule's choice, and
- *      with one block's chain in flight instead of two (launches whose tiles all have ≤ 64 rows).
+ *      128-row launch, runs each column half on its own consumer warpgroup), against the rule's choice.
  * 2. The linear_fp8 / linear_fp4 slot with the kernel on against the slot with it off (NaN class).
  * 2c. Grouped launches (the prefill experts) against the dense kernel per expert, bit for bit (check_grouped).
  * 3. Refusals: M 0, N 0, K 48, misaligned w / xd / xq.
@@ -111,16 +110,15 @@ static void check_case(int fp4, int64_t M, int64_t N, int64_t K, int special, in
     if (with_cpu) row("igmma vs CPU (NaN class)", sh, ct_bf16_diff(y_ig, y_cpu, M * N, 1), M * N);
     /* the same call again in each other form of the kernel, against the default one, bit for bit: every stage
      * through the conversion instruction and the literal scale sequence; 64- and 128-row tiles (one x half per
-     * tile, or two); tiles of ≤ 64 rows with one block's chain in flight at a time */
-    for (int form = 0; form < 4; form++) {
-        static const char *const what[4] = {"igmma fused vs literal scale sequence", "igmma 64-row tiles vs the rule's",
-                                            "igmma 128-row tiles vs the rule's", "igmma one block in flight vs two"};
+     * tile, or two) */
+    for (int form = 0; form < 3; form++) {
+        static const char *const what[3] = {"igmma fused vs literal scale sequence", "igmma 64-row tiles vs the rule's",
+                                            "igmma 128-row tiles vs the rule's"};
         if (form == 0) di_cuda_gemm_igmma_set_literal(1);
-        else if (form < 3) di_cuda_gemm_igmma_set_tile_rows(64 * form);
-        else di_cuda_gemm_igmma_set_pipe(0);
+        else di_cuda_gemm_igmma_set_tile_rows(64 * form);
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
         RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E));
-        di_cuda_gemm_igmma_set_literal(0), di_cuda_gemm_igmma_set_tile_rows(0), di_cuda_gemm_igmma_set_pipe(1);
+        di_cuda_gemm_igmma_set_literal(0), di_cuda_gemm_igmma_set_tile_rows(0);
         uint16_t *y_f = ct_down(dy, 2 * (size_t)(M * N));
         row(what[form], sh, ct_bf16_diff(y_ig, y_f, M * N, 1), M * N);
         free(y_f);
@@ -268,7 +266,7 @@ static void bench(void) {
             const int64_t M = ms[a];
             const int R = M >= 2048 ? 2 : 8;
             uint8_t *gd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(fp4, M, K, N));
-            double t_g, t_d = 0, t_i, t_i128, t_i64, t_i1;
+            double t_g, t_d = 0, t_i, t_i128, t_i64;
             BATCH(t_g, R, RUN(di_cuda_gemm_mma_run(fp4, xq, xs, M, K, dw, dws, N, dy, gd, st, E)));
             if (!fp4 && M <= 64 && di_cuda_gemm_dmma_fits(M, K, dw))
                 BATCH(t_d, R, RUN(di_cuda_gemm_dmma_run(xq, xs, M, K, dw, dws, N, dy, st, E)));
@@ -278,13 +276,10 @@ static void bench(void) {
             di_cuda_gemm_igmma_set_tile_rows(64);
             BATCH(t_i64, R, RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E)));
             di_cuda_gemm_igmma_set_tile_rows(0);
-            di_cuda_gemm_igmma_set_pipe(0);
-            BATCH(t_i1, R, RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E)));
-            di_cuda_gemm_igmma_set_pipe(1);
             const double fl = 2.0 * (double)M * (double)N * (double)K;
             printf("bench gemm_igmma %-12s %s N%-5lld K%-5lld M%-5lld | gmm %8.3f | dmma %8.3f | ig128 %8.3f | ig64 %8.3f | "
-                   "ig, one block in flight %8.3f | ig %8.3f ms %6.1f TFLOP/s | ig %.2fx gmm | slot %s\n",
-                   sh[i].name, fp4 ? "fp4" : "fp8", (long long)N, (long long)K, (long long)M, t_g, t_d, t_i128, t_i64, t_i1, t_i,
+                   "ig %8.3f ms %6.1f TFLOP/s | ig %.2fx gmm | slot %s\n",
+                   sh[i].name, fp4 ? "fp4" : "fp8", (long long)N, (long long)K, (long long)M, t_g, t_d, t_i128, t_i64, t_i,
                    fl / (t_i * 1e9), t_g / t_i,
                    !fp4 && di_cuda_gemm_dmma_wants(M, K, N, dw) ? "dmma" : di_cuda_gemm_igmma_wants(fp4, M, K, N) ? "ig" : "other");
             cudaFree(gd);

@@ -224,14 +224,6 @@ static __device__ __forceinline__ void ig_mma(int32_t *d, uint32_t a, uint32_t b
 static __device__ __forceinline__ void ig_wait0(int32_t *d, int32_t *e) {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" : IG_R32(d), IG_R32(e)::"memory");
 }
-/* Wait until at most N committed groups are pending, naming the four sets of two blocks in flight */
-template <int N>
-static __device__ __forceinline__ void ig_wait4(int32_t *d, int32_t *e, int32_t *f, int32_t *g) {
-    asm volatile("wgmma.wait_group.sync.aligned %128;\n"
-                 : IG_R32(d), IG_R32(e), IG_R32(f), IG_R32(g)
-                 : "n"(N)
-                 : "memory");
-}
 /* d *= 2^7 on the CUDA cores, between two wgmma groups that accumulate into d (Horner's step) */
 static __device__ __forceinline__ void ig_shift7(int32_t *d) {
 #pragma unroll
@@ -351,74 +343,12 @@ static __device__ __forceinline__ void ig_store_half(const ig_params *p, const i
     }
 }
 
-/* A tile of ≤ 64 x rows (every tile of a 64-row launch, and the last of a 128-row one) has one x half: both
- * consumer warpgroups take its rows, warpgroup cw the column half h = cw. With one fragment of sums (32
- * registers) a warpgroup has room for two blocks' register sets, so it keeps the chains of blocks kb and
- * kb + 1 in flight together: each group of one block is issued while the other block's previous group runs,
- * and the two promotes follow in block order (the same adds, in the same order, as the chain one block at a
- * time). */
-template <bool FP4>
-static __device__ void ig_consume_one(const ig_params *p, const ig_tile &tl, ig_stage *stages) {
-    const int cw = (threadIdx.x >> 7) - 1, wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
-    const int r0 = (wtid >> 5) * 16 + (lane >> 2), q = lane & 3, col0 = cw * 64 + 2 * q;
-    const int NT = (p->KB + IG_TKB - 1) / IG_TKB;
-    float acc[32];
-    int32_t X[32], Y[32], X1[32], Y1[32]; /* block kb's sets, block kb + 1's */
-#pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
-    for (int t = 0; t < NT; t++) {
-        ig_stage *st = &stages[t % IG_STAGES];
-        mbar_wait(&st->full, (uint32_t)(t / IG_STAGES) & 1u);
-        const int4 u = *(const int4 *)st->unsafe;
-        const int unsafe = u.x | u.y | u.z | u.w | p->literal, nkb = min(IG_TKB, p->KB - t * IG_TKB);
-        const uint32_t xa = smem_u32(st->x[0]), wa = smem_u32(st->w[0]) + cw * 64 * IG_ROWB; /* the half's rows */
-        int kb = 0;
-        for (; kb + 1 < nkb; kb += 2) {
-            const uint32_t a = xa + kb * IG_QB, b = wa + kb * IG_QB, a1 = a + IG_QB, b1 = b + IG_QB;
-            mma_fence();
-            ig_group1<FP4>(X, Y, a, b);
-            mma_commit();
-            ig_group1<FP4>(X1, Y1, a1, b1);
-            mma_commit();
-            ig_wait4<1>(X, Y, X1, Y1); /* kb's first group */
-            ig_after1<FP4>(X, Y);
-            mma_fence();
-            ig_group2<FP4>(X, Y, a, b);
-            mma_commit();
-            ig_wait4<1>(X, Y, X1, Y1); /* kb + 1's first group */
-            ig_after1<FP4>(X1, Y1);
-            mma_fence();
-            ig_group2<FP4>(X1, Y1, a1, b1);
-            mma_commit();
-            ig_wait4<1>(X, Y, X1, Y1); /* kb's second group */
-            if (!FP4) {
-                ig_shift7(X);
-                mma_fence();
-                ig_group3(X, a, b);
-                mma_commit();
-                ig_wait4<1>(X, Y, X1, Y1); /* kb + 1's second group */
-                ig_shift7(X1);
-                mma_fence();
-                ig_group3(X1, a1, b1);
-                mma_commit();
-                ig_wait4<1>(X, Y, X1, Y1); /* kb's third group */
-            }
-            ig_promote<FP4>(acc, X, Y, st, kb, col0, r0, unsafe);
-            ig_wait4<0>(X, Y, X1, Y1);
-            ig_promote<FP4>(acc, X1, Y1, st, kb + 1, col0, r0, unsafe);
-        }
-        if (kb < nkb) { /* an odd last block: its chain alone */
-            ig_chain<FP4>(X, Y, xa + kb * IG_QB, wa + kb * IG_QB);
-            ig_promote<FP4>(acc, X, Y, st, kb, col0, r0, unsafe);
-        }
-        mbar_arrive(&st->empty);
-    }
-    ig_store_half(p, tl, acc, r0, col0);
-}
-
 /* A tile of two x halves: warpgroup cw takes rows 64·cw … of the tile and runs both column halves' chains,
- * one block at a time; a tile of one x half in a launch of ig_kernel<FP4, false> (a tail tile, the grouped launches,
- * or di_cuda_gemm_igmma_set_pipe(0)) runs its warpgroup's half the same way. */
+ * one block at a time. A tile of ≤ 64 x rows (every tile of a 64-row launch, and the last of a 128-row one)
+ * has one x half: both consumer warpgroups take its rows, warpgroup cw the column half h = cw, so the tile
+ * takes one half's chain per block instead of two (uniform per CTA). Measured and dropped (session 15):
+ * with 32 sums a warpgroup has room for two blocks' register sets in principle, but the launch's 168
+ * registers per thread spilled 200 bytes and the two chains in flight ran 3-5 % slower than one. */
 template <bool FP4>
 static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stage *stages) {
     const int cw = (threadIdx.x >> 7) - 1, wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
@@ -453,9 +383,7 @@ static __device__ void ig_consume(const ig_params *p, const ig_tile &tl, ig_stag
         if (!one || h == cw) ig_store_half(p, tl, acc + 32 * h, r0, h * 64 + 2 * q);
 }
 
-/* ONE: every tile has ≤ 64 rows and takes ig_consume_one (its own kernel, so that the two blocks' register
- * sets do not weigh on the two-half path's allocation) */
-template <bool FP4, bool ONE>
+template <bool FP4>
 static __device__ __forceinline__ void ig_body(const ig_params *p, const ig_tile &tl) {
     extern __shared__ uint8_t smem_raw[];
     /* keep a shared-space derivation (no integer round trip) so the compiler emits LDS/STS */
@@ -476,16 +404,15 @@ static __device__ __forceinline__ void ig_body(const ig_params *p, const ig_tile
         ig_produce<FP4>(p, tl, stages, tab);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(IG_CONS_REGS));
-        if (ONE) ig_consume_one<FP4>(p, tl, stages);
-        else ig_consume<FP4>(p, tl, stages);
+        ig_consume<FP4>(p, tl, stages);
     }
 }
 
-template <bool FP4, bool ONE>
+template <bool FP4>
 __global__ void __launch_bounds__(IG_THREADS, 1) ig_kernel(const __grid_constant__ ig_params p) {
     const int r0 = blockIdx.y * p.tm;
     const ig_tile tl = {r0, min(p.tm, p.M - r0), (int)blockIdx.x * IG_TN, p.w, p.wsc};
-    ig_body<FP4, ONE>(&p, tl);
+    ig_body<FP4>(&p, tl);
 }
 
 /* grid (column tiles, row tiles of the table); p.M = all rows of the launch (the x map's plane height) */
@@ -494,7 +421,7 @@ __global__ void __launch_bounds__(IG_THREADS, 1) ig_group_kernel(const __grid_co
                                                                   const __grid_constant__ ig_group g) {
     const uint32_t r0 = g.tile[blockIdx.y][0], ec = g.tile[blockIdx.y][1], e = ec & 0xffffu;
     const ig_tile tl = {(int)r0, (int)(ec >> 16), (int)blockIdx.x * IG_TN, g.w[e], g.ws[e]};
-    ig_body<FP4, false>(&p, tl);
+    ig_body<FP4>(&p, tl);
 }
 
 /* ---------------- host side ---------------- */
@@ -505,8 +432,6 @@ extern "C" void di_cuda_gemm_igmma_set_enabled(int on) { g_ig_on = on ? 1 : 0; }
 static int g_ig_literal = 0;
 extern "C" void di_cuda_gemm_igmma_set_literal(int on) { g_ig_literal = on ? 1 : 0; }
 
-static int g_ig_pipe = 1;
-extern "C" void di_cuda_gemm_igmma_set_pipe(int on) { g_ig_pipe = on ? 1 : 0; }
 
 static int g_ig_tm = 0; /* test / bench: 64 or 128 x rows per tile; 0 the rule */
 extern "C" void di_cuda_gemm_igmma_set_tile_rows(int tm) { g_ig_tm = tm == 64 || tm == IG_TM ? tm : 0; }
@@ -601,12 +526,7 @@ static int ig_prepare(const char *op, const uint8_t *xq, const uint8_t *xs, int6
     return DI_OK;
 }
 
-static int g_ig_ready[3][2][IG_MAX_DEVICES]; /* [dense, grouped, dense ≤ 64-row tiles][fp4]: 0 unknown, 1 ready, −1 refused */
-template <bool FP4>
-static int ig_ready_dense(di_error *err) {
-    const int rc = ig_ready(ig_kernel<FP4, false>, g_ig_ready[0][FP4], err);
-    return rc ? rc : ig_ready(ig_kernel<FP4, true>, g_ig_ready[2][FP4], err);
-}
+static int g_ig_ready[2][2][IG_MAX_DEVICES]; /* [grouped][fp4]: 0 unknown, 1 ready, −1 refused */
 
 /* Whether the kernel can run on the current device (the dispatch asks first, so a refusal falls back to the
  * int8 mma.sync GEMM instead of failing the call) */
@@ -614,7 +534,7 @@ extern "C" int di_cuda_gemm_igmma_usable(int fp4, int grouped) {
     di_error e = {0};
     int rc;
     if (grouped) rc = fp4 ? ig_ready(ig_group_kernel<true>, g_ig_ready[1][1], &e) : ig_ready(ig_group_kernel<false>, g_ig_ready[1][0], &e);
-    else rc = fp4 ? ig_ready_dense<true>(&e) : ig_ready_dense<false>(&e);
+    else rc = fp4 ? ig_ready(ig_kernel<true>, g_ig_ready[0][1], &e) : ig_ready(ig_kernel<false>, g_ig_ready[0][0], &e);
     return rc == DI_OK;
 }
 
@@ -628,7 +548,7 @@ extern "C" int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t 
     if (m > (int64_t)IG_MAX_ROW_TILES * tm)
         return di_error_set(err, DI_ERR_INVALID, "cuda %s: M %lld needs more than %d row tiles of %d", op, (long long)m,
                             IG_MAX_ROW_TILES, tm);
-    int rc = fp4 ? ig_ready_dense<true>(err) : ig_ready_dense<false>(err);
+    int rc = fp4 ? ig_ready(ig_kernel<true>, g_ig_ready[0][1], err) : ig_ready(ig_kernel<false>, g_ig_ready[0][0], err);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)stream;
     ig_params p;
@@ -636,14 +556,8 @@ extern "C" int di_cuda_gemm_igmma_run(int fp4, const uint8_t *xq, const uint8_t 
     if (rc) return rc;
     p.w = w, p.wsc = ws, p.tm = tm;
     const dim3 grid(di_cuda_blocks(n, IG_TN), di_cuda_blocks(m, tm));
-    if (g_ig_pipe && (tm == 64 || m <= 64)) { /* every tile ≤ 64 rows */
-        if (fp4) ig_kernel<true, true><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
-        else ig_kernel<false, true><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
-    } else if (fp4) {
-        ig_kernel<true, false><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
-    } else {
-        ig_kernel<false, false><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
-    }
+    if (fp4) ig_kernel<true><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
+    else ig_kernel<false><<<grid, IG_THREADS, IG_SMEM, st>>>(p);
     return di_cuda_launched(op, err);
 }
 

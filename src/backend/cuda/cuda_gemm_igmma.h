@@ -26,9 +26,6 @@ void di_cuda_gemm_igmma_set_literal(int on);
 /* Test / bench: x rows per tile of a dense launch, 64 or 128 (0 or anything else: the rule); the results do
  * not depend on it */
 void di_cuda_gemm_igmma_set_tile_rows(int tm);
-/* Test / bench: tiles of ≤ 64 rows keep two blocks' chains in flight (1, the default) or one (0); the results
- * do not depend on it */
-void di_cuda_gemm_igmma_set_pipe(int on);
 /* Bytes of device scratch a call needs: x's three digit planes, s8 [3][m][k] */
 uint64_t di_cuda_gemm_igmma_scratch(int64_t m, int64_t k);
 /* y bf16 [m, n] = the block-scaled linear of act-quantized rows xq e4m3 [m, k], xs E8M0 [m, k/32] with
