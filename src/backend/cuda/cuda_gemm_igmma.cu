@@ -21,7 +21,8 @@
  *    cuda_gemm_mma.cuh; MXFP4: the nibble → s8 permutes), written in the same swizzled layout the TMA
  *    gives x. A weight byte is converted once per 128-row x tile.
  *  - CTA tile 128 x rows × 128 weight rows, 384 threads: warpgroup 0 produces, warpgroups 1 and 2 take 64 x
- *    rows each, in two halves of 64 columns. Per block and half the levels run as Horner's rule in two s32
+ *    rows each, in two halves of 64 columns; a tile of ≤ 64 x rows gives both the same rows and one half each
+ *    (launches of 64-row tiles where they fit in one wave, ig_tile_rows). Per block and half the levels run as Horner's rule in two s32
  *    register sets: a wgmma with scale-d adds its products to a set, the CUDA cores multiply a set by 2^7
  *    between groups (FP8: X = T4, Y = T1; both ·2^7; X += T3, Y += T0; X ·2^7; X += T2 — nine wgmmas in three
  *    groups; MXFP4: three wgmmas in two); then per output f32(S), ·s_x (pre-scaled by 2^−18 / 2^−10), ·s_w
