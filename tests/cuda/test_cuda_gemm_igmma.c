@@ -19,7 +19,7 @@
  *    others): the int8 mma.sync GEMM, the FP64-core GEMM (FP8 up to 64 rows) and this kernel with 128- and
  *    64-row tiles on the same act-quantized rows (pre-pass included), best of 5 batches.
  * Usage: test_cuda_gemm_igmma; DI_BENCH=1 adds the bench; DI_QUICK=1 only the edge shapes (and the bench); DI_PROFILE=1 only
- * one launch per format (for Nsight Compute). Last line
+ * one launch per format (for Nsight Compute; DI_PROFILE_M: the FP8 launch's rows). Last line
  * "N passed, N failed"; exit status 1 on any failure. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -313,8 +313,10 @@ int main(void) {
     RUN(di_backend_cpu_create(16, &cpu, E));
     RUN(di_backend_cuda_create(0, &gpu, E));
     const int quick = getenv("DI_QUICK") != NULL;
-    if (getenv("DI_PROFILE")) { /* one launch each for a profiler: FP8 N25600 K6144 M2048, MXFP4 N2304 K5120 M8192 */
-        profile_one(0, 2048, 25600, 6144);
+    if (getenv("DI_PROFILE")) { /* one launch each for a profiler: FP8 N25600 K6144 M2048 (or DI_PROFILE_M rows),
+                                * MXFP4 N2304 K5120 M8192 */
+        const long long pm = getenv("DI_PROFILE_M") ? atoll(getenv("DI_PROFILE_M")) : 2048;
+        profile_one(0, pm >= 1 && pm <= 8192 ? pm : 2048, 25600, 6144);
         profile_one(1, 8192, 2304, 5120);
         printf("0 passed, 0 failed\n");
         return 0;
