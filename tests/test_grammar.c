@@ -1225,6 +1225,42 @@ static void test_separated_list_keys(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* The longest repeated element wins: in `str ":" ws value ("," ws str ":" ws value)*` the list
+ * is (str ":" ws value) separated by ("," ws), not value separated by ("," ws str ":" ws), so the
+ * second member's key and value are the first member's places: its mask after `:` is a
+ * mask-cache hit of the first's (with the shortest element, value alone, it is another walk).
+ * Masks are compared with brute force. */
+static void test_separated_list_longest(void **state) {
+    (void)state;
+    gt_bytes tb = alpha_vocab(1500, 31337, "ab1{}\":, ", 5);
+    di_grammar_vocab *v = gt_vocab(&tb);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    static const char gbnf[] = "root ::= \"{\" ws ( str \":\" ws value (\",\" ws str \":\" ws value)* )? \"}\"\n"
+                               "value ::= str | [1]+ ws\n"
+                               "str ::= \"\\\"\" [ab]* \"\\\"\" ws\n"
+                               "ws ::= \" \"?\n";
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "{\"a\":");
+    di_grammar_walk_stats first = gt_fill_checked(m, v, &tb, mask, "first member after :");
+    gt_accept_text(m, " 11, \"b\":");
+    di_grammar_walk_stats second = gt_fill_checked(m, v, &tb, mask, "second member after :");
+    gt_accept_text(m, "\"ab\"}");
+    assert_true(di_grammar_matcher_can_end(m));
+    tu_report("first member: %llu walks; second: %llu cached", (unsigned long long)first.walks,
+              (unsigned long long)second.cached);
+    assert_int_equal(first.walks, 1);
+    assert_int_equal(second.cached, 1);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* The separated-list rewrite keeps the language: the bench's statement and JSON grammars, whose
  * `X (S X)*` are rewritten, against the same grammars with the repetition moved into a rule of
  * its own (not rewritten), on one random walk each: equal masks at every step, and the token
@@ -1629,6 +1665,7 @@ int main(void) {
         cmocka_unit_test(test_whole_subtree_union),
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
         cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
+        cmocka_unit_test(test_separated_list_longest),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),

@@ -369,15 +369,17 @@ static size_t group_end(const eb *p, size_t g0) {
  * matcher hashes an origin by the effect of completing there, and E's right recursion makes that
  * effect the same for every element): an identifier in a call's second argument relearned what
  * the first had walked. X is items v[n-m..n), the text [xs[n-m], p->i); the group starts at
- * p->i. Returns D with p->i past the `)*`, or 0 (p untouched but for rule names) where the text
- * is not of that form. */
+ * p->i. The longest such X is taken: with `value` alone as X, a JSON object's second member
+ * would be S = `"," ws string ":" ws` and its key and `:` other places than the first member's,
+ * so the value after them another state (ebnf_json relearned it). Returns D with p->i past the
+ * `)*`, or 0 (p untouched but for rule names) where the text is not of that form. */
 static int32_t separated_list(eb *p, const int32_t *v, const size_t *xs, size_t n, size_t *m_out) {
     size_t g0 = p->i, close = group_end(p, g0);
     if (!close || close + 1 >= p->n || p->s[close + 1] != '*') return 0;
     size_t end = close + 2;
     if (end < p->n && (p->s[end] == '*' || p->s[end] == '+' || p->s[end] == '?' || p->s[end] == '{')) return 0;
     if (tilde_at(p, end)) return 0; /* a second quantifier: not (S X)* */
-    for (size_t m = 1; m <= n && m <= LIST_ITEMS; m++) {
+    for (size_t m = n < LIST_ITEMS ? n : LIST_ITEMS; m >= 1; m--) {
         size_t a = xs[n - m], xl = g0 - a;
         while (xl && is_space(p->s[a + xl - 1])) xl--; /* X's text without the space before the group */
         size_t e = close - xl; /* the group's text ends with X's, at the start of a token */
