@@ -479,6 +479,49 @@ static void test_stamp_after_growth(void **state) {
     di_grammar_free(g);
 }
 
+/* Items that start in the set under construction are appended without a duplicate check
+ * (earley.c, add_new_item): a nonterminal's rules enter a set once (pred_stamp), however many of
+ * its items wait on it. A grammar where A and the nullable N are predicted by several items of
+ * one set, and nullable symbols move dots inside predicted rules: no set holds an item twice
+ * (fails without the stamp), and the sentences are recognised (fails when a prediction is lost). */
+static void test_predicted_once(void **state) {
+    (void)state;
+    static const char gbnf[] = "root ::= A \"x\" | A \"y\" | N A \"z\" | N N \"w\" | N B\n"
+                               "A ::= \"a\" A \"a\" | \"b\" | N \"c\" | N N\n"
+                               "B ::= N A N | A \"q\"\n"
+                               "N ::= \"n\"?\n";
+    static const struct {
+        const char *s;
+        bool ok;
+    } cases[] = {{"x", true},    {"bx", true},  {"aby", false}, {"abay", true}, {"abax", true}, {"nbz", true},
+                 {"cz", true},   {"ncz", true}, {"nncz", true}, {"w", true},    {"nnw", true},  {"nnnw", false},
+                 {"", true},     {"bq", true},  {"nbn", true},   {"aacaan", true}, {"q", true},  {"naq", false}};
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    size_t largest = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        di_earley e;
+        if (di_earley_init(&e, g->cfg, &err)) fail_msg("%s", err.msg);
+        size_t n = strlen(cases[c].s);
+        int rc = n ? di_earley_push_bytes(&e, (const uint8_t *)cases[c].s, n, &err) : 1;
+        assert_true(rc >= 0);
+        bool ok = rc == 1 && di_earley_accepting(&e);
+        if (ok != cases[c].ok) fail_msg("\"%s\": recognised %d, expected %d", cases[c].s, ok, cases[c].ok);
+        for (size_t i = 0; i < e.n_sets; i++) {
+            if (e.set_off[i + 1] - e.set_off[i] > largest) largest = e.set_off[i + 1] - e.set_off[i];
+            for (size_t x = e.set_off[i]; x < e.set_off[i + 1]; x++)
+                for (size_t y = x + 1; y < e.set_off[i + 1]; y++)
+                    if (e.items[x].pos == e.items[y].pos && e.items[x].origin == e.items[y].origin)
+                        fail_msg("\"%s\": set %zu holds item (%u, %u) twice", cases[c].s, i, e.items[x].pos,
+                                 e.items[x].origin);
+        }
+        di_earley_free(&e);
+    }
+    tu_report("predicted once: largest set %zu items", largest);
+    di_grammar_free(g);
+}
+
 /* A replay takes back a set that walk_pop popped when the byte that made it acts like the path's
  * byte (matcher.c: replay, mpath): a walk through whitespace runs of tabs, spaces and newlines
  * after the previous path popped the same counts re-pushed them (schema_small: 251 replays per
@@ -1665,7 +1708,7 @@ int main(void) {
         cmocka_unit_test(test_whole_subtree_union),
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
         cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
-        cmocka_unit_test(test_separated_list_longest),
+        cmocka_unit_test(test_separated_list_longest), cmocka_unit_test(test_predicted_once),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),
