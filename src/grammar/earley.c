@@ -32,7 +32,7 @@ static int grow_hash(di_earley *m, size_t need, di_error *err) {
     /* re-insert the items of the set under construction */
     size_t first = m->set_off[m->n_sets];
     for (size_t i = first; i < m->n_items; i++) {
-        if (m->items[i].origin == m->n_sets) continue; /* never looked up (add_new_item) */
+        if (m->items[i].origin == m->n_sets) continue; /* never looked up (add_new_items) */
         uint64_t key = key_of(m->items[i].pos, m->items[i].origin);
         size_t h = hash_of(key, cap - 1);
         while (m->hstamp[h] == m->stamp) h = (h + 1) & (cap - 1);
@@ -96,7 +96,7 @@ static int set_limit(di_error *err) {
 }
 
 /* Add an item to the set under construction unless present (an origin below the set, but for
- * set 0's first item: add_new_item adds the others). Returns 1 if added, 0 if present,
+ * set 0's first item: add_new_items adds the others). Returns 1 if added, 0 if present,
  * <0 on error. The large-set path and the limit errors are out of line, so that this one stays
  * small enough to inline into close_set (~20 calls per pushed byte). */
 static inline int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
@@ -132,19 +132,25 @@ static int add_item_large(di_earley *m, uint32_t pos, uint32_t origin, size_t co
     return 1;
 }
 
-/* Append an item that starts in the set under construction (origin == its index). Such items
- * come only from predicting a nonterminal, whose rules enter a set once (pred_stamp), and from
- * moving the dot of one of them over a nullable symbol, which happens once per item: scans,
- * completions and Leo's chains all keep an origin below the set. So they are new without a
- * check, and add_item, which sees only older origins after set 0, never looks them up (they stay
- * out of small_seen and the hash table). Counted as add_item counts. */
-static inline int add_new_item(di_earley *m, uint32_t pos, di_error *err) {
-    if (__builtin_expect(++m->work > DI_EARLEY_MAX_WORK, 0)) return work_limit(err);
+/* Append items that start in the set under construction (origin == its index), at positions
+ * pos[0..n). Such items come only from predicting a nonterminal, whose rules enter a set once
+ * (pred_stamp), and from moving the dot of one of them over a nullable symbol, which happens
+ * once per item: scans, completions and Leo's chains all keep an origin below the set. So they
+ * are new without a check, and add_item, which sees only older origins after set 0, never looks
+ * them up (they stay out of small_seen and the hash table). Counted as n add_item calls. */
+static inline int add_new_items(di_earley *m, const uint32_t *pos, uint32_t n, di_error *err) {
+    if (__builtin_expect((m->work += n) > DI_EARLEY_MAX_WORK, 0)) return work_limit(err);
     size_t count = m->n_items - m->set_off[m->n_sets];
-    if (count + 1 > DI_EARLEY_MAX_SET_ITEMS) return set_limit(err);
-    int rc = append_item(m, pos, (uint32_t)m->n_sets, err);
-    if (rc < 0 || count + 1 != SMALL_SET) return rc;
-    return index_small_set(m, err); /* later add_item calls of this set look up the table */
+    if (count + n > DI_EARLEY_MAX_SET_ITEMS) return set_limit(err);
+    while (m->n_items + n > m->cap_items) {
+        int rc = grow_items(m, err);
+        if (rc) return rc;
+    }
+    di_earley_item *it = m->items + m->n_items;
+    for (uint32_t k = 0; k < n; k++) it[k] = (di_earley_item){pos[k], (uint32_t)m->n_sets};
+    m->n_items += n;
+    if (count < SMALL_SET && count + n >= SMALL_SET) return index_small_set(m, err); /* add_item looks up the table */
+    return 1;
 }
 
 static int begin_set(di_earley *m, di_error *err) {
@@ -293,12 +299,14 @@ static int close_set(di_earley *m, di_error *err) {
             uint32_t r = g->nt_rule_off[s], re = g->nt_rule_off[s + 1];
             if (m->pred_stamp[s] != m->stamp) {
                 m->pred_stamp[s] = m->stamp;
-                for (; r < re && rc >= 0; r++) rc = add_new_item(m, g->nt_rules[r], err);
+                rc = add_new_items(m, g->nt_rules + r, re - r, err);
             } else if ((m->work += re - r) > DI_EARLEY_MAX_WORK) { /* as many as the duplicates it skips */
                 return work_limit(err);
             }
-            if (rc >= 0 && g->nullable[s])
-                rc = it.origin == cur ? add_new_item(m, it.pos + 1, err) : add_item(m, it.pos + 1, it.origin, err);
+            if (rc >= 0 && g->nullable[s]) {
+                uint32_t next = it.pos + 1;
+                rc = it.origin == cur ? add_new_items(m, &next, 1, err) : add_item(m, next, it.origin, err);
+            }
         } else {
             const di_cfg_class *c = &g->cls[-1 - s];
             for (int w = 0; w < 8; w++) scan.bits[w] |= c->bits[w];
