@@ -522,6 +522,45 @@ static void test_predicted_once(void **state) {
     di_grammar_free(g);
 }
 
+/* EBNF one-byte literals and classes of one-byte characters are their terminals, not a
+ * nonterminal with one rule around it (ebnf.c: di_cfg_byte, DI_CPSET_BARE): no nonterminal of the
+ * compiled grammar has a single rule that is a single terminal (fails with the wrappers), so an
+ * Earley set that predicts `"{"` or `[0-9]` holds one item less; the language is the same. */
+static void test_bare_terminals(void **state) {
+    (void)state;
+    static const char gbnf[] = "root ::= \"{\" ws item (\",\" ws item)* \"}\"\n"
+                               "item ::= [a-c]+ | \"-\" [0-9] | \"null\" | [\\x00-\\x7F\\u00e9]\n"
+                               "ws ::= \" \"?\n";
+    static const struct {
+        const char *s;
+        bool ok;
+    } cases[] = {{"{a}", true},   {"{ab, -1}", true}, {"{null,c}", true}, {"{-12}", false}, {"{}", false},
+                 {"{\xc3\xa9}", true}, {"{~}", true},     {"{a,}", false},    {"{ -1}", true}, {"{d}", true}};
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    const di_cfg *c = g->cfg;
+    int wrappers = 0, utf8_classes = 0;
+    for (uint32_t a = 0; a < c->n_nt; a++) {
+        uint32_t r = c->nt_rule_off[a], p = r < c->nt_rule_off[a + 1] ? c->nt_rules[r] : 0;
+        bool one = c->nt_rule_off[a + 1] - r == 1;
+        if (one && c->psym[p] < 0 && c->psym[p] != DI_CFG_END && c->psym[p + 1] == DI_CFG_END) wrappers++;
+        if (c->nt_rule_off[a + 1] - r > 2) utf8_classes++; /* [\x00-\x7F\u00e9] keeps its rules */
+    }
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        di_earley e;
+        if (di_earley_init(&e, c, &err)) fail_msg("%s", err.msg);
+        int rc = di_earley_push_bytes(&e, (const uint8_t *)cases[k].s, strlen(cases[k].s), &err);
+        bool ok = rc == 1 && di_earley_accepting(&e);
+        if (ok != cases[k].ok) fail_msg("\"%s\": recognised %d, expected %d", cases[k].s, ok, cases[k].ok);
+        di_earley_free(&e);
+    }
+    tu_report("bare terminals: %d wrapper rules, %d rule sets of 3+", wrappers, utf8_classes);
+    assert_int_equal(wrappers, 0);
+    assert_true(utf8_classes >= 1);
+    di_grammar_free(g);
+}
+
 /* A replay takes back a set that walk_pop popped when the byte that made it acts like the path's
  * byte (matcher.c: replay, mpath): a walk through whitespace runs of tabs, spaces and newlines
  * after the previous path popped the same counts re-pushed them (schema_small: 251 replays per
@@ -1709,6 +1748,7 @@ int main(void) {
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
         cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
         cmocka_unit_test(test_separated_list_longest), cmocka_unit_test(test_predicted_once),
+        cmocka_unit_test(test_bare_terminals),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),

@@ -200,7 +200,10 @@ static int32_t parse_literal(eb *p, char quote) {
     p->i++;
     if (!p->rc && peek(p) == 'i' && !name_char(p->i + 1 < p->n ? p->s[p->i + 1] : ' '))
         fail(p, "case-insensitive literals (\"...\"i) are not supported");
-    int32_t r = p->rc ? 0 : di_cfg_literal(p->g, buf, n);
+    /* one byte: its terminal, with no rule around it (one item less in every Earley set that
+     * predicts it, and one completion less per byte: -7% of ebnf_json's instructions with
+     * DI_CPSET_BARE classes) */
+    int32_t r = p->rc ? 0 : n == 1 ? di_cfg_byte(p->g, buf[0]) : di_cfg_literal(p->g, buf, n);
     free(buf);
     return r;
 }
@@ -222,7 +225,7 @@ static int32_t parse_class(eb *p) {
     if (!p->rc && peek(p) != ']') fail(p, "unterminated character class");
     p->i++;
     if (neg) di_cpset_negate(&s);
-    int32_t r = p->rc ? 0 : di_cpset_sym(p->g, &s, 0);
+    int32_t r = p->rc ? 0 : di_cpset_sym(p->g, &s, DI_CPSET_BARE);
     di_cpset_free(&s);
     return r;
 }
