@@ -525,7 +525,10 @@ static void test_predicted_once(void **state) {
 /* EBNF one-byte literals and classes of one-byte characters are their terminals, not a
  * nonterminal with one rule around it (ebnf.c: di_cfg_byte, DI_CPSET_BARE): no nonterminal of the
  * compiled grammar has a single rule that is a single terminal (fails with the wrappers), so an
- * Earley set that predicts `"{"` or `[0-9]` holds one item less; the language is the same. */
+ * Earley set that predicts `"{"` or `[0-9]` holds one item less. A rule's alternatives and
+ * sequences are its own rules (parse_seq into the rule's nonterminal): `item` has three rules
+ * and `root` one of three symbols, not a unit rule to a nonterminal made for the body. The
+ * language is the same. */
 static void test_bare_terminals(void **state) {
     (void)state;
     static const char gbnf[] = "root ::= \"{\" ws item (\",\" ws item)* \"}\"\n"
@@ -555,9 +558,18 @@ static void test_bare_terminals(void **state) {
         if (ok != cases[k].ok) fail_msg("\"%s\": recognised %d, expected %d", cases[k].s, ok, cases[k].ok);
         di_earley_free(&e);
     }
-    tu_report("bare terminals: %d wrapper rules, %d rule sets of 3+", wrappers, utf8_classes);
+    uint32_t item_rules = 0, root_len = 0;
+    for (uint32_t a = 0; a < c->n_nt; a++) {
+        if (c->nt_name[a] && !strcmp(c->nt_name[a], "item")) item_rules = c->nt_rule_off[a + 1] - c->nt_rule_off[a];
+        if (c->nt_name[a] && !strcmp(c->nt_name[a], "root") && c->nt_rule_off[a + 1] - c->nt_rule_off[a] == 1)
+            for (uint32_t p = c->nt_rules[c->nt_rule_off[a]]; c->psym[p] != DI_CFG_END; p++) root_len++;
+    }
+    tu_report("bare terminals: %d wrapper rules, %d rule sets of 3+; item %u rules, root %u symbols", wrappers,
+              utf8_classes, item_rules, root_len);
     assert_int_equal(wrappers, 0);
     assert_true(utf8_classes >= 1);
+    assert_int_equal(item_rules, 4);
+    assert_int_equal(root_len, 3); /* "{" D "}": the separated list of `ws item` is one symbol */
     di_grammar_free(g);
 }
 
