@@ -527,8 +527,9 @@ static void test_predicted_once(void **state) {
  * compiled grammar has a single rule that is a single terminal (fails with the wrappers), so an
  * Earley set that predicts `"{"` or `[0-9]` holds one item less. A rule's alternatives and
  * sequences are its own rules (parse_seq into the rule's nonterminal): `item` has three rules
- * and `root` one of three symbols, not a unit rule to a nonterminal made for the body. The
- * language is the same. */
+ * and `root` one of three symbols, not a unit rule to a nonterminal made for the body; `" "?`
+ * is the repetition's tail T -> eps | " " itself (cfg.c, di_cfg_repeat). The language is the
+ * same. */
 static void test_bare_terminals(void **state) {
     (void)state;
     static const char gbnf[] = "root ::= \"{\" ws item (\",\" ws item)* \"}\"\n"
@@ -558,14 +559,19 @@ static void test_bare_terminals(void **state) {
         if (ok != cases[k].ok) fail_msg("\"%s\": recognised %d, expected %d", cases[k].s, ok, cases[k].ok);
         di_earley_free(&e);
     }
-    uint32_t item_rules = 0, root_len = 0;
+    uint32_t item_rules = 0, root_len = 0, opt_rules = 0;
     for (uint32_t a = 0; a < c->n_nt; a++) {
         if (c->nt_name[a] && !strcmp(c->nt_name[a], "item")) item_rules = c->nt_rule_off[a + 1] - c->nt_rule_off[a];
+        if (c->nt_name[a] && !strcmp(c->nt_name[a], "ws")) { /* ws -> T, T -> eps | " " (di_cfg_repeat {0,1}) */
+            int32_t t = c->psym[c->nt_rules[c->nt_rule_off[a]]];
+            opt_rules = t >= 0 ? c->nt_rule_off[t + 1] - c->nt_rule_off[t] : 0;
+        }
         if (c->nt_name[a] && !strcmp(c->nt_name[a], "root") && c->nt_rule_off[a + 1] - c->nt_rule_off[a] == 1)
             for (uint32_t p = c->nt_rules[c->nt_rule_off[a]]; c->psym[p] != DI_CFG_END; p++) root_len++;
     }
-    tu_report("bare terminals: %d wrapper rules, %d rule sets of 3+; item %u rules, root %u symbols", wrappers,
-              utf8_classes, item_rules, root_len);
+    tu_report("bare terminals: %d wrapper rules, %d rule sets of 3+; item %u rules, root %u symbols, ws's option %u rules",
+              wrappers, utf8_classes, item_rules, root_len, opt_rules);
+    assert_int_equal(opt_rules, 2);
     assert_int_equal(wrappers, 0);
     assert_true(utf8_classes >= 1);
     assert_int_equal(item_rules, 4);
