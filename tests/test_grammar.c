@@ -479,6 +479,104 @@ static void test_stamp_after_growth(void **state) {
     di_grammar_free(g);
 }
 
+typedef struct recog_case {
+    const char *s;
+    bool ok; /* a sentence of the grammar */
+} recog_case;
+
+/* Push each case's text on a fresh recogniser of c: recognised exactly when ok, and no Earley set
+ * holds an item twice. Returns the largest set's size. */
+static size_t recognise_cases(const di_cfg *c, const recog_case *cases, size_t n) {
+    size_t largest = 0;
+    di_error err = {0};
+    for (size_t k = 0; k < n; k++) {
+        di_earley e;
+        if (di_earley_init(&e, c, &err)) fail_msg("%s", err.msg);
+        size_t len = strlen(cases[k].s);
+        int rc = len ? di_earley_push_bytes(&e, (const uint8_t *)cases[k].s, len, &err) : 1;
+        assert_true(rc >= 0);
+        bool ok = rc == 1 && di_earley_accepting(&e);
+        if (ok != cases[k].ok) fail_msg("\"%s\": recognised %d, expected %d", cases[k].s, ok, cases[k].ok);
+        for (size_t i = 0; i < e.n_sets; i++) {
+            if (e.set_off[i + 1] - e.set_off[i] > largest) largest = e.set_off[i + 1] - e.set_off[i];
+            for (size_t x = e.set_off[i]; x < e.set_off[i + 1]; x++)
+                for (size_t y = x + 1; y < e.set_off[i + 1]; y++)
+                    if (e.items[x].pos == e.items[y].pos && e.items[x].origin == e.items[y].origin)
+                        fail_msg("\"%s\": set %zu holds item (%u, %u) twice", cases[k].s, i, e.items[x].pos,
+                                 e.items[x].origin);
+        }
+        di_earley_free(&e);
+    }
+    return largest;
+}
+
+/* Items that start in the set under construction are appended without a duplicate check
+ * (earley.c, add_new_items): a nonterminal's rules enter a set once (pred_stamp), however many of
+ * its items wait on it. A grammar where A and the nullable N are predicted by several items of
+ * one set, and nullable symbols move dots inside predicted rules: no set holds an item twice
+ * (fails without the stamp), and the sentences are recognised (fails when a prediction is lost). */
+static void test_predicted_once(void **state) {
+    (void)state;
+    static const char gbnf[] = "root ::= A \"x\" | A \"y\" | N A \"z\" | N N \"w\" | N B\n"
+                               "A ::= \"a\" A \"a\" | \"b\" | N \"c\" | N N\n"
+                               "B ::= N A N | A \"q\"\n"
+                               "N ::= \"n\"?\n";
+    static const recog_case cases[] = {
+        {"x", true},  {"bx", true},  {"aby", false}, {"abay", true}, {"abax", true},   {"nbz", true},
+        {"cz", true}, {"ncz", true}, {"nncz", true}, {"w", true},    {"nnw", true},    {"nnnw", false},
+        {"", true},   {"bq", true},  {"nbn", true},  {"aacaan", true}, {"q", true},    {"naq", false}};
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    size_t largest = recognise_cases(g->cfg, cases, sizeof cases / sizeof cases[0]);
+    tu_report("predicted once: largest set %zu items", largest);
+    assert_true(largest > 24); /* over add_item's small-set size: the hash table is in use */
+    di_grammar_free(g);
+}
+
+/* EBNF one-byte literals and classes of one-byte characters are their terminals, not a
+ * nonterminal with one rule around it (ebnf.c: di_cfg_byte, DI_CPSET_BARE): no nonterminal of the
+ * compiled grammar has a single rule that is a single terminal (fails with the wrappers), so an
+ * Earley set that predicts `"{"` or `[0-9]` holds one item less. A rule's alternatives and
+ * sequences are its own rules (parse_seq into the rule's nonterminal): `item` has four rules
+ * and `root` one of three symbols, not a unit rule to a nonterminal made for the body; `" "?`
+ * is the repetition's tail T -> eps | " " itself (cfg.c, di_cfg_repeat). The language is the
+ * same. */
+static void test_bare_terminals(void **state) {
+    (void)state;
+    static const char gbnf[] = "root ::= \"{\" ws item (\",\" ws item)* \"}\"\n"
+                               "item ::= [a-c]+ | \"-\" [0-9] | \"null\" | [\\x00-\\x7F\\u00e9]\n"
+                               "ws ::= \" \"?\n";
+    static const recog_case cases[] = {{"{a}", true},     {"{ab, -1}", true}, {"{null,c}", true}, {"{-12}", false},
+                                       {"{}", false},      {"{\xc3\xa9}", true}, {"{~}", true},      {"{a,}", false},
+                                       {"{ -1}", true},    {"{d}", true}};
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    const di_cfg *c = g->cfg;
+    recognise_cases(c, cases, sizeof cases / sizeof cases[0]);
+    int wrappers = 0, utf8_classes = 0;
+    uint32_t item_rules = 0, root_len = 0, opt_rules = 0;
+    for (uint32_t a = 0; a < c->n_nt; a++) {
+        uint32_t r = c->nt_rule_off[a], nr = c->nt_rule_off[a + 1] - r, p = nr ? c->nt_rules[r] : 0;
+        const char *name = c->nt_name[a] ? c->nt_name[a] : "";
+        if (nr == 1 && c->psym[p] < 0 && c->psym[p] != DI_CFG_END && c->psym[p + 1] == DI_CFG_END) wrappers++;
+        if (nr > 2) utf8_classes++; /* [\x00-\x7F\u00e9] keeps its rules */
+        if (!strcmp(name, "item")) item_rules = nr;
+        if (!strcmp(name, "ws") && c->psym[p] >= 0) /* ws -> T, T -> eps | " " (di_cfg_repeat {0,1}) */
+            opt_rules = c->nt_rule_off[c->psym[p] + 1] - c->nt_rule_off[c->psym[p]];
+        for (uint32_t q = p; !strcmp(name, "root") && nr == 1 && c->psym[q] != DI_CFG_END; q++) root_len++;
+    }
+    tu_report("bare terminals: %d wrapper rules, %d rule sets of 3+; item %u rules, root %u symbols, ws's option %u rules",
+              wrappers, utf8_classes, item_rules, root_len, opt_rules);
+    assert_int_equal(opt_rules, 2);
+    assert_int_equal(wrappers, 0);
+    assert_true(utf8_classes >= 1);
+    assert_int_equal(item_rules, 4);
+    assert_int_equal(root_len, 3); /* "{" D "}": the separated list of `ws item` is one symbol */
+    di_grammar_free(g);
+}
+
 /* A replay takes back a set that walk_pop popped when the byte that made it acts like the path's
  * byte (matcher.c: replay, mpath): a walk through whitespace runs of tabs, spaces and newlines
  * after the previous path popped the same counts re-pushed them (schema_small: 251 replays per
@@ -1187,6 +1285,29 @@ static void test_top_level_boundary(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Accept texts[0..n) in turn on gbnf (rule root) over vocabulary tb, filling the mask after each
+ * (compared with brute force) into st[k]; then end, which must complete the text. */
+static void ebnf_walk_texts(const char *gbnf, gt_bytes *tb, const char *const *texts, size_t n, const char *end,
+                            di_grammar_walk_stats *st) {
+    di_grammar_vocab *v = gt_vocab(tb);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb->n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    for (size_t k = 0; k < n; k++) {
+        gt_accept_text(m, texts[k]);
+        st[k] = gt_fill_checked(m, v, tb, mask, texts[k]);
+    }
+    gt_accept_text(m, end);
+    assert_true(di_grammar_matcher_can_end(m));
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+}
+
 /* EBNF `X (S X)*` is built as one separated list (ebnf.c, separated_list), and the effect of
  * completing a list that an optional group waits on in the same set enters keys as "completes
  * the group", as the later elements' chain does (matcher.c, effect_closure). Together the
@@ -1195,33 +1316,41 @@ static void test_top_level_boundary(void **state) {
 static void test_separated_list_keys(void **state) {
     (void)state;
     gt_bytes tb = alpha_vocab(600, 99, "abcde(),+ ", 5);
-    di_grammar_vocab *v = gt_vocab(&tb);
-    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
-    di_error err = {0};
     static const char gbnf[] = "root ::= name \"(\" (expr (\",\" \" \"? expr)*)? \")\"\n"
                                "expr ::= name (\" + \" name)*\n"
                                "name ::= [a-e]+\n";
-    di_grammar *g = NULL;
-    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
-    di_grammar_matcher *m = NULL;
-    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
-    gt_accept_text(m, "e(ab");
-    di_grammar_walk_stats first = gt_fill_checked(m, v, &tb, mask, "first argument");
-    gt_accept_text(m, ", cd");
-    di_grammar_walk_stats second = gt_fill_checked(m, v, &tb, mask, "second argument");
-    gt_accept_text(m, " + de"); /* two letters, as "cd": a `+` loop's first letter is a state of its own */
-    di_grammar_walk_stats term = gt_fill_checked(m, v, &tb, mask, "second term of the second argument");
-    gt_accept_text(m, ")");
-    assert_true(di_grammar_matcher_can_end(m));
+    /* the first argument, the second, its second term (two letters, as "cd": a `+` loop's first
+     * letter is a state of its own) */
+    static const char *const texts[] = {"e(ab", ", cd", " + de"};
+    di_grammar_walk_stats st[3];
+    ebnf_walk_texts(gbnf, &tb, texts, 3, ")", st);
     tu_report("first argument: %llu walks; second: %llu cached; its second term: %llu cached",
-              (unsigned long long)first.walks, (unsigned long long)second.cached, (unsigned long long)term.cached);
-    assert_int_equal(first.walks, 1);
-    assert_int_equal(second.cached, 1);
-    assert_int_equal(term.cached, 1); /* `name (" + " name)*`: the same for a term of an expression */
-    di_grammar_matcher_free(m);
-    di_grammar_free(g);
-    free(mask);
-    di_grammar_vocab_free(v);
+              (unsigned long long)st[0].walks, (unsigned long long)st[1].cached, (unsigned long long)st[2].cached);
+    assert_int_equal(st[0].walks, 1);
+    assert_int_equal(st[1].cached, 1);
+    assert_int_equal(st[2].cached, 1); /* `name (" + " name)*`: the same for a term of an expression */
+    gt_bytes_free(&tb);
+}
+
+/* The longest repeated element wins: in `str ":" ws value ("," ws str ":" ws value)*` the list
+ * is (str ":" ws value) separated by ("," ws), not value separated by ("," ws str ":" ws), so the
+ * second member's key and value are the first member's places: its mask after `:` is a
+ * mask-cache hit of the first's (with the shortest element, value alone, it is another walk).
+ * Masks are compared with brute force. */
+static void test_separated_list_longest(void **state) {
+    (void)state;
+    gt_bytes tb = alpha_vocab(1500, 31337, "ab1{}\":, ", 5);
+    static const char gbnf[] = "root ::= \"{\" ws ( str \":\" ws value (\",\" ws str \":\" ws value)* )? \"}\"\n"
+                               "value ::= str | [1]+ ws\n"
+                               "str ::= \"\\\"\" [ab]* \"\\\"\" ws\n"
+                               "ws ::= \" \"?\n";
+    static const char *const texts[] = {"{\"a\":", " 11, \"b\":"}; /* after the first and the second member's `:` */
+    di_grammar_walk_stats st[2];
+    ebnf_walk_texts(gbnf, &tb, texts, 2, "\"ab\"}", st);
+    tu_report("first member: %llu walks; second: %llu cached", (unsigned long long)st[0].walks,
+              (unsigned long long)st[1].cached);
+    assert_int_equal(st[0].walks, 1);
+    assert_int_equal(st[1].cached, 1);
     gt_bytes_free(&tb);
 }
 
@@ -1629,6 +1758,8 @@ int main(void) {
         cmocka_unit_test(test_whole_subtree_union),
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
         cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
+        cmocka_unit_test(test_separated_list_longest), cmocka_unit_test(test_predicted_once),
+        cmocka_unit_test(test_bare_terminals),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),
         cmocka_unit_test(test_rollback_and_eos),

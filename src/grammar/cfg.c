@@ -173,7 +173,10 @@ int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max) {
         if (m == g->nt_loop_min[s]) return s;
         return di_cfg_repeat(g, inner, m, -1);
     }
-    int32_t nt = di_cfg_nt(g, NULL);
+    /* s{0,k} is its tail T_k itself, with no unit rule around it: one Earley item less wherever
+     * it is predicted (EBNF `?` and `{0,n}`: -2.4% of ebnf_json's instructions) */
+    bool bare = min == 0 && max > 0;
+    int32_t nt = bare ? -1 : di_cfg_nt(g, NULL);
     if (max < 0 && min <= 1 && !g->err_code) {
         g->nt_loop[nt] = s;
         g->nt_loop_min[nt] = (uint8_t)min;
@@ -204,6 +207,7 @@ int32_t di_cfg_repeat(di_cfg *g, int32_t s, int64_t min, int64_t max) {
             tail = t;
         }
     }
+    if (bare) return tail >= 0 ? tail : s; /* tail < 0: a build error is recorded already */
     /* body: min copies of s then the tail, laid out in one rule */
     size_t n = (size_t)min + (tail >= 0 ? 1 : 0);
     int32_t *body = malloc((n ? n : 1) * sizeof(int32_t));

@@ -32,6 +32,7 @@ static int grow_hash(di_earley *m, size_t need, di_error *err) {
     /* re-insert the items of the set under construction */
     size_t first = m->set_off[m->n_sets];
     for (size_t i = first; i < m->n_items; i++) {
+        if (m->items[i].origin == m->n_sets) continue; /* never looked up (add_new_items) */
         uint64_t key = key_of(m->items[i].pos, m->items[i].origin);
         size_t h = hash_of(key, cap - 1);
         while (m->hstamp[h] == m->stamp) h = (h + 1) & (cap - 1);
@@ -85,11 +86,17 @@ static int index_small_set(di_earley *m, di_error *err) {
     if (rc) return rc;
     if (m->hcap == before)
         for (size_t x = m->set_off[m->n_sets]; x < m->n_items; x++)
-            hash_insert(m, key_of(m->items[x].pos, m->items[x].origin));
+            if (m->items[x].origin != m->n_sets) hash_insert(m, key_of(m->items[x].pos, m->items[x].origin));
     return 1;
 }
 
-/* Add an item to the set under construction unless present. Returns 1 if added, 0 if present,
+static int set_limit(di_error *err) {
+    return di_error_set(err, DI_ERR_LIMIT, "grammar matcher: Earley set exceeds %u items (grammar too ambiguous)",
+                        DI_EARLEY_MAX_SET_ITEMS);
+}
+
+/* Add an item to the set under construction unless present (an origin below the set, but for
+ * set 0's first item: add_new_items adds the others). Returns 1 if added, 0 if present,
  * <0 on error. The large-set path and the limit errors are out of line, so that this one stays
  * small enough to inline into close_set (~20 calls per pushed byte). */
 static inline int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error *err) {
@@ -109,9 +116,7 @@ static inline int add_item(di_earley *m, uint32_t pos, uint32_t origin, di_error
 
 /* add_item for a set of SMALL_SET items or more: deduplicated by the hash table. */
 static int add_item_large(di_earley *m, uint32_t pos, uint32_t origin, size_t count, di_error *err) {
-    if (count + 1 > DI_EARLEY_MAX_SET_ITEMS)
-        return di_error_set(err, DI_ERR_LIMIT, "grammar matcher: Earley set exceeds %u items (grammar too ambiguous)",
-                            DI_EARLEY_MAX_SET_ITEMS);
+    if (count + 1 > DI_EARLEY_MAX_SET_ITEMS) return set_limit(err);
     int rc = grow_hash(m, count + 1, err);
     if (rc) return rc;
     uint64_t key = key_of(pos, origin);
@@ -124,6 +129,27 @@ static int add_item_large(di_earley *m, uint32_t pos, uint32_t origin, size_t co
     if (rc < 0) return rc;
     m->hstamp[h] = m->stamp;
     m->hkey[h] = key;
+    return 1;
+}
+
+/* Append items that start in the set under construction (origin == its index), at positions
+ * pos[0..n). Such items come only from predicting a nonterminal, whose rules enter a set once
+ * (pred_stamp), and from moving the dot of one of them over a nullable symbol, which happens
+ * once per item: scans, completions and Leo's chains all keep an origin below the set. So they
+ * are new without a check, and add_item, which sees only older origins after set 0, never looks
+ * them up (they stay out of small_seen and the hash table). Counted as n add_item calls. */
+static inline int add_new_items(di_earley *m, const uint32_t *pos, uint32_t n, di_error *err) {
+    if (__builtin_expect((m->work += n) > DI_EARLEY_MAX_WORK, 0)) return work_limit(err);
+    size_t count = m->n_items - m->set_off[m->n_sets];
+    if (count + n > DI_EARLEY_MAX_SET_ITEMS) return set_limit(err);
+    while (m->n_items + n > m->cap_items) {
+        int rc = grow_items(m, err);
+        if (rc) return rc;
+    }
+    di_earley_item *it = m->items + m->n_items;
+    for (uint32_t k = 0; k < n; k++) it[k] = (di_earley_item){pos[k], (uint32_t)m->n_sets};
+    m->n_items += n;
+    if (count < SMALL_SET && count + n >= SMALL_SET) return index_small_set(m, err); /* add_item looks up the table */
     return 1;
 }
 
@@ -151,6 +177,7 @@ static int begin_set(di_earley *m, di_error *err) {
     if (++m->stamp == 0) { /* stamp wrapped: clear once every 2^32 sets */
         memset(m->hstamp, 0, m->hcap * sizeof *m->hstamp);
         memset(m->leo, 0, DI_EARLEY_LEO_MEMO * sizeof *m->leo);
+        memset(m->pred_stamp, 0, m->g->n_nt * sizeof *m->pred_stamp);
         m->stamp = 1;
     }
     m->set_stamp[m->n_sets] = m->stamp;
@@ -269,9 +296,17 @@ static int close_set(di_earley *m, di_error *err) {
                     rc = add_item(m, w[x].pos + 1, w[x].origin, err);
             }
         } else if (s >= 0) {
-            for (uint32_t r = g->nt_rule_off[s]; r < g->nt_rule_off[s + 1] && rc >= 0; r++)
-                rc = add_item(m, g->nt_rules[r], cur, err);
-            if (rc >= 0 && g->nullable[s]) rc = add_item(m, it.pos + 1, it.origin, err);
+            uint32_t r = g->nt_rule_off[s], re = g->nt_rule_off[s + 1];
+            if (m->pred_stamp[s] != m->stamp) {
+                m->pred_stamp[s] = m->stamp;
+                rc = add_new_items(m, g->nt_rules + r, re - r, err);
+            } else if ((m->work += re - r) > DI_EARLEY_MAX_WORK) { /* as many as the duplicates it skips */
+                return work_limit(err);
+            }
+            if (rc >= 0 && g->nullable[s]) {
+                uint32_t next = it.pos + 1;
+                rc = it.origin == cur ? add_new_items(m, &next, 1, err) : add_item(m, next, it.origin, err);
+            }
         } else {
             const di_cfg_class *c = &g->cls[-1 - s];
             for (int w = 0; w < 8; w++) scan.bits[w] |= c->bits[w];
@@ -292,9 +327,14 @@ int di_earley_init(di_earley *m, const di_cfg *g, di_error *err) {
     m->g = g;
     if (!g->final) return di_error_set(err, DI_ERR_INTERNAL, "grammar matcher: grammar not finalized");
     m->leo = calloc(DI_EARLEY_LEO_MEMO, sizeof *m->leo);
-    if (!m->leo) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
+    m->pred_stamp = calloc(g->n_nt ? g->n_nt : 1, sizeof *m->pred_stamp);
+    if (!m->leo || !m->pred_stamp) {
+        di_earley_free(m);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
+    }
     int rc = begin_set(m, err);
     if (!rc) {
+        m->pred_stamp[g->start] = m->stamp; /* start' has the one rule whose item this is */
         int a = add_item(m, g->init_pos, 0, err);
         if (a < 0) rc = a;
     }
@@ -311,6 +351,7 @@ void di_earley_free(di_earley *m) {
     free(m->wait_off);
     free(m->set_stamp);
     free(m->leo);
+    free(m->pred_stamp);
     free(m->hkey);
     free(m->hstamp);
     memset(m, 0, sizeof *m);

@@ -60,6 +60,10 @@ typedef struct di_earley {
     uint64_t small_seen;      /* set under construction, while below the hash table's size: one bit
                                  per item hash (a clear bit means "not present" without a scan) */
     uint32_t work;            /* add_item calls for the byte being pushed */
+    /* Stamp of the set whose closure last predicted each nonterminal: its rules enter a set once,
+     * so the items that start in the set under construction (origin == its index) are new by
+     * construction and skip the duplicate check (close_set). */
+    uint32_t *pred_stamp;     /* [g->n_nt] */
     /* Context watch for the matcher's context-independent walk: a completion of an item whose
      * origin set is below opaque_below (the walk's boundary) reads sets the walk treats as
      * unknown context; such completions are counted in opaque_hits. 0 = no watch. */

@@ -264,10 +264,15 @@ static inline uint64_t mix64(uint64_t x) {
  * byte. Finished items (dot at the end) have already been completed and are ignored, which is what
  * makes consecutive characters of a string share one key. Items are combined by addition so the
  * order in which a set was built does not matter. */
-static void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
+static inline void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
     h->a += mix64(((uint64_t)pos << 1 | 1) ^ mix64(o.a));
     h->b += mix64(((uint64_t)pos * 0x9E3779B97F4A7C15ull) ^ mix64(o.b + 0x5851F42D4C957F2Dull));
 }
+
+/* add_item_sig for an item that started in the set it is in (most items of a set: the rules
+ * predicted there), whose origin enters as a constant: the compiler folds its two mixes. */
+#define HERE_SIG ((sig128){1, 2})
+static inline void add_here_sig(sig128 *h, uint32_t pos) { add_item_sig(h, pos, HERE_SIG); }
 
 /* ---- completion effects: what an item's origin contributes to a key ----
  * An item of a later set reads its origin set only when its own rule completes: then its lhs A
@@ -321,7 +326,8 @@ static void set_sig_compute(di_grammar_matcher *m, size_t i) {
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
         if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
+        if (it.origin == i) add_here_sig(&h, it.pos);
+        else add_item_sig(&h, it.pos, feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     m->set_sig[i] = h;
     m->sigver[i] = m->sver[i];
@@ -388,7 +394,8 @@ static sig128 state_key(di_grammar_matcher *m) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
+        if (it.origin == i) add_here_sig(&h, it.pos);
+        else add_item_sig(&h, it.pos, feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     return h;
 }
@@ -464,7 +471,7 @@ static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth
                              full ? feff(m, w[x].origin, l, depth + 1) : leff(m, w[x].origin, l, depth + 1, ok));
                 continue;
             }
-            add_item_sig(h, w[x].pos, (sig128){1, 2});
+            add_here_sig(h, w[x].pos);
             int y = 0;
             while (y < ns && syms[y] != l) y++;
             if (y < ns) continue;
@@ -536,7 +543,8 @@ static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
         if (psym[it.pos] < 0) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : leff(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
+        if (it.origin == i) add_here_sig(&h, it.pos);
+        else add_item_sig(&h, it.pos, leff(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
     }
     m->lsig[i] = h;
     m->lstamp[i] = m->lgen;
@@ -553,7 +561,8 @@ static sig128 local_key(di_grammar_matcher *m, bool *ok) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        add_item_sig(&h, it.pos, it.origin == i ? (sig128){1, 2} : leff(m, it.origin, m->g->cfg->plhs[it.pos], 1, ok));
+        if (it.origin == i) add_here_sig(&h, it.pos);
+        else add_item_sig(&h, it.pos, leff(m, it.origin, m->g->cfg->plhs[it.pos], 1, ok));
     }
     h.b ^= LOCAL_DOMAIN;
     return h;

@@ -152,6 +152,11 @@ static void json_escape_rule(di_cfg *g, int32_t nt, uint32_t c) {
 
 int32_t di_cpset_sym(di_cfg *g, di_cpset *s, unsigned flags) {
     cpset_normalize(s);
+    if ((flags & DI_CPSET_BARE) && !(flags & DI_REGEX_JSON_STRING) && s->n && s->r[s->n - 1][1] < 0x80) {
+        di_cfg_class c = {{0}}; /* one-byte members only (the ranges are sorted) */
+        for (size_t i = 0; i < s->n; i++) di_cfg_class_add_range(&c, s->r[i][0], s->r[i][1]);
+        return di_cfg_class_sym(g, &c);
+    }
     int32_t nt = di_cfg_nt(g, NULL);
     /* all one-byte members go into a single class: one terminal instead of many rules */
     di_cfg_class ascii = {{0}};

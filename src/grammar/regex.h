@@ -22,8 +22,11 @@
 #include "grammar/cfg.h"
 
 enum {
-    DI_REGEX_JSON_STRING = 1 /* emit each code point as it appears inside a JSON string literal:
+    DI_REGEX_JSON_STRING = 1, /* emit each code point as it appears inside a JSON string literal:
                                 '"' -> \", '\' -> \\, controls -> \n \t ... or \u00XX */
+    DI_CPSET_BARE = 2         /* di_cpset_sym: a set of one-byte members only is its class terminal itself,
+                                 not a nonterminal around it (for front-ends that never take a
+                                 negative symbol for "none": the EBNF one) */
 };
 
 typedef struct di_regex_info {
