@@ -9,8 +9,8 @@
  *      (tails of a 4-block stage); with NaN / +inf x rows, a tiny x row, e4m3 NaN weight codes and scale
  *      bytes 0 / 254 / 255 (which also take the literal scale sequence); y at an odd bf16 offset;
  *    - the V4.1 linear shapes (spec §2.4) at M 33, 64, 128, 256 and 1000 (FP8) and the expert shapes (MXFP4);
- *    - every case again with 64-row and with 128-row tiles forced (a 64-row tile, or the last ≤ 64 rows of a
- *      128-row launch, runs each column half on its own consumer warpgroup), against the rule's choice.
+ *    - every case with 64-row tiles forced against 128-row tiles forced (a 64-row tile, or the last ≤ 64
+ *      rows of a 128-row launch, runs each column half on its own consumer warpgroup).
  * 2. The linear_fp8 / linear_fp4 slot with the kernel on against the slot with it off (NaN class).
  * 2c. Grouped launches (the prefill experts) against the dense kernel per expert, bit for bit (check_grouped).
  * 3. Refusals: M 0, N 0, K 48, misaligned w / xd / xq.
@@ -108,21 +108,22 @@ static void check_case(int fp4, int64_t M, int64_t N, int64_t K, int special, in
     RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E));
     uint16_t *y_ig = ct_down(dy, 2 * (size_t)(M * N));
     if (with_cpu) row("igmma vs CPU (NaN class)", sh, ct_bf16_diff(y_ig, y_cpu, M * N, 1), M * N);
-    /* the same call again in each other form of the kernel, against the default one, bit for bit: every stage
-     * through the conversion instruction and the literal scale sequence; 64- and 128-row tiles (one x half per
-     * tile, or two) */
+    /* the same call in the kernel's other forms, bit for bit: every stage through the conversion instruction
+     * and the literal scale sequence (against the default); 64-row tiles (one x half per tile) against 128-row
+     * ones (two, but for a last tile of ≤ 64 rows): different paths whenever M > 64, and each the rule's choice
+     * somewhere, so both are also checked through y_ig against the CPU */
+    uint16_t *y_f[3];
     for (int form = 0; form < 3; form++) {
-        static const char *const what[3] = {"igmma fused vs literal scale sequence", "igmma 64-row tiles vs the rule's",
-                                            "igmma 128-row tiles vs the rule's"};
         if (form == 0) di_cuda_gemm_igmma_set_literal(1);
         else di_cuda_gemm_igmma_set_tile_rows(64 * form);
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));
         RUN(di_cuda_gemm_igmma_run(fp4, xq, xs, M, K, dw, dws, N, dy, xd, st, E));
         di_cuda_gemm_igmma_set_literal(0), di_cuda_gemm_igmma_set_tile_rows(0);
-        uint16_t *y_f = ct_down(dy, 2 * (size_t)(M * N));
-        row(what[form], sh, ct_bf16_diff(y_ig, y_f, M * N, 1), M * N);
-        free(y_f);
+        y_f[form] = ct_down(dy, 2 * (size_t)(M * N));
     }
+    row("igmma fused vs literal scale sequence", sh, ct_bf16_diff(y_ig, y_f[0], M * N, 1), M * N);
+    row("igmma 64-row vs 128-row tiles", sh, ct_bf16_diff(y_f[1], y_f[2], M * N, 1), M * N);
+    free(y_f[0]), free(y_f[1]), free(y_f[2]);
     if (di_cuda_gemm_mma_fits(M, K, dw)) {
         uint8_t *gd = dev_poisoned((size_t)di_cuda_gemm_mma_scratch(fp4, M, K, N));
         CU(cudaMemset(dy, 0xA5, 2 * (size_t)(M * N)));

@@ -22,8 +22,8 @@
  *    gives x. A weight byte is converted once per 128-row x tile.
  *  - CTA tile 128 x rows × 128 weight rows, 384 threads: warpgroup 0 produces, warpgroups 1 and 2 take 64 x
  *    rows each, in two halves of 64 columns; a tile of ≤ 64 x rows gives both the same rows and one half each
- *    (launches of 64-row tiles where they fit in one wave, ig_tile_rows). Per block and half the levels run as Horner's rule in two s32
- *    register sets: a wgmma with scale-d adds its products to a set, the CUDA cores multiply a set by 2^7
+ *    (launches of 64-row tiles where they fit in one wave, ig_tile_rows). Per block and half the levels run
+ *    as Horner's rule in two s32 register sets: a wgmma with scale-d adds its products to a set, the CUDA cores multiply a set by 2^7
  *    between groups (FP8: X = T4, Y = T1; both ·2^7; X += T3, Y += T0; X ·2^7; X += T2 — nine wgmmas in three
  *    groups; MXFP4: three wgmmas in two); then per output f32(S), ·s_x (pre-scaled by 2^−18 / 2^−10), ·s_w
  *    and the add (ig_promote).
@@ -433,7 +433,6 @@ extern "C" void di_cuda_gemm_igmma_set_enabled(int on) { g_ig_on = on ? 1 : 0; }
 static int g_ig_literal = 0;
 extern "C" void di_cuda_gemm_igmma_set_literal(int on) { g_ig_literal = on ? 1 : 0; }
 
-
 static int g_ig_tm = 0; /* test / bench: 64 or 128 x rows per tile; 0 the rule */
 extern "C" void di_cuda_gemm_igmma_set_tile_rows(int tm) { g_ig_tm = tm == 64 || tm == IG_TM ? tm : 0; }
 
@@ -444,8 +443,7 @@ extern "C" void di_cuda_gemm_igmma_set_tile_rows(int tm) { g_ig_tm = tm == 64 ||
  * one wave the extra tiles cost more than the halved chains save (Engram projection M 128 0.895 → 0.993 ms). */
 static int ig_tile_rows(int64_t m, int64_t n) {
     if (g_ig_tm) return g_ig_tm;
-    const int64_t sms = di_cuda_sm_count() > 0 ? di_cuda_sm_count() : 1, nt = (n + IG_TN - 1) / IG_TN;
-    return (m + 63) / 64 * nt <= sms ? 64 : IG_TM;
+    return (m + 63) / 64 * ((n + IG_TN - 1) / IG_TN) <= di_cuda_sm_count() ? 64 : IG_TM;
 }
 
 /* H200 (bench/NOTES-gpu.md, sessions 13 and 15): a tile is one CTA walking all of K, so the time goes by
