@@ -302,11 +302,12 @@ static void bench_moe(void) {
     }
 }
 
-/* DI_BENCH=moe-profile: one moe_routed call at T 64 over 48 experts (bench gpu's B = 64 step), passes of 4
- * rows, for Nsight Compute (-k regex:moe_); nothing is checked */
+/* DI_BENCH=moe-profile: one moe_routed call at T 64 (DI_PROFILE_T: another T) over 48 experts (bench gpu's
+ * B = 64 step), for Nsight Compute (-k regex:moe_); nothing is checked */
 static void profile_moe(void) {
     moe_experts(384);
-    const int64_t T = 64;
+    const char *pt = getenv("DI_PROFILE_T");
+    const int64_t T = pt && atoll(pt) > 0 ? atoll(pt) : 64;
     int32_t *ids = moe_ids(T, 48, 0);
     float *wt = xmalloc(sizeof *wt * (size_t)(T * MOE_K));
     for (int64_t i = 0; i < T * MOE_K; i++) wt[i] = 0.1f;

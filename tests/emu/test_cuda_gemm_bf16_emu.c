@@ -3,7 +3,7 @@
  * barriers for __syncthreads, shuffles and votes), bit for bit against the CPU ops, no GPU needed.
  * Every kernel (the slot's M split, the GEMV, the tiled kernel with and without the FMA fast path) on
  * linear_bf16 / linear_f32 / grouped shapes: K % 16 ≠ 0, K % 8 ≠ 0 (scalar loads), N and M off the
- * tiles, rows split over GEMV blocks, K spanning several 64-k stages and 1024-k chunks, and rows with
+ * tiles, rows split over GEMV blocks, K spanning several 128-k stages and 1024-k chunks, and rows with
  * subnormals, 1e±30, ±1e37, ±inf, NaN, -0 and the FMA probe (tests/test_cuda_bf16_emu.c explains it),
  * which must make the flagged blocks multiply-then-add. Shapes stay small: 256 host threads per block.
  * Last line "N passed, N failed"; exit 1 on any failure. */
@@ -121,7 +121,8 @@ int main(void) {
     run_case(0, 3, 1, 100, 37, 1);    /* K % 8 = 4: scalar loads; N off both tiles */
     run_case(1, 17, 1, 1030, 40, 1);  /* K % 16 = 6, one full and one partial 1024-chunk, 17 rows */
     run_case(2, 5, 3, 200, 40, 1);    /* grouped, K % 16 = 8 */
-    run_case(2, 65, 2, 96, 33, 0);    /* grouped, one full and one half stage, M 65 */
+    run_case(2, 65, 2, 96, 33, 0);    /* grouped, one partial stage (K < 128 per stage), M 65 */
+    run_case(1, 70, 1, 528, 36, 1);   /* four full stages and one of a single chunk; N off the tile */
     run_case(0, 1, 1, 5120, 20, 0);   /* decode: one row */
     run_case(1, 9, 1, 16, 16, 0);     /* K = 16: one chunk */
     run_case(1, 4, 1, 7, 5, 0);       /* tail only */

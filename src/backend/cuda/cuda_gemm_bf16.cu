@@ -7,14 +7,18 @@
  * sequential, so K cannot be split inside a lane: the parallelism is outputs × 16 lanes. Both kernels
  * give each (output, lane) chain to exactly one thread and combine the 16 chains with the tree above:
  *
- *  - Tiled (prefill; di_bgemm_auto_gemv false): a 256-thread block owns a 64 × 32 output tile. Thread t is
- *    lane pair j = t % 8 (lanes j and j + 8) of an 8 × 8 sub-tile, so it keeps 2 × 64 accumulators;
- *    the eight threads of a sub-tile are consecutive in a warp. x and w stream through shared memory as
- *    f32, k-major ([k][m] and [k][n]), 64 k per stage, double-buffered with the next stage's global
- *    loads held in registers. At the end the thread adds its two lanes (the tree's (l, l+8) step) and
- *    three xor-shuffles over the sub-tile's threads (4, 2, 1) finish the tree: thread j then pairs with
- *    j ^ 4, j ^ 2, j ^ 1, exactly the CPU's pairs (fadd is commutative, so both partners hold the
- *    CPU's value). Thread j then owns row j of the sub-tile for the tail and the store.
+ *  - Tiled (prefill; di_bgemm_auto_gemv false): a 256-thread block owns a 64 × 32 output tile. Warp j
+ *    holds lanes j and j + 8 of every output of the tile, thread (r, c) of the warp rows 4r … 4r + 3 and
+ *    32 + 4r … 32 + 4r + 3 and columns 4c … 4c + 3 and 16 + 4c … 16 + 4c + 3, so it keeps 2 × 64
+ *    accumulators. The threads of a warp read the same k: their x rows are 8 distinct 16-byte words on
+ *    distinct banks and their w columns 4, one shared-memory wavefront per vector load (a warp whose
+ *    threads took different lanes of the same outputs read 16 distinct words per load, four wavefronts:
+ *    the shared-memory pipe, not the FFMAs, was the bound). x and w stream through shared memory as f32,
+ *    k-major ([k][m] and [k][n]), TKC k per stage, double-buffered with the next stage's global loads
+ *    held in registers. At the end each thread adds its two lanes (the tree's (l, l+8) step), and the
+ *    rest of the tree crosses warps through shared memory: warps 4–7 hand their sums to warps 0–3
+ *    ((l, l+4)), warps 2–3 to 0–1 ((l, l+2)); warps 0 and 1 leave theirs and every thread adds the last
+ *    pair ((l, l+1)) for 8 outputs, then the K % 16 tail, and stores them.
  *  - GEMV (decode, M <= DI_BGEMV_MAX_M, and tiled grids smaller than the GPU): a block owns 16 columns; thread t is lane t % 16 of column
  *    t / 16 and keeps one chain per row (≤ 16). K streams through shared memory in 1024-wide chunks
  *    (16-byte loads, the next chunk in registers while this one is summed), so every weight is read
@@ -102,24 +106,29 @@ __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int
 /* ---------------- tiled kernel (prefill) ---------------- */
 #define TBM 64        /* rows (tokens) per block */
 #define TBN 32        /* columns per block */
-#define TKC 64        /* k per shared stage: four 16-wide lane chunks (a stage's sums cover its loads' latency) */
-#define TXP (TBM + 4) /* padded pitch of the k-major x tile: row k's bank offset 4k spreads the 8 lanes */
+/* k per shared stage: eight 16-wide lane chunks. The next stage's global loads fly while this one is
+ * summed; 64 k per stage left them exposed (H200, 2026-12-02, wo_a M 8192: 22.9 ms at 64, 20.6 at 128) */
+#define TKC 128
+#define TXP (TBM + 4) /* padded pitch of the k-major x tile (16-byte aligned rows) */
 #define TWP (TBN + 4)
 #define TTHREADS 256
-#define XVEC (TBM * TKC / 8 / TTHREADS) /* 16-byte x vectors per thread and stage (2) */
-#define WVEC (TBN * TKC / 8 / TTHREADS) /* 16-byte w vectors per thread and stage (1) */
+#define XVEC (TBM * TKC / 8 / TTHREADS) /* 16-byte x vectors per thread and stage (4) */
+#define WVEC (TBN * TKC / 8 / TTHREADS) /* 16-byte w vectors per thread and stage (2) */
 #define XKSTEP (TTHREADS / TBM * 8)     /* k between a thread's x vectors */
 #define WKSTEP (TTHREADS / TBN * 8)
 static_assert(XVEC >= 1 && WVEC >= 1 && XVEC * TTHREADS * 8 == TBM * TKC && WVEC * TTHREADS * 8 == TBN * TKC,
               "the staging gives every thread whole x and w vectors");
-#define TSMEM (sizeof(float) * 2 * TKC * (TXP + TWP)) /* dynamic shared memory: both tiles, double-buffered */
+#define TSMEM_STAGES (sizeof(float) * 2 * TKC * (TXP + TWP)) /* both tiles, double-buffered */
+#define TSMEM_TREE (sizeof(float) * 4 * TBM * TWP)             /* the tree's hand-over: 4 warps' sums */
+#define TSMEM (TSMEM_STAGES > TSMEM_TREE ? TSMEM_STAGES : TSMEM_TREE) /* dynamic shared memory */
 #ifdef DI_CUDA_BF16_EMULATE
 alignas(16) float tsm[TSMEM / sizeof(float)]; /* the emulation's shared memory (one block at a time) */
 #endif
 
-/* One stage's products for this thread: lanes j (h = 0) and j + 8 (h = 1) of its 8 × 8 sub-tile, the
- * stage's 16-chunks in ascending k. FMA: one fused op per term (see the file comment for when it is
- * exact); otherwise the CPU's multiply then add. */
+/* One stage's products for this thread: lanes j (h = 0) and j + 8 (h = 1) of its 8 × 8 outputs (rows
+ * xm … xm + 3 and xm + 32 …, columns wn … wn + 3 and wn + 16 …), the stage's 16-chunks in ascending k.
+ * FMA: one fused op per term (see the file comment for when it is exact); otherwise the CPU's multiply
+ * then add. */
 template <bool FMA>
 static __device__ __forceinline__ void tile_stage(const float (*xs)[TXP], const float (*ws)[TWP], int chunks, int j,
                                                   int xm, int wn, float (&acc)[2][8][8]) {
@@ -129,8 +138,8 @@ static __device__ __forceinline__ void tile_stage(const float (*xs)[TXP], const 
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int k = c * LANES + j + 8 * h;
-            const float4 xa = *(const float4 *)&xs[k][xm], xb = *(const float4 *)&xs[k][xm + 4];
-            const float4 wa = *(const float4 *)&ws[k][wn], wb = *(const float4 *)&ws[k][wn + 4];
+            const float4 xa = *(const float4 *)&xs[k][xm], xb = *(const float4 *)&xs[k][xm + TBM / 2];
+            const float4 wa = *(const float4 *)&ws[k][wn], wb = *(const float4 *)&ws[k][wn + TBN / 2];
             const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
             const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
@@ -186,8 +195,8 @@ __global__ void __launch_bounds__(TTHREADS, 1)
                        uint16_t *y16, float *y32, int64_t ldy, int64_t gx, int64_t gw, int64_t gy, const uint8_t *xok,
                        const uint8_t *wok, int vec) {
     extern __shared__ __align__(16) float tsm[];
-    float(*xs)[TKC][TXP] = (float(*)[TKC][TXP])tsm;                 /* f32 [2 buffers][64 k][64 rows (+4)] */
-    float(*ws)[TKC][TWP] = (float(*)[TKC][TWP])(tsm + 2 * TKC * TXP); /* f32 [2 buffers][64 k][32 cols (+4)] */
+    float(*xs)[TKC][TXP] = (float(*)[TKC][TXP])tsm;                 /* f32 [2 buffers][TKC k][64 rows (+4)] */
+    float(*ws)[TKC][TWP] = (float(*)[TKC][TWP])(tsm + 2 * TKC * TXP); /* f32 [2 buffers][TKC k][32 cols (+4)] */
     const int z = blockIdx.z, G = gridDim.z, t = threadIdx.x;
     x += z * gx, w += z * gw;
     if (y16) y16 += z * gy;
@@ -195,11 +204,8 @@ __global__ void __launch_bounds__(TTHREADS, 1)
     const int64_t m0 = (int64_t)blockIdx.y * TBM, n0 = (int64_t)blockIdx.x * TBN;
     const int64_t K16 = K - K % LANES;
 
-    /* sub-tile of this thread: a warp holds 2 × 2 sub-tiles (8 lane-pair threads each), which keeps
-     * its shared reads at 2 distinct float4 per row pair (see the pitches above) */
-    const int j = t % 8, q = (t / 8) % 4, wp = t / 32;
-    const int sm = (wp % 4) * 2 + (q & 1), sn = (wp / 4) * 2 + (q >> 1);
-    const int xm = sm * 8, wn = sn * 8;
+    /* lanes j and j + 8 of this warp; this thread's rows xm + {0..3, 32..35}, columns wn + {0..3, 16..19} */
+    const int j = t / 32, xm = (t % 32) / 4 * 4, wn = t % 4 * 4;
 
     /* the block takes the FMA path only if all its x rows and w rows passed the range pre-pass */
     int ok = xok != NULL;
@@ -243,35 +249,57 @@ __global__ void __launch_bounds__(TTHREADS, 1)
         buf ^= 1;
     }
 
-    /* the tree: (l, l+8) inside the thread, then (l, l+4), (l, l+2), (l, l+1) across lane-pair threads */
+    /* the tree. (l, l+8): this thread's two lanes. (l, l+4), (l, l+2): warps 4–7 hand their sums to
+     * warps 0–3 through shared memory, then warps 2–3 to 0–1 (f32 [4][TBM][TWP]: output (r, c) of slot
+     * s at [s][r][c]; the pitch puts a warp's 16-byte words on 4 wavefronts). (l, l+1): warps 0 and 1
+     * leave theirs in slots 0 and 1 and every thread adds the pair for 8 outputs. fadd is commutative,
+     * so b_l + b_{l+4} is the CPU's value whichever warp adds. */
+    float(*tree)[TBM][TWP] = (float(*)[TBM][TWP])tsm; /* the stages' buffers, free after the last barrier */
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
+        for (int c = 0; c < 8; c++) acc[0][i][c] = __fadd_rn(acc[0][i][c], acc[1][i][c]);
+    for (int half = 4; half >= 1; half /= 2) {
+        if (j >= half && j < 2 * half)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int hq = 0; hq < 2; hq++)
+                    *(float4 *)&tree[j - half][xm + (i & 3) + (i >> 2) * (TBM / 2)][wn + hq * (TBN / 2)] =
+                        make_float4(acc[0][i][4 * hq], acc[0][i][4 * hq + 1], acc[0][i][4 * hq + 2],
+                                    acc[0][i][4 * hq + 3]);
+        __syncthreads();
+        if (half == 1) break; /* slot 0 holds warp 1's sums; warp 0 keeps its own in registers */
+        if (j < half)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int hq = 0; hq < 2; hq++) {
+                    const float4 v = *(const float4 *)&tree[j][xm + (i & 3) + (i >> 2) * (TBM / 2)][wn + hq * (TBN / 2)];
+                    acc[0][i][4 * hq] = __fadd_rn(acc[0][i][4 * hq], v.x);
+                    acc[0][i][4 * hq + 1] = __fadd_rn(acc[0][i][4 * hq + 1], v.y);
+                    acc[0][i][4 * hq + 2] = __fadd_rn(acc[0][i][4 * hq + 2], v.z);
+                    acc[0][i][4 * hq + 3] = __fadd_rn(acc[0][i][4 * hq + 3], v.w);
+                }
+        __syncthreads();
+    }
+    /* (l, l+1) in warp 0, which holds d_0 (slot 0 has d_1), then the K % 16 tail and the store; the 32
+     * threads of warp 0 cover the tile's 2,048 outputs, 64 each */
+    if (j != 0) return;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int64_t m = m0 + xm + (i & 3) + (i >> 2) * (TBM / 2);
+        if (m >= M) continue;
+#pragma unroll
         for (int c = 0; c < 8; c++) {
-            float s = __fadd_rn(acc[0][i][c], acc[1][i][c]);
-            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
-            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
-            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
-            acc[0][i][c] = s;
+            const int tc = wn + (c & 3) + (c >> 2) * (TBN / 2);
+            const int64_t n = n0 + tc;
+            if (n >= N) continue;
+            const float s = tail_terms(__fadd_rn(acc[0][i][c], tree[0][xm + (i & 3) + (i >> 2) * (TBM / 2)][tc]),
+                                       x + m * ldx, w + n * ldw, K16, K);
+            if (y16) y16[m * ldy + n] = d_to_bf16(s);
+            else y32[m * ldy + n] = s;
         }
-    /* thread j stores row j of the sub-tile (a select, not a run-time register index) */
-    float out[8];
-#pragma unroll
-    for (int c = 0; c < 8; c++) out[c] = acc[0][0][c];
-#pragma unroll
-    for (int i = 1; i < 8; i++)
-        if (i == j)
-#pragma unroll
-            for (int c = 0; c < 8; c++) out[c] = acc[0][i][c];
-    const int64_t m = m0 + xm + j;
-    if (m >= M) return;
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-        const int64_t n = n0 + wn + c;
-        if (n >= N) break;
-        const float s = tail_terms(out[c], x + m * ldx, w + n * ldw, K16, K);
-        if (y16) y16[m * ldy + n] = d_to_bf16(s);
-        else y32[m * ldy + n] = s;
     }
 }
 
