@@ -75,7 +75,7 @@ $(BUILD)/emu/test_cuda_sample_emu: tests/cuda/test_cuda_sample.c $(BUILD)/emu/cu
 # cuda_heap_pipe.cuh (the GPU's source) on one warp of fibers against its serial steps; CI runs it.
 .PHONY: cuda-heap-emu
 cuda-heap-emu: $(BUILD)/emu/test_cuda_heap_pipe_emu
-$(BUILD)/emu/test_cuda_heap_pipe_emu: tests/emu/test_cuda_heap_pipe_emu.cc src/backend/cuda/cuda_heap_pipe.cuh src/backend/cuda/cuda_gemm_bf16_emu.h $(BUILD)/libdeepinfer.a
+$(BUILD)/emu/test_cuda_heap_pipe_emu: tests/emu/test_cuda_heap_pipe_emu.cc src/backend/cuda/cuda_heap_pipe.cuh src/backend/cuda/cuda_gemm_bf16_emu.h src/backend/cuda/cuda_bf16_bits.cuh $(BUILD)/libdeepinfer.a
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
 	    -D_GNU_SOURCE -Iinclude -Isrc -o $@ $< $(BUILD)/libdeepinfer.a $(LDLIBS)
@@ -85,7 +85,8 @@ $(BUILD)/emu/test_cuda_heap_pipe_emu: tests/emu/test_cuda_heap_pipe_emu.cc src/b
 # fibers (cuda_gemm_bf16_emu.h), checked against the CPU op bit for bit; CI runs it (tests/all.sh).
 .PHONY: cuda-bf16-emu
 cuda-bf16-emu: $(BUILD)/emu/test_cuda_gemm_bf16_emu
-$(BUILD)/emu/cuda_gemm_bf16_emu.o: src/backend/cuda/cuda_gemm_bf16.cu src/backend/cuda/cuda_gemm_bf16.h src/backend/cuda/cuda_gemm_bf16_emu.h
+$(BUILD)/emu/cuda_gemm_bf16_emu.o: src/backend/cuda/cuda_gemm_bf16.cu src/backend/cuda/cuda_gemm_bf16.h src/backend/cuda/cuda_gemm_bf16_emu.h \
+                                   src/backend/cuda/cuda_bf16_bits.cuh
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
 	    -D_GNU_SOURCE -DDI_CUDA_BF16_EMULATE -x c++ -Iinclude -Isrc -c $< -o $@

@@ -28,6 +28,8 @@
 
 /* cuda_sparse_attn.cuh (extern "C" in cuda_attn.cu): 1 = several heads per block, 0 = the per-head kernel */
 void di_cuda_sattn_heads_set(int on);
+int di_cuda_bf16_fma_flags(const di_backend *be, const uint16_t *p, int64_t rows, int64_t ld, int64_t k, uint8_t *flag,
+                           di_error *err);
 
 enum { D = 512, WIN = 128, SEL = 512 };
 static const float SCALE = 0.044194173824159216f; /* 512^-0.5 */
@@ -196,6 +198,134 @@ static void check(const char *name, acase *c, const int64_t *cpu_q, int n_cpu) {
     free(o_new), free(o_old);
 }
 
+/* ---------------- the FMA fast path (cuda_sparse_attn.cuh) ----------------
+ * Its decisions are invisible on ordinary inputs (there every product is exact, so both forms agree);
+ * these cases make them visible. */
+
+/* di_cuda_bf16_fma_flags at the range's edges: each row holds ordinary values and one probe value. */
+static void check_fma_flags(void) {
+    static const struct { uint16_t v; int ok; } probe[] = {
+        {0x0000, 1}, {0x8000, 1}, {0x7f80, 1}, {0xff80, 1}, {0x7fc0, 1}, /* ±0, ±inf, NaN */
+        {0x2000, 1}, {0xa000, 1}, {0x1fff, 0}, {0x9f80, 0},             /* 2^-63 ok, just below / 2^-64 not */
+        {0x5eff, 1}, {0xdeff, 1}, {0x5f00, 0}, {0xdf00, 0},             /* just below 2^63 ok, 2^63 not */
+        {0x0001, 0}, {0x007f, 0}, {0x0080, 0}, {0x3f80, 1},             /* subnormals, 2^-126, 1.0 */
+    };
+    enum { NP = sizeof probe / sizeof probe[0], K = 520 }; /* K % 8 = 0 and a partial 256-element pass */
+    uint16_t *rows = xmalloc(sizeof *rows * NP * K);
+    for (int r = 0; r < NP; r++) {
+        for (int k = 0; k < K; k++) rows[r * K + k] = bf(gauss());
+        rows[r * K + (r * 37) % K] = probe[r].v;
+    }
+    uint16_t *d = dup_dev(rows, sizeof *rows * NP * K);
+    uint8_t *df = dev_poisoned(NP), fl[NP];
+    int64_t bad = 0;
+    for (int pass = 0; pass < 2; pass++) { /* 16-byte rows, then rows one element off (scalar loads) */
+        const int64_t ld = pass ? K - 1 : K;
+        RUN(di_cuda_bf16_fma_flags(gpu, d + pass, pass ? NP - 1 : NP, ld, pass ? K - 9 : K, df, E));
+        CU(cudaMemcpy(fl, df, pass ? NP - 1 : NP, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < (pass ? NP - 1 : NP); r++) {
+            /* pass 1: row r starts at element 1 + r·(K − 1) and holds K − 9 elements */
+            int expect = 1;
+            for (int64_t k = 0; k < (pass ? K - 9 : K); k++) {
+                const uint16_t v = rows[(pass ? 1 + r * (K - 1) : r * K) + k], a = v & 0x7fff;
+                expect &= a == 0 || a >= 0x7f80 || (a >= 0x2000 && a < 0x5f00);
+            }
+            bad += fl[r] != expect || (!pass && fl[r] != probe[r].ok);
+        }
+    }
+    row("fma flags", "17 probe rows x 520 (16-byte and scalar loads)", bad, 2 * NP - 1);
+    CU(cudaFree(d));
+    CU(cudaFree(df));
+    free(rows);
+}
+
+/* Keys of a probe query: key i has score channels (0, 1) = (k0, k1) with q = (1, 1, 0, …), and value
+ * v[ch] at the probe channel ch; every other channel 0. p = bf16(exp(s − 0)) with s = (k0 + k1)·SCALE
+ * in f32, as the kernels compute it (one nonzero term per lane, max score 0). */
+enum { PROBE_CH = 100 };
+static float probe_p(uint16_t k0, uint16_t k1) {
+    const float s = (di_bf16_to_f32(k0) + di_bf16_to_f32(k1)) * SCALE;
+    return di_bf16_to_f32(di_f32_to_bf16((float)exp((double)s)));
+}
+/* score channels giving p = 2^-j exactly (searched over k0 near the target and k1 in steps of 1/256) */
+static void probe_key(int j, uint16_t *k0, uint16_t *k1) {
+    const double x = -j * log(2.0) / SCALE;
+    for (int a = -8; a <= 8; a++) {
+        const uint16_t c0 = (uint16_t)(bf(x) + a); /* neighbouring bf16 codes (negative values) */
+        for (int b = 0; b < 512; b++) {
+            const uint16_t c1 = bf((b - 256) / 256.0);
+            if (probe_p(c0, c1) == ldexpf(1.0f, -j)) {
+                *k0 = c0, *k1 = c1;
+                return;
+            }
+        }
+    }
+    die("probe", "no score channels give the probe probability");
+}
+
+/* One step of 4 keys [M, A, Y, X] whose PV sum at channel PROBE_CH is (2^-125 + 2^-133) + 2^-149·(1 + 2^-7):
+ * multiply-then-add rounds the last product to 2^-149 and the f32 sum ties back to 2^-125 + 2^-133, an
+ * exact bf16 tie that rounds to 2^-125; one fma rounds once, to 2^-125 + 2^-148, and the bf16 output to
+ * 2^-125 + 2^-132 — only the slow path gives the CPU's bits (rows_unsafe: all of it halved, l = 2).
+ * rows_unsafe: p = 0, 1, 1, 2^-30 and the terms' values below 2^-63 (the key-row flags must refuse the
+ * step); else p = 1, 2^-62, 2^-70, 2^-86 and every value ≥ 2^-63 (the probability vote must refuse it). */
+static void check_fma_probe(const char *name, int rows_unsafe) {
+    const int nh = 64;
+    acase c;
+    memset(&c, 0, sizeof c);
+    c.m = 8, c.nh = nh, c.n_idx = 4, c.n_win = WIN, c.n_cmp = 64;
+    const int64_t nq = c.m * nh * D, nkv = (c.n_win + c.n_cmp) * D;
+    c.q = xmalloc((size_t)nq * 2), c.kv = xmalloc((size_t)nkv * 2), c.idx = xmalloc((size_t)(c.m * 4) * 4);
+    c.sink = xmalloc((size_t)nh * 4);
+    memset(c.q, 0, (size_t)nq * 2), memset(c.kv, 0, (size_t)nkv * 2);
+    for (int64_t i = 0; i < c.m * nh; i++) c.q[i * D] = c.q[i * D + 1] = bf(1.0);
+    for (int h = 0; h < nh; h++) c.sink[h] = -INFINITY;
+    /* keys: window rows 0 (M, score 0), 1 (A), 2 (Y), 3 (X) */
+    uint16_t *kM = c.kv, *kA = c.kv + D, *kY = c.kv + 2 * D, *kX = c.kv + 3 * D;
+    double pA, pY, pX;
+    double pM = 1;
+    if (rows_unsafe) { /* pM = 0 (score −1,326), pA = pY = 1 (scores 0), pX = 2^-30 */
+        uint16_t k0, k1;
+        probe_key(30, &k0, &k1);
+        kX[0] = k0, kX[1] = k1;
+        kM[0] = bf(-30000.0);
+        pM = 0, pA = 1, pY = 1, pX = 0x1p-30;
+    } else {
+        uint16_t k0, k1;
+        probe_key(62, &k0, &k1), kA[0] = k0, kA[1] = k1;
+        probe_key(70, &k0, &k1), kY[0] = k0, kY[1] = k1;
+        probe_key(86, &k0, &k1), kX[0] = k0, kX[1] = k1;
+        pA = 0x1p-62, pY = 0x1p-70, pX = 0x1p-86;
+    }
+    kM[PROBE_CH] = 0;
+    kA[PROBE_CH] = bf(0x1p-125 / pA), kY[PROBE_CH] = bf(0x1p-133 / pY), kX[PROBE_CH] = bf(0x1p-149 * (1 + 0x1p-7) / pX);
+    for (int64_t i = 0; i < c.m; i++) c.idx[i * 4] = 0, c.idx[i * 4 + 1] = 1, c.idx[i * 4 + 2] = 2, c.idx[i * 4 + 3] = 3;
+    c.dq = dup_dev(c.q, (size_t)nq * 2), c.dkv = dup_dev(c.kv, (size_t)nkv * 2);
+    c.didx = dup_dev(c.idx, (size_t)(c.m * 4) * 4), c.dsink = dup_dev(c.sink, (size_t)nh * 4);
+    c.dout = dev_poisoned((size_t)nq * 2);
+
+    /* the probe is what it claims: the CPU op gives the slow path's tie-even value, the one-fma sum another */
+    uint16_t *oc = xmalloc((size_t)nh * D * 2);
+    RUN(cpu->sparse_attn(cpu, c.q, 1, nh, D, c.kv, c.n_win, c.kv + c.n_win * D, c.n_cmp, c.sink, c.idx, 4, SCALE, oc, E));
+    const float l = rows_unsafe ? 2.0f : 1.0f; /* 1 + 1 + 2^-30, or 1 + tiny: exactly 2 / 1 in f32 */
+    float fused = 0.0f;
+    const double pk[4] = {pM, pA, pY, pX};
+    for (int k = 0; k < 4; k++) fused = fmaf((float)pk[k], di_bf16_to_f32(c.kv[k * D + PROBE_CH]), fused);
+    const uint16_t want = bf(0x1p-125 / l), fast = di_f32_to_bf16(fused / l);
+    int64_t setup = (oc[PROBE_CH] != want) + (fast == want);
+    char shape[96];
+    snprintf(shape, sizeof shape, "probe setup: CPU 0x%04x (want 0x%04x), one-fma 0x%04x", oc[PROBE_CH], want, fast);
+    row(name, shape, setup, 2);
+
+    uint16_t *o_new = gpu_out(&c, 1), *o_old = gpu_out(&c, 0);
+    int64_t d_cpu = 0, d_old = u16_differ(o_new, o_old, nq);
+    for (int64_t i = 0; i < c.m * nh; i++) d_cpu += o_new[i * D + PROBE_CH] != want;
+    snprintf(shape, sizeof shape, "n_q 8, 64 heads, 4 idx: vs the per-head kernel (all), vs CPU (probe channel)");
+    row(name, shape, d_old + d_cpu, nq + c.m * nh);
+    free(oc), free(o_new), free(o_old);
+    free_case(&c);
+}
+
 /* sparse_attn_seqs over n_seq sequences (each its own key set and index rows, q0 / m per sequence):
  * several heads per block vs the per-head kernel, and vs sparse_attn per sequence (per-head kernel). */
 typedef struct seqs_case {
@@ -314,6 +444,17 @@ int main(void) {
 
     const int64_t n_idx = WIN + SEL;
     acase c;
+    check_fma_flags();
+    check_fma_probe("fma probe: key rows", 1);
+    check_fma_probe("fma probe: probabilities", 0);
+    if (getenv("DI_PROFILE")) { /* one prefill call (n_q 8192 x 640) of the several-heads kernel, for Nsight Compute */
+        make_case(&c, 8192, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+        RUN(gpu_attn(&c, 1));
+        CU(cudaStreamSynchronize(st));
+        free_case(&c);
+        printf("profile: one prefill call\n0 passed, 0 failed\n");
+        return 0;
+    }
     {
         /* 4 heads per block from 8 to 31 queries (fewer take the per-head kernel: sah_heads) */
         const int64_t qs[] = {0};

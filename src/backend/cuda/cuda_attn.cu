@@ -12,11 +12,15 @@
  * barriers and serial sections; the default kernel (cuda_sparse_attn.cuh, d_sparse_attn_heads) gives a
  * block 16 (or, for few queries, 4) heads of one query, stages each step's rows in shared memory once
  * for all of them, and keeps every operation of each (query, head) and its order, so the same bits.
- * DI_CUDA_SATTN=old selects the per-head kernel (and shapes other than head dim 512 always take it). */
+ * DI_CUDA_SATTN=old selects the per-head kernel (and shapes other than head dim 512 always take it).
+ * The sparse_attn slot flags its key rows first (di_cuda_bf16_fma_flags, n_win + n_cmp bytes of the
+ * workspace) so that d_sparse_attn_heads takes one FFMA per term where that is exact;
+ * DI_CUDA_SATTN_FMA=0 turns that off (the same bits, the multiply-then-add forms everywhere). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_bf16.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_sparse_attn.cuh"
 
@@ -36,16 +40,20 @@ template <int H>
 __global__ void __launch_bounds__(SAH_T(H), 2)
     sparse_attn_heads_kernel(const uint16_t *q, int nh, const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
                              int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx, float scale,
-                             uint16_t *out) {
+                             uint16_t *out, const uint8_t *kv_ok) {
     const int groups = nh / H;
     const int64_t qi = blockIdx.x / groups;
     const int h0 = (int)(blockIdx.x % groups) * H;
-    d_sparse_attn_heads<H>(q, qi, nh, h0, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out);
+    d_sparse_attn_heads<H>(q, qi, nh, h0, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out,
+                           kv_ok);
 }
 
 static int g_sah_on = -1; /* −1: DI_CUDA_SATTN not read yet */
 extern "C" int di_cuda_sattn_heads_enabled(void) { return di_cuda_env_switch(&g_sah_on, "DI_CUDA_SATTN", "old"); }
 extern "C" void di_cuda_sattn_heads_set(int on) { g_sah_on = on ? 1 : 0; }
+static int g_sah_fma = -1; /* −1: DI_CUDA_SATTN_FMA not read yet */
+extern "C" int di_cuda_sattn_fma_enabled(void) { return di_cuda_env_switch(&g_sah_fma, "DI_CUDA_SATTN_FMA", "0"); }
+extern "C" void di_cuda_sattn_fma_set(int on) { g_sah_fma = on ? 1 : 0; }
 
 template <int H>
 static int sparse_attn_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const uint16_t *kv_win,
@@ -54,9 +62,17 @@ static int sparse_attn_heads(const di_backend *be, const uint16_t *q, int64_t m,
     static bool optin[64];
     int rc = sah_smem_optin(sparse_attn_heads_kernel<H>, SAH_SMEM(H), optin, di_cuda_state(be)->device, "sparse_attn", err);
     if (rc) return rc;
+    uint8_t *kv_ok = NULL; /* the key rows' FMA flags: window rows, then compressed rows */
+    if (di_cuda_sattn_fma_enabled() && n_win + n_cmp > 0) {
+        void *wsp;
+        if ((rc = di_cuda_workspace(be, (size_t)(n_win + n_cmp), &wsp, err))) return rc;
+        kv_ok = (uint8_t *)wsp;
+        if ((rc = di_cuda_bf16_fma_flags(be, kv_win, n_win, SAH_DIM, SAH_DIM, kv_ok, err))) return rc;
+        if ((rc = di_cuda_bf16_fma_flags(be, kv_cmp, n_cmp, SAH_DIM, SAH_DIM, kv_ok + n_win, err))) return rc;
+    }
     const unsigned blocks = (unsigned)(m * (nh / H));
     sparse_attn_heads_kernel<H><<<blocks, SAH_T(H), SAH_SMEM(H), di_cuda_state(be)->stream>>>(
-        q, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
+        q, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, kv_ok);
     return di_cuda_launched("sparse_attn", err);
 }
 

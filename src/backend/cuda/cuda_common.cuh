@@ -78,17 +78,7 @@ static inline di_cuda_impl *di_cuda_state(const di_backend *be) { return (di_cud
 int di_cuda_workspace(const di_backend *be, size_t bytes, void **out, di_error *err);
 
 /* ---- bf16 ---- */
-static __device__ __forceinline__ float d_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-/* Round to nearest even; NaN stays NaN (quiet) — di_f32_to_bf16 bit for bit. */
-static __device__ __forceinline__ uint16_t d_to_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static __device__ __forceinline__ float d_round_bf16(float f) { return d_bf16(d_to_bf16(f)); }
+#include "backend/cuda/cuda_bf16_bits.cuh"
 
 /* ---- float8_e4m3fn / E2M1 / E8M0 (same bit-level algorithms as io/formats.c) ---- */
 #define D_F32_448 0x43e00000u

@@ -75,12 +75,6 @@ static __device__ __forceinline__ float tail_terms(float s, const uint16_t *xr, 
     return s;
 }
 
-/* bf16 bits h: zero, inf/NaN, or a finite magnitude in [2^-63, 2^63) (exponent field 64 .. 189) */
-static __device__ __forceinline__ bool fma_safe(uint32_t h) {
-    uint32_t a = h & 0x7fffu;
-    return a == 0 || a >= 0x7f80u || a - 0x2000u < 0x3f00u;
-}
-
 /* ---------------- FMA range pre-pass ---------------- */
 
 /* flag[r·groups + z] = 1 when row r of group z (p + r·ld + z·gz, k elements) is fma_safe throughout.
@@ -95,10 +89,10 @@ __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int
     const int64_t k8 = !live ? 0 : vec ? k - k % 8 : 0, kend = live ? k : 0;
     for (int64_t i = (int64_t)lane * 8; i < k8; i += 256) {
         uint4 v = *(const uint4 *)(row + i);
-        ok &= fma_safe(v.x) & fma_safe(v.x >> 16) & fma_safe(v.y) & fma_safe(v.y >> 16) & fma_safe(v.z) &
-              fma_safe(v.z >> 16) & fma_safe(v.w) & fma_safe(v.w >> 16);
+        ok &= d_bf16_fma_safe(v.x) & d_bf16_fma_safe(v.x >> 16) & d_bf16_fma_safe(v.y) & d_bf16_fma_safe(v.y >> 16) & d_bf16_fma_safe(v.z) &
+              d_bf16_fma_safe(v.z >> 16) & d_bf16_fma_safe(v.w) & d_bf16_fma_safe(v.w >> 16);
     }
-    for (int64_t i = k8 + lane; i < kend; i += 32) ok &= fma_safe(row[i]);
+    for (int64_t i = k8 + lane; i < kend; i += 32) ok &= d_bf16_fma_safe(row[i]);
     ok = __all_sync(0xffffffffu, ok);
     if (live && lane == 0) flag[idx] = ok;
 }
@@ -497,6 +491,15 @@ extern "C" int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_
     DI_LAUNCH(bgemm_tiled_kernel, grid, TTHREADS, TSMEM, st, x, ldx, w, ldw, m, n, k, y16, y32, ldy, gx, gw, gy, xok, wok,
               vec);
     return di_cuda_launched(op, err);
+}
+
+extern "C" int di_cuda_bf16_fma_flags(const di_backend *be, const uint16_t *p, int64_t rows, int64_t ld, int64_t k,
+                                      uint8_t *flag, di_error *err) {
+    if (rows <= 0) return DI_OK;
+    const int vec = aligned16(p) && ld % 8 == 0;
+    DI_LAUNCH(range_flags_kernel, di_cuda_blocks(rows, 8), 256, 0, di_cuda_state(be)->stream, p, rows, 1, ld, 0, k, vec,
+              flag);
+    return di_cuda_launched("bf16 fma flags", err);
 }
 
 /* ---------------- the backend slots ---------------- */

@@ -48,6 +48,12 @@ int di_cuda_bgemm(const di_backend *be, const char *op, const uint16_t *x, int64
                   int64_t ldw, int64_t m, int64_t n, int64_t k, uint16_t *y16, float *y32, int64_t ldy, int groups,
                   int64_t gx, int64_t gw, int64_t gy, di_bgemm_path path, di_error *err);
 
+/* flag[r] = 1 when every element of bf16 row r (p + r·ld, k elements; rows r < `rows`) is zero, inf/NaN or
+ * of magnitude in [2^-63, 2^63) (d_bf16_fma_safe: products of such values are exact in f32), else 0; one
+ * launch on the backend's stream (the FMA pre-pass of the tiled GEMM, also the sparse attention's key rows). */
+int di_cuda_bf16_fma_flags(const di_backend *be, const uint16_t *p, int64_t rows, int64_t ld, int64_t k, uint8_t *flag,
+                           di_error *err);
+
 /* The backend slots (contracts in backend.h). */
 int di_cuda_linear_bf16_v2(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w,
                            int64_t n, uint16_t *y, di_error *err);

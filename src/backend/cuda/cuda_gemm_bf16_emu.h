@@ -112,14 +112,8 @@ static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c);
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* cuda_common.cuh's bf16 helpers (the same bit operations) */
-static inline float d_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-static inline uint16_t d_to_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* cuda_common.cuh's bf16 helpers */
+#include "backend/cuda/cuda_bf16_bits.cuh"
 
 /* ---- the runtime and backend plumbing the host code calls ---- */
 typedef void *cudaStream_t;

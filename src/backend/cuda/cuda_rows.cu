@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(SAH_T(H), 2)
     const int h0 = (int)(blockIdx.x % groups) * H;
     const di_attn_seq sq = seqs[seq_of[qi]];
     d_sparse_attn_heads<H>(q, qi, nh, h0, sq.kv_win, sq.n_win, sq.kv_cmp, sq.n_cmp, sink,
-                           sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out);
+                           sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out, NULL);
 }
 
 template <int H>

@@ -145,6 +145,12 @@ static __device__ __forceinline__ void d_sparse_attn_query(const uint16_t *q, in
  *  - the sink term and the division at the end as there.
  * Rows are stored as 16-byte chunks, chunk c of slot k at position c ^ (k mod 8) of its row, so the
  * score loads (32 slots, one chunk) and the PV loads (one slot, 32 chunks) meet no bank conflict.
+ * FMA fast path (kv_ok non-NULL: one flag per key row, window rows first, from di_cuda_bf16_fma_flags):
+ * a term's fmul-then-fadd is one fmaf wherever the product is exact (cuda_bf16_bits.cuh,
+ * d_bf16_fma_safe) — the scores of a step when the block's q rows and every key row of the step pass,
+ * the step's PV when its rows pass and every bf16-rounded probability is 0 or ≥ 2^-63 (p ≤ 1, so p·c is
+ * then a normal f32 or zero). Each decision is one barrier vote, so a block's threads agree; any step
+ * that fails a vote runs the multiply-then-add forms. The bits are those of the slow path either way.
  * Head dim 512 only (V4.1); n_heads a multiple of H. */
 #define SAH_DIM 512
 #define SAH_CHUNKS (SAH_DIM / 8)  /* 16-byte chunks per row */
@@ -180,14 +186,68 @@ static __device__ __forceinline__ float sah_tree(const float *l) {
                      __fadd_rn(__fadd_rn(l[4], l[5]), __fadd_rn(l[6], l[7])));
 }
 
+/* The 8 strided lanes of the scores of heads a, b (q rows qa, qb) at slots ra, rb (staged rows, chunk
+ * swizzle sw): acc [head a slot a, head a slot b, head b slot a, head b slot b][lane]. FMA: one fmaf per
+ * term (only where every product is exact), else the CPU's fmul then fadd. */
+template <bool FMA>
+static __device__ __forceinline__ void sah_scores(const uint4 *ra, const uint4 *rb, const float4 *qa, const float4 *qb,
+                                                  int sw, float (&acc)[4][8]) {
+#pragma unroll 2
+    for (int ch = 0; ch < SAH_CHUNKS; ch++) {
+        float fa[8], fb[8], xa[8], xb[8];
+        sah_unpack(ra[ch ^ sw], fa);
+        sah_unpack(rb[ch ^ sw], fb);
+        sah_load8(qa + 2 * ch, xa);
+        sah_load8(qb + 2 * ch, xb);
+#pragma unroll
+        for (int l = 0; l < 8; l++) {
+            if (FMA) {
+                acc[0][l] = __fmaf_rn(xa[l], fa[l], acc[0][l]);
+                acc[1][l] = __fmaf_rn(xa[l], fb[l], acc[1][l]);
+                acc[2][l] = __fmaf_rn(xb[l], fa[l], acc[2][l]);
+                acc[3][l] = __fmaf_rn(xb[l], fb[l], acc[3][l]);
+            } else {
+                acc[0][l] = __fadd_rn(acc[0][l], __fmul_rn(xa[l], fa[l]));
+                acc[1][l] = __fadd_rn(acc[1][l], __fmul_rn(xa[l], fb[l]));
+                acc[2][l] = __fadd_rn(acc[2][l], __fmul_rn(xb[l], fa[l]));
+                acc[3][l] = __fadd_rn(acc[3][l], __fmul_rn(xb[l], fb[l]));
+            }
+        }
+    }
+}
+
+/* PV of heads 4g … 4g+3 at channels 8c … 8c+7 over the step's nb slots (rows src, probabilities pbt
+ * f32 [64][H]), ascending from 0.0f; FMA as in sah_scores. */
+template <int H, bool FMA>
+static __device__ __forceinline__ void sah_pv(const uint4 *kv, const uint16_t *const *src, const float *pbt, int nb,
+                                              int g, int c, float (&pv)[4][8]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) pv[i][j] = 0.0f;
+    for (int k = 0; k < nb; k++) {
+        if (!src[k]) continue;
+        float f[8];
+        sah_unpack(kv[k * SAH_CHUNKS + (c ^ (k & 7))], f);
+        const float4 p4 = ((const float4 *)(pbt + k * H))[g];
+        const float p[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                pv[i][j] = FMA ? __fmaf_rn(p[i], f[j], pv[i][j]) : __fadd_rn(pv[i][j], __fmul_rn(p[i], f[j]));
+    }
+}
+
 /* Called by all SAH_T(H) threads of a block with SAH_SMEM(H) dynamic shared bytes: heads h0 … h0+H−1 of
- * query qi (q / out bf16 [.., nh, 512]); the other arguments as d_sparse_attn_query's. */
+ * query qi (q / out bf16 [.., nh, 512]); kv_ok: the key rows' FMA flags or NULL (see above); the other
+ * arguments as d_sparse_attn_query's. */
 template <int H>
 static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, int64_t qi, int nh, int h0,
                                                            const uint16_t *kv_win, int64_t n_win,
                                                            const uint16_t *kv_cmp, int64_t n_cmp, const float *sink,
                                                            const int32_t *ix, int64_t n_idx, float scale,
-                                                           uint16_t *out) {
+                                                           uint16_t *out, const uint8_t *kv_ok) {
     constexpr int T = SAH_T(H);
     extern __shared__ __align__(16) unsigned char sah_smem[];
     uint4 *kv = (uint4 *)sah_smem;                                    /* bf16 [64][512], swizzled chunks */
@@ -199,7 +259,12 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const bool aligned = (((uintptr_t)kv_win | (uintptr_t)kv_cmp) & 15) == 0;
     const uint16_t *qv = q + (qi * nh + h0) * (int64_t)SAH_DIM; /* H consecutive head rows */
-    for (int e = t; e < H * SAH_DIM; e += T) qs[e] = d_bf16(qv[e]);
+    bool qok = kv_ok != NULL; /* this thread's q elements allow the FMA scores (no flags: never) */
+    for (int e = t; e < H * SAH_DIM; e += T) {
+        qs[e] = d_bf16(qv[e]);
+        qok = qok && d_bf16_fma_safe(qv[e]);
+    }
+    const bool fast_q = __syncthreads_and(qok);
     if (t < H) mst[t] = -1e30f;
     float lsum = 0.0f; /* thread t < H: head t's running probability sum */
     /* PV tile: heads 4g … 4g+3, channels 8c … 8c+7 */
@@ -211,16 +276,19 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
         for (int j = 0; j < 8; j++) o[i][j] = 0.0f;
     for (int64_t b0 = 0; b0 < n_idx; b0 += SA_BLOCK) {
         const int nb = (int)(n_idx - b0 < SA_BLOCK ? n_idx - b0 : SA_BLOCK);
+        bool rok = kv_ok != NULL; /* this thread's key row (if any) allows the FMA forms */
         if (t < SA_BLOCK) {
             const uint16_t *row = NULL;
             if (t < nb) {
                 int32_t id = ix[b0 + t];
                 if (id >= 0 && id < n_win) row = kv_win + (int64_t)id * SAH_DIM;
                 else if (id >= n_win && id < n_win + n_cmp) row = kv_cmp + (int64_t)(id - n_win) * SAH_DIM;
+                if (row && rok) rok = kv_ok[id] != 0;
             }
             src[t] = row;
         }
-        __syncthreads();
+        const bool fast_rows = __syncthreads_and(rok); /* also the barrier before src is read */
+        const bool fast_qk = fast_q && fast_rows;
         for (int e = t; e < SA_BLOCK * SAH_CHUNKS; e += T) { /* stage the rows; skipped slots read as 0 */
             const int k = e / SAH_CHUNKS, ch = e % SAH_CHUNKS;
             uint4 *dst = kv + k * SAH_CHUNKS + (ch ^ (k & 7));
@@ -245,21 +313,8 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
             const float4 *qa = (const float4 *)(qs + (2 * w) * SAH_DIM);
             const float4 *qb = (const float4 *)(qs + (2 * w + 1) * SAH_DIM);
             const int sw = lane & 7; /* (lane + 32) & 7 too */
-#pragma unroll 2
-            for (int ch = 0; ch < SAH_CHUNKS; ch++) {
-                float fa[8], fb[8], xa[8], xb[8];
-                sah_unpack(ra[ch ^ sw], fa);
-                sah_unpack(rb[ch ^ sw], fb);
-                sah_load8(qa + 2 * ch, xa);
-                sah_load8(qb + 2 * ch, xb);
-#pragma unroll
-                for (int l = 0; l < 8; l++) {
-                    acc[0][l] = __fadd_rn(acc[0][l], __fmul_rn(xa[l], fa[l]));
-                    acc[1][l] = __fadd_rn(acc[1][l], __fmul_rn(xa[l], fb[l]));
-                    acc[2][l] = __fadd_rn(acc[2][l], __fmul_rn(xb[l], fa[l]));
-                    acc[3][l] = __fadd_rn(acc[3][l], __fmul_rn(xb[l], fb[l]));
-                }
-            }
+            if (fast_qk) sah_scores<true>(ra, rb, qa, qb, sw, acc);
+            else sah_scores<false>(ra, rb, qa, qb, sw, acc);
             const bool va = src[lane] != NULL, vb = src[lane + 32] != NULL;
             sc[(2 * w) * SAH_SCS + lane] = va ? __fmul_rn(sah_tree(acc[0]), scale) : -INFINITY;
             sc[(2 * w) * SAH_SCS + lane + 32] = vb ? __fmul_rn(sah_tree(acc[1]), scale) : -INFINITY;
@@ -278,15 +333,18 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
             mst[t] = m_new;
         }
         __syncthreads();
+        bool pok = true; /* this thread's bf16 probabilities are 0, ≥ 2^-63 or NaN */
         for (int e = t; e < H * SA_BLOCK; e += T) { /* head fastest: conflict-free pbt writes and sc reads */
             const int h = e % H, k = e / H;
             if (k < nb) {
                 float p = d_expf(__fsub_rn(sc[h * SAH_SCS + k], mst[h])); /* −inf → 0 */
                 sc[h * SAH_SCS + k] = p;
-                pbt[k * H + h] = d_round_bf16(p);
+                const float pr = d_round_bf16(p);
+                pbt[k * H + h] = pr;
+                pok = pok && !(pr > 0.0f && pr < 0x1p-63f);
             }
         }
-        __syncthreads();
+        const bool fast_pv = __syncthreads_and(pok) && fast_rows;
         if (t < H) { /* l = l·alpha + sum_f32(p): 8 strided lanes combined pairwise */
             const float *s = sc + t * SAH_SCS;
             float ln[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -297,21 +355,8 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
         }
         { /* PV of heads 4g … 4g+3 at channels 8c … 8c+7 */
             float pv[4][8];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) pv[i][j] = 0.0f;
-            for (int k = 0; k < nb; k++) {
-                if (!src[k]) continue;
-                float f[8];
-                sah_unpack(kv[k * SAH_CHUNKS + (c ^ (k & 7))], f);
-                const float4 p4 = ((const float4 *)(pbt + k * H))[g];
-                const float p[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++) pv[i][j] = __fadd_rn(pv[i][j], __fmul_rn(p[i], f[j]));
-            }
+            if (fast_pv) sah_pv<H, true>(kv, src, pbt, nb, g, c, pv);
+            else sah_pv<H, false>(kv, src, pbt, nb, g, c, pv);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float alpha = ast[4 * g + i];
@@ -347,6 +392,9 @@ static inline int sah_smem_optin(K kernel, int bytes, bool *done, int dev, const
 /* DI_CUDA_SATTN=old: the per-head kernels (read once; di_cuda_sattn_heads_set overrides it, for tests). */
 extern "C" int di_cuda_sattn_heads_enabled(void);
 extern "C" void di_cuda_sattn_heads_set(int on);
+/* DI_CUDA_SATTN_FMA=0: the sparse_attn slot without the FMA fast path (read once; the setter, for tests). */
+extern "C" int di_cuda_sattn_fma_enabled(void);
+extern "C" void di_cuda_sattn_fma_set(int on);
 
 /* The heads per block for m queries of nh heads at head dim d; 0: the per-head kernel. 16 heads share
  * each staged row best; below about one such block per SM (132 on the H200) a block's time is the
