@@ -65,9 +65,10 @@ static void sync_be(const di_backend *be) {
     if (!strcmp(be->name, "cuda")) RUN(di_backend_cuda_sync(be, E));
 }
 
-static int64_t bytes_differ(const void *a, const void *b, int64_t n) {
+/* n elements of esz bytes that differ in any bit (a byte count divided by esz would miss a lone byte) */
+static int64_t elems_differ(const void *a, const void *b, int64_t n, size_t esz) {
     int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += ((const uint8_t *)a)[i] != ((const uint8_t *)b)[i];
+    for (int64_t i = 0; i < n; i++) d += memcmp((const uint8_t *)a + esz * i, (const uint8_t *)b + esz * i, esz) != 0;
     return d;
 }
 static void row(const char *op, const char *shape, int64_t differing, int64_t total) {
@@ -295,8 +296,8 @@ static void check_gather(const di_backend *be, const tcase *c, const dev_run *d,
     sync_be(be);
     uint16_t *ha = down(be, ra, sizeof(uint16_t) * (size_t)(n_rows * D_KV)), *hb2 = down(be, rb2, sizeof(uint16_t) * (size_t)(n_rows * D_KV));
     int32_t *hia = down(be, ia, sizeof(int32_t) * (size_t)n_idx), *hib = down(be, ib, sizeof(int32_t) * (size_t)n_idx);
-    row("gather_topk_seqs rows", shape, bytes_differ(ha, hb2, (int64_t)sizeof(uint16_t) * n_rows * D_KV) / 2, n_rows * D_KV);
-    row("gather_topk_seqs idx", shape, bytes_differ(hia, hib, (int64_t)sizeof(int32_t) * n_idx) / 4, n_idx);
+    row("gather_topk_seqs rows", shape, elems_differ(ha, hb2, n_rows * D_KV, 2), n_rows * D_KV);
+    row("gather_topk_seqs idx", shape, elems_differ(hia, hib, n_idx, 4), n_idx);
     if (bench) {
         double t_loop, t_seqs;
         BATCH(t_loop, 10, GATHER_LOOP);
@@ -393,7 +394,7 @@ static void check_cached_keys(const di_backend *be, const tcase *c, const char *
     RUN(be->indexer_scores_rows(be, q_d, w_d, W_SCALE, c->T, c->nh, HD, rows_d, c->nk_max, sc_d, E));
     sync_be(be);
     float *sb = down(be, sc_d, sizeof(float) * (size_t)c->n_sc);
-    row("indexer_scores_rows cached keys", shape, bytes_differ(sa, sb, (int64_t)sizeof(float) * c->n_sc) / 4, c->n_sc);
+    row("indexer_scores_rows cached keys", shape, elems_differ(sa, sb, c->n_sc, 4), c->n_sc);
     if (bench) { /* the decoded keys through the rows slot (the reference's copy) vs the cache rows */
         di_index_row *rk = xmalloc(sizeof(di_index_row) * (size_t)c->T);
         for (int i = 0; i < c->n_seq; i++)
@@ -435,9 +436,9 @@ static void check_case(const di_backend *be, const char *rule, tcase *c, bool be
     float *sb = down(be, d.scores, sizeof(float) * (size_t)c->n_sc);
     uint8_t *mb = down(be, d.mask, (size_t)c->n_sc);
     int32_t *tb = down(be, d.top, sizeof(int32_t) * (size_t)c->n_top);
-    row("indexer_scores_rows", shape, bytes_differ(sa, sb, (int64_t)sizeof(float) * c->n_sc) / 4, c->n_sc);
-    if (c->cand_src) row("candidate_mask_rows", shape, bytes_differ(ma, mb, c->n_sc), c->n_sc);
-    row("topk_rows", shape, bytes_differ(ta, tb, (int64_t)sizeof(int32_t) * c->n_top) / 4, c->n_top);
+    row("indexer_scores_rows", shape, elems_differ(sa, sb, c->n_sc, 4), c->n_sc);
+    if (c->cand_src) row("candidate_mask_rows", shape, elems_differ(ma, mb, c->n_sc, 1), c->n_sc);
+    row("topk_rows", shape, elems_differ(ta, tb, c->n_top, 4), c->n_top);
     int64_t zeros = 0, pads = 0, cut_ties = 0; /* rows whose k-th best visible score has an equal outside */
     for (int64_t j = 0; j < c->n_sc; j++) zeros += sb[j] == 0.0f;
     for (int64_t j = 0; j < c->n_top; j++) pads += tb[j] == -1;

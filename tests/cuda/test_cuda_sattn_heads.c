@@ -247,13 +247,13 @@ static float probe_p(uint16_t k0, uint16_t k1) {
     const float s = (di_bf16_to_f32(k0) + di_bf16_to_f32(k1)) * SCALE;
     return di_bf16_to_f32(di_f32_to_bf16((float)exp((double)s)));
 }
-/* score channels giving p = 2^-j exactly (searched over k0 near the target and k1 in steps of 1/256) */
+/* score channels giving p = 2^-j exactly (searched over k0 near the target and k1 in [−8, 8)) */
 static void probe_key(int j, uint16_t *k0, uint16_t *k1) {
     const double x = -j * log(2.0) / SCALE;
     for (int a = -8; a <= 8; a++) {
         const uint16_t c0 = (uint16_t)(bf(x) + a); /* neighbouring bf16 codes (negative values) */
-        for (int b = 0; b < 512; b++) {
-            const uint16_t c1 = bf((b - 256) / 256.0);
+        for (int b = 0; b < 4096; b++) { /* k1 in [−8, 8): the gaps between neighbouring k0 (8 apart past 1024) */
+            const uint16_t c1 = bf((b - 2048) / 256.0);
             if (probe_p(c0, c1) == ldexpf(1.0f, -j)) {
                 *k0 = c0, *k1 = c1;
                 return;
