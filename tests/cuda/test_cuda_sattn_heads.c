@@ -9,6 +9,9 @@
  * 16), 64, 2048 (16 heads per block), a partial block (37 indices), rows of skips only, empty lists, key rows that are not 16-byte
  * aligned (the staging's element-wise path), 8 heads (4 per block only); sinks incl. −inf, q and key rows
  * with NaN / ±inf; and the batched variant (sparse_attn_seqs) over several sequences of their own key sets.
+ * The FMA form of the several-heads kernel (one fmaf per term where the product is exact): the key-row
+ * flags kernel at the range's edges, and two probes whose outputs differ between the forms, so a step
+ * that should have been refused (by the row flags, or by the probability vote) shows.
  * DI_BENCH=1: ms per call, per-head kernel vs several heads per block, at an 8K-token prefill (n_q 8192,
  * 640 keys per query) and a decode step of 256 sequences (sparse_attn_seqs, 4K context), plus n_q 1 / 64.
  * DI_QUICK=1: the cases of at most 80 queries (for compute-sanitizer memcheck / racecheck).
@@ -22,14 +25,13 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_gemm_bf16.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/formats.h"
 #include "cuda_testutil.h"
 
 /* cuda_sparse_attn.cuh (extern "C" in cuda_attn.cu): 1 = several heads per block, 0 = the per-head kernel */
 void di_cuda_sattn_heads_set(int on);
-int di_cuda_bf16_fma_flags(const di_backend *be, const uint16_t *p, int64_t rows, int64_t ld, int64_t k, uint8_t *flag,
-                           di_error *err);
 
 enum { D = 512, WIN = 128, SEL = 512 };
 static const float SCALE = 0.044194173824159216f; /* 512^-0.5 */

@@ -53,7 +53,6 @@ extern "C" int di_cuda_sattn_heads_enabled(void) { return di_cuda_env_switch(&g_
 extern "C" void di_cuda_sattn_heads_set(int on) { g_sah_on = on ? 1 : 0; }
 static int g_sah_fma = -1; /* −1: DI_CUDA_SATTN_FMA not read yet */
 extern "C" int di_cuda_sattn_fma_enabled(void) { return di_cuda_env_switch(&g_sah_fma, "DI_CUDA_SATTN_FMA", "0"); }
-extern "C" void di_cuda_sattn_fma_set(int on) { g_sah_fma = on ? 1 : 0; }
 
 template <int H>
 static int sparse_attn_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const uint16_t *kv_win,

@@ -17,8 +17,8 @@
  *    k-major ([k][m] and [k][n]), TKC k per stage, double-buffered with the next stage's global loads
  *    held in registers. At the end each thread adds its two lanes (the tree's (l, l+8) step), and the
  *    rest of the tree crosses warps through shared memory: warps 4–7 hand their sums to warps 0–3
- *    ((l, l+4)), warps 2–3 to 0–1 ((l, l+2)); warps 0 and 1 leave theirs and every thread adds the last
- *    pair ((l, l+1)) for 8 outputs, then the K % 16 tail, and stores them.
+ *    ((l, l+4)), warps 2–3 to 0–1 ((l, l+2)), warp 1 to warp 0 ((l, l+1)), which adds the K % 16 tail
+ *    and stores the tile.
  *  - GEMV (decode, M <= DI_BGEMV_MAX_M, and tiled grids smaller than the GPU): a block owns 16 columns; thread t is lane t % 16 of column
  *    t / 16 and keeps one chain per row (≤ 16). K streams through shared memory in 1024-wide chunks
  *    (16-byte loads, the next chunk in registers while this one is summed), so every weight is read
@@ -77,7 +77,7 @@ static __device__ __forceinline__ float tail_terms(float s, const uint16_t *xr, 
 
 /* ---------------- FMA range pre-pass ---------------- */
 
-/* flag[r·groups + z] = 1 when row r of group z (p + r·ld + z·gz, k elements) is fma_safe throughout.
+/* flag[r·groups + z] = 1 when row r of group z (p + r·ld + z·gz, k elements) is d_bf16_fma_safe throughout.
  * One warp per (row, group). */
 __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int64_t rows, int groups, int64_t ld,
                                                           int64_t gz, int64_t k, int vec, uint8_t *flag) {
@@ -89,8 +89,9 @@ __global__ void __launch_bounds__(256) range_flags_kernel(const uint16_t *p, int
     const int64_t k8 = !live ? 0 : vec ? k - k % 8 : 0, kend = live ? k : 0;
     for (int64_t i = (int64_t)lane * 8; i < k8; i += 256) {
         uint4 v = *(const uint4 *)(row + i);
-        ok &= d_bf16_fma_safe(v.x) & d_bf16_fma_safe(v.x >> 16) & d_bf16_fma_safe(v.y) & d_bf16_fma_safe(v.y >> 16) & d_bf16_fma_safe(v.z) &
-              d_bf16_fma_safe(v.z >> 16) & d_bf16_fma_safe(v.w) & d_bf16_fma_safe(v.w >> 16);
+        ok &= d_bf16_fma_safe(v.x) & d_bf16_fma_safe(v.x >> 16) & d_bf16_fma_safe(v.y) &
+              d_bf16_fma_safe(v.y >> 16) & d_bf16_fma_safe(v.z) & d_bf16_fma_safe(v.z >> 16) &
+              d_bf16_fma_safe(v.w) & d_bf16_fma_safe(v.w >> 16);
     }
     for (int64_t i = k8 + lane; i < kend; i += 32) ok &= d_bf16_fma_safe(row[i]);
     ok = __all_sync(0xffffffffu, ok);
@@ -123,6 +124,10 @@ alignas(16) float tsm[TSMEM / sizeof(float)]; /* the emulation's shared memory (
  * xm … xm + 3 and xm + 32 …, columns wn … wn + 3 and wn + 16 …), the stage's 16-chunks in ascending k.
  * FMA: one fused op per term (see the file comment for when it is exact); otherwise the CPU's multiply
  * then add. */
+/* the tile row of this thread's output row i (0 … 7) and the tile column of its column c */
+static __device__ __forceinline__ int tile_row(int xm, int i) { return xm + (i & 3) + (i >> 2) * (TBM / 2); }
+static __device__ __forceinline__ int tile_col(int wn, int c) { return wn + (c & 3) + (c >> 2) * (TBN / 2); }
+
 template <bool FMA>
 static __device__ __forceinline__ void tile_stage(const float (*xs)[TXP], const float (*ws)[TWP], int chunks, int j,
                                                   int xm, int wn, float (&acc)[2][8][8]) {
@@ -243,11 +248,10 @@ __global__ void __launch_bounds__(TTHREADS, 1)
         buf ^= 1;
     }
 
-    /* the tree. (l, l+8): this thread's two lanes. (l, l+4), (l, l+2): warps 4–7 hand their sums to
-     * warps 0–3 through shared memory, then warps 2–3 to 0–1 (f32 [4][TBM][TWP]: output (r, c) of slot
-     * s at [s][r][c]; the pitch puts a warp's 16-byte words on 4 wavefronts). (l, l+1): warps 0 and 1
-     * leave theirs in slots 0 and 1 and every thread adds the pair for 8 outputs. fadd is commutative,
-     * so b_l + b_{l+4} is the CPU's value whichever warp adds. */
+    /* the tree. (l, l+8): this thread's two lanes. Then through shared memory (f32 [4][TBM][TWP]: output
+     * (r, c) of slot s at [s][r][c]; the pitch puts a warp's 16-byte words on 4 wavefronts): warps 4–7
+     * hand their sums to warps 0–3 ((l, l+4)), warps 2–3 to 0–1 ((l, l+2)), warp 1 to warp 0 ((l, l+1)).
+     * fadd is commutative, so b_l + b_{l+4} is the CPU's value whichever warp adds. */
     float(*tree)[TBM][TWP] = (float(*)[TBM][TWP])tsm; /* the stages' buffers, free after the last barrier */
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -259,7 +263,7 @@ __global__ void __launch_bounds__(TTHREADS, 1)
             for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int hq = 0; hq < 2; hq++)
-                    *(float4 *)&tree[j - half][xm + (i & 3) + (i >> 2) * (TBM / 2)][wn + hq * (TBN / 2)] =
+                    *(float4 *)&tree[j - half][tile_row(xm, i)][tile_col(wn, 4 * hq)] =
                         make_float4(acc[0][i][4 * hq], acc[0][i][4 * hq + 1], acc[0][i][4 * hq + 2],
                                     acc[0][i][4 * hq + 3]);
         __syncthreads();
@@ -269,7 +273,7 @@ __global__ void __launch_bounds__(TTHREADS, 1)
             for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int hq = 0; hq < 2; hq++) {
-                    const float4 v = *(const float4 *)&tree[j][xm + (i & 3) + (i >> 2) * (TBM / 2)][wn + hq * (TBN / 2)];
+                    const float4 v = *(const float4 *)&tree[j][tile_row(xm, i)][tile_col(wn, 4 * hq)];
                     acc[0][i][4 * hq] = __fadd_rn(acc[0][i][4 * hq], v.x);
                     acc[0][i][4 * hq + 1] = __fadd_rn(acc[0][i][4 * hq + 1], v.y);
                     acc[0][i][4 * hq + 2] = __fadd_rn(acc[0][i][4 * hq + 2], v.z);
@@ -277,19 +281,19 @@ __global__ void __launch_bounds__(TTHREADS, 1)
                 }
         __syncthreads();
     }
-    /* (l, l+1) in warp 0, which holds d_0 (slot 0 has d_1), then the K % 16 tail and the store; the 32
+    /* (l, l+1) in warp 0, which holds d_0 (slot 0 has d_1), then the K % 16 tail and the store: the 32
      * threads of warp 0 cover the tile's 2,048 outputs, 64 each */
     if (j != 0) return;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int64_t m = m0 + xm + (i & 3) + (i >> 2) * (TBM / 2);
+        const int64_t m = m0 + tile_row(xm, i);
         if (m >= M) continue;
 #pragma unroll
         for (int c = 0; c < 8; c++) {
-            const int tc = wn + (c & 3) + (c >> 2) * (TBN / 2);
+            const int tc = tile_col(wn, c);
             const int64_t n = n0 + tc;
             if (n >= N) continue;
-            const float s = tail_terms(__fadd_rn(acc[0][i][c], tree[0][xm + (i & 3) + (i >> 2) * (TBM / 2)][tc]),
+            const float s = tail_terms(__fadd_rn(acc[0][i][c], tree[0][tile_row(xm, i)][tc]),
                                        x + m * ldx, w + n * ldw, K16, K);
             if (y16) y16[m * ldy + n] = d_to_bf16(s);
             else y32[m * ldy + n] = s;

@@ -392,9 +392,8 @@ static inline int sah_smem_optin(K kernel, int bytes, bool *done, int dev, const
 /* DI_CUDA_SATTN=old: the per-head kernels (read once; di_cuda_sattn_heads_set overrides it, for tests). */
 extern "C" int di_cuda_sattn_heads_enabled(void);
 extern "C" void di_cuda_sattn_heads_set(int on);
-/* DI_CUDA_SATTN_FMA=0: the sparse_attn slot without the FMA fast path (read once; the setter, for tests). */
+/* DI_CUDA_SATTN_FMA=0: the sparse_attn slot without the FMA fast path (read once). */
 extern "C" int di_cuda_sattn_fma_enabled(void);
-extern "C" void di_cuda_sattn_fma_set(int on);
 
 /* The heads per block for m queries of nh heads at head dim d; 0: the per-head kernel. 16 heads share
  * each staged row best; below about one such block per SM (132 on the H200) a block's time is the
