@@ -376,8 +376,12 @@ int32_t di_gcache_mask_put_list(di_grammar_cache *c, const di_grammar_vocab *v, 
         if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) slot = i;
     if (slot < 0 && vocab_ok(c, v)) {
         uint32_t i = c->mnext++ % DI_GCACHE_MASKS;
-        if (!c->mlist[i]) c->mlist[i] = malloc(DI_GCACHE_LIST_MAX * sizeof *c->mlist[i]);
-        c->mused[i] = c->mlist[i] != NULL;
+        if (c->mcap[i] < n || !c->mlist[i]) {
+            uint32_t cap = n < 256 ? 256 : n;
+            int32_t *l = realloc(c->mlist[i], cap * sizeof *l);
+            if (l) c->mlist[i] = l, c->mcap[i] = cap;
+        }
+        c->mused[i] = c->mlist[i] != NULL && c->mcap[i] >= n;
         if (c->mused[i]) {
             c->mkey[i] = k;
             c->mlen[i] = (int32_t)n;
