@@ -1509,10 +1509,11 @@ static __attribute__((noinline)) void walk_rec_note(walk_rec *rec, const di_gram
     rec->toks += v->tok_start[nd->end] - v->tok_start[i];
 }
 
-/* A token walk_nodes set alone (m->few; counted past its capacity, so an overflow is seen). */
-static inline void note_few(di_grammar_matcher *m, int32_t t) {
-    if (m->n_few < DI_GCACHE_LIST_MAX) m->few[m->n_few] = t;
-    m->n_few++;
+/* A token walk_nodes set alone, into few[0..*n) (m->few); past its capacity *n becomes
+ * DI_GCACHE_LIST_MAX + 1, "no list". */
+static inline void note_few(int32_t *few, uint32_t *n, int32_t t) {
+    if (*n < DI_GCACHE_LIST_MAX) few[(*n)++] = t;
+    else *n = DI_GCACHE_LIST_MAX + 1;
 }
 
 /* Walk the trie nodes lo..hi-1 (preorder; the path to lo's parent is in path / vid / lbd, its sets
@@ -1530,6 +1531,8 @@ static int walk_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t base, 
     int blk = 0;
     uint32_t blk_ascii = 0, blk_scanned = 0;
     bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
+    int32_t *few = m->few;
+    uint32_t n_few = m->n_few; /* in a register: nothing the loop calls reads it */
     for (uint32_t i = lo; i < hi;) {
         const di_trie_node *nd = &nodes[i];
         __builtin_prefetch(&nodes[nd->end]); /* the next node when this subtree is skipped */
@@ -1562,6 +1565,7 @@ static int walk_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t base, 
             if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
                 di_trie_union_add(&m->whole, v, v->tok_start[i], v->tok_start[nd->end], mask);
                 m->n_blocks++;
+                n_few = DI_GCACHE_LIST_MAX + 1; /* the mask is more than the tokens set alone */
                 i = nd->end;
                 continue;
             }
@@ -1576,12 +1580,13 @@ static int walk_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t base, 
         if (ctx && rec) walk_rec_note(rec, v, i, parent);
         if (nd->tok >= 0) {
             set_bit(mask, nd->tok);
-            note_few(m, nd->tok);
+            note_few(few, &n_few, nd->tok);
             if (nd->flags & DI_TRIE_DUP)
-                for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t), note_few(m, t);
+                for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t), note_few(few, &n_few, t);
         }
         i++;
     }
+    m->n_few = n_few;
     return DI_OK;
 }
 
@@ -1674,14 +1679,14 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         di_trie_union_apply(&m->whole, v, mask);
     } else {
         memset(mask, 0, di_grammar_mask_words(v->n_vocab) * sizeof *mask);
-        uint64_t edges = m->n_edges, blocks = m->n_blocks;
+        uint64_t edges = m->n_edges;
         m->n_few = 0;
         /* the listed subtrees are walked in place (their sets are on the path now); a later
          * walk clears their tokens from the stored mask and walks them again */
         rc = walk_nodes(m, tab, base, &md, 1, v->n_nodes, mask, &bud, cacheable ? &rec : NULL, err);
         if (rc) goto out;
         edges = m->n_edges - edges;
-        m->few_ok = m->n_blocks == blocks && m->n_few <= DI_GCACHE_LIST_MAX; /* the list is the mask */
+        m->few_ok = m->n_few <= DI_GCACHE_LIST_MAX; /* no subtree accepted whole: the list is the mask */
         int from = di_trie_union_apply(&m->whole, v, mask);
         m->n_union_hits += from == DI_UNION_REUSED;
         m->n_union_shifts += from == DI_UNION_SHIFTED;
