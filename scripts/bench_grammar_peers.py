@@ -240,6 +240,7 @@ def median_runs(rs):
             continue
         out[name] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         if len(rows) > 1:
+            out[name]["p50_us_runs"] = [r["p50_us"] for r in rows]
             out[name]["p99_us_runs"] = [r["p99_us"] for r in rows]
     return out
 

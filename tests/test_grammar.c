@@ -1332,6 +1332,65 @@ static void test_separated_list_keys(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Masks of at most DI_GCACHE_LIST_MAX tokens are kept in the mask cache as their token list
+ * (state_cache.h, mlist): a second matcher of the grammar at the same state gets the mask back from
+ * the list. The vocabulary holds tokens with equal bytes (DI_TRIE_DUP: the list must hold every one
+ * of them) and a few-token state next to one whose walk accepts letter subtrees whole (that mask
+ * must stay a full copy: its list misses those subtrees). Each mask, first walked and then from the
+ * cache, is compared with brute force. */
+static void test_mask_lists(void **state) {
+    (void)state;
+    gt_bytes tb = alpha_vocab(1200, 2027, "abcde", 4);
+    for (uint32_t i = 300; i < 955; i++) { /* ":a" to ":e" three times each, then "=aaaa" to "=eeee" */
+        uint32_t x = i - 300;
+        free(tb.b[i]);
+        tb.l[i] = x < 30 ? 2 : 5;
+        tb.b[i] = malloc(tb.l[i]);
+        if (x < 30) {
+            tb.b[i][0] = ':', tb.b[i][1] = (uint8_t)('a' + x % 5);
+        } else {
+            x -= 30;
+            tb.b[i][0] = '=';
+            for (int j = 4, y = (int)x; j >= 1; j--, y /= 5) tb.b[i][j] = (uint8_t)('a' + y % 5);
+        }
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    static const char gbnf[] = "root ::= ( [a-e] \":\" [a-e]* \";\" | \"=\" [a-z]* \";\" )+\n";
+    di_grammar *g = NULL;
+    if (di_grammar_from_ebnf(gbnf, strlen(gbnf), "root", &g, &err)) fail_msg("%s", err.msg);
+    /* after a letter: the `:` tokens only; after `=`: a block mask (the run's summary); after `;`:
+     * a walk that accepts the `=` + letters subtrees whole */
+    static const char *const texts[] = {"b", ":a;=", "a;"};
+    di_grammar_walk_stats first[3], again[3];
+    uint64_t lists[3];
+    for (int r = 0; r < 2; r++) {
+        di_grammar_matcher *m = NULL;
+        if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+        for (int k = 0; k < 3; k++) {
+            gt_accept_text(m, texts[k]);
+            (r ? again : first)[k] = gt_fill_checked(m, v, &tb, mask, texts[k]);
+            if (!r) lists[k] = g->cache->n_list_puts;
+        }
+        di_grammar_matcher_free(m);
+    }
+    tu_report("after a letter: %llu list(s) stored, then %llu cached; after `;`: %llu subtrees whole, %llu lists "
+              "stored, then %llu cached",
+              (unsigned long long)lists[0], (unsigned long long)again[0].cached, (unsigned long long)first[2].blocks,
+              (unsigned long long)(lists[2] - lists[1]), (unsigned long long)again[2].cached);
+    assert_int_equal(first[0].walks, 1);
+    assert_int_equal(lists[0], 1);        /* the 31 `:` tokens: a list */
+    assert_int_equal(again[0].cached, 1); /* and from it, equal to brute force */
+    assert_true(first[2].blocks > 0);     /* `=` + letters subtrees accepted whole */
+    assert_int_equal(lists[2], lists[1]); /* so the mask is copied whole */
+    for (int k = 0; k < 3; k++) assert_int_equal(again[k].cached, 1);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* The longest repeated element wins: in `str ":" ws value ("," ws str ":" ws value)*` the list
  * is (str ":" ws value) separated by ("," ws), not value separated by ("," ws str ":" ws), so the
  * second member's key and value are the first member's places: its mask after `:` is a
@@ -1759,6 +1818,7 @@ int main(void) {
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
         cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
         cmocka_unit_test(test_separated_list_longest), cmocka_unit_test(test_predicted_once),
+        cmocka_unit_test(test_mask_lists),
         cmocka_unit_test(test_bare_terminals),
         cmocka_unit_test(test_class_prefix), cmocka_unit_test(test_class_memo),
         cmocka_unit_test(test_ctx_memo_boundary), cmocka_unit_test(test_vocab_huge_pages),

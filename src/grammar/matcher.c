@@ -81,6 +81,12 @@ struct di_grammar_matcher {
     } bmemo[BLK_MEMO];
     uint32_t *ctxd;                 /* [max token length + 1] depth of the path's first context edge (0: none) */
     di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
+    /* The tokens a trie walk sets one by one (walk_nodes), the first DI_GCACHE_LIST_MAX of them:
+     * where they are the whole mask (a walk from scratch that accepted no subtree whole), the
+     * mask cache keeps this list instead of a copy of the mask (few_ok). */
+    int32_t *few;                   /* [DI_GCACHE_LIST_MAX] */
+    uint32_t n_few;
+    bool few_ok;
     int32_t *vid;                   /* [max token length + 1] state id per walk depth */
     uint8_t *path;                  /* [max token length + 1] bytes of the current trie path */
     /* Sets popped by walk_pop stay in the recogniser's memory until the next push; a replay that
@@ -146,8 +152,9 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
     m->ctxd = malloc(((size_t)v->max_len + 1) * sizeof *m->ctxd);
     m->mpath = malloc((size_t)v->max_len + 1);
+    m->few = malloc(DI_GCACHE_LIST_MAX * sizeof *m->few);
     m->stale_gen = UINT64_MAX;
-    if (!m->vid || !m->path || !m->lbd || !m->ctxd || !m->mpath) {
+    if (!m->vid || !m->path || !m->lbd || !m->ctxd || !m->mpath || !m->few) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -198,6 +205,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     di_trie_union_free(&m->whole);
     free(m->vid);
     free(m->mpath);
+    free(m->few);
     free(m->path);
     free(m->hist);
     free(m->think_toks);
@@ -1501,6 +1509,13 @@ static __attribute__((noinline)) void walk_rec_note(walk_rec *rec, const di_gram
     rec->toks += v->tok_start[nd->end] - v->tok_start[i];
 }
 
+/* A token walk_nodes set alone, into few[0..*n) (m->few); past its capacity *n becomes
+ * DI_GCACHE_LIST_MAX + 1, "no list". */
+static inline void note_few(int32_t *few, uint32_t *n, int32_t t) {
+    if (*n < DI_GCACHE_LIST_MAX) few[(*n)++] = t;
+    else *n = DI_GCACHE_LIST_MAX + 1;
+}
+
 /* Walk the trie nodes lo..hi-1 (preorder; the path to lo's parent is in path / vid / lbd, its sets
  * materialized for depths 0..*md) and set the tokens they accept in mask. With rec, each node
  * whose edge first completes into the context on its path (a context edge, or a key too deep for
@@ -1516,6 +1531,8 @@ static int walk_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t base, 
     int blk = 0;
     uint32_t blk_ascii = 0, blk_scanned = 0;
     bool blk_utf8 = false, blk_any = false, blk_nohigh = false;
+    int32_t *few = m->few;
+    uint32_t n_few = m->n_few; /* in a register: nothing the loop calls reads it */
     for (uint32_t i = lo; i < hi;) {
         const di_trie_node *nd = &nodes[i];
         __builtin_prefetch(&nodes[nd->end]); /* the next node when this subtree is skipped */
@@ -1548,6 +1565,7 @@ static int walk_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t base, 
             if (blk == 1 && block_accepts(nd, blk_ascii, blk_utf8, blk_any)) {
                 di_trie_union_add(&m->whole, v, v->tok_start[i], v->tok_start[nd->end], mask);
                 m->n_blocks++;
+                n_few = DI_GCACHE_LIST_MAX + 1; /* the mask is more than the tokens set alone */
                 i = nd->end;
                 continue;
             }
@@ -1562,11 +1580,13 @@ static int walk_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t base, 
         if (ctx && rec) walk_rec_note(rec, v, i, parent);
         if (nd->tok >= 0) {
             set_bit(mask, nd->tok);
+            note_few(few, &n_few, nd->tok);
             if (nd->flags & DI_TRIE_DUP)
-                for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t);
+                for (int32_t t = v->dup_next[nd->tok]; t >= 0; t = v->dup_next[t]) set_bit(mask, t), note_few(few, &n_few, t);
         }
         i++;
     }
+    m->n_few = n_few;
     return DI_OK;
 }
 
@@ -1629,6 +1649,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     size_t md = 0;           /* sets materialized for depths 0..md of the current path */
     if (++m->mgen == 0) m->mgen = 1; /* retires the memo */
     m->wbase = base;
+    m->few_ok = false;
     if (++m->lgen == 0) m->lgen = 1; /* the sets changed since the last walk */
     m->lb = walk_boundary(m);
     bool ok = true;
@@ -1659,11 +1680,13 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     } else {
         memset(mask, 0, di_grammar_mask_words(v->n_vocab) * sizeof *mask);
         uint64_t edges = m->n_edges;
+        m->n_few = 0;
         /* the listed subtrees are walked in place (their sets are on the path now); a later
          * walk clears their tokens from the stored mask and walks them again */
         rc = walk_nodes(m, tab, base, &md, 1, v->n_nodes, mask, &bud, cacheable ? &rec : NULL, err);
         if (rc) goto out;
         edges = m->n_edges - edges;
+        m->few_ok = m->n_few <= DI_GCACHE_LIST_MAX; /* no subtree accepted whole: the list is the mask */
         int from = di_trie_union_apply(&m->whole, v, mask);
         m->n_union_hits += from == DI_UNION_REUSED;
         m->n_union_shifts += from == DI_UNION_SHIFTED;
@@ -1712,7 +1735,8 @@ int di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *mask, di_error
         m->wput.pending = false;
         rc = walk_trie(m, mask, err); /* writes every word of mask */
         if (rc) return rc;
-        int32_t slot = di_gcache_mask_put(m->g->cache, v, key, mask);
+        int32_t slot = m->few_ok ? di_gcache_mask_put_list(m->g->cache, v, key, m->few, m->n_few)
+                                 : di_gcache_mask_put(m->g->cache, v, key, mask);
         if (m->wput.pending) /* the walk refers to that copy of its mask */
             di_gcache_walk_put(m->g->cache, v, m->wput.table, m->wput.root, slot, key, m->cent, m->wput.n);
     }

@@ -163,7 +163,10 @@ void di_gcache_free(di_grammar_cache *c) {
         free(c->blocks[i].ent);
     }
     for (int i = 0; i < DI_GCACHE_WALKS; i++) free(c->walks[i].ent);
-    for (int i = 0; i < DI_GCACHE_MASKS; i++) free(c->masks[i]);
+    for (int i = 0; i < DI_GCACHE_MASKS; i++) {
+        free(c->masks[i]);
+        free(c->mlist[i]);
+    }
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -282,13 +285,23 @@ static bool vocab_ok(di_grammar_cache *c, const di_grammar_vocab *v) {
     return c->vocab_fp == v->fingerprint && c->vocab_n == v->n_vocab;
 }
 
+/* The mask of used slot i into mask (all words written). Under the lock. */
+static void slot_copy(const di_grammar_cache *c, int i, uint32_t *mask) {
+    if (c->mlen[i] < 0) {
+        memcpy(mask, c->masks[i], c->words * sizeof *mask);
+        return;
+    }
+    memset(mask, 0, c->words * sizeof *mask);
+    for (int32_t x = 0; x < c->mlen[i]; x++) mask[c->mlist[i][x] >> 5] |= 1u << (c->mlist[i][x] & 31);
+}
+
 bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, uint32_t *mask) {
     bool hit = false;
     pthread_mutex_lock(&c->lock);
     if (vocab_ok(c, v))
         for (int i = 0; i < DI_GCACHE_MASKS; i++)
             if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) {
-                memcpy(mask, c->masks[i], c->words * sizeof *mask);
+                slot_copy(c, i, mask);
                 hit = true;
                 break;
             }
@@ -345,7 +358,35 @@ int32_t di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_si
         c->mused[i] = c->masks[i] != NULL;
         if (c->mused[i]) {
             c->mkey[i] = k;
+            c->mlen[i] = -1;
             memcpy(c->masks[i], mask, c->words * sizeof *mask);
+            slot = (int32_t)i;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return slot;
+}
+
+int32_t di_gcache_mask_put_list(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const int32_t *toks,
+                                uint32_t n) {
+    if (n > DI_GCACHE_LIST_MAX) return -1;
+    pthread_mutex_lock(&c->lock);
+    int32_t slot = -1;
+    for (int i = 0; i < DI_GCACHE_MASKS && slot < 0; i++)
+        if (c->mused[i] && c->mkey[i].a == k.a && c->mkey[i].b == k.b) slot = i;
+    if (slot < 0 && vocab_ok(c, v)) {
+        uint32_t i = c->mnext++ % DI_GCACHE_MASKS;
+        if (c->mcap[i] < n || !c->mlist[i]) {
+            uint32_t cap = n < 256 ? 256 : n;
+            int32_t *l = realloc(c->mlist[i], cap * sizeof *l);
+            if (l) c->mlist[i] = l, c->mcap[i] = cap;
+        }
+        c->mused[i] = c->mlist[i] != NULL && c->mcap[i] >= n;
+        if (c->mused[i]) {
+            c->mkey[i] = k;
+            c->mlen[i] = (int32_t)n;
+            memcpy(c->mlist[i], toks, n * sizeof *toks);
+            c->n_list_puts++;
             slot = (int32_t)i;
         }
     }
@@ -362,7 +403,7 @@ bool di_gcache_walk_get(di_grammar_cache *c, const di_grammar_vocab *v, uint64_t
             const di_gcache_walk *w = &c->walks[i];
             if (!w->used || w->table != table || w->key.a != k.a || w->key.b != k.b || w->n_ent > cap) continue;
             if (!c->mused[w->mslot] || c->mkey[w->mslot].a != w->mkey.a || c->mkey[w->mslot].b != w->mkey.b) continue;
-            memcpy(mask, c->masks[w->mslot], c->words * sizeof *mask);
+            slot_copy(c, w->mslot, mask);
             memcpy(ent, w->ent, w->n_ent * sizeof *ent);
             *n = w->n_ent;
             hit = true;

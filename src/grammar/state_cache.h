@@ -41,6 +41,7 @@ typedef struct di_sig128 {
 #define DI_GCACHE_ID_MAX 32767     /* transitions are int16: ids and the DI_ST_* values above fit */
 _Static_assert(DI_GCACHE_MAX_STATES <= DI_GCACHE_ID_MAX && DI_ST_CONTEXT_0 - 255 >= -32768, "int16 transitions");
 #define DI_GCACHE_MASKS 256        /* masks remembered per grammar (16 KiB each at V = 129,280) */
+#define DI_GCACHE_LIST_MAX 2048    /* a mask of at most this many tokens is remembered as their list */
 #define DI_GCACHE_BLOCKS 32        /* context-free block masks remembered per grammar */
 #define DI_GCACHE_WALKS 32         /* context-free trie walks remembered per grammar */
 
@@ -137,8 +138,15 @@ struct di_grammar_cache {
      * fault per 4 KiB on first touch (4 per cached mask, ~3 us each on the dev VM), whereas
      * 16 KiB blocks usually come from memory the heap already holds */
     uint32_t *masks[DI_GCACHE_MASKS];     /* [DI_GCACHE_MASKS] -> [words] or NULL */
+    /* A mask of at most DI_GCACHE_LIST_MAX tokens is kept as their list (mlen[i] >= 0) instead:
+     * a walk that allows a few hundred tokens (a key, a number, a value's first bytes) then
+     * stores a few KiB, not a copy of 16 KiB to a block the cold request has not touched. */
+    int32_t *mlist[DI_GCACHE_MASKS];      /* [DI_GCACHE_MASKS] -> [mcap[i]] or NULL */
+    int32_t mlen[DI_GCACHE_MASKS];        /* tokens in mlist[i], or -1: the mask is masks[i] */
+    uint32_t mcap[DI_GCACHE_MASKS];
     di_sig128 mkey[DI_GCACHE_MASKS];
     uint8_t mused[DI_GCACHE_MASKS];
+    uint64_t n_list_puts;                 /* masks stored as lists (tests) */
     uint32_t mnext;                       /* round-robin replacement */
     di_gcache_block blocks[DI_GCACHE_BLOCKS];
     uint32_t bnext;
@@ -210,5 +218,8 @@ bool di_gcache_mask_get(di_grammar_cache *c, const di_grammar_vocab *v, di_sig12
 /* Remember mask for state k (best effort: silently skipped without memory or for a second vocab).
  * Returns the slot that holds k's mask, or -1. */
 int32_t di_gcache_mask_put(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const uint32_t *mask);
+/* di_gcache_mask_put for a mask that holds exactly the n (<= DI_GCACHE_LIST_MAX) distinct tokens toks. */
+int32_t di_gcache_mask_put_list(di_grammar_cache *c, const di_grammar_vocab *v, di_sig128 k, const int32_t *toks,
+                                uint32_t n);
 
 #endif
