@@ -17,7 +17,8 @@
  * Timing (best of 5, CUDA events, L2 flushed before each decode-sized run): the slot and, for
  * comparison, cuda_gemm.cu's first kernels; TFLOP/s = 2·M·N·K·G / t, GB/s = (w + x + y bytes) / t.
  * Output: one row per (case, kernel); last line "N passed, N failed"; exit 1 on any failure.
- * Usage: [DI_SEED=n] [DI_QUICK=1] test_cuda_gemm_bf16   (DI_QUICK: small shapes only) */
+ * Usage: [DI_SEED=n] [DI_QUICK=1] test_cuda_gemm_bf16   (DI_QUICK: small shapes only;
+ * DI_PROFILE=M: the grouped wo_a case at M rows only, for Nsight Compute) */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>

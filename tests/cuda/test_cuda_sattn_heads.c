@@ -15,6 +15,7 @@
  * DI_BENCH=1: ms per call, per-head kernel vs several heads per block, at an 8K-token prefill (n_q 8192,
  * 640 keys per query) and a decode step of 256 sequences (sparse_attn_seqs, 4K context), plus n_q 1 / 64.
  * DI_QUICK=1: the cases of at most 80 queries (for compute-sanitizer memcheck / racecheck).
+ * DI_PROFILE=1: one prefill call (n_q 8192 x 640) of the several-heads kernel only, for Nsight Compute.
  * One line per case; last line "N passed, N failed"; exit status 1 if any case fails. */
 #include <cuda_runtime_api.h>
 #include <math.h>
