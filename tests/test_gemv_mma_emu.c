@@ -1,7 +1,7 @@
 /* Host emulation of the tensor-core MXFP4 GEMV (src/backend/cuda/cuda_gemv_mma.cu), no GPU needed.
  *
  * The kernel's arithmetic is its lane functions (cuda_gemv_mma.cuh, compiled here as C: the prmt weight
- * expansion, the x digit planes, the slot map, the shuffle combination, the block value) plus three warp
+ * expansion, the x digit planes (through the kernel's 256-entry table), the slot map, the shuffle combination, the block value) plus three warp
  * primitives emulated from their PTX definitions: mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment
  * layouts as the PTX ISA gives them; the one input this test takes on trust, checked by the GPU test
  * tests/cuda/test_cuda_gemv_mma.c), __shfl_xor_sync, and the per-lane weight / scale loads. The walk is
@@ -102,11 +102,13 @@ static void emu_launch(const problem *p, int MT, int NC, int64_t r0, int mt, uin
     uint8_t *xd = xmalloc((size_t)(MT * 3 * ps)); /* s8 [MT][3][ps] */
     float *sxs = xmalloc(sizeof(float) * (size_t)(MT * KB));
     float *pb = xmalloc(sizeof(float) * (size_t)(MT * NC * KB));
+    uint32_t tab[256]; /* the kernel's table of code → digits */
+    for (uint32_t c = 0; c < 256; c++) tab[c] = gvm_x_digits_entry(c);
     for (int m = 0; m < mt; m++) {
         for (int64_t c = 0; c < K / 4; c++) {
             uint32_t codes, dig[3];
             memcpy(&codes, p->xq + (r0 + m) * K + 4 * c, 4);
-            gvm_x_digits(codes, dig);
+            gvm_x_digits_tab(tab, codes, dig);
             for (int d = 0; d < 3; d++) memcpy(xd + (m * 3 + d) * ps + 4 * c, &dig[d], 4);
         }
         for (int64_t kb = 0; kb < KB; kb++) sxs[m * KB + kb] = gvm_x_scale(p->xs[(r0 + m) * KB + kb]);
@@ -555,6 +557,25 @@ static void test_lane_functions(void **state) {
             const float v = di_e4m3_to_f32((uint8_t)c);
             if (!isnan(v)) assert_true((double)(d0 + 128 * d1 + 16384 * d2) == (double)v * 512.0);
         }
+    }
+    /* the kernel's x prep: gvm_x_digits through the table, every code in every byte next to other codes, then
+     * random words */
+    uint32_t tab[256];
+    for (uint32_t c = 0; c < 256; c++) tab[c] = gvm_x_digits_entry(c);
+    for (uint32_t c = 0; c < 256; c++)
+        for (int sh = 0; sh < 32; sh += 8) {
+            const uint32_t wv = (c << sh) | (0x3Bu << ((sh + 8) & 31)) | (0xC7u << ((sh + 16) & 31)) | (0x7Fu << ((sh + 24) & 31));
+            uint32_t want[3], got[3];
+            gvm_x_digits(wv, want);
+            gvm_x_digits_tab(tab, wv, got);
+            assert_memory_equal(want, got, sizeof want);
+        }
+    for (int i = 0; i < 100000; i++) {
+        const uint32_t wv = (uint32_t)rnd();
+        uint32_t want[3], got[3];
+        gvm_x_digits(wv, want);
+        gvm_x_digits_tab(tab, wv, got);
+        assert_memory_equal(want, got, sizeof want);
     }
     assert_true(gvm_e8m0(0) == 0x1p-127f && gvm_e8m0(127) == 1.0f && gvm_e8m0(254) == 0x1p127f && isnan(gvm_e8m0(255)));
 }

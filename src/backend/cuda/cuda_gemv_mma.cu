@@ -18,7 +18,11 @@
  * thread per (x row, column) adds P_0 … P_{KB−1} in order and rounds to bf16 — cuda_gemv.cuh's code.
  *
  * The x rows: their digit planes (s8 [MT][3][K + pad], built once per CTA from the e4m3 codes) give the
- * B fragments by one 8-byte shared load per lane, block and tile. */
+ * B fragments by one 8-byte shared load per lane, block and tile. A CTA builds them through a table of the
+ * 256 codes' digits (gvm_x_digits_tab: four lookups and five byte permutes per 4 codes): the conversion
+ * per code, with the row index divisions, was 27 % of the instructions of moe_routed's up launch at T 1,
+ * where each of its ~1,000 CTAs prepares the same row for one or two tiles (Nsight Compute, H200,
+ * 2026-12-02: 108 → 97 µs for the step, bench/NOTES-gpu.md session 17). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -121,6 +121,25 @@ GVM_FN void gvm_x_digits(uint32_t codes, uint32_t dig[3]) {
     dig[0] = p0, dig[1] = p1, dig[2] = p2;
 }
 
+/* The digits of one e4m3 code, d0 | d1 << 8 | d2 << 16: the table entry gvm_x_digits_tab reads */
+GVM_FN uint32_t gvm_x_digits_entry(uint32_t code) {
+    uint32_t dig[3];
+    gvm_x_digits(code & 0xffu, dig);
+    return (dig[0] & 0xffu) | (dig[1] & 0xffu) << 8 | (dig[2] & 0xffu) << 16;
+}
+
+/* gvm_x_digits of 4 codes through the table of entries (each byte's digits depend on that byte alone):
+ * four lookups, then byte permutes gather digit d of each code into word d */
+GVM_FN void gvm_x_digits_tab(const uint32_t *tab, uint32_t codes, uint32_t dig[3]) {
+    const uint32_t t0 = tab[codes & 0xffu], t1 = tab[(codes >> 8) & 0xffu], t2 = tab[(codes >> 16) & 0xffu],
+                   t3 = tab[codes >> 24];
+    const uint32_t a01 = gvm_prmt(t0, t1, 0x5140u), b01 = gvm_prmt(t0, t1, 0x0062u); /* t0.0 t1.0 t0.1 t1.1 | t0.2 t1.2 */
+    const uint32_t a23 = gvm_prmt(t2, t3, 0x5140u), b23 = gvm_prmt(t2, t3, 0x0062u);
+    dig[0] = gvm_prmt(a01, a23, 0x5410u);
+    dig[1] = gvm_prmt(a01, a23, 0x7632u);
+    dig[2] = gvm_prmt(b01, b23, 0x5410u);
+}
+
 /* Slot s = j·MT + m of a block pair (MT = 1, 2, 4 rows per launch; two slots per n8 MMA tile): block j
  * (0, 1) of the pair, x row m. One row: the pair's two blocks share the tile; 2 or 4 rows: a tile holds
  * two rows of one block. */
@@ -172,10 +191,11 @@ GVM_FN float gvm_block_value(int32_t s, float sx10, uint32_t sw_byte) {
 
 /* Shared memory of the kernel: x digit planes s8 [MT][3][K + GVM_PAD], s_x·2^−10 f32 [MT][K/32], the block
  * values f32 [MT][NC][K/32 + 2] (the 2 spare words put a warp's 16 rows × 2 blocks of P_b stores in 32
- * different banks) */
+ * different banks), the e4m3 code → digits table u32 [256] */
 GVM_FN uint64_t gvm_smem(int mt, int nc, int64_t K) {
     uint64_t planes = ((uint64_t)mt * 3 * (uint64_t)(K + GVM_PAD) + 15) & ~(uint64_t)15;
-    return planes + 4 * (uint64_t)mt * (uint64_t)(K / 32) + 4 * (uint64_t)mt * (uint64_t)nc * (uint64_t)(K / 32 + 2);
+    return planes + 4 * (uint64_t)mt * (uint64_t)(K / 32) + 4 * (uint64_t)mt * (uint64_t)nc * (uint64_t)(K / 32 + 2) +
+           4 * 256;
 }
 
 /* ---- the device core (CUDA only): also called by cuda_moe.cu's grouped expert GEMVs ---- */
@@ -241,16 +261,22 @@ static __device__ void gvm_run(const gv_args a, const XRow xrow, int mt, const O
     uint8_t *xd = sm;                                           /* s8 [MT][3][ps] digit planes */
     float *sxs = (float *)(sm + ((MT * 3 * ps + 15) & ~(int64_t)15)); /* f32 [MT][KB] */
     float *pb = sxs + MT * KB;                                  /* f32 [MT][NC][KBP] */
-    for (int64_t i = threadIdx.x; i < (int64_t)mt * (K / 4); i += blockDim.x) {
-        const int m = (int)(i / (K / 4));
-        const int64_t c = i % (K / 4);
-        uint32_t dig[3];
-        gvm_x_digits(__ldg((const uint32_t *)(a.xq + xrow(m) * K) + c), dig);
+    uint32_t *tab = (uint32_t *)(pb + MT * NC * KBP); /* e4m3 code → its digits d0 | d1 << 8 | d2 << 16 */
+    for (int c = threadIdx.x; c < 256; c += blockDim.x) tab[c] = gvm_x_digits_entry((uint32_t)c);
+    __syncthreads();
+    for (int m = 0; m < mt; m++) { /* x row m: its digit planes and scales */
+        const int64_t xr = xrow(m);
+        const uint32_t *src = (const uint32_t *)(a.xq + xr * K);
+        uint8_t *dst = xd + m * 3 * ps;
+#pragma unroll 4
+        for (int c = threadIdx.x; c < (int)(K / 4); c += blockDim.x) {
+            uint32_t dig[3];
+            gvm_x_digits_tab(tab, __ldg(src + c), dig);
 #pragma unroll
-        for (int d = 0; d < 3; d++) *(uint32_t *)(xd + (m * 3 + d) * ps + 4 * c) = dig[d];
+            for (int d = 0; d < 3; d++) *(uint32_t *)(dst + d * ps + 4 * c) = dig[d];
+        }
+        for (int b = threadIdx.x; b < (int)KB; b += blockDim.x) sxs[m * KB + b] = gvm_x_scale(__ldg(a.xs + xr * KB + b));
     }
-    for (int64_t i = threadIdx.x; i < (int64_t)mt * KB; i += blockDim.x)
-        sxs[i] = gvm_x_scale(__ldg(a.xs + xrow((int)(i / KB)) * KB + i % KB));
     __syncthreads();
 
     const int bh = g >> 2, bd = g & 3; /* this lane's B column: slot half, digit (3: the zero column) */
