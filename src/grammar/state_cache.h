@@ -83,6 +83,8 @@ typedef struct di_gcache_table {
     size_t hcap;         /* power of two >= 2 * n, doubled as states are interned */
     int32_t n, cap;      /* interned states (ids 1..n), capacity */
     int32_t refs;        /* walks using this table */
+    size_t touched;      /* kept tables: bytes of rows (and states of the per-state arrays, POOL_TOUCH_STATES)
+                            known committed, so that a later grammar's new states take no page fault */
     uint64_t serial;     /* which generation (state ids mean nothing across tables) */
 } di_gcache_table;
 
