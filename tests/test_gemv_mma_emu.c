@@ -1,10 +1,11 @@
 /* Host emulation of the tensor-core MXFP4 GEMV (src/backend/cuda/cuda_gemv_mma.cu), no GPU needed.
  *
  * The kernel's arithmetic is its lane functions (cuda_gemv_mma.cuh, compiled here as C: the prmt weight
- * expansion, the x digit planes (through the kernel's 256-entry table), the slot map, the shuffle combination, the block value) plus three warp
- * primitives emulated from their PTX definitions: mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment
- * layouts as the PTX ISA gives them; the one input this test takes on trust, checked by the GPU test
- * tests/cuda/test_cuda_gemv_mma.c), __shfl_xor_sync, and the per-lane weight / scale loads. The walk is
+ * expansion, the x digit planes through the kernel's 256-entry table, the slot map, the shuffle
+ * combination, the block value) plus three warp primitives emulated from their PTX definitions:
+ * mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment layouts as the PTX ISA gives them; the one input
+ * this test takes on trust, checked by the GPU test tests/cuda/test_cuda_gemv_mma.c), __shfl_xor_sync,
+ * and the per-lane weight / scale loads. The walk is
  * the kernel's: row groups of MT, tiles of NC columns, units of block pairs, n8 tiles of slots, then the
  * ordered f32 sum of each output.
  *
@@ -564,7 +565,8 @@ static void test_lane_functions(void **state) {
     for (uint32_t c = 0; c < 256; c++) tab[c] = gvm_x_digits_entry(c);
     for (uint32_t c = 0; c < 256; c++)
         for (int sh = 0; sh < 32; sh += 8) {
-            const uint32_t wv = (c << sh) | (0x3Bu << ((sh + 8) & 31)) | (0xC7u << ((sh + 16) & 31)) | (0x7Fu << ((sh + 24) & 31));
+            const uint32_t wv =
+                (c << sh) | (0x3Bu << ((sh + 8) & 31)) | (0xC7u << ((sh + 16) & 31)) | (0x7Fu << ((sh + 24) & 31));
             uint32_t want[3], got[3];
             gvm_x_digits(wv, want);
             gvm_x_digits_tab(tab, wv, got);
