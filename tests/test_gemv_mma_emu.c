@@ -5,9 +5,8 @@
  * combination, the block value) plus three warp primitives emulated from their PTX definitions:
  * mma.sync m16n8k32 s8·s8 → s32 (A / B / C fragment layouts as the PTX ISA gives them; the one input
  * this test takes on trust, checked by the GPU test tests/cuda/test_cuda_gemv_mma.c), __shfl_xor_sync,
- * and the per-lane weight / scale loads. The walk is
- * the kernel's: row groups of MT, tiles of NC columns, units of block pairs, n8 tiles of slots, then the
- * ordered f32 sum of each output.
+ * and the per-lane weight / scale loads. The walk is the kernel's: row groups of MT, tiles of NC columns,
+ * units of block pairs, n8 tiles of slots, then the ordered f32 sum of each output.
  *
  * Checked, bit for bit:
  *  1. every exact block sum S (each (row, column, block) written exactly once) against Σ X·W formed from
