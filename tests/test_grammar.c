@@ -763,6 +763,16 @@ static void test_byte_class_rows(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* "(a|b|...|9" + tail into re[256]: a regex whose 62 letters and digits are 62 byte classes. */
+static void alnum_alternatives(char *re, const char *tail) {
+    strcpy(re, "(");
+    for (const char *p = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"; *p; p++) {
+        size_t l = strlen(re);
+        re[l] = *p, re[l + 1] = '|', re[l + 2] = 0;
+    }
+    strcpy(re + strlen(re) - 1, tail);
+}
+
 /* A kept table commits its first rows and per-state arrays once (state_cache.c: POOL_TOUCH_ROWS),
  * so a later grammar whose states outgrow what the earlier ones used takes no page fault per 4 KiB
  * of new rows (~2.5 us each on the dev VM; schema_medium took ~55 on its cold masks, one on most).
@@ -782,12 +792,8 @@ static void test_table_pool_committed(void **state) {
     for (int i = 0; i < 10; i++) di_gcache_intern(a->cache, ta, (di_sig128){gt_rng(&s), gt_rng(&s)});
     di_gcache_release(a->cache, ta);
     di_grammar_free(a);
-    char re[256] = "(";
-    for (const char *p = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"; *p; p++) {
-        size_t l = strlen(re);
-        re[l] = *p, re[l + 1] = '|', re[l + 2] = 0;
-    }
-    strcpy(re + strlen(re) - 1, ")+");
+    char re[256];
+    alnum_alternatives(re, ")+");
     di_grammar *b = regex_or_fail(re);
     di_gcache_table *t = di_gcache_acquire(b->cache);
     assert_true((uintptr_t)t == kept);
@@ -803,6 +809,44 @@ static void test_table_pool_committed(void **state) {
     assert_true(faults < 16); /* ~55 without the committed pages */
     di_gcache_release(b->cache, t);
     di_grammar_free(b);
+    for (int i = 0; i < 2; i++) di_grammar_free(hold[i]);
+}
+
+/* A new vocabulary puts a committed table into an empty pool (state_cache.c: di_gcache_pool_seed),
+ * so the first grammar of a process neither maps a fresh table on its first mask nor takes a page
+ * fault per 4 KiB of new rows (schema_medium alone took 56 over its cold masks). With the pool
+ * drained, the vocabulary's table is the one the next grammar acquires: its masks equal brute
+ * force, and 1,500 states of 60+ byte classes (~45 pages of rows) take far fewer faults than pages. */
+static void test_table_pool_seeded(void **state) {
+    (void)state;
+    di_grammar *hold[2]; /* drain the pool */
+    for (int i = 0; i < 2; i++) {
+        hold[i] = regex_or_fail("[0-9]+");
+        di_gcache_release(hold[i]->cache, di_gcache_acquire(hold[i]->cache));
+    }
+    gt_bytes tb = gt_vocab_bytes(3000);
+    di_grammar_vocab *v = gt_vocab(&tb); /* seeds the empty pool */
+    char re[256];
+    alnum_alternatives(re, ")+;");
+    di_grammar *b = regex_or_fail(re);
+    assert_true(gt_walk(b, v, &tb, NULL, 7, 12, re) >= 12);
+    di_gcache_table *t = di_gcache_acquire(b->cache);
+    assert_true(t->n_bcls >= 60);
+    assert_true(t->n >= 2);
+    uint64_t s = 7;
+    struct rusage r0, r1; /* around the interning only: the masks' own allocations fault too */
+    getrusage(RUSAGE_THREAD, &r0);
+    for (int i = 0; i < 1500; i++) assert_true(di_gcache_intern(b->cache, t, (di_sig128){gt_rng(&s), gt_rng(&s)}) > 0);
+    getrusage(RUSAGE_THREAD, &r1);
+    long faults = r1.ru_minflt - r0.ru_minflt;
+    size_t pages = ((size_t)t->n + 1) * t->n_bcls * sizeof *t->rows / 4096;
+    tu_report("first grammar after a new vocabulary: %d states of %u byte classes (%zu pages of rows), %ld page "
+              "faults", (int)t->n, t->n_bcls, pages, faults);
+    assert_true(faults < 16); /* ~50 from a fresh table */
+    di_gcache_release(b->cache, t);
+    di_grammar_free(b);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
     for (int i = 0; i < 2; i++) di_grammar_free(hold[i]);
 }
 
@@ -1858,6 +1902,7 @@ int main(void) {
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
         cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_table_pool_committed),
+        cmocka_unit_test(test_table_pool_seeded),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
         cmocka_unit_test(test_whole_subtree_union),
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),

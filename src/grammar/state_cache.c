@@ -120,23 +120,11 @@ static void table_keep(di_gcache_table *t) {
     table_free(t);
 }
 
-static di_gcache_table *table_new(di_grammar_cache *c) {
-    di_gcache_table *t = NULL;
-    if (c->max_states == DI_GCACHE_MAX_STATES) {
-        pthread_mutex_lock(&table_pool_lock);
-        for (int i = 0; i < TABLE_POOL && !t; i++)
-            if (table_pool[i]) t = table_pool[i], table_pool[i] = NULL;
-        pthread_mutex_unlock(&table_pool_lock);
-    }
-    if (t) {
-        t->n_bcls = c->n_bcls;
-        memcpy(t->bcls, c->bcls, sizeof t->bcls);
-        t->serial = ++c->n_tables;
-        return t;
-    }
-    t = calloc(1, sizeof *t);
+/* A table of cap states for byte classes bcls (n_bcls of them), rows mapped, nothing committed. */
+static di_gcache_table *table_alloc(int32_t cap, uint32_t n_bcls, const uint8_t *bcls) {
+    di_gcache_table *t = calloc(1, sizeof *t);
     if (!t) return NULL;
-    t->cap = c->max_states;
+    t->cap = cap;
     t->hcap = 256; /* grows with the states (intern_locked): a table sized for cap up front was
                       64 KiB of fresh pages to fill on every grammar's first mask */
     /* rows: a fresh anonymous mapping, zero without a memset (calloc of 8 MiB comes from the heap,
@@ -144,8 +132,8 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
      * grammar's first mask); pages are committed as states are added. Mapped for 256 byte
      * classes at the default capacity, so that the table can serve any grammar later
      * (table_keep): address space only. */
-    t->n_bcls = c->n_bcls;
-    memcpy(t->bcls, c->bcls, sizeof t->bcls);
+    t->n_bcls = n_bcls;
+    memcpy(t->bcls, bcls, sizeof t->bcls);
     t->rows_bytes = ((size_t)t->cap + 1) * t->n_bcls * sizeof *t->rows;
     if (t->cap == DI_GCACHE_MAX_STATES) t->rows_bytes = POOL_ROWS_BYTES;
     void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -164,8 +152,36 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
         return NULL;
     }
     if (t->hash) memset(t->hash, 0xff, t->hcap * sizeof *t->hash);
+    return t;
+}
+
+static di_gcache_table *table_new(di_grammar_cache *c) {
+    di_gcache_table *t = NULL;
+    if (c->max_states == DI_GCACHE_MAX_STATES) {
+        pthread_mutex_lock(&table_pool_lock);
+        for (int i = 0; i < TABLE_POOL && !t; i++)
+            if (table_pool[i]) t = table_pool[i], table_pool[i] = NULL;
+        pthread_mutex_unlock(&table_pool_lock);
+    }
+    if (t) {
+        t->n_bcls = c->n_bcls;
+        memcpy(t->bcls, c->bcls, sizeof t->bcls);
+    } else {
+        t = table_alloc(c->max_states, c->n_bcls, c->bcls);
+        if (!t) return NULL;
+    }
     t->serial = ++c->n_tables;
     return t;
+}
+
+void di_gcache_pool_seed(void) {
+    pthread_mutex_lock(&table_pool_lock);
+    bool empty = true;
+    for (int i = 0; i < TABLE_POOL; i++) empty = empty && !table_pool[i];
+    pthread_mutex_unlock(&table_pool_lock);
+    if (!empty) return;
+    static const uint8_t one_class[256];
+    table_keep(table_alloc(DI_GCACHE_MAX_STATES, 1, one_class)); /* commits its first rows and arrays */
 }
 
 void di_gcache_set_max_states(di_grammar_cache *c, int32_t n) {

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include "grammar/grammar_impl.h"
+#include "grammar/state_cache.h"
 
 void di_grammar_vocab_free(di_grammar_vocab *v) {
     if (!v) return;
@@ -458,6 +459,7 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
         v->class_memo = NULL;
     }
     vocab_pack(v);
+    di_gcache_pool_seed(); /* the first grammar's table, committed here rather than on its masks */
     free(path);
     free(order);
     *out = v;
