@@ -91,6 +91,8 @@ static di_gcache_table *table_pool[TABLE_POOL];
  * byte classes, 221 KiB of rows, ~55 faults; twenty-first round). */
 #define POOL_TOUCH_ROWS ((size_t)512 * 1024)
 #define POOL_TOUCH_STATES 2048
+_Static_assert(POOL_TOUCH_ROWS <= POOL_ROWS_BYTES && POOL_TOUCH_STATES <= DI_GCACHE_MAX_STATES,
+               "a kept table (cap DI_GCACHE_MAX_STATES, POOL_ROWS_BYTES of rows) holds what it commits");
 
 static void table_keep(di_gcache_table *t) {
     if (!t) return;
