@@ -5,17 +5,23 @@
  * lists the CPU accepts (−1 or in range; the GPU kernels also skip out-of-range ids, which the CPU op
  * rejects, so those cases compare the two kernels only).
  * V4.1 shapes: 64 heads, head dim 512, window 128 + 512 selected compressed entries (640 per query,
- * −1 skips), compressed pools up to 8192 entries; n_q 8, 9 (4 heads per block: fewer than 128 blocks of
+ * −1 skips), compressed pools up to 8192 entries; n_q 9 (4 heads per block: fewer than 128 blocks of
  * 16), 64, 2048 (16 heads per block), a partial block (37 indices), rows of skips only, empty lists, key rows that are not 16-byte
  * aligned (the staging's element-wise path), 8 heads (4 per block only); sinks incl. −inf, q and key rows
  * with NaN / ±inf; and the batched variant (sparse_attn_seqs) over several sequences of their own key sets.
+ * Up to 8 queries the default is the staged kernel (d_sparse_attn_staged: one (query, head) per block,
+ * rows copied to shared memory a step ahead): n_q 1, 2, 3, 7, 8 with the same kinds of cases, and forced
+ * at n_q 9 / 64, each against the per-head kernel bit for bit.
  * The FMA form of the several-heads kernel (one fmaf per term where the product is exact): the key-row
  * flags kernel at the range's edges, and two probes whose outputs differ between the forms, so a step
  * that should have been refused (by the row flags, or by the probability vote) shows.
  * DI_BENCH=1: ms per call, per-head kernel vs several heads per block, at an 8K-token prefill (n_q 8192,
- * 640 keys per query) and a decode step of 256 sequences (sparse_attn_seqs, 4K context), plus n_q 1 / 64.
- * DI_QUICK=1: the cases of at most 80 queries (for compute-sanitizer memcheck / racecheck).
- * DI_PROFILE=1: one prefill call (n_q 8192 x 640) of the several-heads kernel only, for Nsight Compute.
+ * 640 keys per query) and a decode step of 256 sequences (sparse_attn_seqs, 4K context), plus n_q 1 / 64;
+ * per-head / staged / several-heads at n_q 1 … 32 with 640 and 128 indices.
+ * DI_QUICK=1: the cases of at most 80 queries (for compute-sanitizer memcheck / racecheck); DI_STAGED_ONLY=1:
+ * the staged kernel's cases only.
+ * DI_PROFILE=1: one prefill call (n_q 8192 x 640) of the several-heads kernel only, for Nsight Compute;
+ * DI_PROFILE=staged: one decode call (n_q 1 x 640) of the staged kernel.
  * One line per case; last line "N passed, N failed"; exit status 1 if any case fails. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -33,6 +39,8 @@
 
 /* cuda_sparse_attn.cuh (extern "C" in cuda_attn.cu): 1 = several heads per block, 0 = the per-head kernel */
 void di_cuda_sattn_heads_set(int on);
+/* the staged kernel (d_sparse_attn_staged): 1 = every call of head dim 512, 0 = never, −1 = the rule */
+void di_cuda_sattn_staged_set(int mode);
 
 enum { D = 512, WIN = 128, SEL = 512 };
 static const float SCALE = 0.044194173824159216f; /* 512^-0.5 */
@@ -225,6 +233,7 @@ static void check_fma_flags(void) {
     for (int pass = 0; pass < 2; pass++) { /* 16-byte rows, then rows one element off (scalar loads) */
         const int64_t ld = pass ? K - 1 : K;
         RUN(di_cuda_bf16_fma_flags(gpu, d + pass, pass ? NP - 1 : NP, ld, pass ? K - 9 : K, df, E));
+        RUN(di_backend_cuda_sync(gpu, E)); /* the backend's stream does not order the default stream's copy */
         CU(cudaMemcpy(fl, df, pass ? NP - 1 : NP, cudaMemcpyDeviceToHost));
         for (int r = 0; r < (pass ? NP - 1 : NP); r++) {
             /* pass 1: row r starts at element 1 + r·(K − 1) and holds K − 9 elements */
@@ -320,7 +329,9 @@ static void check_fma_probe(const char *name, int rows_unsafe) {
     snprintf(shape, sizeof shape, "probe setup: CPU 0x%04x (want 0x%04x), one-fma 0x%04x", oc[PROBE_CH], want, fast);
     row(name, shape, setup, 2);
 
+    di_cuda_sattn_staged_set(0); /* the several-heads kernel's FMA form (8 queries would take the staged one) */
     uint16_t *o_new = gpu_out(&c, 1), *o_old = gpu_out(&c, 0);
+    di_cuda_sattn_staged_set(-1);
     int64_t d_cpu = 0, d_old = u16_differ(o_new, o_old, nq);
     for (int64_t i = 0; i < c.m * nh; i++) d_cpu += o_new[i * D + PROBE_CH] != want;
     snprintf(shape, sizeof shape, "n_q 8, 64 heads, 4 idx: vs the per-head kernel (all), vs CPU (probe channel)");
@@ -422,6 +433,19 @@ static void bench_attn(const char *name, acase *c) {
     fflush(stdout);
 }
 
+/* Per-head, staged and several-heads kernels on the same case (decode-sized n_q). */
+static void bench_few(const char *name, acase *c) {
+    double t_old, t_staged, t_heads;
+    BATCH(t_old, 20, RUN(gpu_attn(c, 0)));
+    di_cuda_sattn_staged_set(1);
+    BATCH(t_staged, 20, RUN(gpu_attn(c, 1)));
+    di_cuda_sattn_staged_set(0);
+    BATCH(t_heads, 20, RUN(gpu_attn(c, 1)));
+    di_cuda_sattn_staged_set(-1);
+    printf("# sattn %s per-head / staged / several-heads ms: %.4f / %.4f / %.4f\n", name, t_old, t_staged, t_heads);
+    fflush(stdout);
+}
+
 static void bench_seqs(const char *name, seqs_case *s) {
     double t_old, t_new;
     BATCH(t_old, 10, RUN(gpu_seqs(s, 0)));
@@ -432,6 +456,7 @@ static void bench_seqs(const char *name, seqs_case *s) {
 
 int main(void) {
     int bench = getenv("DI_BENCH") != NULL, quick = getenv("DI_QUICK") != NULL;
+    const int staged_only = getenv("DI_STAGED_ONLY") != NULL; /* the staged kernel's cases (sanitizers) */
     int nth = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (di_cuda_device_count() < 1) {
         printf("no CUDA device: nothing to test\n0 passed, 1 failed\n");
@@ -447,25 +472,28 @@ int main(void) {
 
     const int64_t n_idx = WIN + SEL;
     acase c;
-    check_fma_flags();
-    check_fma_probe("fma probe: key rows", 1);
-    check_fma_probe("fma probe: probabilities", 0);
-    if (getenv("DI_PROFILE")) { /* one prefill call (n_q 8192 x 640) of the several-heads kernel, for Nsight Compute */
-        make_case(&c, 8192, 64, n_idx, 4096, 0, 0, 0, 0, 0);
+    if (!staged_only) {
+        check_fma_flags();
+        check_fma_probe("fma probe: key rows", 1);
+        check_fma_probe("fma probe: probabilities", 0);
+    }
+    if (getenv("DI_PROFILE")) { /* one prefill call (n_q 8192 x 640) of the several-heads kernel, or with
+                                  * DI_PROFILE=staged one decode call (n_q 1 x 640) of the staged kernel, for Nsight Compute */
+        make_case(&c, strcmp(getenv("DI_PROFILE"), "staged") ? 8192 : 1, 64, n_idx, 4096, 0, 0, 0, 0, 0);
         RUN(gpu_attn(&c, 1));
         CU(cudaStreamSynchronize(st));
         free_case(&c);
-        printf("profile: one prefill call\n0 passed, 0 failed\n");
+        printf("profile: one call\n0 passed, 0 failed\n");
         return 0;
     }
     {
-        /* 4 heads per block from 8 to 31 queries (fewer take the per-head kernel: sah_heads) */
+        /* the staged kernel up to 8 queries (sas_wanted), 4 heads per block from 9 to 31 */
         const int64_t qs[] = {0};
         make_case(&c, 8, 64, n_idx, 8192, 30, 0, 0, 0, 0);
-        check("n_q 8", &c, qs, 1);
+        check("staged n_q 8", &c, qs, 1);
         free_case(&c);
     }
-    {
+    if (!staged_only) {
         const int64_t qs[] = {0, 3, 6};
         make_case(&c, 9, 64, n_idx, 4096, 30, 0, 0, 1, 0);
         check("n_q 9 special", &c, qs, 3);
@@ -474,13 +502,13 @@ int main(void) {
         check("n_q 9 oor ids", &c, NULL, 0);
         free_case(&c);
     }
-    if (!quick) {
+    if (!quick && !staged_only) {
         const int64_t qs[] = {0, 1, 63};
         make_case(&c, 64, 64, n_idx, 8192, 50, 0, 0, 1, 0);
         check("n_q 64 special", &c, qs, 3);
         free_case(&c);
     }
-    if (!quick) {
+    if (!quick && !staged_only) {
         const int64_t qs[] = {0, 1, 1000, 2047};
         make_case(&c, 2048, 64, n_idx, 8192, 30, 0, 0, 1, 0);
         check("n_q 2048 special", &c, qs, 4);
@@ -489,7 +517,7 @@ int main(void) {
         check("n_q 2048 oor ids", &c, NULL, 0);
         free_case(&c);
     }
-    {
+    if (!staged_only) {
         const int64_t mq = quick ? 32 : 300, qs[] = {0, mq - 1}; /* 32: the fewest queries of 16 heads per block */
         make_case(&c, mq, 64, 37, 2048, 100, 0, 0, 1, 0);
         check("partial block", &c, qs, 2);
@@ -507,20 +535,74 @@ int main(void) {
         check("8 heads", &c, qs, 2);
         free_case(&c);
     }
+    {
+        /* fewer than 8 queries: the staged kernel (sas_wanted) against the per-head kernel */
+        const int64_t q1[] = {0}, q3[] = {0, 2}, q7[] = {0, 6};
+        make_case(&c, 1, 64, n_idx, 8192, 30, 0, 0, 1, 0);
+        check("staged n_q 1 special", &c, q1, 1);
+        free_case(&c);
+        make_case(&c, 3, 64, n_idx, 4096, 30, 0, 0, 1, 0);
+        check("staged n_q 3 special", &c, q3, 2);
+        free_case(&c);
+        make_case(&c, 7, 64, n_idx, 4096, 30, 0, 0, 1, 0);
+        check("staged n_q 7 special", &c, q7, 2);
+        free_case(&c);
+        make_case(&c, 7, 64, n_idx, 4096, 30, 20, 0, 1, 0);
+        check("staged n_q 7 oor ids", &c, NULL, 0);
+        free_case(&c);
+        make_case(&c, 2, 64, WIN, 2048, 0, 0, 0, 0, 0); /* two full steps (an SWA layer's list length) */
+        check("staged n_q 2 128 idx", &c, q1, 1);
+        free_case(&c);
+        make_case(&c, 2, 64, 37, 2048, 100, 0, 0, 1, 0);
+        check("staged partial block", &c, q1, 1);
+        free_case(&c);
+        make_case(&c, 3, 64, 100, 2048, 100, 0, 0, 1, 0); /* a full step, then 36 */
+        check("staged 100 idx", &c, q3, 2);
+        free_case(&c);
+        make_case(&c, 2, 64, 600, 2048, 0, 0, 1, 1, 0);
+        check("staged all skipped", &c, q1, 1);
+        free_case(&c);
+        make_case(&c, 1, 64, 0, 2048, 0, 0, 0, 1, 0);
+        check("staged empty lists", &c, q1, 1);
+        free_case(&c);
+        make_case(&c, 3, 64, n_idx, 2048, 30, 0, 0, 1, 1);
+        check("staged unaligned kv", &c, q3, 2);
+        free_case(&c);
+        make_case(&c, 2, 8, n_idx, 2048, 30, 0, 0, 1, 0);
+        check("staged 8 heads", &c, q1, 1);
+        free_case(&c);
+        /* beyond the rule: forced for more queries (the several-heads kernel's range) */
+        di_cuda_sattn_staged_set(1);
+        make_case(&c, 9, 64, n_idx, 4096, 30, 20, 0, 1, 0);
+        check("staged forced n_q 9 oor ids", &c, NULL, 0);
+        free_case(&c);
+        if (!quick) {
+            make_case(&c, 64, 64, n_idx, 8192, 50, 0, 0, 1, 0);
+            check("staged forced n_q 64 special", &c, q1, 1);
+            free_case(&c);
+        }
+        di_cuda_sattn_staged_set(-1);
+    }
     seqs_case s;
     {
+        const int64_t m_of[] = {1, 2, 1, 3};
+        make_seqs(&s, 4, m_of, n_idx, 2048, 64, 10);
+        check_seqs("seqs few (staged)", &s);
+        free_seqs(&s);
+    }
+    if (!staged_only) {
         const int64_t m_of[] = {1, 5, 1, 70, 3};
         make_seqs(&s, 5, m_of, n_idx, 2048, 64, 0);
         check_seqs("seqs mixed", &s);
         free_seqs(&s);
     }
-    {
+    if (!staged_only) {
         const int64_t m_of[] = {3, 2, 4};
         make_seqs(&s, 3, m_of, n_idx, 2048, 64, 10);
         check_seqs("seqs few (4 heads)", &s);
         free_seqs(&s);
     }
-    if (!quick) {
+    if (!quick && !staged_only) {
         int64_t m_of[96];
         for (int i = 0; i < 96; i++) m_of[i] = 1 + (i % 3 == 0 ? 2 : 0);
         make_seqs(&s, 96, m_of, n_idx, 1024, 64, 10);
@@ -541,6 +623,18 @@ int main(void) {
         make_case(&c, 1, 64, n_idx, 4096, 0, 0, 0, 0, 0);
         bench_attn("n_q 1 x 640", &c);
         free_case(&c);
+        static const int64_t few[] = {1, 2, 4, 8, 16, 32};
+        for (int i = 0; i < 6; i++) {
+            char nm[48];
+            snprintf(nm, sizeof nm, "n_q %lld x 640", (long long)few[i]);
+            make_case(&c, few[i], 64, n_idx, 4096, 0, 0, 0, 0, 0);
+            bench_few(nm, &c);
+            free_case(&c);
+            snprintf(nm, sizeof nm, "n_q %lld x 128 (window)", (long long)few[i]);
+            make_case(&c, few[i], 64, WIN, 4096, 0, 0, 0, 0, 0);
+            bench_few(nm, &c);
+            free_case(&c);
+        }
         int64_t m_of[256];
         for (int i = 0; i < 256; i++) m_of[i] = 1;
         make_seqs(&s, 256, m_of, n_idx, 2048, 64, 0);

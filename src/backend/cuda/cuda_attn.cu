@@ -12,7 +12,9 @@
  * barriers and serial sections; the default kernel (cuda_sparse_attn.cuh, d_sparse_attn_heads) gives a
  * block 16 (or, for few queries, 4) heads of one query, stages each step's rows in shared memory once
  * for all of them, and keeps every operation of each (query, head) and its order, so the same bits.
- * DI_CUDA_SATTN=old selects the per-head kernel (and shapes other than head dim 512 always take it).
+ * DI_CUDA_SATTN=old selects the per-head kernel (and shapes other than head dim 512 always take it). Up
+ * to 8 queries the slots take d_sparse_attn_staged first (one (query, head) per block, the rows copied to
+ * shared memory a step ahead; DI_CUDA_SATTN_STAGED=0 turns it off).
  * The sparse_attn slot flags its key rows first (di_cuda_bf16_fma_flags, n_win + n_cmp bytes of the
  * workspace) so that d_sparse_attn_heads takes one FFMA per term where that is exact;
  * DI_CUDA_SATTN_FMA=0 turns that off (the same bits, the multiply-then-add forms everywhere). */
@@ -47,6 +49,22 @@ __global__ void __launch_bounds__(SAH_T(H), 2)
     d_sparse_attn_heads<H>(q, qi, nh, h0, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out,
                            kv_ok);
 }
+
+/* Block (qi, head): d_sparse_attn_staged (few queries: sas_wanted). */
+__global__ void __launch_bounds__(SA_THREADS, 1)
+    sparse_attn_staged_kernel(const uint16_t *q, int nh, const uint16_t *kv_win, int64_t n_win, const uint16_t *kv_cmp,
+                              int64_t n_cmp, const float *sink, const int32_t *idx, int64_t n_idx, float scale,
+                              uint16_t *out) {
+    const int64_t qi = blockIdx.x / nh;
+    const int h = blockIdx.x % nh;
+    d_sparse_attn_staged(q, qi * nh + h, h, kv_win, n_win, kv_cmp, n_cmp, sink, idx + qi * n_idx, n_idx, scale, out);
+}
+
+static int g_sas_on = -1;     /* −1: DI_CUDA_SATTN_STAGED not read yet */
+static int g_sas_forced = -1; /* di_cuda_sattn_staged_set */
+extern "C" int di_cuda_sattn_staged_enabled(void) { return di_cuda_env_switch(&g_sas_on, "DI_CUDA_SATTN_STAGED", "0"); }
+extern "C" void di_cuda_sattn_staged_set(int mode) { g_sas_forced = mode < 0 ? -1 : mode ? 1 : 0; }
+extern "C" int di_cuda_sattn_staged_forced(void) { return g_sas_forced; }
 
 static int g_sah_on = -1; /* −1: DI_CUDA_SATTN not read yet */
 extern "C" int di_cuda_sattn_heads_enabled(void) { return di_cuda_env_switch(&g_sah_on, "DI_CUDA_SATTN", "old"); }
@@ -84,6 +102,14 @@ extern "C" int di_cuda_sparse_attn(const di_backend *be, const uint16_t *q, int6
                             "cuda sparse_attn: n_q %lld, n_heads %d, dim %d (max %d), n_win %lld, n_cmp %lld, n_idx %lld",
                             (long long)m, nh, d, SA_MAX_DIM, (long long)n_win, (long long)n_cmp, (long long)n_idx);
     if (m == 0) return DI_OK;
+    if (sas_wanted(m, nh, d)) {
+        static bool optin[64];
+        int rc = sah_smem_optin(sparse_attn_staged_kernel, SAS_SMEM, optin, di_cuda_state(be)->device, "sparse_attn", err);
+        if (rc) return rc;
+        sparse_attn_staged_kernel<<<(unsigned)(m * nh), SA_THREADS, SAS_SMEM, di_cuda_state(be)->stream>>>(
+            q, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out);
+        return di_cuda_launched("sparse_attn", err);
+    }
     switch (sah_heads(m, nh, d)) {
     case 16: return sparse_attn_heads<16>(be, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);
     case 4: return sparse_attn_heads<4>(be, q, m, nh, kv_win, n_win, kv_cmp, n_cmp, sink, idx, n_idx, scale, out, err);

@@ -10,20 +10,41 @@
 /* One block per row. Σ x² of f32 squares in f64 (the CPU sums the same f32 squares in f64 in index
  * order; both round the total once to f32). y may alias x: the statistic is complete (block barrier)
  * before any write, and each thread writes only the elements it read. */
+#define NORM_U 10 /* elements per thread whose loads are issued together (a row of 5120: 2 × 10 × 256) */
+
+/* Thread i adds its elements i, i + 256, … in that order; their loads go out NORM_U at a time (one block
+ * per row: a decode step's few rows would otherwise wait for a load round trip per element). In-place
+ * safe (y = x): a thread writes only elements it has read. */
 __global__ void rmsnorm_kernel(const uint16_t *x, int64_t D, const uint16_t *w, float eps, uint16_t *y) {
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     const uint16_t *xr = x + blockIdx.x * D;
     uint16_t *yr = y + blockIdx.x * D;
+    const int64_t bd = blockDim.x;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = d_bf16(xr[i]);
-        ss += (double)__fmul_rn(v, v);
+    for (int64_t i0 = threadIdx.x; i0 < D; i0 += NORM_U * bd) {
+        uint16_t xb[NORM_U];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + u * bd < D) xb[u] = xr[i0 + u * bd];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++) {
+            if (i0 + u * bd >= D) break;
+            float v = d_bf16(xb[u]);
+            ss += (double)__fmul_rn(v, v);
+        }
     }
     ss = d_block_sum_f64(ss, sh);
     float var = __fdiv_rn(__double2float_rn(ss), (float)D);
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
-        yr[i] = d_to_bf16(__fmul_rn(d_bf16(w[i]), __fmul_rn(d_bf16(xr[i]), r)));
+    for (int64_t i0 = threadIdx.x; i0 < D; i0 += NORM_U * bd) {
+        uint16_t xb[NORM_U], wb[NORM_U];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + u * bd < D) xb[u] = xr[i0 + u * bd], wb[u] = w[i0 + u * bd];
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + u * bd < D) yr[i0 + u * bd] = d_to_bf16(__fmul_rn(d_bf16(wb[u]), __fmul_rn(d_bf16(xb[u]), r)));
+    }
 }
 
 extern "C" int di_cuda_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t n, const uint16_t *w,
@@ -334,9 +355,13 @@ extern "C" int di_cuda_engram_lookup(const di_backend *be, const uint8_t *table,
     return di_cuda_launched("engram_lookup", err);
 }
 
+#define GATE_U 10 /* elements per thread whose loads are issued together (V4.1: D 5120 = 2 × 10 × 256) */
+
 /* One block per (token, stream): the three statistics Σx², Σkey², Σ(x·wq)·key of f32 terms in f64,
  * then the gate in f32 as engram_ops.c, then x ← bf16(x + gate·value). In-place safe: each thread
- * rewrites only the elements it read, after the block-wide sums. */
+ * rewrites only the elements it read, after the block-wide sums. A thread's elements are j, j + 256, …
+ * added in that order; their loads go out GATE_U at a time (at one token the 4 blocks would otherwise
+ * wait for one load round trip per element). */
 __global__ void engram_gate_kernel(uint16_t *x, const uint16_t *kv, int hc, int64_t D, const uint16_t *qw,
                                    const uint16_t *kw, float eps, float inv_sqrt_d) {
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
@@ -344,13 +369,24 @@ __global__ void engram_gate_kernel(uint16_t *x, const uint16_t *kv, int hc, int6
     int s = blockIdx.x % hc;
     uint16_t *h = x + (t * hc + s) * D;
     const uint16_t *key = kv + t * (hc + 1) * D + s * D, *value = kv + t * (hc + 1) * D + hc * D;
+    const int64_t bd = blockDim.x;
     double hh = 0, kk = 0, dot = 0;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-        float hv = d_bf16(h[j]), kvv = d_bf16(key[j]);
-        float w = __fmul_rn(d_bf16(qw[s * D + j]), d_bf16(kw[s * D + j]));
-        hh += (double)__fmul_rn(hv, hv);
-        kk += (double)__fmul_rn(kvv, kvv);
-        dot += (double)__fmul_rn(__fmul_rn(hv, w), kvv);
+    for (int64_t j0 = threadIdx.x; j0 < D; j0 += GATE_U * bd) {
+        uint16_t hb[GATE_U], kb[GATE_U], qb[GATE_U], wb[GATE_U];
+#pragma unroll
+        for (int u = 0; u < GATE_U; u++) {
+            const int64_t j = j0 + u * bd;
+            if (j < D) hb[u] = h[j], kb[u] = key[j], qb[u] = qw[s * D + j], wb[u] = kw[s * D + j];
+        }
+#pragma unroll
+        for (int u = 0; u < GATE_U; u++) {
+            if (j0 + u * bd >= D) break;
+            float hv = d_bf16(hb[u]), kvv = d_bf16(kb[u]);
+            float w = __fmul_rn(d_bf16(qb[u]), d_bf16(wb[u]));
+            hh += (double)__fmul_rn(hv, hv);
+            kk += (double)__fmul_rn(kvv, kvv);
+            dot += (double)__fmul_rn(__fmul_rn(hv, w), kvv);
+        }
     }
     hh = d_block_sum_f64(hh, sh);
     kk = d_block_sum_f64(kk, sh);
@@ -361,8 +397,19 @@ __global__ void engram_gate_kernel(uint16_t *x, const uint16_t *kv, int hc, int6
     float mag = fabsf(dd) > 1e-6f ? fabsf(dd) : 1e-6f;
     float z = copysignf(__fsqrt_rn(mag), dd);
     float gate = __fdiv_rn(1.0f, __fadd_rn(1.0f, d_expf(-z)));
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
-        h[j] = d_to_bf16(__fadd_rn(d_bf16(h[j]), __fmul_rn(gate, d_bf16(value[j]))));
+    for (int64_t j0 = threadIdx.x; j0 < D; j0 += GATE_U * bd) {
+        uint16_t hb[GATE_U], vb[GATE_U];
+#pragma unroll
+        for (int u = 0; u < GATE_U; u++) {
+            const int64_t j = j0 + u * bd;
+            if (j < D) hb[u] = h[j], vb[u] = value[j];
+        }
+#pragma unroll
+        for (int u = 0; u < GATE_U; u++) {
+            const int64_t j = j0 + u * bd;
+            if (j < D) h[j] = d_to_bf16(__fadd_rn(d_bf16(hb[u]), __fmul_rn(gate, d_bf16(vb[u]))));
+        }
+    }
 }
 
 extern "C" int di_cuda_engram_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d,

@@ -213,6 +213,17 @@ __global__ void __launch_bounds__(SAH_T(H), 2)
                            sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out, NULL);
 }
 
+/* sparse_attn_seqs_kernel on d_sparse_attn_staged (few queries: sas_wanted). */
+__global__ void __launch_bounds__(SA_THREADS, 1)
+    sparse_attn_seqs_staged_kernel(const uint16_t *q, int nh, const di_attn_seq *seqs, const int32_t *seq_of,
+                                   const float *sink, float scale, uint16_t *out) {
+    const int64_t qi = blockIdx.x / nh;
+    const int h = blockIdx.x % nh;
+    const di_attn_seq sq = seqs[seq_of[qi]];
+    d_sparse_attn_staged(q, qi * nh + h, h, sq.kv_win, sq.n_win, sq.kv_cmp, sq.n_cmp, sink,
+                         sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out);
+}
+
 template <int H>
 static int sparse_attn_seqs_heads(const di_backend *be, const uint16_t *q, int64_t m, int nh, const di_attn_seq *seqs,
                                   const int32_t *seq_of, const float *sink, float scale, uint16_t *out, di_error *err) {
@@ -233,6 +244,15 @@ static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, 
         return di_error_set(err, DI_ERR_INVALID, "cuda sparse_attn_seqs: n_q %lld, n_heads %d, dim %d (max %d), %d sequences",
                             (long long)m, nh, d, SA_MAX_DIM, n_seq);
     if (m == 0) return DI_OK;
+    if (sas_wanted(m, nh, d)) {
+        static bool optin[64];
+        int rc = sah_smem_optin(sparse_attn_seqs_staged_kernel, SAS_SMEM, optin, di_cuda_state(be)->device,
+                                "sparse_attn_seqs", err);
+        if (rc) return rc;
+        sparse_attn_seqs_staged_kernel<<<(unsigned)(m * nh), SA_THREADS, SAS_SMEM, di_cuda_state(be)->stream>>>(
+            q, nh, seqs, seq_of, sink, scale, out);
+        return di_cuda_launched("sparse_attn_seqs", err);
+    }
     switch (sah_heads(m, nh, d)) {
     case 16: return sparse_attn_seqs_heads<16>(be, q, m, nh, seqs, seq_of, sink, scale, out, err);
     case 4: return sparse_attn_seqs_heads<4>(be, q, m, nh, seqs, seq_of, sink, scale, out, err);
