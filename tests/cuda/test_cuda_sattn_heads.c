@@ -10,8 +10,9 @@
  * aligned (the staging's element-wise path), 8 heads (4 per block only); sinks incl. −inf, q and key rows
  * with NaN / ±inf; and the batched variant (sparse_attn_seqs) over several sequences of their own key sets.
  * Up to 8 queries the default is the staged kernel (d_sparse_attn_staged: one (query, head) per block,
- * rows copied to shared memory a step ahead): n_q 1, 2, 3, 7, 8 with the same kinds of cases, and forced
- * at n_q 9 / 64, each against the per-head kernel bit for bit.
+ * rows copied to shared memory two steps ahead; one query of 64 heads takes two blocks per (query, head)):
+ * n_q 1, 2, 3, 7, 8 with the same kinds of cases, the other block count forced at n_q 1 and 3, and the
+ * kernel forced at n_q 9 / 64, each against the per-head kernel bit for bit.
  * The FMA form of the several-heads kernel (one fmaf per term where the product is exact): the key-row
  * flags kernel at the range's edges, and two probes whose outputs differ between the forms, so a step
  * that should have been refused (by the row flags, or by the probability vote) shows.
@@ -39,8 +40,11 @@
 
 /* cuda_sparse_attn.cuh (extern "C" in cuda_attn.cu): 1 = several heads per block, 0 = the per-head kernel */
 void di_cuda_sattn_heads_set(int on);
-/* the staged kernel (d_sparse_attn_staged): 1 = every call of head dim 512, 0 = never, −1 = the rule */
+/* the staged kernel (d_sparse_attn_staged): 1 = every call of head dim 512, 0 = never, −1 = the rule;
+ * its blocks per (query, head): 1 or 2 forced, 0 = the rule (2 for one query of 64 heads with lists longer
+ * than 128 indices) */
 void di_cuda_sattn_staged_set(int mode);
+void di_cuda_sattn_staged_set_parts(int parts);
 
 enum { D = 512, WIN = 128, SEL = 512 };
 static const float SCALE = 0.044194173824159216f; /* 512^-0.5 */
@@ -443,6 +447,13 @@ static void bench_few(const char *name, acase *c) {
     BATCH(t_heads, 20, RUN(gpu_attn(c, 1)));
     di_cuda_sattn_staged_set(-1);
     printf("# sattn %s per-head / staged / several-heads ms: %.4f / %.4f / %.4f\n", name, t_old, t_staged, t_heads);
+    if (c->m == 1) { /* the staged kernel with one block per (query, head) instead of the rule's two */
+        double t1;
+        di_cuda_sattn_staged_set_parts(1);
+        BATCH(t1, 20, RUN(gpu_attn(c, 1)));
+        di_cuda_sattn_staged_set_parts(0);
+        printf("# sattn %s staged, 1 block per (query, head) ms: %.4f\n", name, t1);
+    }
     fflush(stdout);
 }
 
@@ -571,6 +582,19 @@ int main(void) {
         make_case(&c, 2, 8, n_idx, 2048, 30, 0, 0, 1, 0);
         check("staged 8 heads", &c, q1, 1);
         free_case(&c);
+        /* the other number of blocks per (query, head) than the rule's */
+        di_cuda_sattn_staged_set_parts(1);
+        make_case(&c, 1, 64, n_idx, 8192, 30, 0, 0, 1, 0);
+        check("staged 1 part n_q 1 special", &c, q1, 1);
+        free_case(&c);
+        di_cuda_sattn_staged_set_parts(2);
+        make_case(&c, 3, 64, n_idx, 4096, 30, 0, 0, 1, 0);
+        check("staged 2 parts n_q 3 special", &c, q3, 2);
+        free_case(&c);
+        make_case(&c, 3, 64, 100, 2048, 100, 0, 0, 1, 1);
+        check("staged 2 parts 100 idx unaligned", &c, q3, 2);
+        free_case(&c);
+        di_cuda_sattn_staged_set_parts(0);
         /* beyond the rule: forced for more queries (the several-heads kernel's range) */
         di_cuda_sattn_staged_set(1);
         make_case(&c, 9, 64, n_idx, 4096, 30, 20, 0, 1, 0);

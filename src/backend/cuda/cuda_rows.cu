@@ -216,12 +216,12 @@ __global__ void __launch_bounds__(SAH_T(H), 2)
 /* sparse_attn_seqs_kernel on d_sparse_attn_staged (few queries: sas_wanted). */
 __global__ void __launch_bounds__(SA_THREADS, 1)
     sparse_attn_seqs_staged_kernel(const uint16_t *q, int nh, const di_attn_seq *seqs, const int32_t *seq_of,
-                                   const float *sink, float scale, uint16_t *out) {
-    const int64_t qi = blockIdx.x / nh;
-    const int h = blockIdx.x % nh;
+                                   const float *sink, float scale, uint16_t *out, int parts) {
+    const int64_t qh = blockIdx.x / parts, qi = qh / nh;
+    const int h = (int)(qh % nh);
     const di_attn_seq sq = seqs[seq_of[qi]];
-    d_sparse_attn_staged(q, qi * nh + h, h, sq.kv_win, sq.n_win, sq.kv_cmp, sq.n_cmp, sink,
-                         sq.idx + (qi - sq.q0) * sq.n_idx, sq.n_idx, scale, out);
+    d_sparse_attn_staged(q, qh, h, sq.kv_win, sq.n_win, sq.kv_cmp, sq.n_cmp, sink, sq.idx + (qi - sq.q0) * sq.n_idx,
+                         sq.n_idx, scale, out, (int)(blockIdx.x % parts), parts);
 }
 
 template <int H>
@@ -249,8 +249,9 @@ static int sparse_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, 
         int rc = sah_smem_optin(sparse_attn_seqs_staged_kernel, SAS_SMEM, optin, di_cuda_state(be)->device,
                                 "sparse_attn_seqs", err);
         if (rc) return rc;
-        sparse_attn_seqs_staged_kernel<<<(unsigned)(m * nh), SA_THREADS, SAS_SMEM, di_cuda_state(be)->stream>>>(
-            q, nh, seqs, seq_of, sink, scale, out);
+        const int parts = di_cuda_sattn_staged_parts(m, nh, -1); /* the lists' lengths are on the device */
+        sparse_attn_seqs_staged_kernel<<<(unsigned)(m * nh * parts), SA_THREADS, SAS_SMEM, di_cuda_state(be)->stream>>>(
+            q, nh, seqs, seq_of, sink, scale, out, parts);
         return di_cuda_launched("sparse_attn_seqs", err);
     }
     switch (sah_heads(m, nh, d)) {

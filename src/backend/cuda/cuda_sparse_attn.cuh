@@ -7,6 +7,8 @@
 #ifndef DI_CUDA_SPARSE_ATTN_CUH
 #define DI_CUDA_SPARSE_ATTN_CUH
 
+#include "backend/cuda/cuda_tma.cuh" /* mbarriers and bulk copies of the staged kernel */
+
 #define SA_BLOCK 64   /* DI_SPARSE_ATTN_BLOCK */
 #define SA_MAX_DIM 1024
 #define SA_THREADS 512
@@ -377,17 +379,19 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
     }
 }
 
-/* ---------------- one (query, head) per block, each step's rows staged one step ahead (few queries) ----------
+/* ---------------- one (query, head) per block, each step's rows staged ahead (few queries) ----------------
  * d_sparse_attn_query's arithmetic for head dim 512, operation for operation, on 512 threads: score slot
  * t/8 lane t%8 (channels ≡ t%8 mod 8 ascending, fmul then fadd, then the same xor-1/2/4 shuffles), PV
  * channel t over the step's slots ascending. What differs is where the operands come from and who does
  * the per-step softmax. The per-head kernel reads every key element from global memory inside its
  * dependent chains (8 rounds of loads per step for the scores, 8 for PV: at one query a step waits ~16
  * memory latencies) and runs the softmax on thread 0 between block barriers. Here:
- *  - each step's 64 rows are copied to shared memory (cp.async, d_sparse_attn_heads' swizzled chunks)
- *    while the step before is computed (three stages, so no barrier guards a stage's reuse); warps 1-2
- *    find the rows of the step after next while warp 0 runs a softmax; each thread keeps its 64 q values
- *    in registers;
+ *  - each row of a step is one 1 KB bulk copy into shared memory (rows padded to 1040 bytes, so the
+ *    score loads of 4 slots and the PV loads of one row meet no bank conflict), two steps ahead: while
+ *    warp 0 runs a step's softmax, warps 1-2 find the rows of the step after next and issue their copies
+ *    into the stage that step will use (three stages, one mbarrier each; every thread waits on its
+ *    step's barrier, so the copies need no block barrier), and each thread keeps its 64 q values in
+ *    registers;
  *  - warp 0 alone runs the softmax of a step, lane l on slots l and l + 32: the block max as an fmaxf
  *    tree (the serial `v > m ? v : m` loop skips NaN and −inf stays −inf; fmaxf ignores NaN; the two can
  *    differ only in the sign of a zero maximum or as NaN vs −inf when no slot is a number, and neither
@@ -396,10 +400,12 @@ static __device__ __forceinline__ void d_sparse_attn_heads(const uint16_t *q, in
  *    p_i + p_{i+8} + … in slot order (shuffles) and the same ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) tree.
  * A skipped slot's row is zero-filled and its bf16 probability is exactly 0 (its score is −inf and the
  * running max is never −inf or NaN), so its PV term is +0 and adding it leaves the sum unchanged (the
- * sum starts at +0 and is never −0): the PV loop needs no per-slot test. Three stages of 64 KB: one block
- * per SM; for few queries (sas_wanted). */
+ * sum starts at +0 and is never −0): the PV loop needs no per-slot test. With `parts` 2 (one query with
+ * lists of more than two steps: 64 blocks would leave half the SMs idle) two blocks share a (query, head): each computes every score and
+ * the same softmax, and the PV of one half of the channels. Three stages of 65 KB: one block per SM. */
 #define SAS_STAGES 3
-#define SAS_SMEM (SAS_STAGES * SA_BLOCK * SAH_DIM * 2) /* stages of 64 rows, bf16, swizzled 16-byte chunks */
+#define SAS_ROW 520 /* bf16 per staged row: 512 + 8 of padding */
+#define SAS_SMEM (SAS_STAGES * SA_BLOCK * SAS_ROW * 2)
 
 /* Row of index id in [kv_win ‖ kv_cmp] (head dim 512), NULL when out of range */
 static __device__ __forceinline__ const uint16_t *sas_row(int32_t id, const uint16_t *kv_win, int64_t n_win,
@@ -409,89 +415,75 @@ static __device__ __forceinline__ const uint16_t *sas_row(int32_t id, const uint
     return NULL;
 }
 
-/* The row of slot k of the step at b0 (NULL: skipped, or past the list). */
-static __device__ __forceinline__ const uint16_t *sas_slot_row(const int32_t *ix, int64_t n_idx, int64_t b0, int k,
-                                                               const uint16_t *kv_win, int64_t n_win,
-                                                               const uint16_t *kv_cmp, int64_t n_cmp) {
-    return b0 + k < n_idx ? sas_row(ix[b0 + k], kv_win, n_win, kv_cmp, n_cmp) : NULL;
-}
-
-/* Copies chunk ch of slots k8 + 8i (rows src) into a stage (rows of 64 chunks, chunk c of slot k at
- * c ^ (k mod 8)); a skipped slot's chunk is zero-filled (where ALIGNED, a copy of 0 bytes from `any`, a
- * valid global address that is not read). */
-template <bool ALIGNED>
-static __device__ __forceinline__ void sas_stage(uint4 *kv, const uint16_t *const *src, int k8, int ch, const void *any) {
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int k = k8 + 8 * i;
-        const uint16_t *row = src[k];
-        uint4 *dst = kv + k * SAH_CHUNKS + (ch ^ (k & 7));
-        if (ALIGNED) d_cp_async16_zfill(dst, row ? (const void *)(row + ch * 8) : any, row ? 16 : 0);
-        else if (!row) *dst = make_uint4(0, 0, 0, 0);
-        else {
-            const uint16_t *s = row + ch * 8;
-            *dst = make_uint4(s[0] | (uint32_t)s[1] << 16, s[2] | (uint32_t)s[3] << 16, s[4] | (uint32_t)s[5] << 16,
-                              s[6] | (uint32_t)s[7] << 16);
-        }
+/* One thread's part of staging a step: slot k's row (NULL: skipped or past the list) into its place in
+ * the stage, arriving on the stage's barrier (64 arrivals per phase). A row is a bulk copy where both
+ * ends are 16-byte aligned; a skipped slot is zero-filled and an unaligned row copied element by
+ * element, both by this thread before it arrives (the arrival releases them to the waiting threads; the
+ * proxy fence orders them before later bulk copies into the same bytes). */
+static __device__ __forceinline__ void sas_issue(uint16_t *dst, const uint16_t *row, bool aligned, uint64_t *bar) {
+    if (row && aligned) {
+        mbar_arrive_tx(bar, SAH_DIM * 2);
+        bulk_load(dst, row, SAH_DIM * 2, bar);
+        return;
     }
+    if (!row)
+        for (int c = 0; c < SAH_CHUNKS; c++) ((uint4 *)dst)[c] = make_uint4(0, 0, 0, 0);
+    else
+        for (int j = 0; j < SAH_DIM; j++) dst[j] = row[j];
+    fence_proxy_async();
+    mbar_arrive(bar);
 }
 
 /* Called by all SA_THREADS threads of a block with SAS_SMEM dynamic shared bytes: row qh = query·heads + h
- * of q / out bf16 [.., 512]; the other arguments as d_sparse_attn_query's. */
+ * of q / out bf16 [.., 512]; part (0 … parts − 1, parts 1 or 2) picks the block's PV channels; the other
+ * arguments as d_sparse_attn_query's. */
 static __device__ __forceinline__ void d_sparse_attn_staged(const uint16_t *q, int64_t qh, int h,
                                                             const uint16_t *kv_win, int64_t n_win,
                                                             const uint16_t *kv_cmp, int64_t n_cmp, const float *sink,
                                                             const int32_t *ix, int64_t n_idx, float scale,
-                                                            uint16_t *out) {
+                                                            uint16_t *out, int part, int parts) {
     extern __shared__ __align__(16) unsigned char sas_smem[];
     __shared__ const uint16_t *src[SAS_STAGES][SA_BLOCK]; /* each stage's row per slot, NULL = skipped */
+    __shared__ uint64_t bar[SAS_STAGES];                  /* a stage's copies landed */
     __shared__ float sc[SA_BLOCK];                        /* scaled scores */
     __shared__ __align__(16) float pb[SA_BLOCK];          /* bf16-rounded probabilities */
     __shared__ float st[2];                               /* this step's alpha; the final divisor */
-    uint4 *const stages = (uint4 *)sas_smem;              /* stage c at stages + c·64·64 */
-    const int t = threadIdx.x, slot = t >> 3, l = t & 7, k8 = t >> 6, ch = t & 63;
+    uint16_t *const stages = (uint16_t *)sas_smem;        /* stage c, slot k at (c·64 + k)·520 */
+    const int t = threadIdx.x, slot = t >> 3, l = t & 7;
     const bool aligned = (((uintptr_t)kv_win | (uintptr_t)kv_cmp) & 15) == 0;
+    const int n_ch = SAH_DIM / parts, ch = part * n_ch + t; /* PV: channel ch when t < n_ch */
     float qr[SAH_CHUNKS]; /* q channels l, l + 8, …, l + 504 */
     const uint16_t *qv = q + qh * (int64_t)SAH_DIM;
 #pragma unroll
     for (int i = 0; i < SAH_CHUNKS; i++) qr[i] = d_bf16(qv[l + 8 * i]);
-    if (t < 2 * SA_BLOCK) /* the rows of steps 0 and 1; later steps' while warp 0 runs a softmax */
-        src[t / SA_BLOCK][t % SA_BLOCK] = sas_slot_row(ix, n_idx, (t / SA_BLOCK) * SA_BLOCK, t % SA_BLOCK, kv_win, n_win,
-                                                       kv_cmp, n_cmp);
+    if (t < SAS_STAGES) {
+        mbar_init(&bar[t], SA_BLOCK);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); /* visible to the bulk copies */
+    }
     __syncthreads();
-    if (aligned) sas_stage<true>(stages, src[0], k8, ch, q);
-    else sas_stage<false>(stages, src[0], k8, ch, q);
-    d_cp_commit();
-    float o0 = 0.0f;                   /* running Σ p·c of channel t */
+    if (t < 2 * SA_BLOCK) { /* steps 0 and 1 into stages 0 and 1; later steps while warp 0 runs a softmax */
+        const int s0 = t / SA_BLOCK, k = t % SA_BLOCK;
+        const uint16_t *row = s0 * SA_BLOCK + k < n_idx
+                                  ? sas_row(ix[s0 * SA_BLOCK + k], kv_win, n_win, kv_cmp, n_cmp)
+                                  : NULL;
+        src[s0][k] = row;
+        sas_issue(stages + (s0 * SA_BLOCK + k) * SAS_ROW, row, aligned, &bar[s0]);
+    }
+    float o0 = 0.0f;                   /* running Σ p·c of channel ch */
     float m_run = -1e30f, lsum = 0.0f; /* warp 0: running max, running probability sum (lane 0's is used) */
-    /* chunk offsets (in bf16) of this thread's element in a row of slot ≡ j (mod 8): scores read element l
-     * of chunk 8a + b at ((b ^ sw) + 8a)·8 + l, PV element t%8 of chunk t/8 at ((t/8) ^ j)·8 + t%8 */
-    const int sw = slot & 7;
-    int so[8], po[8];
-#pragma unroll
-    for (int b = 0; b < 8; b++) so[b] = ((b ^ sw) << 3) + l, po[b] = (((t >> 3) ^ b) << 3) + (t & 7);
     int cur = 0;
-    for (int64_t b0 = 0; b0 < n_idx; b0 += SA_BLOCK, cur = cur + 1 == SAS_STAGES ? 0 : cur + 1) {
-        const int nxt = cur + 1 == SAS_STAGES ? 0 : cur + 1; /* last read two steps ago */
-        if (b0 + SA_BLOCK < n_idx) {
-            if (aligned) sas_stage<true>(stages + nxt * SA_BLOCK * SAH_CHUNKS, src[nxt], k8, ch, q);
-            else sas_stage<false>(stages + nxt * SA_BLOCK * SAH_CHUNKS, src[nxt], k8, ch, q);
-        }
-        d_cp_commit();
-        d_cp_wait<1>(); /* this step's copies */
-        __syncthreads();
+    uint32_t phase = 0; /* parity of stage cur's barrier at this step */
+    for (int64_t b0 = 0; b0 < n_idx; b0 += SA_BLOCK) {
+        mbar_wait(&bar[cur], phase); /* this step's rows (and src[cur], written before the copies) */
         const int nb = (int)(n_idx - b0 < SA_BLOCK ? n_idx - b0 : SA_BLOCK);
-        const uint16_t *kv = (const uint16_t *)(stages + cur * SA_BLOCK * SAH_CHUNKS);
+        const uint16_t *kv = stages + cur * SA_BLOCK * SAS_ROW;
         { /* scores: slot t/8, lane t%8 (slots past nb have no row: −inf) */
             const bool has = src[cur][slot] != NULL;
             float acc = 0.0f;
             if (has) {
-                const uint16_t *r = kv + slot * SAH_DIM;
+                const uint16_t *r = kv + slot * SAS_ROW + l;
 #pragma unroll
-                for (int a = 0; a < 8; a++)
-#pragma unroll
-                    for (int b = 0; b < 8; b++)
-                        acc = __fadd_rn(acc, __fmul_rn(qr[8 * a + b], d_bf16(r[64 * a + so[b]])));
+                for (int i = 0; i < SAH_CHUNKS; i++) acc = __fadd_rn(acc, __fmul_rn(qr[i], d_bf16(r[8 * i])));
             }
             acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
             acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
@@ -521,45 +513,41 @@ static __device__ __forceinline__ void d_sparse_attn_staged(const uint16_t *q, i
             ln = __fadd_rn(ln, __shfl_xor_sync(0xffffffffu, ln, 4));
             lsum = __fadd_rn(__fmul_rn(lsum, alpha), ln);
             if (t == 0) st[0] = alpha;
-        } else if (t < 32 + SA_BLOCK) { /* warps 1-2: the rows of the step after next (last read a step ago) */
-            const int s2 = nxt + 1 == SAS_STAGES ? 0 : nxt + 1;
-            src[s2][t - 32] = sas_slot_row(ix, n_idx, b0 + 2 * SA_BLOCK, t - 32, kv_win, n_win, kv_cmp, n_cmp);
+        } else if (t < 32 + SA_BLOCK) { /* warps 1-2: the step after next into the stage read a step ago */
+            const int k = t - 32, s2 = cur == 0 ? 2 : cur - 1;
+            const int64_t b2 = b0 + 2 * SA_BLOCK;
+            if (b2 < n_idx) {
+                const uint16_t *row = b2 + k < n_idx ? sas_row(ix[b2 + k], kv_win, n_win, kv_cmp, n_cmp) : NULL;
+                src[s2][k] = row;
+                sas_issue(stages + (s2 * SA_BLOCK + k) * SAS_ROW, row, aligned, &bar[s2]);
+            }
         }
         __syncthreads();
         const float alpha = st[0];
-        float pv0 = 0.0f; /* PV of channel t over the slots ascending (skipped slots add +0) */
-        int k = 0;
-        if (nb == SA_BLOCK) { /* a full step, unrolled: one shared load per term at a fixed offset */
-            const uint16_t *rb[8]; /* this thread's element in rows of slot ≡ j (mod 8) */
+        if (t < n_ch) {
+            float pv0 = 0.0f; /* PV of channel ch over the slots ascending (skipped slots add +0) */
+            const uint16_t *r = kv + ch;
+            int k = 0;
+            if (nb == SA_BLOCK) { /* a full step, unrolled: one shared load per term at a fixed offset */
 #pragma unroll
-            for (int j = 0; j < 8; j++) rb[j] = kv + po[j];
+                for (int k4 = 0; k4 < SA_BLOCK; k4 += 4) {
+                    const float4 p4 = *(const float4 *)(pb + k4);
+                    const float p[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-            for (int k4 = 0; k4 < SA_BLOCK; k4 += 4) {
-                const float4 p4 = *(const float4 *)(pb + k4);
-                const float p[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    pv0 = __fadd_rn(pv0, __fmul_rn(p[i], d_bf16(rb[(k4 + i) & 7][(k4 + i) * SAH_DIM])));
+                    for (int i = 0; i < 4; i++) pv0 = __fadd_rn(pv0, __fmul_rn(p[i], d_bf16(r[(k4 + i) * SAS_ROW])));
+                }
+                k = SA_BLOCK;
             }
-            k = SA_BLOCK;
+            for (; k < nb; k++) pv0 = __fadd_rn(pv0, __fmul_rn(pb[k], d_bf16(r[k * SAS_ROW])));
+            o0 = __fadd_rn(__fmul_rn(o0, alpha), pv0);
         }
-        for (; k + 8 <= nb; k += 8) {
-            const float4 pa = *(const float4 *)(pb + k), pc = *(const float4 *)(pb + k + 4);
-            const float p[8] = {pa.x, pa.y, pa.z, pa.w, pc.x, pc.y, pc.z, pc.w};
-            const uint16_t *r = kv + k * SAH_DIM;
-#pragma unroll
-            for (int i = 0; i < 8; i++) pv0 = __fadd_rn(pv0, __fmul_rn(p[i], d_bf16(r[i * SAH_DIM + po[i]])));
-        }
-        for (; k < nb; k++) /* the partial step's last slots */
-            pv0 = __fadd_rn(pv0, __fmul_rn(pb[k], d_bf16(kv[k * SAH_DIM + ((((t >> 3) ^ (k & 7)) << 3) + (t & 7))])));
-        o0 = __fadd_rn(__fmul_rn(o0, alpha), pv0);
-        /* no barrier: the next step's writes of sc / pb / st come after its first two barriers, which every
-         * warp passes only after this PV, and its stage was last read two steps ago */
+        /* no barrier: the next step's writes of sc / pb / st come after its first barrier, which every warp
+         * passes only after this PV, and its copies go into a stage read a step before */
+        if (++cur == SAS_STAGES) cur = 0, phase ^= 1;
     }
-    d_cp_wait<0>();
     if (t == 0) st[1] = __fadd_rn(lsum, d_expf(__fsub_rn(sink[h], m_run)));
     __syncthreads();
-    out[qh * (int64_t)SAH_DIM + t] = d_to_bf16(__fdiv_rn(o0, st[1]));
+    if (t < n_ch) out[qh * (int64_t)SAH_DIM + ch] = d_to_bf16(__fdiv_rn(o0, st[1]));
 }
 
 /* The >48 KB dynamic shared memory opt-in of a kernel, once per device (dev < 64; others every call). */
@@ -586,6 +574,11 @@ extern "C" int di_cuda_sattn_fma_enabled(void);
 extern "C" int di_cuda_sattn_staged_enabled(void);
 extern "C" void di_cuda_sattn_staged_set(int mode);
 extern "C" int di_cuda_sattn_staged_forced(void);
+/* Blocks per (query, head) of the staged kernel for m queries of nh heads and lists of n_idx indices
+ * (−1: unknown; 1 or 2 blocks; cuda_attn.cu); di_cuda_sattn_staged_set_parts(1 or 2) forces it, 0
+ * restores the rule (tests, bench). */
+extern "C" int di_cuda_sattn_staged_parts(int64_t m, int nh, int64_t n_idx);
+extern "C" void di_cuda_sattn_staged_set_parts(int parts);
 
 /* Whether m queries of nh heads at head dim d take d_sparse_attn_staged: one block per (query, head), so
  * for few queries, where the several-heads kernel leaves SMs idle and the per-head kernel waits on its

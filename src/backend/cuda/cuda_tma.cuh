@@ -1,6 +1,7 @@
-/* Hopper plumbing shared by the wgmma GEMMs (cuda_gemm_wgmma.cu, cuda_gemm_igmma.cu): mbarriers, TMA
- * tile loads, 128-byte-swizzled shared-memory matrix descriptors, the wgmma fence / commit, and the host's
- * 2-D tensor maps (the driver's encoder fetched at run time, so nothing links -lcuda). sm_90a. */
+/* Hopper plumbing shared by the wgmma GEMMs (cuda_gemm_wgmma.cu, cuda_gemm_igmma.cu) and the staged sparse
+ * attention (cuda_sparse_attn.cuh): mbarriers, 1-D bulk copies, TMA tile loads, 128-byte-swizzled
+ * shared-memory matrix descriptors, the wgmma fence / commit, and the host's 2-D tensor maps (the driver's
+ * encoder fetched at run time, so nothing links -lcuda). sm_90a. */
 #ifndef DI_BACKEND_CUDA_CUDA_TMA_CUH
 #define DI_BACKEND_CUDA_CUDA_TMA_CUH
 
@@ -45,6 +46,14 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
             else if (now - t0 > 10000000000ull) __trap();
         }
     }
+}
+
+/* 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory into
+ * dst, completing on bar (whose phase must expect the bytes) */
+static __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
 }
 
 /* TMA: the box at (c0 = byte column, c1 = row) of the tensor map into dst, completing on bar */
