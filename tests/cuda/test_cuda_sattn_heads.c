@@ -465,6 +465,26 @@ static void bench_seqs(const char *name, seqs_case *s) {
     fflush(stdout);
 }
 
+/* A staged-kernel case: make_case's arguments, the blocks per (query, head) forced (0: the rule), and the
+ * queries also compared with the CPU op (0: none, 1: the first, 2: the first and the last). */
+typedef struct staged_case {
+    const char *name;
+    int64_t m;
+    int nh;
+    int64_t n_idx, n_cmp;
+    int skip, oor, all_skip, special, misalign, parts, n_cpu;
+} staged_case;
+
+static void check_staged(const staged_case *k) {
+    acase c;
+    const int64_t qs[] = {0, k->m - 1};
+    make_case(&c, k->m, k->nh, k->n_idx, k->n_cmp, k->skip, k->oor, k->all_skip, k->special, k->misalign);
+    di_cuda_sattn_staged_set_parts(k->parts);
+    check(k->name, &c, qs, k->n_cpu);
+    di_cuda_sattn_staged_set_parts(0);
+    free_case(&c);
+}
+
 int main(void) {
     int bench = getenv("DI_BENCH") != NULL, quick = getenv("DI_QUICK") != NULL;
     const int staged_only = getenv("DI_STAGED_ONLY") != NULL; /* the staged kernel's cases (sanitizers) */
@@ -547,64 +567,32 @@ int main(void) {
         free_case(&c);
     }
     {
-        /* fewer than 8 queries: the staged kernel (sas_wanted) against the per-head kernel */
-        const int64_t q1[] = {0}, q3[] = {0, 2}, q7[] = {0, 6};
-        make_case(&c, 1, 64, n_idx, 8192, 30, 0, 0, 1, 0);
-        check("staged n_q 1 special", &c, q1, 1);
-        free_case(&c);
-        make_case(&c, 3, 64, n_idx, 4096, 30, 0, 0, 1, 0);
-        check("staged n_q 3 special", &c, q3, 2);
-        free_case(&c);
-        make_case(&c, 7, 64, n_idx, 4096, 30, 0, 0, 1, 0);
-        check("staged n_q 7 special", &c, q7, 2);
-        free_case(&c);
-        make_case(&c, 7, 64, n_idx, 4096, 30, 20, 0, 1, 0);
-        check("staged n_q 7 oor ids", &c, NULL, 0);
-        free_case(&c);
-        make_case(&c, 2, 64, WIN, 2048, 0, 0, 0, 0, 0); /* two full steps (an SWA layer's list length) */
-        check("staged n_q 2 128 idx", &c, q1, 1);
-        free_case(&c);
-        make_case(&c, 2, 64, 37, 2048, 100, 0, 0, 1, 0);
-        check("staged partial block", &c, q1, 1);
-        free_case(&c);
-        make_case(&c, 3, 64, 100, 2048, 100, 0, 0, 1, 0); /* a full step, then 36 */
-        check("staged 100 idx", &c, q3, 2);
-        free_case(&c);
-        make_case(&c, 2, 64, 600, 2048, 0, 0, 1, 1, 0);
-        check("staged all skipped", &c, q1, 1);
-        free_case(&c);
-        make_case(&c, 1, 64, 0, 2048, 0, 0, 0, 1, 0);
-        check("staged empty lists", &c, q1, 1);
-        free_case(&c);
-        make_case(&c, 3, 64, n_idx, 2048, 30, 0, 0, 1, 1);
-        check("staged unaligned kv", &c, q3, 2);
-        free_case(&c);
-        make_case(&c, 2, 8, n_idx, 2048, 30, 0, 0, 1, 0);
-        check("staged 8 heads", &c, q1, 1);
-        free_case(&c);
-        /* the other number of blocks per (query, head) than the rule's */
-        di_cuda_sattn_staged_set_parts(1);
-        make_case(&c, 1, 64, n_idx, 8192, 30, 0, 0, 1, 0);
-        check("staged 1 part n_q 1 special", &c, q1, 1);
-        free_case(&c);
-        di_cuda_sattn_staged_set_parts(2);
-        make_case(&c, 3, 64, n_idx, 4096, 30, 0, 0, 1, 0);
-        check("staged 2 parts n_q 3 special", &c, q3, 2);
-        free_case(&c);
-        make_case(&c, 3, 64, 100, 2048, 100, 0, 0, 1, 1);
-        check("staged 2 parts 100 idx unaligned", &c, q3, 2);
-        free_case(&c);
-        di_cuda_sattn_staged_set_parts(0);
+        /* up to 8 queries: the staged kernel (sas_wanted) against the per-head kernel; parts 1 / 2: the other
+         * number of blocks per (query, head) than the rule's */
+        static const staged_case cases[] = {
+            {"staged n_q 1 special", 1, 64, WIN + SEL, 8192, 30, 0, 0, 1, 0, 0, 1},
+            {"staged n_q 3 special", 3, 64, WIN + SEL, 4096, 30, 0, 0, 1, 0, 0, 2},
+            {"staged n_q 7 special", 7, 64, WIN + SEL, 4096, 30, 0, 0, 1, 0, 0, 2},
+            {"staged n_q 7 oor ids", 7, 64, WIN + SEL, 4096, 30, 20, 0, 1, 0, 0, 0},
+            {"staged n_q 2 128 idx", 2, 64, WIN, 2048, 0, 0, 0, 0, 0, 0, 1}, /* an SWA layer's list length */
+            {"staged partial block", 2, 64, 37, 2048, 100, 0, 0, 1, 0, 0, 1},
+            {"staged 100 idx", 3, 64, 100, 2048, 100, 0, 0, 1, 0, 0, 2}, /* a full step, then 36 */
+            {"staged all skipped", 2, 64, 600, 2048, 0, 0, 1, 1, 0, 0, 1},
+            {"staged empty lists", 1, 64, 0, 2048, 0, 0, 0, 1, 0, 0, 1},
+            {"staged unaligned kv", 3, 64, WIN + SEL, 2048, 30, 0, 0, 1, 1, 0, 2},
+            {"staged 8 heads", 2, 8, WIN + SEL, 2048, 30, 0, 0, 1, 0, 0, 1},
+            {"staged 1 part n_q 1 special", 1, 64, WIN + SEL, 8192, 30, 0, 0, 1, 0, 1, 1},
+            {"staged 2 parts n_q 3 special", 3, 64, WIN + SEL, 4096, 30, 0, 0, 1, 0, 2, 2},
+            {"staged 2 parts 100 idx unaligned", 3, 64, 100, 2048, 100, 0, 0, 1, 1, 2, 2},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_staged(&cases[i]);
         /* beyond the rule: forced for more queries (the several-heads kernel's range) */
+        static const staged_case forced[] = {
+            {"staged forced n_q 9 oor ids", 9, 64, WIN + SEL, 4096, 30, 20, 0, 1, 0, 0, 0},
+            {"staged forced n_q 64 special", 64, 64, WIN + SEL, 8192, 50, 0, 0, 1, 0, 0, 1},
+        };
         di_cuda_sattn_staged_set(1);
-        make_case(&c, 9, 64, n_idx, 4096, 30, 20, 0, 1, 0);
-        check("staged forced n_q 9 oor ids", &c, NULL, 0);
-        free_case(&c);
-        if (!quick) {
-            make_case(&c, 64, 64, n_idx, 8192, 50, 0, 0, 1, 0);
-            check("staged forced n_q 64 special", &c, q1, 1);
-            free_case(&c);
-        }
+        for (int i = 0; i < (quick ? 1 : 2); i++) check_staged(&forced[i]);
         di_cuda_sattn_staged_set(-1);
     }
     seqs_case s;
