@@ -14,7 +14,7 @@
  * for all of them, and keeps every operation of each (query, head) and its order, so the same bits.
  * DI_CUDA_SATTN=old selects the per-head kernel (and shapes other than head dim 512 always take it). Up
  * to 8 queries the slots take d_sparse_attn_staged first (one (query, head) per block, the rows copied to
- * shared memory a step ahead; DI_CUDA_SATTN_STAGED=0 turns it off).
+ * shared memory two steps ahead; DI_CUDA_SATTN_STAGED=0 turns it off).
  * The sparse_attn slot flags its key rows first (di_cuda_bf16_fma_flags, n_win + n_cmp bytes of the
  * workspace) so that d_sparse_attn_heads takes one FFMA per term where that is exact;
  * DI_CUDA_SATTN_FMA=0 turns that off (the same bits, the multiply-then-add forms everywhere). */

@@ -583,8 +583,8 @@ extern "C" void di_cuda_sattn_staged_set_parts(int parts);
 /* Whether m queries of nh heads at head dim d take d_sparse_attn_staged: one block per (query, head), so
  * for few queries, where the several-heads kernel leaves SMs idle and the per-head kernel waits on its
  * loads. H200, 2026-12-02 (test_cuda_sattn_heads bench, 64 heads × 640 keys; per-head / staged / 4 or 16
- * heads per block, ms): n_q 1 0.088 / 0.035 / -, n_q 4 0.136 / 0.076 / -, n_q 8 0.264 / 0.143 / 0.189,
- * n_q 16 0.518 / 0.272 / 0.190 (bench/NOTES-gpu.md, session 18). All give the same bits. */
+ * heads per block, ms): n_q 1 0.088 / 0.031 / -, n_q 4 0.136 / 0.069 / -, n_q 8 0.265 / 0.133 / 0.188,
+ * n_q 16 0.520 / 0.259 / 0.191 (bench/NOTES-gpu.md, session 18). All give the same bits. */
 static inline bool sas_wanted(int64_t m, int nh, int d) {
     if (d != SAH_DIM || !di_cuda_sattn_staged_enabled()) return false;
     const int f = di_cuda_sattn_staged_forced();
