@@ -26,6 +26,7 @@ typedef struct mstate {
 
 struct di_grammar_matcher {
     const di_grammar *g;
+    const sig128 *here;             /* g->here: each position's signature term as an item of its own set */
     const di_grammar_vocab *v;
     di_earley e;
     mstate cur;
@@ -51,8 +52,8 @@ struct di_grammar_matcher {
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
     uint64_t n_edges, n_summaries, n_replays, n_full_sigs;
     /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
-     * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
-     * value, valid when lstamp[i] == lgen. */
+     * lsig[i] is the context-free key (local_key) of the state whose top set is set i, with every
+     * origin below lb replaced by one opaque value, valid when lstamp[i] == lgen. */
     sig128 *lsig;                   /* [cap_sig] */
     uint32_t *lstamp;               /* [cap_sig] */
     uint32_t lgen;
@@ -117,6 +118,7 @@ void di_grammar_free(di_grammar *g) {
     if (!g) return;
     di_gcache_free(g->cache);
     di_cfg_free(g->cfg);
+    free(g->here);
     free(g);
 }
 
@@ -130,6 +132,7 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     di_grammar_matcher *m = calloc(1, sizeof *m);
     if (!m) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     m->g = g;
+    m->here = g->here;
     m->v = v;
     for (size_t i = 0; i < o.n_stop; i++) {
         size_t l = strlen(o.stop[i]);
@@ -278,9 +281,24 @@ static inline void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
 }
 
 /* add_item_sig for an item that started in the set it is in (most items of a set: the rules
- * predicted there), whose origin enters as a constant: the compiler folds its two mixes. */
+ * predicted there), whose origin enters as a constant: its term depends on the position alone,
+ * so it is computed once per grammar (here_terms, di_grammar.here) and read from that table (the
+ * two mixes per item were a fifth of local_key's instructions on the first walks). */
 #define HERE_SIG ((sig128){1, 2})
-static inline void add_here_sig(sig128 *h, uint32_t pos) { add_item_sig(h, pos, HERE_SIG); }
+static inline void add_here_sig(const di_grammar_matcher *m, sig128 *h, uint32_t pos) {
+    h->a += m->here[pos].a;
+    h->b += m->here[pos].b;
+}
+
+/* di_grammar.here: add_item_sig(&0, pos, HERE_SIG) for every position of the grammar. */
+static sig128 *here_terms(const di_cfg *g) {
+    sig128 *t = malloc((g->n_pos ? g->n_pos : 1) * sizeof *t);
+    for (uint32_t p = 0; t && p < g->n_pos; p++) {
+        t[p] = (sig128){0, 0};
+        add_item_sig(&t[p], p, HERE_SIG);
+    }
+    return t;
+}
 
 /* ---- completion effects: what an item's origin contributes to a key ----
  * An item of a later set reads its origin set only when its own rule completes: then its lhs A
@@ -334,7 +352,7 @@ static void set_sig_compute(di_grammar_matcher *m, size_t i) {
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
         if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
-        if (it.origin == i) add_here_sig(&h, it.pos);
+        if (it.origin == i) add_here_sig(m, &h, it.pos);
         else add_item_sig(&h, it.pos, feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     m->set_sig[i] = h;
@@ -402,7 +420,7 @@ static sig128 state_key(di_grammar_matcher *m) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        if (it.origin == i) add_here_sig(&h, it.pos);
+        if (it.origin == i) add_here_sig(m, &h, it.pos);
         else add_item_sig(&h, it.pos, feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     return h;
@@ -479,7 +497,7 @@ static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth
                              full ? feff(m, w[x].origin, l, depth + 1) : leff(m, w[x].origin, l, depth + 1, ok));
                 continue;
             }
-            add_here_sig(h, w[x].pos);
+            add_here_sig(m, h, w[x].pos);
             int y = 0;
             while (y < ns && syms[y] != l) y++;
             if (y < ns) continue;
@@ -541,39 +559,32 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
     return r;
 }
 
-/* Context-free signature of the top set i: its waiting items, each by its effect (leff). */
-static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
-    if (i < m->lb) return OPAQUE_SIG;
-    if (m->lstamp[i] == m->lgen) return m->lsig[i];
-    const di_earley *e = &m->e;
-    const int32_t *psym = m->g->cfg->psym;
-    sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
-    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
-        di_earley_item it = e->items[x];
-        if (psym[it.pos] < 0) continue;
-        if (it.origin == i) add_here_sig(&h, it.pos);
-        else add_item_sig(&h, it.pos, leff(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
-    }
-    m->lsig[i] = h;
-    m->lstamp[i] = m->lgen;
-    return h;
-}
-
-/* Context-free key of the current state (as state_key, over lsig). */
+/* Context-free key of the current state (as state_key): the top set's waiting items (its
+ * signature; opaque below the boundary) and the items that scan a byte, each by its effect
+ * (leff), in one pass over the set. Memoized per set for the walk generation (lsig, lstamp) when
+ * complete (*ok): a summary reads the key of the set its walk just keyed. */
 static sig128 local_key(di_grammar_matcher *m, bool *ok) {
     const di_earley *e = &m->e;
     size_t i = e->n_sets - 1;
-    sig128 h = lsig_of(m, i, 0, ok);
-    h.a ^= 0xA5A5A5A5A5A5A5A5ull;
+    if (m->lstamp[i] == m->lgen) return m->lsig[i];
+    const int32_t *psym = m->g->cfg->psym, *plhs = m->g->cfg->plhs;
+    bool opaque = i < m->lb;
+    sig128 w = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull}, s = {0, 0}; /* waiting, scanning */
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
-        int32_t sym = m->g->cfg->psym[it.pos];
-        if (sym >= 0 || sym == DI_CFG_END) continue;
-        if (it.origin == i) add_here_sig(&h, it.pos);
-        else add_item_sig(&h, it.pos, leff(m, it.origin, m->g->cfg->plhs[it.pos], 1, ok));
+        int32_t sym = psym[it.pos];
+        if (sym == DI_CFG_END || (sym >= 0 && opaque)) continue;
+        sig128 *h = sym >= 0 ? &w : &s;
+        if (it.origin == i) add_here_sig(m, h, it.pos);
+        else add_item_sig(h, it.pos, leff(m, it.origin, plhs[it.pos], 1, ok));
     }
-    h.b ^= LOCAL_DOMAIN;
-    return h;
+    if (opaque) w = OPAQUE_SIG;
+    sig128 k = {(w.a ^ 0xA5A5A5A5A5A5A5A5ull) + s.a, (w.b + s.b) ^ LOCAL_DOMAIN};
+    if (*ok) {
+        m->lsig[i] = k;
+        m->lstamp[i] = m->lgen;
+    }
+    return k;
 }
 
 static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
@@ -739,21 +750,26 @@ static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u <
 static void byte_equiv(const di_earley *e, uint8_t b, di_cfg_class *same) {
     const di_cfg *g = e->g;
     size_t top = e->n_sets - 1;
-    memset(same->bits, 0xff, sizeof same->bits);
+    di_cfg_class acc; /* in registers: same may alias the classes */
+    memset(acc.bits, 0xff, sizeof acc.bits);
     for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
         int32_t s = g->psym[e->items[x].pos];
         if (s >= 0 || s == DI_CFG_END) continue;
         const di_cfg_class *c = &g->cls[-1 - s];
         if (di_cfg_class_has(c, b))
-            for (int w = 0; w < 8; w++) same->bits[w] &= c->bits[w];
+            for (int w = 0; w < 8; w++) acc.bits[w] &= c->bits[w];
         else
-            for (int w = 0; w < 8; w++) same->bits[w] &= ~c->bits[w];
+            for (int w = 0; w < 8; w++) acc.bits[w] &= ~c->bits[w];
     }
+    *same = acc;
 }
 
+/* Set from's successor on every byte of bytes, a union of the table's byte classes (byte_equiv's
+ * result is): one store per class, through its lowest byte (tab->brep), not one per byte (a row
+ * holds one entry per class; the ~95 bytes of a JSON string's character fall in a few classes). */
 static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class *bytes, int32_t next) {
     for (int w = 0; w < 8; w++)
-        for (uint32_t x = bytes->bits[w]; x; x &= x - 1)
+        for (uint32_t x = bytes->bits[w] & tab->brep.bits[w]; x; x &= x - 1)
             di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
 }
 
@@ -1764,6 +1780,11 @@ static int compile(di_grammar **out, di_error *err, int rc, di_cfg *cfg, int32_t
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
     }
     g->cfg = cfg;
+    g->here = here_terms(cfg);
+    if (!g->here) {
+        di_grammar_free(g);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory for %u position terms", cfg->n_pos);
+    }
     rc = di_gcache_new(&g->cache, cfg, err);
     if (rc) {
         di_grammar_free(g);
