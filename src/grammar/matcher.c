@@ -51,11 +51,8 @@ struct di_grammar_matcher {
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
     uint64_t n_edges, n_summaries, n_replays, n_full_sigs;
-    /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
-     * lsig[i] is the context-free key (local_key) of the state whose top set is set i, with every
-     * origin below lb replaced by one opaque value, valid when lstamp[i] == lgen. */
-    sig128 *lsig;                   /* [cap_sig] */
-    uint32_t *lstamp;               /* [cap_sig] */
+    /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context
+     * (local_key); lgen numbers the walks and boundaries the leff memo is valid for. */
     uint32_t lgen;
     struct leff_memo {              /* leff results by (set, nonterminal), valid for walk generation gen */
         uint32_t o, gen, ver;
@@ -200,8 +197,6 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->set_sig);
     free(m->sver);
     free(m->sigver);
-    free(m->lsig);
-    free(m->lstamp);
     free(m->lbd);
     free(m->ctxd);
     free(m->cent);
@@ -374,7 +369,7 @@ static sig128 set_sig_of(di_grammar_matcher *m, size_t i) {
     return m->set_sig[i];
 }
 
-/* Versions of new sets (sver, lstamp); with eager, also their full signatures. */
+/* Versions of new sets (sver); with eager, also their full signatures. */
 static int update_sigs_as(di_grammar_matcher *m, bool eager, di_error *err) {
     const di_earley *e = &m->e;
     if (e->n_sets > m->cap_sig) {
@@ -382,23 +377,15 @@ static int update_sigs_as(di_grammar_matcher *m, bool eager, di_error *err) {
         while (cap < e->n_sets) cap *= 2;
         sig128 *p = realloc(m->set_sig, cap * sizeof *p);
         if (p) m->set_sig = p;
-        sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
-        if (q) m->lsig = q;
-        uint32_t *sv = q ? realloc(m->sver, cap * sizeof *sv) : NULL;
+        uint32_t *sv = p ? realloc(m->sver, cap * sizeof *sv) : NULL;
         if (sv) m->sver = sv;
         uint32_t *gv = sv ? realloc(m->sigver, cap * sizeof *gv) : NULL;
-        if (gv) {
-            memset(gv + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *gv);
-            m->sigver = gv;
-        }
-        uint32_t *st = gv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
-        if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
-        memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
-        m->lstamp = st;
+        if (!gv) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
+        memset(gv + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *gv);
+        m->sigver = gv;
         m->cap_sig = cap;
     }
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
-        m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
         if (++m->n_sver == 0) m->n_sver = 1; /* 0 never names a set */
         m->sver[i] = m->n_sver;
         if (eager) set_sig_compute(m, i);
@@ -561,12 +548,11 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
 
 /* Context-free key of the current state (as state_key): the top set's waiting items (its
  * signature; opaque below the boundary) and the items that scan a byte, each by its effect
- * (leff), in one pass over the set. Memoized per set for the walk generation (lsig, lstamp) when
- * complete (*ok): a summary reads the key of the set its walk just keyed. */
+ * (leff), in one pass over the set. Not memoized: a state is keyed again in ~1% of the calls
+ * (a summary of the state its walk just keyed). */
 static sig128 local_key(di_grammar_matcher *m, bool *ok) {
     const di_earley *e = &m->e;
     size_t i = e->n_sets - 1;
-    if (m->lstamp[i] == m->lgen) return m->lsig[i];
     const int32_t *psym = m->g->cfg->psym, *plhs = m->g->cfg->plhs;
     bool opaque = i < m->lb;
     sig128 w = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull}, s = {0, 0}; /* waiting, scanning */
@@ -579,12 +565,7 @@ static sig128 local_key(di_grammar_matcher *m, bool *ok) {
         else add_item_sig(h, it.pos, leff(m, it.origin, plhs[it.pos], 1, ok));
     }
     if (opaque) w = OPAQUE_SIG;
-    sig128 k = {(w.a ^ 0xA5A5A5A5A5A5A5A5ull) + s.a, (w.b + s.b) ^ LOCAL_DOMAIN};
-    if (*ok) {
-        m->lsig[i] = k;
-        m->lstamp[i] = m->lgen;
-    }
-    return k;
+    return (sig128){(w.a ^ 0xA5A5A5A5A5A5A5A5ull) + s.a, (w.b + s.b) ^ LOCAL_DOMAIN};
 }
 
 static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
