@@ -77,7 +77,6 @@ struct di_grammar_matcher {
         uint8_t utf8, any, nohigh;
         uint32_t ascii, scanned;
     } bmemo[BLK_MEMO];
-    uint32_t *ctxd;                 /* [max token length + 1] depth of the path's first context edge (0: none) */
     di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
     /* The tokens a trie walk sets one by one (walk_nodes), the first DI_GCACHE_LIST_MAX of them:
      * where they are the whole mask (a walk from scratch that accepted no subtree whole), the
@@ -150,11 +149,10 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
     m->path = malloc((size_t)v->max_len + 1);
     m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
-    m->ctxd = malloc(((size_t)v->max_len + 1) * sizeof *m->ctxd);
     m->mpath = malloc((size_t)v->max_len + 1);
     m->few = malloc(DI_GCACHE_LIST_MAX * sizeof *m->few);
     m->stale_gen = UINT64_MAX;
-    if (!m->vid || !m->path || !m->lbd || !m->ctxd || !m->mpath || !m->few) {
+    if (!m->vid || !m->path || !m->lbd || !m->mpath || !m->few) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -198,7 +196,6 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->sver);
     free(m->sigver);
     free(m->lbd);
-    free(m->ctxd);
     free(m->cent);
     di_trie_union_free(&m->whole);
     free(m->vid);
@@ -1422,6 +1419,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     di_vocab_text_minus(v, bad | dead, mask);
     size_t md = 0;
     uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
+    uint32_t first_ctx = 0; /* depth of the first context edge on path 1..valid (0: none) */
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
         /* shared: bytes the previous token walked from this list shares with the entries since
@@ -1446,18 +1444,18 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
                 while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
             shared = DI_LCP_MAX; /* saturated (or no token walked yet): compare bytes */
             walk_pop(m, base, &md, keep);
+            if (first_ctx > keep) first_ctx = 0;
             int rc = 1;
             uint32_t d = keep + 1;
-            m->ctxd[0] = 0;
             for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
-                uint64_t before = m->n_ctx_edges;
-                if ((rc = walk_step(m, tab, &md, d, NULL, err)) != 1) break;
-                m->ctxd[d] = m->ctxd[d - 1] ? m->ctxd[d - 1] : m->n_ctx_edges != before ? d : 0;
+                bool ctx = false;
+                if ((rc = walk_step(m, tab, &md, d, &ctx, err)) != 1) break;
+                if (ctx && !first_ctx) first_ctx = d;
             }
             if (rc < 0) return rc;
             valid = d - 1;
-            uint32_t c1 = m->ctxd[valid]; /* first context edge on the live part of the path */
+            uint32_t c1 = first_ctx; /* first context edge on the live part of the path */
             if (!c1) {
                 if (rc == 1) set_bit(mask, t); /* decided without the context */
             } else {
