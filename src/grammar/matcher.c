@@ -760,6 +760,11 @@ static void note_scan(di_grammar_matcher *m, di_gcache_table *tab, int32_t id) {
     di_gcache_scan_put(m->g->cache, tab, id, di_earley_next_bytes(&m->e));
 }
 
+/* Id of the state on top under key k, its scanned bytes recorded (note_scan) under the same lock. */
+static int32_t intern_top(di_grammar_matcher *m, di_gcache_table *tab, sig128 k) {
+    return di_gcache_intern_scan(m->g->cache, tab, k, di_earley_next_bytes(&m->e));
+}
+
 static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
 
 /* ---- loop summaries: accepting a token subtree without walking it ----
@@ -1189,7 +1194,6 @@ static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint32_t 
  * set), 0 (dead) or a negative status. */
 static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t d, di_error *err) {
     di_earley *e = &m->e;
-    di_grammar_cache *c = m->g->cache;
     uint8_t byte = m->path[d];
     int32_t parent = m->vid[d - 1];
     bool pushed = false;
@@ -1239,9 +1243,8 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             }
             next = DI_ST_CONTEXT;
         } else {
-            next = di_gcache_intern(c, tab, k);
+            next = intern_top(m, tab, k);
             if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
-            note_scan(m, tab, next);
         }
     }
     uint32_t bnd = m->lbd[d - 1];
@@ -1275,8 +1278,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 use_boundary(m, 0);
                 k = state_key(m);
             }
-            next = di_gcache_intern(c, tab, k);
-            note_scan(m, tab, next);
+            next = intern_top(m, tab, k);
             if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .fbnd = m->lbd[d - 1], .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
@@ -1651,8 +1653,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     sig128 root = m->lb ? local_key(m, &ok) : state_key(m);
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
-    m->vid[0] = di_gcache_intern(c, tab, root);
-    if (tab) note_scan(m, tab, m->vid[0]);
+    m->vid[0] = intern_top(m, tab, root);
     rc = loop_mask(m, tab, base, root, mask, err); /* writes mask only when it returns 1 */
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */

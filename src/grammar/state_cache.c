@@ -301,6 +301,22 @@ int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
     return id;
 }
 
+/* Publish the bytes state id scans unless some walk did (under the lock). */
+static void scan_put_locked(di_gcache_table *t, int32_t id, const di_cfg_class *scan) {
+    if (id <= 0 || id > t->cap || atomic_load_explicit(&t->scan_ready[id], memory_order_relaxed)) return;
+    t->scan[id] = *scan;
+    atomic_store_explicit(&t->scan_ready[id], 1, memory_order_release);
+}
+
+int32_t di_gcache_intern_scan(di_grammar_cache *c, di_gcache_table *t, di_sig128 k, const di_cfg_class *scan) {
+    if (!t) return DI_ST_NONE;
+    pthread_mutex_lock(&c->lock);
+    int32_t id = intern_locked(c, t, k);
+    scan_put_locked(t, id, scan);
+    pthread_mutex_unlock(&c->lock);
+    return id;
+}
+
 void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s) {
     if (!t || id <= 0 || id > t->cap) return;
     pthread_mutex_lock(&c->lock);
@@ -314,10 +330,7 @@ void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, con
 void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan) {
     if (!t || id <= 0 || id > t->cap) return;
     pthread_mutex_lock(&c->lock);
-    if (!atomic_load_explicit(&t->scan_ready[id], memory_order_relaxed)) {
-        t->scan[id] = *scan;
-        atomic_store_explicit(&t->scan_ready[id], 1, memory_order_release);
-    }
+    scan_put_locked(t, id, scan);
     pthread_mutex_unlock(&c->lock);
 }
 
