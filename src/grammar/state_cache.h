@@ -74,7 +74,7 @@ typedef struct di_gcache_table {
     size_t rows_bytes;
     uint32_t n_bcls;       /* byte classes of the grammar (1..256) */
     uint8_t bcls[256];     /* class of each byte */
-    di_cfg_class brep;     /* the lowest byte of each class: one entry of a row per byte (matcher.c: set_next_all) */
+    di_cfg_class brep;     /* the lowest byte of each class: one store per row entry (matcher.c: set_next_all) */
     di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
     _Atomic uint8_t *loop_ready; /* [cap + 1] */
     di_cfg_class *scan;          /* [cap + 1] bytes the state's Earley set scans, valid once scan_ready[id] */
