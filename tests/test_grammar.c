@@ -741,6 +741,13 @@ static void test_byte_class_rows(void **state) {
     }
     const di_gcache_table *t = g->cache->cur;
     assert_int_equal(t->n_bcls, 4);
+    /* one representative per class, its lowest byte: set_next_all stores a class's successor
+     * through it alone, so a missing one would leave that class unknown in every row */
+    bool seen[256] = {false};
+    for (int b = 0; b < 256; b++) {
+        assert_int_equal(di_cfg_class_has(&t->brep, (uint8_t)b), !seen[t->bcls[b]]);
+        seen[t->bcls[b]] = true;
+    }
     /* rows are 4 entries apart; the mapping has room for 256 classes (state_cache.c: table_keep) */
     assert_true(t->rows_bytes >= ((size_t)t->cap + 1) * 4 * sizeof(int16_t));
     int32_t live = 0;

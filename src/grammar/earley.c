@@ -214,27 +214,18 @@ static void sort_wait(di_earley_wait *w, size_t n) {
     }
 }
 
-/* Index the items of set `cur` that wait on a nonterminal (see di_earley.wait). */
-static int build_wait(di_earley *m, uint32_t cur, di_error *err) {
-    size_t first = m->set_off[cur], count = m->n_items - first;
-    if (m->n_wait + count > m->cap_wait) {
-        size_t cap = m->cap_wait ? m->cap_wait : 1024;
-        while (cap < m->n_wait + count) cap *= 2;
+/* Index an item of the set under construction that waits on nonterminal s (see di_earley.wait):
+ * close_set appends each as it visits it, so the set's items are not read a second time. */
+static inline int wait_append(di_earley *m, int32_t s, di_earley_item it, di_error *err) {
+    if (__builtin_expect(m->n_wait == m->cap_wait, 0)) {
+        size_t cap = m->cap_wait ? m->cap_wait * 2 : 1024;
         di_earley_wait *w = realloc(m->wait, cap * sizeof *w);
         if (!w) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for %zu items", cap);
         m->wait = w;
         m->cap_wait = cap;
     }
-    di_earley_wait *w = m->wait + m->n_wait;
-    size_t n = 0;
-    for (size_t k = first; k < m->n_items; k++) {
-        di_earley_item it = m->items[k];
-        int32_t s = m->g->psym[it.pos];
-        if (s >= 0) w[n++] = (di_earley_wait){s, it.pos, it.origin};
-    }
-    if (n > SMALL_WAIT) sort_wait(w, n); /* small lists are scanned linearly by close_set */
-    m->n_wait += n;
-    return DI_OK;
+    m->wait[m->n_wait++] = (di_earley_wait){s, it.pos, it.origin};
+    return 0;
 }
 
 #define LEO_MAX_CHAIN 64 /* longer chains are cut (still exact: the cut link completes normally) */
@@ -296,6 +287,7 @@ static int close_set(di_earley *m, di_error *err) {
                     rc = add_item(m, w[x].pos + 1, w[x].origin, err);
             }
         } else if (s >= 0) {
+            if ((rc = wait_append(m, s, it, err))) return rc;
             uint32_t r = g->nt_rule_off[s], re = g->nt_rule_off[s + 1];
             if (m->pred_stamp[s] != m->stamp) {
                 m->pred_stamp[s] = m->stamp;
@@ -314,8 +306,8 @@ static int close_set(di_earley *m, di_error *err) {
         if (rc < 0) return rc;
     }
     m->scan[cur] = scan;
-    int rc = build_wait(m, cur, err);
-    if (rc) return rc;
+    size_t nw = m->n_wait - m->wait_off[cur];
+    if (nw > SMALL_WAIT) sort_wait(m->wait + m->wait_off[cur], nw); /* small lists are scanned linearly */
     m->n_sets++;
     m->set_off[m->n_sets] = (uint32_t)m->n_items;
     m->wait_off[m->n_sets] = (uint32_t)m->n_wait;
@@ -399,7 +391,7 @@ int di_earley_push_bytes(di_earley *m, const uint8_t *b, size_t n, di_error *err
 const di_earley_wait *di_earley_sole_wait(const di_earley *m, size_t set, int32_t sym) {
     const di_earley_wait *w = m->wait + m->wait_off[set];
     size_t nw = m->wait_off[set + 1] - m->wait_off[set], lo = 0;
-    if (nw > SMALL_WAIT) { /* sorted by symbol (build_wait) */
+    if (nw > SMALL_WAIT) { /* sorted by symbol (close_set) */
         size_t hi = nw;
         while (lo < hi) {
             size_t mid = (lo + hi) / 2;

@@ -11,6 +11,8 @@ typedef struct di_grammar_cache di_grammar_cache; /* state_cache.h */
 
 struct di_grammar {
     di_cfg *cfg;            /* finalized; read-only after compile */
+    struct di_sig128 *here; /* [cfg->n_pos] signature term of each position as an item that started in
+                               its own set (matcher.c, add_here_sig) */
     di_grammar_cache *cache; /* state automaton + masks shared by this grammar's matchers; internally
                                 synchronized, so it is filled through a const di_grammar */
 };

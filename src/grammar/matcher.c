@@ -26,6 +26,7 @@ typedef struct mstate {
 
 struct di_grammar_matcher {
     const di_grammar *g;
+    const sig128 *here;             /* g->here: each position's signature term as an item of its own set */
     const di_grammar_vocab *v;
     di_earley e;
     mstate cur;
@@ -50,11 +51,8 @@ struct di_grammar_matcher {
     uint64_t cache_hits, cache_misses;
     uint64_t n_block_masks, n_block_hits, n_blocks, n_ctx_edges; /* di_grammar_walk_stats */
     uint64_t n_edges, n_summaries, n_replays, n_full_sigs;
-    /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context;
-     * lsig[i] (i >= lb) is set i's signature with every origin below lb replaced by one opaque
-     * value, valid when lstamp[i] == lgen. */
-    sig128 *lsig;                   /* [cap_sig] */
-    uint32_t *lstamp;               /* [cap_sig] */
+    /* Context-free walk (walk_trie): with boundary lb > 0, the sets below lb are the context
+     * (local_key); lgen numbers the walks and boundaries the leff memo is valid for. */
     uint32_t lgen;
     struct leff_memo {              /* leff results by (set, nonterminal), valid for walk generation gen */
         uint32_t o, gen, ver;
@@ -79,7 +77,6 @@ struct di_grammar_matcher {
         uint8_t utf8, any, nohigh;
         uint32_t ascii, scanned;
     } bmemo[BLK_MEMO];
-    uint32_t *ctxd;                 /* [max token length + 1] depth of the path's first context edge (0: none) */
     di_gcache_ctxtok *cent;         /* [LOOP_MASK_MAX_REST] context tokens of a block mask */
     /* The tokens a trie walk sets one by one (walk_nodes), the first DI_GCACHE_LIST_MAX of them:
      * where they are the whole mask (a walk from scratch that accepted no subtree whole), the
@@ -117,6 +114,7 @@ void di_grammar_free(di_grammar *g) {
     if (!g) return;
     di_gcache_free(g->cache);
     di_cfg_free(g->cfg);
+    free(g->here);
     free(g);
 }
 
@@ -130,6 +128,7 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     di_grammar_matcher *m = calloc(1, sizeof *m);
     if (!m) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     m->g = g;
+    m->here = g->here;
     m->v = v;
     for (size_t i = 0; i < o.n_stop; i++) {
         size_t l = strlen(o.stop[i]);
@@ -150,11 +149,10 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
     m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
     m->path = malloc((size_t)v->max_len + 1);
     m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
-    m->ctxd = malloc(((size_t)v->max_len + 1) * sizeof *m->ctxd);
     m->mpath = malloc((size_t)v->max_len + 1);
     m->few = malloc(DI_GCACHE_LIST_MAX * sizeof *m->few);
     m->stale_gen = UINT64_MAX;
-    if (!m->vid || !m->path || !m->lbd || !m->ctxd || !m->mpath || !m->few) {
+    if (!m->vid || !m->path || !m->lbd || !m->mpath || !m->few) {
         di_grammar_matcher_free(m);
         return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -197,10 +195,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
     free(m->set_sig);
     free(m->sver);
     free(m->sigver);
-    free(m->lsig);
-    free(m->lstamp);
     free(m->lbd);
-    free(m->ctxd);
     free(m->cent);
     di_trie_union_free(&m->whole);
     free(m->vid);
@@ -278,9 +273,24 @@ static inline void add_item_sig(sig128 *h, uint32_t pos, sig128 o) {
 }
 
 /* add_item_sig for an item that started in the set it is in (most items of a set: the rules
- * predicted there), whose origin enters as a constant: the compiler folds its two mixes. */
+ * predicted there), whose origin enters as a constant: its term depends on the position alone,
+ * so it is computed once per grammar (here_terms, di_grammar.here) and read from that table (the
+ * two mixes per item were a fifth of local_key's instructions on the first walks). */
 #define HERE_SIG ((sig128){1, 2})
-static inline void add_here_sig(sig128 *h, uint32_t pos) { add_item_sig(h, pos, HERE_SIG); }
+static inline void add_here_sig(const di_grammar_matcher *m, sig128 *h, uint32_t pos) {
+    h->a += m->here[pos].a;
+    h->b += m->here[pos].b;
+}
+
+/* di_grammar.here: add_item_sig(&0, pos, HERE_SIG) for every position of the grammar. */
+static sig128 *here_terms(const di_cfg *g) {
+    sig128 *t = malloc((g->n_pos ? g->n_pos : 1) * sizeof *t);
+    for (uint32_t p = 0; t && p < g->n_pos; p++) {
+        t[p] = (sig128){0, 0};
+        add_item_sig(&t[p], p, HERE_SIG);
+    }
+    return t;
+}
 
 /* ---- completion effects: what an item's origin contributes to a key ----
  * An item of a later set reads its origin set only when its own rule completes: then its lhs A
@@ -334,7 +344,7 @@ static void set_sig_compute(di_grammar_matcher *m, size_t i) {
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
         if (psym[it.pos] < 0) continue; /* terminal or end: not read by completion */
-        if (it.origin == i) add_here_sig(&h, it.pos);
+        if (it.origin == i) add_here_sig(m, &h, it.pos);
         else add_item_sig(&h, it.pos, feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     m->set_sig[i] = h;
@@ -356,7 +366,7 @@ static sig128 set_sig_of(di_grammar_matcher *m, size_t i) {
     return m->set_sig[i];
 }
 
-/* Versions of new sets (sver, lstamp); with eager, also their full signatures. */
+/* Versions of new sets (sver); with eager, also their full signatures. */
 static int update_sigs_as(di_grammar_matcher *m, bool eager, di_error *err) {
     const di_earley *e = &m->e;
     if (e->n_sets > m->cap_sig) {
@@ -364,23 +374,15 @@ static int update_sigs_as(di_grammar_matcher *m, bool eager, di_error *err) {
         while (cap < e->n_sets) cap *= 2;
         sig128 *p = realloc(m->set_sig, cap * sizeof *p);
         if (p) m->set_sig = p;
-        sig128 *q = p ? realloc(m->lsig, cap * sizeof *q) : NULL;
-        if (q) m->lsig = q;
-        uint32_t *sv = q ? realloc(m->sver, cap * sizeof *sv) : NULL;
+        uint32_t *sv = p ? realloc(m->sver, cap * sizeof *sv) : NULL;
         if (sv) m->sver = sv;
         uint32_t *gv = sv ? realloc(m->sigver, cap * sizeof *gv) : NULL;
-        if (gv) {
-            memset(gv + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *gv);
-            m->sigver = gv;
-        }
-        uint32_t *st = gv ? realloc(m->lstamp, cap * sizeof *st) : NULL;
-        if (!st) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
-        memset(st + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *st);
-        m->lstamp = st;
+        if (!gv) return di_error_set(err, DI_ERR_NOMEM, "grammar matcher: out of memory for state signatures");
+        memset(gv + m->cap_sig, 0, (cap - m->cap_sig) * sizeof *gv);
+        m->sigver = gv;
         m->cap_sig = cap;
     }
     for (size_t i = m->n_sig; i < e->n_sets; i++) {
-        m->lstamp[i] = 0; /* a new set at this index: its context-free signature is recomputed */
         if (++m->n_sver == 0) m->n_sver = 1; /* 0 never names a set */
         m->sver[i] = m->n_sver;
         if (eager) set_sig_compute(m, i);
@@ -402,7 +404,7 @@ static sig128 state_key(di_grammar_matcher *m) {
         di_earley_item it = e->items[x];
         int32_t sym = m->g->cfg->psym[it.pos];
         if (sym >= 0 || sym == DI_CFG_END) continue;
-        if (it.origin == i) add_here_sig(&h, it.pos);
+        if (it.origin == i) add_here_sig(m, &h, it.pos);
         else add_item_sig(&h, it.pos, feff(m, it.origin, m->g->cfg->plhs[it.pos], 0));
     }
     return h;
@@ -479,7 +481,7 @@ static bool effect_closure(di_grammar_matcher *m, size_t o, int32_t a, int depth
                              full ? feff(m, w[x].origin, l, depth + 1) : leff(m, w[x].origin, l, depth + 1, ok));
                 continue;
             }
-            add_here_sig(h, w[x].pos);
+            add_here_sig(m, h, w[x].pos);
             int y = 0;
             while (y < ns && syms[y] != l) y++;
             if (y < ns) continue;
@@ -541,39 +543,26 @@ static sig128 feff(di_grammar_matcher *m, size_t o, int32_t a, int depth) {
     return r;
 }
 
-/* Context-free signature of the top set i: its waiting items, each by its effect (leff). */
-static sig128 lsig_of(di_grammar_matcher *m, size_t i, int depth, bool *ok) {
-    if (i < m->lb) return OPAQUE_SIG;
-    if (m->lstamp[i] == m->lgen) return m->lsig[i];
-    const di_earley *e = &m->e;
-    const int32_t *psym = m->g->cfg->psym;
-    sig128 h = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull};
-    for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
-        di_earley_item it = e->items[x];
-        if (psym[it.pos] < 0) continue;
-        if (it.origin == i) add_here_sig(&h, it.pos);
-        else add_item_sig(&h, it.pos, leff(m, it.origin, m->g->cfg->plhs[it.pos], depth + 1, ok));
-    }
-    m->lsig[i] = h;
-    m->lstamp[i] = m->lgen;
-    return h;
-}
-
-/* Context-free key of the current state (as state_key, over lsig). */
+/* Context-free key of the current state (as state_key): the top set's waiting items (its
+ * signature; opaque below the boundary) and the items that scan a byte, each by its effect
+ * (leff), in one pass over the set. Not memoized: a state is keyed again in ~1% of the calls
+ * (a summary of the state its walk just keyed). */
 static sig128 local_key(di_grammar_matcher *m, bool *ok) {
     const di_earley *e = &m->e;
     size_t i = e->n_sets - 1;
-    sig128 h = lsig_of(m, i, 0, ok);
-    h.a ^= 0xA5A5A5A5A5A5A5A5ull;
+    const int32_t *psym = m->g->cfg->psym, *plhs = m->g->cfg->plhs;
+    bool opaque = i < m->lb;
+    sig128 w = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull}, s = {0, 0}; /* waiting, scanning */
     for (size_t x = e->set_off[i]; x < e->set_off[i + 1]; x++) {
         di_earley_item it = e->items[x];
-        int32_t sym = m->g->cfg->psym[it.pos];
-        if (sym >= 0 || sym == DI_CFG_END) continue;
-        if (it.origin == i) add_here_sig(&h, it.pos);
-        else add_item_sig(&h, it.pos, leff(m, it.origin, m->g->cfg->plhs[it.pos], 1, ok));
+        int32_t sym = psym[it.pos];
+        if (sym == DI_CFG_END || (sym >= 0 && opaque)) continue;
+        sig128 *h = sym >= 0 ? &w : &s;
+        if (it.origin == i) add_here_sig(m, h, it.pos);
+        else add_item_sig(h, it.pos, leff(m, it.origin, plhs[it.pos], 1, ok));
     }
-    h.b ^= LOCAL_DOMAIN;
-    return h;
+    if (opaque) w = OPAQUE_SIG;
+    return (sig128){(w.a ^ 0xA5A5A5A5A5A5A5A5ull) + s.a, (w.b + s.b) ^ LOCAL_DOMAIN};
 }
 
 static inline bool loop_rule(const di_cfg *g, uint32_t pos) { return g->nt_loop_min[g->plhs[pos]] != 255; }
@@ -739,21 +728,26 @@ static inline void clear_bit(uint32_t *mask, int32_t t) { mask[t >> 5] &= ~(1u <
 static void byte_equiv(const di_earley *e, uint8_t b, di_cfg_class *same) {
     const di_cfg *g = e->g;
     size_t top = e->n_sets - 1;
-    memset(same->bits, 0xff, sizeof same->bits);
+    di_cfg_class acc; /* in registers: same may alias the classes */
+    memset(acc.bits, 0xff, sizeof acc.bits);
     for (size_t x = e->set_off[top]; x < e->set_off[top + 1]; x++) {
         int32_t s = g->psym[e->items[x].pos];
         if (s >= 0 || s == DI_CFG_END) continue;
         const di_cfg_class *c = &g->cls[-1 - s];
         if (di_cfg_class_has(c, b))
-            for (int w = 0; w < 8; w++) same->bits[w] &= c->bits[w];
+            for (int w = 0; w < 8; w++) acc.bits[w] &= c->bits[w];
         else
-            for (int w = 0; w < 8; w++) same->bits[w] &= ~c->bits[w];
+            for (int w = 0; w < 8; w++) acc.bits[w] &= ~c->bits[w];
     }
+    *same = acc;
 }
 
+/* Set from's successor on every byte of bytes, a union of the table's byte classes (byte_equiv's
+ * result is): one store per class, through its lowest byte (tab->brep), not one per byte (a row
+ * holds one entry per class; the ~95 bytes of a JSON string's character fall in a few classes). */
 static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class *bytes, int32_t next) {
     for (int w = 0; w < 8; w++)
-        for (uint32_t x = bytes->bits[w]; x; x &= x - 1)
+        for (uint32_t x = bytes->bits[w] & tab->brep.bits[w]; x; x &= x - 1)
             di_gcache_set_next(tab, from, (uint8_t)(w * 32 + __builtin_ctz(x)), next);
 }
 
@@ -764,6 +758,11 @@ static void set_next_all(di_gcache_table *tab, int32_t from, const di_cfg_class 
 static void note_scan(di_grammar_matcher *m, di_gcache_table *tab, int32_t id) {
     if (id <= 0 || atomic_load_explicit(&tab->scan_ready[id], memory_order_relaxed)) return;
     di_gcache_scan_put(m->g->cache, tab, id, di_earley_next_bytes(&m->e));
+}
+
+/* Id of the state on top under key k, its scanned bytes recorded (note_scan) under the same lock. */
+static int32_t intern_top(di_grammar_matcher *m, di_gcache_table *tab, sig128 k) {
+    return di_gcache_intern_scan(m->g->cache, tab, k, di_earley_next_bytes(&m->e));
 }
 
 static inline bool sig_eq(sig128 x, sig128 y) { return x.a == y.a && x.b == y.b; }
@@ -1195,7 +1194,6 @@ static struct ctx_memo *memo_slot(di_grammar_matcher *m, int32_t from, uint32_t 
  * set), 0 (dead) or a negative status. */
 static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t d, di_error *err) {
     di_earley *e = &m->e;
-    di_grammar_cache *c = m->g->cache;
     uint8_t byte = m->path[d];
     int32_t parent = m->vid[d - 1];
     bool pushed = false;
@@ -1245,9 +1243,8 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
             }
             next = DI_ST_CONTEXT;
         } else {
-            next = di_gcache_intern(c, tab, k);
+            next = intern_top(m, tab, k);
             if (parent > 0 && next != DI_ST_NONE) set_next_all(tab, parent, &same, next);
-            note_scan(m, tab, next);
         }
     }
     uint32_t bnd = m->lbd[d - 1];
@@ -1281,8 +1278,7 @@ static int walk_edge(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, ui
                 use_boundary(m, 0);
                 k = state_key(m);
             }
-            next = di_gcache_intern(c, tab, k);
-            note_scan(m, tab, next);
+            next = intern_top(m, tab, k);
             if (slot) *slot = (struct ctx_memo){.gen = m->mgen, .fbnd = m->lbd[d - 1], .bnd = bnd, .from = parent, .to = next, .byte = like};
         }
     }
@@ -1425,6 +1421,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
     di_vocab_text_minus(v, bad | dead, mask);
     size_t md = 0;
     uint32_t valid = 0; /* depths 1..valid of path have their states in vid/lbd */
+    uint32_t first_ctx = 0; /* depth of the first context edge on path 1..valid (0: none) */
     for (int k = 0; k < DI_N_CLASSES; k++) {
         if (!((bad >> k) & 1)) continue;
         /* shared: bytes the previous token walked from this list shares with the entries since
@@ -1449,18 +1446,18 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
                 while (keep < valid && keep < len && m->path[keep + 1] == tb[keep]) keep++;
             shared = DI_LCP_MAX; /* saturated (or no token walked yet): compare bytes */
             walk_pop(m, base, &md, keep);
+            if (first_ctx > keep) first_ctx = 0;
             int rc = 1;
             uint32_t d = keep + 1;
-            m->ctxd[0] = 0;
             for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
-                uint64_t before = m->n_ctx_edges;
-                if ((rc = walk_step(m, tab, &md, d, NULL, err)) != 1) break;
-                m->ctxd[d] = m->ctxd[d - 1] ? m->ctxd[d - 1] : m->n_ctx_edges != before ? d : 0;
+                bool ctx = false;
+                if ((rc = walk_step(m, tab, &md, d, &ctx, err)) != 1) break;
+                if (ctx && !first_ctx) first_ctx = d;
             }
             if (rc < 0) return rc;
             valid = d - 1;
-            uint32_t c1 = m->ctxd[valid]; /* first context edge on the live part of the path */
+            uint32_t c1 = first_ctx; /* first context edge on the live part of the path */
             if (!c1) {
                 if (rc == 1) set_bit(mask, t); /* decided without the context */
             } else {
@@ -1656,8 +1653,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     sig128 root = m->lb ? local_key(m, &ok) : state_key(m);
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
-    m->vid[0] = di_gcache_intern(c, tab, root);
-    if (tab) note_scan(m, tab, m->vid[0]);
+    m->vid[0] = intern_top(m, tab, root);
     rc = loop_mask(m, tab, base, root, mask, err); /* writes mask only when it returns 1 */
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
@@ -1764,6 +1760,11 @@ static int compile(di_grammar **out, di_error *err, int rc, di_cfg *cfg, int32_t
         return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory");
     }
     g->cfg = cfg;
+    g->here = here_terms(cfg);
+    if (!g->here) {
+        di_grammar_free(g);
+        return di_error_set(err, DI_ERR_NOMEM, "grammar: out of memory for %u position terms", cfg->n_pos);
+    }
     rc = di_gcache_new(&g->cache, cfg, err);
     if (rc) {
         di_grammar_free(g);

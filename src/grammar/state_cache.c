@@ -122,6 +122,19 @@ static void table_keep(di_gcache_table *t) {
     table_free(t);
 }
 
+/* The table's byte classes: n_bcls classes, bcls[b] per byte, and the lowest byte of each (brep). */
+static void table_classes(di_gcache_table *t, uint32_t n_bcls, const uint8_t *bcls) {
+    t->n_bcls = n_bcls;
+    memcpy(t->bcls, bcls, sizeof t->bcls);
+    memset(&t->brep, 0, sizeof t->brep);
+    uint8_t seen[256] = {0};
+    for (unsigned b = 0; b < 256; b++)
+        if (!seen[bcls[b]]) {
+            seen[bcls[b]] = 1;
+            t->brep.bits[b >> 5] |= 1u << (b & 31);
+        }
+}
+
 /* A table of cap states for byte classes bcls (n_bcls of them), rows mapped, nothing committed. */
 static di_gcache_table *table_alloc(int32_t cap, uint32_t n_bcls, const uint8_t *bcls) {
     di_gcache_table *t = calloc(1, sizeof *t);
@@ -134,8 +147,7 @@ static di_gcache_table *table_alloc(int32_t cap, uint32_t n_bcls, const uint8_t 
      * grammar's first mask); pages are committed as states are added. Mapped for 256 byte
      * classes at the default capacity, so that the table can serve any grammar later
      * (table_keep): address space only. */
-    t->n_bcls = n_bcls;
-    memcpy(t->bcls, bcls, sizeof t->bcls);
+    table_classes(t, n_bcls, bcls);
     t->rows_bytes = ((size_t)t->cap + 1) * t->n_bcls * sizeof *t->rows;
     if (t->cap == DI_GCACHE_MAX_STATES) t->rows_bytes = POOL_ROWS_BYTES;
     void *rows = mmap(NULL, t->rows_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -166,8 +178,7 @@ static di_gcache_table *table_new(di_grammar_cache *c) {
         pthread_mutex_unlock(&table_pool_lock);
     }
     if (t) {
-        t->n_bcls = c->n_bcls;
-        memcpy(t->bcls, c->bcls, sizeof t->bcls);
+        table_classes(t, c->n_bcls, c->bcls);
     } else {
         t = table_alloc(c->max_states, c->n_bcls, c->bcls);
         if (!t) return NULL;
@@ -290,6 +301,22 @@ int32_t di_gcache_intern(di_grammar_cache *c, di_gcache_table *t, di_sig128 k) {
     return id;
 }
 
+/* Publish the bytes state id scans unless some walk did (under the lock). */
+static void scan_put_locked(di_gcache_table *t, int32_t id, const di_cfg_class *scan) {
+    if (id <= 0 || id > t->cap || atomic_load_explicit(&t->scan_ready[id], memory_order_relaxed)) return;
+    t->scan[id] = *scan;
+    atomic_store_explicit(&t->scan_ready[id], 1, memory_order_release);
+}
+
+int32_t di_gcache_intern_scan(di_grammar_cache *c, di_gcache_table *t, di_sig128 k, const di_cfg_class *scan) {
+    if (!t) return DI_ST_NONE;
+    pthread_mutex_lock(&c->lock);
+    int32_t id = intern_locked(c, t, k);
+    scan_put_locked(t, id, scan);
+    pthread_mutex_unlock(&c->lock);
+    return id;
+}
+
 void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_gcache_loop *s) {
     if (!t || id <= 0 || id > t->cap) return;
     pthread_mutex_lock(&c->lock);
@@ -303,10 +330,7 @@ void di_gcache_loop_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, con
 void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan) {
     if (!t || id <= 0 || id > t->cap) return;
     pthread_mutex_lock(&c->lock);
-    if (!atomic_load_explicit(&t->scan_ready[id], memory_order_relaxed)) {
-        t->scan[id] = *scan;
-        atomic_store_explicit(&t->scan_ready[id], 1, memory_order_release);
-    }
+    scan_put_locked(t, id, scan);
     pthread_mutex_unlock(&c->lock);
 }
 

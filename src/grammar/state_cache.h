@@ -74,6 +74,7 @@ typedef struct di_gcache_table {
     size_t rows_bytes;
     uint32_t n_bcls;       /* byte classes of the grammar (1..256) */
     uint8_t bcls[256];     /* class of each byte */
+    di_cfg_class brep;     /* the lowest byte of each class: one store per row entry (matcher.c: set_next_all) */
     di_gcache_loop *loop;        /* [cap + 1] loop summary per state, valid once loop_ready[id] */
     _Atomic uint8_t *loop_ready; /* [cap + 1] */
     di_cfg_class *scan;          /* [cap + 1] bytes the state's Earley set scans, valid once scan_ready[id] */
@@ -202,6 +203,9 @@ static inline const di_cfg_class *di_gcache_scan_get(const di_gcache_table *t, i
 }
 /* Record the bytes state id scans (racing walks record the same set; the first wins). */
 void di_gcache_scan_put(di_grammar_cache *c, di_gcache_table *t, int32_t id, const di_cfg_class *scan);
+/* di_gcache_intern, then di_gcache_scan_put of the id it returns, under one lock: a walk interns
+ * the state whose set is on top and records its bytes at once (one lock per new state, not two). */
+int32_t di_gcache_intern_scan(di_grammar_cache *c, di_gcache_table *t, di_sig128 k, const di_cfg_class *scan);
 
 /* The cached block of context-free root k in table generation `table`: its mask into mask and its
  * context tokens into ent (at most cap); false if absent or larger than cap. */
