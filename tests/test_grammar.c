@@ -616,6 +616,56 @@ static void test_replay_reuse(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* A long token ending in a run of one character walks on past its end for a few more characters
+ * when it pushed new states (matcher.c: learn_ahead): inside a maxLength string each count is a
+ * state, and the next masks, a few characters on, reach a few lower counts with the same token,
+ * which they replayed from the root to learn (schema_medium: 60 pushes per mask for 20 em dashes).
+ * Masks of a string walked 4 characters at a time equal brute force, and the masks after the first
+ * block mask push little: the runs' lower counts were learned ahead. */
+static void test_learn_ahead(void **state) {
+    (void)state;
+    static const char sc[] = "{\"type\":\"string\",\"maxLength\":64}";
+    static const char *runs[] = {"\xc3\xa9", "\\\\", "\xe2\x80\x94", "\xf0\x9f\x98\x80"}; /* é, \\, —, 😀 */
+    static const int reps[] = {20, 14, 12, 9};
+    gt_bytes tb = gt_vocab_bytes(300);
+    for (uint32_t r = 0; r < 8; r++) { /* each run alone and followed by a newline (dead in a string) */
+        uint8_t buf[96];
+        uint32_t len = 0;
+        for (int k = 0; k < reps[r % 4]; k++)
+            for (const char *c = runs[r % 4]; *c; c++) buf[len++] = (uint8_t)*c;
+        if (r >= 4) buf[len++] = '\n';
+        uint8_t *b = realloc(tb.b[tb.n - 1 - r], len);
+        if (!b) fail_msg("out of memory");
+        memcpy(b, buf, len);
+        tb.b[tb.n - 1 - r] = b, tb.l[tb.n - 1 - r] = len;
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    di_error err = {0};
+    di_grammar *g = NULL;
+    if (di_grammar_from_json_schema(sc, strlen(sc), NULL, &g, &err)) fail_msg("%s", err.msg);
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    gt_accept_text(m, "\"");
+    uint64_t first = 0, later = 0, blocks = 0;
+    for (int i = 0; i < 12; i++) {
+        di_grammar_walk_stats w = gt_fill_checked(m, v, &tb, mask, "learn ahead");
+        blocks += w.block_masks;
+        if (i == 0) first = w.pushes;
+        else later += w.pushes;
+        gt_accept_text(m, "abcd");
+    }
+    tu_report("learn ahead: %llu pushes in the first mask, %llu in the next 11 (%llu block masks)",
+              (unsigned long long)first, (unsigned long long)later, (unsigned long long)blocks);
+    assert_int_equal(blocks, 12);
+    assert_true(later < 1100); /* 889 with learn_ahead, 1452 without (deterministic) */
+    free(mask);
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 static void test_leo_chains(void **state) {
     (void)state;
     static const char *res[] = {"x{0,60}y", "x{0,16}x{0,16}y"};
@@ -1910,7 +1960,7 @@ int main(void) {
         cmocka_unit_test(test_counted_chain), cmocka_unit_test(test_leo_chains), cmocka_unit_test(test_separated_list),    cmocka_unit_test(test_scan_marks),
         cmocka_unit_test(test_open_construct_boundary),
         cmocka_unit_test(test_summary_precheck), cmocka_unit_test(test_stamp_after_growth),
-        cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
+        cmocka_unit_test(test_replay_reuse),     cmocka_unit_test(test_learn_ahead),     cmocka_unit_test(test_byte_class_rows), cmocka_unit_test(test_table_pool),
         cmocka_unit_test(test_table_pool_committed),
         cmocka_unit_test(test_table_pool_seeded),
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),

@@ -7,6 +7,12 @@
 #include "grammar/grammar_impl.h"
 #include "grammar/state_cache.h"
 
+#define AHEAD_CHARS 24 /* characters of a run learned past a long token (learn_ahead) */
+#define AHEAD_PERIOD 4 /* longest character (bytes) of such a run */
+#define AHEAD_MAX (AHEAD_CHARS * AHEAD_PERIOD) /* walk depths past the longest token */
+#define AHEAD_MIN_PUSHES 8 /* pushes of a token that start learn_ahead ... */
+#define AHEAD_MIN_DEPTH 24 /* ... at a live depth of at least this */
+
 #define THINK_MAX 64
 
 typedef di_sig128 sig128;
@@ -146,10 +152,10 @@ int di_grammar_matcher_new(const di_grammar *g, const di_grammar_vocab *v, const
         free(m);
         return rc;
     }
-    m->vid = malloc(((size_t)v->max_len + 1) * sizeof *m->vid);
-    m->path = malloc((size_t)v->max_len + 1);
-    m->lbd = malloc(((size_t)v->max_len + 1) * sizeof *m->lbd);
-    m->mpath = malloc((size_t)v->max_len + 1);
+    m->vid = malloc(((size_t)v->max_len + 1 + AHEAD_MAX) * sizeof *m->vid);
+    m->path = malloc((size_t)v->max_len + 1 + AHEAD_MAX);
+    m->lbd = malloc(((size_t)v->max_len + 1 + AHEAD_MAX) * sizeof *m->lbd);
+    m->mpath = malloc((size_t)v->max_len + 1 + AHEAD_MAX);
     m->few = malloc(DI_GCACHE_LIST_MAX * sizeof *m->few);
     m->stale_gen = UINT64_MAX;
     if (!m->vid || !m->path || !m->lbd || !m->mpath || !m->few) {
@@ -1380,6 +1386,35 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
     return DI_OK;
 }
 
+/* A long token that ends in a run of one character (up to AHEAD_PERIOD bytes: `\\` x 16, `—` x
+ * 20) and pushed new states on its path met counts of a bounded repetition that no walk learned
+ * yet (a maxLength string: each count is its own state). The next masks' roots are a few
+ * characters further along, so the same token reaches a few lower counts: each such mask replayed
+ * the whole path from the root to learn them (schema_medium steps 17-19: 91 of ~160 pushes per
+ * mask, two tokens). From the token's last live depth `end`, whose sets are materialized, walk the
+ * run on for AHEAD_CHARS more characters (ordinary walk edges: exact transitions, pushed only
+ * where unknown), stopping at a dead byte or a context edge. The sets it leaves above `end` go
+ * with the next token's walk_pop (the caller keeps `valid` = end). The path, vid, lbd and mpath
+ * hold AHEAD_MAX depths past the longest token for this. */
+static int learn_ahead(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t end, di_error *err) {
+    uint32_t p = 0; /* the run's period: the last 3 p bytes repeat with it */
+    for (uint32_t q = 1; q <= AHEAD_PERIOD && 3 * q <= end && !p; q++) {
+        bool run = true;
+        for (uint32_t k = end - 2 * q + 1; k <= end && run; k++) run = m->path[k] == m->path[k - q];
+        if (run) p = q;
+    }
+    if (!p) return DI_OK;
+    uint32_t lim = end + AHEAD_CHARS * p;
+    for (uint32_t d = end + 1; d <= lim; d++) {
+        m->path[d] = m->path[d - p];
+        bool ctx = false;
+        int rc = walk_step(m, tab, md, d, &ctx, err);
+        if (rc < 0) return rc;
+        if (rc == 0 || ctx) break;
+    }
+    return DI_OK;
+}
+
 static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, sig128 root_key, uint32_t *mask,
                      di_error *err) {
     const di_grammar_vocab *v = m->v;
@@ -1449,6 +1484,7 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
             if (first_ctx > keep) first_ctx = 0;
             int rc = 1;
             uint32_t d = keep + 1;
+            uint64_t p0 = m->e.n_pushes; /* learn_ahead where this token pushed */
             for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
                 bool ctx = false;
@@ -1456,6 +1492,10 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
                 if (ctx && !first_ctx) first_ctx = d;
             }
             if (rc < 0) return rc;
+            if (m->e.n_pushes - p0 >= AHEAD_MIN_PUSHES && md == d - 1 && d - 1 >= AHEAD_MIN_DEPTH) {
+                int ra = learn_ahead(m, tab, &md, d - 1, err);
+                if (ra) return ra;
+            }
             valid = d - 1;
             uint32_t c1 = first_ctx; /* first context edge on the live part of the path */
             if (!c1) {
