@@ -10,7 +10,7 @@
 #define AHEAD_CHARS 24 /* characters of a run learned past a long token (learn_ahead) */
 #define AHEAD_PERIOD 4 /* longest character (bytes) of such a run */
 #define AHEAD_MAX (AHEAD_CHARS * AHEAD_PERIOD) /* walk depths past the longest token */
-#define AHEAD_MIN_PUSHES 8 /* pushes of a token that start learn_ahead ... */
+#define AHEAD_MIN_SETS 8 /* sets a token's walk materialized that start learn_ahead ... */
 #define AHEAD_MIN_DEPTH 24 /* ... at a live depth of at least this */
 
 #define THINK_MAX 64
@@ -1396,7 +1396,7 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
  * where unknown), stopping at a dead byte or a context edge. The sets it leaves above `end` go
  * with the next token's walk_pop (the caller keeps `valid` = end). The path, vid, lbd and mpath
  * hold AHEAD_MAX depths past the longest token for this. */
-static int learn_ahead(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t end, di_error *err) {
+static __attribute__((noinline)) int learn_ahead(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t end, di_error *err) {
     uint32_t p = 0; /* the run's period: the last 3 p bytes repeat with it */
     for (uint32_t q = 1; q <= AHEAD_PERIOD && 3 * q <= end && !p; q++) {
         bool run = true;
@@ -1484,7 +1484,6 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
             if (first_ctx > keep) first_ctx = 0;
             int rc = 1;
             uint32_t d = keep + 1;
-            uint64_t p0 = m->e.n_pushes; /* learn_ahead where this token pushed */
             for (; d <= len; d++) {
                 m->path[d] = tb[d - 1];
                 bool ctx = false;
@@ -1492,7 +1491,8 @@ static int loop_mask(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
                 if (ctx && !first_ctx) first_ctx = d;
             }
             if (rc < 0) return rc;
-            if (m->e.n_pushes - p0 >= AHEAD_MIN_PUSHES && md == d - 1 && d - 1 >= AHEAD_MIN_DEPTH) {
+            /* sets materialized by this token's walk (md <= keep before it) up to its end */
+            if (d - 1 >= AHEAD_MIN_DEPTH && md == d - 1 && md >= keep + AHEAD_MIN_SETS) {
                 int ra = learn_ahead(m, tab, &md, d - 1, err);
                 if (ra) return ra;
             }
