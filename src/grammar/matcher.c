@@ -1396,7 +1396,8 @@ static int walk_ctx_tokens(di_grammar_matcher *m, di_gcache_table *tab, size_t b
  * where unknown), stopping at a dead byte or a context edge. The sets it leaves above `end` go
  * with the next token's walk_pop (the caller keeps `valid` = end). The path, vid, lbd and mpath
  * hold AHEAD_MAX depths past the longest token for this. */
-static __attribute__((noinline)) int learn_ahead(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t end, di_error *err) {
+static __attribute__((noinline)) int learn_ahead(di_grammar_matcher *m, di_gcache_table *tab, size_t *md, uint32_t end,
+                                                  di_error *err) {
     uint32_t p = 0; /* the run's period: the last 3 p bytes repeat with it */
     for (uint32_t q = 1; q <= AHEAD_PERIOD && 3 * q <= end && !p; q++) {
         bool run = true;
