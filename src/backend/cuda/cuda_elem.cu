@@ -10,41 +10,20 @@
 /* One block per row. Σ x² of f32 squares in f64 (the CPU sums the same f32 squares in f64 in index
  * order; both round the total once to f32). y may alias x: the statistic is complete (block barrier)
  * before any write, and each thread writes only the elements it read. */
-#define NORM_U 10 /* elements per thread whose loads are issued together (a row of 5120: 2 × 10 × 256) */
-
-/* Thread i adds its elements i, i + 256, … in that order; their loads go out NORM_U at a time (one block
- * per row: a decode step's few rows would otherwise wait for a load round trip per element). In-place
- * safe (y = x): a thread writes only elements it has read. */
 __global__ void rmsnorm_kernel(const uint16_t *x, int64_t D, const uint16_t *w, float eps, uint16_t *y) {
     __shared__ double sh[32]; /* f64 [32] per-warp partial sums */
     const uint16_t *xr = x + blockIdx.x * D;
     uint16_t *yr = y + blockIdx.x * D;
-    const int64_t bd = blockDim.x;
     double ss = 0.0;
-    for (int64_t i0 = threadIdx.x; i0 < D; i0 += NORM_U * bd) {
-        uint16_t xb[NORM_U];
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++)
-            if (i0 + u * bd < D) xb[u] = xr[i0 + u * bd];
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++) {
-            if (i0 + u * bd >= D) break;
-            float v = d_bf16(xb[u]);
-            ss += (double)__fmul_rn(v, v);
-        }
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = d_bf16(xr[i]);
+        ss += (double)__fmul_rn(v, v);
     }
     ss = d_block_sum_f64(ss, sh);
     float var = __fdiv_rn(__double2float_rn(ss), (float)D);
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-    for (int64_t i0 = threadIdx.x; i0 < D; i0 += NORM_U * bd) {
-        uint16_t xb[NORM_U], wb[NORM_U];
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++)
-            if (i0 + u * bd < D) xb[u] = xr[i0 + u * bd], wb[u] = w[i0 + u * bd];
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++)
-            if (i0 + u * bd < D) yr[i0 + u * bd] = d_to_bf16(__fmul_rn(d_bf16(wb[u]), __fmul_rn(d_bf16(xb[u]), r)));
-    }
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        yr[i] = d_to_bf16(__fmul_rn(d_bf16(w[i]), __fmul_rn(d_bf16(xr[i]), r)));
 }
 
 extern "C" int di_cuda_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t n, const uint16_t *w,
