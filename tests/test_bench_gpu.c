@@ -148,6 +148,7 @@ static void test_json_rows(void **state) {
                 assert_true(fabs(num(r, "roofline_fraction") - num(r, "gb_s") / 10.0) < 1e-9);
                 assert_true(fabs(bytes - num(r, "weight_bytes") - num(r, "expert_bytes") - num(r, "cache_bytes")) < 1);
                 assert_true(num(r, "weight_bytes") > 0);
+                assert_null(json_object_get(r, "graph_time_ms")); /* graph-timed rows: CUDA only */
             }
         json_t *p = find_row(rows, k_roles[k], "prefill", 0, 0);
         assert_true(num(p, "time_ms") > 0 && num(p, "tflops") > 0 && num(p, "flops") > 0);

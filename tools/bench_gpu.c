@@ -3,7 +3,8 @@
  *
  *   deepinfer bench gpu --model DIR [--device cuda|cpu] [--batch 1,8,64,256] [--context 4096,65536]
  *                       [--prefill 8192] [--iters N] [--warmup N] [--hbm-gbps G] [--fp8-tflops F]
- *                       [--prefill-iters N] [--prefill-warmup N] [--prefill-first] [--op-times] [--peer FILE]
+ *                       [--prefill-iters N] [--prefill-warmup N] [--prefill-first] [--op-times] [--no-graph]
+ *                       [--peer FILE]
  *                       [--threads N]
  *                       [--json]
  *
@@ -29,6 +30,15 @@
  * attention 4·H·hd per (query, key) over the window and the visible compressed entries (≤ index_topk),
  * plus the indexer 2·Hi·ihd per (query, visible index key) on index sources — ÷ time, next to
  * --fp8-tflops (default 1445: the H200's dense FP8 peak).
+ *
+ * Graph-timed decode (CUDA build, B ≤ 64 — the passes the forward records as graphs, forward.c
+ * graph_pass; --no-graph skips it): the same steps once more through a forward arena with CUDA graphs
+ * on (forward.h di_fwd_arena), every pass recorded and replayed as one graph as the PyTorch peer
+ * replays its step; the block hook only marks each block's start and end with an event that becomes a
+ * node of the graph (backend/cuda/cuda_optime.h di_cuda_mark), so a block's time is GPU time inside a
+ * replay, without the launch gaps and the per-block synchronisation of the eager rows. Median of the
+ * --iters runs that ran as graphs (a pass the backend could not record runs op by op and is left out;
+ * the count is on stderr); the `graph ms`, `g%roof` and `g.speedup` columns, graph_* in the JSON.
  *
  * --op-times (CUDA build): after each shape's timed runs, one more pass with a CUDA event around every
  * backend op (backend/cuda/cuda_optime.h); each row then lists its layer's ops by GPU time (op, GEMM
@@ -72,6 +82,8 @@ extern int di_cuda_optime_install(di_backend *be, di_error *err) __attribute__((
 extern void di_cuda_optime_enable(int on) __attribute__((weak));
 extern void di_cuda_optime_tag(int tag) __attribute__((weak));
 extern int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err) __attribute__((weak));
+extern int di_cuda_mark(const di_backend *be, int slot, di_error *err) __attribute__((weak));
+extern int di_cuda_mark_ms(int a, int b, double *ms, di_error *err) __attribute__((weak));
 
 static double now_s(void) {
     struct timespec ts;
@@ -204,6 +216,8 @@ typedef struct row {
     bool prefill;
     int64_t batch, ctx, tokens;
     double ms;
+    double graph_ms; /* decode, graph-timed (NAN: not measured) */
+    int graph_runs;  /* the runs that ran as graphs (of --iters) */
     double weight_bytes, expert_bytes, cache_bytes, bytes;
     int64_t experts_read;  /* distinct experts the router picked in the step (one untimed pass) */
     int64_t experts_bound; /* min(B·top_k, n_experts) */
@@ -219,6 +233,7 @@ typedef struct bench {
     int iters, warmup;
     int pf_iters, pf_warmup; /* prefill's own counts (an exact-kernel 8K prefill takes seconds) */
     bool op_times;           /* one more pass per shape with per-op CUDA events */
+    di_fwd_arena *arena;     /* graph-timed decode: the passes' arena, graphs on (NULL: not measured) */
     di_optime_row *ops;      /* that pass's rows, all layers (malloc'd), n_ops of them */
     int n_ops;
     double roof_Bps, peak_flops;
@@ -242,7 +257,7 @@ static row *add_row(bench *b, di_error *err) {
     }
     row *r = &b->rows[b->n_rows++];
     memset(r, 0, sizeof *r);
-    r->peer_ms = NAN;
+    r->peer_ms = NAN, r->graph_ms = NAN;
     return r;
 }
 
@@ -290,6 +305,43 @@ static int measure(bench *b, run_fn fn, void *ctx, int iters, int warmup, double
         int rc2 = di_cuda_optime_collect(&b->ops, &b->n_ops, &e2);
         if (!rc && rc2) *err = e2, rc = rc2;
     }
+    return rc;
+}
+
+/* Graph-timed runs: the hook marks block L's start and end (slots 2L, 2L + 1) on the stream. */
+static int mark_hook(void *ctx, int L, bool after, di_error *err) {
+    const bench *b = ctx;
+    if (L < 0 || 2 * L + 1 >= DI_CUDA_MARKS) return DI_OK;
+    return di_cuda_mark(b->be, 2 * L + (after ? 1 : 0), err);
+}
+
+/* Runs fn iters + warmup times through the arena with graphs on, the marks inside each pass; the
+ * median per role layer of the measured runs that ran as graphs into out_ms (NAN where none did),
+ * their count into *n_graph. */
+static int measure_graph(bench *b, run_fn fn, void *ctx, double *out_ms, int *n_graph, di_error *err) {
+    double *v = malloc(sizeof(double) * (size_t)b->iters * DI_MAX_STAGES); /* f64 [iters, roles] */
+    if (!v) return di_error_set(err, DI_ERR_NOMEM, "bench gpu: graph timings");
+    di_fwd_opts o = {.block_hook = mark_hook, .block_hook_ctx = b, .block_hook_async = true,
+                     .logits_on_device = true, .arena = b->arena};
+    int rc = DI_OK, n = 0;
+    for (int it = 0; it < b->warmup + b->iters && !rc; it++) {
+        di_fwd_arena_stats s0, s1;
+        di_fwd_arena_get_stats(b->arena, &s0);
+        rc = fn(ctx, &o, err);
+        di_fwd_arena_get_stats(b->arena, &s1);
+        bool graph = s1.captures + s1.replays > s0.captures + s0.replays;
+        if (rc || it < b->warmup || !graph) continue;
+        for (int k = 0; k < b->n_roles && !rc; k++)
+            rc = di_cuda_mark_ms(2 * b->layer[k], 2 * b->layer[k] + 1, &v[n * DI_MAX_STAGES + k], err);
+        n++;
+    }
+    for (int k = 0; k < b->n_roles && !rc; k++) {
+        double col[4096];
+        for (int i = 0; i < n; i++) col[i] = v[i * DI_MAX_STAGES + k];
+        out_ms[k] = n ? median(col, n) : NAN;
+    }
+    *n_graph = n;
+    free(v);
     return rc;
 }
 
@@ -387,9 +439,17 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
     if (!rc)
         fprintf(stderr, "bench gpu:   %lld sessions with %lld synthetic positions each in %.1f s\n", (long long)B,
                 (long long)C, t1 - t0);
-    double ms[DI_MAX_STAGES];
+    double ms[DI_MAX_STAGES], gms[DI_MAX_STAGES];
+    int n_graph = 0;
     decode_ctx d = {ch, (int)B};
     if (!rc) rc = measure(b, decode_run, &d, b->iters, b->warmup, ms, err);
+    bool graphed = b->arena && B <= 64; /* forward.c graph_pass: passes of ≤ 64 rows */
+    double tg = now_s();
+    if (!rc && graphed) {
+        rc = measure_graph(b, decode_run, &d, gms, &n_graph, err);
+        fprintf(stderr, "bench gpu:   graph-timed: %d of %d runs as graphs in %.1f s\n", n_graph, b->iters,
+                now_s() - tg);
+    }
     double t2 = now_s();
     if (!rc) ec = calloc(1, sizeof *ec);
     if (!rc && !ec) rc = di_error_set(err, DI_ERR_NOMEM, "bench gpu: expert counts");
@@ -414,6 +474,7 @@ static int bench_decode(bench *b, int64_t B, int64_t C, di_error *err) {
         int64_t E = cfg->layer[L].n_experts, act = B * cfg->layer[L].n_active_experts;
         snprintf(w->role, sizeof w->role, "%s", b->role[k]);
         w->layer = L, w->batch = B, w->ctx = C, w->tokens = B, w->ms = ms[k];
+        if (graphed) w->graph_ms = gms[k], w->graph_runs = n_graph;
         w->experts_bound = act < E ? act : E;
         for (int e = 0; e < E && e < MAX_EXPERTS; e++) w->experts_read += ec->seen[L][e];
         if (!w->experts_read || E > MAX_EXPERTS) w->experts_read = w->experts_bound; /* no dump: the bound */
@@ -667,10 +728,16 @@ static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
         json_object_set_new(o, "bytes", json_real(w->bytes));
         json_object_set_new(o, "gb_s", json_real(bw / 1e9));
         json_object_set_new(o, "roofline_fraction", json_real(bw / roof_Bps));
+        if (!isnan(w->graph_ms)) {
+            json_object_set_new(o, "graph_time_ms", json_real(w->graph_ms));
+            json_object_set_new(o, "graph_runs", json_integer(w->graph_runs));
+            json_object_set_new(o, "graph_roofline_fraction", json_real(w->bytes / (w->graph_ms * 1e-3) / roof_Bps));
+        }
     }
     if (!isnan(w->peer_ms)) {
         json_object_set_new(o, "peer_time_ms", json_real(w->peer_ms));
         json_object_set_new(o, "peer_speedup", json_real(w->peer_ms / w->ms));
+        if (!isnan(w->graph_ms)) json_object_set_new(o, "graph_peer_speedup", json_real(w->peer_ms / w->graph_ms));
     }
     if (w->n_ops) {
         json_t *ops = json_array();
@@ -686,12 +753,14 @@ static json_t *row_json(const row *w, double roof_Bps, double peak_flops) {
 }
 
 static void print_header(FILE *f) {
-    fprintf(f, "%-36s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s\n", "role", "layer", "mode", "B", "ctx", "tokens",
-            "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup");
+    fprintf(f, "%-36s %5s %7s %5s %6s %6s %10s %9s %7s %9s %7s %9s %7s %9s %7s %9s\n", "role", "layer", "mode", "B",
+            "ctx", "tokens", "ms", "GB/s", "%roof", "TFLOP/s", "%peak", "peer ms", "speedup", "graph ms", "g%roof",
+            "g.speedup");
 }
 
 static void print_row(FILE *f, const row *w, double roof_Bps, double peak_flops) {
     char c1[16] = "-", c2[16] = "-", c3[16] = "-", c4[16] = "-", pm[16] = "-", sp[16] = "-";
+    char g1[16] = "-", g2[16] = "-", g3[16] = "-";
     double s = w->ms * 1e-3;
     if (w->prefill) {
         snprintf(c3, sizeof c3, "%.4g", w->flops / s / 1e12);
@@ -704,9 +773,14 @@ static void print_row(FILE *f, const row *w, double roof_Bps, double peak_flops)
         snprintf(pm, sizeof pm, "%.3f", w->peer_ms);
         snprintf(sp, sizeof sp, "%.2fx", w->peer_ms / w->ms);
     }
-    fprintf(f, "%-36s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s\n", w->role, w->layer,
+    if (!isnan(w->graph_ms)) {
+        snprintf(g1, sizeof g1, "%.3f", w->graph_ms);
+        snprintf(g2, sizeof g2, "%.1f%%", 100 * w->bytes / (w->graph_ms * 1e-3) / roof_Bps);
+        if (!isnan(w->peer_ms)) snprintf(g3, sizeof g3, "%.2fx", w->peer_ms / w->graph_ms);
+    }
+    fprintf(f, "%-36s %5d %7s %5lld %6lld %6lld %10.3f %9s %7s %9s %7s %9s %7s %9s %7s %9s\n", w->role, w->layer,
             w->prefill ? "prefill" : "decode", (long long)w->batch, (long long)w->ctx, (long long)w->tokens, w->ms, c1,
-            c2, c3, c4, pm, sp);
+            c2, c3, c4, pm, sp, g1, g2, g3);
 }
 
 static void print_table(FILE *f, const bench *b, double roof_Bps, double peak_flops) {
@@ -719,6 +793,7 @@ int bench_gpu(int argc, char **argv) {
     cli_args_init(&a, argc, argv);
     di_cli cli = {.cmd = "bench gpu", .json = cli_flag(&a, "json")};
     bool op_times = cli_flag(&a, "op-times"), prefill_first = cli_flag(&a, "prefill-first");
+    bool no_graph = cli_flag(&a, "no-graph");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const char *device = NULL, *model = cli_str(&a, "model", NULL), *peer = cli_str(&a, "peer", NULL);
     const char *batch_s = cli_str(&a, "batch", "1,8,64,256"), *ctx_s = cli_str(&a, "context", "4096,65536");
@@ -805,6 +880,12 @@ int bench_gpu(int argc, char **argv) {
         }
         b.op_times = true;
     }
+    /* graph-timed decode rows: a CUDA build's marks and the backend's graph hooks */
+    if (!no_graph && !strcmp(device, "cuda") && di_cuda_mark && be->graph_begin &&
+        di_fwd_arena_create(be, true, &b.arena, &err)) {
+        cli_fail_err(&cli, &err);
+        goto out;
+    }
     b.tm.be = be;
     if (!(b.tm.probe = be->mem_alloc(be, 64, &err))) {
         cli_fail_err(&cli, &err);
@@ -881,6 +962,7 @@ int bench_gpu(int argc, char **argv) {
     rc = 0;
 out:
     if (b.tm.probe) be->mem_free(be, b.tm.probe);
+    di_fwd_arena_destroy(b.arena);
     for (int k = 0; k < b.n_rows; k++) free(b.rows[k].ops);
     free(b.rows);
     free(b.ops);

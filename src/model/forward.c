@@ -525,12 +525,14 @@ done:
 }
 
 /* A pass the backend may record as a graph (be->graph_begin): nothing in it waits for the device —
- * logits stay on the device, no dumps / hooks / per-block outputs, the top-k gathers and the MoE
- * dispatch on the backend (decode steps and verify blocks, T ≤ 64 as forward_block.c moe() decides) —
- * and the arena held the whole previous pass (no allocation outside it while recording). */
+ * logits stay on the device, no dumps / per-block outputs / hooks that wait (block_hook_async), the
+ * top-k gathers and the MoE dispatch on the backend (decode steps and verify blocks, T ≤ 64 as
+ * forward_block.c moe() decides) — and the arena held the whole previous pass (no allocation outside
+ * it while recording). */
 static bool graph_pass(const fwd_ctx *c) {
-    return fwd_arena_graphs(c) && c->opts->logits_on_device && !c->opts->dump && !c->opts->block_hook && !c->out &&
-           c->T <= 64 && c->be->moe_routed && fwd_gather_on_backend(c);
+    const di_fwd_opts *o = c->opts;
+    return fwd_arena_graphs(c) && o->logits_on_device && !o->dump && (!o->block_hook || o->block_hook_async) &&
+           !c->out && c->T <= 64 && c->be->moe_routed && fwd_gather_on_backend(c);
 }
 
 /* With graphs on, every eligible pass is recorded and then run as one graph launch: the backend first

@@ -91,6 +91,10 @@ typedef struct di_fwd_opts {
     int64_t prompt_end;
     di_block_hook_fn block_hook; /* NULL = none */
     void *block_hook_ctx;
+    /* The hook only enqueues work on the backend's stream and never waits for the device (e.g. an
+     * event marking a block's start and end, backend/cuda/cuda_optime.h di_cuda_mark): a pass with
+     * it may still be recorded as a CUDA graph (forward.c graph_pass), the hook's work inside it. */
+    bool block_hook_async;
     /* The chunks' logits pointers are backend memory: the head copies its rows there and downloads
      * nothing (the engine samples them on the device, engine/executor.h). false = host memory. */
     bool logits_on_device;

@@ -8,6 +8,11 @@
  *   plain    no arena (per-block cudaMallocAsync, pageable plan uploads): the reference
  *   arena    the arena, graphs off: logits bit-identical to plain, no capture
  *   graphs   the arena, graphs on: logits bit-identical to plain, replays > 0 (fallbacks reported)
+ *   marked   graphs on with a block hook that only marks each block's start and end on the stream
+ *            (forward.h block_hook_async, cuda_optime.h di_cuda_mark: `bench gpu`'s graph-timed rows):
+ *            still recorded (replays > 0), logits bit-identical, and in the last pass every block's
+ *            time positive and no block starting before the previous one ended (the marks are nodes of
+ *            the graph, in order)
  * and the time per decode step of each (forward + the logits download, wall clock, steps 8-31). Then one
  * backend check: an op whose workspace must grow while the stream is recorded is refused (no
  * synchronisation inside the capture, no lost block) and computes the CPU op's bits after.
@@ -24,6 +29,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_optime.h"
 #include "model/session.h"
 #include "util/error.h"
 
@@ -55,10 +61,17 @@ typedef struct run_out {
     float *logits;          /* f32 [1 + STEPS, N_SEQ, V] the last row of every pass */
     double step_us;         /* mean wall time of decode steps WARM … STEPS-1 */
     di_fwd_arena_stats st;
+    int n_blocks;           /* marked: the blocks timed in the last pass */
+    double block_ms_min;    /* marked: the smallest block time of the last pass */
+    double gap_ms_min;      /* marked: the smallest end-of-block-L to start-of-block-L+1 time */
     char msg[200];          /* non-empty: the run failed */
 } run_out;
 
-/* mode 0 plain, 1 arena, 2 arena + graphs */
+static int mark_hook(void *ctx, int L, bool after, di_error *err) {
+    return L < DI_CUDA_MARKS / 2 ? di_cuda_mark(ctx, 2 * L + (after ? 1 : 0), err) : DI_OK;
+}
+
+/* mode 0 plain, 1 arena, 2 arena + graphs, 3 arena + graphs + marking hook */
 static void run(const char *path, int mode, run_out *o) {
     di_error err = {0};
     di_model *m = NULL;
@@ -70,7 +83,7 @@ static void run(const char *path, int mode, run_out *o) {
     int rc = di_model_open(path, &m, &err);
     if (!rc) rc = di_backend_create(g_dev, 1, &be, &err);
     if (!rc) rc = di_model_to_backend(m, be, &err);
-    if (!rc && mode) rc = di_fwd_arena_create(be, mode == 2, &a, &err);
+    if (!rc && mode) rc = di_fwd_arena_create(be, mode >= 2, &a, &err);
     int64_t V = m ? m->cfg.vocab_size : 0;
     for (int i = 0; i < N_SEQ && !rc; i++) {
         di_session_opts so = {.max_tokens = MAX_LEN, .spec_margin = -1};
@@ -90,6 +103,7 @@ static void run(const char *path, int mode, run_out *o) {
             ck[i] = (di_session_chunk){.s = s[i], .ids = ids[i], .n = n, .logits = dl[i]};
         }
         di_fwd_opts fo = {.logits_on_device = true, .arena = a};
+        if (mode == 3) fo.block_hook = mark_hook, fo.block_hook_ctx = be, fo.block_hook_async = true;
         double t0 = now_s();
         rc = di_session_forward_batch(ck, N_SEQ, &fo, &err);
         for (int i = 0; i < N_SEQ && !rc; i++)
@@ -98,6 +112,16 @@ static void run(const char *path, int mode, run_out *o) {
         if (p > WARM) t_sum += now_s() - t0;
     }
     o->step_us = 1e6 * t_sum / (STEPS - WARM);
+    o->block_ms_min = o->gap_ms_min = 1e30;
+    for (int L = 0; mode == 3 && !rc && m && L < m->cfg.n_layers && L < DI_CUDA_MARKS / 2; L++) {
+        double ms = 0, gap = 0;
+        rc = di_cuda_mark_ms(2 * L, 2 * L + 1, &ms, &err);
+        if (!rc && L + 1 < m->cfg.n_layers && L + 1 < DI_CUDA_MARKS / 2) rc = di_cuda_mark_ms(2 * L + 1, 2 * L + 2, &gap, &err);
+        if (rc) break;
+        o->n_blocks++;
+        if (ms < o->block_ms_min) o->block_ms_min = ms;
+        if (L + 1 < m->cfg.n_layers && gap < o->gap_ms_min) o->gap_ms_min = gap;
+    }
     if (a) di_fwd_arena_get_stats(a, &o->st);
     if (rc) snprintf(o->msg, sizeof o->msg, "%.190s", err.msg);
     di_fwd_arena_destroy(a);
@@ -111,28 +135,29 @@ static void run(const char *path, int mode, run_out *o) {
 
 static void model_checks(const char *path) {
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    run_out r[3];
-    static const char *what[3] = {"plain", "arena", "graphs"};
+    run_out r[4];
+    static const char *what[4] = {"plain", "arena", "graphs", "marked"};
     char d[256];
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         run(path, k, &r[k]);
         if (r[k].msg[0]) {
             snprintf(d, sizeof d, "%s run: %s", what[k], r[k].msg);
             row(name, "run", d, false);
         }
     }
-    if (r[0].msg[0] || r[1].msg[0] || r[2].msg[0]) goto out;
+    if (r[0].msg[0] || r[1].msg[0] || r[2].msg[0] || r[3].msg[0]) goto out;
     di_model *m = NULL;
     di_error err = {0};
     int64_t V = di_model_open(path, &m, &err) ? 0 : m->cfg.vocab_size;
     di_model_close(m);
     size_t bytes = sizeof(float) * (size_t)((1 + STEPS) * N_SEQ * V);
-    for (int k = 1; k < 3; k++) {
+    for (int k = 1; k < 4; k++) {
         int64_t bad = 0;
         for (size_t j = 0; j < bytes / sizeof(float); j++) bad += memcmp(&r[0].logits[j], &r[k].logits[j], sizeof(float)) != 0;
         snprintf(d, sizeof d, "%d passes x %d seqs, %lld of %zu logits differ from plain", 1 + STEPS, N_SEQ,
                  (long long)bad, bytes / sizeof(float));
-        row(name, k == 1 ? "arena bit-identical" : "graphs bit-identical", d, V > 0 && bad == 0);
+        row(name, k == 1 ? "arena bit-identical" : k == 2 ? "graphs bit-identical" : "marked graphs bit-identical", d,
+            V > 0 && bad == 0);
     }
     snprintf(d, sizeof d, "captures %llu replays %llu (graphs off)", (unsigned long long)r[1].st.captures,
              (unsigned long long)r[1].st.replays);
@@ -144,11 +169,18 @@ static void model_checks(const char *path) {
     /* a fallback (a recording abandoned because an op synchronised, e.g. a workspace growing with the
      * context) is legal and bit-identical; the graph path must still replay */
     row(name, "graphs: replays > 0", d, r[2].st.replays > 0);
+    snprintf(d, sizeof d, "captures %llu replays %llu fallbacks %llu / %llu passes",
+             (unsigned long long)r[3].st.captures, (unsigned long long)r[3].st.replays,
+             (unsigned long long)r[3].st.graph_fallbacks, (unsigned long long)r[3].st.passes);
+    row(name, "marked graphs: replays > 0", d, r[3].st.replays > 0);
+    snprintf(d, sizeof d, "%d blocks, shortest %.4f ms, smallest gap to the next block %.4f ms", r[3].n_blocks,
+             r[3].block_ms_min, r[3].gap_ms_min);
+    row(name, "marked graphs: block times", d, r[3].n_blocks > 0 && r[3].block_ms_min > 0 && r[3].gap_ms_min >= 0);
     snprintf(d, sizeof d, "plain %.1f  arena %.1f  graphs %.1f us/step (forward + download, batch %d)", r[0].step_us,
              r[1].step_us, r[2].step_us, N_SEQ);
     row(name, "time per decode step", d, true);
 out:
-    for (int k = 0; k < 3; k++) free(r[k].logits);
+    for (int k = 0; k < 4; k++) free(r[k].logits);
 }
 
 /* The backend's workspace while its stream is recorded (backend_cuda.cu di_cuda_workspace): an op that

@@ -185,3 +185,33 @@ extern "C" int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_erro
     *n_rows = (int)v.size();
     return DI_OK;
 }
+
+/* ---------------- marks (cuda_optime.h) ---------------- */
+
+static cudaEvent_t g_mark[DI_CUDA_MARKS];
+
+extern "C" int di_cuda_mark(const di_backend *be, int slot, di_error *err) {
+    if (slot < 0 || slot >= DI_CUDA_MARKS) return di_error_set(err, DI_ERR_INVALID, "mark %d: out of range", slot);
+    if (!be || strcmp(be->name, "cuda"))
+        return di_error_set(err, DI_ERR_UNSUPPORTED, "mark: backend '%s' (expected cuda)", be ? be->name : "none");
+    cudaError_t e = cudaSuccess;
+    if (!g_mark[slot]) e = cudaEventCreate(&g_mark[slot]);
+    /* under stream capture the external flag makes the record a node of the graph (without it a
+     * record only orders the capture and cannot be timed); outside a capture it is a plain record */
+    if (e == cudaSuccess)
+        e = cudaEventRecordWithFlags(g_mark[slot], (cudaStream_t)di_backend_cuda_stream(be), cudaEventRecordExternal);
+    if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "mark %d: %s", slot, cudaGetErrorString(e));
+    return DI_OK;
+}
+
+extern "C" int di_cuda_mark_ms(int a, int b, double *ms, di_error *err) {
+    *ms = 0;
+    if (a < 0 || a >= DI_CUDA_MARKS || b < 0 || b >= DI_CUDA_MARKS || !g_mark[a] || !g_mark[b])
+        return di_error_set(err, DI_ERR_INVALID, "marks %d, %d: not recorded", a, b);
+    float f = 0;
+    cudaError_t e = cudaEventSynchronize(g_mark[b]);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&f, g_mark[a], g_mark[b]);
+    if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "marks %d, %d: %s", a, b, cudaGetErrorString(e));
+    *ms = f;
+    return DI_OK;
+}

@@ -38,6 +38,17 @@ void di_cuda_optime_tag(int tag);
  * largest first) and forgets them. */
 int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err);
 
+/* Marks: an event recorded on the backend's stream at a point of a pass, which a pass recorded as a
+ * CUDA graph keeps as an event-record node (cudaEventRecordExternal). So the GPU time between two
+ * points of a graph replay can be read without synchronising inside the pass — `bench gpu`'s
+ * graph-timed rows, from a block hook that only marks (forward.h block_hook_async).
+ * di_cuda_mark records mark `slot` (0 <= slot < DI_CUDA_MARKS; created on first use);
+ * di_cuda_mark_ms waits for mark b and gives the milliseconds from mark a to mark b of the last
+ * pass that recorded or replayed both. Independent of the op timing above. */
+#define DI_CUDA_MARKS 64
+int di_cuda_mark(const di_backend *be, int slot, di_error *err);
+int di_cuda_mark_ms(int a, int b, double *ms, di_error *err);
+
 #ifdef __cplusplus
 }
 #endif
