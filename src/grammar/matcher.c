@@ -989,6 +989,37 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
 #define CHAIN_MIN_BYTES 20
 static inline bool chain_link(const di_gcache_loop *s) { return s->next > 0 && (s->n_next >= CHAIN_MIN_BYTES || s->utf8); }
 
+/* The ASCII bytes of each di_ascii_bucket (4 words each), for summaries, which turn byte sets
+ * into buckets: a loop over the 128 bytes was ~4 K instructions of each summary of a counted
+ * string's chain (17 per first mask). */
+static uint32_t bucket_bytes[DI_N_BUCKETS][4];
+static pthread_once_t bucket_once = PTHREAD_ONCE_INIT;
+
+static void bucket_bytes_init(void) {
+    for (unsigned b = 0; b < 128; b++) bucket_bytes[di_ascii_bucket((uint8_t)b)][b >> 5] |= 1u << (b & 31);
+}
+
+/* Buckets holding a byte of the ASCII set s (its first 4 words), or with outside, a byte not in it. */
+static uint32_t buckets_meeting(const uint32_t *s, bool outside) {
+    pthread_once(&bucket_once, bucket_bytes_init);
+    uint32_t r = 0, flip = outside ? ~0u : 0;
+    for (int k = 0; k < DI_N_BUCKETS; k++) {
+        uint32_t x = 0;
+        for (int w = 0; w < 4; w++) x |= bucket_bytes[k][w] & (s[w] ^ flip);
+        if (x) r |= 1u << k;
+    }
+    return r;
+}
+
+/* The lowest ASCII byte >= from in c, or 128. */
+static unsigned lowest_ascii(const di_cfg_class *c, unsigned from) {
+    for (unsigned w = from >> 5; w < 4; w++) {
+        uint32_t x = c->bits[w] & (w == from >> 5 ? ~0u << (from & 31) : ~0u);
+        if (x) return w * 32 + (unsigned)__builtin_ctz(x);
+    }
+    return 128;
+}
+
 /* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
  * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
  * continuation range shape. When most characters lead to another state T (the first character
@@ -1010,14 +1041,15 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     di_cfg_class cls[128];
     int ncls = 0, widest = 0, wq = 0;
     di_cfg_class done = {{0}};
-    for (unsigned b = 0; b < 128; b++) {
-        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
-        byte_equiv(e, (uint8_t)b, &cls[ncls]);
-        int cnt = 0;
-        for (int w = 0; w < 4; w++) done.bits[w] |= cls[ncls].bits[w], cnt += __builtin_popcount(cls[ncls].bits[w]);
-        if (cnt > widest) widest = cnt, wq = ncls;
-        crep[ncls++] = (uint8_t)b;
-    }
+    for (int v = 0; v < 4; v++)
+        for (uint32_t left; (left = scan.bits[v] & ~done.bits[v]);) { /* in byte order */
+            uint8_t b = (uint8_t)(v * 32 + __builtin_ctz(left));
+            byte_equiv(e, b, &cls[ncls]);
+            int cnt = 0;
+            for (int w = 0; w < 4; w++) done.bits[w] |= cls[ncls].bits[w], cnt += __builtin_popcount(cls[ncls].bits[w]);
+            if (cnt > widest) widest = cnt, wq = ncls;
+            crep[ncls++] = b;
+        }
     /* ASCII only and no class of CHAIN_MIN_BYTES bytes (the first character of a JSON value,
      * after an operator): its characters lead to many different states, so no block would come
      * of the pushes. Without the test ebnf_json's masks at a value spent ~40 of their ~100
@@ -1062,15 +1094,11 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         if (cnt > best_n) best = x, best_n = cnt;
     }
     sig128 target = keys[best];
-    uint32_t partial = 0; /* buckets with a byte that does not lead to the target */
-    for (unsigned b = 0; b < 128; b++)
-        if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
-    out->ascii = ~partial;
+    out->ascii = ~buckets_meeting(to[best].bits, true); /* not: a bucket with a byte that does not lead to the target */
     out->nohigh = !(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]);
-    for (unsigned b = 0; b < 128; b++)
-        if (di_cfg_class_has(&scan, (uint8_t)b)) out->scanned |= 1u << di_ascii_bucket((uint8_t)b);
-    for (unsigned b = 1; b < 128 && !out->rep; b++)
-        if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
+    out->scanned = buckets_meeting(scan.bits, false);
+    unsigned rep = lowest_ascii(&to[best], 0), rep1 = rep ? rep : lowest_ascii(&to[best], 1);
+    out->rep = rep1 < 128 ? (uint8_t)rep1 : 0;
     out->n_next = (uint8_t)best_n;
     bool all = class_covers(&scan, 0xC2, 0xF4);
     /* A shape whose byte rules complete the same nonterminals as a byte that leads to the target
@@ -1108,9 +1136,7 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     if (chain <= 0 || !chain_link(out) ||
         di_gcache_loop_get(tab, out->next, &tl))
         return DI_OK;
-    /* T's sets: push one byte that leads there */
-    unsigned rep = 0;
-    while (rep < 128 && !di_cfg_class_has(&to[best], (uint8_t)rep)) rep++;
+    /* T's sets: push one byte that leads there (rep) */
     size_t top = e->n_sets;
     bool ctx = false;
     int rc = push_kept(m, (uint8_t)rep, &ctx, err);
