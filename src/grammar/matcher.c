@@ -989,25 +989,23 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
 #define CHAIN_MIN_BYTES 20
 static inline bool chain_link(const di_gcache_loop *s) { return s->next > 0 && (s->n_next >= CHAIN_MIN_BYTES || s->utf8); }
 
-/* The ASCII bytes of each di_ascii_bucket (4 words each), for summaries, which turn byte sets
+/* The ASCII bytes of each di_ascii_bucket (two 64-bit words each), for summaries, which turn byte sets
  * into buckets: a loop over the 128 bytes was ~4 K instructions of each summary of a counted
  * string's chain (17 per first mask). */
-static uint32_t bucket_bytes[DI_N_BUCKETS][4];
+static uint64_t bucket_bytes[DI_N_BUCKETS][2];
 static pthread_once_t bucket_once = PTHREAD_ONCE_INIT;
 
 static void bucket_bytes_init(void) {
-    for (unsigned b = 0; b < 128; b++) bucket_bytes[di_ascii_bucket((uint8_t)b)][b >> 5] |= 1u << (b & 31);
+    for (unsigned b = 0; b < 128; b++) bucket_bytes[di_ascii_bucket((uint8_t)b)][b >> 6] |= 1ull << (b & 63);
 }
 
 /* Buckets holding a byte of the ASCII set s (its first 4 words), or with outside, a byte not in it. */
 static uint32_t buckets_meeting(const uint32_t *s, bool outside) {
     pthread_once(&bucket_once, bucket_bytes_init);
-    uint32_t r = 0, flip = outside ? ~0u : 0;
-    for (int k = 0; k < DI_N_BUCKETS; k++) {
-        uint32_t x = 0;
-        for (int w = 0; w < 4; w++) x |= bucket_bytes[k][w] & (s[w] ^ flip);
-        if (x) r |= 1u << k;
-    }
+    uint64_t flip = outside ? ~0ull : 0, lo = ((uint64_t)s[1] << 32 | s[0]) ^ flip, hi = ((uint64_t)s[3] << 32 | s[2]) ^ flip;
+    uint32_t r = 0;
+    for (int k = 0; k < DI_N_BUCKETS; k++)
+        if ((bucket_bytes[k][0] & lo) | (bucket_bytes[k][1] & hi)) r |= 1u << k;
     return r;
 }
 
