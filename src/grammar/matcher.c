@@ -989,10 +989,10 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
 #define CHAIN_MIN_BYTES 20
 static inline bool chain_link(const di_gcache_loop *s) { return s->next > 0 && (s->n_next >= CHAIN_MIN_BYTES || s->utf8); }
 
-/* The ASCII bytes of each di_ascii_bucket (two 64-bit words each), for summaries, which turn byte sets
- * into buckets: a loop over the 128 bytes was ~4 K instructions of each summary of a counted
- * string's chain (17 per first mask). */
-static uint64_t bucket_bytes[DI_N_BUCKETS][2];
+/* The ASCII bytes of each di_ascii_bucket, for summaries, which turn byte sets into buckets: a
+ * loop over the 128 bytes was ~6 K instructions of each summary of a counted string's chain (17
+ * per first mask). */
+static uint64_t bucket_bytes[DI_N_BUCKETS][2]; /* [bucket][bytes 0-63, 64-127] */
 static pthread_once_t bucket_once = PTHREAD_ONCE_INIT;
 
 static void bucket_bytes_init(void) {
@@ -1063,8 +1063,8 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     /* the widest class is pushed last, so that its set is the one kept at the next index: the
      * chain below and ensure_chain take it back (take_back) to reach the successor. The keys are
      * then taken in class order, as if pushed in it. */
-    sig128 qkey[128];
-    bool qalive[128];
+    sig128 qkey[128]; /* [ncls] the state each class leads to */
+    bool qalive[128]; /* [ncls] ... if alive (push_chars) */
     for (int j = 0; j < ncls; j++) {
         int q = j == ncls - 1 ? wq : j < wq ? j : j + 1;
         uint8_t one[1][2] = {{crep[q], crep[q]}};
