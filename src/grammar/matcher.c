@@ -28,6 +28,7 @@ typedef struct mstate {
 } mstate;
 
 #define LEFF_MEMO 1024 /* direct-mapped (set, nonterminal) -> context-free completion effect */
+#define KEPT 64 /* sets kept for take_back, by index (a summary's chain is <= DI_CHAIN_CHARS + 2 deep) */
 #define BLK_MEMO 1024 /* direct-mapped by state id: a walk revisits its parents' blocks thousands of times */
 
 struct di_grammar_matcher {
@@ -101,6 +102,18 @@ struct di_grammar_matcher {
     size_t stale_md, stale_base;    /* stale_base: the walk's base set (a rollback moves it) */
     uint64_t stale_gen;
     uint64_t n_reuses;
+    /* The last set a summary pushed at each index (by index mod KEPT) and popped (keep), taken
+     * back by a push of a byte that acts alike from the same set below (take_back): the chain of
+     * a counted string pushes each count's character once for its summary and again to reach
+     * the next count. Valid while the sets at the index and below it are the ones it was pushed
+     * on (stamps). */
+    struct kept_set {
+        size_t at;                  /* index of the set */
+        uint32_t stamp, below;      /* set_stamp of the kept set and of the set below; 0 = none */
+        uint64_t pushes;            /* e.n_pushes then: stamps are unique for 2^32 - 1 pushes */
+        size_t lb;                  /* boundary the push was watched with (no context reached) */
+        uint8_t byte;
+    } kept[KEPT];
     uint64_t n_shapes_static; /* UTF-8 shapes of loop summaries decided without pushing */
     di_trie_union whole;      /* subtrees the current walk accepts whole, and earlier walks' unions */
     uint64_t n_union_hits, n_union_shifts; /* walks whose whole subtrees came from an earlier walk's union (shifted) */
@@ -897,6 +910,50 @@ static int watched_push(di_grammar_matcher *m, uint8_t b, bool *ctx, di_error *e
     return rc;
 }
 
+/* Remember the set just pushed (on top, signatures current, no context reached) for take_back. */
+static inline void keep(di_grammar_matcher *m, uint8_t b) {
+    const di_earley *e = &m->e;
+    size_t i = e->n_sets - 1;
+    m->kept[i & (KEPT - 1)] = (struct kept_set){
+        .at = i, .stamp = e->set_stamp[i], .below = e->set_stamp[i - 1], .pushes = e->n_pushes, .lb = m->lb, .byte = b};
+}
+
+/* Push b by taking back the kept set of the next index when it was pushed on the current top
+ * set with a byte that acts like b (byte_equiv: identical sets) under the same boundary. Nothing
+ * between its pop and now pushed at its index or below, or its stamp or its lower set's would
+ * differ; its signatures' versions are still its own (update_sigs writes them for pushed sets). */
+static bool take_back(di_grammar_matcher *m, uint8_t b) {
+    di_earley *e = &m->e;
+    size_t i = e->n_sets;
+    const struct kept_set *k = &m->kept[i & (KEPT - 1)];
+    if (!k->stamp || k->at != i || k->stamp != e->set_stamp[i] || k->below != e->set_stamp[i - 1] || k->lb != m->lb ||
+        e->n_pushes - k->pushes >= UINT32_MAX)
+        return false;
+    if (b != k->byte) {
+        di_cfg_class eq;
+        byte_equiv(e, b, &eq);
+        if (!di_cfg_class_has(&eq, k->byte)) return false;
+    }
+    di_earley_unpop(e, i + 1);
+    m->n_sig = e->n_sets;
+    m->n_reuses++;
+    return true;
+}
+
+/* watched_push of b with signatures updated, the set kept for take_back (or taken back).
+ * Returns 1 (pushed), 0 (rejected) or an error. */
+static int push_kept(di_grammar_matcher *m, uint8_t b, bool *ctx, di_error *err) {
+    if (take_back(m, b)) {
+        *ctx = false;
+        return 1;
+    }
+    int rc = watched_push(m, b, ctx, err);
+    if (rc != 1) return rc;
+    if ((rc = update_sigs(m, err))) return rc;
+    if (!*ctx) keep(m, b);
+    return 1;
+}
+
 /* Push the byte sequence of ranges r[0..n) (one byte per range, each range acting as one byte:
  * byte_equiv) from the top set. *key: the state reached, *alive false if a byte is rejected,
  * touches the context or a range is not uniform. Leaves the sets as it found them. */
@@ -909,11 +966,12 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
     int k = 0;
     for (; k < n; k++) {
         di_cfg_class same;
-        byte_equiv(e, r[k][0], &same);
-        if (!class_covers(&same, r[k][0], r[k][1])) break;
-        rc = watched_push(m, r[k][0], &ctx, err);
+        if (r[k][0] != r[k][1]) {
+            byte_equiv(e, r[k][0], &same);
+            if (!class_covers(&same, r[k][0], r[k][1])) break;
+        }
+        rc = push_kept(m, r[k][0], &ctx, err);
         if (rc <= 0 || ctx) break;
-        if ((rc = update_sigs(m, err))) break;
     }
     if (k == n && rc >= 0) {
         *key = walk_key(m, &ok);
@@ -930,6 +988,35 @@ static int push_chars(di_grammar_matcher *m, const uint8_t (*r)[2], int n, sig12
  * state doubled the summaries per mask and cost more than the trie edges it saved). */
 #define CHAIN_MIN_BYTES 20
 static inline bool chain_link(const di_gcache_loop *s) { return s->next > 0 && (s->n_next >= CHAIN_MIN_BYTES || s->utf8); }
+
+/* The ASCII bytes of each di_ascii_bucket, for summaries, which turn byte sets into buckets: a
+ * loop over the 128 bytes was ~6 K instructions of each summary of a counted string's chain (17
+ * per first mask). */
+static uint64_t bucket_bytes[DI_N_BUCKETS][2]; /* [bucket][bytes 0-63, 64-127] */
+static pthread_once_t bucket_once = PTHREAD_ONCE_INIT;
+
+static void bucket_bytes_init(void) {
+    for (unsigned b = 0; b < 128; b++) bucket_bytes[di_ascii_bucket((uint8_t)b)][b >> 6] |= 1ull << (b & 63);
+}
+
+/* Buckets holding a byte of the ASCII set s (its first 4 words), or with outside, a byte not in it. */
+static uint32_t buckets_meeting(const uint32_t *s, bool outside) {
+    pthread_once(&bucket_once, bucket_bytes_init);
+    uint64_t flip = outside ? ~0ull : 0, lo = ((uint64_t)s[1] << 32 | s[0]) ^ flip, hi = ((uint64_t)s[3] << 32 | s[2]) ^ flip;
+    uint32_t r = 0;
+    for (int k = 0; k < DI_N_BUCKETS; k++)
+        if ((bucket_bytes[k][0] & lo) | (bucket_bytes[k][1] & hi)) r |= 1u << k;
+    return r;
+}
+
+/* The lowest ASCII byte >= from in c, or 128. */
+static unsigned lowest_ascii(const di_cfg_class *c, unsigned from) {
+    for (unsigned w = from >> 5; w < 4; w++) {
+        uint32_t x = c->bits[w] & (w == from >> 5 ? ~0u << (from & 31) : ~0u);
+        if (x) return w * 32 + (unsigned)__builtin_ctz(x);
+    }
+    return 128;
+}
 
 /* Loop summary (state_cache.h: di_gcache_loop) of the state on top (sets materialized,
  * signatures current): one push per class of equivalent ASCII bytes and one per UTF-8 lead/
@@ -950,16 +1037,17 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     /* the ASCII bytes it scans, by classes its scan items treat alike (one push each below) */
     uint8_t crep[128];
     di_cfg_class cls[128];
-    int ncls = 0, widest = 0;
+    int ncls = 0, widest = 0, wq = 0;
     di_cfg_class done = {{0}};
-    for (unsigned b = 0; b < 128; b++) {
-        if (di_cfg_class_has(&done, (uint8_t)b) || !di_cfg_class_has(&scan, (uint8_t)b)) continue;
-        byte_equiv(e, (uint8_t)b, &cls[ncls]);
-        int cnt = 0;
-        for (int w = 0; w < 4; w++) done.bits[w] |= cls[ncls].bits[w], cnt += __builtin_popcount(cls[ncls].bits[w]);
-        if (cnt > widest) widest = cnt;
-        crep[ncls++] = (uint8_t)b;
-    }
+    for (int v = 0; v < 4; v++)
+        for (uint32_t left; (left = scan.bits[v] & ~done.bits[v]);) { /* in byte order */
+            uint8_t b = (uint8_t)(v * 32 + __builtin_ctz(left));
+            byte_equiv(e, b, &cls[ncls]);
+            int cnt = 0;
+            for (int w = 0; w < 4; w++) done.bits[w] |= cls[ncls].bits[w], cnt += __builtin_popcount(cls[ncls].bits[w]);
+            if (cnt > widest) widest = cnt, wq = ncls;
+            crep[ncls++] = b;
+        }
     /* ASCII only and no class of CHAIN_MIN_BYTES bytes (the first character of a JSON value,
      * after an operator): its characters lead to many different states, so no block would come
      * of the pushes. Without the test ebnf_json's masks at a value spent ~40 of their ~100
@@ -972,13 +1060,20 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     sig128 keys[MAXK];
     di_cfg_class to[MAXK]; /* ASCII bytes leading to keys[k] */
     int nk = 0;
-    for (int q = 0; q < ncls; q++) {
+    /* the widest class is pushed last, so that its set is the one kept at the next index: the
+     * chain below and ensure_chain take it back (take_back) to reach the successor. The keys are
+     * then taken in class order, as if pushed in it. */
+    sig128 qkey[128]; /* [ncls] the state each class leads to */
+    bool qalive[128]; /* [ncls] ... if alive (push_chars) */
+    for (int j = 0; j < ncls; j++) {
+        int q = j == ncls - 1 ? wq : j < wq ? j : j + 1;
         uint8_t one[1][2] = {{crep[q], crep[q]}};
-        sig128 k;
-        bool alive = false;
-        int rc = push_chars(m, (const uint8_t(*)[2])one, 1, &k, &alive, err);
+        int rc = push_chars(m, (const uint8_t(*)[2])one, 1, &qkey[q], &qalive[q], err);
         if (rc) return rc;
-        if (!alive) continue;
+    }
+    for (int q = 0; q < ncls; q++) {
+        if (!qalive[q]) continue;
+        sig128 k = qkey[q];
         int x = 0;
         while (x < nk && !sig_eq(keys[x], k)) x++;
         if (x == nk) {
@@ -997,15 +1092,11 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
         if (cnt > best_n) best = x, best_n = cnt;
     }
     sig128 target = keys[best];
-    uint32_t partial = 0; /* buckets with a byte that does not lead to the target */
-    for (unsigned b = 0; b < 128; b++)
-        if (!di_cfg_class_has(&to[best], (uint8_t)b)) partial |= 1u << di_ascii_bucket((uint8_t)b);
-    out->ascii = ~partial;
+    out->ascii = ~buckets_meeting(to[best].bits, true); /* not: a bucket with a byte that does not lead to the target */
     out->nohigh = !(scan.bits[4] | scan.bits[5] | scan.bits[6] | scan.bits[7]);
-    for (unsigned b = 0; b < 128; b++)
-        if (di_cfg_class_has(&scan, (uint8_t)b)) out->scanned |= 1u << di_ascii_bucket((uint8_t)b);
-    for (unsigned b = 1; b < 128 && !out->rep; b++)
-        if (di_cfg_class_has(&to[best], (uint8_t)b)) out->rep = (uint8_t)b;
+    out->scanned = buckets_meeting(scan.bits, false);
+    unsigned rep = lowest_ascii(&to[best], 0), rep1 = rep ? rep : lowest_ascii(&to[best], 1);
+    out->rep = rep1 < 128 ? (uint8_t)rep1 : 0;
     out->n_next = (uint8_t)best_n;
     bool all = class_covers(&scan, 0xC2, 0xF4);
     /* A shape whose byte rules complete the same nonterminals as a byte that leads to the target
@@ -1043,14 +1134,12 @@ static int loop_summary(di_grammar_matcher *m, di_gcache_table *tab, int32_t sel
     if (chain <= 0 || !chain_link(out) ||
         di_gcache_loop_get(tab, out->next, &tl))
         return DI_OK;
-    /* T's sets: push one byte that leads there */
-    unsigned rep = 0;
-    while (rep < 128 && !di_cfg_class_has(&to[best], (uint8_t)rep)) rep++;
+    /* T's sets: push one byte that leads there (rep) */
     size_t top = e->n_sets;
     bool ctx = false;
-    int rc = watched_push(m, (uint8_t)rep, &ctx, err);
+    int rc = push_kept(m, (uint8_t)rep, &ctx, err);
     bool there = rc == 1 && !ctx;
-    if (there && !(rc = update_sigs(m, err))) rc = loop_summary(m, tab, out->next, chain - 1, &tl, err);
+    if (there) rc = loop_summary(m, tab, out->next, chain - 1, &tl, err);
     di_earley_pop_to(e, top);
     m->n_sig = e->n_sets;
     if (rc < 0) return rc;
@@ -1104,8 +1193,8 @@ static int ensure_chain(di_grammar_matcher *m, di_gcache_table *tab, int32_t id,
         }
         if (k == DI_CHAIN_CHARS || !chain_link(&s) || s.next == id || !s.rep) break;
         bool ctx = false;
-        rc = watched_push(m, s.rep, &ctx, err);
-        if (rc != 1 || ctx || (rc = update_sigs(m, err))) break;
+        rc = push_kept(m, s.rep, &ctx, err);
+        if (rc != 1 || ctx) break;
         id = s.next;
     }
     di_earley_pop_to(e, top);
