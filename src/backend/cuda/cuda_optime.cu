@@ -194,12 +194,15 @@ extern "C" int di_cuda_mark(const di_backend *be, int slot, di_error *err) {
     if (slot < 0 || slot >= DI_CUDA_MARKS) return di_error_set(err, DI_ERR_INVALID, "mark %d: out of range", slot);
     if (!be || strcmp(be->name, "cuda"))
         return di_error_set(err, DI_ERR_UNSUPPORTED, "mark: backend '%s' (expected cuda)", be ? be->name : "none");
-    cudaError_t e = cudaSuccess;
-    if (!g_mark[slot]) e = cudaEventCreate(&g_mark[slot]);
-    /* under stream capture the external flag makes the record a node of the graph (without it a
-     * record only orders the capture and cannot be timed); outside a capture it is a plain record */
+    cudaStream_t st = (cudaStream_t)di_backend_cuda_stream(be);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(st, &cap);
+    if (e == cudaSuccess && !g_mark[slot]) e = cudaEventCreate(&g_mark[slot]);
+    /* under stream capture the external flag makes the record a node of the graph (without it a record
+     * only orders the capture and cannot be timed); outside a capture the flag is refused: a plain record */
     if (e == cudaSuccess)
-        e = cudaEventRecordWithFlags(g_mark[slot], (cudaStream_t)di_backend_cuda_stream(be), cudaEventRecordExternal);
+        e = cudaEventRecordWithFlags(g_mark[slot], st,
+                                     cap == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault);
     if (e != cudaSuccess) return di_error_set(err, DI_ERR_INTERNAL, "mark %d: %s", slot, cudaGetErrorString(e));
     return DI_OK;
 }
