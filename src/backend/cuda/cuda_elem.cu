@@ -230,62 +230,47 @@ static __device__ __forceinline__ void router_warp_best(float &s, int &i) {
     }
 }
 
-/* One block per token: σ and σ + bias of every expert in parallel into shared memory; then the k best
- * under router_beats in two levels. router_beats is a strict total order (score descending, ids
- * breaking ties, NaN after every number and among themselves by id), so a best-k list is unique
- * whatever the reduction order, and in round order it is the CPU's sorted best-k list (its insertion
- * keeps exactly the k greatest in this order). Level 1: each warp, k rounds of a warp argmax over its
- * experts not yet taken (no block barrier): its own best k. Level 2: warp 0, k rounds over the warps'
- * lists. Every expert of the block's best k is among its warp's best k (fewer than k experts beat it in
- * the block, so fewer in its warp), so the two levels choose what k block-wide rounds chose — two
- * barriers instead of two per round (the k block-wide rounds took ~1 µs each at k 6 on the H200).
- * Thread 0 then sums the weights in selection order.
- * Shared: f32 [2, n_exp] + u8 [n_exp] (taken) + the warps' lists + int [ROUTER_MAX_TOPK]. */
-#define ROUTER_THREADS 384
-__global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const float *logits, int n_exp, const float *bias,
-                                                                float temp, int k, float scale, int32_t *ids,
-                                                                float *weights) {
-    extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias; then u8 [n_exp]: taken by its warp */
+/* One block per token: σ and σ + bias of every expert in parallel into shared memory; then k rounds of a
+ * block-wide argmax under router_beats over the experts not yet chosen. router_beats is a strict total
+ * order (score descending, ids breaking ties, NaN after every number and among themselves by id), so
+ * each round's maximum is unique whatever the reduction order, and the k maxima in round order are the
+ * CPU's sorted best-k list (its insertion keeps exactly the k greatest in this order). Before, each
+ * expert counted the experts that beat it (n_exp compares per thread): the warps holding a chosen
+ * expert ran all 384 compares, 30 µs per decode token on the H200 (2026-12-01); the rounds take a few
+ * µs. Thread 0 then sums the weights in selection order.
+ * Shared: f32 [2, n_exp] + u8 [n_exp] (taken) + the per-warp partial maxima + int [ROUTER_MAX_TOPK]. */
+__global__ void router_kernel(const float *logits, int n_exp, const float *bias, float temp, int k, float scale,
+                              int32_t *ids, float *weights) {
+    extern __shared__ float rsh[]; /* f32 [2, n_exp]: σ, then σ + bias; then u8 [n_exp]: chosen already */
     __shared__ int chosen[ROUTER_MAX_TOPK];
-    __shared__ float list_s[ROUTER_THREADS / 32][ROUTER_MAX_TOPK]; /* each warp's best k, best first */
-    __shared__ int list_i[ROUTER_THREADS / 32][ROUTER_MAX_TOPK];
+    __shared__ float part_s[32];
+    __shared__ int part_i[32];
     float *sig = rsh, *sc = rsh + n_exp;
     uint8_t *taken = (uint8_t *)(rsh + 2 * n_exp);
     const float *l = logits + (int64_t)blockIdx.x * n_exp;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = ROUTER_THREADS / 32;
-    for (int e = threadIdx.x; e < n_exp; e += ROUTER_THREADS) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
         sig[e] = router_sigma(l[e], temp);
         sc[e] = __fadd_rn(sig[e], bias ? bias[e] : 0.0f);
         taken[e] = 0;
     }
-    /* level 1: a lane reads and marks only its own experts, so the warp needs no barrier */
+    __syncthreads();
     for (int j = 0; j < k; j++) {
         float bs = 0.0f;
         int bi = -1;
-        for (int e = threadIdx.x; e < n_exp; e += ROUTER_THREADS)
+        for (int e = threadIdx.x; e < n_exp; e += blockDim.x)
             if (!taken[e]) router_take(bs, bi, sc[e], e);
         router_warp_best(bs, bi);
-        if (bi >= 0 && bi % ROUTER_THREADS == (int)threadIdx.x) taken[bi] = 1; /* the owning lane */
-        if (lane == 0) list_s[warp][j] = bs, list_i[warp][j] = bi; /* −1: the warp has fewer than j + 1 experts */
-    }
-    __syncthreads();
-    if (warp == 0) { /* level 2: lane l holds the list entries c ≡ l (mod 32) of all warps' lists, c = w·k + j */
-        uint32_t used = 0; /* bit r: entry l + 32·r chosen (nwarps·k ≤ 12·64 = 768 entries, ≤ 24 per lane) */
-        for (int j = 0; j < k; j++) {
-            float bs = 0.0f;
-            int bi = -1, br = -1;
-            for (int c = lane, r = 0; c < nwarps * k; c += 32, r++) {
-                const float s = list_s[c / k][c % k];
-                const int i = list_i[c / k][c % k];
-                if (!(used >> r & 1u) && i >= 0 && (bi < 0 || router_beats(s, i, bs, bi))) bs = s, bi = i, br = r;
-            }
-            const int mine = bi;
+        if (lane == 0) part_s[warp] = bs, part_i[warp] = bi;
+        __syncthreads();
+        if (warp == 0) {
+            bs = 0.0f, bi = -1;
+            if (lane < nwarps) bs = part_s[lane], bi = part_i[lane];
             router_warp_best(bs, bi);
-            if (mine == bi && bi >= 0) used |= 1u << br; /* ids are unique: one lane holds the winner */
-            if (lane == 0) chosen[j] = bi; /* k ≤ n_exp: some expert is always left */
+            if (lane == 0) chosen[j] = bi, taken[bi] = 1; /* k ≤ n_exp: some expert is always left */
         }
+        __syncthreads();
     }
-    __syncthreads();
     if (threadIdx.x) return;
     int32_t *id = ids + (int64_t)blockIdx.x * k;
     float *w = weights + (int64_t)blockIdx.x * k;
@@ -315,7 +300,7 @@ extern "C" int di_cuda_router(const di_backend *be, const float *logits, int64_t
         cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ROUTER_SMEM(ROUTER_MAX_EXPERTS));
         raised = true;
     }
-    router_kernel<<<(unsigned)m, ROUTER_THREADS, smem, di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp, k, scale, ids, weights);
+    router_kernel<<<(unsigned)m, 384, smem, di_cuda_state(be)->stream>>>(logits, n_exp, bias, temp, k, scale, ids, weights);
     return di_cuda_launched("router", err);
 }
 
