@@ -295,8 +295,9 @@ static void test_hc_pre(void) {
 }
 
 /* Shapes off the V4.1 fast path: hc 3 (the runtime-hc kernels) and D 1000 (no 16-byte rows, so the
- * scalar staging), split and token launches: fused equal to the unfused CUDA sequence, and to the CPU
- * where no exp is involved. */
+ * scalar staging), split launches (one mix per block, and 4 per block: 15 mixes in groups of 4, 4, 4, 3)
+ * and token launches: fused equal to the unfused CUDA sequence, and to the CPU where no exp is
+ * involved. */
 static void test_hc_pre_generic(void) {
     const int hc = 3, nmix = (2 + hc) * hc;
     const int64_t m = 5, d = 1000;
@@ -312,11 +313,12 @@ static void test_hc_pre_generic(void) {
           *dcomb = dev_poisoned(sizeof(float) * m * hc * hc);
     size_t nx = (size_t)(m * hc * d), nh = (size_t)(m * d), ns = (size_t)(m * (2 * hc + hc * hc));
     for (int v = 0; v < 2; v++) {
-        uint16_t *res_x[3], *res_h[3];
-        float *res_s[3];
-        for (int path = 0; path < 3; path++) { /* 0: unfused, 1: split, 2: token launch */
+        uint16_t *res_x[4], *res_h[4];
+        float *res_s[4];
+        for (int path = 0; path < 4; path++) { /* 0: unfused, 1: split, 2: token launch, 3: split, 4 mixes a block */
             put(dx, x, sizeof(uint16_t) * nx);
             di_cuda_fused_set_split_max(path == 2 ? 0 : 4096);
+            di_cuda_fused_set_mix_group(path == 3 ? 4 : path == 1 ? 1 : 0);
             if (path == 0) {
                 if (v) RUN(di_cuda_hc_expand(gpu, dz, dx, dpost_in, dcomb_in, m, hc, d, dx, E));
                 RUN(di_cuda_hc_mixes(gpu, dx, m, hc, d, dfn, NORM_EPS, dmix, E));
@@ -337,9 +339,10 @@ static void test_hc_pre_generic(void) {
             memcpy(res_s[path] + m * nmix + 2 * m * hc, tmp, sizeof(float) * m * hc * hc), free(tmp);
         }
         di_cuda_fused_set_split_max(4096);
+        di_cuda_fused_set_mix_group(0);
         const char *shape = v ? "M5 hc3 D1000 +expand +pre_in" : "M5 hc3 D1000";
-        for (int path = 1; path < 3; path++) {
-            const char *op = path == 1 ? "hc_pre generic split" : "hc_pre generic token";
+        for (int path = 1; path < 4; path++) {
+            const char *op = path == 1 ? "hc_pre generic split" : path == 2 ? "hc_pre generic token" : "hc_pre generic split g4";
             char o[64];
             snprintf(o, sizeof o, "%s x", op);
             row(o, shape, res_x[path], res_x[0], (int64_t)nx, 1, EXACT, -1);
@@ -348,7 +351,7 @@ static void test_hc_pre_generic(void) {
             snprintf(o, sizeof o, "%s mix|pre|post|comb", op);
             row(o, shape, res_s[path], res_s[0], (int64_t)(ns + m * nmix), 0, EXACT, -1);
         }
-        for (int path = 0; path < 3; path++) free(res_x[path]), free(res_h[path]), free(res_s[path]);
+        for (int path = 0; path < 4; path++) free(res_x[path]), free(res_h[path]), free(res_s[path]);
     }
     free(x), free(z), free(nw), free(fn), free(base), free(post_in), free(comb_in), free(pre_in);
     cudaFree(dx), cudaFree(dz), cudaFree(dnw), cudaFree(dh), cudaFree(dfn), cudaFree(dbase), cudaFree(dscale);

@@ -23,8 +23,10 @@
 __device__ unsigned g_pre_arrivals[PRE_SPLIT_MAX];
 
 static int g_split_max = PRE_SPLIT_MAX; /* test hook: di_cuda_fused_set_split_max */
+static int g_mix_group = 0;            /* test hook: di_cuda_fused_set_mix_group (0: the rule) */
 
 extern "C" void di_cuda_fused_set_split_max(int n) { g_split_max = n < 0 ? 0 : n > PRE_SPLIT_MAX ? PRE_SPLIT_MAX : n; }
+extern "C" void di_cuda_fused_set_mix_group(int n) { g_mix_group = n < 0 ? 0 : n; }
 
 static __device__ __forceinline__ float d_sigmoid(float v) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, d_expf(-v))); }
 
@@ -35,6 +37,7 @@ typedef struct pre_args {
     const float *comb_in;  /* f32 [m, hc, hc] */
     int64_t d;
     int hc, n_mix, iters;
+    int mix_group;         /* split launch: mixes per block (blockIdx.y takes mixes y·mix_group …) */
     const float *fn;       /* f32 [n_mix, hc·d] */
     float norm_eps, hc_eps;
     const float *scale;    /* f32 [3] */
@@ -114,6 +117,27 @@ static __device__ void pre_stage(const pre_args &a, int64_t t, uint16_t *xs) {
 
 #define PRE_UNROLL 20 /* fn loads in flight per thread (V4.1: 80 per thread); sums still in element order */
 
+/* d_block_sum_f64 of two values at once (cuda_common.cuh): each value goes through exactly its
+ * operations — the warp's butterfly, lane 0's value per warp, the butterfly over the warp values with
+ * zeros past the last warp — with one pair of barriers for both. sh: 32 doubles (2 × ≤ 16 warps). */
+static __device__ void pre_block_sum2(double *u, double *v, double *sh) {
+    double x = d_warp_sum_f64(*u), y = d_warp_sum_f64(*v);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = x, sh[16 + w] = y;
+    __syncthreads();
+    *u = d_warp_sum_f64(lane < nw ? sh[lane] : 0.0);
+    *v = d_warp_sum_f64(lane < nw ? sh[16 + lane] : 0.0);
+}
+
+/* Mix j's weights (fn row j, n floats) into L2 while the streams are staged (the row comes from HBM
+ * once per step; the mix then reads it at L2's latency): one prefetch per 128-byte line, spread over
+ * the block. A cache hint: no value changes. */
+static __device__ __forceinline__ void pre_prefetch(const float *f, int64_t n) {
+    for (int64_t e = (int64_t)threadIdx.x * 32; e < n; e += (int64_t)blockDim.x * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(f + e));
+}
+
 /* Mix j of token t from the staged streams (hc_mixes_kernel: the same two f64 sums over the same
  * partition, element e to thread e mod 256 in ascending e), written to a.mixes. */
 template <int HCT>
@@ -138,8 +162,7 @@ static __device__ void pre_mix(const pre_args &a, int64_t t, int j, const uint16
         ss += v * v;
         s += v * (double)f[e];
     }
-    ss = d_block_sum_f64(ss, sh);
-    s = d_block_sum_f64(s, sh);
+    pre_block_sum2(&ss, &s, sh);
     float mean = __fdiv_rn(__double2float_rn(ss), (float)n);
     float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.norm_eps)));
     if (threadIdx.x == 0) a.mixes[t * a.n_mix + j] = __fmul_rn(__double2float_rn(s), rho);
@@ -148,20 +171,25 @@ static __device__ void pre_mix(const pre_args &a, int64_t t, int j, const uint16
 /* Value of lane `src`'s v (all 32 lanes take part). */
 static __device__ __forceinline__ float lane_of(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 
-/* Split + Sinkhorn of token t in warp 0, lane l = j·hc + k holding comb[j][k] (hc_sinkhorn_kernel's
- * operations in its order: every row / column sum is taken sequentially from the lanes that hold it).
- * mx: the token's mixes (shared). Writes pre, post, comb; pre also to pre_s (shared). */
+/* The split of token t's mixes into its gates (hc_sinkhorn_kernel's arithmetic), thread l < hc: pre
+ * (also to pre_s, shared) and post. mx: the token's mixes (shared). */
 template <int HCT>
-static __device__ void pre_sinkhorn(const pre_args &a, int64_t t, const float *mx, float *pre_s) {
+static __device__ void pre_gates(const pre_args &a, int64_t t, const float *mx, float *pre_s) {
+    const int hc = HCT ? HCT : a.hc, l = threadIdx.x;
+    if (l >= hc) return;
+    float pr = __fadd_rn(d_sigmoid(__fadd_rn(__fmul_rn(mx[l], a.scale[0]), a.base[l])), a.hc_eps);
+    a.pre[t * hc + l] = pr, pre_s[l] = pr;
+    a.post[t * hc + l] = __fmul_rn(2.0f, d_sigmoid(__fadd_rn(__fmul_rn(mx[hc + l], a.scale[1]), a.base[hc + l])));
+}
+
+/* Sinkhorn of token t's comb in warp 0, lane l = j·hc + k holding comb[j][k] (hc_sinkhorn_kernel's
+ * operations in its order: every row / column sum is taken sequentially from the lanes that hold it).
+ * mx: the token's mixes (shared). Writes comb. */
+template <int HCT>
+static __device__ void pre_sinkhorn(const pre_args &a, int64_t t, const float *mx) {
     const int hc = HCT ? HCT : a.hc, lane = threadIdx.x & 31;
     const bool live = lane < hc * hc;
     const int j = live ? lane / hc : 0, k = live ? lane % hc : 0;
-    if (lane < hc) {
-        float pr = __fadd_rn(d_sigmoid(__fadd_rn(__fmul_rn(mx[lane], a.scale[0]), a.base[lane])), a.hc_eps);
-        a.pre[t * hc + lane] = pr, pre_s[lane] = pr;
-        a.post[t * hc + lane] =
-            __fmul_rn(2.0f, d_sigmoid(__fadd_rn(__fmul_rn(mx[hc + lane], a.scale[1]), a.base[hc + lane])));
-    }
     float c = __fadd_rn(__fmul_rn(mx[2 * hc + j * hc + k], a.scale[2]), a.base[2 * hc + j * hc + k]);
     /* iteration 0's row step: softmax + eps */
     float m = lane_of(c, j * hc);
@@ -186,44 +214,68 @@ static __device__ void pre_sinkhorn(const pre_args &a, int64_t t, const float *m
     if (live) a.comb[(t * hc + j) * hc + k] = c;
 }
 
-/* The rest of token t's chain after its mixes: Sinkhorn, then per column i the staged streams written
- * back (when z), the collapse with pre_in or the new pre, and RMSNorm over the d collapsed values
- * (rmsnorm_kernel's partition: thread i mod 256).  xs bf16 [hc, d], hs bf16 [d] (shared) */
+/* The rest of token t's chain after its mixes: the gates, then Sinkhorn in warp 0 while warps 1 … do
+ * the rest — per column i the staged streams written back (when z), the collapse with pre_in or the
+ * new pre, and RMSNorm over the d collapsed values. Sinkhorn's comb feeds none of that (the next
+ * sub-layer's expand reads it), so the two run side by side and warp 0 leaves when comb is written.
+ * The norm's f64 sum keeps rmsnorm_kernel's partition exactly: value i belongs to "virtual" thread
+ * i mod 256 (PRE_THREADS), whose partial is its values' sequential sum; warps 1 … compute the 256
+ * partials (thread p of them takes virtual threads p and p + 224), then each virtual warp's butterfly
+ * and the butterfly over the 8 warp sums, d_block_sum_f64's operations on the same values.
+ * xs bf16 [hc, d], hs bf16 [d] (shared); blockDim.x == PRE_THREADS. */
+#define PRE_REST (PRE_THREADS - 32) /* threads of warps 1 … */
+static __device__ __forceinline__ void pre_rest_sync() { asm volatile("bar.sync 1, %0;" ::"n"(PRE_REST) : "memory"); }
+
 template <int HCT>
-static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *xs, uint16_t *hs, double *sh) {
+static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *xs, uint16_t *hs) {
     __shared__ float mx[(2 + HC_MAX) * HC_MAX]; /* f32 [n_mix] the token's mixes */
     __shared__ float pre_s[HC_MAX];             /* f32 [hc] */
+    __shared__ double part[PRE_THREADS];        /* f64 [256] the virtual threads' partial sums */
+    __shared__ double wsum[PRE_THREADS / 32];   /* f64 [8] the virtual warps' sums */
     for (int q = threadIdx.x; q < a.n_mix; q += blockDim.x) mx[q] = __ldcg(a.mixes + t * a.n_mix + q);
     __syncthreads();
-    if (threadIdx.x < 32) pre_sinkhorn<HCT>(a, t, mx, pre_s);
+    pre_gates<HCT>(a, t, mx, pre_s);
     __syncthreads();
-    const int hc = HCT ? HCT : a.hc;
+    if (threadIdx.x < 32) { /* no block-wide barrier past this point */
+        pre_sinkhorn<HCT>(a, t, mx);
+        return;
+    }
+    const int hc = HCT ? HCT : a.hc, p0 = threadIdx.x - 32, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float p[HC_MAX]; /* f32 [hc] the collapse weights */
 #pragma unroll
     for (int k = 0; k < hc; k++) p[k] = a.pre_in ? a.pre_in[t * hc + k] : pre_s[k];
     if (a.z) { /* every block of token t has staged x[t] (they arrived before this one) */
         uint16_t *xt = a.x + t * hc * a.d;
         if (a.d % 8 == 0 && (uintptr_t)xt % 16 == 0)
-            for (int64_t q = threadIdx.x; q < hc * a.d / 8; q += blockDim.x) ((uint4 *)xt)[q] = ((const uint4 *)xs)[q];
+            for (int64_t q = p0; q < hc * a.d / 8; q += PRE_REST) ((uint4 *)xt)[q] = ((const uint4 *)xs)[q];
         else
-            for (int64_t e = threadIdx.x; e < hc * a.d; e += blockDim.x) xt[e] = xs[e];
+            for (int64_t e = p0; e < hc * a.d; e += PRE_REST) xt[e] = xs[e];
     }
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
-        float s = 0.0f;
+    for (int v = p0; v < PRE_THREADS; v += PRE_REST) { /* virtual thread v: values v, v + 256, … */
+        double ss = 0.0;
+        for (int64_t i = v; i < a.d; i += PRE_THREADS) {
+            float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < hc; k++) s = __fadd_rn(s, __fmul_rn(p[k], d_bf16(xs[k * a.d + i])));
-        uint16_t hv = d_to_bf16(s);
-        hs[i] = hv;
-        float f = d_bf16(hv);
-        ss += (double)__fmul_rn(f, f);
+            for (int k = 0; k < hc; k++) s = __fadd_rn(s, __fmul_rn(p[k], d_bf16(xs[k * a.d + i])));
+            uint16_t hv = d_to_bf16(s);
+            hs[i] = hv;
+            float f = d_bf16(hv);
+            ss += (double)__fmul_rn(f, f);
+        }
+        part[v] = ss;
     }
-    ss = d_block_sum_f64(ss, sh);
+    pre_rest_sync();
+    for (int vw = w - 1; vw < PRE_THREADS / 32; vw += PRE_REST / 32) { /* warp w: virtual warp w − 1 (and 7) */
+        double x = d_warp_sum_f64(part[vw * 32 + lane]);
+        if (lane == 0) wsum[vw] = x;
+    }
+    pre_rest_sync();
+    double ss = d_warp_sum_f64(lane < PRE_THREADS / 32 ? wsum[lane] : 0.0);
     float var = __fdiv_rn(__double2float_rn(ss), (float)a.d);
     float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.norm_eps)));
     uint16_t *ht = a.h + t * a.d;
     if (a.d % 8 == 0 && (uintptr_t)ht % 16 == 0 && (uintptr_t)a.norm_w % 16 == 0) {
-        for (int64_t g = threadIdx.x; g < a.d / 8; g += blockDim.x) {
+        for (int64_t g = p0; g < a.d / 8; g += PRE_REST) {
             uint4 wv = ((const uint4 *)a.norm_w)[g], hv = ((const uint4 *)hs)[g];
             uint32_t o[4];
             for (int l = 0; l < 8; l++) {
@@ -233,7 +285,7 @@ static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *
             ((uint4 *)ht)[g] = make_uint4(o[0], o[1], o[2], o[3]);
         }
     } else {
-        for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x)
+        for (int64_t i = p0; i < a.d; i += PRE_REST)
             ht[i] = d_to_bf16(__fmul_rn(d_bf16(a.norm_w[i]), __fmul_rn(d_bf16(hs[i]), r)));
     }
 }
@@ -241,7 +293,8 @@ static __device__ void pre_finish(const pre_args &a, int64_t t, const uint16_t *
 /* Dynamic shared memory of both launches: the staged streams bf16 [hc, d] and the collapse bf16 [d]. */
 static size_t pre_smem(int hc, int64_t d) { return sizeof(uint16_t) * (size_t)((hc + 1) * d); }
 
-/* Split launch: grid (m, n_mix); the last block of each token finishes its chain. */
+/* Split launch: grid (m, ⌈n_mix / mix_group⌉), block (t, g) computes token t's mixes g·mix_group … (each
+ * mix exactly as alone: pre_mix); the last block of each token finishes its chain. */
 template <int HCT>
 __global__ void __launch_bounds__(PRE_THREADS) hc_pre_split_kernel(pre_args a) {
     extern __shared__ __align__(16) uint16_t pre_sm[];
@@ -249,17 +302,20 @@ __global__ void __launch_bounds__(PRE_THREADS) hc_pre_split_kernel(pre_args a) {
     __shared__ bool last;
     const int64_t t = blockIdx.x;
     uint16_t *xs = pre_sm, *hs = pre_sm + a.hc * a.d;
+    const int64_t n = (int64_t)(HCT ? HCT : a.hc) * a.d;
+    const int j0 = (int)blockIdx.y * a.mix_group, j1 = min(a.n_mix, j0 + a.mix_group);
+    pre_prefetch(a.fn + (int64_t)j0 * n, (int64_t)(j1 - j0) * n);
     pre_stage<HCT>(a, t, xs);
-    pre_mix<HCT>(a, t, blockIdx.y, xs, sh);
-    __threadfence(); /* this block's mix (thread 0's store) before its arrival */
+    for (int j = j0; j < j1; j++) pre_mix<HCT>(a, t, j, xs, sh);
+    __threadfence(); /* this block's mixes (thread 0's stores) before its arrival */
     if (threadIdx.x == 0) {
-        last = atomicAdd(&g_pre_arrivals[t], 1u) == (unsigned)a.n_mix - 1;
+        last = atomicAdd(&g_pre_arrivals[t], 1u) == gridDim.y - 1;
         if (last) g_pre_arrivals[t] = 0;
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    pre_finish<HCT>(a, t, xs, hs, sh);
+    pre_finish<HCT>(a, t, xs, hs);
 }
 
 /* Token launch: one block per token computes its n_mix mixes one after another, then the rest. */
@@ -272,7 +328,7 @@ __global__ void __launch_bounds__(PRE_THREADS) hc_pre_token_kernel(pre_args a) {
     pre_stage<HCT>(a, t, xs);
     for (int j = 0; j < a.n_mix; j++) pre_mix<HCT>(a, t, j, xs, sh);
     __syncthreads();
-    pre_finish<HCT>(a, t, xs, hs, sh);
+    pre_finish<HCT>(a, t, xs, hs);
 }
 
 /* Opt both kernels into `bytes` of dynamic shared memory (above the default 48 KB); false if the device
@@ -294,6 +350,23 @@ static bool pre_smem_ok(size_t bytes) {
     return true;
 }
 
+/* Mixes per block of the split launch: one (the most blocks, each token's mixes side by side) while every
+ * block of the launch is resident at once, else the fewest per block that keep it so — a block then
+ * stages its token once for several mixes instead of a second wave of blocks staging it again (B = 64
+ * on the H200: 1,536 blocks of one mix = 2.9 waves of 3 per SM). */
+static int pre_mix_group(int64_t m, int n_mix, int hc, size_t smem) {
+    static int per_sm[2] = {0, 0}; /* resident blocks per SM: hc = 4's kernel, the generic one */
+    int &r = per_sm[hc == 4 ? 0 : 1];
+    if (!r) {
+        const void *k = hc == 4 ? (const void *)hc_pre_split_kernel<4> : (const void *)hc_pre_split_kernel<0>;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, k, PRE_THREADS, smem) != cudaSuccess || r < 1) r = 1;
+    }
+    const int64_t slots = (int64_t)r * di_cuda_sm_count();
+    for (int g = 1; g < n_mix; g++)
+        if (m * ((n_mix + g - 1) / g) <= slots) return g;
+    return n_mix;
+}
+
 extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t *z, const float *post_in,
                               const float *comb_in, int64_t m, int hc, int64_t d, const float *fn, float norm_eps,
                               const float *scale, const float *base, int iters, float hc_eps, const float *pre_in,
@@ -313,11 +386,12 @@ extern "C" int di_cuda_hc_pre(const di_backend *be, uint16_t *x, const uint16_t 
         if (!rc) rc = di_cuda_rmsnorm(be, h, m, d, norm_w, norm_eps, h, err);
         return rc;
     }
-    pre_args a = {x, z, post_in, comb_in, d, hc, (2 + hc) * hc, iters, fn, norm_eps, hc_eps, scale, base, pre_in,
+    pre_args a = {x, z, post_in, comb_in, d, hc, (2 + hc) * hc, iters, 1, fn, norm_eps, hc_eps, scale, base, pre_in,
                   norm_w, mixes, pre, post, comb, h};
     cudaStream_t st = di_cuda_state(be)->stream;
+    a.mix_group = g_mix_group ? min(g_mix_group, a.n_mix) : pre_mix_group(m, a.n_mix, hc, smem);
     /* hc = 4 (V4.1) compiled with the stream count known: the per-column arrays stay in registers */
-    dim3 split((unsigned)m, (unsigned)a.n_mix);
+    dim3 split((unsigned)m, (unsigned)((a.n_mix + a.mix_group - 1) / a.mix_group));
     if (m <= g_split_max && hc == 4)
         hc_pre_split_kernel<4><<<split, PRE_THREADS, smem, st>>>(a);
     else if (m <= g_split_max)

@@ -22,6 +22,9 @@ int di_cuda_gather_topk(const di_backend *be, di_row_codec codec, const uint8_t 
 /* Test hook: hc_pre splits each token's mixes over blocks up to n tokens per call (default and most
  * 4096), and runs one block per token above; both give the same bits. */
 void di_cuda_fused_set_split_max(int n);
+/* Test hook: the split launch's mixes per block (0: the rule of cuda_fused.cu, pre_mix_group); any
+ * grouping gives the same bits. */
+void di_cuda_fused_set_mix_group(int n);
 
 #ifdef __cplusplus
 }
