@@ -332,13 +332,14 @@ static int measure_graph(bench *b, run_fn fn, void *ctx, double *out_ms, int *n_
         bool graph = s1.captures + s1.replays > s0.captures + s0.replays;
         if (rc || it < b->warmup || !graph) continue;
         for (int k = 0; k < b->n_roles && !rc; k++)
-            rc = di_cuda_mark_ms(2 * b->layer[k], 2 * b->layer[k] + 1, &v[n * DI_MAX_STAGES + k], err);
+            if (2 * b->layer[k] + 1 < DI_CUDA_MARKS) /* later layers carry no marks (mark_hook) */
+                rc = di_cuda_mark_ms(2 * b->layer[k], 2 * b->layer[k] + 1, &v[n * DI_MAX_STAGES + k], err);
         n++;
     }
     for (int k = 0; k < b->n_roles && !rc; k++) {
         double col[4096];
         for (int i = 0; i < n; i++) col[i] = v[i * DI_MAX_STAGES + k];
-        out_ms[k] = n ? median(col, n) : NAN;
+        out_ms[k] = n && 2 * b->layer[k] + 1 < DI_CUDA_MARKS ? median(col, n) : NAN;
     }
     *n_graph = n;
     free(v);
