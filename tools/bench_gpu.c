@@ -35,7 +35,7 @@
  * graph_pass; --no-graph skips it): the same steps once more through a forward arena with CUDA graphs
  * on (forward.h di_fwd_arena), every pass recorded and replayed as one graph as the PyTorch peer
  * replays its step; the block hook only marks each block's start and end with an event that becomes a
- * node of the graph (backend/cuda/cuda_optime.h di_cuda_mark), so a block's time is GPU time inside a
+ * node of the graph (backend/cuda/cuda_optime.h di_cuda_mark_block), so a block's time is GPU time inside a
  * replay, without the launch gaps and the per-block synchronisation of the eager rows. Median of the
  * --iters runs that ran as graphs (a pass the backend could not record runs op by op and is left out;
  * the count is on stderr); the `graph ms`, `g%roof` and `g.speedup` columns, graph_* in the JSON.
@@ -82,7 +82,7 @@ extern int di_cuda_optime_install(di_backend *be, di_error *err) __attribute__((
 extern void di_cuda_optime_enable(int on) __attribute__((weak));
 extern void di_cuda_optime_tag(int tag) __attribute__((weak));
 extern int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err) __attribute__((weak));
-extern int di_cuda_mark(const di_backend *be, int slot, di_error *err) __attribute__((weak));
+extern int di_cuda_mark_block(void *be, int L, bool after, di_error *err) __attribute__((weak));
 extern int di_cuda_mark_ms(int a, int b, double *ms, di_error *err) __attribute__((weak));
 
 static double now_s(void) {
@@ -308,20 +308,13 @@ static int measure(bench *b, run_fn fn, void *ctx, int iters, int warmup, double
     return rc;
 }
 
-/* Graph-timed runs: the hook marks block L's start and end (slots 2L, 2L + 1) on the stream. */
-static int mark_hook(void *ctx, int L, bool after, di_error *err) {
-    const bench *b = ctx;
-    if (L < 0 || 2 * L + 1 >= DI_CUDA_MARKS) return DI_OK;
-    return di_cuda_mark(b->be, 2 * L + (after ? 1 : 0), err);
-}
-
 /* Runs fn iters + warmup times through the arena with graphs on, the marks inside each pass; the
  * median per role layer of the measured runs that ran as graphs into out_ms (NAN where none did),
  * their count into *n_graph. */
 static int measure_graph(bench *b, run_fn fn, void *ctx, double *out_ms, int *n_graph, di_error *err) {
     double *v = malloc(sizeof(double) * (size_t)b->iters * DI_MAX_STAGES); /* f64 [iters, roles] */
     if (!v) return di_error_set(err, DI_ERR_NOMEM, "bench gpu: graph timings");
-    di_fwd_opts o = {.block_hook = mark_hook, .block_hook_ctx = b, .block_hook_async = true,
+    di_fwd_opts o = {.block_hook = di_cuda_mark_block, .block_hook_ctx = (void *)b->be, .block_hook_async = true,
                      .logits_on_device = true, .arena = b->arena};
     int rc = DI_OK, n = 0;
     for (int it = 0; it < b->warmup + b->iters && !rc; it++) {
@@ -332,14 +325,14 @@ static int measure_graph(bench *b, run_fn fn, void *ctx, double *out_ms, int *n_
         bool graph = s1.captures + s1.replays > s0.captures + s0.replays;
         if (rc || it < b->warmup || !graph) continue;
         for (int k = 0; k < b->n_roles && !rc; k++)
-            if (2 * b->layer[k] + 1 < DI_CUDA_MARKS) /* later layers carry no marks (mark_hook) */
+            if (b->layer[k] < DI_CUDA_MARK_BLOCKS) /* later layers carry no marks */
                 rc = di_cuda_mark_ms(2 * b->layer[k], 2 * b->layer[k] + 1, &v[n * DI_MAX_STAGES + k], err);
         n++;
     }
     for (int k = 0; k < b->n_roles && !rc; k++) {
         double col[4096];
         for (int i = 0; i < n; i++) col[i] = v[i * DI_MAX_STAGES + k];
-        out_ms[k] = n && 2 * b->layer[k] + 1 < DI_CUDA_MARKS ? median(col, n) : NAN;
+        out_ms[k] = n && b->layer[k] < DI_CUDA_MARK_BLOCKS ? median(col, n) : NAN;
     }
     *n_graph = n;
     free(v);
@@ -882,7 +875,7 @@ int bench_gpu(int argc, char **argv) {
         b.op_times = true;
     }
     /* graph-timed decode rows: a CUDA build's marks and the backend's graph hooks */
-    if (!no_graph && !strcmp(device, "cuda") && di_cuda_mark && be->graph_begin &&
+    if (!no_graph && !strcmp(device, "cuda") && di_cuda_mark_block && be->graph_begin &&
         di_fwd_arena_create(be, true, &b.arena, &err)) {
         cli_fail_err(&cli, &err);
         goto out;

@@ -9,7 +9,7 @@
  *   arena    the arena, graphs off: logits bit-identical to plain, no capture
  *   graphs   the arena, graphs on: logits bit-identical to plain, replays > 0 (fallbacks reported)
  *   marked   graphs on with a block hook that only marks each block's start and end on the stream
- *            (forward.h block_hook_async, cuda_optime.h di_cuda_mark: `bench gpu`'s graph-timed rows):
+ *            (forward.h block_hook_async, cuda_optime.h di_cuda_mark_block: `bench gpu`'s graph-timed rows):
  *            still recorded (replays > 0), logits bit-identical, and in the last pass every block's
  *            time positive and no block starting before the previous one ended (the marks are nodes of
  *            the graph, in order)
@@ -67,10 +67,6 @@ typedef struct run_out {
     char msg[200];          /* non-empty: the run failed */
 } run_out;
 
-static int mark_hook(void *ctx, int L, bool after, di_error *err) {
-    return L < DI_CUDA_MARKS / 2 ? di_cuda_mark(ctx, 2 * L + (after ? 1 : 0), err) : DI_OK;
-}
-
 /* mode 0 plain, 1 arena, 2 arena + graphs, 3 arena + graphs + marking hook */
 static void run(const char *path, int mode, run_out *o) {
     di_error err = {0};
@@ -103,7 +99,7 @@ static void run(const char *path, int mode, run_out *o) {
             ck[i] = (di_session_chunk){.s = s[i], .ids = ids[i], .n = n, .logits = dl[i]};
         }
         di_fwd_opts fo = {.logits_on_device = true, .arena = a};
-        if (mode == 3) fo.block_hook = mark_hook, fo.block_hook_ctx = be, fo.block_hook_async = true;
+        if (mode == 3) fo.block_hook = di_cuda_mark_block, fo.block_hook_ctx = be, fo.block_hook_async = true;
         double t0 = now_s();
         rc = di_session_forward_batch(ck, N_SEQ, &fo, &err);
         for (int i = 0; i < N_SEQ && !rc; i++)
@@ -113,14 +109,15 @@ static void run(const char *path, int mode, run_out *o) {
     }
     o->step_us = 1e6 * t_sum / (STEPS - WARM);
     o->block_ms_min = o->gap_ms_min = 1e30;
-    for (int L = 0; mode == 3 && !rc && m && L < m->cfg.n_layers && L < DI_CUDA_MARKS / 2; L++) {
+    const int nb = m && m->cfg.n_layers < DI_CUDA_MARK_BLOCKS ? m->cfg.n_layers : DI_CUDA_MARK_BLOCKS;
+    for (int L = 0; mode == 3 && !rc && L < nb; L++) {
         double ms = 0, gap = 0;
         rc = di_cuda_mark_ms(2 * L, 2 * L + 1, &ms, &err);
-        if (!rc && L + 1 < m->cfg.n_layers && L + 1 < DI_CUDA_MARKS / 2) rc = di_cuda_mark_ms(2 * L + 1, 2 * L + 2, &gap, &err);
+        if (!rc && L + 1 < nb) rc = di_cuda_mark_ms(2 * L + 1, 2 * L + 2, &gap, &err);
         if (rc) break;
         o->n_blocks++;
         if (ms < o->block_ms_min) o->block_ms_min = ms;
-        if (L + 1 < m->cfg.n_layers && gap < o->gap_ms_min) o->gap_ms_min = gap;
+        if (L + 1 < nb && gap < o->gap_ms_min) o->gap_ms_min = gap;
     }
     if (a) di_fwd_arena_get_stats(a, &o->st);
     if (rc) snprintf(o->msg, sizeof o->msg, "%.190s", err.msg);

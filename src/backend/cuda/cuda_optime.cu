@@ -207,6 +207,11 @@ extern "C" int di_cuda_mark(const di_backend *be, int slot, di_error *err) {
     return DI_OK;
 }
 
+extern "C" int di_cuda_mark_block(void *be, int L, bool after, di_error *err) {
+    if (L < 0 || L >= DI_CUDA_MARK_BLOCKS) return DI_OK;
+    return di_cuda_mark((const di_backend *)be, 2 * L + (after ? 1 : 0), err);
+}
+
 extern "C" int di_cuda_mark_ms(int a, int b, double *ms, di_error *err) {
     *ms = 0;
     if (a < 0 || a >= DI_CUDA_MARKS || b < 0 || b >= DI_CUDA_MARKS || !g_mark[a] || !g_mark[b])

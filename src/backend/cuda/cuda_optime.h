@@ -13,6 +13,7 @@
 #ifndef DI_BACKEND_CUDA_OPTIME_H
 #define DI_BACKEND_CUDA_OPTIME_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
@@ -48,6 +49,11 @@ int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err);
 #define DI_CUDA_MARKS 64
 int di_cuda_mark(const di_backend *be, int slot, di_error *err);
 int di_cuda_mark_ms(int a, int b, double *ms, di_error *err);
+/* Block marks: block L's start is mark 2L, its end 2L + 1, for L < DI_CUDA_MARK_BLOCKS.
+ * di_cuda_mark_block is a forward block hook (forward.h di_block_hook_fn, with block_hook_async) whose
+ * ctx is the CUDA backend: it marks each block's start and end; later blocks carry no marks. */
+#define DI_CUDA_MARK_BLOCKS (DI_CUDA_MARKS / 2)
+int di_cuda_mark_block(void *be, int L, bool after, di_error *err);
 
 #ifdef __cplusplus
 }
