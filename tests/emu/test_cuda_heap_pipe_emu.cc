@@ -6,8 +6,11 @@
  * child), keys from 2, 9 or 300 values (ties at every level), any 32-bit key, and rising keys (every
  * entry replaces the root: the pipeline always full). Control: the same pipeline starting a replacement
  * one step after the previous one (LAG 1, where it reads a level the previous one has not written yet)
- * must differ somewhere. Candidate lists through idx, without idx, and with gaps. Last line "N passed,
- * N failed"; exit 1 on any failure. */
+ * must differ somewhere. Candidate lists through idx, without idx, and with gaps.
+ * The streamed path's form (heap_pipe_padded: the heap followed by pad entries, one warp barrier per step,
+ * the root from a register) on the same cases against the same serial steps, with its own LAG 1 control;
+ * and make_heap_cta (one level of parents at a time on a CTA of 32, 96 or 256 threads) against make_heap_t.
+ * Last line "N passed, N failed"; exit 1 on any failure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +33,7 @@ static uint32_t key_of(int kind, int j) {
     case 0: return rnd32() % 2;
     case 1: return rnd32() % 9;
     case 2: return rnd32() % 300;
-    case 3: return rnd32();
+    case 3: return rnd32() % 0xFFFFFFFFu; /* any key below the pad key */
     default: return (uint32_t)(j / 3) + rnd32() % 2;
     }
 }
@@ -64,6 +67,47 @@ static bool same_heap(int k, int n, int kind, int lag, int list, long *repl) {
     return memcmp(a.data(), b.data(), sizeof(telem) * (size_t)k) == 0;
 }
 
+/* heap_pipe_padded on a case like same_heap's (the contiguous list of the streamed path: list 1; gaps: 2);
+ * the candidates sit past the pads, as the streamed path keeps its lists */
+static bool same_heap_padded(int k, int n, int kind, int lag, int list, long *repl) {
+    std::vector<telem> a((size_t)n);
+    for (int j = 0; j < n; j++) a[(size_t)j] = telem{__uint_as_float(key_of(kind, j)), j};
+    std::vector<telem> cand;
+    for (int j = k; j < n; j++)
+        if (list != 2 || (j - k) % 3 != 1) cand.push_back(a[(size_t)j]);
+    const int tot = (int)cand.size();
+    std::vector<telem> b((size_t)(HEAP_SPAN(k) + tot + 32));
+    for (int j = 0; j < k; j++) b[(size_t)j] = a[(size_t)j];
+    for (int j = 0; j < HEAP_PAD_N(k); j++) b[(size_t)(k + j)] = telem{__uint_as_float(HEAP_PAD_KEY), -7};
+    for (int j = 0; j < tot; j++) b[(size_t)(HEAP_SPAN(k) + j)] = cand[(size_t)j];
+    make_heap_t<true, int>(a.data(), k);
+    for (int i = 0; i < tot; i++)
+        if (hbefore<true>(cand[(size_t)i], a[0])) adjust_heap_t<true, int>(a.data(), 0, k, cand[(size_t)i]), (*repl)++;
+    make_heap_t<true, int>(b.data(), k);
+    telem *f = b.data();
+    const telem *c = b.data() + HEAP_SPAN(k);
+    emu_launch(dim3(1), 32, [&] {
+        if (lag == 2) heap_pipe_padded<2>(f, k, c, tot);
+        else if (lag == 3) heap_pipe_padded<3>(f, k, c, tot);
+        else heap_pipe_padded<1>(f, k, c, tot);
+    });
+    bool pads = true; /* the pads are never written */
+    for (int j = 0; j < HEAP_PAD_N(k); j++)
+        pads = pads && __float_as_uint(b[(size_t)(k + j)].v) == HEAP_PAD_KEY && b[(size_t)(k + j)].i == -7;
+    return pads && memcmp(a.data(), b.data(), sizeof(telem) * (size_t)k) == 0;
+}
+
+/* make_heap_cta on `threads` threads against make_heap_t */
+static bool same_make_heap(int len, int kind, int threads) {
+    std::vector<telem> a((size_t)len);
+    for (int j = 0; j < len; j++) a[(size_t)j] = telem{__uint_as_float(key_of(kind, j)), j};
+    std::vector<telem> b = a;
+    make_heap_t<true, int>(a.data(), len);
+    telem *f = b.data();
+    emu_launch(dim3(1), threads, [&] { make_heap_cta<true>(f, len); });
+    return memcmp(a.data(), b.data(), sizeof(telem) * (size_t)len) == 0;
+}
+
 int main(void) {
     static const int ks[] = {1, 2, 3, 7, 8, 31, 32, 33, 100, 511, 512, 1024, 1025};
     long repl = 0, cases = 0;
@@ -83,6 +127,34 @@ int main(void) {
     printf("%-44s 12 cases, %d heaps differ (control: must be > 0)  %s\n", "control: lag 1", differ,
            differ ? "PASS" : "FAIL");
     differ ? n_pass++ : n_fail++;
+    long rp = 0, cp = 0;
+    int badp = 0;
+    for (int kind = 0; kind < 5; kind++)
+        for (size_t t = 0; t < sizeof ks / sizeof *ks; t++)
+            for (int lag = 2; lag <= 3; lag++) {
+                const int k = ks[t], n = k + 1 + (int)(rnd32() % (kind == 4 ? 600 : 1500));
+                badp += !same_heap_padded(k, n, kind, lag, 1 + (int)(t % 2), &rp);
+                cp++;
+            }
+    printf("%-44s %ld cases, %ld replacements, %d heaps differ  %s\n", "heap_pipe_padded (lag 2, 3) vs serial", cp, rp,
+           badp, badp ? "FAIL" : "PASS");
+    badp ? n_fail++ : n_pass++;
+    long r1p = 0;
+    int differp = 0;
+    for (int i = 0; i < 12; i++) differp += !same_heap_padded(100 + 37 * i, 1500, i % 3, 1, 1 + i % 2, &r1p);
+    printf("%-44s 12 cases, %d heaps differ (control: must be > 0)  %s\n", "control: heap_pipe_padded lag 1", differp,
+           differp ? "PASS" : "FAIL");
+    differp ? n_pass++ : n_fail++;
+    static const int lens[] = {0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 100, 511, 512, 513, 1024, 1025, 3000};
+    static const int thr[] = {32, 96, 256};
+    int badm = 0, cm = 0;
+    for (int kind = 0; kind < 5; kind++)
+        for (size_t t = 0; t < sizeof lens / sizeof *lens; t++) {
+            badm += !same_make_heap(lens[t], kind, thr[(t + (size_t)kind) % 3]);
+            cm++;
+        }
+    printf("%-44s %d cases, %d heaps differ  %s\n", "make_heap_cta vs make_heap_t", cm, badm, badm ? "FAIL" : "PASS");
+    badm ? n_fail++ : n_pass++;
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -142,5 +142,120 @@ static __device__ void heap_pipe_warp(telem *f, int k, const telem *c, const int
     __syncwarp();
 }
 
+/* make_heap_t's heap on the CTA (every thread calls it): the parents of one level at a time, deepest first,
+ * each parent's adjust_heap_t on its own thread. The serial loop takes the parents in descending index
+ * order; a parent's adjust_heap_t reads and writes its subtree only, the subtrees of one level's parents are
+ * disjoint, and every deeper parent has a larger index, so the order inside a level changes nothing: the
+ * same heap, with ~45 dependent steps for k = 512 instead of ~1,000. */
+template <bool KEY>
+static __device__ void make_heap_cta(telem *f, int len) {
+    if (len < 2) return;
+    const int last = (len - 2) / 2; /* the last parent */
+    int lv = 0;                     /* its level */
+    while ((2 << lv) - 1 <= last) lv++;
+    for (; lv >= 0; lv--) {
+        const int a = (1 << lv) - 1, b = 2 * a < last ? 2 * a : last;
+        for (int p = a + (int)threadIdx.x; p <= b; p += (int)blockDim.x) adjust_heap_t<KEY, int>(f, p, len, f[p]);
+        __syncthreads();
+    }
+}
+
+/* The streamed heap path's pipeline (the default there): heap_pipe_warp's replacements, the same heap, in
+ * fewer instructions per step. A warp's step is a chain of dependent instructions — its length, not the
+ * work, sets the time (~835 cycles per replacement for heap_pipe_warp, bench/NOTES-gpu.md session 11;
+ * ~350 for this form, session 20) — so:
+ *   - the heap is followed by HEAP_PAD_N(k) pad entries of key HEAP_PAD_KEY, after every key: a node's
+ *     children are always read (a leaf's are pads, which never move up; the one child of node k/2 − 1 of
+ *     an even heap has a pad beside it, which is never chosen), and a lane without a replacement parks on
+ *     node k, whose children are pads too — no bounds tests;
+ *   - one warp barrier per step: in a step a lane reads the level below its node and writes its node's
+ *     level, and replacements are LAG ≥ 2 levels apart, so no lane writes what another reads in the same
+ *     step; the barrier orders a step's writes before the next step's reads;
+ *   - the root for the next start is computed by every lane from the root's children (min of their keys and
+ *     the new entry's: what the starting lane writes to node 0) instead of read after the step, and the
+ *     search for the next candidate and its broadcast run between the last step's loads and their use;
+ *   - warp-uniform choices (a start or none, the root, the window's offset) are selects, not branches: the
+ *     loop's back edge and a window's move are its only branches.
+ * The heap's keys must be below HEAP_PAD_KEY (torch_key's are: KEY_NAN is 0xFFFFFFFE); c[0, tot) are the
+ * candidates, each replacing the root when it is before it at its turn. */
+#define HEAP_PAD_KEY 0xFFFFFFFFu
+#define HEAP_PAD_N(k) ((k) + 3)  /* pads after a heap of k entries: nodes k … 2k + 2 */
+#define HEAP_SPAN(k) (2 * (k) + 3) /* the heap and its pads, in entries */
+
+static __device__ __forceinline__ void heap_pad_load(const telem *f, int node, telem &L, telem &R) {
+    const int l = 2 * node + 1;
+    L = f[l], R = f[l + 1];
+}
+
+/* the rest of a step from its children's entries: the smaller child (the right one on a tie) moves up when
+ * it is not after the lane's entry, else the entry is placed and the lane parks; returns the key written */
+static __device__ __forceinline__ uint32_t heap_pad_finish(telem *f, int k, int &node, uint32_t vk, int32_t vi,
+                                                           const telem &L, const telem &R) {
+    const uint32_t lk = __float_as_uint(L.v), rk = __float_as_uint(R.v);
+    const bool right = rk <= lk, up = (right ? rk : lk) <= vk;
+    const uint32_t wk = up ? (right ? rk : lk) : vk;
+    const int32_t wi = up ? (right ? R.i : L.i) : vi;
+    if (node < k) f[node] = telem{__uint_as_float(wk), wi};
+    node = up ? 2 * node + 1 + (int)right : k;
+    __syncwarp();
+    return wk;
+}
+
+template <int LAG = 2>
+static __device__ void heap_pipe_padded(telem *f, int k, const telem *c, int tot) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    int node = k; /* this lane's replacement: its node (k: none) and entry */
+    uint32_t vk = 0;
+    int32_t vi = 0;
+    /* the window c[base, base + 32), one entry per lane, and the next one; the next test from base + off.
+     * Key 0 past the list: below every torch_key, never before a root. */
+    int base = 0, off = 0;
+    telem wc = lane < tot ? c[lane] : telem{0.0f, 0}, wn = 32 + lane < tot ? c[32 + lane] : telem{0.0f, 0};
+    unsigned started = 0;
+    uint32_t root = __float_as_uint(f[0].v);
+    /* the lane of the window holding the next candidate before rt (the window moved on as needed), −1 past
+     * the list; the common case (a candidate in the window) is one vote, without a branch taken */
+    auto find = [&](uint32_t rt) -> int {
+        unsigned m = __ballot_sync(full, lane >= off && __float_as_uint(wc.v) > rt);
+        while (!m && base + 32 < tot) {
+            base += 32, off = 0, wc = wn;
+            wn = base + 32 + lane < tot ? c[base + 32 + lane] : telem{0.0f, 0};
+            m = __ballot_sync(full, __float_as_uint(wc.v) > rt);
+        }
+        return m ? __ffs(m) - 1 : -1;
+    };
+    int b = find(root);
+    /* the next start's entry, on every lane (lane 0's window entry while there is none: never used) */
+    uint32_t nk = (uint32_t)__shfl_sync(full, (int)__float_as_uint(wc.v), b < 0 ? 0 : b);
+    int32_t ni = __shfl_sync(full, wc.i, b < 0 ? 0 : b);
+    /* Each iteration starts the next replacement when there is one (go) and runs LAG steps; warp-uniform
+     * values choose by selects, so the only branches are the loop's and a window's move. */
+    for (;;) {
+        const bool go = b >= 0;
+        const bool mine = go && lane == (int)(started & 31);
+        node = mine ? 0 : node, vk = mine ? nk : vk, vi = mine ? ni : vi;
+        telem L, R;
+        heap_pad_load(f, node, L, R);
+        /* the root after this step, from the root's children as the starting lane reads them */
+        const telem A = f[1], B = f[2];
+        const uint32_t ak = __float_as_uint(A.v), bk = __float_as_uint(B.v), ck = ak < bk ? ak : bk;
+        root = go ? (ck < nk ? ck : nk) : root;
+        started += go ? 1u : 0u, off = go ? b + 1 : off;
+        heap_pad_finish(f, k, node, vk, vi, L, R);
+#pragma unroll
+        for (int s = 2; s < LAG; s++) {
+            heap_pad_load(f, node, L, R);
+            heap_pad_finish(f, k, node, vk, vi, L, R);
+        }
+        if (LAG >= 2) heap_pad_load(f, node, L, R);
+        b = find(root); /* past the list it stays −1 */
+        nk = (uint32_t)__shfl_sync(full, (int)__float_as_uint(wc.v), b < 0 ? 0 : b);
+        ni = __shfl_sync(full, wc.i, b < 0 ? 0 : b);
+        if (LAG >= 2) heap_pad_finish(f, k, node, vk, vi, L, R);
+        if (b < 0 && !__any_sync(full, node < k)) break;
+    }
+    __syncwarp();
+}
 
 #endif

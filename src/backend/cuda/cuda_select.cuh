@@ -342,7 +342,7 @@ static __device__ void d_candidate_row(const float *s, int64_t nk, int32_t vis, 
 /* torch's order as an unsigned key: before(x, y) iff torch_key(x.v) > torch_key(y.v) (NaN highest, all NaNs
  * equal; then by value, −0 = +0). torch_val maps a key back to a value of the same order (the one value per
  * key: +0 for ±0, the canonical NaN). */
-#define KEY_NAN 0xFFFFFFFFu
+#define KEY_NAN 0xFFFFFFFEu /* above +inf's key; 0xFFFFFFFF is the heap path's pad key (HEAP_PAD_KEY) */
 #define KEY_NEG_INF 0x007FFFFFu /* key of −inf */
 static __device__ __forceinline__ uint32_t torch_key(float f) {
     if (isnan(f)) return KEY_NAN;
@@ -538,20 +538,22 @@ static __device__ void nth_element_cta(telem *a, int64_t nth, int64_t len, int32
  * start never enters. The CTA drops those in parallel and thread 0 runs the serial steps over the rest,
  * in order, with the same comparisons against the current root. (The serial loop also stores the evicted
  * root at the entry's place; nothing reads it: the result is the heap.) idx: n ints. */
-#define REPLAY_CHUNK 2048 /* entries per scan of the heap path */
+#define REPLAY_CHUNK 2048 /* entries per scan of the heap path (4,096: 2-7 % slower, H200 2026-12-02) */
 
-/* The heap path's replacements run pipelined on one warp (heap_pipe_warp, cuda_heap_pipe.cuh; the same
- * heap as the serial steps: tests/emu/test_cuda_heap_pipe_emu.cc and the GPU tests). DI_CUDA_HEAP=serial
- * runs libstdc++'s steps on one thread instead (bench/NOTES-gpu.md, sessions 10-11). */
-static __device__ int d_heap_serial;
+/* The heap path's replacements run pipelined on one warp (cuda_heap_pipe.cuh: heap_pipe_padded where the
+ * heap is streamed, heap_pipe_warp elsewhere; the same heap as the serial steps: tests/emu/
+ * test_cuda_heap_pipe_emu.cc and the GPU tests). DI_CUDA_HEAP=serial runs libstdc++'s steps on one thread
+ * instead (bench/NOTES-gpu.md, sessions 10, 11 and 20). */
+static __device__ int d_heap_mode; /* 0: the pipelines (heap_pipe_padded and make_heap_cta where the heap is
+                                    * streamed, heap_pipe_warp elsewhere); 1: libstdc++'s steps on one thread */
 static inline void heap_pipe_configure(void) { /* host, once per translation unit that launches the replay */
     static int done = 0;
     if (done) return;
     done = 1;
     const char *v = getenv("DI_CUDA_HEAP");
-    if (!v || strcmp(v, "serial")) return; /* the default never touches the symbol (none inside a capture) */
-    const int on = 1;
-    cudaMemcpyToSymbol(d_heap_serial, &on, sizeof on);
+    const int mode = v && !strcmp(v, "serial") ? 1 : 0;
+    if (!mode) return; /* the default never touches the symbol (none inside a capture) */
+    cudaMemcpyToSymbol(d_heap_mode, &mode, sizeof mode);
 }
 
 static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n, int32_t *idx) {
@@ -564,7 +566,7 @@ static __device__ void heap_scan_cta(telem *f, int k, const telem *c, int64_t n,
     for (int64_t j = c0; j < c1; j++)
         if (hbefore<true>(c[j], root)) idx[p++] = (int32_t)j;
     __syncthreads();
-    if (!d_heap_serial) {
+    if (d_heap_mode != 1) {
         if (threadIdx.x < 32) heap_pipe_warp(f, k, c, idx, (int)tot);
     } else if (threadIdx.x == 0) {
         for (int64_t i = 0; i < (int64_t)tot; i++) {
@@ -656,14 +658,20 @@ static __device__ void heap_stream_list(const float *s, int64_t c0, int64_t n, u
  * torch_key bits). The first warp runs the scan of one chunk (the pipeline, or the serial steps on its
  * first lane) while the other warps list the next chunk's candidates against the root at the start of
  * this one (a root is never before an earlier one, so the list holds every entry the scan can take).
- * heap: k entries, lists: 2 · REPLAY_CHUNK entries. At least two warps. */
+ * heap: HEAP_SPAN(k) entries (the heap, then its pads), lists: 2 · REPLAY_CHUNK entries. At least two warps. */
 static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, telem *heap, telem *lists) {
     __shared__ int s_tot[2];
     __shared__ unsigned s_wcnt[32];
+    const int mode = d_heap_mode;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) heap[j] = telem{__uint_as_float(torch_key(s[j])), (int32_t)j};
+    for (int j = threadIdx.x; j < HEAP_PAD_N(k); j += blockDim.x) heap[k + j] = telem{__uint_as_float(HEAP_PAD_KEY), 0};
     __syncthreads();
-    if (threadIdx.x == 0) make_heap_t<true, int>(heap, k);
-    __syncthreads();
+    if (mode) {
+        if (threadIdx.x == 0) make_heap_t<true, int>(heap, k);
+        __syncthreads();
+    } else {
+        make_heap_cta<true>(heap, k);
+    }
     const int64_t nch = (nk - k + REPLAY_CHUNK - 1) / REPLAY_CHUNK;
     if (threadIdx.x >= 32 && nch > 0)
         heap_stream_list(s, k, min((int64_t)REPLAY_CHUNK, nk - k), __float_as_uint(heap[0].v), lists, &s_tot[0],
@@ -675,8 +683,8 @@ static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, t
         if (threadIdx.x < 32) {
             const telem *list = lists + (ci & 1) * REPLAY_CHUNK;
             const int tot = s_tot[ci & 1];
-            if (!d_heap_serial) {
-                heap_pipe_warp(heap, k, list, NULL, tot);
+            if (!mode) {
+                heap_pipe_padded(heap, k, list, tot);
             } else if (threadIdx.x == 0) {
                 for (int i = 0; i < tot; i++)
                     if (hbefore<true>(list[i], heap[0])) adjust_heap_t<true, int>(heap, 0, k, list[i]);
@@ -694,7 +702,7 @@ static __device__ void heap_select_streamed(const float *s, int64_t nk, int k, t
  * and the row streamed (heap path), 0 the global scratch; *smem: the bytes it needs. */
 static __host__ __device__ inline int d_topk_replay_mode(int64_t nk, int k, size_t *smem) {
     const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nk),
-                 heap_b = sizeof(telem) * ((size_t)k + 2 * REPLAY_CHUNK);
+                 heap_b = sizeof(telem) * ((size_t)HEAP_SPAN((size_t)k) + 2 * REPLAY_CHUNK);
     const int mode = row_b <= REPLAY_SMEM_MAX ? 1 : (int64_t)k * 64 <= nk && heap_b <= REPLAY_SMEM_MAX ? 2 : 0;
     *smem = mode == 1 ? row_b : mode == 2 ? heap_b : 0;
     return mode;
@@ -725,7 +733,7 @@ static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis,
                                         int mode, telem *sm, int32_t *o) {
     telem *row = mode == 0 ? q : sm;
     if (mode == 2) {
-        heap_select_streamed(s, nk, k, sm, sm + k);
+        heap_select_streamed(s, nk, k, sm, sm + HEAP_SPAN(k));
         /* the selected positions ascending (the reference sorts them; positions are distinct, so a
          * position's place is the count of smaller ones), then ≥ vis marked −1 */
         for (int j = threadIdx.x; j < k; j += blockDim.x) {
