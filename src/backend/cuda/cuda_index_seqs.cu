@@ -221,11 +221,10 @@ static int candidate_mask_rows_fast(const di_backend *be, const float *scores, i
 
 /* One CTA per row of rows [r0, r0 + nr): di_cuda_candidate_mask_torch's row over its width w, its block
  * scores in shared memory when they fit (as that op decides for the row alone), else in q.
- * q telem [nr, d_replay_elems(nb_max)] then kept uint8 [nr, nb_max] scratch. */
+ * q telem [nr, d_replay_elems(nb_max)] scratch. */
 __global__ void __launch_bounds__(REPLAY_THREADS) cand_rows_torch_kernel(const float *scores, const di_index_row *rows,
                                                                          int64_t r0, int block, int topk_blocks,
-                                                                         int64_t nb_max, telem *q, uint8_t *kept,
-                                                                         uint8_t *mask) {
+                                                                         int64_t nb_max, telem *q, uint8_t *mask) {
     extern __shared__ telem sel_sm[];
     const int64_t rr = blockIdx.x;
     const di_index_row r = rows[r0 + rr];
@@ -233,7 +232,7 @@ __global__ void __launch_bounds__(REPLAY_THREADS) cand_rows_torch_kernel(const f
     if (nb == 0) return; /* the per-sequence op writes nothing for a row of width 0 */
     const bool in_smem = sizeof(telem) * (size_t)d_replay_elems(nb) <= REPLAY_SMEM_MAX;
     d_cand_torch_row(scores + r.s0, r.w, r.vis, block, nb, keep, in_smem ? sel_sm : q + rr * d_replay_elems(nb_max),
-                     kept + rr * nb_max, mask + r.s0);
+                     mask + r.s0);
 }
 
 static int candidate_mask_rows_torch(const di_backend *be, const float *scores, int64_t m, const di_index_row *rows,
@@ -243,17 +242,16 @@ static int candidate_mask_rows_torch(const di_backend *be, const float *scores, 
         rc = di_error_set(err, DI_ERR_INVALID, "cuda candidate_mask_rows: block %d, top %d blocks", block, topk_blocks);
     int64_t nb_max = (w_max + block - 1) / (block > 0 ? block : 1);
     if (rc || m == 0 || nb_max == 0) return rc;
-    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nb_max) + nb_max, n = d_rows_per_launch(m, per);
+    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nb_max), n = d_rows_per_launch(m, per);
     void *q;
     if ((rc = di_cuda_workspace(be, (size_t)(n * per), &q, err))) return rc;
-    uint8_t *kept = (uint8_t *)q + n * d_replay_elems(nb_max) * (int64_t)sizeof(telem);
     cudaStream_t st = di_cuda_state(be)->stream;
     raise_smem();
     const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nb_max), smem = row_b < REPLAY_SMEM_MAX ? row_b : REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += n) {
         int64_t nr = m - r0 < n ? m - r0 : n;
         cand_rows_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, smem, st>>>(scores, rows, r0, block, topk_blocks, nb_max,
-                                                                           (telem *)q, kept, mask);
+                                                                           (telem *)q, mask);
         if ((rc = di_cuda_launched("candidate_mask_rows (torch replay)", err))) return rc;
     }
     return DI_OK;

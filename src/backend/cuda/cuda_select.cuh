@@ -753,23 +753,51 @@ static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis,
 
 /* One row's candidate mask by the replay on a CTA of REPLAY_THREADS: block scores = max over the block's
  * entries, the newest visible block pinned to +inf, torch's best `keep` of the nb blocks kept.
- *   s f32 [nk];  row telem [d_replay_elems(nb)] (shared or global scratch), kp uint8 [nb] scratch;
- *   mask uint8 [nk] */
+ *   s f32 [nk];  row telem [d_replay_elems(nb)] (shared or global scratch);  mask uint8 [nk]
+ * The mask is cleared while the block scores are formed and the kept blocks' bytes set after the selection
+ * (both before and after a CTA barrier): the same bytes as mask[n] = kept[n / block], without a division and a
+ * dependent load per byte. Blocks of 8 (V4.1's) load their entries four blocks at a time, all in flight before
+ * the maxima (the same fmaxf sequence per block; an entry past nk counts as −inf, which leaves the maximum as
+ * it is). H200, B = 1 / 64K (8,192 blocks): 0.124 -> 0.069 ms per row (bench/NOTES-gpu.md, session 20). */
 static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis, int block, int64_t nb, int64_t keep,
-                                        telem *row, uint8_t *kp, uint8_t *mask) {
+                                        telem *row, uint8_t *mask) {
     const int64_t last = vis > 0 ? (vis - 1) / block : -1;
-    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
-        float mx = -INFINITY;
-        for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
-        row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
-        kp[b] = 0;
+    for (int64_t n = threadIdx.x; n < nk; n += blockDim.x) mask[n] = 0;
+    if (block == 8) {
+        const int64_t T = blockDim.x;
+        for (int64_t b0 = threadIdx.x; b0 < nb; b0 += 4 * T) {
+            float v[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const int64_t b = b0 + u * T, n = b * 8 + e;
+                    v[u][e] = b < nb && n < nk ? s[n] : -INFINITY;
+                }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t b = b0 + u * T;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int e = 0; e < 8; e++) mx = fmaxf(mx, v[u][e]);
+                if (b < nb) row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
+            }
+        }
+    } else {
+        for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+            float mx = -INFINITY;
+            for (int64_t n = b * block; n < (b + 1) * block && n < nk; n++) mx = fmaxf(mx, s[n]);
+            row[b] = telem{b == last ? INFINITY : mx, (int32_t)b};
+        }
     }
     __syncthreads();
     torch_cpu_topk_cta(row, nb, keep, (int32_t *)(row + nb));
+    __syncthreads(); /* the selection is final and the cleared bytes are ordered before the kept ones */
     for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
-        if (row[j].v > -INFINITY) kp[row[j].i] = 1;
-    __syncthreads();
-    for (int64_t n = threadIdx.x; n < nk; n += blockDim.x) mask[n] = kp[n / block];
+        if (row[j].v > -INFINITY) {
+            const int64_t n0 = (int64_t)row[j].i * block, n1 = n0 + block < nk ? n0 + block : nk;
+            for (int64_t n = n0; n < n1; n++) mask[n] = 1;
+        }
 }
 
 /* ---- which rows need the replay ----

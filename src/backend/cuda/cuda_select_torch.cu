@@ -32,16 +32,16 @@ __global__ void __launch_bounds__(REPLAY_THREADS) topk_torch_kernel(const float 
     d_topk_torch_row(scores + r * nk, nk, vis[r], k, offset, q + rr * d_replay_elems(nk), mode, sel_sm, out + r * k);
 }
 
-/* grid: nr; q: [nr, d_replay_elems(nb)] scratch, kept: [nr, nb]; in_smem: the block entries (and the partition
- * scratch) in shared memory */
+/* grid: nr; q: [nr, d_replay_elems(nb)] scratch; in_smem: the block entries (and the partition scratch) in
+ * shared memory */
 __global__ void __launch_bounds__(REPLAY_THREADS) cand_torch_kernel(const float *scores, int64_t r0, int64_t nr,
                                                                     int64_t nk, const int32_t *vis, int block,
                                                                     int64_t nb, int64_t keep, telem *q, int in_smem,
-                                                                    uint8_t *kept, uint8_t *mask) {
+                                                                    uint8_t *mask) {
     extern __shared__ telem sel_sm[];
     const int64_t rr = blockIdx.x, r = r0 + rr;
     d_cand_torch_row(scores + r * nk, nk, vis[r], block, nb, keep, in_smem ? sel_sm : q + rr * d_replay_elems(nb),
-                     kept + rr * nb, mask + r * nk);
+                     mask + r * nk);
 }
 
 static void sel_raise_smem(void) {
@@ -115,19 +115,18 @@ extern "C" int di_cuda_candidate_mask_torch(const di_backend *be, const float *s
                             (long long)m, (long long)nk, block, topk_blocks);
     int64_t nb = (nk + block - 1) / block, keep = topk_blocks < nb ? topk_blocks : nb;
     if (m == 0 || nb == 0) return DI_OK;
-    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nb) + nb, rows = d_rows_per_launch(m, per);
+    int64_t per = (int64_t)sizeof(telem) * d_replay_elems(nb), rows = d_rows_per_launch(m, per);
     void *q;
     int rc = di_cuda_workspace(be, (size_t)(rows * per), &q, err);
     if (rc) return rc;
     cudaStream_t st = di_cuda_state(be)->stream;
-    uint8_t *kept = (uint8_t *)q + rows * d_replay_elems(nb) * (int64_t)sizeof(telem);
     sel_raise_smem();
     const size_t row_b = sizeof(telem) * (size_t)d_replay_elems(nb);
     const int in_smem = row_b <= REPLAY_SMEM_MAX;
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
         cand_torch_kernel<<<(unsigned)nr, REPLAY_THREADS, in_smem ? row_b : 0, st>>>(scores, r0, nr, nk, vis, block, nb, keep,
-                                                                                   (telem *)q, in_smem, kept, mask);
+                                                                                   (telem *)q, in_smem, mask);
         if ((rc = di_cuda_launched("candidate_mask (torch replay)", err))) return rc;
     }
     return DI_OK;
