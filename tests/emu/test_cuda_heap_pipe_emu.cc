@@ -108,43 +108,38 @@ static bool same_make_heap(int len, int kind, int threads) {
     return memcmp(a.data(), b.data(), sizeof(telem) * (size_t)len) == 0;
 }
 
-int main(void) {
+/* one form's check: every heap size of ks for every key kind at lags [lag_lo, lag_hi] against the serial steps,
+ * list form list0 + t % nlists for the t-th size; one table row */
+typedef bool (*heap_case)(int k, int n, int kind, int lag, int list, long *repl);
+static void check_cases(const char *name, heap_case same, int lag_lo, int lag_hi, int list0, int nlists) {
     static const int ks[] = {1, 2, 3, 7, 8, 31, 32, 33, 100, 511, 512, 1024, 1025};
     long repl = 0, cases = 0;
     int bad = 0;
     for (int kind = 0; kind < 5; kind++)
-        for (size_t t = 0; t < sizeof ks / sizeof *ks; t++) {
-            const int k = ks[t], n = k + 1 + (int)(rnd32() % (kind == 4 ? 600 : 1500));
-            bad += !same_heap(k, n, kind, 2, (int)(t % 3), &repl);
-            cases++;
-        }
-    printf("%-44s %ld cases, %ld replacements, %d heaps differ  %s\n", "heap_pipe_warp (lag 2) vs serial", cases, repl,
-           bad, bad ? "FAIL" : "PASS");
-    bad ? n_fail++ : n_pass++;
-    long r1 = 0;
-    int differ = 0;
-    for (int i = 0; i < 12; i++) differ += !same_heap(100 + 37 * i, 1500, i % 3, 1, i % 2, &r1);
-    printf("%-44s 12 cases, %d heaps differ (control: must be > 0)  %s\n", "control: lag 1", differ,
-           differ ? "PASS" : "FAIL");
-    differ ? n_pass++ : n_fail++;
-    long rp = 0, cp = 0;
-    int badp = 0;
-    for (int kind = 0; kind < 5; kind++)
         for (size_t t = 0; t < sizeof ks / sizeof *ks; t++)
-            for (int lag = 2; lag <= 3; lag++) {
+            for (int lag = lag_lo; lag <= lag_hi; lag++) {
                 const int k = ks[t], n = k + 1 + (int)(rnd32() % (kind == 4 ? 600 : 1500));
-                badp += !same_heap_padded(k, n, kind, lag, 1 + (int)(t % 2), &rp);
-                cp++;
+                bad += !same(k, n, kind, lag, list0 + (int)(t % (size_t)nlists), &repl);
+                cases++;
             }
-    printf("%-44s %ld cases, %ld replacements, %d heaps differ  %s\n", "heap_pipe_padded (lag 2, 3) vs serial", cp, rp,
-           badp, badp ? "FAIL" : "PASS");
-    badp ? n_fail++ : n_pass++;
-    long r1p = 0;
-    int differp = 0;
-    for (int i = 0; i < 12; i++) differp += !same_heap_padded(100 + 37 * i, 1500, i % 3, 1, 1 + i % 2, &r1p);
-    printf("%-44s 12 cases, %d heaps differ (control: must be > 0)  %s\n", "control: heap_pipe_padded lag 1", differp,
-           differp ? "PASS" : "FAIL");
-    differp ? n_pass++ : n_fail++;
+    printf("%-44s %ld cases, %ld replacements, %d heaps differ  %s\n", name, cases, repl, bad, bad ? "FAIL" : "PASS");
+    bad ? n_fail++ : n_pass++;
+}
+
+/* the control: the same form starting a replacement one step after the previous one must differ somewhere */
+static void check_control(const char *name, heap_case same, int list0, int nlists) {
+    long repl = 0;
+    int differ = 0;
+    for (int i = 0; i < 12; i++) differ += !same(100 + 37 * i, 1500, i % 3, 1, list0 + i % nlists, &repl);
+    printf("%-44s 12 cases, %d heaps differ (control: must be > 0)  %s\n", name, differ, differ ? "PASS" : "FAIL");
+    differ ? n_pass++ : n_fail++;
+}
+
+int main(void) {
+    check_cases("heap_pipe_warp (lag 2) vs serial", same_heap, 2, 2, 0, 3);
+    check_control("control: lag 1", same_heap, 0, 2);
+    check_cases("heap_pipe_padded (lag 2, 3) vs serial", same_heap_padded, 2, 3, 1, 2);
+    check_control("control: heap_pipe_padded lag 1", same_heap_padded, 1, 2);
     static const int lens[] = {0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 100, 511, 512, 513, 1024, 1025, 3000};
     static const int thr[] = {32, 96, 256};
     int badm = 0, cm = 0;
