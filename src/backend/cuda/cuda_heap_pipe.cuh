@@ -201,6 +201,26 @@ static __device__ __forceinline__ uint32_t heap_pad_finish(telem *f, int k, int 
     return wk;
 }
 
+/* heap_pipe_padded's candidates: the window c[base, base + 32), one entry per lane (wc), and the next one (wn,
+ * loaded ahead); the next test from base + off. Key 0 past the list: below every torch_key, never before a root. */
+typedef struct heap_window {
+    int base, off;
+    telem wc, wn;
+} heap_window;
+
+/* the lane of the window holding the next candidate before rt (the window moved on as needed), −1 past the list;
+ * the common case (a candidate in the window) is one vote, without a branch taken */
+static __device__ __forceinline__ int heap_window_find(heap_window &w, const telem *c, int tot, int lane, uint32_t rt) {
+    const unsigned full = 0xffffffffu;
+    unsigned m = __ballot_sync(full, lane >= w.off && __float_as_uint(w.wc.v) > rt);
+    while (!m && w.base + 32 < tot) {
+        w.base += 32, w.off = 0, w.wc = w.wn;
+        w.wn = w.base + 32 + lane < tot ? c[w.base + 32 + lane] : telem{0.0f, 0};
+        m = __ballot_sync(full, __float_as_uint(w.wc.v) > rt);
+    }
+    return m ? __ffs(m) - 1 : -1;
+}
+
 template <int LAG = 2>
 static __device__ void heap_pipe_padded(telem *f, int k, const telem *c, int tot) {
     const unsigned full = 0xffffffffu;
@@ -208,27 +228,13 @@ static __device__ void heap_pipe_padded(telem *f, int k, const telem *c, int tot
     int node = k; /* this lane's replacement: its node (k: none) and entry */
     uint32_t vk = 0;
     int32_t vi = 0;
-    /* the window c[base, base + 32), one entry per lane, and the next one; the next test from base + off.
-     * Key 0 past the list: below every torch_key, never before a root. */
-    int base = 0, off = 0;
-    telem wc = lane < tot ? c[lane] : telem{0.0f, 0}, wn = 32 + lane < tot ? c[32 + lane] : telem{0.0f, 0};
+    heap_window w = {0, 0, lane < tot ? c[lane] : telem{0.0f, 0}, 32 + lane < tot ? c[32 + lane] : telem{0.0f, 0}};
     unsigned started = 0;
     uint32_t root = __float_as_uint(f[0].v);
-    /* the lane of the window holding the next candidate before rt (the window moved on as needed), −1 past
-     * the list; the common case (a candidate in the window) is one vote, without a branch taken */
-    auto find = [&](uint32_t rt) -> int {
-        unsigned m = __ballot_sync(full, lane >= off && __float_as_uint(wc.v) > rt);
-        while (!m && base + 32 < tot) {
-            base += 32, off = 0, wc = wn;
-            wn = base + 32 + lane < tot ? c[base + 32 + lane] : telem{0.0f, 0};
-            m = __ballot_sync(full, __float_as_uint(wc.v) > rt);
-        }
-        return m ? __ffs(m) - 1 : -1;
-    };
-    int b = find(root);
+    int b = heap_window_find(w, c, tot, lane, root);
     /* the next start's entry, on every lane (lane 0's window entry while there is none: never used) */
-    uint32_t nk = (uint32_t)__shfl_sync(full, (int)__float_as_uint(wc.v), b < 0 ? 0 : b);
-    int32_t ni = __shfl_sync(full, wc.i, b < 0 ? 0 : b);
+    uint32_t nk = (uint32_t)__shfl_sync(full, (int)__float_as_uint(w.wc.v), b < 0 ? 0 : b);
+    int32_t ni = __shfl_sync(full, w.wc.i, b < 0 ? 0 : b);
     /* Each iteration starts the next replacement when there is one (go) and runs LAG steps; warp-uniform
      * values choose by selects, so the only branches are the loop's and a window's move. */
     for (;;) {
@@ -241,7 +247,7 @@ static __device__ void heap_pipe_padded(telem *f, int k, const telem *c, int tot
         const telem A = f[1], B = f[2];
         const uint32_t ak = __float_as_uint(A.v), bk = __float_as_uint(B.v), ck = ak < bk ? ak : bk;
         root = go ? (ck < nk ? ck : nk) : root;
-        started += go ? 1u : 0u, off = go ? b + 1 : off;
+        started += go ? 1u : 0u, w.off = go ? b + 1 : w.off;
         heap_pad_finish(f, k, node, vk, vi, L, R);
 #pragma unroll
         for (int s = 2; s < LAG; s++) {
@@ -249,9 +255,9 @@ static __device__ void heap_pipe_padded(telem *f, int k, const telem *c, int tot
             heap_pad_finish(f, k, node, vk, vi, L, R);
         }
         if (LAG >= 2) heap_pad_load(f, node, L, R);
-        b = find(root); /* past the list it stays −1 */
-        nk = (uint32_t)__shfl_sync(full, (int)__float_as_uint(wc.v), b < 0 ? 0 : b);
-        ni = __shfl_sync(full, wc.i, b < 0 ? 0 : b);
+        b = heap_window_find(w, c, tot, lane, root); /* past the list it stays −1 */
+        nk = (uint32_t)__shfl_sync(full, (int)__float_as_uint(w.wc.v), b < 0 ? 0 : b);
+        ni = __shfl_sync(full, w.wc.i, b < 0 ? 0 : b);
         if (LAG >= 2) heap_pad_finish(f, k, node, vk, vi, L, R);
         if (b < 0 && !__any_sync(full, node < k)) break;
     }
