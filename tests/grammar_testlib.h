@@ -132,7 +132,7 @@ static inline di_grammar_walk_stats gt_fill_checked(di_grammar_matcher *m, const
                                    .shapes_static = a.shapes_static - b.shapes_static,
                                    .union_hits = a.union_hits - b.union_hits,
                                    .union_shifts = a.union_shifts - b.union_shifts,
-                                   .walk_hits = a.walk_hits - b.walk_hits};
+                                   .walk_hits = a.walk_hits - b.walk_hits, .kid_skips = a.kid_skips - b.kid_skips};
 }
 
 /* Random walk: at each step compare the mask with brute force, then accept a random allowed

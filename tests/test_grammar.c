@@ -1422,6 +1422,103 @@ static void test_walk_cache(void **state) {
     gt_bytes_free(&tb);
 }
 
+/* Walks skip the children of the first two trie levels whose byte their parent's state does not
+ * scan (walk_root, walk_kids). The layout they read: the root's children and each one's children
+ * in ascending byte order, contiguous in preorder. After `{` of a JSON-like pattern the states
+ * scan ` `, `"` and `}`: the other root children and the other children of the wide node " " are
+ * not visited. A state that scans enough bytes for a block keeps all its children visited, so a
+ * big dead child still asks for its summary (" " + [A-Z]..., 64 or more nodes, before the small
+ * subtrees " a".." z" of ` [a-z]*`, which then are accepted whole). Masks match brute force. */
+static void test_kid_skips(void **state) {
+    (void)state;
+    gt_bytes tb = gt_single_bytes(3000);
+    uint64_t s = 4242;
+    uint32_t i = 257;
+    char buf[8];
+    for (; i < 257 + 200; i++) { /* " A" + 1-4 capitals: one big subtree */
+        int k = 3 + (int)(gt_rng(&s) % 4);
+        buf[0] = ' ', buf[1] = 'A';
+        for (int j = 2; j < k; j++) buf[j] = (char)('A' + gt_rng(&s) % 26);
+        tb.l[i] = (uint32_t)k;
+        tb.b[i] = malloc((size_t)k);
+        memcpy(tb.b[i], buf, (size_t)k);
+    }
+    for (int x = 0; x < 26; x++) /* " x", " xa" .. " xd": 26 subtrees of 5 nodes */
+        for (int y = 0; y < 5; y++, i++) {
+            buf[0] = ' ', buf[1] = (char)('a' + x), buf[2] = (char)('a' + y - 1);
+            tb.l[i] = y ? 3 : 2;
+            tb.b[i] = malloc(3);
+            memcpy(tb.b[i], buf, 3);
+        }
+    for (int c = 0x21; c <= 0x40; c++, i++) { /* " !" .. " @": " " has 59 children */
+        tb.l[i] = 2;
+        tb.b[i] = malloc(2);
+        tb.b[i][0] = ' ', tb.b[i][1] = (uint8_t)c;
+    }
+    for (; i < tb.n; i++) { /* other tokens: letters after a first byte other than ` `, `{`, `}`, `"` */
+        int k = 2 + (int)(gt_rng(&s) % 3);
+        do buf[0] = (char)(0x21 + gt_rng(&s) % 94);
+        while (buf[0] == '{' || buf[0] == '}' || buf[0] == '"');
+        for (int j = 1; j < k; j++) buf[j] = (char)('a' + gt_rng(&s) % 26);
+        tb.l[i] = (uint32_t)k;
+        tb.b[i] = malloc((size_t)k);
+        memcpy(tb.b[i], buf, (size_t)k);
+    }
+    di_grammar_vocab *v = gt_vocab(&tb);
+    assert_int_equal(v->n_root_kids, 256);
+    assert_non_null(v->kid2_off);
+    uint32_t sp = 0;
+    for (uint32_t k = 0; k < v->n_root_kids; k++) {
+        const di_trie_node *nd = &v->nodes[v->root_kid[k]];
+        assert_int_equal(nd->depth, 1);
+        assert_int_equal(nd->byte, v->root_byte[k]);
+        assert_int_equal(nd->end, v->root_kid[k + 1]);
+        if (k) assert_true(v->root_byte[k - 1] < v->root_byte[k]);
+        if (nd->byte == ' ') sp = k;
+        for (uint32_t x = v->kid2_off[k]; x < v->kid2_off[k + 1]; x++) {
+            const di_trie_node *c = &v->nodes[v->kid2[x]];
+            assert_int_equal(c->depth, 2);
+            assert_int_equal(c->byte, v->kid2_byte[x]);
+            assert_int_equal(v->kid2[x], x == v->kid2_off[k] ? v->root_kid[k] + 1 : v->nodes[v->kid2[x - 1]].end);
+            if (x > v->kid2_off[k]) assert_true(v->kid2_byte[x - 1] < v->kid2_byte[x]);
+        }
+        if (v->kid2_off[k + 1] > v->kid2_off[k])
+            assert_int_equal(v->nodes[v->kid2[v->kid2_off[k + 1] - 1]].end, v->root_kid[k + 1]);
+    }
+    assert_int_equal(v->root_kid[v->n_root_kids], v->n_nodes);
+    uint32_t under_sp = v->kid2_off[sp + 1] - v->kid2_off[sp];
+    assert_int_equal(under_sp, 59);
+    uint32_t *mask = malloc(di_grammar_mask_words(tb.n) * sizeof *mask); /* [ceil(V/32)] u32 */
+    di_error err = {0};
+    di_grammar *g = regex_or_fail("\\{( *\"[a-z]+\": *[0-9]+,)* *\\}");
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    di_grammar_walk_stats d = gt_fill_checked(m, v, &tb, mask, "start");
+    assert_int_equal(d.kid_skips, 255); /* only `{` visited, which has no children */
+    gt_accept_text(m, "{");
+    d = gt_fill_checked(m, v, &tb, mask, "after {");
+    tu_report("after `{`: %llu children skipped (256 at the root, %u under a space)", (unsigned long long)d.kid_skips,
+              under_sp);
+    assert_int_equal(d.kid_skips, 253 + under_sp - 1); /* ` `, `"`, `}` and " \"" visited */
+    gt_accept_text(m, " \"ab\": 12,");
+    (void)gt_fill_checked(m, v, &tb, mask, "after ,");
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    g = regex_or_fail("x [a-z]*");
+    if (di_grammar_matcher_new(g, v, NULL, &m, &err)) fail_msg("%s", err.msg);
+    gt_accept_text(m, "x");
+    d = gt_fill_checked(m, v, &tb, mask, "after x");
+    tu_report("after `x`: %llu skipped, %llu summaries, %llu subtrees whole", (unsigned long long)d.kid_skips,
+              (unsigned long long)d.summaries, (unsigned long long)d.blocks);
+    assert_int_equal(d.kid_skips, 255); /* " " scans [a-z]: all its children visited */
+    assert_true(d.blocks >= 26);        /* " a".." z", by the summary " A" asked for */
+    di_grammar_matcher_free(m);
+    di_grammar_free(g);
+    free(mask);
+    di_grammar_vocab_free(v);
+    gt_bytes_free(&tb);
+}
+
 /* The single bytes and `extra` tokens of 2..max_len bytes drawn from alpha. */
 static gt_bytes alpha_vocab(uint32_t extra, uint64_t seed, const char *alpha, int max_len) {
     gt_bytes tb = gt_single_bytes(extra);
@@ -2010,6 +2107,7 @@ int main(void) {
         cmocka_unit_test(test_lazy_full_sigs),   cmocka_unit_test(test_utf8_shapes_static),
         cmocka_unit_test(test_whole_subtree_union),
         cmocka_unit_test(test_walk_cache),       cmocka_unit_test(test_top_level_boundary),
+        cmocka_unit_test(test_kid_skips),
         cmocka_unit_test(test_separated_list_keys), cmocka_unit_test(test_separated_list_language),
         cmocka_unit_test(test_separated_list_longest), cmocka_unit_test(test_predicted_once),
         cmocka_unit_test(test_mask_lists),

@@ -121,6 +121,7 @@ typedef struct di_grammar_walk_stats {
     uint64_t union_hits;  /* trie walks whose whole subtrees were ORed in as an earlier walk's union */
     uint64_t union_shifts; /* ... as an earlier walk's union less and plus the subtrees that differ */
     uint64_t walk_hits;   /* trie walks whose context-free part came from an earlier walk of the same root */
+    uint64_t kid_skips;   /* trie children of the first two levels not visited: their parent's state does not scan their byte */
 } di_grammar_walk_stats;
 void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_stats *s);
 

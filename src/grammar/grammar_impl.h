@@ -108,6 +108,18 @@ struct di_grammar_vocab {
     size_t n_eos;
     di_trie_node *nodes;    /* [n_nodes] preorder trie over non-special, non-empty tokens */
     uint32_t n_nodes;
+    /* The root's children, one per first byte in ascending order (preorder): child k's subtree is
+     * nodes root_kid[k] .. root_kid[k + 1] - 1, its byte root_byte[k]. A walk visits only those
+     * whose byte its root state scans (matcher.c: walk_root). */
+    uint32_t root_kid[257];
+    uint8_t root_byte[256];
+    uint32_t n_root_kids;
+    /* The children of root child k (the depth-2 nodes, ascending bytes) are kid2[kid2_off[k] ..
+     * kid2_off[k + 1]), with their bytes in kid2_byte; NULL without memory (then walks visit
+     * every child). */
+    uint32_t *kid2_off; /* [n_root_kids + 1] */
+    uint32_t *kid2;     /* [number of depth-2 nodes] node indices */
+    uint8_t *kid2_byte; /* [number of depth-2 nodes] */
     int32_t *dup_next;      /* [n_vocab] next token with identical bytes, or -1 */
     int32_t *pre_tok;       /* [n_pre] text tokens in trie preorder, duplicates included */
     uint32_t *tok_start;    /* [n_nodes + 1] first pre_tok index of each subtree: the tokens under

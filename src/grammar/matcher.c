@@ -118,6 +118,7 @@ struct di_grammar_matcher {
     di_trie_union whole;      /* subtrees the current walk accepts whole, and earlier walks' unions */
     uint64_t n_union_hits, n_union_shifts; /* walks whose whole subtrees came from an earlier walk's union (shifted) */
     uint64_t n_walk_hits;     /* trie walks whose context-free part came from the grammar's cache */
+    uint64_t n_kid_skips;     /* trie children not visited: their parent's state does not scan their byte */
     struct walk_put {         /* a walk to remember once fill_mask has stored its mask (n: listed nodes in cent) */
         bool pending;
         sig128 root;
@@ -679,7 +680,7 @@ void di_grammar_matcher_walk_stats(const di_grammar_matcher *m, di_grammar_walk_
                                  .edges = m->n_edges, .pushes = m->e.n_pushes, .replays = m->n_replays, .reuses = m->n_reuses,
                                  .shapes_static = m->n_shapes_static, .union_hits = m->n_union_hits,
                                  .union_shifts = m->n_union_shifts,
-                                 .walk_hits = m->n_walk_hits,
+                                 .walk_hits = m->n_walk_hits, .kid_skips = m->n_kid_skips,
                                  .summaries = m->n_summaries, .full_sigs = m->n_full_sigs};
 }
 
@@ -1744,6 +1745,98 @@ static int walk_ctx_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t ba
     return DI_OK;
 }
 
+/* walk_nodes over the children list[0..n) of the node at depth d - 1 (node indices in preorder,
+ * bytes in bytes[], the last child's subtree ending at hi), visiting only those whose byte the
+ * node's state scans (*scan; NULL: all). di_earley_push rejects every other byte, so their
+ * subtrees hold no allowed token; each counts as the dead edge walk_nodes would have found.
+ * Consecutive live children are walked as one range. */
+static int walk_kids(di_grammar_matcher *m, di_gcache_table *tab, size_t base, size_t *md, uint32_t d,
+                     const uint32_t *list, const uint8_t *bytes, uint32_t n, uint32_t hi, const di_cfg_class *scan,
+                     uint32_t *mask, walk_budget *bud, walk_rec *rec, di_error *err) {
+    if (!scan) return n ? walk_nodes(m, tab, base, md, list[0], hi, mask, bud, rec, err) : DI_OK;
+    int rc;
+    for (uint32_t k = 0; k < n;) {
+        if (!di_cfg_class_has(scan, bytes[k])) {
+            m->n_edges++;
+            m->n_kid_skips++;
+            k++;
+            continue;
+        }
+        uint32_t j = k + 1;
+        while (j < n && di_cfg_class_has(scan, bytes[j])) j++;
+        if ((rc = walk_nodes(m, tab, base, md, list[k], j < n ? list[j] : hi, mask, bud, rec, err))) return rc;
+        k = j;
+    }
+    return DI_OK;
+}
+
+/* Children of a root child this many or more are walked by the bytes their state scans. */
+#define KID2_MIN 32
+
+/* Does the state scan fewer bytes than a loop summary needs (LOOP_MIN_BYTES)? Then no summary of
+ * it can accept a subtree whole, and skipping its dead children changes nothing but the walk. A
+ * state that scans more keeps all its children visited: a big dead child asks for the state's
+ * summary there, and its live siblings are then taken whole (without that, regex_sentence and
+ * ebnf_stmt listed other whole subtrees in one walk than in the next and rebuilt a union: +29% and
+ * +24% instructions on one mask each). NULL (not known): false. */
+static bool few_bytes(const di_cfg_class *scan) {
+    if (!scan) return false;
+    int nb = 0;
+    for (int w = 0; w < 8; w++)
+        for (uint32_t x = scan->bits[w]; x; x &= x - 1)
+            if (++nb >= LOOP_MIN_BYTES) return false;
+    return true;
+}
+
+/* Should walk_root step into root child k alone and walk its children by its state's scanned
+ * bytes? Only for a wide child whose state may scan few bytes: known to (a known transition), or
+ * not known yet (a new state, as in a first walk after a JSON comma). */
+static bool split_kid(const di_grammar_matcher *m, const di_gcache_table *tab, uint32_t k) {
+    const di_grammar_vocab *v = m->v;
+    if (!v->kid2_off || v->kid2_off[k + 1] - v->kid2_off[k] < KID2_MIN) return false;
+    int32_t next = m->vid[0] > 0 ? di_gcache_next(tab, m->vid[0], v->root_byte[k]) : DI_ST_UNKNOWN;
+    return next <= 0 || few_bytes(di_gcache_scan_get(tab, next));
+}
+
+/* walk_nodes over the whole trie from the walk's root, skipping the children whose byte their
+ * parent's state does not scan, at the first two levels: a walk of a few allowed first bytes
+ * (after a JSON comma: whitespace and `"`) otherwise visits all ~256 children of the root and the
+ * ~120 of " ", each a node of its own in a different part of the trie. The root's scanned bytes
+ * are its set's (*scan, exact); a root child's are its state's as recorded when it was interned
+ * (note_scan; walk_edge trusts them the same way). */
+static int walk_root(di_grammar_matcher *m, di_gcache_table *tab, size_t base, size_t *md, const di_cfg_class *scan,
+                     uint32_t *mask, walk_budget *bud, walk_rec *rec, di_error *err) {
+    const di_grammar_vocab *v = m->v;
+    uint32_t n = v->n_root_kids;
+    int rc;
+    for (uint32_t k = 0; k < n;) {
+        if (!di_cfg_class_has(scan, v->root_byte[k])) {
+            m->n_edges++;
+            m->n_kid_skips++;
+            k++;
+            continue;
+        }
+        if (!split_kid(m, tab, k)) { /* a run of live children walked as they come */
+            uint32_t j = k + 1;
+            while (j < n && di_cfg_class_has(scan, v->root_byte[j]) && !split_kid(m, tab, j)) j++;
+            if ((rc = walk_nodes(m, tab, base, md, v->root_kid[k], v->root_kid[j], mask, bud, rec, err))) return rc;
+            k = j;
+            continue;
+        }
+        uint32_t i = v->root_kid[k], o = v->kid2_off[k], nk = v->kid2_off[k + 1] - o;
+        uint64_t blocks = m->n_blocks;
+        m->vid[1] = DI_ST_DEAD; /* stays so if the edge is dead; a live edge sets the state */
+        if ((rc = walk_nodes(m, tab, base, md, i, i + 1, mask, bud, rec, err))) return rc;
+        k++;
+        if (m->n_blocks != blocks || m->vid[1] == DI_ST_DEAD) continue; /* accepted whole, or dead */
+        const di_cfg_class *s2 = m->vid[1] > 0 ? di_gcache_scan_get(tab, m->vid[1]) : NULL;
+        if (!few_bytes(s2)) s2 = NULL; /* all children visited */
+        rc = walk_kids(m, tab, base, md, 2, v->kid2 + o, v->kid2_byte + o, nk, v->root_kid[k], s2, mask, bud, rec, err);
+        if (rc) return rc;
+    }
+    return DI_OK;
+}
+
 /* A walk is stored only if it took at least V / WALK_CACHE_EDGE_WORDS edges: copying the mask
  * (V / 32 words) in and out costs about what walking a few hundred edges does (1,010 edges at
  * V = 129,280; small test and fuzz vocabularies store nearly every walk, which exercises it). */
@@ -1784,6 +1877,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
     if (!ok) use_boundary(m, 0), root = state_key(m);
     m->lbd[0] = (uint32_t)m->lb;
     m->vid[0] = intern_top(m, tab, root);
+    di_cfg_class scan = *di_earley_next_bytes(e); /* the root's first bytes (walk_root) */
     rc = loop_mask(m, tab, base, root, mask, err); /* writes mask only when it returns 1 */
     m->bgen++; /* loop_mask may have extended the root's chain */
     if (rc) goto out; /* done (1) or failed (< 0) */
@@ -1809,7 +1903,7 @@ static int walk_trie(di_grammar_matcher *m, uint32_t *mask, di_error *err) {
         m->n_few = 0;
         /* the listed subtrees are walked in place (their sets are on the path now); a later
          * walk clears their tokens from the stored mask and walks them again */
-        rc = walk_nodes(m, tab, base, &md, 1, v->n_nodes, mask, &bud, cacheable ? &rec : NULL, err);
+        rc = walk_root(m, tab, base, &md, &scan, mask, &bud, cacheable ? &rec : NULL, err);
         if (rc) goto out;
         edges = m->n_edges - edges;
         m->few_ok = m->n_few <= DI_GCACHE_LIST_MAX; /* no subtree accepted whole: the list is the mask */

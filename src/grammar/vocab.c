@@ -14,6 +14,9 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
     free(v->bytes);
     free(v->eos);
     free(v->class_off);
+    free(v->kid2_off);
+    free(v->kid2);
+    free(v->kid2_byte);
     if (v->class_memo) {
         if (!v->arena) free(v->class_memo->masks);
         pthread_mutex_destroy(&v->class_memo->lock);
@@ -461,6 +464,33 @@ int di_grammar_vocab_new(uint32_t n_vocab, const uint8_t *const *bytes, const ui
     while (depth > 0) v->nodes[path[depth--]].end = nn;
     v->nodes[0].end = nn;
     v->n_nodes = nn;
+    for (uint32_t i = 1; i < nn; i = v->nodes[i].end) {
+        v->root_byte[v->n_root_kids] = v->nodes[i].byte;
+        v->root_kid[v->n_root_kids++] = i;
+    }
+    v->root_kid[v->n_root_kids] = nn;
+    uint32_t n2 = 0;
+    for (uint32_t i = 1; i < nn; i++) n2 += v->nodes[i].depth == 2;
+    v->kid2_off = malloc(((size_t)v->n_root_kids + 1) * sizeof *v->kid2_off);
+    v->kid2 = malloc(((size_t)n2 + 1) * sizeof *v->kid2);
+    v->kid2_byte = malloc((size_t)n2 + 1);
+    if (v->kid2_off && v->kid2 && v->kid2_byte) {
+        n2 = 0;
+        for (uint32_t k = 0; k < v->n_root_kids; k++) {
+            v->kid2_off[k] = n2;
+            for (uint32_t i = v->root_kid[k] + 1; i < v->root_kid[k + 1]; i = v->nodes[i].end) {
+                v->kid2_byte[n2] = v->nodes[i].byte;
+                v->kid2[n2++] = i;
+            }
+        }
+        v->kid2_off[v->n_root_kids] = n2;
+    } else { /* optional: walks then visit every child of a root child */
+        free(v->kid2_off);
+        free(v->kid2);
+        free(v->kid2_byte);
+        v->kid2_off = v->kid2 = NULL;
+        v->kid2_byte = NULL;
+    }
     if (summarize(v, n_text)) goto oom;
     /* FNV-1a over lengths, bytes and flags of every token, then the EOS ids */
     uint64_t fp = 0xCBF29CE484222325ull;
