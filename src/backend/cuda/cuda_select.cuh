@@ -754,9 +754,9 @@ static __device__ void d_topk_torch_row(const float *s, int64_t nk, int32_t vis,
 /* One row's candidate mask by the replay on a CTA of REPLAY_THREADS: block scores = max over the block's
  * entries, the newest visible block pinned to +inf, torch's best `keep` of the nb blocks kept.
  *   s f32 [nk];  row telem [d_replay_elems(nb)] (shared or global scratch);  mask uint8 [nk]
- * The mask is cleared while the block scores are formed and the kept blocks' bytes set after the selection
- * (both before and after a CTA barrier): the same bytes as mask[n] = kept[n / block], without a division and a
- * dependent load per byte. Blocks of 8 (V4.1's) load their entries four blocks at a time, all in flight before
+ * The mask is cleared while the block scores are formed and, after the selection (CTA barriers between), the
+ * kept blocks' bytes are set: the same bytes as mask[n] = kept[n / block], without a division and a dependent
+ * load per byte. Blocks of 8 (V4.1's) load their entries four blocks at a time, all in flight before
  * the maxima (the same fmaxf sequence per block; an entry past nk counts as −inf, which leaves the maximum as
  * it is). H200, B = 1 / 64K (8,192 blocks): 0.124 -> 0.069 ms per row (bench/NOTES-gpu.md, session 20). */
 static __device__ void d_cand_torch_row(const float *s, int64_t nk, int32_t vis, int block, int64_t nb, int64_t keep,
