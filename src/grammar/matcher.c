@@ -1745,14 +1745,14 @@ static int walk_ctx_nodes(di_grammar_matcher *m, di_gcache_table *tab, size_t ba
     return DI_OK;
 }
 
-/* walk_nodes over the children list[0..n) of the node at depth d - 1 (node indices in preorder,
+/* walk_nodes over the children list[0..n) of a root child (node indices in preorder,
  * bytes in bytes[], the last child's subtree ending at hi), visiting only those whose byte the
  * node's state scans (*scan; NULL: all). di_earley_push rejects every other byte, so their
  * subtrees hold no allowed token; each counts as the dead edge walk_nodes would have found.
  * Consecutive live children are walked as one range. */
-static int walk_kids(di_grammar_matcher *m, di_gcache_table *tab, size_t base, size_t *md, uint32_t d,
-                     const uint32_t *list, const uint8_t *bytes, uint32_t n, uint32_t hi, const di_cfg_class *scan,
-                     uint32_t *mask, walk_budget *bud, walk_rec *rec, di_error *err) {
+static int walk_kids(di_grammar_matcher *m, di_gcache_table *tab, size_t base, size_t *md, const uint32_t *list,
+                     const uint8_t *bytes, uint32_t n, uint32_t hi, const di_cfg_class *scan, uint32_t *mask,
+                     walk_budget *bud, walk_rec *rec, di_error *err) {
     if (!scan) return n ? walk_nodes(m, tab, base, md, list[0], hi, mask, bud, rec, err) : DI_OK;
     int rc;
     for (uint32_t k = 0; k < n;) {
@@ -1831,7 +1831,7 @@ static int walk_root(di_grammar_matcher *m, di_gcache_table *tab, size_t base, s
         if (m->n_blocks != blocks || m->vid[1] == DI_ST_DEAD) continue; /* accepted whole, or dead */
         const di_cfg_class *s2 = m->vid[1] > 0 ? di_gcache_scan_get(tab, m->vid[1]) : NULL;
         if (!few_bytes(s2)) s2 = NULL; /* all children visited */
-        rc = walk_kids(m, tab, base, md, 2, v->kid2 + o, v->kid2_byte + o, nk, v->root_kid[k], s2, mask, bud, rec, err);
+        rc = walk_kids(m, tab, base, md, v->kid2 + o, v->kid2_byte + o, nk, v->root_kid[k], s2, mask, bud, rec, err);
         if (rc) return rc;
     }
     return DI_OK;
