@@ -29,21 +29,94 @@
 #define U(p) ((__typeof__(p))((p) ? (void *)((uintptr_t)(p) ^ HIDE_BIT) : NULL))
 #define IN(be) ((const di_backend *)(be)->impl)
 
+/* ---------------- the side lane (backend.h side_begin) ----------------
+ * g_lanes 0: no lane slots (the forward runs everything in order); 1: the slots are offered and the side
+ * lane's ops run when issued; 2: they are held and run at side_join, after every main-lane op issued in
+ * between — the latest a backend may run them — so a main op that reads a side op's output, or writes
+ * what a side op reads, before the join changes the results, which the runs compare bit for bit. The
+ * protocol is checked on every call: begin → end → join, no memory slot on the side lane, and only the
+ * ops the forward puts there (linear_fp8, rope, swiglu). */
+static int g_lanes;
+static int g_lane;                  /* 0: idle, 1: side, 2: main after side_end */
+static long g_regions, g_side_ops;  /* side lanes opened; ops issued on them */
+static const char *g_lane_error;    /* the first protocol violation */
+enum { HOLD_MAX = 16 };
+typedef enum { H_LINEAR_FP8, H_ROPE, H_SWIGLU } hold_op;
+typedef struct held {
+    hold_op op;
+    const void *a, *b, *c, *d; /* the pointers, as issued (hidden) */
+    void *out;
+    int64_t m, k, n;
+    int i0, i1, i2;
+    float f;
+    bool inv;
+} held;
+static held g_held[HOLD_MAX];
+static int g_n_held;
+
+static void lane_violation(const char *what) {
+    if (!g_lane_error) g_lane_error = what;
+}
+static bool on_side(void) { return g_lane == 1; }
+static void no_memory_on_side(const char *slot) {
+    if (on_side()) lane_violation(slot);
+}
+static bool hold(held h) {
+    if (!on_side()) return false;
+    g_side_ops++;
+    if (g_lanes != 2) return false;
+    if (g_n_held == HOLD_MAX) {
+        lane_violation("more side ops than the test holds");
+        return false;
+    }
+    g_held[g_n_held++] = h;
+    return true;
+}
+static int l_begin(const di_backend *be, di_error *e) {
+    if (g_lane != 0) lane_violation("side_begin out of order");
+    g_lane = 1, g_regions++;
+    return DI_OK;
+}
+static int l_end(const di_backend *be, di_error *e) {
+    if (g_lane != 1) lane_violation("side_end out of order");
+    g_lane = 2;
+    return DI_OK;
+}
+static int run_held(const di_backend *be, const held *h, di_error *e);
+static int l_join(const di_backend *be, di_error *e) {
+    if (g_lane != 2) lane_violation("side_join out of order");
+    g_lane = 0;
+    int rc = DI_OK;
+    for (int i = 0; i < g_n_held && rc == DI_OK; i++) rc = run_held(be, &g_held[i], e);
+    g_n_held = 0;
+    return rc;
+}
+
 static void *g_alloc(const di_backend *be, size_t bytes, di_error *err) {
+    no_memory_on_side("mem_alloc on the side lane");
     void *p = IN(be)->mem_alloc(IN(be), bytes, err);
     return p ? U(p) : NULL;
 }
-static void g_free(const di_backend *be, void *p) { IN(be)->mem_free(IN(be), U(p)); }
+static void g_free(const di_backend *be, void *p) {
+    no_memory_on_side("mem_free on the side lane");
+    IN(be)->mem_free(IN(be), U(p));
+}
 static int g_upload(const di_backend *be, void *d, const void *s, size_t n, di_error *e) {
+    no_memory_on_side("mem_upload on the side lane");
     return IN(be)->mem_upload(IN(be), U(d), s, n, e);
 }
 static int g_download(const di_backend *be, void *d, const void *s, size_t n, di_error *e) {
+    no_memory_on_side("mem_download on the side lane");
     return IN(be)->mem_download(IN(be), d, U(s), n, e);
 }
 static int g_copy(const di_backend *be, void *d, const void *s, size_t n, di_error *e) {
+    no_memory_on_side("mem_copy on the side lane");
     return IN(be)->mem_copy(IN(be), U(d), U(s), n, e);
 }
-static int g_set(const di_backend *be, void *d, int v, size_t n, di_error *e) { return IN(be)->mem_set(IN(be), U(d), v, n, e); }
+static int g_set(const di_backend *be, void *d, int v, size_t n, di_error *e) {
+    no_memory_on_side("mem_set on the side lane");
+    return IN(be)->mem_set(IN(be), U(d), v, n, e);
+}
 static int g_map(const di_backend *be, const void *h, size_t n, const void **view, di_error *e) {
     *view = U(h);
     return DI_OK;
@@ -60,6 +133,7 @@ static int g_row_decode(const di_backend *be, di_row_codec c, const uint8_t *r, 
 }
 static int g_linear_fp8(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws,
                         int64_t n, uint16_t *y, di_error *e) {
+    if (hold((held){.op = H_LINEAR_FP8, .a = x, .b = w, .c = ws, .out = y, .m = m, .k = k, .n = n})) return DI_OK;
     return IN(be)->linear_fp8(IN(be), U(x), m, k, U(w), U(ws), n, U(y), e);
 }
 static int g_linear_fp4(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws,
@@ -84,6 +158,8 @@ static int g_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t
 }
 static int g_rope(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
                   const float *f, bool inv, di_error *e) {
+    if (hold((held){.op = H_ROPE, .a = pos, .b = f, .out = x, .m = m, .i0 = nh, .i1 = d, .i2 = rd, .inv = inv}))
+        return DI_OK;
     return IN(be)->rope(IN(be), U(x), m, nh, d, rd, U(pos), U(f), inv, e);
 }
 static int g_qdq_fp8(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int g, di_error *e) {
@@ -142,6 +218,7 @@ static int g_router(const di_backend *be, const float *l, int64_t m, int ne, con
 }
 static int g_swiglu(const di_backend *be, const uint16_t *g, const uint16_t *u, int64_t m, int64_t n, const float *rw,
                     float lim, uint16_t *a, di_error *e) {
+    if (hold((held){.op = H_SWIGLU, .a = g, .b = u, .c = rw, .out = a, .m = m, .n = n, .f = lim})) return DI_OK;
     return IN(be)->swiglu(IN(be), U(g), U(u), m, n, U(rw), lim, U(a), e);
 }
 static int g_gather(const di_backend *be, const uint16_t *x, int64_t d, const int32_t *r, int64_t m, uint16_t *y,
@@ -217,6 +294,22 @@ static int g_pool_seqs(const di_backend *be, const float *a, const float *g, int
     free(h);
     return rc;
 }
+/* a held side op, as the wrapper would have run it when issued */
+static int run_held(const di_backend *be, const held *h, di_error *e) {
+    switch (h->op) {
+    case H_LINEAR_FP8:
+        return IN(be)->linear_fp8(IN(be), U((const uint16_t *)h->a), h->m, h->k, U((const uint8_t *)h->b),
+                                  U((const uint8_t *)h->c), h->n, U((uint16_t *)h->out), e);
+    case H_ROPE:
+        return IN(be)->rope(IN(be), U((uint16_t *)h->out), h->m, h->i0, h->i1, h->i2, U((const int64_t *)h->a),
+                            U((const float *)h->b), h->inv, e);
+    case H_SWIGLU:
+        return IN(be)->swiglu(IN(be), U((const uint16_t *)h->a), U((const uint16_t *)h->b), h->m, h->n,
+                              U((const float *)h->c), h->f, U((uint16_t *)h->out), e);
+    }
+    return di_error_set(e, DI_ERR_INTERNAL, "held side op %d", (int)h->op);
+}
+
 static void g_destroy(di_backend *be) {
     di_backend_destroy((di_backend *)be->impl);
     free(be);
@@ -277,6 +370,7 @@ static di_backend *guarded(void) {
                        .compress_pool_ring = g_pool_ring, .sparse_attn_seqs = g_attn_seqs,
                        .compress_pool_seqs = g_pool_seqs};
     if (g_fused) be->hc_pre = g_hc_pre, be->gather_topk = g_gather_topk, be->moe_grouped = g_moe_grouped;
+    if (g_lanes) be->side_begin = l_begin, be->side_end = l_end, be->side_join = l_join;
     return be;
 }
 
@@ -484,12 +578,40 @@ static int fused_off_grouped(void **state) {
     return g_grouped_calls > 0 ? fused_off(state) : -1;
 }
 
+/* the same runs with the side lane: its ops run when issued (1) or held until the join (2) */
+static int lanes_on(int mode, bool fused) {
+    g_lanes = mode, g_lane = 0, g_regions = g_side_ops = 0, g_lane_error = NULL, g_n_held = 0;
+    return fused ? fused_on(NULL) : 0;
+}
+static int lanes_off(bool fused, bool grouped) {
+    int mode = g_lanes;
+    g_lanes = 0;
+    tu_report("side lane (%s): %ld lanes, %ld side ops%s%s", mode == 2 ? "held to the join" : "run when issued",
+              g_regions, g_side_ops, g_lane_error ? ": " : "", g_lane_error ? g_lane_error : "");
+    /* every lane ends and joins; a block opens two, the attention's (linear_fp8 + rope) and the MoE's
+     * (three linear_fp8 and a swiglu): 6 side ops per pair */
+    if (g_lane_error || g_lane != 0 || g_regions < 2 || g_regions % 2 || g_side_ops != 3 * g_regions) return -1;
+    return !fused ? 0 : grouped ? fused_off_grouped(NULL) : fused_off(NULL);
+}
+static int held_on(void **state) { return lanes_on(2, false); }
+static int held_off(void **state) { return lanes_off(false, false); }
+static int issued_on(void **state) { return lanes_on(1, false); }
+static int issued_off(void **state) { return lanes_off(false, false); }
+static int held_fused_on(void **state) { return lanes_on(2, true); }
+static int held_fused_off_grouped(void **state) { return lanes_off(true, true); }
+static int held_fused_off(void **state) { return lanes_off(true, false); }
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_verify),
         cmocka_unit_test(test_session),
         cmocka_unit_test_setup_teardown(test_prefill_and_verify, fused_on, fused_off_grouped),
         cmocka_unit_test_setup_teardown(test_session, fused_on, fused_off),
+        cmocka_unit_test_setup_teardown(test_session, issued_on, issued_off),
+        cmocka_unit_test_setup_teardown(test_prefill_and_verify, held_on, held_off),
+        cmocka_unit_test_setup_teardown(test_session, held_on, held_off),
+        cmocka_unit_test_setup_teardown(test_prefill_and_verify, held_fused_on, held_fused_off_grouped),
+        cmocka_unit_test_setup_teardown(test_session, held_fused_on, held_fused_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -474,6 +474,18 @@ struct di_backend {
     int (*graph_begin)(const di_backend *be, di_error *err);
     int (*graph_end)(const di_backend *be, void **exec, bool try_update, bool *replayed, di_error *err);
     void (*graph_free)(const di_backend *be, void *exec);
+    /* ---------------- a second lane of ops (optional; NULL = every op runs in issue order) ----------------
+     * side_begin: the ops issued from now on go to the side lane; they run after every op issued before
+     * (on either lane). side_end: the ops issued from now on go back to the main lane, where they may run
+     * while the side lane's run. side_join: the main lane's ops issued from now on run after every op
+     * the side lane was given. Always in that order, never nested; no memory transfer, allocation or
+     * release on the side lane. The caller gives the two lanes' ops between side_begin and side_join
+     * no buffer that one writes and the other reads or writes: then the values are those of issue order.
+     * A backend may run both lanes in issue order (the CUDA backend does while ops are timed). Recorded
+     * in a graph (graph_begin) as two branches joined again. */
+    int (*side_begin)(const di_backend *be, di_error *err);
+    int (*side_end)(const di_backend *be, di_error *err);
+    int (*side_join)(const di_backend *be, di_error *err);
     /* Page-lock host memory the host writes and the ops' uploads read (the forward's upload staging):
      * an upload from it is an asynchronous DMA, and a recorded upload reads it when the graph runs.
      * NULL where uploads are plain copies (the CPU). */

@@ -532,7 +532,7 @@ done:
 static bool graph_pass(const fwd_ctx *c) {
     const di_fwd_opts *o = c->opts;
     return fwd_arena_graphs(c) && o->logits_on_device && !o->dump && (!o->block_hook || o->block_hook_async) &&
-           !c->out && c->T <= 64 && c->be->moe_routed && fwd_gather_on_backend(c);
+           !c->out && c->T <= FWD_GRAPH_MAX_T && c->be->moe_routed && fwd_gather_on_backend(c);
 }
 
 /* With graphs on, every eligible pass is recorded and then run as one graph launch: the backend first

@@ -99,6 +99,7 @@ bool di_fwd_arena_is_staging(const di_fwd_arena *a, const void *p) {
 }
 
 bool fwd_arena_graphs(const fwd_ctx *c) { return c->ar && c->ar->graphs && c->be->graph_begin && c->ar->last_fit; }
+bool fwd_arena_graphs_on(const fwd_ctx *c) { return c->ar && c->ar->graphs && c->be->graph_begin; }
 void **fwd_arena_exec(fwd_ctx *c) { return &c->ar->exec; }
 void fwd_arena_count(fwd_ctx *c, int captures, int replays, int fallbacks) {
     c->ar->st.captures += (uint64_t)captures, c->ar->st.replays += (uint64_t)replays;

@@ -808,6 +808,60 @@ static int attend_seqs(fwd_ctx *c, const uint16_t *q, int H, int64_t hd, const s
                                    o, c->err);
 }
 
+/* ---------------- the backend's side lane (backend.h side_begin) ----------------
+ * Two places in a block hand the backend work that may run beside the rest: the query's up-projection
+ * (beside the key sets and the index selection) and the shared expert (beside the router and the routed
+ * experts). Each reads what the main lane only reads and writes buffers of its own, and the main lane
+ * joins it before anything reads them, so the values are those of issue order. A backend without the
+ * slots runs everything in order.
+ *
+ * Which lanes a pass opens (bench/NOTES-gpu.md, session 22: the H200, full-size layers at B 1 / 2 / 8 / 64 /
+ * 256 and the 8K prefill, each form against one lane in the same call):
+ *   - op by op, both lanes win at every size (the side lane's launches fill the main lane's gaps):
+ *     2-10 % per layer at B 1-256, 0.5 % on the prefill;
+ *   - in a recorded graph the attention's lane loses at every size (the up-projection's CTAs delay the
+ *     main lane's short kernels, which the graph already runs back to back), and the MoE's loses at one
+ *     row (moe_routed fills the GPU by itself) and wins 3-6 % from 8 rows.
+ * So a pass that may be recorded (an arena with graphs on, at most FWD_GRAPH_MAX_T rows) opens the MoE's
+ * lane from 8 rows and nothing else; every other pass opens both. Not understood: once any lane has run
+ * in the process, passes of 1-2 rows take ~3 % longer, recorded or not, even without a lane of their own
+ * (B 8 with lanes, then B 1 without: 0.439 against 0.422 ms graph-timed, 0.502 against 0.489 op by op).
+ * DI_CUDA_SIDE=0 (backend_cuda.cu) keeps every op on one stream. */
+enum { SIDE_ATTN, SIDE_MOE, SIDE_MOE_GRAPH_MIN_T = 8 };
+static bool side_lane(const fwd_ctx *c, int site) {
+    if (!fwd_arena_graphs_on(c) || c->T > FWD_GRAPH_MAX_T) return true;
+    return site == SIDE_MOE && c->T >= SIDE_MOE_GRAPH_MIN_T;
+}
+/* one lane call; rc: the result so far. The call runs whatever rc is (the backend's lane state must come
+ * back to the start) and the first failure is the one reported. */
+static int side_call(fwd_ctx *c, int (*slot)(const di_backend *, di_error *), int rc) {
+    if (!slot) return rc;
+    di_error spare;
+    int r = slot(c->be, rc == DI_OK ? c->err : &spare);
+    return rc == DI_OK ? r : rc;
+}
+
+/* q = RoPE(wq_b · qa): bf16 [T, H, hd] from the normed qa bf16 [T, qr] */
+static int query_up(fwd_ctx *c, int L, const uint16_t *qa, uint16_t *q) {
+    const di_config *cfg = c->cfg;
+    const di_layer_w *w = &c->m->w.layers[L];
+    int64_t hd = cfg->head_dim;
+    int H = cfg->num_attention_heads;
+    CK(c->be->linear_fp8(c->be, qa, c->T, cfg->q_lora_rank, w->wq_b.w, w->wq_b.s, H * hd, q, c->err));
+    return c->be->rope(c->be, q, c->T, H, (int)hd, cfg->qk_rope_head_dim, c->pos, c->rope_freqs[cfg->layer[L].rope],
+                       false, c->err);
+}
+
+/* each sequence's key set and index lists (sa[i].idx, n_idx) */
+static int key_sets(fwd_ctx *c, int L, const uint16_t *u, const uint16_t *qa, seq_attn *sa) {
+    const di_layer_cfg *lc = &c->cfg->layer[L];
+    if (lc->is_dspark) return dspark_kv(c, L, u, &sa[0]);
+    CK(window_kv(c, L, u, sa));
+    if (lc->compress_ratio > 0) return attn_compressed(c, L, u, qa, sa);
+    for (int i = 0; i < c->n_seq; i++) sa[i].idx = c->seq[i].win_idx, sa[i].n_idx = c->seq[i].n_win;
+    return DI_OK;
+}
+
 /* Attention sub-layer: u bf16 [T, D] (normed collapse) → y bf16 [T, D]. Projections over all rows;
  * key sets and index lists per sequence; the sparse attention of every sequence on its rows, in one
  * call where the backend offers sparse_attn_seqs. */
@@ -829,23 +883,19 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     CK(be->linear_fp8(be, u, T, D, w->wq_a.w, w->wq_a.s, qrk, qa, c->err));
     CK(be->rmsnorm(be, qa, T, qrk, w->q_norm, eps, qa, c->err));
     DUMP("attn.qr", DI_BF16, qa, 2, T, qrk, 0);
-    CK(be->linear_fp8(be, qa, T, qrk, w->wq_b.w, w->wq_b.s, H * hd, q, c->err));
-    CK(be->rope(be, q, T, H, (int)hd, rd, c->pos, c->rope_freqs[kind], false, c->err));
-    DUMP("attn.q", DI_BF16, q, 3, T, H, hd);
 
-    /* key sets and index lists: [window rows ‖ compressed entries], the reference's order */
+    /* the query's up-projection on the side lane, beside the key sets and index lists ([window rows ‖
+     * compressed entries], the reference's order), which read qa and u too and never q */
     seq_attn *sa; /* [n_seq] (host) */
     HALLOC(sa, c->n_seq, 0);
-    if (lc->is_dspark) {
-        CK(dspark_kv(c, L, u, &sa[0]));
-    } else {
-        CK(window_kv(c, L, u, sa));
-        if (lc->compress_ratio > 0) {
-            CK(attn_compressed(c, L, u, qa, sa));
-        } else {
-            for (int i = 0; i < c->n_seq; i++) sa[i].idx = c->seq[i].win_idx, sa[i].n_idx = c->seq[i].n_win;
-        }
-    }
+    const bool lane = side_lane(c, SIDE_ATTN);
+    int rc = lane ? side_call(c, be->side_begin, DI_OK) : DI_OK;
+    if (rc == DI_OK) rc = query_up(c, L, qa, q);
+    if (lane) rc = side_call(c, be->side_end, rc);
+    if (rc == DI_OK) rc = key_sets(c, L, u, qa, sa);
+    if (lane) rc = side_call(c, be->side_join, rc);
+    CK(rc);
+    DUMP("attn.q", DI_BF16, q, 3, T, H, hd);
 
     const float *sink = w->attn_sink; /* f32 [H] */
     if (c->opts->faults.no_sink) {
@@ -902,9 +952,9 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
  * loop of ops. All three compute the same values. */
 #define MOE_ROUTED_MAX_T 256
 
-/* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
- * accumulated in f32 per token, the shared expert last (reference MoE.forward). */
-static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
+/* The routed experts of v bf16 [T, D] summed into acc f32 [T, D] (every token's in ascending expert id);
+ * *rows: int32 backend memory whose entries [*n_all, *n_all + T) are 0 … T−1, the shared expert's rows. */
+static int routed(fwd_ctx *c, int L, const uint16_t *v, float *acc, int32_t **rows_out, int64_t *n_all_out) {
     const di_config *cfg = c->cfg;
     const di_layer_cfg *lc = &cfg->layer[L];
     const di_layer_w *w = &c->m->w.layers[L];
@@ -913,19 +963,13 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
     int E = lc->n_experts, K = lc->n_active_experts;
     float lim = (float)cfg->swiglu_limit;
 
-    float *logits, *rw, *acc; /* f32 [T, E], f32 [T, K], f32 [T, D] */
-    int32_t *ids;             /* int32 [T, K] */
-    int32_t *rows;            /* int32 [T·K + T] per-expert row lists, then 0…T−1 (the shared expert) */
-    int64_t n_all = 0;        /* routed rows in `rows` before the shared expert's */
-    uint16_t *g, *u, *a, *ye; /* bf16 [T, I], [T, I], [T, I], [T, D] */
+    float *logits, *rw; /* f32 [T, E], f32 [T, K] */
+    int32_t *ids;       /* int32 [T, K] */
+    int32_t *rows;      /* int32 [T·K + T] per-expert row lists, then 0…T−1 (the shared expert) */
+    int64_t n_all = 0;  /* routed rows in `rows` before the shared expert's */
     ALLOC(logits, T * E, 0);
     ALLOC(rw, T * K, 0);
-    ALLOC(acc, T * D, 0);
     ALLOC(ids, T * K, 0);
-    ALLOC(g, T * I, 0);
-    ALLOC(u, T * I, 0);
-    ALLOC(a, T * I, 0);
-    ALLOC(ye, T * D, 0);
     CK(be->linear_f32(be, v, T, D, w->gate_w, E, logits, c->err));
     CK(be->router(be, logits, T, E, w->gate_bias, (float)cfg->gate_temp, K, cfg->norm_topk_prob,
                   (float)cfg->routed_scaling_factor, ids, rw, c->err));
@@ -992,8 +1036,12 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
             const di_moe_plan plan = {n_all, start, start_d, rows, roww, rank};
             CK(be->moe_grouped(be, v, T, D, I, K, E, tab, &plan, lim, acc, ws, c->err));
         } else {
-            uint16_t *xg; /* bf16 [T, D] */
+            uint16_t *xg, *g, *u, *a, *ye; /* bf16 [T, D], [T, I] ×3, [T, D]: a busiest expert's rows at most */
             ALLOC(xg, T * D, 0);
+            ALLOC(g, T * I, 0);
+            ALLOC(u, T * I, 0);
+            ALLOC(a, T * I, 0);
+            ALLOC(ye, T * D, 0);
             CK(be->fill_f32(be, acc, T * D, 0.0f, c->err));
             for (int e = 0; e < E; e++) {
                 int64_t n = start[e + 1] - start[e];
@@ -1008,10 +1056,45 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
             }
         }
     }
+    *rows_out = rows, *n_all_out = n_all;
+    return DI_OK;
+}
+
+/* the shared expert of v bf16 [T, D]: ye bf16 [T, D] through g, u, a bf16 [T, I] */
+static int shared_expert(fwd_ctx *c, int L, const uint16_t *v, uint16_t *g, uint16_t *u, uint16_t *a, uint16_t *ye) {
+    const di_config *cfg = c->cfg;
+    const di_layer_w *w = &c->m->w.layers[L];
+    const di_backend *be = c->be;
+    int64_t T = c->T, D = cfg->hidden_size, I = cfg->moe_intermediate_size;
     CK(be->linear_fp8(be, v, T, D, w->sh_w1.w, w->sh_w1.s, I, g, c->err));
     CK(be->linear_fp8(be, v, T, D, w->sh_w3.w, w->sh_w3.s, I, u, c->err));
-    CK(be->swiglu(be, g, u, T, I, NULL, lim, a, c->err));
-    CK(be->linear_fp8(be, a, T, I, w->sh_w2.w, w->sh_w2.s, D, ye, c->err));
+    CK(be->swiglu(be, g, u, T, I, NULL, (float)cfg->swiglu_limit, a, c->err));
+    return be->linear_fp8(be, a, T, I, w->sh_w2.w, w->sh_w2.s, D, ye, c->err);
+}
+
+/* v bf16 [T, D] (normed collapse) → y bf16 [T, D]. Routed experts are applied in ascending id and
+ * accumulated in f32 per token, the shared expert last (reference MoE.forward). The shared expert runs
+ * on the backend's side lane, beside the router and the routed experts: it reads v as they do and writes
+ * buffers of its own, which only the final sum reads, after the join. */
+static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
+    const di_backend *be = c->be;
+    int64_t T = c->T, D = c->cfg->hidden_size, I = c->cfg->moe_intermediate_size;
+    float *acc;               /* f32 [T, D] */
+    uint16_t *g, *u, *a, *ye; /* bf16 [T, I], [T, I], [T, I], [T, D] the shared expert's */
+    int32_t *rows = NULL;     /* routed(): the shared expert's rows 0…T−1 at n_all */
+    int64_t n_all = 0;
+    ALLOC(acc, T * D, 0);
+    ALLOC(g, T * I, 0);
+    ALLOC(u, T * I, 0);
+    ALLOC(a, T * I, 0);
+    ALLOC(ye, T * D, 0);
+    const bool lane = side_lane(c, SIDE_MOE);
+    int rc = lane ? side_call(c, be->side_begin, DI_OK) : DI_OK;
+    if (rc == DI_OK) rc = shared_expert(c, L, v, g, u, a, ye);
+    if (lane) rc = side_call(c, be->side_end, rc);
+    if (rc == DI_OK) rc = routed(c, L, v, acc, &rows, &n_all);
+    if (lane) rc = side_call(c, be->side_join, rc);
+    CK(rc);
     DUMP("ffn.shared", DI_BF16, ye, 2, T, D, 0);
     CK(be->scatter_add_rows(be, ye, D, rows + n_all, T, acc, c->err));
     CK(be->f32_to_bf16(be, acc, T * D, y, c->err));

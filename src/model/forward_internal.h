@@ -119,6 +119,8 @@ void fwd_arena_free_tmp(fwd_ctx *c);
 void fwd_arena_synced(fwd_ctx *c);
 /* Graph capture of the backbone (fwd_backbone): eligible arena, its instantiated graph, the counters. */
 bool fwd_arena_graphs(const fwd_ctx *c);
+bool fwd_arena_graphs_on(const fwd_ctx *c); /* the pass runs in an arena with graphs on (recorded or not) */
+#define FWD_GRAPH_MAX_T 64 /* passes of more rows are never recorded (forward.c graph_pass) */
 void **fwd_arena_exec(fwd_ctx *c);
 void fwd_arena_count(fwd_ctx *c, int captures, int replays, int fallbacks);
 

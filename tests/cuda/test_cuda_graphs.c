@@ -13,6 +13,12 @@
  *            still recorded (replays > 0), logits bit-identical, and in the last pass every block's
  *            time positive and no block starting before the previous one ended (the marks are nodes of
  *            the graph, in order)
+ *   the side lane (backend.h side_begin: the query's up-projection and the shared expert on a second
+ *   stream; on by default): with 8 sequences (recorded decode passes open the MoE's lane), op by op as
+ *   the reference; DI_CUDA_SIDE=0 (one stream, no fork), DI_CUDA_SIDE=delay-side / delay-main (a busy
+ *   kernel first on that lane, so the other lane's ops run first: a missing order between them changes
+ *   values) op by op, and graphs with the lane, delayed or not (forks inside the recordings > 0, replays
+ *   > 0): every logit bit-identical
  * and the time per decode step of each (forward + the logits download, wall clock, steps 8-31). Then one
  * backend check: an op whose workspace must grow while the stream is recorded is refused (no
  * synchronisation inside the capture, no lost block) and computes the CPU op's bits after.
@@ -29,11 +35,12 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_optime.h"
 #include "model/session.h"
 #include "util/error.h"
 
-enum { N_SEQ = 2, PROMPT = 6, STEPS = 32, WARM = 8, MAX_LEN = 64 };
+enum { N_SEQ = 2, SIDE_SEQ = 8, MAX_SEQ = 8, PROMPT = 6, STEPS = 32, WARM = 8, MAX_LEN = 64 };
 
 static int n_pass, n_fail;
 static const char *g_dev = "cuda"; /* DI_GRAPH_DEVICE=cpu: a harness check without a GPU (the graph rows then fail) */
@@ -58,42 +65,48 @@ static double now_s(void) {
 }
 
 typedef struct run_out {
-    float *logits;          /* f32 [1 + STEPS, N_SEQ, V] the last row of every pass */
+    float *logits;          /* f32 [1 + STEPS, n_seq, V] the last row of every pass */
     double step_us;         /* mean wall time of decode steps WARM … STEPS-1 */
     di_fwd_arena_stats st;
     int n_blocks;           /* marked: the blocks timed in the last pass */
     double block_ms_min;    /* marked: the smallest block time of the last pass */
     double gap_ms_min;      /* marked: the smallest end-of-block-L to start-of-block-L+1 time */
+    long forks, recorded;   /* side lanes forked (CUDA), of them while the pass was recorded */
     char msg[200];          /* non-empty: the run failed */
 } run_out;
 
-/* mode 0 plain, 1 arena, 2 arena + graphs, 3 arena + graphs + marking hook */
-static void run(const char *path, int mode, run_out *o) {
+/* mode 0 plain, 1 arena, 2 arena + graphs, 3 arena + graphs + marking hook; n_seq sequences; side:
+ * DI_CUDA_SIDE for the run's backend (NULL: the default) */
+static void run_side(const char *path, int mode, int n_seq, const char *side, run_out *o);
+static void run(const char *path, int mode, run_out *o) { run_side(path, mode, N_SEQ, NULL, o); }
+static void run_side(const char *path, int mode, int n_seq, const char *side, run_out *o) {
     di_error err = {0};
     di_model *m = NULL;
     di_backend *be = NULL;
-    di_session *s[N_SEQ] = {0};
+    di_session *s[MAX_SEQ] = {0};
     di_fwd_arena *a = NULL;
-    float *dl[N_SEQ] = {0}; /* f32 [V] (device) */
+    float *dl[MAX_SEQ] = {0}; /* f32 [V] (device) */
     memset(o, 0, sizeof *o);
     int rc = di_model_open(path, &m, &err);
+    if (side) setenv("DI_CUDA_SIDE", side, 1);
     if (!rc) rc = di_backend_create(g_dev, 1, &be, &err);
+    unsetenv("DI_CUDA_SIDE");
     if (!rc) rc = di_model_to_backend(m, be, &err);
     if (!rc && mode) rc = di_fwd_arena_create(be, mode >= 2, &a, &err);
     int64_t V = m ? m->cfg.vocab_size : 0;
-    for (int i = 0; i < N_SEQ && !rc; i++) {
+    for (int i = 0; i < n_seq && !rc; i++) {
         di_session_opts so = {.max_tokens = MAX_LEN, .spec_margin = -1};
         rc = di_session_create(m, be, &so, &s[i], &err);
         if (!rc && !(dl[i] = be->mem_alloc(be, sizeof(float) * (size_t)V, &err))) rc = err.code;
     }
-    if (!rc && !(o->logits = malloc(sizeof(float) * (size_t)((1 + STEPS) * N_SEQ * V))))
+    if (!rc && !(o->logits = malloc(sizeof(float) * (size_t)((1 + STEPS) * n_seq * V))))
         rc = di_error_set(&err, DI_ERR_NOMEM, "logits");
     double t_sum = 0;
     for (int p = 0; p <= STEPS && !rc; p++) {
-        di_session_chunk ck[N_SEQ];
-        int32_t ids[N_SEQ][PROMPT];
+        di_session_chunk ck[MAX_SEQ];
+        int32_t ids[MAX_SEQ][PROMPT];
         int64_t n = p == 0 ? PROMPT : 1;
-        for (int i = 0; i < N_SEQ; i++) {
+        for (int i = 0; i < n_seq; i++) {
             for (int64_t t = 0; t < n; t++)
                 ids[i][t] = (int32_t)((i * 7919 + (di_session_len(s[i]) + t) * 104729 + 13) % V);
             ck[i] = (di_session_chunk){.s = s[i], .ids = ids[i], .n = n, .logits = dl[i]};
@@ -101,9 +114,9 @@ static void run(const char *path, int mode, run_out *o) {
         di_fwd_opts fo = {.logits_on_device = true, .arena = a};
         if (mode == 3) fo.block_hook = di_cuda_mark_block, fo.block_hook_ctx = be, fo.block_hook_async = true;
         double t0 = now_s();
-        rc = di_session_forward_batch(ck, N_SEQ, &fo, &err);
-        for (int i = 0; i < N_SEQ && !rc; i++)
-            rc = be->mem_download(be, o->logits + ((size_t)p * N_SEQ + (size_t)i) * (size_t)V, dl[i],
+        rc = di_session_forward_batch(ck, n_seq, &fo, &err);
+        for (int i = 0; i < n_seq && !rc; i++)
+            rc = be->mem_download(be, o->logits + ((size_t)p * n_seq + (size_t)i) * (size_t)V, dl[i],
                                   sizeof(float) * (size_t)V, &err);
         if (p > WARM) t_sum += now_s() - t0;
     }
@@ -120,14 +133,62 @@ static void run(const char *path, int mode, run_out *o) {
         if (L + 1 < nb && gap < o->gap_ms_min) o->gap_ms_min = gap;
     }
     if (a) di_fwd_arena_get_stats(a, &o->st);
+    if (be && !strcmp(g_dev, "cuda")) o->forks = di_backend_cuda_side_forks(be, &o->recorded);
     if (rc) snprintf(o->msg, sizeof o->msg, "%.190s", err.msg);
     di_fwd_arena_destroy(a);
-    for (int i = 0; i < N_SEQ; i++) {
+    for (int i = 0; i < n_seq; i++) {
         di_session_destroy(s[i]);
         if (dl[i]) be->mem_free(be, dl[i]);
     }
     di_model_close(m); /* device weights first: they live in the backend's memory (freed on its stream) */
     if (be) di_backend_destroy(be);
+}
+
+/* the side lane, with SIDE_SEQ sequences (decode passes of 8 rows: recorded passes open the MoE's lane,
+ * forward_block.c side_lane): op by op with the lanes as the reference; one stream, each lane delayed op
+ * by op, and graphs with and without a delay, all bit-identical to it */
+static void side_checks(const char *name, const char *path) {
+    static const struct {
+        int mode;
+        const char *side, *check;
+    } v[] = {{0, "0", "side lane off: bit-identical"},
+             {0, "delay-side", "side lane late: bit-identical"},
+             {0, "delay-main", "main lane late: bit-identical"},
+             {2, NULL, "graphs, side lane: bit-identical"},
+             {2, "delay-side", "graphs, side lane late: bit-identical"},
+             {2, "delay-main", "graphs, main lane late: bit-identical"}};
+    char d[256];
+    run_out ref;
+    run_side(path, 0, SIDE_SEQ, NULL, &ref);
+    snprintf(d, sizeof d, "%d seqs op by op: %ld forks%s%s", SIDE_SEQ, ref.forks, ref.msg[0] ? ": " : "", ref.msg);
+    row(name, "side lane: forks op by op", d, !ref.msg[0] && ref.forks > 0);
+    if (ref.msg[0]) goto out;
+    di_model *m = NULL;
+    di_error err = {0};
+    int64_t V = di_model_open(path, &m, &err) ? 0 : m->cfg.vocab_size;
+    di_model_close(m);
+    const size_t n = (size_t)((1 + STEPS) * SIDE_SEQ * V);
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        run_out r;
+        run_side(path, v[i].mode, SIDE_SEQ, v[i].side, &r);
+        const char *sv = v[i].side ? v[i].side : "default";
+        if (r.msg[0]) {
+            snprintf(d, sizeof d, "DI_CUDA_SIDE=%s run: %s", sv, r.msg);
+            row(name, v[i].check, d, false);
+            free(r.logits);
+            continue;
+        }
+        int64_t bad = 0;
+        for (size_t j = 0; j < n; j++) bad += memcmp(&ref.logits[j], &r.logits[j], sizeof(float)) != 0;
+        bool off = v[i].side && !strcmp(v[i].side, "0");
+        bool forks_ok = off ? r.forks == 0 : v[i].mode == 2 ? r.recorded > 0 && r.st.replays > 0 : r.forks > 0;
+        snprintf(d, sizeof d, "DI_CUDA_SIDE=%s: %lld of %zu logits differ, %ld forks (%ld recorded), %llu replays", sv,
+                 (long long)bad, n, r.forks, r.recorded, (unsigned long long)r.st.replays);
+        row(name, v[i].check, d, V > 0 && bad == 0 && forks_ok);
+        free(r.logits);
+    }
+out:
+    free(ref.logits);
 }
 
 static void model_checks(const char *path) {
@@ -176,6 +237,7 @@ static void model_checks(const char *path) {
     snprintf(d, sizeof d, "plain %.1f  arena %.1f  graphs %.1f us/step (forward + download, batch %d)", r[0].step_us,
              r[1].step_us, r[2].step_us, N_SEQ);
     row(name, "time per decode step", d, true);
+    side_checks(name, path);
 out:
     for (int k = 0; k < 4; k++) free(r[k].logits);
 }

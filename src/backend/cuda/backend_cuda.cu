@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_gemm_bf16.h"
 #include "backend/cuda/cuda_moe_grouped.h"
+#include "backend/cuda/cuda_optime.h"
 
 extern "C" int di_cuda_device_count(void) {
     int n = 0;
@@ -81,6 +82,81 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
     return DI_OK;
 }
 
+/* ---- the side lane (backend.h side_begin / side_end / side_join) ----
+ * The side lane is a second stream with its own workspace: side_begin records fork_ev on the main stream
+ * and makes the side stream wait for it, then swaps the lanes (c->stream, c->ws are always the lane ops
+ * go to); side_end records join_ev on the side stream and swaps back; side_join makes the main stream wait
+ * for join_ev. Under stream capture the same calls fork the recording into two branches and join them
+ * (the documented event pattern), so a recorded pass keeps the overlap. While ops are timed
+ * (cuda_optime.h) the side ops stay on the main stream, in issue order. DI_CUDA_SIDE=0 does the same
+ * always; DI_CUDA_SIDE=delay-side / delay-main (checks only) start the side or the main lane's part
+ * with a ~0.2 ms busy kernel, so the other lane's ops run first: a missing order between the lanes
+ * shows up as different values. */
+static __global__ void side_delay_kernel(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+static void lane_swap(di_cuda_impl *c) {
+    const di_cuda_lane cur = {c->stream, c->ws, c->ws_bytes};
+    c->stream = c->parked.stream, c->ws = c->parked.ws, c->ws_bytes = c->parked.ws_bytes;
+    c->parked = cur;
+}
+
+static int lane_fail(const char *what, cudaError_t e, di_error *err) {
+    cudaGetLastError();
+    return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side lane: %s: %s", what, cudaGetErrorString(e));
+}
+
+static int di_cuda_side_begin(const di_backend *be, di_error *err) {
+    di_cuda_impl *c = di_cuda_state(be);
+    if (c->lane != 0) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side_begin out of order (step %d)", c->lane);
+    c->lane = 1;
+    c->forked = c->side_mode != 0 && !di_cuda_optime_on();
+    if (!c->forked) return DI_OK;
+    cudaError_t e = cudaEventRecord(c->fork_ev, c->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->parked.stream, c->fork_ev, 0);
+    if (e != cudaSuccess) {
+        c->forked = false;
+        return lane_fail("fork", e, err);
+    }
+    lane_swap(c);
+    c->forks++;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive) c->forks_recorded++;
+    cudaGetLastError();
+    if (c->side_mode == 2) side_delay_kernel<<<1, 1, 0, c->stream>>>(400000);
+    return DI_OK;
+}
+
+static int di_cuda_side_end(const di_backend *be, di_error *err) {
+    di_cuda_impl *c = di_cuda_state(be);
+    if (c->lane != 1) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side_end out of order (step %d)", c->lane);
+    c->lane = 2;
+    if (!c->forked) return DI_OK;
+    cudaError_t e = cudaEventRecord(c->join_ev, c->stream);
+    lane_swap(c); /* back to the main lane whatever happened: the caller's later ops must not land on the side */
+    if (e != cudaSuccess) return lane_fail("end", e, err);
+    if (c->side_mode == 3) side_delay_kernel<<<1, 1, 0, c->stream>>>(400000);
+    return DI_OK;
+}
+
+static int di_cuda_side_join(const di_backend *be, di_error *err) {
+    di_cuda_impl *c = di_cuda_state(be);
+    if (c->lane != 2) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side_join out of order (step %d)", c->lane);
+    c->lane = 0;
+    if (!c->forked) return DI_OK;
+    c->forked = false;
+    cudaError_t e = cudaStreamWaitEvent(c->stream, c->join_ev, 0);
+    return e == cudaSuccess ? DI_OK : lane_fail("join", e, err);
+}
+
+extern "C" long di_backend_cuda_side_forks(const di_backend *be, long *recorded) {
+    if (recorded) *recorded = di_cuda_state(be)->forks_recorded;
+    return di_cuda_state(be)->forks;
+}
+
 extern "C" void di_cuda_rows_install(di_backend *be); /* cuda_rows.cu: batched cache rows */
 extern "C" void di_cuda_index_seqs_install(di_backend *be); /* cuda_index_seqs.cu: batched index selection */
 /* cuda_graph.cu (backend.h graph capture) */
@@ -102,10 +178,30 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
         return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: set device %d: %s", device, cudaGetErrorString(e));
     di_backend *be = (di_backend *)calloc(1, sizeof *be);
     di_cuda_impl *c = (di_cuda_impl *)calloc(1, sizeof *c);
-    if (!be || !c || cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    /* the main lane's stream at the device's highest priority, the side lane's at its lowest: a CTA of
+     * the main lane's next kernel goes first where both wait for an SM (op by op at B 1 on the H200:
+     * 0.435 against 0.450 ms per layer without the priorities, bench/NOTES-gpu.md session 22) */
+    int prio_least = 0, prio_greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest) != cudaSuccess) {
+        cudaGetLastError();
+        prio_least = prio_greatest = 0;
+    }
+    if (!be || !c || cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, prio_greatest) != cudaSuccess) {
         free(be), free(c);
         return di_error_set(err, DI_ERR_NOMEM, "cuda backend: state or stream");
     }
+    if (cudaStreamCreateWithPriority(&c->parked.stream, cudaStreamNonBlocking, prio_least) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->fork_ev, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->join_ev, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        if (c->parked.stream) cudaStreamDestroy(c->parked.stream);
+        if (c->fork_ev) cudaEventDestroy(c->fork_ev);
+        cudaStreamDestroy(c->stream);
+        free(be), free(c);
+        return di_error_set(err, DI_ERR_NOMEM, "cuda backend: the side lane's stream or events");
+    }
+    const char *side = getenv("DI_CUDA_SIDE");
+    c->side_mode = !side ? 1 : !strcmp(side, "0") ? 0 : !strcmp(side, "delay-side") ? 2 : !strcmp(side, "delay-main") ? 3 : 1;
     c->device = device;
     /* backend memory comes from the stream-ordered pool (cuda_mem.cu): keep freed blocks in the pool
      * instead of returning them to the driver at every synchronisation, so a pass's per-block scratch
@@ -203,6 +299,9 @@ extern "C" int di_backend_cuda_create(int device, di_backend **out, di_error *er
     di_cuda_index_seqs_install(be); /* after the scorer, the selections and gather_topk are chosen */
     be->graph_begin = di_cuda_graph_begin;
     be->graph_end = di_cuda_graph_end;
+    be->side_begin = di_cuda_side_begin;
+    be->side_end = di_cuda_side_end;
+    be->side_join = di_cuda_side_join;
     be->graph_free = di_cuda_graph_free;
     be->host_pin = di_cuda_host_pin;
     be->host_unpin = di_cuda_host_unpin;
@@ -214,10 +313,16 @@ extern "C" void di_backend_cuda_destroy(di_backend *be) {
     if (!be) return;
     di_cuda_impl *c = di_cuda_state(be);
     if (c) {
+        if (c->lane == 1 && c->forked) lane_swap(c); /* a pass that failed on the side lane: main again */
         cudaStreamSynchronize(c->stream);
+        cudaStreamSynchronize(c->parked.stream);
         di_cuda_moe_grouped_release(be);
         cudaFree(c->ws);
+        cudaFree(c->parked.ws);
         cudaStreamDestroy(c->stream);
+        cudaStreamDestroy(c->parked.stream);
+        cudaEventDestroy(c->fork_ev);
+        cudaEventDestroy(c->join_ev);
         free(c);
     }
     free(be);

@@ -63,13 +63,29 @@ static inline int di_cuda_sm_count(void) {
     return n;
 }
 
-/* The backend's private state (backend_cuda.cu). Ops run on `stream`; `ws` is device scratch grown on
- * demand (the activation codes of the quantized GEMMs, block maxima of the candidate mask). */
+/* A lane of ops (backend.h side_begin): a stream and its own device scratch, grown on demand (the
+ * activation codes of the quantized GEMMs, block maxima of the candidate mask), so ops of two lanes
+ * running at once never share scratch. */
+typedef struct di_cuda_lane {
+    cudaStream_t stream;
+    void *ws;
+    size_t ws_bytes;
+} di_cuda_lane;
+
+/* The backend's private state (backend_cuda.cu). Ops run on `stream` with scratch `ws`: the lane ops are
+ * issued to now (the main lane, or the side lane between side_begin and side_end); `parked` is the other
+ * one. */
 typedef struct di_cuda_impl {
     int device;
     cudaStream_t stream;
     void *ws;
     size_t ws_bytes;
+    di_cuda_lane parked;
+    cudaEvent_t fork_ev, join_ev; /* the side lane waits for fork_ev; the main lane for join_ev */
+    int lane;                     /* 0: between side calls as side_begin expects, 1: after side_begin, 2: after side_end */
+    bool forked;                  /* this side_begin … side_join runs the side lane on its own stream */
+    int side_mode;                /* DI_CUDA_SIDE: 1 on, 0 off (issue order), 2 / 3 a test delay on the side / main lane */
+    long forks, forks_recorded;   /* side lanes run on their own stream, of them inside a stream capture */
 } di_cuda_impl;
 
 static inline di_cuda_impl *di_cuda_state(const di_backend *be) { return (di_cuda_impl *)be->impl; }

@@ -49,6 +49,9 @@ void di_backend_cuda_destroy(di_backend *be);
 void *di_backend_cuda_stream(const di_backend *be);
 /* Wait for every op issued so far; reports an asynchronous fault. */
 int di_backend_cuda_sync(const di_backend *be, di_error *err);
+/* How many side lanes (backend.h side_begin) ran on a stream of their own so far; *recorded (may be
+ * NULL): how many of them inside a stream capture (a graph's recording). */
+long di_backend_cuda_side_forks(const di_backend *be, long *recorded);
 
 /* ---- activation quantizers on one contiguous device vector (io/formats.h, bit-identical) ----
  * x bf16 [n], n % group == 0; q e4m3 [n] or packed E2M1 [n/2]; scale [n/group] (E8M0 or E4M3 codes);

@@ -150,6 +150,7 @@ extern "C" int di_cuda_optime_install(di_backend *be, di_error *err) {
 }
 
 extern "C" void di_cuda_optime_enable(int on) { g.on = on != 0; }
+extern "C" bool di_cuda_optime_on(void) { return g.on; }
 extern "C" void di_cuda_optime_tag(int tag) { g.tag = tag; }
 
 extern "C" int di_cuda_optime_collect(di_optime_row **rows, int *n_rows, di_error *err) {

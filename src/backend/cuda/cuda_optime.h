@@ -34,6 +34,9 @@ typedef struct di_optime_row {
 /* Wraps be's slots (a CUDA backend). Timing starts disabled. */
 int di_cuda_optime_install(di_backend *be, di_error *err);
 void di_cuda_optime_enable(int on);
+/* timing is enabled: the backend then runs its side lane in issue order (backend.h side_begin), so each
+ * interval is one op alone */
+bool di_cuda_optime_on(void);
 void di_cuda_optime_tag(int tag);
 /* Waits for the recorded events, returns the aggregated rows (malloc'd; sorted by tag, then time,
  * largest first) and forgets them. */
