@@ -33,9 +33,11 @@
  * g_lanes 0: no lane slots (the forward runs everything in order); 1: the slots are offered and the side
  * lane's ops run when issued; 2: they are held and run at side_join, after every main-lane op issued in
  * between — the latest a backend may run them — so a main op that reads a side op's output, or writes
- * what a side op reads, before the join changes the results, which the runs compare bit for bit. The
- * protocol is checked on every call: begin → end → join, no memory slot on the side lane, and only the
- * ops the forward puts there (linear_fp8, rope, swiglu). */
+ * what a side op reads, before the join changes the results, which the runs compare bit for bit. Checked
+ * on every call: begin → end → join; no memory slot (alloc, free, upload, download, copy, set, host map)
+ * on the side lane; the forward's side ops (linear_fp8, rope, swiglu: the only wrappers that hold) number
+ * 6 per pair of lanes. An op of another kind issued on the side lane would run at once, unheld, and is
+ * caught only where that changes the values. */
 static int g_lanes;
 static int g_lane;                  /* 0: idle, 1: side, 2: main after side_end */
 static long g_regions, g_side_ops;  /* side lanes opened; ops issued on them */
@@ -118,6 +120,7 @@ static int g_set(const di_backend *be, void *d, int v, size_t n, di_error *e) {
     return IN(be)->mem_set(IN(be), U(d), v, n, e);
 }
 static int g_map(const di_backend *be, const void *h, size_t n, const void **view, di_error *e) {
+    no_memory_on_side("mem_map_host on the side lane");
     *view = U(h);
     return DI_OK;
 }

@@ -89,9 +89,11 @@ extern "C" int di_backend_cuda_sync(const di_backend *be, di_error *err) {
  * for join_ev. Under stream capture the same calls fork the recording into two branches and join them
  * (the documented event pattern), so a recorded pass keeps the overlap. While ops are timed
  * (cuda_optime.h) the side ops stay on the main stream, in issue order. DI_CUDA_SIDE=0 does the same
- * always; DI_CUDA_SIDE=delay-side / delay-main (checks only) start the side or the main lane's part
- * with a ~0.2 ms busy kernel, so the other lane's ops run first: a missing order between the lanes
- * shows up as different values. */
+ * always. Checks only: DI_CUDA_SIDE=delay-side starts the side lane with a ~0.2 ms busy kernel, so the
+ * main lane's ops issued before the join run first (a main op reading a side output, or overwriting a
+ * side input, before the join gives different values); DI_CUDA_SIDE=delay-main puts that kernel on the
+ * main stream just before the fork, so a side lane that did not wait for the main lane's earlier ops
+ * would run ahead of them. */
 static __global__ void side_delay_kernel(long long cycles) {
     const long long t0 = clock64();
     while (clock64() - t0 < cycles) {
@@ -115,6 +117,7 @@ static int di_cuda_side_begin(const di_backend *be, di_error *err) {
     c->lane = 1;
     c->forked = c->side_mode != 0 && !di_cuda_optime_on();
     if (!c->forked) return DI_OK;
+    if (c->side_mode == 3) side_delay_kernel<<<1, 1, 0, c->stream>>>(400000);
     cudaError_t e = cudaEventRecord(c->fork_ev, c->stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->parked.stream, c->fork_ev, 0);
     if (e != cudaSuccess) {
@@ -137,8 +140,13 @@ static int di_cuda_side_end(const di_backend *be, di_error *err) {
     if (!c->forked) return DI_OK;
     cudaError_t e = cudaEventRecord(c->join_ev, c->stream);
     lane_swap(c); /* back to the main lane whatever happened: the caller's later ops must not land on the side */
-    if (e != cudaSuccess) return lane_fail("end", e, err);
-    if (c->side_mode == 3) side_delay_kernel<<<1, 1, 0, c->stream>>>(400000);
+    if (e != cudaSuccess) {
+        /* no event to join on: wait for the side ops here (the caller may free their buffers next); the
+         * join then has nothing to order */
+        cudaStreamSynchronize(c->parked.stream);
+        c->forked = false;
+        return lane_fail("end", e, err);
+    }
     return DI_OK;
 }
 
