@@ -35,9 +35,8 @@
  * between — the latest a backend may run them — so a main op that reads a side op's output, or writes
  * what a side op reads, before the join changes the results, which the runs compare bit for bit. Checked
  * on every call: begin → end → join; no memory slot (alloc, free, upload, download, copy, set, host map)
- * on the side lane; the forward's side ops (linear_fp8, rope, swiglu: the only wrappers that hold) number
- * 6 per pair of lanes. An op of another kind issued on the side lane would run at once, unheld, and is
- * caught only where that changes the values. */
+ * and no op but the forward's side ops (linear_fp8, rope, swiglu: the wrappers that hold) on the side
+ * lane; 6 side ops per pair of lanes. */
 static int g_lanes;
 static int g_lane;                  /* 0: idle, 1: side, 2: main after side_end */
 static long g_regions, g_side_ops;  /* side lanes opened; ops issued on them */
@@ -62,6 +61,10 @@ static void lane_violation(const char *what) {
 static bool on_side(void) { return g_lane == 1; }
 static void no_memory_on_side(const char *slot) {
     if (on_side()) lane_violation(slot);
+}
+/* an op the forward never puts on the side lane */
+static void no_op_on_side(const char *op) {
+    if (on_side()) lane_violation(op);
 }
 static bool hold(held h) {
     if (!on_side()) return false;
@@ -128,10 +131,12 @@ static void g_unmap(const di_backend *be, const void *h, const void *view) {}
 
 static int g_row_encode(const di_backend *be, di_row_codec c, const uint16_t *x, int64_t n, int64_t d, uint8_t *r,
                         di_error *e) {
+    no_op_on_side("row_encode");
     return IN(be)->row_encode(IN(be), c, U(x), n, d, U(r), e);
 }
 static int g_row_decode(const di_backend *be, di_row_codec c, const uint8_t *r, const int32_t *ids, int64_t n, int64_t d,
                         uint16_t *y, di_error *e) {
+    no_op_on_side("row_decode");
     return IN(be)->row_decode(IN(be), c, U(r), U(ids), n, d, U(y), e);
 }
 static int g_linear_fp8(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws,
@@ -141,22 +146,27 @@ static int g_linear_fp8(const di_backend *be, const uint16_t *x, int64_t m, int6
 }
 static int g_linear_fp4(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint8_t *w, const uint8_t *ws,
                         int64_t n, uint16_t *y, di_error *e) {
+    no_op_on_side("linear_fp4");
     return IN(be)->linear_fp4(IN(be), U(x), m, k, U(w), U(ws), n, U(y), e);
 }
 static int g_linear_bf16(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                          uint16_t *y, di_error *e) {
+    no_op_on_side("linear_bf16");
     return IN(be)->linear_bf16(IN(be), U(x), m, k, U(w), n, U(y), e);
 }
 static int g_linear_f32(const di_backend *be, const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                         float *y, di_error *e) {
+    no_op_on_side("linear_f32");
     return IN(be)->linear_f32(IN(be), U(x), m, k, U(w), n, U(y), e);
 }
 static int g_grouped(const di_backend *be, const uint16_t *x, int64_t m, int g, int64_t k, const uint16_t *w, int64_t r,
                      uint16_t *y, di_error *e) {
+    no_op_on_side("grouped");
     return IN(be)->linear_grouped_bf16(IN(be), U(x), m, g, k, U(w), r, U(y), e);
 }
 static int g_rmsnorm(const di_backend *be, const uint16_t *x, int64_t m, int64_t n, const uint16_t *w, float eps,
                      uint16_t *y, di_error *e) {
+    no_op_on_side("rmsnorm");
     return IN(be)->rmsnorm(IN(be), U(x), m, n, U(w), eps, U(y), e);
 }
 static int g_rope(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, int rd, const int64_t *pos,
@@ -166,57 +176,71 @@ static int g_rope(const di_backend *be, uint16_t *x, int64_t m, int nh, int d, i
     return IN(be)->rope(IN(be), U(x), m, nh, d, rd, U(pos), U(f), inv, e);
 }
 static int g_qdq_fp8(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int g, di_error *e) {
+    no_op_on_side("qdq_fp8");
     return IN(be)->qdq_fp8(IN(be), U(x), m, n, g, e);
 }
 static int g_qdq_e8m0(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int g, di_error *e) {
+    no_op_on_side("qdq_e8m0");
     return IN(be)->qdq_fp4_e8m0(IN(be), U(x), m, n, g, e);
 }
 static int g_qdq_e4m3(const di_backend *be, uint16_t *x, int64_t m, int64_t n, int g, di_error *e) {
+    no_op_on_side("qdq_e4m3");
     return IN(be)->qdq_fp4_e4m3(IN(be), U(x), m, n, g, e);
 }
 static int g_embed(const di_backend *be, const uint16_t *t, int64_t v, int64_t d, const int32_t *ids, int64_t m,
                    uint16_t *y, di_error *e) {
+    no_op_on_side("embed");
     return IN(be)->embed(IN(be), U(t), v, d, U(ids), m, U(y), e);
 }
 static int g_mixes(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, const float *fn, float eps,
                    float *mx, di_error *e) {
+    no_op_on_side("mixes");
     return IN(be)->hc_mixes(IN(be), U(x), m, hc, d, U(fn), eps, U(mx), e);
 }
 static int g_sinkhorn(const di_backend *be, const float *mx, int64_t m, int hc, const float *s, const float *b, int it,
                       float eps, float *pre, float *post, float *comb, di_error *e) {
+    no_op_on_side("sinkhorn");
     return IN(be)->hc_sinkhorn(IN(be), U(mx), m, hc, U(s), U(b), it, eps, U(pre), U(post), U(comb), e);
 }
 static int g_collapse(const di_backend *be, const uint16_t *x, const float *pre, int64_t m, int hc, int64_t d,
                       uint16_t *y, di_error *e) {
+    no_op_on_side("collapse");
     return IN(be)->hc_collapse(IN(be), U(x), U(pre), m, hc, d, U(y), e);
 }
 static int g_expand(const di_backend *be, const uint16_t *z, const uint16_t *x, const float *post, const float *comb,
                     int64_t m, int hc, int64_t d, uint16_t *y, di_error *e) {
+    no_op_on_side("expand");
     return IN(be)->hc_expand(IN(be), U(z), U(x), U(post), U(comb), m, hc, d, U(y), e);
 }
 static int g_pool(const di_backend *be, const float *a, const float *g, int64_t m, int64_t p, int r, int64_t d, float *kv,
                   float *sc, uint16_t *y, int64_t *n_out, di_error *e) {
+    no_op_on_side("pool");
     return IN(be)->compress_pool(IN(be), U(a), U(g), m, p, r, d, U(kv), U(sc), U(y), n_out, e);
 }
 static int g_iscores(const di_backend *be, const uint16_t *q, const uint16_t *w, float ws, const uint16_t *k, int64_t m,
                      int nh, int hd, int64_t nk, const int32_t *vis, const uint8_t *cand, float *s, di_error *e) {
+    no_op_on_side("iscores");
     return IN(be)->indexer_scores(IN(be), U(q), U(w), ws, U(k), m, nh, hd, nk, U(vis), U(cand), U(s), e);
 }
 static int g_cand(const di_backend *be, const float *s, int64_t m, int64_t nk, const int32_t *vis, int b, int tb,
                   uint8_t *mask, float *ws, di_error *e) {
+    no_op_on_side("cand");
     return IN(be)->candidate_mask(IN(be), U(s), m, nk, U(vis), b, tb, U(mask), U(ws), e);
 }
 static int g_topk(const di_backend *be, const float *s, int64_t m, int64_t nk, const int32_t *vis, int k, int32_t off,
                   int32_t *out, di_error *e) {
+    no_op_on_side("topk");
     return IN(be)->topk(IN(be), U(s), m, nk, U(vis), k, off, U(out), e);
 }
 static int g_attn(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const uint16_t *kw, int64_t nw,
                   const uint16_t *kc, int64_t nc, const float *sink, const int32_t *idx, int64_t ni, float sc,
                   uint16_t *o, di_error *e) {
+    no_op_on_side("attn");
     return IN(be)->sparse_attn(IN(be), U(q), m, nh, d, U(kw), nw, U(kc), nc, U(sink), U(idx), ni, sc, U(o), e);
 }
 static int g_router(const di_backend *be, const float *l, int64_t m, int ne, const float *b, float t, int k, bool nz,
                     float s, int32_t *ids, float *w, di_error *e) {
+    no_op_on_side("router");
     return IN(be)->router(IN(be), U(l), m, ne, U(b), t, k, nz, s, U(ids), U(w), e);
 }
 static int g_swiglu(const di_backend *be, const uint16_t *g, const uint16_t *u, int64_t m, int64_t n, const float *rw,
@@ -226,26 +250,32 @@ static int g_swiglu(const di_backend *be, const uint16_t *g, const uint16_t *u, 
 }
 static int g_gather(const di_backend *be, const uint16_t *x, int64_t d, const int32_t *r, int64_t m, uint16_t *y,
                     di_error *e) {
+    no_op_on_side("gather");
     return IN(be)->gather_rows(IN(be), U(x), d, U(r), m, U(y), e);
 }
 static int g_scatter(const di_backend *be, const uint16_t *y, int64_t d, const int32_t *r, int64_t m, float *acc,
                      di_error *e) {
+    no_op_on_side("scatter");
     return IN(be)->scatter_add_rows(IN(be), U(y), d, U(r), m, U(acc), e);
 }
 static int g_to_bf16(const di_backend *be, const float *x, int64_t n, uint16_t *y, di_error *e) {
+    no_op_on_side("to_bf16");
     return IN(be)->f32_to_bf16(IN(be), U(x), n, U(y), e);
 }
 static int g_fill(const di_backend *be, float *x, int64_t n, float v, di_error *e) { return IN(be)->fill_f32(IN(be), U(x), n, v, e); }
 static int g_smean(const di_backend *be, const uint16_t *x, int64_t m, int hc, int64_t d, uint16_t *y, int64_t ldy,
                    di_error *e) {
+    no_op_on_side("fill");
     return IN(be)->stream_mean(IN(be), U(x), m, hc, d, U(y), ldy, e);
 }
 static int g_eg_lookup(const di_backend *be, const uint8_t *t, const uint8_t *s, int64_t rows, int hd, const int64_t *ids,
                        int64_t m, int nc, uint16_t *y, di_error *e) {
+    no_op_on_side("eg_lookup");
     return IN(be)->engram_lookup(IN(be), U(t), U(s), rows, hd, U(ids), m, nc, U(y), e);
 }
 static int g_eg_gate(const di_backend *be, uint16_t *x, const uint16_t *kv, int64_t m, int hc, int64_t d, const uint16_t *qw,
                      const uint16_t *kw, float eps, di_error *e) {
+    no_op_on_side("eg_gate");
     return IN(be)->engram_gate(IN(be), U(x), U(kv), m, hc, d, U(qw), U(kw), eps, e);
 }
 /* batched cache rows: the address lists are backend memory holding backend addresses, both unhidden */
@@ -257,6 +287,7 @@ static void **unhide_list(const void *list, int64_t n) {
 }
 static int g_row_encode_scatter(const di_backend *be, di_row_codec c, const uint16_t *x, int64_t n, int64_t d,
                                 uint8_t *const *dst, di_error *e) {
+    no_op_on_side("row_encode_scatter");
     void **h = unhide_list(dst, n);
     if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded row list");
     int rc = IN(be)->row_encode_scatter(IN(be), c, U(x), n, d, (uint8_t *const *)h, e);
@@ -265,6 +296,7 @@ static int g_row_encode_scatter(const di_backend *be, di_row_codec c, const uint
 }
 static int g_row_decode_gather(const di_backend *be, di_row_codec c, const uint8_t *const *src, int64_t n, int64_t d,
                                uint16_t *y, di_error *e) {
+    no_op_on_side("row_decode_gather");
     void **h = unhide_list(src, n);
     if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded row list");
     int rc = IN(be)->row_decode_gather(IN(be), c, (const uint8_t *const *)h, n, d, U(y), e);
@@ -273,10 +305,12 @@ static int g_row_decode_gather(const di_backend *be, di_row_codec c, const uint8
 }
 static int g_pool_ring(const di_backend *be, const float *a, const float *g, int64_t m, int64_t p, int r, int64_t d,
                        float *st, int nb, uint16_t *y, di_error *e) {
+    no_op_on_side("pool_ring");
     return IN(be)->compress_pool_ring(IN(be), U(a), U(g), m, p, r, d, U(st), nb, U(y), e);
 }
 static int g_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int nh, int d, const di_attn_seq *seqs,
                        int n_seq, const int32_t *seq_of, const float *sink, float sc, uint16_t *o, di_error *e) {
+    no_op_on_side("attn_seqs");
     di_attn_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
     if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
     for (int s = 0; s < n_seq; s++) {
@@ -290,6 +324,7 @@ static int g_attn_seqs(const di_backend *be, const uint16_t *q, int64_t m, int n
 static int g_pool_seqs(const di_backend *be, const float *a, const float *g, int r, int64_t d, int nb,
                        const di_pool_seq *seqs, int n_seq, const int32_t *ent_seq, int64_t n_out, uint16_t *y,
                        di_error *e) {
+    no_op_on_side("pool_seqs");
     di_pool_seq *h = malloc(sizeof *h * (size_t)n_seq); /* [n_seq] host descriptors, unhidden */
     if (!h) return di_error_set(e, DI_ERR_NOMEM, "guarded descriptors");
     for (int s = 0; s < n_seq; s++) h[s] = U(seqs)[s], h[s].state = U(h[s].state);
@@ -323,6 +358,7 @@ static long g_fused_calls[2]; /* hc_pre, gather_topk */
 static int g_hc_pre(const di_backend *be, uint16_t *x, const uint16_t *z, const float *pi, const float *ci, int64_t m, int hc,
                     int64_t d, const float *fn, float ne, const float *sc, const float *b, int it, float he, const float *pin,
                     const uint16_t *nw, float *mx, float *pre, float *post, float *comb, uint16_t *h, di_error *e) {
+    no_op_on_side("hc_pre");
     g_fused_calls[0]++;
     return di_cpu_hc_pre(IN(be), U(x), U(z), U(pi), U(ci), m, hc, d, U(fn), ne, U(sc), U(b), it, he, U(pin), U(nw), U(mx),
                          U(pre), U(post), U(comb), U(h), e);
@@ -330,6 +366,7 @@ static int g_hc_pre(const di_backend *be, uint16_t *x, const uint16_t *z, const 
 static int g_gather_topk(const di_backend *be, di_row_codec c, const uint8_t *base, int64_t n, const int32_t *pages, int64_t pe,
                          int64_t pr, int64_t ro, const int32_t *top, int64_t m, int k, int64_t d, int32_t row0, uint16_t *rows,
                          int32_t *idx, int64_t ldi, di_error *e) {
+    no_op_on_side("gather_topk");
     g_fused_calls[1]++;
     return di_cpu_gather_topk(IN(be), c, U(base), n, U(pages), pe, pr, ro, U(top), m, k, d, row0, U(rows), U(idx), ldi, e);
 }
@@ -339,6 +376,7 @@ static int g_gather_topk(const di_backend *be, di_row_codec c, const uint8_t *ba
 static long g_grouped_calls;
 static int g_moe_grouped(const di_backend *be, const uint16_t *x, int64_t m, int64_t d, int64_t inter, int k, int n_exp,
                          const di_moe_expert *ex, const di_moe_plan *plan, float lim, float *acc, void *ws, di_error *e) {
+    no_op_on_side("moe_grouped");
     g_grouped_calls++;
     di_moe_expert *tab = malloc(sizeof *tab * (size_t)(n_exp > 0 ? n_exp : 1));
     if (!tab) return di_error_set(e, DI_ERR_NOMEM, "guarded moe_grouped: expert table");
