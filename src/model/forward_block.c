@@ -823,9 +823,10 @@ static int attend_seqs(fwd_ctx *c, const uint16_t *q, int H, int64_t hd, const s
  *     main lane's short kernels, which the graph already runs back to back), and the MoE's loses at one
  *     row (moe_routed fills the GPU by itself) and wins 3-6 % from 8 rows.
  * So a pass that may be recorded (an arena with graphs on, at most FWD_GRAPH_MAX_T rows) opens the MoE's
- * lane from 8 rows and nothing else; every other pass opens both. Not understood: once any lane has run
- * in the process, passes of 1-2 rows take ~3 % longer, recorded or not, even without a lane of their own
- * (B 8 with lanes, then B 1 without: 0.439 against 0.422 ms graph-timed, 0.502 against 0.489 op by op).
+ * lane from 8 rows and nothing else; every other pass opens both. Not understood: once passes of the
+ * process have run lanes, its passes of 1-2 rows take ~3 % longer, recorded or not, even without a lane
+ * of their own (B 8 with lanes, then B 1 without: 0.439 against 0.422 ms graph-timed, 0.502 against 0.489
+ * op by op); a bare fork, a kernel on the side stream or its workspace alone do not do it.
  * DI_CUDA_SIDE=0 (backend_cuda.cu) keeps every op on one stream. */
 enum { SIDE_ATTN, SIDE_MOE, SIDE_MOE_GRAPH_MIN_T = 8 };
 static bool side_lane(const fwd_ctx *c, int site) {
