@@ -833,10 +833,11 @@ static bool side_lane(const fwd_ctx *c, int site) {
     if (!fwd_arena_graphs_on(c) || c->T > FWD_GRAPH_MAX_T) return true;
     return site == SIDE_MOE && c->T >= SIDE_MOE_GRAPH_MIN_T;
 }
-/* one lane call; rc: the result so far. The call runs whatever rc is (the backend's lane state must come
- * back to the start) and the first failure is the one reported. */
-static int side_call(fwd_ctx *c, int (*slot)(const di_backend *, di_error *), int rc) {
-    if (!slot) return rc;
+/* one lane call where the pass opens the lane (lane) and the backend has the slot; rc: the result so far.
+ * The call runs whatever rc is (the backend's lane state must come back to the start) and the first
+ * failure is the one reported. */
+static int side_call(fwd_ctx *c, bool lane, int (*slot)(const di_backend *, di_error *), int rc) {
+    if (!lane || !slot) return rc;
     di_error spare;
     int r = slot(c->be, rc == DI_OK ? c->err : &spare);
     return rc == DI_OK ? r : rc;
@@ -890,12 +891,11 @@ static int attention(fwd_ctx *c, int L, const uint16_t *u, uint16_t *y) {
     seq_attn *sa; /* [n_seq] (host) */
     HALLOC(sa, c->n_seq, 0);
     const bool lane = side_lane(c, SIDE_ATTN);
-    int rc = lane ? side_call(c, be->side_begin, DI_OK) : DI_OK;
+    int rc = side_call(c, lane, be->side_begin, DI_OK);
     if (rc == DI_OK) rc = query_up(c, L, qa, q);
-    if (lane) rc = side_call(c, be->side_end, rc);
+    rc = side_call(c, lane, be->side_end, rc);
     if (rc == DI_OK) rc = key_sets(c, L, u, qa, sa);
-    if (lane) rc = side_call(c, be->side_join, rc);
-    CK(rc);
+    CK(side_call(c, lane, be->side_join, rc));
     DUMP("attn.q", DI_BF16, q, 3, T, H, hd);
 
     const float *sink = w->attn_sink; /* f32 [H] */
@@ -1090,12 +1090,11 @@ static int moe(fwd_ctx *c, int L, const uint16_t *v, uint16_t *y) {
     ALLOC(a, T * I, 0);
     ALLOC(ye, T * D, 0);
     const bool lane = side_lane(c, SIDE_MOE);
-    int rc = lane ? side_call(c, be->side_begin, DI_OK) : DI_OK;
+    int rc = side_call(c, lane, be->side_begin, DI_OK);
     if (rc == DI_OK) rc = shared_expert(c, L, v, g, u, a, ye);
-    if (lane) rc = side_call(c, be->side_end, rc);
+    rc = side_call(c, lane, be->side_end, rc);
     if (rc == DI_OK) rc = routed(c, L, v, acc, &rows, &n_all);
-    if (lane) rc = side_call(c, be->side_join, rc);
-    CK(rc);
+    CK(side_call(c, lane, be->side_join, rc));
     DUMP("ffn.shared", DI_BF16, ye, 2, T, D, 0);
     CK(be->scatter_add_rows(be, ye, D, rows + n_all, T, acc, c->err));
     CK(be->f32_to_bf16(be, acc, T * D, y, c->err));

@@ -106,6 +106,17 @@ static void lane_swap(di_cuda_impl *c) {
     c->parked = cur;
 }
 
+#define SIDE_DELAY_CYCLES 400000 /* ~0.2 ms at the H200's clock */
+
+/* the lane protocol's step: c->lane must be `from` (0 before side_begin, 1 before side_end, 2 before
+ * side_join); it moves on to the next step */
+static int lane_step(di_cuda_impl *c, int from, const char *call, di_error *err) {
+    if (c->lane != from)
+        return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: %s out of order (step %d)", call, c->lane);
+    c->lane = (from + 1) % 3;
+    return DI_OK;
+}
+
 static int lane_fail(const char *what, cudaError_t e, di_error *err) {
     cudaGetLastError();
     return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side lane: %s: %s", what, cudaGetErrorString(e));
@@ -113,11 +124,11 @@ static int lane_fail(const char *what, cudaError_t e, di_error *err) {
 
 static int di_cuda_side_begin(const di_backend *be, di_error *err) {
     di_cuda_impl *c = di_cuda_state(be);
-    if (c->lane != 0) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side_begin out of order (step %d)", c->lane);
-    c->lane = 1;
+    int rc = lane_step(c, 0, "side_begin", err);
+    if (rc) return rc;
     c->forked = c->side_mode != 0 && !di_cuda_optime_on();
     if (!c->forked) return DI_OK;
-    if (c->side_mode == 3) side_delay_kernel<<<1, 1, 0, c->stream>>>(400000);
+    if (c->side_mode == 3) side_delay_kernel<<<1, 1, 0, c->stream>>>(SIDE_DELAY_CYCLES);
     cudaError_t e = cudaEventRecord(c->fork_ev, c->stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->parked.stream, c->fork_ev, 0);
     if (e != cudaSuccess) {
@@ -129,14 +140,14 @@ static int di_cuda_side_begin(const di_backend *be, di_error *err) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive) c->forks_recorded++;
     cudaGetLastError();
-    if (c->side_mode == 2) side_delay_kernel<<<1, 1, 0, c->stream>>>(400000);
+    if (c->side_mode == 2) side_delay_kernel<<<1, 1, 0, c->stream>>>(SIDE_DELAY_CYCLES);
     return DI_OK;
 }
 
 static int di_cuda_side_end(const di_backend *be, di_error *err) {
     di_cuda_impl *c = di_cuda_state(be);
-    if (c->lane != 1) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side_end out of order (step %d)", c->lane);
-    c->lane = 2;
+    int rc = lane_step(c, 1, "side_end", err);
+    if (rc) return rc;
     if (!c->forked) return DI_OK;
     cudaError_t e = cudaEventRecord(c->join_ev, c->stream);
     lane_swap(c); /* back to the main lane whatever happened: the caller's later ops must not land on the side */
@@ -152,8 +163,8 @@ static int di_cuda_side_end(const di_backend *be, di_error *err) {
 
 static int di_cuda_side_join(const di_backend *be, di_error *err) {
     di_cuda_impl *c = di_cuda_state(be);
-    if (c->lane != 2) return di_error_set(err, DI_ERR_INTERNAL, "cuda backend: side_join out of order (step %d)", c->lane);
-    c->lane = 0;
+    int rc = lane_step(c, 2, "side_join", err);
+    if (rc) return rc;
     if (!c->forked) return DI_OK;
     c->forked = false;
     cudaError_t e = cudaStreamWaitEvent(c->stream, c->join_ev, 0);
